@@ -1,0 +1,295 @@
+"""Configuration: load, fill defaults from the schema, validate, and derive what stages share.
+
+`workflow/schemas/config.schema.yaml` is the single source of defaults and per-key validation; this
+module applies it with jsonschema (the same validator family Snakemake's `validate` uses) and adds
+the cross-field checks a schema cannot express. Every failure is one `ConfigError` that names the
+offending key and the fix.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import glob
+import hashlib
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA_PATH = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """One clear configuration error, naming the key and the fix."""
+
+
+@lru_cache(maxsize=1)
+def load_schema() -> dict:
+    with open(SCHEMA_PATH, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def _validator_with_defaults():
+    from jsonschema import Draft7Validator, validators
+
+    validate_props = Draft7Validator.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for prop, sub in properties.items():
+                if "default" in sub and prop not in instance:
+                    instance[prop] = copy.deepcopy(sub["default"])
+        yield from validate_props(validator, properties, instance, schema)
+
+    return validators.extend(Draft7Validator, {"properties": set_defaults})
+
+
+def _key_path(path) -> str:
+    return ".".join(str(p) for p in path) or "<root>"
+
+
+def _format_error(err, schema: dict) -> str:
+    key = _key_path(err.absolute_path)
+    if err.validator == "additionalProperties":
+        allowed = sorted(err.schema.get("properties", {}))
+        extra = [k for k in err.instance if k not in allowed] if isinstance(err.instance, dict) else []
+        msgs = []
+        for k in extra:
+            full = f"{key}.{k}" if key != "<root>" else k
+            hint = difflib.get_close_matches(k, allowed, n=1)
+            fix = f"did you mean '{hint[0]}'?" if hint else f"allowed keys: {', '.join(allowed)}"
+            msgs.append(f"config key '{full}' is not a known key ({fix})")
+        return "; ".join(msgs) if msgs else err.message
+    if err.validator in ("type", "enum", "const", "oneOf"):
+        want = err.schema.get("type") or err.schema.get("enum") or err.schema.get("const")
+        if err.validator == "oneOf":
+            want = " or ".join(str(s.get("type") or s.get("const")) for s in err.schema["oneOf"])
+        return f"config key '{key}' has value {err.instance!r}; expected {want}"
+    if err.validator == "required":
+        return f"config key '{key}': {err.message}"
+    return f"config key '{key}': {err.message}"
+
+
+def resolve_config(config: dict) -> dict:
+    """Return a validated copy of `config` with schema defaults filled in.
+
+    Raises ConfigError naming the first offending key.
+    """
+    cfg = copy.deepcopy(dict(config))
+    schema = load_schema()
+    validator = _validator_with_defaults()(schema)
+    errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        raise ConfigError(_format_error(errors[0], schema) + " — fix it in your config file (see workflow/schemas/config.schema.yaml).")
+    # Defaults may have been inserted after a nested default object was created: run again to fill them.
+    validator.validate(cfg)
+    check_consistency(cfg)
+    return cfg
+
+
+def load_config(path: str | os.PathLike, overrides: dict | None = None) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at top level")
+    if overrides:
+        raw = deep_merge(raw, overrides)
+    return resolve_config(raw)
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+# ----------------------------------------------------------------------------- cross-field checks
+
+def world_size(cfg: dict) -> int:
+    hw = cfg["hardware"]
+    return hw["nproc_per_node"] * hw["nodes"]
+
+
+def check_consistency(cfg: dict) -> None:
+    def fail(key: str, msg: str) -> None:
+        raise ConfigError(f"config key '{key}': {msg}")
+
+    sources = cfg["sources"]
+    for name, src in sources.items():
+        if src["type"] == "local":
+            if "glob" not in src:
+                fail(f"sources.{name}.glob", "a local source needs a glob of parquet files")
+            for k in ("repo", "pattern", "shards"):
+                if k in src:
+                    fail(f"sources.{name}.{k}", "only valid for type: hf")
+        else:
+            for k in ("repo", "pattern", "shards"):
+                if k not in src:
+                    fail(f"sources.{name}.{k}", "required for type: hf (repo, pattern, shards: [start, stop])")
+            if "glob" in src:
+                fail(f"sources.{name}.glob", "only valid for type: local")
+            a, b = src["shards"]
+            if b <= a:
+                fail(f"sources.{name}.shards", f"empty range [{a}, {b}); give [start, stop) with stop > start")
+            if "{" not in src["pattern"]:
+                fail(f"sources.{name}.pattern", "needs a format field for the shard index, e.g. shard_{index:05d}.parquet")
+
+    tok = cfg["tokenizer"]
+    for s in tok.get("train_sources", []):
+        if s not in sources:
+            fail("tokenizer.train_sources", f"unknown source '{s}' (sources: {', '.join(sources)})")
+
+    d = cfg["dedup"]
+    if d["bands"] * d["rows"] != d["num_perm"]:
+        fail("dedup.num_perm", f"bands × rows must equal num_perm ({d['bands']} × {d['rows']} != {d['num_perm']})")
+
+    if cfg["split"]["method"] == "shards":
+        for s, names in cfg["split"]["val_shards"].items():
+            if s not in sources:
+                fail(f"split.val_shards.{s}", f"unknown source '{s}'")
+            known = set(source_shards(cfg, s))
+            for n in names:
+                if n not in known:
+                    fail(f"split.val_shards.{s}", f"unknown shard '{n}' of source '{s}'")
+
+    for mname, mix in cfg["mixes"].items():
+        for s in mix["weights"]:
+            if s not in sources:
+                fail(f"mixes.{mname}.weights.{s}", f"unknown source (sources: {', '.join(sources)})")
+    if cfg["train"]["mix"] not in cfg["mixes"]:
+        fail("train.mix", f"unknown mix '{cfg['train']['mix']}' (mixes: {', '.join(cfg['mixes'])})")
+
+    m = cfg["model"]
+    if m["dim"] % m["n_heads"]:
+        fail("model.n_heads", f"dim {m['dim']} is not divisible by n_heads {m['n_heads']}")
+    if (m["dim"] // m["n_heads"]) % 2:
+        fail("model.n_heads", "head dim (dim / n_heads) must be even for RoPE")
+    if m["n_heads"] % m["n_kv_heads"]:
+        fail("model.n_kv_heads", f"n_heads {m['n_heads']} is not divisible by n_kv_heads {m['n_kv_heads']}")
+    if tok["kind"] == "bpe" and m["vocab_size"] < tok["vocab_size"]:
+        fail("model.vocab_size", f"{m['vocab_size']} is smaller than tokenizer.vocab_size {tok['vocab_size']}")
+
+    t = cfg["train"]
+    per_micro = t["micro_batch"] * t["seq_len"] * world_size(cfg)
+    if t["global_batch_tokens"] % per_micro:
+        fail(
+            "train.global_batch_tokens",
+            f"{t['global_batch_tokens']} is not divisible by micro_batch × seq_len × world_size = "
+            f"{t['micro_batch']} × {t['seq_len']} × {world_size(cfg)} = {per_micro}; "
+            "change global_batch_tokens or micro_batch",
+        )
+    if t["target_tokens"] is not None and t["target_flops"] is not None:
+        fail("train.target_flops", "set at most one of train.target_tokens and train.target_flops")
+    if cfg["hardware"]["device"] == "cpu" and (t["fp8"] != "none" or t["optimizer"] == "adamw8bit"):
+        fail("train.fp8" if t["fp8"] != "none" else "train.optimizer", "fp8 and adamw8bit need hardware.device: cuda")
+
+
+# ----------------------------------------------------------------------------- derived values
+
+def run_dir(cfg: dict) -> Path:
+    return Path(cfg["results_dir"]) / cfg["run_name"]
+
+
+def hf_filenames(src: dict) -> list[str]:
+    a, b = src["shards"]
+    return [src["pattern"].format(index=i) for i in range(a, b)]
+
+
+def source_files(cfg: dict, name: str) -> dict[str, str]:
+    """Shard name -> origin (local path, or hf file name in the repo), in a stable order."""
+    src = cfg["sources"][name]
+    if src["type"] == "local":
+        paths = sorted(glob.glob(src["glob"]))
+        if not paths:
+            raise ConfigError(f"config key 'sources.{name}.glob': no files match {src['glob']!r} (relative to {os.getcwd()})")
+        out = {Path(p).name.removesuffix(".parquet"): p for p in paths}
+        if len(out) != len(paths):
+            raise ConfigError(f"config key 'sources.{name}.glob': two files share a name; shard names must be unique")
+        return out
+    return {Path(f).name.removesuffix(".parquet"): f for f in hf_filenames(src)}
+
+
+def source_shards(cfg: dict, name: str) -> list[str]:
+    return list(source_files(cfg, name))
+
+
+def tokenizer_sources(cfg: dict) -> list[str]:
+    tok = cfg["tokenizer"]
+    if tok.get("train_sources"):
+        return list(tok["train_sources"])
+    return [n for n, s in cfg["sources"].items() if s["format"] == "text"] or list(cfg["sources"])
+
+
+def code_version(*modules: str) -> str:
+    """Short hash of the given pipeline module files; declared as a rule param so code edits rerun it."""
+    h = hashlib.sha256()
+    for m in modules:
+        p = ROOT / "pipeline" / f"{m}.py"
+        if not p.exists():
+            p = ROOT / "pipeline" / m / "__init__.py"
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def params_json(obj: Any) -> str:
+    """Canonical JSON of a config slice, passed to a stage as --params."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+# ----------------------------------------------------------------------------- per-stage params
+
+def _source_slice(cfg: dict, names) -> dict:
+    keep = ("type", "format", "text_column", "messages_column", "min_chars")
+    return {n: {k: cfg["sources"][n][k] for k in keep if k in cfg["sources"][n]} for n in names}
+
+
+def stage_params(cfg: dict, stage: str) -> dict:
+    """The config slice a stage depends on. Rules declare it as `params:` (so an edit to it reruns
+    the rule and its downstream) and pass it to the stage CLI as --params JSON."""
+    all_sources = list(cfg["sources"])
+    if stage == "download":
+        return {"sources": cfg["sources"], "download": cfg["download"]}
+    if stage == "tokenizer":
+        return {"tokenizer": cfg["tokenizer"], "sources": _source_slice(cfg, tokenizer_sources(cfg)), "seed": cfg["seed"]}
+    if stage in ("count", "tokenize", "dedup_sig"):
+        p = {"sources": _source_slice(cfg, all_sources), "count": cfg["count"]}
+        if stage == "dedup_sig":
+            p["dedup"] = cfg["dedup"]
+        return p
+    if stage == "dedup":
+        return {"dedup": cfg["dedup"], "seed": cfg["seed"]}
+    if stage == "split":
+        return {"split": cfg["split"], "seed": cfg["seed"]}
+    if stage in ("mix", "pack"):
+        return {"mixes": cfg["mixes"], "seq_len": cfg["train"]["seq_len"], "seed": cfg["seed"]}
+    if stage in ("plan", "train", "evaluate", "accounting"):
+        # These depend on (almost) the whole run description.
+        return {k: v for k, v in cfg.items() if k not in ("download",)}
+    raise KeyError(f"unknown stage {stage!r}")
+
+
+def add_config_args(parser) -> None:
+    """--params JSON (what rules pass) or --configfile FILE (for hand use) on a stage CLI."""
+    g = parser.add_mutually_exclusive_group(required=True)
+    g.add_argument("--params", help="the stage's config slice as JSON (what the Snakemake rule passes)")
+    g.add_argument("--configfile", help="a full config YAML; the stage takes its slice from it")
+
+
+def params_from_args(args, stage: str) -> dict:
+    if args.params is not None:
+        return json.loads(args.params)
+    return stage_params(load_config(args.configfile), stage)

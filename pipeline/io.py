@@ -1,0 +1,159 @@
+"""Shared I/O helpers: atomic writes, provenance metadata, hashing, progress bars, logging.
+
+Every stage writes its outputs through these helpers so that (1) a file either exists complete or
+not at all (temp file in the same directory + fsync + rename), and (2) each output carries
+metadata saying what made it (stage, parameters, inputs, versions, time). See docs/data-contract.md.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+__all__ = [
+    "atomic_path",
+    "atomic_write",
+    "write_json",
+    "read_json",
+    "write_parquet",
+    "read_parquet_meta",
+    "provenance",
+    "sha256_file",
+    "progress",
+    "get_logger",
+]
+
+META_KEY = b"tokenfarm"
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to `path`; on success fsync and rename it onto `path`.
+
+    On any exception the temporary file is removed and `path` is left untouched, so a crashed or
+    interrupted writer never leaves a partial output behind.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    try:
+        yield tmp
+        if tmp.exists():
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[Any]:
+    """Open a file for writing atomically: `with atomic_write(p) as f: f.write(...)`."""
+    with atomic_path(path) as tmp:
+        with open(tmp, mode, **kwargs) as f:
+            yield f
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=False, default=_json_default)
+        f.write("\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):  # numpy scalars
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def write_parquet(path: str | os.PathLike, table: Any, meta: dict | None = None) -> None:
+    """Write a pyarrow Table atomically, embedding `meta` as JSON under the 'tokenfarm' key."""
+    import pyarrow.parquet as pq
+
+    if meta is not None:
+        md = dict(table.schema.metadata or {})
+        md[META_KEY] = json.dumps(meta, default=_json_default).encode()
+        table = table.replace_schema_metadata(md)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def read_parquet_meta(path: str | os.PathLike) -> dict:
+    import pyarrow.parquet as pq
+
+    md = pq.read_schema(path).metadata or {}
+    raw = md.get(META_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("tokenfarm", "torch", "pyarrow", "polars", "tiktoken", "numpy"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[pkg] = metadata.version(pkg)
+    return out
+
+
+def provenance(stage: str, params: Any = None, inputs: Iterable[str | os.PathLike] = (), **extra: Any) -> dict:
+    """Metadata that says what made an output: stage, params, inputs (path + size), versions, time."""
+    ins = []
+    for p in inputs:
+        p = Path(p)
+        ins.append({"path": str(p), "bytes": p.stat().st_size if p.exists() else None})
+    return {
+        "stage": stage,
+        "params": params,
+        "inputs": ins,
+        "versions": _versions(),
+        "host": platform.node(),
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **extra,
+    }
+
+
+def progress(iterable: Iterable | None = None, *, desc: str = "", total: int | None = None, unit: str = "it"):
+    """A tqdm progress bar on an interactive stderr; silent in logs and CI (non-TTY)."""
+    from tqdm.auto import tqdm
+
+    disable = not sys.stderr.isatty() or os.environ.get("TOKENFARM_PROGRESS", "") == "0"
+    return tqdm(iterable, desc=desc, total=total, unit=unit, disable=disable, unit_scale=True, leave=False)
+
+
+def get_logger(name: str) -> logging.Logger:
+    """Module logger writing one timestamped line per record to stderr (rules redirect it to logs/)."""
+    logger = logging.getLogger(name)
+    if not logging.getLogger().handlers and not logger.handlers:
+        logging.basicConfig(
+            level=os.environ.get("TOKENFARM_LOGLEVEL", "INFO"),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+    return logger
