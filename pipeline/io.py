@@ -28,6 +28,8 @@ __all__ = [
     "sha256_file",
     "progress",
     "get_logger",
+    "PipelineError",
+    "run_cli",
 ]
 
 META_KEY = b"tokenfarm"
@@ -157,3 +159,18 @@ def get_logger(name: str) -> logging.Logger:
             stream=sys.stderr,
         )
     return logger
+
+
+class PipelineError(RuntimeError):
+    """A user-facing failure: the message names the file or config key and the fix."""
+
+
+def run_cli(main_fn, argv=None) -> None:
+    """Run a stage's main(argv); a PipelineError (or ConfigError) becomes one 'error:' line and exit 1."""
+    from pipeline.config import ConfigError
+
+    try:
+        main_fn(argv)
+    except (PipelineError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
