@@ -1,7 +1,7 @@
 """Configuration: load, fill defaults from the schema, validate, and derive what stages share.
 
 `workflow/schemas/config.schema.yaml` is the single source of defaults and per-key validation; this
-module applies it with jsonschema (the same validator family Snakemake's `validate` uses) and adds
+module applies it with jsonschema (Draft 2020-12 with defaults, as Snakemake's `validate` does) and adds
 the cross-field checks a schema cannot express. Every failure is one `ConfigError` that names the
 offending key and the fix.
 """
@@ -34,9 +34,9 @@ def load_schema() -> dict:
 
 
 def _validator_with_defaults():
-    from jsonschema import Draft7Validator, validators
+    from jsonschema import Draft202012Validator, validators
 
-    validate_props = Draft7Validator.VALIDATORS["properties"]
+    validate_props = Draft202012Validator.VALIDATORS["properties"]
 
     def set_defaults(validator, properties, instance, schema):
         if isinstance(instance, dict):
@@ -45,7 +45,7 @@ def _validator_with_defaults():
                     instance[prop] = copy.deepcopy(sub["default"])
         yield from validate_props(validator, properties, instance, schema)
 
-    return validators.extend(Draft7Validator, {"properties": set_defaults})
+    return validators.extend(Draft202012Validator, {"properties": set_defaults})
 
 
 def _key_path(path) -> str:

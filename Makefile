@@ -1,0 +1,38 @@
+# Two entry points on a fresh machine: `make run` (the default pipeline end to end) and `make test`.
+# Both create .venv on first use and are idempotent.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.tokenfarm-installed
+SNAKE   := PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/snakemake
+PYTEST_ARGS ?=
+
+.PHONY: run test dryrun plan report clean install
+
+install: $(STAMP)
+
+$(PY):
+	python3 -m venv $(VENV)
+
+# torch is pinned first and by exact version: a looser spec would pull GBs of CUDA wheels on a CPU box.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+run: $(STAMP)
+	$(SNAKE) --cores all
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+dryrun: $(STAMP)
+	$(SNAKE) -n --configfile configs/llama3-1b-fineweb.yaml
+
+plan: $(STAMP)
+	$(PY) -m pipeline.plan --configfile config.yaml
+
+report: $(STAMP)
+	$(SNAKE) --report results/report.html
+
+clean:
+	rm -rf results logs data/raw .snakemake

@@ -1,0 +1,77 @@
+"""Config resolution: schema defaults, one clear error naming the key, cross-field checks, presets."""
+import pytest
+import yaml
+
+from pipeline.config import ConfigError, load_config, resolve_config, stage_params
+
+
+def _cfg(**over):
+    base = {"sources": {"web": {"type": "local", "glob": "x/*.parquet"}}}
+    base.update(over)
+    return base
+
+
+def test_defaults_filled_from_schema():
+    cfg = resolve_config(_cfg())
+    assert cfg["tokenizer"]["kind"] == "bpe"
+    assert cfg["sources"]["web"]["text_column"] == "text"
+    assert cfg["mixes"]["pretrain"]["max_epochs"] == 1.0
+    assert cfg["train"]["ce_chunk_tokens"] == 8192
+
+
+@pytest.mark.parametrize(
+    "over, key, hint",
+    [
+        ({"model": {"vocab_szie": 10}}, "model.vocab_szie", "vocab_size"),
+        ({"trian": {}}, "trian", "train"),
+        ({"train": {"micro_batch": "8"}}, "train.micro_batch", "integer"),
+        ({"tokenizer": {"delimiter": "eot"}}, "tokenizer.delimiter", "bos"),
+        ({"train": {"micro_batch": 7}}, "train.global_batch_tokens", "micro_batch × seq_len × world_size"),
+        ({"model": {"n_heads": 5}}, "model.n_heads", "divisible"),
+        ({"dedup": {"bands": 7}}, "dedup.num_perm", "bands × rows"),
+        ({"mixes": {"m": {"weights": {"nope": 1.0}}}, "train": {"mix": "m"}}, "mixes.m.weights.nope", "unknown source"),
+        ({"train": {"mix": "nope"}}, "train.mix", "unknown mix"),
+        ({"sources": {"fw": {"type": "hf", "repo": "a/b", "pattern": "s.parquet", "shards": [0, 3]}}, "mixes": {"pretrain": {"weights": {"fw": 1}}}}, "sources.fw.pattern", "format field"),
+        ({"sources": {"fw": {"type": "hf", "repo": "a/b"}}}, "sources.fw.pattern", "required"),
+    ],
+)
+def test_bad_config_names_the_key(over, key, hint):
+    with pytest.raises(ConfigError) as e:
+        resolve_config(_cfg(**over))
+    msg = str(e.value)
+    assert f"'{key}'" in msg and hint in msg
+    assert "\n" not in msg  # one message, one line
+
+
+def test_world_size_enters_divisibility():
+    ok = _cfg(train={"global_batch_tokens": 2 * 16 * 256, "micro_batch": 16}, hardware={"nproc_per_node": 2})
+    resolve_config(ok)
+    with pytest.raises(ConfigError, match="world_size"):
+        resolve_config(_cfg(train={"global_batch_tokens": 16 * 256, "micro_batch": 16}, hardware={"nproc_per_node": 2}))
+
+
+def test_load_config_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sources: [unclosed\n")
+    with pytest.raises(ConfigError, match="bad.yaml"):
+        load_config(bad)
+
+
+@pytest.mark.parametrize("preset", ["config.yaml", "configs/llama3-1b-fineweb.yaml", "configs/gpt-500m-fineweb.yaml"])
+def test_shipped_configs_validate(root, preset, monkeypatch):
+    monkeypatch.chdir(root)
+    cfg = load_config(root / preset)
+    raw = yaml.safe_load((root / preset).read_text())
+    assert set(raw) <= set(cfg)
+
+
+def test_stage_params_are_slices():
+    cfg = resolve_config(_cfg())
+    assert stage_params(cfg, "dedup") == {"dedup": cfg["dedup"], "seed": cfg["seed"]}
+    assert "download" not in stage_params(cfg, "train")
+    # Changing the tokenizer must not change what download depends on.
+    other = resolve_config(_cfg(tokenizer={"vocab_size": 8192}, model={"vocab_size": 8192}))
+    assert stage_params(cfg, "download") == stage_params(other, "download")
+    assert stage_params(cfg, "tokenizer") != stage_params(other, "tokenizer")
