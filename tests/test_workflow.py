@@ -1,0 +1,178 @@
+"""The Snakemake DAG end to end, on tiny data in a temp dir: the way users run it.
+
+One module-scoped run of the whole DAG (download → … → train → evaluate) is shared by the tests
+below; rerun tests then edit the config and ask Snakemake (dry run) which jobs it would rerun.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from conftest import ROOT, write_chat_shard, write_text_shard
+
+pytestmark = pytest.mark.slow
+
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+
+TINY = {
+    "run_name": "t",
+    "sources": {
+        "web": {"type": "local", "glob": "src/web/*.parquet"},
+        "chat": {"type": "local", "glob": "src/chat/*.parquet", "format": "chat"},
+    },
+    "tokenizer": {"vocab_size": 512, "train_chars": 200_000, "train_sources": ["web"]},
+    "split": {"val_tokens": 4000},
+    "mixes": {
+        "pretrain": {"weights": {"web": 1.0}, "tokens": "plan"},
+        "midtrain": {"weights": {"web": 0.5, "chat": 0.5}, "tokens": 8000, "max_epochs": 4, "packing": "bestfit"},
+    },
+    "model": {"vocab_size": 512, "dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 96},
+    "train": {
+        "seq_len": 32, "global_batch_tokens": 1024, "micro_batch": 16, "target_tokens": 30720,
+        "precision": "fp32", "compile": False, "warmup_steps": 3, "val_interval": 10, "val_batches": 2,
+        "ckpt_interval": 10, "log_interval": 5, "lr": 1e-2,
+    },
+    "wandb": {"mode": "offline"},
+    "eval": {"max_new_tokens": 8},
+}
+
+
+def sample_docs(n_shards=3, per_shard=40, max_chars=2500):
+    """Real English documents from the shipped sample corpus, truncated for speed."""
+    files = sorted((ROOT / "data/sample/web").glob("*.parquet"))
+    texts = []
+    for f in files:
+        texts += [t[:max_chars] for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
+        if len(texts) >= n_shards * per_shard:
+            break
+    return [texts[i * per_shard:(i + 1) * per_shard] for i in range(n_shards)]
+
+
+def sample_chats(n=120):
+    f = sorted((ROOT / "data/sample/chat").glob("*.parquet"))[0]
+    return pq.read_table(f, columns=["messages"]).column("messages").to_pylist()[:n]
+
+
+def make_project(path: Path, config: dict) -> Path:
+    shards = sample_docs()
+    shards[2][0] = shards[0][0]  # a cross-shard exact duplicate, as real dumps have
+    for i, texts in enumerate(shards):
+        write_text_shard(path / f"src/web/shard_{i:05d}.parquet", texts)
+    write_chat_shard(path / "src/chat/shard_00000.parquet", sample_chats())
+    write_config(path, config)
+    return path
+
+
+def write_config(path: Path, config: dict) -> None:
+    (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def snakemake(path: Path, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", WANDB_MODE="offline")
+    cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(path), "--configfile", str(path / "config.yaml"), "--cores", "2", *args]
+    proc = subprocess.run(cmd, cwd=path, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
+    """Parse the 'Job stats' table of a dry run into {rule: count}."""
+    text = proc.stdout + proc.stderr
+    if "Nothing to be done" in text:
+        return {}
+    m = re.search(r"Job stats:\njob\s+count\n[-\s]+\n(.*?)\ntotal", text, re.S)
+    assert m, text[-3000:]
+    return {line.split()[0]: int(line.split()[1]) for line in m.group(1).strip().splitlines()}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    path = make_project(tmp_path_factory.mktemp("tiny"), TINY)
+    snakemake(path)
+    return path
+
+
+def test_end_to_end(project):
+    R = project / "results/t"
+    for rel in ["tokenizer/tokenizer.json", "counts/counts.parquet", "plan.json", "accounting.json",
+                "pack/pretrain/train.json", "pack/midtrain/train.json", "train/final.pt", "eval/report.json", "eval/loss.png"]:
+        assert (R / rel).exists(), rel
+    plan = json.loads((R / "plan.json").read_text())
+    assert plan["num_steps"] == 30 and plan["grad_accum_steps"] == 2
+    report = json.loads((R / "eval/report.json").read_text())
+    assert report["val_loss"] < report["unigram_baseline"]
+    assert (project / "logs/t/train.log").exists()
+    assert (project / "data/raw/web/shard_00000.parquet").exists()
+    # Every stage output carries metadata saying what made it.
+    assert json.loads((R / "counts/web/shard_00000.json").read_text())["meta"]["stage"] == "count"
+
+
+def test_nothing_to_do_after_a_run(project):
+    assert planned_jobs(snakemake(project, "-n")) == {}
+
+
+def test_tokenizer_edit_reruns_tokenizer_and_downstream_not_download(project):
+    cfg = json.loads(json.dumps(TINY))
+    cfg["tokenizer"]["vocab_size"] = 640
+    cfg["model"]["vocab_size"] = 640
+    write_config(project, cfg)
+    try:
+        jobs = planned_jobs(snakemake(project, "-n"))
+    finally:
+        write_config(project, TINY)
+    assert "download" not in jobs
+    assert jobs["tokenizer"] == 1 and jobs["count_shard"] == 4 and jobs["tokenize"] == 4
+
+
+def test_dedup_edit_reruns_dedup_and_after_not_tokenize(project):
+    cfg = json.loads(json.dumps(TINY))
+    cfg["dedup"] = {"threshold": 0.8}
+    write_config(project, cfg)
+    try:
+        jobs = planned_jobs(snakemake(project, "-n"))
+    finally:
+        write_config(project, TINY)
+    assert {"dedup", "split", "mix", "pack", "accounting", "train", "evaluate"} <= set(jobs)
+    assert not {"download", "tokenizer", "count_shard", "tokenize", "dedup_signatures"} & set(jobs)
+
+
+def test_config_typo_is_one_clear_error(tmp_path):
+    cfg = json.loads(json.dumps(TINY))
+    cfg["model"]["vocab_szie"] = 512
+    make_project(tmp_path, cfg)
+    proc = snakemake(tmp_path, "-n", check=False)
+    assert proc.returncode != 0
+    assert "model.vocab_szie" in proc.stderr and "did you mean 'vocab_size'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_corrupt_shard_fails_with_named_file_and_no_output(tmp_path):
+    make_project(tmp_path, TINY)
+    bad = tmp_path / "src/web/shard_00001.parquet"
+    bad.write_bytes(bad.read_bytes()[:200])  # truncated parquet
+    proc = snakemake(tmp_path, "--until", "download", check=False)
+    assert proc.returncode != 0
+    assert "shard_00001.parquet" in proc.stdout + proc.stderr
+    assert not (tmp_path / "data/raw/web/shard_00001.parquet").exists()
+
+
+def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    proc = subprocess.run(
+        [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path), "-n", "--configfile", str(ROOT / "configs/llama3-1b-fineweb.yaml")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = planned_jobs(proc)
+    assert jobs["download"] == 1823 and jobs["train"] == 1
+    assert "1,241,581,568" in proc.stderr or "1.24" in proc.stderr
+    assert not (tmp_path / "data").exists()
