@@ -1,0 +1,245 @@
+"""Tokenize stage: one raw shard -> a flat token file, document offsets, (chat) loss mask, metadata.
+
+Outputs for `--out R/tokens/{source}/{shard}.json` (docs/data-contract.md):
+
+- `{shard}.bin`: the kept documents' token ids, back to back, little-endian `uint16` when
+  `n_vocab <= 65536` else `uint32`. Each document carries its delimiter(s), applied once by
+  `Tokenizer.delimit` (`bos`: `<|bos|>` + doc, `eos`: doc + `<|eos|>`, `both`: both). Document
+  text is encoded as ordinary text, so a literal "<|bos|>" inside a document becomes ordinary
+  tokens: a special id never occurs inside a document's own tokens.
+- `{shard}.idx.npy`: int64 offsets, `n_docs + 1` of them; document `i` is `bin[off[i]:off[i+1]]`
+  including its delimiter(s). Document `i` is raw row `doc_rows[i]` of the shard.
+- `{shard}.mask.bin` (chat sources only): uint8 per token, 1 where the token is an assistant
+  target (from `Tokenizer.render_chat`), 0 elsewhere, always 0 on delimiters.
+- `{shard}.json` (written last, the "done" marker): `dtype`, `n_rows` (raw rows), `n_docs`,
+  `n_tokens = n_doc_tokens + n_delimiter_tokens`, `delimiters_per_doc`, `doc_rows`, `dropped`
+  (documents dropped by reason: `empty`, `invalid_utf8`, `short` = fewer than `min_chars`
+  characters) and `dropped_tokens` (document tokens of the dropped short documents, so the
+  accounting can reconcile against the count stage), `bos_id`, `tokenizer_sha256`, `source`,
+  `shard`, `meta`.
+
+Rows are read with `pipeline.tokenizer.iter_documents`, the reader the count stage uses, so both
+stages agree on which rows are documents (text read as bytes and decoded per row; empty means null,
+empty or whitespace-only). The shard is streamed in batches of `count.batch_size` rows and the
+token file is written batch by batch; a shard with no rows gives an empty tokenized shard.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import add_config_args, params_from_args
+from pipeline.io import PipelineError, atomic_path, get_logger, progress, provenance, read_json, run_cli, write_json
+from pipeline.tokenizer import DocBatch, Tokenizer, iter_documents, load_tokenizer
+
+log = get_logger(__name__)
+
+DROP_REASONS = ("empty", "invalid_utf8", "short")
+
+
+def token_dtype(n_vocab: int) -> np.dtype:
+    """uint16 while every id fits (n_vocab <= 2**16), else uint32."""
+    return np.dtype("<u2") if n_vocab <= 1 << 16 else np.dtype("<u4")
+
+
+def output_paths(out_json: str | os.PathLike) -> dict[str, Path]:
+    """The sibling files of a tokenized shard's metadata `{stem}.json`."""
+    out_json = Path(out_json)
+    stem = out_json.parent / out_json.name.removesuffix(".json")
+    return {
+        "bin": Path(f"{stem}.bin"),
+        "idx": Path(f"{stem}.idx.npy"),
+        "mask": Path(f"{stem}.mask.bin"),
+        "json": out_json,
+    }
+
+
+# ----------------------------------------------------------------------------- encoding
+
+@dataclass
+class ShardStats:
+    """Running totals for one shard; they become the metadata JSON."""
+
+    n_rows: int = 0
+    doc_rows: list[int] = field(default_factory=list)
+    lengths: list[np.ndarray] = field(default_factory=list)  # per batch: delimited length of each kept doc
+    n_doc_tokens: int = 0
+    dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
+    dropped_short_tokens: int = 0
+
+    def offsets(self) -> np.ndarray:
+        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
+        return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def encode_docs(tok: Tokenizer, batch: DocBatch, chat: bool, num_threads: int, path) -> tuple[list, list | None]:
+    """Token ids (and, for chat, the assistant loss mask) of each document of the batch, no delimiters."""
+    if not chat:
+        return tok.encode_batch(batch.docs, num_threads=num_threads), None
+    ids, masks = [], []
+    for row, messages in zip(batch.rows, batch.docs):
+        try:
+            i, m = tok.render_chat(messages)
+        except ValueError as e:
+            raise PipelineError(f"{path}: row {row}: {e}; fix or drop that row") from None
+        ids.append(i)
+        masks.append(m)
+    return ids, masks
+
+
+def delimit_masks(tok: Tokenizer, masks: list[list[int]]) -> list[list[int]]:
+    """Loss masks aligned with `Tokenizer.delimit`: 0 on the delimiter(s) before and/or after."""
+    head = [0] if tok.delimiter in ("bos", "both") else []
+    tail = [0] if tok.delimiter in ("eos", "both") else []
+    return [head + m + tail for m in masks]
+
+
+def flatten(seqs: list[list[int]], dtype: np.dtype) -> np.ndarray:
+    """Concatenate lists of ints into one numpy array (one C-level pass, no per-token Python)."""
+    return np.fromiter(chain.from_iterable(seqs), dtype=dtype, count=sum(map(len, seqs)))
+
+
+def drop_short(batch: DocBatch, ids: list, masks: list | None, min_chars: int, stats: ShardStats):
+    """Count and remove documents with fewer than `min_chars` characters; returns (rows, ids, masks)."""
+    keep = [c >= min_chars for c in batch.n_chars]
+    if all(keep):
+        return batch.rows, ids, masks
+    stats.dropped["short"] += keep.count(False)
+    stats.dropped_short_tokens += sum(len(x) for x, k in zip(ids, keep) if not k)
+    return _kept(batch.rows, keep), _kept(ids, keep), None if masks is None else _kept(masks, keep)
+
+
+def _kept(items: list, keep: list[bool]) -> list:
+    return [x for x, k in zip(items, keep) if k]
+
+
+def write_batch(tok: Tokenizer, ids: list, masks: list | None, dtype: np.dtype, bin_f, mask_f, stats: ShardStats) -> None:
+    """Delimit each document, append its tokens (and mask) to the open files, record its length."""
+    delimited = [tok.delimit(x) for x in ids]
+    flatten(delimited, dtype).tofile(bin_f)
+    if mask_f is not None:
+        flatten(delimit_masks(tok, masks), np.dtype(np.uint8)).tofile(mask_f)
+    stats.lengths.append(np.fromiter(map(len, delimited), dtype=np.int64, count=len(delimited)))
+    stats.n_doc_tokens += sum(map(len, ids))
+
+
+def tokenize_shard(
+    tok: Tokenizer,
+    input_path: str | os.PathLike,
+    out_json: str | os.PathLike,
+    source: str,
+    shard: str,
+    params: dict,
+    num_threads: int = 1,
+) -> dict:
+    """Tokenize one raw shard into the files described in the module docstring; returns the metadata."""
+    if source not in params["sources"]:
+        raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(params['sources'])})")
+    src = params["sources"][source]
+    chat = src.get("format", "text") == "chat"
+    min_chars = src.get("min_chars", 0)
+    dtype = token_dtype(tok.n_vocab)
+    paths = output_paths(out_json)
+    paths["json"].unlink(missing_ok=True)  # the done-marker of an earlier run no longer holds
+    stats = ShardStats()
+    with contextlib.ExitStack() as stack:
+        bin_f = stack.enter_context(open(stack.enter_context(atomic_path(paths["bin"])), "wb"))
+        mask_f = stack.enter_context(open(stack.enter_context(atomic_path(paths["mask"])), "wb")) if chat else None
+        idx_tmp = stack.enter_context(atomic_path(paths["idx"]))
+        batches = iter_documents(input_path, src, params["count"]["batch_size"])
+        for batch in progress(batches, desc=f"tokenize {source}/{shard}", unit="batch"):
+            stats.n_rows += batch.n_rows
+            stats.dropped["empty"] += batch.empty
+            stats.dropped["invalid_utf8"] += batch.invalid_utf8
+            ids, masks = encode_docs(tok, batch, chat, num_threads, input_path)
+            rows, ids, masks = drop_short(batch, ids, masks, min_chars, stats)
+            stats.doc_rows.extend(rows)
+            write_batch(tok, ids, masks, dtype, bin_f, mask_f, stats)
+        with open(idx_tmp, "wb") as f:
+            np.save(f, stats.offsets())
+    if stats.n_rows == 0:
+        log.warning("%s has no rows; wrote an empty tokenized shard", input_path)
+    meta = shard_metadata(tok, stats, dtype, source, shard, chat, provenance("tokenize", params, [input_path, tok.path]))
+    write_json(paths["json"], meta)
+    log.info("%s/%s: %d docs, %d tokens (%d delimiters), dropped %s",
+             source, shard, meta["n_docs"], meta["n_tokens"], meta["n_delimiter_tokens"], meta["dropped"])
+    return meta
+
+
+def shard_metadata(tok: Tokenizer, stats: ShardStats, dtype, source: str, shard: str, chat: bool, meta: dict) -> dict:
+    off = stats.offsets()
+    n_docs, n_tokens = len(off) - 1, int(off[-1])
+    return {
+        "source": source,
+        "shard": shard,
+        "format": "chat" if chat else "text",
+        "dtype": dtype.name,
+        "n_vocab": tok.n_vocab,
+        "n_rows": stats.n_rows,
+        "n_docs": n_docs,
+        "n_tokens": n_tokens,
+        "n_doc_tokens": stats.n_doc_tokens,
+        "n_delimiter_tokens": n_tokens - stats.n_doc_tokens,
+        "delimiter": tok.delimiter,
+        "delimiters_per_doc": tok.n_delimiters(),
+        "bos_id": tok.bos_id,
+        "has_mask": chat,
+        "dropped": stats.dropped,
+        "dropped_tokens": {"short": stats.dropped_short_tokens},
+        "tokenizer_sha256": tok.sha256,
+        "doc_rows": stats.doc_rows,
+        "meta": meta,
+    }
+
+
+# ----------------------------------------------------------------------------- reading outputs
+
+def load_shard_meta(out_json: str | os.PathLike) -> dict:
+    """Read a tokenized shard's metadata; a clear error if it is missing."""
+    p = Path(out_json)
+    if not p.exists():
+        raise PipelineError(f"{p}: tokenized shard metadata not found; run the tokenize stage for this shard")
+    return read_json(p)
+
+
+def open_tokens(out_json: str | os.PathLike) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Memory-map a tokenized shard: (metadata, tokens, offsets, mask or None)."""
+    meta = load_shard_meta(out_json)
+    paths = output_paths(out_json)
+    off = np.load(paths["idx"], mmap_mode="r")
+    expect = int(meta["n_tokens"])
+    size = paths["bin"].stat().st_size
+    if size != expect * np.dtype(meta["dtype"]).itemsize or len(off) != meta["n_docs"] + 1:
+        raise PipelineError(f"{paths['bin']}: size does not match {paths['json']}; rerun the tokenize stage for this shard")
+    tokens = np.memmap(paths["bin"], dtype=meta["dtype"], mode="r") if expect else np.zeros(0, meta["dtype"])
+    mask = None
+    if meta.get("has_mask"):
+        mask = np.memmap(paths["mask"], dtype=np.uint8, mode="r") if expect else np.zeros(0, np.uint8)
+    return meta, tokens, off, mask
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.tokenize", description=__doc__.split("\n")[0])
+    add_config_args(ap)
+    ap.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
+    ap.add_argument("--input", required=True, help="raw shard D/{source}/{shard}.parquet")
+    ap.add_argument("--source", required=True)
+    ap.add_argument("--shard", required=True)
+    ap.add_argument("--out", required=True, help="R/tokens/{source}/{shard}.json (siblings .bin, .idx.npy, .mask.bin)")
+    ap.add_argument("--threads", type=int, default=1, help="tiktoken encoding threads (default 1: one job per core)")
+    args = ap.parse_args(argv)
+    params = params_from_args(args, "tokenize")
+    tok = load_tokenizer(args.tokenizer)
+    tokenize_shard(tok, args.input, args.out, args.source, args.shard, params, num_threads=args.threads)
+
+
+if __name__ == "__main__":
+    run_cli(main)
