@@ -36,7 +36,7 @@ def make_tokenizer(tmp_path, delimiter: str = "bos", vocab_size: int = 320) -> T
     """Train a real byte-level BPE through pipeline.tokenizer and load it."""
     shard = write_text_shard(tmp_path / "tok_train" / "web" / "s.parquet", corpus(300, seed=99))
     params = {
-        "tokenizer": {"kind": "bpe", "vocab_size": vocab_size, "train_chars": 100_000, "max_doc_chars": 10_000, "delimiter": delimiter},
+        "tokenizer": {"kind": "bpe", "vocab_size": vocab_size, "train_chars": 30_000, "max_doc_chars": 10_000, "delimiter": delimiter},
         "sources": {"web": {"format": "text"}},
         "seed": 0,
     }
