@@ -2,7 +2,9 @@
 
 Inputs: the schedule `R/mix/{mix}/{split}.parquet` (columns `source`, `shard`, `doc`, `tokens`,
 `epoch`, in schedule order) and the tokenized shards `R/tokens/{source}/{shard}.*`. A scheduled
-document is the span `bin[off[doc]:off[doc+1]]` of its shard, delimiter(s) included. Outputs for
+document is the span `bin[off[doc]:off[doc+1]]` of its shard, delimiter(s) included; the schedule's
+`tokens` must agree with it (counting the delimiters or not: one convention per file), else the
+schedule is stale and the stage fails. Outputs for
 `--out R/pack/{mix}/{split}.json` (C = seq_len + 1 tokens per row):
 
 - `{split}.bin`: `n_rows × C` token ids (dtype of the token shards). Row `r` is
@@ -96,15 +98,20 @@ def read_schedule(path: str | os.PathLike):
     return table
 
 
-def open_shards(table, tokens_dir: Path) -> tuple[list[Shard], np.ndarray]:
-    """Memory-map every shard the schedule names; return them and each row's index into them."""
+def shard_keys(table) -> tuple[list[str], np.ndarray]:
+    """The distinct `source/shard` names of a schedule (first-seen order) and each row's index into them."""
     import pyarrow.compute as pc
 
     keys = pc.binary_join_element_wise(table["source"], table["shard"], "/")
     names = pc.unique(keys)
-    shard_id = pc.index_in(keys, value_set=names).to_numpy().astype(np.int64)
+    return names.to_pylist(), pc.index_in(keys, value_set=names).to_numpy().astype(np.int64)
+
+
+def open_shards(table, tokens_dir: Path) -> tuple[list[Shard], np.ndarray]:
+    """Memory-map every shard the schedule names; return them and each row's index into them."""
+    names, shard_id = shard_keys(table)
     shards = []
-    for name in names.to_pylist():
+    for name in names:
         meta, tokens, offsets, mask = open_tokens(tokens_dir / f"{name}.json")
         shards.append(Shard(name, tokens, offsets, mask, meta))
     for key in ("tokenizer_sha256", "dtype"):
@@ -114,10 +121,21 @@ def open_shards(table, tokens_dir: Path) -> tuple[list[Shard], np.ndarray]:
     return shards, shard_id
 
 
+def token_column_mismatches(tokens: np.ndarray, spans: np.ndarray, delimiters_per_doc: int) -> np.ndarray:
+    """Indices where a `tokens` column (split / mix files) disagrees with the tokenized span lengths.
+
+    The column may count a document's tokens with its delimiter(s) (= the span length) or without
+    (= span − delimiters_per_doc); the convention of the first row must hold for every row.
+    """
+    if not len(tokens):
+        return np.zeros(0, np.int64)
+    without = int(tokens[0] == spans[0] - delimiters_per_doc and delimiters_per_doc > 0)
+    return np.flatnonzero(tokens != spans - without * delimiters_per_doc)
+
+
 def schedule_spans(table, shards: list[Shard], shard_id: np.ndarray, path) -> Spans:
-    """Look up each scheduled document's span; the schedule's `tokens` must equal the span length."""
+    """Look up each scheduled document's span; the schedule's `tokens` must agree with it."""
     doc = table["doc"].to_numpy().astype(np.int64)
-    tokens = table["tokens"].to_numpy().astype(np.int64)
     start = np.empty_like(doc)
     length = np.empty_like(doc)
     for k, s in enumerate(shards):
@@ -127,12 +145,13 @@ def schedule_spans(table, shards: list[Shard], shard_id: np.ndarray, path) -> Sp
             raise PipelineError(f"{path}: document index out of range for tokenized shard {s.name} ({len(s.offsets) - 1} docs); rerun split and mix")
         start[sel] = s.offsets[d]
         length[sel] = s.offsets[d + 1] - s.offsets[d]
-    bad = np.flatnonzero(tokens != length)
+    tokens = table["tokens"].to_numpy().astype(np.int64)
+    bad = token_column_mismatches(tokens, length, int(shards[0].meta["delimiters_per_doc"]))
     if len(bad):
         i = bad[0]
         raise PipelineError(
             f"{path}: row {i} ({shards[shard_id[i]].name} doc {doc[i]}) has tokens={tokens[i]} but the tokenized span "
-            f"holds {length[i]} tokens (delimiters included); the schedule is stale, rerun split and mix"
+            f"holds {length[i]} tokens with its delimiter(s); the schedule is stale, rerun split and mix"
         )
     return Spans(shard_id, start, length)
 

@@ -185,6 +185,18 @@ def test_schedule_errors(data, tmp_path):
         pack(params("concat"), "m", "train", tmp_path / "cols.parquet", data / "tokens", out)
 
 
+def test_schedule_tokens_may_exclude_delimiters(data, tmp_path):
+    rows = schedule_rows(data, [("web", "a")], epochs=1)
+    with_delims = write_schedule(tmp_path / "with.parquet", rows, true_tokens(data, rows))
+    without = write_schedule(tmp_path / "without.parquet", rows, [n - 1 for n in true_tokens(data, rows)])
+    a = pack(params("concat"), "m", "train", with_delims, data / "tokens", tmp_path / "a/train.json")
+    b = pack(params("concat"), "m", "train", without, data / "tokens", tmp_path / "b/train.json")
+    assert a["sha256"] == b["sha256"] and a["tokens_in"] == b["tokens_in"]
+    mixed = write_schedule(tmp_path / "mixed.parquet", rows[:2], [true_tokens(data, rows[:1])[0] - 1, true_tokens(data, rows[1:2])[0]])
+    with pytest.raises(PipelineError, match="row 1 .* stale"):
+        pack(params("concat"), "m", "train", mixed, data / "tokens", tmp_path / "c/train.json")
+
+
 def test_cli(data, tmp_path):
     rows = schedule_rows(data, [("chat", "c")], epochs=1)
     sched = write_schedule(tmp_path / "mix/m/val.parquet", rows, true_tokens(data, rows))
