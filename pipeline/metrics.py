@@ -1,0 +1,160 @@
+"""Training metrics: the JSONL + wandb logger, MFU, norms of watched parameter groups, memory.
+
+`R/train/metrics.jsonl` holds one JSON object per logged step (rank 0 writes it). Keys:
+
+* always: ``step`` (optimizer steps done), ``tokens`` (global input tokens trained so far);
+* every log step: ``loss`` (mean fp32 CE per target token over the global batch of that step),
+  ``lr/<group>``, ``grad_norm`` (global, before clipping), ``grad_norm/<watched>``,
+  ``param_norm/<watched>``, ``update_ratio/<watched>`` (‖Δθ‖ / ‖θ‖ of that step), ``tokens_per_s``
+  (global), ``mfu``, and on CUDA ``mem/allocated_gb``, ``mem/peak_gb``, ``mem/reserved_gb``;
+* every validation step: ``val_loss`` (the training precision, held-out rows), ``ce_fp32`` and
+  ``top1_acc`` (a fixed validation batch, fp32 model, eval mode, no grad), ``sample`` (greedy text).
+
+Watched groups (names of the unwrapped model): ``embedding`` (``tok_embeddings``), ``lm_head``
+(untied models only), ``block_first`` (``layers.0``), ``block_last`` (``layers.{n-1}``).
+
+MFU = flops_per_token × tokens_per_s / (world_size × peak FLOP/s per device), with
+`flops_per_token` from the plan (the one formula, pipeline/plan.py) and the peak from
+`PEAK_FLOPS` (dense bf16 tensor-core peak; the CPU entry is a nominal figure so CPU runs report a
+number, not a meaningful utilisation).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from pipeline.io import atomic_write, get_logger
+
+__all__ = [
+    "PEAK_FLOPS",
+    "mfu",
+    "watched_groups",
+    "group_norms",
+    "UpdateRatio",
+    "memory_stats",
+    "MetricsLogger",
+]
+
+log = get_logger(__name__)
+
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "cpu": 1e12}
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, world_size: int, gpu_type: str) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the peak of all devices."""
+    return flops_per_token * tokens_per_s / (world_size * PEAK_FLOPS[gpu_type])
+
+
+def watched_groups(model: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
+    """The watched parameter groups of an unwrapped model (see the module docstring)."""
+    n_layers = len(model.layers)
+    prefixes = {"embedding": "tok_embeddings.", "lm_head": "lm_head.", "block_first": "layers.0.",
+                "block_last": f"layers.{n_layers - 1}."}
+    groups = {k: [p for n, p in model.named_parameters() if n.startswith(pre)] for k, pre in prefixes.items()}
+    return {k: ps for k, ps in groups.items() if ps}
+
+
+def _norm(tensors: list[torch.Tensor]) -> float:
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors])))
+
+
+def group_norms(groups: dict[str, list[torch.Tensor]], prefix: str, grads: bool = False) -> dict[str, float]:
+    """``{prefix/group: L2 norm}`` of the parameters (or, with grads=True, their gradients)."""
+    out = {}
+    for name, params in groups.items():
+        ts = [p.grad for p in params if p.grad is not None] if grads else [p.detach() for p in params]
+        if ts:
+            out[f"{prefix}/{name}"] = _norm(ts)
+    return out
+
+
+class UpdateRatio:
+    """‖θ_after − θ_before‖ / ‖θ_before‖ per watched group: snapshot before the optimizer step,
+    compute after it. Only used on log steps (the snapshot copies the watched tensors)."""
+
+    def __init__(self, groups: dict[str, list[torch.Tensor]]):
+        self.groups = groups
+        self.before = {k: [p.detach().clone() for p in ps] for k, ps in groups.items()}
+
+    def ratios(self) -> dict[str, float]:
+        out = {}
+        for k, ps in self.groups.items():
+            delta = _norm([p.detach() - b for p, b in zip(ps, self.before[k])])
+            out[f"update_ratio/{k}"] = delta / max(_norm(self.before[k]), 1e-12)
+        return out
+
+
+def memory_stats(device: torch.device) -> dict[str, float]:
+    """CUDA memory allocated / peak allocated / reserved in GB (empty on CPU)."""
+    if device.type != "cuda":
+        return {}
+    gb = 1e9
+    return {
+        "mem/allocated_gb": torch.cuda.memory_allocated(device) / gb,
+        "mem/peak_gb": torch.cuda.max_memory_allocated(device) / gb,
+        "mem/reserved_gb": torch.cuda.memory_reserved(device) / gb,
+    }
+
+
+class MetricsLogger:
+    """Append metric records to a JSONL file and, unless wandb is disabled, to a wandb run.
+
+    Only the main process should construct one. `wandb_cfg` is the config's `wandb` section
+    (`mode`: offline | online | disabled, `project`, `entity`); the API key is read by wandb itself
+    from the WANDB_API_KEY environment variable and never passes through here. The wandb run
+    directory is under `<outdir>/wandb/`. `resume_step`: keep the records of steps <= it (a resumed run
+    redoes the later ones); None starts a fresh file.
+    """
+
+    def __init__(self, path: str | Path, wandb_cfg: dict, outdir: str | Path, config: dict,
+                 run_name: str, resume_step: int | None = None, wandb_id: str | None = None):
+        self.path = Path(path)
+        self._truncate(resume_step)
+        self.file = open(self.path, "a", encoding="utf-8")
+        self.wandb_run = None
+        if wandb_cfg.get("mode", "offline") != "disabled":
+            self.wandb_run = self._init_wandb(wandb_cfg, Path(outdir), config, run_name, wandb_id)
+
+    @property
+    def wandb_id(self) -> str | None:
+        return self.wandb_run.id if self.wandb_run is not None else None
+
+    def _truncate(self, resume_step: int | None) -> None:
+        keep = []
+        if resume_step is not None and self.path.exists():
+            with open(self.path, encoding="utf-8") as f:
+                keep = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= resume_step]
+        with atomic_write(self.path) as f:
+            f.writelines(keep)
+
+    @staticmethod
+    def _init_wandb(wandb_cfg: dict, outdir: Path, config: dict, run_name: str, wandb_id: str | None):
+        import wandb
+
+        outdir.mkdir(parents=True, exist_ok=True)  # wandb writes its run under outdir/wandb/
+        os.environ.setdefault("WANDB_SILENT", "true")
+        return wandb.init(
+            project=wandb_cfg.get("project", "tokenfarm"),
+            entity=wandb_cfg.get("entity"),
+            mode=wandb_cfg.get("mode", "offline"),
+            dir=str(outdir),
+            name=run_name,
+            config=config,
+            id=wandb_id,
+            resume="allow" if wandb_id else None,
+        )
+
+    def log(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def close(self) -> None:
+        self.file.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None

@@ -1,0 +1,366 @@
+"""pipeline.train: the training loop, loss normalisation, DDP, exact resume, the token count.
+
+A tiny run: a 300-token BPE, a 2-layer dim-32 model, rows of 32 tokens packed from a small
+repetitive corpus. Single-process runs happen in-process; 2-process DDP runs go through torchrun
+with the gloo backend (marked slow).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as torch_dist
+
+from conftest import write_text_shard
+from pipeline.config import resolve_config, stage_params
+from pipeline.io import PipelineError, write_json
+from pipeline.tokenizer import build_tokenizer, load_tokenizer
+
+SEQ = 32
+WORDS = {
+    "det": ["the", "a", "one", "every"],
+    "noun": ["cat", "dog", "king", "bird", "farmer", "queen"],
+    "verb": ["sees", "likes", "follows", "feeds", "finds"],
+    "adj": ["small", "old", "red", "happy"],
+}
+
+
+def corpus(n_docs: int, seed: int) -> list[str]:
+    """Documents of simple, repetitive sentences (a model learns them in a few dozen steps)."""
+    rng = random.Random(seed)
+    pick = lambda k: rng.choice(WORDS[k])  # noqa: E731
+    docs = []
+    for _ in range(n_docs):
+        sents = [f"{pick('det')} {pick('adj')} {pick('noun')} {pick('verb')} {pick('det')} {pick('noun')}."
+                 for _ in range(rng.randint(2, 6))]
+        docs.append(" ".join(s.capitalize() for s in sents))
+    return docs
+
+
+def write_packed(out_json: Path, tokenizer, docs: list[str], seq_len: int = SEQ, mix: str = "pretrain") -> dict:
+    """Concat-pack documents into rows of seq_len + 1 tokens, per docs/data-contract.md."""
+    stream, starts = [], []
+    for d in docs:
+        starts.append(len(stream))
+        stream += tokenizer.delimit(tokenizer.encode(d))
+    row = seq_len + 1
+    n_rows = len(stream) // row
+    flat = np.asarray(stream[: n_rows * row], dtype=np.uint16)
+    stem = out_json.parent / out_json.name.removesuffix(".json")
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    flat.tofile(f"{stem}.bin")
+    np.save(f"{stem}.docs.npy", np.asarray([s for s in starts if s < n_rows * row], np.int64))
+    meta = {"mix": mix, "split": out_json.stem, "packing": "concat", "seq_len": seq_len, "n_rows": n_rows,
+            "dtype": "uint16", "tokens_in": len(stream), "tokens_packed": n_rows * row,
+            "dropped_tail_tokens": len(stream) - n_rows * row, "pad_tokens": 0, "has_mask": False,
+            "sha256": hashlib.sha256(flat.tobytes()).hexdigest()}
+    write_json(out_json, meta)
+    return meta
+
+
+def make_params(nproc: int = 1, steps: int = 12, **train) -> dict:
+    """The train stage's params for the tiny run (global batch 256 tokens = 8 rows of 32)."""
+    cfg = resolve_config({
+        "run_name": "t",
+        "seed": 7,
+        "tokenizer": {"vocab_size": 300},
+        "model": {"vocab_size": 320, "dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64},
+        "train": {"seq_len": SEQ, "micro_batch": 4, "global_batch_tokens": 256, "target_tokens": 256 * steps,
+                  "precision": "fp32", "compile": False, "warmup_steps": 2, "val_interval": 4, "val_batches": 2,
+                  "ckpt_interval": 3, "log_interval": 1, "lr": 1e-2, "ce_chunk_tokens": 48, **train},
+        "hardware": {"nproc_per_node": nproc},
+        "wandb": {"mode": "disabled"},
+        "eval": {"prompts": ["The old king"], "max_new_tokens": 4},
+    })
+    return stage_params(cfg, "train")
+
+
+def make_plan(params: dict) -> dict:
+    """The plan keys the trainer reads (what pipeline.plan.make_plan computes)."""
+    from pipeline.model import ModelConfig, Transformer
+
+    t, world = params["train"], params["hardware"]["nproc_per_node"]
+    n_params = sum(p.numel() for p in Transformer(ModelConfig.from_config(params)).parameters())
+    return {"n_params": n_params, "world_size": world, "micro_batch": t["micro_batch"],
+            "tokens_per_step": t["global_batch_tokens"],
+            "grad_accum_steps": t["global_batch_tokens"] // (t["micro_batch"] * t["seq_len"] * world),
+            "num_steps": t["target_tokens"] // t["global_batch_tokens"], "flops_per_token": 6 * n_params}
+
+
+@pytest.fixture(scope="session")
+def data(tmp_path_factory) -> dict:
+    """Tokenizer + packed train/val rows shared by the train, evaluate and bench tests."""
+    d = tmp_path_factory.mktemp("run")
+    shard = write_text_shard(d / "raw" / "web" / "shard_00000.parquet", corpus(400, seed=1))
+    tok_path = d / "tokenizer" / "tokenizer.json"
+    build_tokenizer({"tokenizer": {"kind": "bpe", "vocab_size": 300, "train_chars": 20_000, "max_doc_chars": 2000,
+                                   "delimiter": "bos"},
+                     "sources": {"web": {"type": "local", "format": "text", "text_column": "text", "min_chars": 0}},
+                     "seed": 0}, [str(shard)], tok_path)
+    tok = load_tokenizer(tok_path)
+    train_json, val_json = d / "pack" / "pretrain" / "train.json", d / "pack" / "pretrain" / "val.json"
+    write_packed(train_json, tok, corpus(600, seed=2))
+    write_packed(val_json, tok, corpus(60, seed=3))
+    return {"dir": d, "tokenizer": str(tok_path), "train": str(train_json), "val": str(val_json)}
+
+
+def run_inprocess(data, outdir, params, **kw):
+    from pipeline.train import train
+
+    return train(params, make_plan(params), data["train"], data["val"], data["tokenizer"], str(outdir), **kw)
+
+
+def read_metrics(outdir) -> list[dict]:
+    return [json.loads(ln) for ln in Path(outdir, "metrics.jsonl").read_text().splitlines()]
+
+
+def final_state(outdir) -> dict:
+    return torch.load(Path(outdir) / "final.pt", weights_only=True)["model"]
+
+
+# ----------------------------------------------------------------------------- single process
+
+@pytest.fixture(scope="module")
+def full_run(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    params = make_params()
+    summary = run_inprocess(data, out, params)
+    return out, params, summary
+
+
+def test_run_writes_outputs_and_trains_the_planned_tokens(full_run):
+    out, params, summary = full_run
+    plan = make_plan(params)
+    assert summary["tokens_trained"] == plan["num_steps"] * plan["tokens_per_step"] == 12 * 256
+    assert summary["loss_tokens"] == 12 * 256  # concat packing: every target counts
+    final = torch.load(out / "final.pt", weights_only=True)
+    assert final["summary"]["tokens_trained"] == 12 * 256 and final["params"] == params
+    assert not any(k.startswith(("module.", "_orig_mod.", "model.")) for k in final["model"])
+    assert json.loads((out / "summary.json").read_text())["tokens_planned"] == 12 * 256
+    assert (out / "ckpt" / "latest").read_text().strip() == "step_000012.pt"
+    assert sorted(p.name for p in (out / "ckpt").glob("step_*.pt")) == ["step_000009.pt", "step_000012.pt"]
+
+    recs = read_metrics(out)
+    assert [r["step"] for r in recs] == list(range(1, 13))
+    assert [r["tokens"] for r in recs] == [256 * s for s in range(1, 13)]
+    assert recs[-1]["loss"] < recs[0]["loss"] - 0.5
+    first = recs[0]
+    for key in ("lr/embedding", "lr/matrix", "lr/no_decay", "grad_norm", "grad_norm/embedding",
+                "grad_norm/block_first", "grad_norm/block_last", "param_norm/embedding", "update_ratio/block_last",
+                "tokens_per_s", "mfu"):
+        assert key in first, key
+    assert first["lr/matrix"] == pytest.approx(params["train"]["lr"] / 2)  # warmup step 1 of 2
+    val = [r for r in recs if "val_loss" in r]
+    assert [r["step"] for r in val] == [4, 8, 12]
+    assert all({"ce_fp32", "top1_acc", "sample"} <= set(r) for r in val)
+    assert val[-1]["val_loss"] < val[0]["val_loss"]
+    assert val[0]["sample"].startswith("The old king")
+    # fp32 run: the fixed-batch fp32 CE is the same quantity as the training-precision val loss
+    assert abs(val[-1]["ce_fp32"] - val[-1]["val_loss"]) < 0.5
+
+
+def test_resume_is_bitwise_exact(data, full_run, tmp_path):
+    out_full, params, _ = full_run
+    assert run_inprocess(data, tmp_path, params, max_steps=5) is None
+    assert not (tmp_path / "final.pt").exists()
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step_000005.pt"
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 5]
+    run_inprocess(data, tmp_path, params, resume="auto")
+    full, resumed = read_metrics(out_full), read_metrics(tmp_path)
+    assert [r["step"] for r in resumed] == list(range(1, 13))
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in full]
+    assert [r.get("val_loss") for r in resumed] == [r.get("val_loss") for r in full]
+    a, b = final_state(out_full), final_state(tmp_path)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_never_starts_over_and_clears_old_checkpoints(data, tmp_path):
+    params = make_params(steps=4)
+    run_inprocess(data, tmp_path, params, max_steps=3)
+    run_inprocess(data, tmp_path, params, resume="never", max_steps=2)
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*.pt")) == ["step_000002.pt"]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+def test_resume_refuses_a_checkpoint_from_another_config(data, tmp_path):
+    params = make_params(steps=4)
+    run_inprocess(data, tmp_path, params, max_steps=2)
+    changed = make_params(steps=4, lr=5e-3)
+    with pytest.raises(PipelineError, match="different config.*train"):
+        run_inprocess(data, tmp_path, changed)
+    logging_only = make_params(steps=4, log_interval=2, val_interval=2)  # observability keys may change
+    assert run_inprocess(data, tmp_path, logging_only)["tokens_trained"] == 4 * 256
+
+
+def test_too_little_data_fails_before_training(data, tmp_path):
+    params = make_params(steps=5000)
+    with pytest.raises(PipelineError, match=r"supply \d+ steps.*needs 5000 steps.*mixes.pretrain.tokens"):
+        run_inprocess(data, tmp_path, params)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_plan_for_another_world_size_is_refused(data, tmp_path):
+    from pipeline.train import train
+
+    params = make_params()
+    plan = {**make_plan(params), "world_size": 2}
+    with pytest.raises(PipelineError, match="launched with 1 process.*world_size 2"):
+        train(params, plan, data["train"], data["val"], data["tokenizer"], str(tmp_path))
+
+
+# ----------------------------------------------------------------------------- loss normalisation
+
+def _tiny_loss_model(seed=0):
+    from pipeline.model import ModelConfig, Transformer
+    from pipeline.train import LossModel
+
+    torch.manual_seed(seed)
+    return LossModel(Transformer(ModelConfig.from_config(make_params())), None, ce_chunk=40)
+
+
+def _micro_batches(n=3, masked=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        x = torch.randint(0, 300, (2, SEQ), generator=g)
+        y = torch.randint(0, 300, (2, SEQ), generator=g)
+        m = (torch.rand(2, SEQ, generator=g) < 0.3 + 0.3 * i) if masked else None  # uneven counts
+        out.append((x, y, m))
+    return out
+
+
+def _reference_grads(batches, seed=0):
+    """Gradient of (sum of per-token losses over all counted tokens) / (their number), one pass."""
+    lm = _tiny_loss_model(seed)
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    m = torch.cat([b[2] for b in batches]) if batches[0][2] is not None else None
+    s, c = lm(x, y, m)
+    (s / c).backward()
+    return {n: p.grad.clone() for n, p in lm.named_parameters()}
+
+
+def test_accumulated_gradient_is_the_global_token_mean():
+    from pipeline.train import Dist, accumulate_gradients, count_tokens
+
+    batches = _micro_batches()
+    lm = _tiny_loss_model()
+    dist = Dist(0, 0, 1, torch.device("cpu"))
+    counts = count_tokens(batches, dist)
+    assert counts.tolist() == [int(sum(b[2].sum() for b in batches)), 3 * 2 * SEQ]
+    accumulate_gradients(lm, lm, batches, counts[0], world_size=1)
+    ref = _reference_grads(batches)
+    for n, p in lm.named_parameters():
+        assert torch.allclose(p.grad, ref[n], atol=1e-6, rtol=1e-4), n
+
+
+def test_no_sync_on_all_but_the_last_micro_step(tmp_path, monkeypatch):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from pipeline.train import Dist, accumulate_gradients, count_tokens, wrap
+
+    entered = []
+    original = DDP.no_sync
+
+    def spy(self):
+        entered.append(len(entered))
+        return original(self)
+
+    monkeypatch.setattr(DDP, "no_sync", spy)
+    torch_dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        dist = Dist(0, 0, 1, torch.device("cpu"))
+        ddp, fwd = wrap(_tiny_loss_model(), dist, compile_model=False)
+        assert isinstance(ddp, DDP) and fwd is ddp
+        batches = _micro_batches(n=4)
+        accumulate_gradients(ddp, fwd, batches, count_tokens(batches, dist)[0], world_size=1)
+        assert len(entered) == 3
+        ref = _reference_grads(batches)
+        for n, p in ddp.module.named_parameters():
+            assert torch.allclose(p.grad, ref[n], atol=1e-6, rtol=1e-4), n
+    finally:
+        torch_dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_compiled_path_runs_on_cpu(data, tmp_path):
+    """torch.compile(DDP-less LossModel) on CPU: the first compile takes ~25 s."""
+    params = make_params(steps=2, compile=True, val_interval=2)
+    summary = run_inprocess(data, tmp_path, params)
+    assert summary["tokens_trained"] == 2 * 256
+    recs = read_metrics(tmp_path)
+    assert all(np.isfinite(r["loss"]) for r in recs) and "val_loss" in recs[-1]
+
+
+# ----------------------------------------------------------------------------- 2-process DDP (torchrun, gloo)
+
+def torchrun(data, outdir: Path, params: dict, *extra: str) -> None:
+    """Run the train CLI under torchrun with 2 gloo processes; each rank also dumps its final
+    parameters to outdir/rank{r}.pt (through a wrapper script, test-only)."""
+    plan_path = outdir.parent / f"{outdir.name}-plan.json"
+    write_json(plan_path, make_plan(params))
+    script = outdir.parent / f"{outdir.name}-launch.py"
+    script.write_text(textwrap.dedent(f"""
+        import torch, torch.distributed as dist
+        import pipeline.train as T
+        from pipeline.io import run_cli
+        _finish = T.finish
+        def finish(outdir, d, model, *a):
+            torch.save(model.state_dict(), outdir / f"rank{{d.rank}}.pt")
+            return _finish(outdir, d, model, *a)
+        T.finish = finish
+        run_cli(T.main)
+    """))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+           "--params", json.dumps(params), "--plan", str(plan_path), "--train", data["train"], "--val", data["val"],
+           "--tokenizer", data["tokenizer"], "--outdir", str(outdir), *extra]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp") / "train"
+    params = make_params(nproc=2, steps=6, ckpt_interval=2, val_interval=3)
+    torchrun(data, out, params)
+    return out, params
+
+
+@pytest.mark.slow
+def test_ddp_ranks_agree_and_equal_single_process_accumulation(data, ddp_run, tmp_path):
+    out, _ = ddp_run
+    r0, r1 = torch.load(out / "rank0.pt"), torch.load(out / "rank1.pt")
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
+    assert json.loads((out / "summary.json").read_text())["tokens_trained"] == 6 * 256
+
+    single = make_params(nproc=1, steps=6, ckpt_interval=2, val_interval=3)  # same rows: 2 micro-steps of 4
+    run_inprocess(data, tmp_path, single)
+    s = final_state(tmp_path)
+    assert all(torch.allclose(s[k], r0[k], atol=1e-5, rtol=1e-4) for k in s)
+    losses_ddp = [r["loss"] for r in read_metrics(out)]
+    losses_single = [r["loss"] for r in read_metrics(tmp_path)]
+    assert np.allclose(losses_ddp, losses_single, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_ddp_resume_is_bitwise_exact(data, ddp_run, tmp_path):
+    out_full, params = ddp_run
+    out = tmp_path / "train"
+    torchrun(data, out, params, "--max-steps", "3")
+    assert not (out / "final.pt").exists()
+    state = torch.load(out / "ckpt" / "step_000003.pt", weights_only=True)
+    assert len(state["loader"]) == 2 and len(state["rng"]) == 2 and state["world_size"] == 2
+    torchrun(data, out, params, "--resume", "auto")
+    assert [r["loss"] for r in read_metrics(out)] == [r["loss"] for r in read_metrics(out_full)]
+    a, b = torch.load(out_full / "rank1.pt"), torch.load(out / "rank1.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
