@@ -1,7 +1,8 @@
 # Ingest: place each shard of each source under {data_dir}/{source}/{shard}.parquet, verified.
 rule download:
     output:
-        f"{D}/{{source}}/{{shard}}.parquet",
+        shard=f"{D}/{{source}}/{{shard}}.parquet",
+        meta=f"{D}/{{source}}/{{shard}}.parquet.json",
     params:
         p=P("download"),
         code=CODE("download"),
@@ -14,4 +15,4 @@ rule download:
         "../../envs/data.yaml"
     shell:
         "python -m pipeline.download --params {params.p:q} --source {wildcards.source} "
-        "--shard {wildcards.shard} --out {output:q} 2>&1 | tee {log:q}"
+        "--shard {wildcards.shard} --out {output.shard:q} 2>&1 | tee {log:q}"
