@@ -185,13 +185,12 @@ class HashingWriter:
     """Append arrays to a binary file while hashing the bytes (the .bin's sha256 for the loader)."""
 
     def __init__(self, f):
-        self.f, self.sha, self.n_bytes = f, hashlib.sha256(), 0
+        self.f, self.sha = f, hashlib.sha256()
 
     def write(self, arr: np.ndarray) -> None:
         data = np.ascontiguousarray(arr).data
         self.sha.update(data)
         self.f.write(data)
-        self.n_bytes += arr.nbytes
 
 
 # ----------------------------------------------------------------------------- concat
@@ -318,6 +317,8 @@ def pack(params: dict, mix: str, split: str, schedule_path, tokens_dir, out_json
     spans = schedule_spans(table, shards, shard_id, schedule_path)
     dtype = np.dtype(shards[0].meta["dtype"])
     pad_id = int(shards[0].meta["bos_id"])
+    if packing == "concat" and any(s.mask is not None for s in shards):
+        log.warning("mix %s packs chat sources with concat: their loss masks are not used (use packing: bestfit)", mix)
     with contextlib.ExitStack() as stack:
         writer = HashingWriter(stack.enter_context(open(stack.enter_context(atomic_path(paths["bin"])), "wb")))
         if packing == "bestfit":

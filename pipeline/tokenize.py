@@ -9,6 +9,8 @@ Outputs for `--out R/tokens/{source}/{shard}.json` (docs/data-contract.md):
   tokens: a special id never occurs inside a document's own tokens.
 - `{shard}.idx.npy`: int64 offsets, `n_docs + 1` of them; document `i` is `bin[off[i]:off[i+1]]`
   including its delimiter(s). Document `i` is raw row `doc_rows[i]` of the shard.
+  (`delimit` is applied to a whole batch at once: the ids it adds before / after a document are read
+  off `delimit` once and inserted with numpy, so the per-token work stays in C.)
 - `{shard}.mask.bin` (chat sources only): uint8 per token, 1 where the token is an assistant
   target (from `Tokenizer.render_chat`), 0 elsewhere, always 0 on delimiters.
 - `{shard}.json` (written last, the "done" marker): `dtype`, `n_rows` (raw rows), `n_docs`,
@@ -29,7 +31,6 @@ import argparse
 import contextlib
 import os
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -93,16 +94,31 @@ def encode_docs(tok: Tokenizer, batch: DocBatch, chat: bool, num_threads: int, p
     return ids, masks
 
 
-def delimit_masks(tok: Tokenizer, masks: list[list[int]]) -> list[list[int]]:
-    """Loss masks aligned with `Tokenizer.delimit`: 0 on the delimiter(s) before and/or after."""
-    head = [0] if tok.delimiter in ("bos", "both") else []
-    tail = [0] if tok.delimiter in ("eos", "both") else []
-    return [head + m + tail for m in masks]
+def delimiter_layout(tok: Tokenizer) -> tuple[list[int], list[int]]:
+    """The ids `Tokenizer.delimit` puts before and after every document, read off `delimit` itself."""
+    probe = tok.delimit([-1])
+    i = probe.index(-1)
+    return probe[:i], probe[i + 1:]
 
 
-def flatten(seqs: list[list[int]], dtype: np.dtype) -> np.ndarray:
-    """Concatenate lists of ints into one numpy array (one C-level pass, no per-token Python)."""
-    return np.fromiter(chain.from_iterable(seqs), dtype=dtype, count=sum(map(len, seqs)))
+def delimit_flat(body: np.ndarray, lengths: np.ndarray, head: list[int], tail: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """`Tokenizer.delimit` vectorised over a batch: documents back to back in `body` (`lengths` ids
+    each) → (delimited documents back to back, True where a token is a delimiter)."""
+    ends = np.cumsum(lengths + len(head) + len(tail))
+    starts = ends - lengths - len(head) - len(tail)
+    out = np.empty(int(ends[-1]) if len(ends) else 0, body.dtype)
+    is_delim = np.zeros(len(out), bool)
+    for at, ids in ((starts, head), (ends - len(tail), tail)):
+        for j, t in enumerate(ids):
+            out[at + j] = t
+            is_delim[at + j] = True
+    out[~is_delim] = body
+    return out, is_delim
+
+
+def concat(seqs: list[list[int]], dtype) -> np.ndarray:
+    """Lists of ints back to back in one numpy array."""
+    return np.concatenate([np.asarray(x, dtype) for x in seqs]) if seqs else np.zeros(0, dtype)
 
 
 def drop_short(batch: DocBatch, ids: list, masks: list | None, min_chars: int, stats: ShardStats):
@@ -119,14 +135,19 @@ def _kept(items: list, keep: list[bool]) -> list:
     return [x for x, k in zip(items, keep) if k]
 
 
-def write_batch(tok: Tokenizer, ids: list, masks: list | None, dtype: np.dtype, bin_f, mask_f, stats: ShardStats) -> None:
-    """Delimit each document, append its tokens (and mask) to the open files, record its length."""
-    delimited = [tok.delimit(x) for x in ids]
-    flatten(delimited, dtype).tofile(bin_f)
+def write_batch(layout, ids: list, masks: list | None, dtype: np.dtype, bin_f, mask_f, stats: ShardStats) -> None:
+    """Delimit each document (`layout` from `delimiter_layout`), append its tokens (and loss mask,
+    0 on delimiters) to the open files, record its length."""
+    head, tail = layout
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    tokens, is_delim = delimit_flat(concat(ids, dtype), lengths, head, tail)
+    tokens.tofile(bin_f)
     if mask_f is not None:
-        flatten(delimit_masks(tok, masks), np.dtype(np.uint8)).tofile(mask_f)
-    stats.lengths.append(np.fromiter(map(len, delimited), dtype=np.int64, count=len(delimited)))
-    stats.n_doc_tokens += sum(map(len, ids))
+        mask = np.zeros(len(tokens), np.uint8)
+        mask[~is_delim] = concat(masks, np.uint8)
+        mask.tofile(mask_f)
+    stats.lengths.append(lengths + len(head) + len(tail))
+    stats.n_doc_tokens += int(lengths.sum())
 
 
 def tokenize_shard(
@@ -148,6 +169,7 @@ def tokenize_shard(
     paths = output_paths(out_json)
     paths["json"].unlink(missing_ok=True)  # the done-marker of an earlier run no longer holds
     stats = ShardStats()
+    layout = delimiter_layout(tok)
     with contextlib.ExitStack() as stack:
         bin_f = stack.enter_context(open(stack.enter_context(atomic_path(paths["bin"])), "wb"))
         mask_f = stack.enter_context(open(stack.enter_context(atomic_path(paths["mask"])), "wb")) if chat else None
@@ -160,7 +182,7 @@ def tokenize_shard(
             ids, masks = encode_docs(tok, batch, chat, num_threads, input_path)
             rows, ids, masks = drop_short(batch, ids, masks, min_chars, stats)
             stats.doc_rows.extend(rows)
-            write_batch(tok, ids, masks, dtype, bin_f, mask_f, stats)
+            write_batch(layout, ids, masks, dtype, bin_f, mask_f, stats)
         with open(idx_tmp, "wb") as f:
             np.save(f, stats.offsets())
     if stats.n_rows == 0:

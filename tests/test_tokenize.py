@@ -107,6 +107,7 @@ def test_accounting_roundtrip_and_delimiters(tmp_path, toks, delimiter):
     assert output_paths(out)["bin"].stat().st_size == meta["n_tokens"] * 2 and meta["dtype"] == "uint16"
     specials = set(tok.special.values())
     for i, span in zip(kept, docs):
+        assert span.tolist() == tok.delimit(tok.encode(texts[i]))  # the batch-vectorised delimit == delimit
         body = strip(tok, span)
         assert tok.decode(body) == texts[i]
         assert not specials & set(body.tolist()), "a special id inside a document"
