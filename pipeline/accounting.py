@@ -51,7 +51,7 @@ from pipeline.pack import shard_keys, token_column_mismatches
 
 log = get_logger(__name__)
 
-SPLIT_CODES = {"train": 0, "val": 1, "dup": 2}
+SPLIT_CODES = {"train": 0, "val": 1, "dup": 2}  # code = position in this order
 
 
 @dataclass
@@ -213,15 +213,18 @@ def _split_codes(run: Path, source: str, shard: str, n: int, q: dict, spans: np.
                  delimiters_per_doc: int) -> np.ndarray:
     """Fill the split quantities; return the split code (SPLIT_CODES, -1 = unassigned) per document."""
     t = _read_table(run / "split" / source / f"{shard}.parquet", ["doc", "split", "tokens"], "run the split stage")
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     doc = t["doc"].to_numpy().astype(np.int64)
-    names = np.asarray(t["split"].to_pylist(), dtype=object)
-    unknown = set(names) - set(SPLIT_CODES)
-    if unknown:
-        raise PipelineError(f"{run}/split/{source}/{shard}.parquet: unknown split value(s) {sorted(map(str, unknown))}; rerun split")
+    codes = pc.index_in(t["split"], value_set=pa.array(list(SPLIT_CODES))).fill_null(-1).to_numpy().astype(np.int8)
+    if (codes < 0).any():
+        unknown = pc.unique(t["split"].filter(pa.array(codes < 0))).to_pylist()
+        raise PipelineError(f"{run}/split/{source}/{shard}.parquet: unknown split value(s) {unknown}; expected train / val / dup, rerun split")
     q["split_docs"], first = _coverage(doc, n)
     q["split_rows"] = len(doc)
     code = np.full(n, -1, np.int8)
-    code[doc[first]] = [SPLIT_CODES[s] for s in names[first]]
+    code[doc[first]] = codes[first]
     for name, c in SPLIT_CODES.items():
         q[f"{name}_tokens"] = int(spans[code == c].sum())
     q["split_keep_disagreements"] = int(((code == SPLIT_CODES["dup"]) != ~keep).sum())

@@ -188,10 +188,21 @@ def test_unbalanced_run_fails(built, tmp_path, tamper, line):
     assert not out.exists() and not (tmp_path / "accounting.md").exists()
 
 
-def test_missing_stage_output_names_it(built, tmp_path):
+def _unknown_split_value(run):
+    t = pq.read_table(run / "split/chat/c.parquet").to_pylist()
+    t[3]["split"] = "test"
+    pq.write_table(pa.Table.from_pylist(t), run / "split/chat/c.parquet")
+
+
+@pytest.mark.parametrize("tamper, match", [
+    (lambda run: (run / "pack/mid/val.json").unlink(), "mid/val.json: not found; run the pack stage"),
+    (lambda run: (run / "dedup/keep/web/b.parquet").unlink(), "b.parquet: not found; run the dedup stage"),
+    (_unknown_split_value, r"unknown split value\(s\) \['test'\]"),
+])
+def test_bad_stage_output_names_it(built, tmp_path, tamper, match):
     cfg, run = built
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
-    (copy / "pack/mid/val.json").unlink()
-    with pytest.raises(PipelineError, match="mid/val.json: not found; run the pack stage"):
+    tamper(copy)
+    with pytest.raises(PipelineError, match=match):
         reconcile(stage_params(cfg, "accounting"), copy)
