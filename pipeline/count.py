@@ -78,7 +78,7 @@ def count_shard(path: str | os.PathLike, tokenizer: Tokenizer, source: dict, bat
 def _token_lengths(tokenizer: Tokenizer, batch: DocBatch, chat: bool, num_threads: int, path) -> list[int]:
     """Tokens of each document of the batch (chat: of its rendered conversation)."""
     if not chat:
-        return list(map(len, tokenizer.encode_batch(batch.docs, num_threads)))
+        return tokenizer.count_tokens(batch.docs, num_threads)
     lengths = []
     for row, messages in zip(batch.rows, batch.docs):
         try:

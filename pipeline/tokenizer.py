@@ -96,6 +96,13 @@ class Tokenizer:
             return [self.enc.encode_ordinary(t) for t in texts]
         return self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
 
+    def count_tokens(self, texts: list[str], num_threads: int = DEFAULT_THREADS) -> list[int]:
+        """Number of tokens of each text, as `map(len, encode_batch(texts))` but without holding all
+        the batch's token lists at once (each is freed as soon as it is counted)."""
+        if num_threads == 1:
+            return [len(self.enc.encode_ordinary(t)) for t in texts]
+        return list(map(len, self.enc.encode_ordinary_batch(texts, num_threads=num_threads)))
+
     def encode(self, text: str) -> list[int]:
         return self.enc.encode_ordinary(text)
 
@@ -155,18 +162,18 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
         ranks_path = path.parent / spec["ranks_file"]
-        special, pattern, delimiter = spec["special_tokens"], spec["pattern"], spec["delimiter"]
+        special, pattern, delimiter, sha256 = spec["special_tokens"], spec["pattern"], spec["delimiter"], spec["sha256"]
     except (OSError, ValueError, KeyError) as e:
         raise PipelineError(f"{path}: not a readable tokenizer.json ({e!r}); rerun the tokenizer rule") from None
     if not ranks_path.exists():
         raise PipelineError(f"{path}: its ranks file {ranks_path} is missing; rerun the tokenizer rule")
     ranks_bytes = ranks_path.read_bytes()
-    if tokenizer_sha256(ranks_bytes, special, pattern, delimiter) != spec["sha256"]:
+    if tokenizer_sha256(ranks_bytes, special, pattern, delimiter) != sha256:
         raise PipelineError(f"{path}: sha256 does not match {ranks_path} (files from different runs?); rerun the tokenizer rule")
     enc = tiktoken.Encoding(
         spec.get("name", path.stem), pat_str=pattern, mergeable_ranks=parse_ranks(ranks_bytes), special_tokens=special
     )
-    return Tokenizer(enc, special, delimiter, spec["sha256"], str(path))
+    return Tokenizer(enc, special, delimiter, sha256, str(path))
 
 
 # ----------------------------------------------------------------------------- ranks files

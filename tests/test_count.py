@@ -273,3 +273,14 @@ def test_aggregate_bad_inputs(tmp_path, shard_jsons, spoil, match):
     with pytest.raises(PipelineError, match=match):
         main(["aggregate", "--inputs", *map(str, spoil(shard_jsons)), "--out", str(table), "--summary", str(summary)])
     assert not (tmp_path / "agg").exists()
+
+
+def test_count_benchmark_runs_both_paths_on_the_same_tokens(tmp_path, tok_path, capsys):
+    from pipeline import bench_data
+
+    shard = write_text_shard(tmp_path / "s.parquet", CORPUS[:40] + [""])
+    timings = bench_data.main(["count", "--tokenizer", tok_path, "--input", str(shard), "--repeat", "1"])
+    expected = count_shard(shard, load_tokenizer(tok_path), TEXT, 1024)["tokens"]
+    assert {t.items for t in timings.values()} == {expected} and len(timings) == 3
+    out = capsys.readouterr().out
+    assert "count_shard (e2e)" in out and "encode_ordinary_batch" in out and "tokens/cpu-s" in out

@@ -102,11 +102,12 @@ def test_special_token_strings_in_text_are_ordinary_text(built):
     assert tok.decode([tok.bos_id]) == BOS  # the real token decodes to its name
 
 
-def test_encode_batch_matches_encode_with_any_threads(built):
+def test_encode_batch_and_count_tokens_match_encode_with_any_threads(built):
     tok = built["bos"]
     expected = [tok.encode(t) for t in UNICODE_TEXTS]
     assert tok.encode_batch(UNICODE_TEXTS) == expected
     assert tok.encode_batch(UNICODE_TEXTS, num_threads=2) == expected
+    assert tok.count_tokens(UNICODE_TEXTS) == tok.count_tokens(UNICODE_TEXTS, num_threads=2) == list(map(len, expected))
 
 
 @pytest.mark.parametrize("policy", ["bos", "eos", "both"])
