@@ -17,7 +17,9 @@ A resumable checkpoint is a dict of tensors and plain Python values only (so tha
   resumed rank r continues exactly where rank r stopped; resuming needs the same world size. (With
   pipeline.loader the states are equal — a position in the global row order — but storing every
   rank's keeps the format independent of how a loader shards);
-* ``rng``: one RNG snapshot per rank (`rng_state()`: Python, NumPy, torch CPU, CUDA);
+* ``rng``: one RNG snapshot per rank (`rng_state()`: Python, NumPy, torch CPU, and the CUDA
+  generator of the rank's own device — not every visible device, which would create a context on
+  each);
 * ``step``, ``tokens_seen`` (global input tokens), ``loss_tokens`` (global target tokens counted
   by the loss), ``best_val_loss``, ``world_size``, ``wandb_id``, ``params`` (the run config),
   ``plan``, ``versions``.
@@ -57,7 +59,8 @@ LATEST = "latest"
 
 
 def rng_state() -> dict:
-    """This process's RNG states as tensors and plain lists/ints (weights_only-safe)."""
+    """This process's RNG states as tensors and plain lists/ints (weights_only-safe); `cuda` is the
+    current device's generator state, or None when CUDA is not in use."""
     py_version, py_state, py_gauss = random.getstate()
     np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     return {
@@ -65,7 +68,7 @@ def rng_state() -> dict:
         "numpy": {"kind": np_kind, "keys": np_keys.tolist(), "pos": int(np_pos),
                   "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None,
     }
 
 
@@ -76,8 +79,8 @@ def set_rng_state(state: dict) -> None:
     n = state["numpy"]
     np.random.set_state((n["kind"], np.asarray(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def versions() -> dict:

@@ -16,6 +16,10 @@ gradients d(hidden) = (softmax − onehot)·W and d(W) += (softmax − onehot)�
 backward keeps only d(hidden) [tokens, dim] and d(W) [vocab, dim] alive and recomputes nothing.
 Under ``torch.no_grad`` (validation) no gradient work is done at all.
 
+The function always runs eagerly (``torch.compiler.disable``): under a compiled trainer the body is
+compiled and the loss is a graph break, so the one-chunk-at-a-time memory bound holds exactly as
+written instead of depending on how a compiler schedules the unrolled chunk loop.
+
 The loss is returned as a **sum** with a token **count** so that callers can form the exact
 token-weighted mean over micro-steps and ranks (see pipeline/train.py).
 """
@@ -92,6 +96,7 @@ def _forward_only(h, weight, t, m, chunk, with_accuracy: bool):
     return loss, correct
 
 
+@torch.compiler.disable
 def chunked_cross_entropy(
     hidden: torch.Tensor,
     lm_head_weight: torch.Tensor,

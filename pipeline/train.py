@@ -141,6 +141,12 @@ def autocast_dtype(cfg: dict, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if device.type == "cuda" and cfg["train"]["precision"] == "bf16" else None
 
 
+def set_matmul_precision(body_dtype: torch.dtype | None) -> None:
+    """With a bf16 body, fp32 matmuls (the CE's logits) may use TF32 tensor cores: inputs rounded to
+    10 mantissa bits, fp32 accumulation and fp32 output. An fp32 run keeps full fp32 matmuls."""
+    torch.set_float32_matmul_precision("high" if body_dtype is not None else "highest")
+
+
 def use_compile(cfg: dict, device: torch.device) -> bool:
     setting = cfg["train"]["compile"]
     return device.type == "cuda" if setting == "auto" else bool(setting)
@@ -278,11 +284,17 @@ def validate(model: Transformer, val_meta: str, cfg: dict, plan: dict, dist: Dis
 
 @torch.no_grad()
 def fixed_batch_stats(model: Transformer, batch: tuple, chunk: int) -> dict:
-    """fp32 CE and top-1 accuracy of the whole model in fp32 (no autocast) on one batch."""
+    """CE and top-1 accuracy of the whole model in true fp32 (no autocast, no TF32) on one batch:
+    the reference that exposes a training loss which only looks good in lower precision."""
     x, y, m = batch
-    with torch.autocast(x.device.type, enabled=False):
-        hidden = model.hidden(x)
-    s = chunked_eval_stats(hidden, model.lm_head_weight, y, m, chunk=chunk)
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        with torch.autocast(x.device.type, enabled=False):
+            hidden = model.hidden(x)
+        s = chunked_eval_stats(hidden, model.lm_head_weight, y, m, chunk=chunk)
+    finally:
+        torch.set_float32_matmul_precision(precision)
     return {"ce_fp32": s["loss_sum"] / s["count"], "top1_acc": s["correct"] / s["count"]}
 
 
@@ -431,8 +443,7 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
     num_steps, accum = plan["num_steps"], plan["grad_accum_steps"]
     stop_at = num_steps if max_steps is None else min(max_steps, num_steps)
     body_dtype = autocast_dtype(params, dist.device)
-    if body_dtype is not None:
-        torch.set_float32_matmul_precision("high")  # TF32 for the fp32 CE matmuls (see losses.py)
+    set_matmul_precision(body_dtype)
 
     seed_everything(params["seed"])
     model = build_model(params, dist.device)

@@ -96,6 +96,15 @@ def make_plan(params: dict) -> dict:
             "num_steps": t["target_tokens"] // t["global_batch_tokens"], "flops_per_token": 6 * n_params}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run several times faster on one intra-op thread (no contention on shared CPUs)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def data(tmp_path_factory) -> dict:
     """Tokenizer + packed train/val rows shared by the train, evaluate and bench tests."""
