@@ -85,6 +85,7 @@ class Dist:
     local_rank: int
     world_size: int
     device: torch.device
+    owns_group: bool = False  # this process created the process group (and destroys it at the end)
 
     @property
     def is_main(self) -> bool:
@@ -96,21 +97,22 @@ class Dist:
 
 
 def init_distributed(device_type: str) -> Dist:
-    """Join the torchrun job (gloo on CPU, nccl on CUDA), or run alone when not under torchrun."""
+    """Join the torchrun job (gloo on CPU, nccl on CUDA; one GPU per local rank), use a process
+    group the caller already initialised, or run alone (world size 1, no process group)."""
     if device_type == "cuda" and not torch.cuda.is_available():
         raise PipelineError("hardware.device is cuda but no CUDA device is visible; set hardware.device: cpu")
-    if "RANK" not in os.environ:
-        device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
-        return Dist(0, 0, 1, device)
-    local_rank = int(os.environ["LOCAL_RANK"])
+    joined = torch_dist.is_initialized()
+    if not joined and "RANK" not in os.environ:
+        return Dist(0, 0, 1, torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu"))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cpu")
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-    if not torch_dist.is_initialized():
-        torch_dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", device_id=device if device_type == "cuda" else None)
-    return Dist(torch_dist.get_rank(), local_rank, torch_dist.get_world_size(), device)
+    if not joined:
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        torch_dist.init_process_group(backend=backend, device_id=device if device_type == "cuda" else None)
+    return Dist(torch_dist.get_rank(), local_rank, torch_dist.get_world_size(), device, owns_group=not joined)
 
 
 def all_reduce_sum(t: torch.Tensor, dist: Dist) -> torch.Tensor:
@@ -179,9 +181,10 @@ def build_model(cfg: dict, device: torch.device) -> Transformer:
 
 
 class LossModel(nn.Module):
-    """What DDP wraps and torch.compile compiles: the body (autocast) then the fp32 chunked CE.
+    """What DDP wraps and torch.compile compiles: the body under autocast, then the fp32 chunked CE
+    (which always runs eagerly, a graph break; see pipeline/losses.py).
 
-    forward(inputs, targets, mask=None) -> (loss_sum, count), see pipeline/losses.py.
+    forward(inputs, targets, mask=None) -> (loss_sum, count).
     """
 
     def __init__(self, model: Transformer, body_dtype: torch.dtype | None, ce_chunk: int):
@@ -540,7 +543,7 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
         log.info("stopped after step %d of %d (--max-steps); rerun with --resume auto to continue", stop_at, num_steps)
     if metrics:
         metrics.close()
-    if dist.distributed:
+    if dist.owns_group:
         torch_dist.barrier()
         torch_dist.destroy_process_group()
     return summary

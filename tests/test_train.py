@@ -301,13 +301,21 @@ def test_no_sync_on_all_but_the_last_micro_step(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_compiled_path_runs_on_cpu(data, tmp_path):
-    """torch.compile(DDP-less LossModel) on CPU: the first compile takes ~25 s."""
-    params = make_params(steps=2, compile=True, val_interval=2)
-    summary = run_inprocess(data, tmp_path, params)
-    assert summary["tokens_trained"] == 2 * 256
-    recs = read_metrics(tmp_path)
-    assert all(np.isfinite(r["loss"]) for r in recs) and "val_loss" in recs[-1]
+def test_compiled_ddp_path_runs_on_cpu_and_matches_eager(data, tmp_path):
+    """torch.compile(DDP(LossModel)) with gradient accumulation (no_sync) in a 1-process gloo group
+    the caller initialised; the first compile takes ~25 s."""
+    params = make_params(steps=3, compile=True, val_interval=3)
+    torch_dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        summary = run_inprocess(data, tmp_path / "compiled", params)
+        assert torch_dist.is_initialized()  # the caller's group is left alone
+    finally:
+        torch_dist.destroy_process_group()
+    assert summary["tokens_trained"] == 3 * 256
+    run_inprocess(data, tmp_path / "eager", make_params(steps=3, val_interval=3))
+    compiled, eager = read_metrics(tmp_path / "compiled"), read_metrics(tmp_path / "eager")
+    assert np.allclose([r["loss"] for r in compiled], [r["loss"] for r in eager], atol=1e-4)
+    assert compiled[-1]["val_loss"] == pytest.approx(eager[-1]["val_loss"], abs=1e-4)
 
 
 # ----------------------------------------------------------------------------- 2-process DDP (torchrun, gloo)
