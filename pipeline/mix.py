@@ -1,0 +1,264 @@
+"""Mix stage: a named mix's seeded, weighted document schedule over the train split, plus its val set.
+
+    python -m pipeline.mix --params JSON --mix NAME --split-dir R/split --plan R/plan.json --outdir R/mix/NAME
+
+**Token target.** `mixes.NAME.tokens` (an integer, or `plan` for plan.json's `target_tokens`) is the
+number of training *targets* the packed train rows must supply. Packing cuts the schedule into rows
+of `seq_len + 1` tokens and each row trains `seq_len` targets, so the schedule must hold at least
+`schedule_target = ceil(tokens / seq_len) * (seq_len + 1)` tokens (spans, delimiters included); the
+concat packer then yields at least `ceil(tokens / seq_len)` rows (it drops only a partial last row).
+`bestfit` packing pads rows, so it needs more than this; its pad tokens are in the pack report.
+
+**Sampling.** Source `s` gets `share_s = ceil(w_s / sum(w) * schedule_target)` tokens. Its train
+documents are ranked by a seeded hash (`pipeline.split.rank_by_hash`, salted with the seed, the
+source and the pass number) and taken whole, in rank order, until the share is reached: the document
+that crosses the share is included, so every source gets at least its share and the schedule at
+least `schedule_target`. A source with too few tokens is up-sampled: after a full pass, the next pass
+takes its documents again in a new order (`epoch` 1, 2, ...), up to `max_epochs` times the
+source's train tokens (fractional caps allowed); beyond that the stage fails and says by how much.
+
+**Interleaving** (stratified, so proportions hold locally too): every picked document is placed at
+the fraction of its source's scheduled tokens reached at the document's midpoint; the schedule is
+all documents by that fraction (ties by source name). Any window of the schedule thus holds each
+source's tokens in about the requested proportion.
+
+**Proportions.** Realized proportion = source's scheduled tokens / all scheduled tokens. The overshoot
+is less than one document per source; with at least `CHECK_MIN_DOCS` scheduled documents the stage
+fails if any source is off its requested proportion by more than `TOLERANCE` (0.5 percentage
+points): the documents are then too long for the target, and a larger `tokens` fixes it.
+
+Outputs: `train.parquet` (the schedule: `source`, `shard`, `doc`, `tokens`, `epoch`), `val.parquet`
+(every val document of the mix's sources, by source, shard, doc; epoch 0; not weighted), and
+`report.json` (target, requested vs realized proportions, tokens and epochs per source, val totals).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.config import add_config_args, params_from_args
+from pipeline.io import PipelineError, get_logger, provenance, read_json, run_cli, write_json, write_parquet
+from pipeline.split import rank_by_hash
+
+log = get_logger(__name__)
+
+TOLERANCE = 0.005
+CHECK_MIN_DOCS = 200
+
+
+def schedule_target(tokens: int, seq_len: int) -> int:
+    """Schedule tokens needed for `tokens` training targets: ceil(tokens / seq_len) rows of seq_len + 1."""
+    return -(-tokens // seq_len) * (seq_len + 1)
+
+
+def target_tokens(mix: dict, plan_path) -> int:
+    """The mix's `tokens`: an integer, or the plan's `target_tokens` for `plan`."""
+    if mix["tokens"] != "plan":
+        return int(mix["tokens"])
+    if plan_path is None or not Path(plan_path).exists():
+        raise PipelineError(f"the mix takes its tokens from the plan, but {plan_path} does not exist; run the plan rule first")
+    plan = read_json(plan_path)
+    if not isinstance(plan.get("target_tokens"), int):
+        raise PipelineError(f"{plan_path}: no integer 'target_tokens'; rerun the plan rule")
+    return plan["target_tokens"]
+
+
+# ----------------------------------------------------------------------------- inputs
+
+@dataclass
+class Pool:
+    """One source's documents of one split: shard names and per-document arrays."""
+
+    shards: list[str]
+    shard: np.ndarray  # index into `shards`
+    doc: np.ndarray
+    tokens: np.ndarray
+
+    @property
+    def keys(self) -> np.ndarray:
+        """A unique id per document (its shard index and doc), the input of the seeded ranking."""
+        return (self.shard << 32) | self.doc
+
+    def take(self, idx: np.ndarray) -> "Pool":
+        return Pool(self.shards, self.shard[idx], self.doc[idx], self.tokens[idx])
+
+
+def load_source(split_dir, source: str) -> dict[str, Pool]:
+    """The source's train and val documents from `split_dir/{source}/*.parquet`, in (shard, doc) order."""
+    paths = sorted(Path(split_dir, source).glob("*.parquet"))
+    if not paths:
+        raise PipelineError(f"no split files for source '{source}' in {Path(split_dir, source)}; run the split stage")
+    parts = []
+    for i, p in enumerate(paths):
+        try:
+            t = pq.read_table(p, columns=["doc", "tokens", "split"])
+        except (OSError, pa.ArrowException) as e:
+            raise PipelineError(f"{p}: not a readable split file with doc, tokens, split ({e}); rerun the split stage") from None
+        split = np.asarray(t.column("split").to_pylist(), dtype=object)
+        parts.append((np.full(len(split), i), t.column("doc").to_numpy(), t.column("tokens").to_numpy(), split))
+    shard, doc, tokens, split = (np.concatenate(c) for c in zip(*parts))
+    pool = Pool([p.stem for p in paths], shard.astype(np.int64), doc.astype(np.int64), tokens.astype(np.int64))
+    return {name: pool.take(np.flatnonzero(split == name)) for name in ("train", "val")}
+
+
+# ----------------------------------------------------------------------------- sampling
+
+@dataclass
+class Picked:
+    """A source's scheduled documents in their order within the source."""
+
+    pool: Pool
+    epoch: np.ndarray
+
+
+def short_message(mix_name: str, source: str, mix: dict, available: int, share: int, weight_frac: float, target: int) -> str:
+    return (f"mix '{mix_name}': source '{source}' has {available:,} train tokens but its share "
+            f"{weight_frac:.4g} × {target:,} = {share:,} tokens needs {share / max(available, 1):.3g} epochs, "
+            f"over max_epochs {mix['max_epochs']}; raise mixes.{mix_name}.max_epochs, lower its weight "
+            f"(mixes.{mix_name}.weights.{source}) or mixes.{mix_name}.tokens, or add shards to source '{source}'")
+
+
+def take_share(pool: Pool, share: int, seed: int, source: str) -> Picked:
+    """Whole documents in seeded rank order until `share` tokens; further passes (epochs) re-rank."""
+    picked, epochs, remaining, epoch = [], [], share, 0
+    while remaining > 0:
+        order = rank_by_hash(pool.keys, seed, "mix", source, str(epoch))
+        cum = np.cumsum(pool.tokens[order])
+        k = min(int(np.searchsorted(cum, remaining)) + 1, len(order))  # up to the document crossing the share
+        picked.append(order[:k])
+        epochs.append(np.full(k, epoch, np.int64))
+        remaining -= int(cum[k - 1])
+        epoch += 1
+    idx = np.concatenate(picked) if picked else np.zeros(0, np.int64)
+    return Picked(pool.take(idx), np.concatenate(epochs) if epochs else np.zeros(0, np.int64))
+
+
+def interleave(picks: dict[str, Picked]) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified merge: (source index, position within that source's picks) in schedule order."""
+    frac, src, pos = [], [], []
+    for i, name in enumerate(sorted(picks)):
+        t = picks[name].pool.tokens
+        total = max(int(t.sum()), 1)
+        frac.append((np.cumsum(t) - t / 2) / total)
+        src.append(np.full(len(t), i))
+        pos.append(np.arange(len(t)))
+    frac, src, pos = (np.concatenate(x) for x in (frac, src, pos))
+    order = np.lexsort((src, frac))
+    return src[order], pos[order]
+
+
+def _table(source: np.ndarray, pool: Pool, epoch: np.ndarray) -> pa.Table:
+    return pa.table({
+        "source": pa.array(source, pa.string()),
+        "shard": pa.array(np.asarray(pool.shards, dtype=object)[pool.shard], pa.string()),
+        "doc": pa.array(pool.doc, pa.int64()),
+        "tokens": pa.array(pool.tokens, pa.int64()),
+        "epoch": pa.array(epoch, pa.int64()),
+    })
+
+
+def _concat_pools(pools: list[Pool]) -> Pool:
+    """One pool over a non-empty list of pools (shard indices shifted past the earlier pools' names)."""
+    names, shard = [], []
+    for p in pools:
+        shard.append(p.shard + len(names))
+        names += p.shards
+    return Pool(names, np.concatenate(shard), np.concatenate([p.doc for p in pools]),
+                np.concatenate([p.tokens for p in pools]))
+
+
+def build_mix(params: dict, mix_name: str, split_dir, plan_path=None) -> tuple[pa.Table, pa.Table, dict]:
+    """(train schedule, val table, report) for one mix (see the module docstring)."""
+    if mix_name not in params["mixes"]:
+        raise PipelineError(f"unknown mix '{mix_name}' (mixes: {', '.join(params['mixes'])})")
+    mix = params["mixes"][mix_name]
+    tokens = target_tokens(mix, plan_path)
+    target = schedule_target(tokens, params["seq_len"])
+    sources = sorted(mix["weights"])
+    weight_sum = sum(mix["weights"].values())
+    pools = {s: load_source(split_dir, s) for s in sources}
+    picks, per_source = {}, {}
+    for s in sources:
+        frac = mix["weights"][s] / weight_sum
+        share = math.ceil(frac * target)
+        available = int(pools[s]["train"].tokens.sum())
+        if share > mix["max_epochs"] * available:
+            raise PipelineError(short_message(mix_name, s, mix, available, share, frac, target))
+        picks[s] = take_share(pools[s]["train"], share, params["seed"], s)
+        scheduled = int(picks[s].pool.tokens.sum())
+        per_source[s] = {"weight": mix["weights"][s], "requested_proportion": frac, "share_tokens": share,
+                         "scheduled_tokens": scheduled, "documents": len(picks[s].epoch), "available_tokens": available,
+                         "epochs_used": scheduled / available, "passes": int(picks[s].epoch.max(initial=-1)) + 1}
+    total = sum(v["scheduled_tokens"] for v in per_source.values())
+    for v in per_source.values():
+        v["realized_proportion"] = v["scheduled_tokens"] / total
+    n_docs = sum(v["documents"] for v in per_source.values())
+    worst = max(abs(v["realized_proportion"] - v["requested_proportion"]) for v in per_source.values())
+    if n_docs >= CHECK_MIN_DOCS and worst > TOLERANCE:
+        raise PipelineError(f"mix '{mix_name}': realized proportions are off the requested ones by {worst:.2%} "
+                            f"(> {TOLERANCE:.1%}) because documents are long for a target of {tokens:,} tokens: "
+                            f"{ {s: round(v['realized_proportion'], 4) for s, v in per_source.items()} }; "
+                            f"raise mixes.{mix_name}.tokens")
+
+    src_idx, pos = interleave(picks)
+    parts = [picks[s] for s in sources]
+    offsets = np.cumsum([0] + [len(p.epoch) for p in parts])
+    flat = offsets[src_idx] + pos
+    train_pool = _concat_pools([p.pool for p in parts]).take(flat)
+    epochs = np.concatenate([p.epoch for p in parts])[flat]
+    train = _table(np.asarray(sources, dtype=object)[src_idx], train_pool, epochs)
+
+    val_pools = [pools[s]["val"] for s in sources]
+    val_source = np.concatenate([np.full(len(p.doc), s, dtype=object) for s, p in zip(sources, val_pools)])
+    val_pool = _concat_pools(val_pools)
+    val = _table(val_source, val_pool, np.zeros(len(val_pool.doc), np.int64))
+    report = {
+        "mix": mix_name,
+        "target": {"tokens": tokens, "from": "plan" if mix["tokens"] == "plan" else "config", "seq_len": params["seq_len"],
+                   "rows_needed": -(-tokens // params["seq_len"]), "schedule_target_tokens": target,
+                   "scheduled_tokens": total, "concat_rows": total // (params["seq_len"] + 1)},
+        "max_epochs": mix["max_epochs"],
+        "packing": mix["packing"],
+        "per_source": per_source,
+        "val": {"documents": val.num_rows, "tokens": int(val_pool.tokens.sum()),
+                "per_source": {s: {"documents": len(p.doc), "tokens": int(p.tokens.sum())} for s, p in zip(sources, val_pools)}},
+        "params": params,
+    }
+    return train, val, report
+
+
+def run_mix(params: dict, mix_name: str, split_dir, plan_path, outdir) -> dict:
+    """The stage: build the mix and write train.parquet, val.parquet and report.json."""
+    train, val, report = build_mix(params, mix_name, split_dir, plan_path)
+    inputs = sorted(Path(split_dir).glob("*/*.parquet")) + ([plan_path] if plan_path and Path(plan_path).exists() else [])
+    meta = provenance("mix", params, inputs, mix=mix_name)
+    report["meta"] = meta
+    outdir = Path(outdir)
+    write_parquet(outdir / "train.parquet", train, meta | {"split": "train"})
+    write_parquet(outdir / "val.parquet", val, meta | {"split": "val"})
+    write_json(outdir / "report.json", report)
+    log.info("mix '%s': %d documents, %d tokens (target %d) from %s; %d val documents", mix_name, train.num_rows,
+             report["target"]["scheduled_tokens"], report["target"]["schedule_target_tokens"],
+             {s: round(v["realized_proportion"], 4) for s, v in report["per_source"].items()}, val.num_rows)
+    return report
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.mix", description=__doc__.split("\n")[0])
+    add_config_args(ap)
+    ap.add_argument("--mix", required=True, help="the mix name (a key of mixes)")
+    ap.add_argument("--split-dir", required=True, help="R/split")
+    ap.add_argument("--plan", help="R/plan.json (needed when the mix's tokens is 'plan')")
+    ap.add_argument("--outdir", required=True, help="R/mix/NAME")
+    args = ap.parse_args(argv)
+    run_mix(params_from_args(args, "mix"), args.mix, args.split_dir, args.plan, args.outdir)
+
+
+if __name__ == "__main__":
+    run_cli(main)
