@@ -1,0 +1,465 @@
+"""The token-budget planner: parameters, tokens, steps, gradient accumulation, shards, memory, time.
+
+    python -m pipeline.plan --configfile FILE [--counts R/counts/counts.parquet] [--json] [--no-check]
+    python -m pipeline.plan --params JSON --counts R/counts/counts.parquet --out R/plan.json --out-md R/plan.md
+
+The Snakefile imports this module at parse time (every invocation, dry runs included, prints the plan
+and refuses an infeasible one), so it must stay import-light: no torch, pyarrow only when a counts
+file is read.
+
+Definitions and formulas (V = vocab_size, d = dim, L = n_layers, f = ffn_dim, T = seq_len,
+d_kv = n_kv_heads × d / n_heads):
+
+* **Parameters** (`count_params`), exactly those of `pipeline.model.Transformer`: token embedding
+  V·d; per block q, o: d·d each, k, v: d·d_kv each, SwiGLU 3·d·f, two RMSNorm gains 2·d; final norm
+  d; untied lm_head V·d. ``n_params_non_embedding`` (Kaplan et al. 2020) excludes every
+  vocabulary matrix: total − token embedding − untied lm_head, so it is the same for the tied and
+  untied variant of a model; the lm_head is reported separately (``n_params_lm_head``, 0 when tied).
+* **FLOPs per token** (`flops_per_token`) = 6·(N_non_embedding + V·d) + 12·L·d·T. The first term is
+  forward (2) + backward (4) FLOPs per weight per token over every matmul weight; the output
+  projection V·d counts even when tied (the matmul runs either way), the embedding lookup does not.
+  The second is the attention score/value matmuls (QKᵀ and AV: 2·2·T·d forward per layer, ×3 with
+  backward) over the full T×T square — the non-causal accounting of PaLM (Chowdhery et al. 2022,
+  app. B) and nanochat. Causal kernels skip about half of it, so it overstates the work a flash
+  kernel does; we keep the standard form so MFU numbers compare with the literature.
+  ``total_flops`` = flops_per_token × trained tokens.
+* **Tokens**: ``target_tokens`` = ``train.target_tokens`` if set, else ``train.target_flops`` /
+  flops_per_token, else ``train.tokens_per_param`` × n_params (rounded up).
+  ``tokens_per_step`` = ``train.global_batch_tokens``; ``grad_accum_steps`` = tokens_per_step /
+  (micro_batch × seq_len × world_size), refused unless an integer; ``num_steps`` =
+  ceil(target_tokens / tokens_per_step); ``trained_tokens`` = num_steps × tokens_per_step ≥ target.
+* **Data**: a packed row holds T+1 tokens (inputs row[:-1], targets row[1:]), so training reads
+  ``data_tokens_needed`` = num_steps × (tokens_per_step / T) × (T+1) tokens from the train mix
+  (an upper bound for best-fit packing, whose padding needs no data). A mix with ``tokens: plan``
+  should supply that many. Per source s of the train mix (weights normalized to sum 1):
+  tokens needed = w_s × mix tokens / max_epochs (+ ``split.val_tokens`` held out for validation by
+  the hash split), shards needed = ceil(tokens needed / tokens per shard) (+ the source's
+  ``split.val_shards`` for the shards split). Tokens per shard come from the measured counts
+  (mean over the source's counted shards of tokens + delimiter_tokens − short_tokens −
+  short_documents × delimiters per document, i.e. what the tokenize stage keeps), else from
+  ``sources.<s>.tokens_per_shard_estimate``; without either (and no counts file) the shard check is
+  deferred until the count stage has run. Deduplication removes an unknown share later (the plan
+  runs before dedup); the mix stage fails loudly if the deduplicated train split falls short.
+* **Memory per GPU** (an estimate; GB = 1e9 bytes), see `estimate_memory`: model and optimizer
+  state, activations from a per-layer byte model, the fused chunked cross-entropy, and a fixed
+  overhead.
+* **Time**: ``est_hours`` = total_flops / (world_size × peak × hardware.assumed_mfu) / 3600 with the
+  dense peak of `PEAK_FLOPS`; ``est_gpu_hours`` = est_hours × world_size.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from pipeline.config import ConfigError, add_config_args, params_from_args, source_files, world_size
+from pipeline.io import PipelineError, atomic_write, get_logger, provenance, run_cli, write_json
+
+log = get_logger(__name__)
+
+REQUIRED_KEYS = (
+    "n_params", "n_params_non_embedding", "target_tokens", "tokens_per_step", "micro_batch", "world_size",
+    "grad_accum_steps", "num_steps", "flops_per_token", "total_flops", "tokens_per_shard", "shards_needed",
+    "shards_available", "est_memory_gb", "fits_memory", "est_hours", "est_gpu_hours",
+)
+EXTRA_KEYS = (
+    "n_params_embedding", "n_params_lm_head", "target_basis", "trained_tokens", "seq_len", "data_tokens_needed",
+    "tokens_available", "shards_per_source", "memory_gb", "hardware", "notes",
+)
+PLAN_KEYS = REQUIRED_KEYS + EXTRA_KEYS  # plan.json adds "meta"
+
+# Dense peak FLOP/s per GPU (NVIDIA datasheets, SXM parts). "fp32" is TF32 tensor-core math, what
+# fp32 matmuls get on these GPUs; "cpu" is a nominal 1 TFLOP/s, not a measurement.
+PEAK_FLOPS = {
+    "H100": {"bf16": 989e12, "fp32": 494.5e12},
+    "H200": {"bf16": 989e12, "fp32": 494.5e12},
+    "A100": {"bf16": 312e12, "fp32": 156e12},
+    "cpu": {"bf16": 1e12, "fp32": 1e12},
+}
+OVERHEAD_GB = {"cuda": 3.0, "cpu": 1.0}  # CUDA context, cuBLAS/NCCL workspaces, allocator slack; runtime on CPU
+OPTIMIZER_BYTES = {"adamw": 8, "adamw8bit": 2}  # per parameter; muon: see estimate_memory
+GB = 1e9
+
+
+class PlanError(PipelineError):
+    """The plan is infeasible or its inputs are wrong; the message names the key or file to change."""
+
+
+# ----------------------------------------------------------------------------- parameters and FLOPs
+
+def param_parts(model_cfg: dict) -> dict[str, int]:
+    """Parameter counts of `pipeline.model.Transformer` by part: embedding, lm_head (0 when tied),
+    blocks (all L blocks, norms included), final_norm."""
+    V, d, L, f = model_cfg["vocab_size"], model_cfg["dim"], model_cfg["n_layers"], model_cfg["ffn_dim"]
+    d_kv = model_cfg["n_kv_heads"] * (d // model_cfg["n_heads"])
+    attention = 2 * d * d + 2 * d * d_kv
+    block = attention + 3 * d * f + 2 * d
+    return {
+        "embedding": V * d,
+        "lm_head": 0 if model_cfg["tie_embeddings"] else V * d,
+        "blocks": L * block,
+        "final_norm": d,
+    }
+
+
+def count_params(model_cfg: dict) -> tuple[int, int]:
+    """(total, non-embedding) parameters of the model described by ``cfg["model"]``; non-embedding
+    excludes the token embedding and an untied lm_head (see the module docstring)."""
+    p = param_parts(model_cfg)
+    return sum(p.values()), p["blocks"] + p["final_norm"]
+
+
+def flops_per_token(model_cfg: dict, seq_len: int) -> int:
+    """Training FLOPs per token: 6·(N_non_embedding + V·d) + 12·L·d·T (module docstring)."""
+    _, non_embedding = count_params(model_cfg)
+    V, d, L = model_cfg["vocab_size"], model_cfg["dim"], model_cfg["n_layers"]
+    return 6 * (non_embedding + V * d) + 12 * L * d * seq_len
+
+
+# ----------------------------------------------------------------------------- tokens and steps
+
+def batch_layout(cfg: dict) -> dict[str, int]:
+    """tokens_per_step, micro_batch, world_size, grad_accum_steps; refuses a non-integer accumulation."""
+    t = cfg["train"]
+    ws = world_size(cfg)
+    per_micro = t["micro_batch"] * t["seq_len"] * ws
+    if t["global_batch_tokens"] % per_micro:
+        raise PlanError(
+            f"train.global_batch_tokens = {t['global_batch_tokens']} is not a multiple of train.micro_batch × "
+            f"train.seq_len × world_size = {t['micro_batch']} × {t['seq_len']} × {ws} = {per_micro}, so gradient "
+            "accumulation would not be a whole number of micro-steps: change train.global_batch_tokens or train.micro_batch"
+        )
+    return {"tokens_per_step": t["global_batch_tokens"], "micro_batch": t["micro_batch"], "world_size": ws,
+            "grad_accum_steps": t["global_batch_tokens"] // per_micro}
+
+
+def token_target(train_cfg: dict, n_params: int, fpt: int) -> tuple[int, str]:
+    """(target tokens, the config key that set it)."""
+    if train_cfg.get("target_tokens") is not None:
+        return int(train_cfg["target_tokens"]), "train.target_tokens"
+    if train_cfg.get("target_flops") is not None:
+        return math.ceil(train_cfg["target_flops"] / fpt), "train.target_flops"
+    return math.ceil(train_cfg["tokens_per_param"] * n_params), "train.tokens_per_param"
+
+
+# ----------------------------------------------------------------------------- shards
+
+def read_counts(path: str | Path, delimiters_per_doc: int) -> dict[str, tuple[int, int]]:
+    """source -> (usable tokens summed over its counted shards, number of counted shards) from the
+    count stage's counts.parquet. Usable = tokens + delimiter_tokens − short_tokens −
+    short_documents × delimiters_per_doc, using whichever of the optional columns exist."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as e:
+        raise PlanError(f"{path}: not a readable counts parquet ({e}); rerun the count stage") from None
+    missing = {"source", "tokens"} - set(table.column_names)
+    if missing:
+        raise PlanError(f"{path}: missing column(s) {sorted(missing)}; it must be the count stage's counts.parquet")
+    cols = table.to_pydict()
+    zeros = [0] * table.num_rows
+    usable = [
+        tok + dlm - short - n_short * delimiters_per_doc
+        for tok, dlm, short, n_short in zip(cols["tokens"], cols.get("delimiter_tokens", zeros),
+                                            cols.get("short_tokens", zeros), cols.get("short_documents", zeros))
+    ]
+    out: dict[str, tuple[int, int]] = {}
+    for source, n in zip(cols["source"], usable):
+        total, shards = out.get(source, (0, 0))
+        out[source] = (total + n, shards + 1)
+    return out
+
+
+def _tokens_per_shard(cfg: dict, source: str, counted: dict | None, counts_path) -> tuple[float | None, str]:
+    """(mean usable tokens per shard of `source`, where that number comes from)."""
+    if counted and source in counted:
+        total, n = counted[source]
+        return total / n, f"measured ({n} counted shard(s) in the counts file)"
+    estimate = cfg["sources"][source].get("tokens_per_shard_estimate")
+    if estimate is not None:
+        return float(estimate), f"estimate (sources.{source}.tokens_per_shard_estimate)"
+    if counted is not None:
+        raise PlanError(
+            f"{counts_path} has no rows for source '{source}' and sources.{source}.tokens_per_shard_estimate is not "
+            "set: rerun the count stage for it or set the estimate"
+        )
+    return None, f"unknown until the count stage has run (or set sources.{source}.tokens_per_shard_estimate)"
+
+
+def _more_shards_fix(cfg: dict, source: str, needed: int) -> str:
+    src = cfg["sources"][source]
+    if src["type"] == "hf":
+        start = src["shards"][0]
+        return f"raise sources.{source}.shards to [{start}, {start + needed}]"
+    return f"add parquet shards matching sources.{source}.glob"
+
+
+def shard_budget(cfg: dict, mix_tokens: int, basis: str, counted: dict | None, counts_path=None,
+                 allow_short: bool = False) -> dict[str, dict]:
+    """Per source of the train mix: weight, tokens per shard (+ basis), val reserve, tokens and
+    shards needed vs available. Raises PlanError when a source is short, unless allow_short."""
+    mix_name = cfg["train"]["mix"]
+    mix = cfg["mixes"][mix_name]
+    weight_sum = sum(mix["weights"].values())
+    split = cfg["split"]
+    out = {}
+    for source, weight in mix["weights"].items():
+        tps, tps_basis = _tokens_per_shard(cfg, source, counted, counts_path)
+        available = len(source_files(cfg, source))
+        val_shards = len(split["val_shards"].get(source, [])) if split["method"] == "shards" else 0
+        val_tokens = split["val_tokens"] if split["method"] == "hash" else 0
+        train_tokens = math.ceil(weight / weight_sum * mix_tokens / mix["max_epochs"])
+        row = {
+            "weight": weight / weight_sum,
+            "tokens_per_shard": None if tps is None else round(tps),
+            "tokens_per_shard_basis": tps_basis,
+            "max_epochs": mix["max_epochs"],
+            "train_tokens_needed": train_tokens,
+            "val_tokens_reserved": val_tokens,
+            "val_shards_reserved": val_shards,
+            "shards_available": available,
+            "tokens_available": None if tps is None else round(tps * available),
+            "shards_needed": None if tps is None else math.ceil((train_tokens + val_tokens) / tps) + val_shards,
+        }
+        row["enough"] = None if tps is None else row["shards_needed"] <= available
+        if row["enough"] is False and not allow_short:
+            raise PlanError(
+                f"the budget needs {row['shards_needed']} shards of {source} but only {available} are configured: "
+                f"{_more_shards_fix(cfg, source, row['shards_needed'])} or lower {basis}"
+                + (f" (or raise mixes.{mix_name}.max_epochs)" if mix["max_epochs"] == 1 else "")
+            )
+        out[source] = row
+    return out
+
+
+# ----------------------------------------------------------------------------- memory and time
+
+def activation_bytes(model_cfg: dict, act_bytes: int, mode: str, every_n: int) -> dict[str, int]:
+    """Activation bytes per token of the transformer body: ``stored`` (kept from forward to
+    backward, summed over layers) and ``recompute`` (the largest region rebuilt at once in backward).
+
+    Per-layer byte model (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models", redone for this block with flash attention, so no T² term, and no dropout).
+    With a = bytes per activation element (2 under bf16 autocast, 4 in fp32) and the fp32 residual
+    stream at 4 bytes (the weights and the embedding output are fp32):
+
+    * attention = 4d (norm input) + a·(d (normed input to q/k/v) + d (q) + 2·d_kv (k, v) + d (output))
+    * mlp       = 4d (norm input) + a·(d (normed input) + 4f (gate, silu(gate), up, their product))
+
+    A checkpointed region stores only its 4d-byte input and is rebuilt, one at a time, in backward:
+    none = attention + mlp per layer; mlp = attention + 4d; attention = 4d + mlp; block = 4d;
+    every_n = 4d for the ceil(L/n) checkpointed blocks, attention + mlp for the others.
+    """
+    d, L, f = model_cfg["dim"], model_cfg["n_layers"], model_cfg["ffn_dim"]
+    d_kv = model_cfg["n_kv_heads"] * (d // model_cfg["n_heads"])
+    attention = 4 * d + act_bytes * (3 * d + 2 * d_kv)
+    mlp = 4 * d + act_bytes * (d + 4 * f)
+    boundary = 4 * d
+    if mode == "every_n":
+        checkpointed = math.ceil(L / every_n)
+        stored = checkpointed * boundary + (L - checkpointed) * (attention + mlp)
+        return {"stored": stored, "recompute": attention + mlp}
+    per_layer, recompute = {
+        "none": (attention + mlp, 0),
+        "mlp": (attention + boundary, mlp),
+        "attention": (boundary + mlp, attention),
+        "block": (boundary, attention + mlp),
+    }[mode]
+    return {"stored": L * per_layer, "recompute": recompute}
+
+
+def estimate_memory(cfg: dict) -> dict[str, float]:
+    """Per-GPU memory estimate in GB by component (and "total"). Model state per parameter: fp32
+    weights 4 B + fp32 grads 4 B + optimizer (AdamW 8 B, AdamW8bit 2 B; Muon 4 B of momentum for the
+    block matrices and AdamW's 8 B for the rest), plus 2 B bf16 autocast copies of the block matrices
+    under bf16. Activations: `activation_bytes` × micro_batch × seq_len, plus the final norm input
+    (4d B/token). Cross-entropy (pipeline/losses.py, fused fp32 chunked CE): one chunk's fp32 logits
+    and a same-sized temporary (ce_chunk_tokens × V × 8 B), the fp32 gradient w.r.t. the hidden
+    states (4d B/token) and w.r.t. the output projection (V·d·4 B). Plain DDP, no optimizer sharding."""
+    m, t, hw = cfg["model"], cfg["train"], cfg["hardware"]
+    parts = param_parts(m)
+    total = sum(parts.values())
+    matrices = parts["blocks"] - m["n_layers"] * 2 * m["dim"]
+    bf16 = t["precision"] == "bf16" and hw["device"] == "cuda"  # the trainer runs fp32 on CPU
+    if t["optimizer"] == "muon":
+        optimizer = 4 * matrices + 8 * (total - matrices)
+    else:
+        optimizer = OPTIMIZER_BYTES[t["optimizer"]] * total
+    tokens = t["micro_batch"] * t["seq_len"]
+    act = activation_bytes(m, 2 if bf16 else 4, t["activation_checkpointing"], t["checkpoint_every_n"])
+    V, d = m["vocab_size"], m["dim"]
+    out = {
+        "weights_and_grads": 8 * total / GB,
+        "optimizer": optimizer / GB,
+        "autocast_weights": (2 * matrices if bf16 else 0) / GB,
+        "activations": tokens * (act["stored"] + act["recompute"] + 4 * d) / GB,
+        "cross_entropy": (min(t["ce_chunk_tokens"], tokens) * V * 8 + tokens * 4 * d + V * d * 4) / GB,
+        "overhead": OVERHEAD_GB[hw["device"]],
+    }
+    out["total"] = sum(out.values())
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def peak_flops(cfg: dict) -> float:
+    hw = cfg["hardware"]
+    bf16 = cfg["train"]["precision"] == "bf16" and hw["device"] == "cuda"
+    return PEAK_FLOPS[hw["gpu_type"]]["bf16" if bf16 else "fp32"]
+
+
+# ----------------------------------------------------------------------------- the plan
+
+def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = False) -> dict:
+    """The plan of a resolved run config (or its plan-stage slice), with the measured token counts
+    when `counts` (the count stage's counts.parquet) is given. Raises PlanError when the batch does
+    not divide or the configured shards cannot supply the budget (the latter unless allow_short,
+    for display only). Keys: `PLAN_KEYS`."""
+    m, t, hw = cfg["model"], cfg["train"], cfg["hardware"]
+    parts = param_parts(m)
+    n_params, non_embedding = count_params(m)
+    fpt = flops_per_token(m, t["seq_len"])
+    batch = batch_layout(cfg)
+    target, basis = token_target(t, n_params, fpt)
+    num_steps = math.ceil(target / batch["tokens_per_step"])
+    trained = num_steps * batch["tokens_per_step"]
+    rows_per_step = batch["tokens_per_step"] // t["seq_len"]
+    data_needed = num_steps * rows_per_step * (t["seq_len"] + 1)
+
+    mix_name = t["mix"]
+    mix_tokens = cfg["mixes"][mix_name]["tokens"]
+    if mix_tokens != "plan" and mix_tokens < data_needed:
+        raise PlanError(
+            f"mixes.{mix_name}.tokens = {mix_tokens} is less than the {data_needed} tokens training reads "
+            f"({num_steps} steps × {rows_per_step} rows × {t['seq_len'] + 1} tokens): set it to 'plan' or lower {basis}"
+        )
+    delimiters = 2 if cfg["tokenizer"]["delimiter"] == "both" else 1
+    counted = None if counts is None else read_counts(counts, delimiters)
+    try:
+        per_source = shard_budget(cfg, data_needed if mix_tokens == "plan" else mix_tokens, basis, counted, counts,
+                                  allow_short)
+    except ConfigError as e:
+        raise PlanError(str(e)) from None
+    known = all(r["tokens_per_shard"] is not None for r in per_source.values())
+    shards_available = sum(r["shards_available"] for r in per_source.values())
+    tokens_available = sum(r["tokens_available"] for r in per_source.values()) if known else None
+
+    memory = estimate_memory(cfg)
+    total_flops = fpt * trained
+    peak = peak_flops(cfg)
+    est_hours = total_flops / (batch["world_size"] * peak * hw["assumed_mfu"]) / 3600
+
+    notes = [f"{s}: tokens per shard {r['tokens_per_shard_basis']}" for s, r in per_source.items()]
+    notes += [f"{s}: SHORT — needs {r['shards_needed']} shards, {r['shards_available']} configured"
+              for s, r in per_source.items() if r["enough"] is False]
+    notes.append("memory and time are estimates from models of the trainer, not measurements")
+    if hw["device"] == "cpu":
+        notes.append("cpu: peak is a nominal 1 TFLOP/s and memory is host memory")
+    plan = {
+        "n_params": n_params,
+        "n_params_non_embedding": non_embedding,
+        "target_tokens": target,
+        **batch,
+        "num_steps": num_steps,
+        "flops_per_token": fpt,
+        "total_flops": total_flops,
+        "tokens_per_shard": round(tokens_available / shards_available) if known else None,
+        "shards_needed": sum(r["shards_needed"] for r in per_source.values()) if known else None,
+        "shards_available": shards_available,
+        "est_memory_gb": memory["total"],
+        "fits_memory": memory["total"] <= hw["gpu_memory_gb"],
+        "est_hours": est_hours,
+        "est_gpu_hours": est_hours * batch["world_size"],
+        "n_params_embedding": parts["embedding"],
+        "n_params_lm_head": parts["lm_head"],
+        "target_basis": basis,
+        "trained_tokens": trained,
+        "seq_len": t["seq_len"],
+        "data_tokens_needed": data_needed,
+        "tokens_available": tokens_available,
+        "shards_per_source": per_source,
+        "memory_gb": memory,
+        "hardware": {"gpu_type": hw["gpu_type"], "gpu_memory_gb": hw["gpu_memory_gb"], "peak_flops": peak,
+                     "assumed_mfu": hw["assumed_mfu"]},
+        "notes": notes,
+    }
+    return {k: plan[k] for k in PLAN_KEYS}
+
+
+# ----------------------------------------------------------------------------- display
+
+def _num(x: float, unit: str = "") -> str:
+    """1.242 B, 973.1 M, 54.85 K: four significant digits with a thousands suffix."""
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(x) >= div:
+            return f"{x / div:.4g} {suffix}{unit}"
+    return f"{x:g} {unit}".rstrip()
+
+
+def _rows(plan: dict) -> list[tuple[str, str]]:
+    mem = plan["memory_gb"]
+    shards = "; ".join(
+        f"{s}: {'?' if r['shards_needed'] is None else r['shards_needed']} of {r['shards_available']} shards"
+        f" ({'?' if r['tokens_per_shard'] is None else _num(r['tokens_per_shard'])} tokens/shard)"
+        + (" SHORT" if r["enough"] is False else "")
+        for s, r in plan["shards_per_source"].items()
+    )
+    breakdown = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in mem.items() if k != "total")
+    hw = plan["hardware"]
+    gpu = f"{plan['world_size']} × {hw['gpu_type']} ({_num(hw['peak_flops'], 'FLOP/s')} peak) at {hw['assumed_mfu']:.0%} MFU"
+    return [
+        ("parameters", f"{_num(plan['n_params'])} total, {_num(plan['n_params_non_embedding'])} non-embedding"),
+        ("target tokens", f"{_num(plan['target_tokens'])} (from {plan['target_basis']})"),
+        ("tokens per step", f"{plan['tokens_per_step']:,} = {plan['micro_batch']} rows × {plan['seq_len']} tokens × "
+                            f"{plan['world_size']} rank(s) × {plan['grad_accum_steps']} accumulation step(s)"),
+        ("steps", f"{plan['num_steps']:,} → {_num(plan['trained_tokens'])} tokens trained"),
+        ("compute", f"{plan['flops_per_token'] / 1e9:.3g} GFLOP/token, {plan['total_flops']:.3g} FLOPs total"),
+        ("data", f"{_num(plan['data_tokens_needed'])} tokens read; {shards}"),
+        ("memory per GPU (est.)", f"{plan['est_memory_gb']:.1f} GB of {hw['gpu_memory_gb']:g} GB: "
+                                  f"{'fits' if plan['fits_memory'] else 'DOES NOT FIT'} ({breakdown})"),
+        ("time (est.)", f"{plan['est_hours']:.2f} hours on {gpu}, {plan['est_gpu_hours']:.1f} GPU-hours"),
+    ]
+
+
+def format_plan(plan: dict) -> str:
+    """The plan as an aligned two-column text table (what the Snakefile prints at parse time)."""
+    rows = _rows(plan)
+    width = max(len(k) for k, _ in rows)
+    lines = ["token-budget plan (memory and time are estimates)"]
+    lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+    lines += [f"  note: {n}" for n in plan["notes"]]
+    return "\n".join(lines)
+
+
+def format_plan_md(plan: dict) -> str:
+    lines = ["# Token-budget plan", "", "| quantity | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in _rows(plan)]
+    lines += ["", *[f"- {n}" for n in plan["notes"]], ""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.plan", description=__doc__.split("\n\n")[0])
+    add_config_args(ap)
+    ap.add_argument("--counts", help="the count stage's counts.parquet (measured tokens per shard)")
+    ap.add_argument("--json", action="store_true", help="print the plan as JSON only")
+    ap.add_argument("--no-check", action="store_true", help="show the plan even when the shards fall short (display only)")
+    ap.add_argument("--out", help="write plan.json here (with provenance under 'meta')")
+    ap.add_argument("--out-md", help="write the plan as a markdown table here")
+    args = ap.parse_args(argv)
+    if args.no_check and (args.out or args.out_md):
+        ap.error("--no-check is for display only; it cannot be combined with --out/--out-md")
+    params = params_from_args(args, "plan")
+    plan = make_plan(params, counts=args.counts, allow_short=args.no_check)
+    if args.out:
+        write_json(args.out, {**plan, "meta": provenance("plan", params, [args.counts] if args.counts else [])})
+    if args.out_md:
+        with atomic_write(args.out_md, encoding="utf-8") as f:
+            f.write(format_plan_md(plan))
+    print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+
+
+if __name__ == "__main__":
+    run_cli(main)

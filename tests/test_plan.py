@@ -1,0 +1,290 @@
+"""The token-budget planner: parameter counts, tokens/steps, shards, memory/time estimates, CLI."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from conftest import ROOT, write_text_shard
+from pipeline.config import load_config, resolve_config
+from pipeline.model import ModelConfig, Transformer
+from pipeline.plan import (
+    PLAN_KEYS,
+    REQUIRED_KEYS,
+    PlanError,
+    activation_bytes,
+    count_params,
+    estimate_memory,
+    flops_per_token,
+    format_plan,
+    main,
+    make_plan,
+)
+
+LLAMA_1B = ROOT / "configs/llama3-1b-fineweb.yaml"
+GPT_500M = ROOT / "configs/gpt-500m-fineweb.yaml"
+
+
+def fineweb_cfg(shards=100, estimate=56_000_000, **over) -> dict:
+    """A resolved run on an hf source of `shards` shards with `estimate` tokens per shard."""
+    raw = {
+        "sources": {"fineweb": {"type": "hf", "repo": "karpathy/fineweb-edu-100b-shuffle",
+                                "pattern": "shard_{index:05d}.parquet", "shards": [0, shards],
+                                "tokens_per_shard_estimate": estimate}},
+        "mixes": {"pretrain": {"weights": {"fineweb": 1.0}}},
+        "split": {"val_tokens": 1},
+        "train": {"seq_len": 2048, "global_batch_tokens": 524288, "micro_batch": 16},
+        "hardware": {"device": "cuda", "gpu_type": "H100", "nproc_per_node": 4},
+    }
+    for key, value in over.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    return resolve_config(raw)
+
+
+def numel(model_cfg: dict) -> tuple[int, int]:
+    """(total, non-embedding) counted on a real Transformer built on the meta device."""
+    mc = ModelConfig(**{k: model_cfg[k] for k in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim",
+                                                   "tie_embeddings")})
+    with torch.device("meta"):
+        model = Transformer(mc)
+    params = dict(model.named_parameters())
+    total = sum(p.numel() for p in params.values())
+    vocab = sum(p.numel() for n, p in params.items() if n in ("tok_embeddings.weight", "lm_head.weight"))
+    return total, total - vocab
+
+
+@pytest.mark.parametrize("model_cfg", [
+    dict(vocab_size=4096, dim=192, n_layers=4, n_heads=6, n_kv_heads=2, ffn_dim=768, tie_embeddings=True),
+    dict(vocab_size=4096, dim=192, n_layers=4, n_heads=6, n_kv_heads=2, ffn_dim=768, tie_embeddings=False),
+    dict(vocab_size=50304, dim=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_dim=2048, tie_embeddings=False),
+    dict(vocab_size=1000, dim=64, n_layers=3, n_heads=8, n_kv_heads=1, ffn_dim=100, tie_embeddings=True),
+])
+def test_param_count_equals_numel(model_cfg):
+    assert count_params(model_cfg) == numel(model_cfg)
+
+
+@pytest.mark.parametrize("preset", [LLAMA_1B, GPT_500M])
+def test_preset_param_count_equals_numel(preset):
+    cfg = load_config(preset)
+    assert count_params(cfg["model"]) == numel(cfg["model"])
+
+
+def test_llama_1b_preset_plan():
+    plan = make_plan(load_config(LLAMA_1B))
+    assert plan["n_params"] == 1_241_581_568  # the reference run's parameter count
+    assert plan["target_tokens"] == 20 * 1_241_581_568
+    assert plan["tokens_per_step"] == 2 ** 20 and plan["world_size"] == 8 and plan["micro_batch"] == 64
+    assert plan["grad_accum_steps"] == 1
+    assert plan["num_steps"] == math.ceil(20 * 1_241_581_568 / 2 ** 20) == 23_682
+    assert plan["trained_tokens"] >= plan["target_tokens"] > plan["trained_tokens"] - plan["tokens_per_step"]
+    assert plan["n_params_non_embedding"] == plan["n_params"] - 131072 * 2048 and plan["n_params_lm_head"] == 0
+    assert plan["shards_available"] == 1823 and plan["shards_needed"] <= 1823
+    assert plan["fits_memory"] and plan["est_memory_gb"] <= 80
+
+
+def test_gpt_500m_preset_accumulates_gradients():
+    plan = make_plan(load_config(GPT_500M))
+    assert 450e6 <= plan["n_params"] <= 550e6
+    assert plan["tokens_per_step"] == 524_288 and plan["world_size"] == 4
+    assert plan["grad_accum_steps"] == 524_288 // (16 * 2048 * 4) == 4
+    assert plan["fits_memory"]
+
+
+def test_indivisible_batch_is_refused():
+    cfg = fineweb_cfg()
+    cfg["train"]["micro_batch"] = 24  # 24 × 2048 × 4 does not divide 524288
+    with pytest.raises(PlanError, match=r"train\.global_batch_tokens.*train\.micro_batch"):
+        make_plan(cfg)
+
+
+def test_budget_needing_more_shards_than_configured_fails():
+    # 9.93e9 tokens (+ the T+1-th token of each packed row) over 56M-token shards: 177.4 → 178 shards.
+    cfg = fineweb_cfg(shards=100, train={"target_tokens": 9_930_000_000})
+    with pytest.raises(PlanError) as e:
+        make_plan(cfg)
+    msg = str(e.value)
+    assert "needs 178 shards of fineweb but only 100 are configured" in msg
+    assert "sources.fineweb.shards to [0, 178]" in msg and "train.target_tokens" in msg
+    # For display only, the short plan can still be shown; it says what is missing.
+    plan = make_plan(cfg, allow_short=True)
+    assert plan["shards_needed"] == 178 and plan["shards_per_source"]["fineweb"]["enough"] is False
+    assert "SHORT" in format_plan(plan)
+    # With enough shards configured it passes.
+    assert make_plan(fineweb_cfg(shards=178, train={"target_tokens": 9_930_000_000}))["shards_needed"] == 178
+
+
+def test_max_epochs_and_validation_reserve_enter_the_shard_count():
+    base = dict(train={"target_tokens": 10 * 524288}, mixes={"pretrain": {"weights": {"fineweb": 1.0}}})
+    # 10 steps × 256 rows × 2049 tokens = 5,245,440 tokens read; 1M-token shards.
+    plan = make_plan(fineweb_cfg(shards=20, estimate=1_000_000, **base))
+    assert plan["data_tokens_needed"] == 5_245_440 and plan["shards_needed"] == 6
+    twice = fineweb_cfg(shards=20, estimate=1_000_000, train=base["train"],
+                        mixes={"pretrain": {"weights": {"fineweb": 1.0}, "max_epochs": 2}})
+    assert make_plan(twice)["shards_needed"] == 3
+    val = fineweb_cfg(shards=20, estimate=1_000_000, split={"val_tokens": 2_000_000}, **base)
+    assert make_plan(val)["shards_needed"] == 8
+
+
+def test_mix_weights_split_the_need_between_sources():
+    cfg = fineweb_cfg(shards=50, estimate=1_000_000, train={"target_tokens": 40 * 524288})
+    cfg["sources"]["books"] = {**cfg["sources"]["fineweb"], "shards": [0, 20], "tokens_per_shard_estimate": 500_000}
+    cfg["mixes"]["pretrain"]["weights"] = {"fineweb": 3.0, "books": 1.0}
+    plan = make_plan(cfg)
+    fw, books = plan["shards_per_source"]["fineweb"], plan["shards_per_source"]["books"]
+    assert fw["weight"] == 0.75 and books["weight"] == 0.25
+    assert fw["train_tokens_needed"] == math.ceil(0.75 * plan["data_tokens_needed"])
+    assert books["shards_needed"] == math.ceil((math.ceil(0.25 * plan["data_tokens_needed"]) + 1) / 500_000)
+    assert plan["shards_needed"] == fw["shards_needed"] + books["shards_needed"]
+    assert plan["shards_available"] == 70
+
+
+def write_counts(path, rows, columns=("source", "shard", "tokens", "delimiter_tokens", "short_tokens", "short_documents")):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({c: [r[i] for r in rows] for i, c in enumerate(columns)}), path)
+    return path
+
+
+def test_counts_file_overrides_the_estimate(tmp_path):
+    cfg = fineweb_cfg(shards=100, estimate=56_000_000, train={"target_tokens": 9_930_000_000})
+    # Measured: usable = tokens + delimiters − short tokens − short docs × 1 delimiter = 120M per shard.
+    counts = write_counts(tmp_path / "counts.parquet", [
+        ("fineweb", "shard_00000", 119_000_000, 1_100_000, 90_000, 10_000),
+        ("fineweb", "shard_00001", 119_500_000, 600_000, 95_000, 5_000),
+    ])
+    plan = make_plan(cfg, counts=counts)
+    assert plan["tokens_per_shard"] == 120_000_000
+    assert plan["shards_needed"] == math.ceil((plan["data_tokens_needed"] + 1) / 120_000_000) == 83
+    assert "measured" in plan["shards_per_source"]["fineweb"]["tokens_per_shard_basis"]
+
+
+def test_counts_file_problems_are_named(tmp_path):
+    cfg = fineweb_cfg()
+    del cfg["sources"]["fineweb"]["tokens_per_shard_estimate"]
+    other = write_counts(tmp_path / "other.parquet", [("web", "s0", 10, 1)], columns=("source", "shard", "tokens", "delimiter_tokens"))
+    with pytest.raises(PlanError, match="no rows for source 'fineweb'.*tokens_per_shard_estimate"):
+        make_plan(cfg, counts=other)
+    no_tokens = write_counts(tmp_path / "bad.parquet", [("fineweb", "s0")], columns=("source", "shard"))
+    with pytest.raises(PlanError, match=r"bad\.parquet.*tokens"):
+        make_plan(cfg, counts=no_tokens)
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(b"not parquet")
+    with pytest.raises(PlanError, match="garbage.parquet"):
+        make_plan(cfg, counts=garbage)
+
+
+def test_shard_check_is_deferred_without_counts_or_estimate(tmp_path):
+    for i in range(3):
+        write_text_shard(tmp_path / f"web/shard_{i:05d}.parquet", ["some text"])
+    cfg = resolve_config({"sources": {"web": {"type": "local", "glob": str(tmp_path / "web/*.parquet")}}})
+    plan = make_plan(cfg)
+    assert plan["shards_available"] == 3 and plan["shards_needed"] is None and plan["tokens_per_shard"] is None
+    assert any("count stage" in n for n in plan["notes"])
+    assert "?" in format_plan(plan)
+
+
+def test_explicit_token_and_flop_targets():
+    plan = make_plan(fineweb_cfg(train={"target_tokens": 1_000_000_000}))
+    assert plan["target_tokens"] == 1_000_000_000 and plan["target_basis"] == "train.target_tokens"
+    assert plan["num_steps"] == math.ceil(1_000_000_000 / 524288)
+    by_params = make_plan(fineweb_cfg(train={"tokens_per_param": 5}))
+    assert by_params["target_tokens"] == 5 * by_params["n_params"]
+    flops = 3e15
+    plan = make_plan(fineweb_cfg(train={"target_flops": flops}))
+    assert plan["target_basis"] == "train.target_flops"
+    assert plan["target_tokens"] == math.ceil(flops / plan["flops_per_token"])
+    assert plan["total_flops"] == plan["flops_per_token"] * plan["num_steps"] * 524288 >= flops
+
+
+def test_flops_per_token_by_hand():
+    m = dict(vocab_size=100, dim=16, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=32, tie_embeddings=True)
+    # Per block: q, o 16·16 each; k, v 16·8 each; SwiGLU 3·16·32; two norms 16 → 512 + 256 + 1536 + 32 = 2336.
+    non_embedding = 2 * 2336 + 16
+    assert count_params(m) == (non_embedding + 1600, non_embedding)
+    # 6 × (non-embedding + output projection 100·16) + 12 · L · d · T.
+    assert flops_per_token(m, seq_len=64) == 6 * (4688 + 1600) + 12 * 2 * 16 * 64 == 62_304
+    # Untying adds parameters but not FLOPs: the output matmul ran already.
+    untied = {**m, "tie_embeddings": False}
+    assert count_params(untied)[0] == count_params(m)[0] + 1600
+    assert flops_per_token(untied, 64) == flops_per_token(m, 64)
+
+
+def test_activation_model_by_hand_and_mode_ordering():
+    m = dict(vocab_size=1000, dim=100, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=300, tie_embeddings=True)
+    # bf16: attention 4·100 + 2·(300 + 2·50) = 1200; mlp 4·100 + 2·(100 + 1200) = 3000 bytes/token/layer.
+    assert activation_bytes(m, 2, "none", 2) == {"stored": 4 * 4200, "recompute": 0}
+    assert activation_bytes(m, 2, "block", 2) == {"stored": 4 * 400, "recompute": 4200}
+    assert activation_bytes(m, 2, "mlp", 2) == {"stored": 4 * 1600, "recompute": 3000}
+    assert activation_bytes(m, 2, "attention", 2) == {"stored": 4 * 3400, "recompute": 1200}
+    assert activation_bytes(m, 2, "every_n", 3) == {"stored": 2 * 400 + 2 * 4200, "recompute": 4200}
+
+    def mem(**train):
+        return estimate_memory(fineweb_cfg(train=train))
+
+    assert mem(activation_checkpointing="none")["activations"] > mem(activation_checkpointing="every_n")["activations"] \
+        > mem(activation_checkpointing="block")["activations"]
+    assert mem(optimizer="adamw")["optimizer"] > mem(optimizer="muon")["optimizer"] > mem(optimizer="adamw8bit")["optimizer"]
+    assert mem(precision="fp32")["activations"] > mem(precision="bf16")["activations"]
+
+
+def test_fits_memory_follows_gpu_memory():
+    cfg = fineweb_cfg()
+    plan = make_plan(cfg)
+    cfg["hardware"]["gpu_memory_gb"] = plan["est_memory_gb"] - 0.5
+    assert plan["fits_memory"] and not make_plan(cfg)["fits_memory"]
+
+
+def test_time_estimate():
+    cfg = fineweb_cfg(hardware={"gpu_type": "A100", "assumed_mfu": 0.5})
+    plan = make_plan(cfg)
+    hours = plan["total_flops"] / (4 * 312e12 * 0.5) / 3600
+    assert plan["est_hours"] == pytest.approx(hours, rel=1e-3)
+    assert plan["est_gpu_hours"] == pytest.approx(4 * hours, rel=1e-3)
+
+
+def test_too_small_train_mix_is_refused():
+    cfg = fineweb_cfg(train={"target_tokens": 10 * 524288})
+    cfg["mixes"]["pretrain"]["tokens"] = 10 * 524288  # fewer than the 10 × 256 × 2049 tokens the rows read
+    with pytest.raises(PlanError, match=r"mixes\.pretrain\.tokens"):
+        make_plan(cfg)
+
+
+def test_cli_json_has_exactly_the_plan_keys(capsys):
+    main(["--configfile", str(LLAMA_1B), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert list(out) == list(PLAN_KEYS) and set(REQUIRED_KEYS) <= set(out)
+    assert out["n_params"] == 1_241_581_568
+
+
+def test_cli_table_and_outputs(tmp_path, capsys):
+    main(["--configfile", str(GPT_500M)])
+    table = capsys.readouterr().out
+    for text in ("parameters", "503.4 M", "GB of 80 GB", "GPU-hours", "4 accumulation step(s)"):
+        assert text in table
+    params = json.dumps(load_config(GPT_500M))
+    main(["--params", params, "--out", str(tmp_path / "plan.json"), "--out-md", str(tmp_path / "plan.md")])
+    written = json.loads((tmp_path / "plan.json").read_text())
+    assert written["meta"]["stage"] == "plan" and written["grad_accum_steps"] == 4
+    assert (tmp_path / "plan.md").read_text().startswith("# Token-budget plan")
+    with pytest.raises(SystemExit):
+        main(["--params", params, "--no-check", "--out", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_failure_is_one_error_line(tmp_path):
+    cfg = load_config(LLAMA_1B)
+    cfg["sources"]["fineweb"]["shards"] = [0, 100]
+    proc = subprocess.run([sys.executable, "-m", "pipeline.plan", "--params", json.dumps(cfg), "--out", str(tmp_path / "p.json")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1 and not (tmp_path / "p.json").exists()
+    assert proc.stderr.startswith("error: the budget needs") and proc.stderr.count("\n") == 1
+
+
+def test_module_is_import_light():
+    code = "import sys, pipeline.plan; assert 'torch' not in sys.modules and 'pyarrow' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
