@@ -28,13 +28,16 @@ d_kv = n_kv_heads × d / n_heads):
   ``tokens_per_step`` = ``train.global_batch_tokens``; ``grad_accum_steps`` = tokens_per_step /
   (micro_batch × seq_len × world_size), refused unless an integer; ``num_steps`` =
   ceil(target_tokens / tokens_per_step); ``trained_tokens`` = num_steps × tokens_per_step ≥ target.
-* **Data**: a packed row holds T+1 tokens (inputs row[:-1], targets row[1:]), so training reads
-  ``data_tokens_needed`` = num_steps × (tokens_per_step / T) × (T+1) tokens from the train mix
-  (an upper bound for best-fit packing, whose padding needs no data). A mix with ``tokens: plan``
-  should supply that many. Per source s of the train mix (weights normalized to sum 1):
-  tokens needed = w_s × mix tokens / max_epochs (+ ``split.val_tokens`` held out for validation by
-  the hash split), shards needed = ceil(tokens needed / tokens per shard) (+ the source's
-  ``split.val_shards`` for the shards split). Tokens per shard come from the measured counts
+* **Data**: training consumes ``trained_tokens`` targets. A packed row holds T+1 tokens (inputs
+  row[:-1], targets row[1:]) and the mix stage takes ``mixes.<mix>.tokens`` as the targets its
+  schedule must supply, scheduling ceil(targets / T) × (T+1) tokens. For the train mix the targets
+  are ``trained_tokens`` with ``tokens: plan`` (the mix must read that key: ``target_tokens``, when
+  not a multiple of tokens_per_step, yields fewer rows than num_steps needs), or the integer, which
+  must be at least trained_tokens. ``data_tokens_needed`` = num_steps × (tokens_per_step / T) × (T+1)
+  is the schedule training reads. Per source s of the train mix (weights normalized to sum 1):
+  tokens needed = w_s × scheduled tokens / max_epochs (+ ``split.val_tokens`` held out for
+  validation by the hash split), shards needed = ceil(tokens needed / tokens per shard) (+ the
+  source's ``split.val_shards`` for the shards split). Tokens per shard come from the measured counts
   (mean over the source's counted shards of tokens + delimiter_tokens − short_tokens −
   short_documents × delimiters per document, i.e. what the tokenize stage keeps), else from
   ``sources.<s>.tokens_per_shard_estimate``; without either (and no counts file) the shard check is
@@ -196,10 +199,10 @@ def _more_shards_fix(cfg: dict, source: str, needed: int) -> str:
     return f"add parquet shards matching sources.{source}.glob"
 
 
-def shard_budget(cfg: dict, mix_tokens: int, basis: str, counted: dict | None, counts_path=None,
+def shard_budget(cfg: dict, scheduled_tokens: int, basis: str, counted: dict | None, counts_path=None,
                  allow_short: bool = False) -> dict[str, dict]:
-    """Per source of the train mix: weight, tokens per shard (+ basis), val reserve, tokens and
-    shards needed vs available. Raises PlanError when a source is short, unless allow_short."""
+    """Per source of the train mix (whose schedule holds `scheduled_tokens`): weight, tokens per
+    shard (+ basis), val reserve, tokens and shards needed vs available. Raises PlanError when a source is short, unless allow_short."""
     mix_name = cfg["train"]["mix"]
     mix = cfg["mixes"][mix_name]
     weight_sum = sum(mix["weights"].values())
@@ -210,7 +213,7 @@ def shard_budget(cfg: dict, mix_tokens: int, basis: str, counted: dict | None, c
         available = len(source_files(cfg, source))
         val_shards = len(split["val_shards"].get(source, [])) if split["method"] == "shards" else 0
         val_tokens = split["val_tokens"] if split["method"] == "hash" else 0
-        train_tokens = math.ceil(weight / weight_sum * mix_tokens / mix["max_epochs"])
+        train_tokens = math.ceil(weight / weight_sum * scheduled_tokens / mix["max_epochs"])
         row = {
             "weight": weight / weight_sum,
             "tokens_per_shard": None if tps is None else round(tps),
@@ -323,21 +326,21 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     target, basis = token_target(t, n_params, fpt)
     num_steps = math.ceil(target / batch["tokens_per_step"])
     trained = num_steps * batch["tokens_per_step"]
-    rows_per_step = batch["tokens_per_step"] // t["seq_len"]
-    data_needed = num_steps * rows_per_step * (t["seq_len"] + 1)
+    data_needed = trained // t["seq_len"] * (t["seq_len"] + 1)  # whole rows: tokens_per_step is a multiple of T
 
     mix_name = t["mix"]
     mix_tokens = cfg["mixes"][mix_name]["tokens"]
-    if mix_tokens != "plan" and mix_tokens < data_needed:
+    mix_targets = trained if mix_tokens == "plan" else mix_tokens
+    if mix_targets < trained:
         raise PlanError(
-            f"mixes.{mix_name}.tokens = {mix_tokens} is less than the {data_needed} tokens training reads "
-            f"({num_steps} steps × {rows_per_step} rows × {t['seq_len'] + 1} tokens): set it to 'plan' or lower {basis}"
+            f"mixes.{mix_name}.tokens = {mix_tokens} is less than the {trained} tokens training consumes "
+            f"({num_steps} steps × {batch['tokens_per_step']} tokens): set it to 'plan' or lower {basis}"
         )
+    scheduled = math.ceil(mix_targets / t["seq_len"]) * (t["seq_len"] + 1)
     delimiters = 2 if cfg["tokenizer"]["delimiter"] == "both" else 1
     counted = None if counts is None else read_counts(counts, delimiters)
     try:
-        per_source = shard_budget(cfg, data_needed if mix_tokens == "plan" else mix_tokens, basis, counted, counts,
-                                  allow_short)
+        per_source = shard_budget(cfg, scheduled, basis, counted, counts, allow_short)
     except ConfigError as e:
         raise PlanError(str(e)) from None
     known = all(r["tokens_per_shard"] is not None for r in per_source.values())
@@ -355,7 +358,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     notes.append("memory and time are estimates from models of the trainer, not measurements")
     if hw["device"] == "cpu":
         notes.append("cpu: peak is a nominal 1 TFLOP/s and memory is host memory")
-    plan = {
+    return {
         "n_params": n_params,
         "n_params_non_embedding": non_embedding,
         "target_tokens": target,
@@ -383,7 +386,6 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
                      "assumed_mfu": hw["assumed_mfu"]},
         "notes": notes,
     }
-    return {k: plan[k] for k in PLAN_KEYS}
 
 
 # ----------------------------------------------------------------------------- display

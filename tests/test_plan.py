@@ -247,9 +247,11 @@ def test_time_estimate():
     assert plan["est_gpu_hours"] == pytest.approx(4 * hours, rel=1e-3)
 
 
-def test_too_small_train_mix_is_refused():
+def test_train_mix_token_count_must_cover_training():
     cfg = fineweb_cfg(train={"target_tokens": 10 * 524288})
-    cfg["mixes"]["pretrain"]["tokens"] = 10 * 524288  # fewer than the 10 × 256 × 2049 tokens the rows read
+    cfg["mixes"]["pretrain"]["tokens"] = 10 * 524288  # exactly the 10 steps' targets: fine
+    assert make_plan(cfg)["data_tokens_needed"] == 10 * 256 * 2049
+    cfg["mixes"]["pretrain"]["tokens"] = 10 * 524288 - 1
     with pytest.raises(PlanError, match=r"mixes\.pretrain\.tokens"):
         make_plan(cfg)
 
