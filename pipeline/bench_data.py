@@ -9,6 +9,21 @@ loop over `encode_ordinary`, which skips tiktoken's thread pool). All run with o
 throughput is reported per core as tokens per CPU-second of the process (all its threads counted),
 and per wall-second; the ratio is taken against the faster raw kernel. Target: (a) ≥ 90% of (b).
 
+    python -m pipeline.bench_data tokenize --tokenizer T --input D/web/shard_00000.parquet [--repeat 3]
+    python -m pipeline.bench_data pack --tokenizer T --input D/web/*.parquet [--seq-len 2048 --epochs 8]
+    python -m pipeline.bench_data loader --tokenizer T --input D/web/*.parquet [--micro-batch 16 --steps 2000]
+
+`tokenize`: (a) `pipeline.tokenize.tokenize_shard` end to end (read, decode, encode, delimit, write
+.bin/.idx.npy/.json) versus the same raw kernels as `count`, one thread, tokens per CPU-second.
+Target: (a) ≥ 90% of `encode_ordinary_batch`.
+
+`pack` and `loader` tokenize the `--input` shards into a temp dir and write a schedule of all their
+documents, shuffled, repeated `--epochs` times (untimed). `pack` times `pipeline.pack.pack` with
+concat and with bestfit packing (target ≥ 20M tokens per CPU-second for concat). `loader` times
+`PackedLoader` batches (int64 inputs/targets tensors; bestfit adds the mask, `+doc_ids` the
+document ids) against the raw kernel (fancy-index memmap rows + one numpy→torch conversion),
+input tokens per CPU-second (target ≥ 10M per process).
+
 Timing helpers (`measure`, `Timing`, `report`) are shared by every subcommand: the candidates are
 run interleaved `repeat` times (so background load hits both alike) and the best run of each counts.
 """
@@ -97,6 +112,138 @@ def bench_count(args) -> dict[str, Timing]:
     return timings
 
 
+# ----------------------------------------------------------------------------- tokenize, pack, loader
+
+def bench_tokenize(args) -> dict[str, Timing]:
+    import tempfile
+
+    from pipeline.tokenize import tokenize_shard
+    from pipeline.tokenizer import iter_documents, load_tokenizer
+
+    tok = load_tokenizer(args.tokenizer)
+    source = {"format": "text", "text_column": args.text_column}
+    params = {"sources": {"bench": source}, "count": {"batch_size": args.batch_size}}
+    texts = [doc for batch in iter_documents(args.input, source, args.batch_size) for doc in batch.docs]
+    with tempfile.TemporaryDirectory() as tmp:
+
+        def end_to_end() -> int:
+            return tokenize_shard(tok, args.input, f"{tmp}/bench/shard.json", "bench", "shard", params)["n_doc_tokens"]
+
+        def raw_batch() -> int:
+            return sum(map(len, tok.enc.encode_ordinary_batch(texts, num_threads=1)))
+
+        def raw_loop() -> int:
+            return sum(len(tok.enc.encode_ordinary(t)) for t in texts)
+
+        logging.getLogger("pipeline.tokenize").setLevel(logging.ERROR)
+        timings = measure({"tokenize_shard (e2e)": end_to_end, "encode_ordinary_batch": raw_batch,
+                           "encode_ordinary loop": raw_loop}, args.repeat)
+    assert len({t.items for t in timings.values()}) == 1, "all paths must see the same tokens"
+    print(f"{args.input}: {len(texts):,} documents, {timings['encode_ordinary loop'].items:,} tokens; tokenizer "
+          f"{tok.enc.name} (n_vocab {tok.n_vocab}); 1 thread; best of {args.repeat}")
+    report(timings, "tokens", baseline="encode_ordinary_batch")
+    return timings
+
+
+def _packed_inputs(args, tmp: str) -> tuple[dict, str]:
+    """Tokenize `args.input` into `tmp`; write a shuffled schedule of every document × `args.epochs`.
+    Returns (pack params for mixes 'concat' and 'bestfit', schedule path)."""
+    from pathlib import Path
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.tokenize import tokenize_shard
+    from pipeline.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(args.tokenizer)
+    source = {"format": args.format, "text_column": args.text_column}
+    names, docs, spans = [], [], []
+    for path in args.input:
+        name = Path(path).stem
+        meta = tokenize_shard(tok, path, f"{tmp}/tokens/bench/{name}.json", "bench", name,
+                              {"sources": {"bench": source}, "count": {"batch_size": 1024}})
+        names += [name] * meta["n_docs"]
+        docs.append(np.arange(meta["n_docs"]))
+        spans.append(np.diff(np.load(f"{tmp}/tokens/bench/{name}.idx.npy")))
+    rng = np.random.default_rng(0)
+    order = np.concatenate([rng.permutation(len(names)) for _ in range(args.epochs)])
+    schedule = pa.table({"source": ["bench"] * len(order), "shard": np.asarray(names)[order],
+                         "doc": np.concatenate(docs)[order], "tokens": np.concatenate(spans)[order],
+                         "epoch": np.repeat(np.arange(args.epochs), len(names))})
+    pq.write_table(schedule, f"{tmp}/schedule.parquet")
+    mixes = {p: {"weights": {"bench": 1.0}, "packing": p} for p in ("concat", "bestfit")}
+    return {"mixes": mixes, "seq_len": args.seq_len, "seed": 0}, f"{tmp}/schedule.parquet"
+
+
+def bench_pack(args) -> dict[str, Timing]:
+    import tempfile
+
+    from pipeline.pack import pack
+
+    logging.getLogger("pipeline").setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory() as tmp:
+        params, schedule = _packed_inputs(args, tmp)
+
+        def run(packing: str) -> int:
+            return pack(params, packing, "train", schedule, f"{tmp}/tokens", f"{tmp}/pack/{packing}/train.json")["tokens_in"]
+
+        timings = measure({"pack concat": lambda: run("concat"), "pack bestfit": lambda: run("bestfit")}, args.repeat)
+    print(f"{len(args.input)} shard(s) × {args.epochs} epochs = {timings['pack concat'].items:,} scheduled tokens; "
+          f"seq_len {args.seq_len}; best of {args.repeat}")
+    report(timings, "tokens", baseline="pack concat")
+    return timings
+
+
+def bench_loader(args) -> dict[str, Timing]:
+    import tempfile
+
+    import numpy as np
+    import torch
+
+    from pipeline.loader import PackedLoader, epoch_permutation
+    from pipeline.pack import pack
+
+    logging.getLogger("pipeline").setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory() as tmp:
+        params, schedule = _packed_inputs(args, tmp)
+        metas = {p: pack(params, p, "train", schedule, f"{tmp}/tokens", f"{tmp}/pack/{p}/train.json") for p in ("concat", "bestfit")}
+        rows = np.memmap(f"{tmp}/pack/concat/train.bin", dtype=metas["concat"]["dtype"], mode="r").reshape(-1, args.seq_len + 1)
+        perm = epoch_permutation(len(rows), 0, 0)
+
+        def raw() -> int:  # the kernel: fancy-index rows of the memmap, one numpy -> torch conversion
+            n = 0
+            for i in range(args.steps):
+                lo = i * args.micro_batch % (len(rows) - args.micro_batch)
+                x = torch.from_numpy(rows[perm[lo:lo + args.micro_batch]].astype(np.int64))
+                n += x[:, :-1].numel()
+            return n
+
+        def loader(packing: str, doc_ids: bool = False):
+            def run() -> int:
+                it = PackedLoader(f"{tmp}/pack/{packing}/train.json", args.micro_batch, max_epochs=10**6, with_doc_ids=doc_ids)
+                return sum(next(it)[0].numel() for _ in range(args.steps))
+            return run
+
+        raw()  # warm the page cache and torch
+        timings = measure({"raw memmap rows": raw, "loader concat": loader("concat"), "loader bestfit": loader("bestfit"),
+                           "loader concat +doc_ids": loader("concat", True)}, args.repeat)
+    print(f"{args.steps} batches of {args.micro_batch} × {args.seq_len} tokens; best of {args.repeat}")
+    report(timings, "tokens", baseline="raw memmap rows")
+    return timings
+
+
+def _data_args(p, repeat: int = 3) -> None:
+    p.add_argument("--tokenizer", required=True, help="tokenizer.json")
+    p.add_argument("--input", nargs="+", required=True, help="raw shards (parquet) to tokenize and pack")
+    p.add_argument("--format", choices=["text", "chat"], default="text")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--epochs", type=int, default=8, help="times the schedule repeats the documents")
+    p.add_argument("--repeat", type=int, default=repeat)
+
+
 # ----------------------------------------------------------------------------- CLI
 
 def main(argv=None) -> Any:
@@ -109,6 +256,21 @@ def main(argv=None) -> Any:
     c.add_argument("--batch-size", type=int, default=1024, help="count.batch_size (documents per batch)")
     c.add_argument("--repeat", type=int, default=3)
     c.set_defaults(func=bench_count)
+    t = sub.add_parser("tokenize", help="tokenize stage end to end vs raw tiktoken encode, tokens per core")
+    t.add_argument("--tokenizer", required=True, help="tokenizer.json")
+    t.add_argument("--input", required=True, help="a raw text shard (parquet)")
+    t.add_argument("--text-column", default="text")
+    t.add_argument("--batch-size", type=int, default=1024, help="count.batch_size (documents per batch)")
+    t.add_argument("--repeat", type=int, default=3)
+    t.set_defaults(func=bench_tokenize)
+    pk = sub.add_parser("pack", help="pack concat / bestfit, tokens per core")
+    _data_args(pk)
+    pk.set_defaults(func=bench_pack)
+    ld = sub.add_parser("loader", help="PackedLoader batches vs raw memmap rows, tokens per core")
+    _data_args(ld)
+    ld.add_argument("--micro-batch", type=int, default=16)
+    ld.add_argument("--steps", type=int, default=2000, help="batches per timed run")
+    ld.set_defaults(func=bench_loader)
     args = ap.parse_args(argv)
     return args.func(args)
 
