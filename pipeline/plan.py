@@ -113,11 +113,13 @@ def count_params(model_cfg: dict) -> tuple[int, int]:
     return sum(p.values()), p["blocks"] + p["final_norm"]
 
 
-def flops_per_token(model_cfg: dict, seq_len: int) -> int:
-    """Training FLOPs per token: 6·(N_non_embedding + V·d) + 12·L·d·T (module docstring)."""
-    _, non_embedding = count_params(model_cfg)
-    V, d, L = model_cfg["vocab_size"], model_cfg["dim"], model_cfg["n_layers"]
-    return 6 * (non_embedding + V * d) + 12 * L * d * seq_len
+def flops_per_token(cfg: dict) -> int:
+    """Training FLOPs per token of a run config (``model`` and ``train.seq_len``):
+    6·(N_non_embedding + V·d) + 12·L·d·T (module docstring). The one formula MFU is computed with."""
+    m = cfg["model"]
+    _, non_embedding = count_params(m)
+    V, d, L = m["vocab_size"], m["dim"], m["n_layers"]
+    return 6 * (non_embedding + V * d) + 12 * L * d * cfg["train"]["seq_len"]
 
 
 # ----------------------------------------------------------------------------- tokens and steps
@@ -321,7 +323,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     m, t, hw = cfg["model"], cfg["train"], cfg["hardware"]
     parts = param_parts(m)
     n_params, non_embedding = count_params(m)
-    fpt = flops_per_token(m, t["seq_len"])
+    fpt = flops_per_token(cfg)
     batch = batch_layout(cfg)
     target, basis = token_target(t, n_params, fpt)
     num_steps = math.ceil(target / batch["tokens_per_step"])

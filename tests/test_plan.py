@@ -207,11 +207,11 @@ def test_flops_per_token_by_hand():
     non_embedding = 2 * 2336 + 16
     assert count_params(m) == (non_embedding + 1600, non_embedding)
     # 6 × (non-embedding + output projection 100·16) + 12 · L · d · T.
-    assert flops_per_token(m, seq_len=64) == 6 * (4688 + 1600) + 12 * 2 * 16 * 64 == 62_304
+    assert flops_per_token({"model": m, "train": {"seq_len": 64}}) == 6 * (4688 + 1600) + 12 * 2 * 16 * 64 == 62_304
     # Untying adds parameters but not FLOPs: the output matmul ran already.
     untied = {**m, "tie_embeddings": False}
     assert count_params(untied)[0] == count_params(m)[0] + 1600
-    assert flops_per_token(untied, 64) == flops_per_token(m, 64)
+    assert flops_per_token({"model": untied, "train": {"seq_len": 64}}) == 62_304
 
 
 def test_activation_model_by_hand_and_mode_ordering():
