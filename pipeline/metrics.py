@@ -14,9 +14,9 @@ Watched groups (names of the unwrapped model): ``embedding`` (``tok_embeddings``
 (untied models only), ``block_first`` (``layers.0``), ``block_last`` (``layers.{n-1}``).
 
 MFU = flops_per_token × tokens_per_s / (world_size × peak FLOP/s per device), with
-`flops_per_token` from the plan (the one formula, pipeline/plan.py) and the peak from
-`PEAK_FLOPS` (dense bf16 tensor-core peak; the CPU entry is a nominal figure so CPU runs report a
-number, not a meaningful utilisation).
+`flops_per_token` from the plan and the peak from `pipeline.plan.peak_flops` (the planner's
+`PEAK_FLOPS` table: dense bf16 or TF32 peak per GPU type; the CPU entry is a nominal 1 TFLOP/s, so
+CPU runs report a number, not a meaningful utilisation) — one formula and one table everywhere.
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ import torch
 from pipeline.io import atomic_write, get_logger
 
 __all__ = [
-    "PEAK_FLOPS",
     "mfu",
     "watched_groups",
     "group_norms",
@@ -40,12 +39,9 @@ __all__ = [
 
 log = get_logger(__name__)
 
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "cpu": 1e12}
-
-
-def mfu(flops_per_token: float, tokens_per_s: float, world_size: int, gpu_type: str) -> float:
-    """Model FLOPs utilisation: achieved model FLOP/s over the peak of all devices."""
-    return flops_per_token * tokens_per_s / (world_size * PEAK_FLOPS[gpu_type])
+def mfu(flops_per_token: float, tokens_per_s: float, world_size: int, peak_flops: float) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the peak FLOP/s of all devices."""
+    return flops_per_token * tokens_per_s / (world_size * peak_flops)
 
 
 def watched_groups(model: torch.nn.Module) -> dict[str, list[torch.Tensor]]:

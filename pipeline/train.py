@@ -62,6 +62,7 @@ from pipeline.losses import chunked_cross_entropy, chunked_eval_stats
 from pipeline.metrics import MetricsLogger, UpdateRatio, group_norms, memory_stats, mfu, watched_groups
 from pipeline.model import ModelConfig, Transformer
 from pipeline.optim import build_optimizer, lr_factor, set_lr
+from pipeline.plan import peak_flops
 
 log = get_logger(__name__)
 
@@ -440,7 +441,7 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
 
     t = params["train"]
     dist = init_distributed(params["hardware"]["device"])
-    outdir, gpu_type = Path(outdir), params["hardware"]["gpu_type"]
+    outdir, peak = Path(outdir), peak_flops(params)
     ckpt_dir = outdir / "ckpt"
     check_plan(plan, params, dist)
     num_steps, accum = plan["num_steps"], plan["grad_accum_steps"]
@@ -515,7 +516,7 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
             record = {"step": done, "tokens": tokens_seen, "loss": float(loss), "grad_norm": float(grad_norm),
                       **{f"lr/{g['name']}": g["lr"] for g in optimizer.param_groups}, **record,
                       **group_norms(watched, "param_norm"), **update.ratios(), "tokens_per_s": tps,
-                      "mfu": mfu(plan["flops_per_token"], tps, dist.world_size, gpu_type), **memory_stats(dist.device)}
+                      "mfu": mfu(plan["flops_per_token"], tps, dist.world_size, peak), **memory_stats(dist.device)}
         if is_val:
             model.eval()
             last_val, fixed = validate(model, val_meta, params, plan, dist)

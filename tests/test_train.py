@@ -20,8 +20,9 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 
-from conftest import write_text_shard
+from conftest import ROOT, write_text_shard
 from pipeline.config import resolve_config, stage_params
+from pipeline import plan as plan_module
 from pipeline.io import PipelineError, write_json
 from pipeline.tokenizer import build_tokenizer, load_tokenizer
 
@@ -72,6 +73,7 @@ def make_params(nproc: int = 1, steps: int = 12, **train) -> dict:
     cfg = resolve_config({
         "run_name": "t",
         "seed": 7,
+        "sources": {"web": {"type": "local", "glob": str(ROOT / "data/sample/web/*.parquet")}},  # the plan globs it
         "tokenizer": {"vocab_size": 300},
         "model": {"vocab_size": 320, "dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64},
         "train": {"seq_len": SEQ, "micro_batch": 4, "global_batch_tokens": 256, "target_tokens": 256 * steps,
@@ -85,15 +87,7 @@ def make_params(nproc: int = 1, steps: int = 12, **train) -> dict:
 
 
 def make_plan(params: dict) -> dict:
-    """The plan keys the trainer reads (what pipeline.plan.make_plan computes)."""
-    from pipeline.model import ModelConfig, Transformer
-
-    t, world = params["train"], params["hardware"]["nproc_per_node"]
-    n_params = sum(p.numel() for p in Transformer(ModelConfig.from_config(params)).parameters())
-    return {"n_params": n_params, "world_size": world, "micro_batch": t["micro_batch"],
-            "tokens_per_step": t["global_batch_tokens"],
-            "grad_accum_steps": t["global_batch_tokens"] // (t["micro_batch"] * t["seq_len"] * world),
-            "num_steps": t["target_tokens"] // t["global_batch_tokens"], "flops_per_token": 6 * n_params}
+    return plan_module.make_plan(params)
 
 
 @pytest.fixture(autouse=True, scope="module")
