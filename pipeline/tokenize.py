@@ -234,10 +234,13 @@ def open_tokens(out_json: str | os.PathLike) -> tuple[dict, np.ndarray, np.ndarr
     """Memory-map a tokenized shard: (metadata, tokens, offsets, mask or None)."""
     meta = load_shard_meta(out_json)
     paths = output_paths(out_json)
-    off = np.load(paths["idx"], mmap_mode="r")
     expect = int(meta["n_tokens"])
-    size = paths["bin"].stat().st_size
-    if size != expect * np.dtype(meta["dtype"]).itemsize or len(off) != meta["n_docs"] + 1:
+    needed = [paths["bin"], paths["idx"]] + ([paths["mask"]] if meta.get("has_mask") else [])
+    if any(not p.exists() for p in needed):
+        raise PipelineError(f"{paths['json']}: its {', '.join(p.name for p in needed if not p.exists())} is missing; "
+                            "rerun the tokenize stage for this shard")
+    off = np.load(paths["idx"], mmap_mode="r")
+    if paths["bin"].stat().st_size != expect * np.dtype(meta["dtype"]).itemsize or len(off) != meta["n_docs"] + 1:
         raise PipelineError(f"{paths['bin']}: size does not match {paths['json']}; rerun the tokenize stage for this shard")
     tokens = np.memmap(paths["bin"], dtype=meta["dtype"], mode="r") if expect else np.zeros(0, meta["dtype"])
     mask = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 from collections import Counter
 
 import numpy as np
@@ -183,6 +184,15 @@ def test_schedule_errors(data, tmp_path):
     pq.write_table(pa.table({"source": ["web"], "doc": [0]}), tmp_path / "cols.parquet")
     with pytest.raises(PipelineError, match="lacks column"):
         pack(params("concat"), "m", "train", tmp_path / "cols.parquet", data / "tokens", out)
+
+
+def test_incomplete_token_shard_is_named(data, tmp_path):
+    shutil.copytree(data / "tokens", tmp_path / "tokens")
+    (tmp_path / "tokens/web/a.bin").unlink()
+    rows = [("web", "a", 0, 0)]
+    sched = write_schedule(tmp_path / "s.parquet", rows, true_tokens(data, rows))
+    with pytest.raises(PipelineError, match=r"a.json: its a.bin is missing; rerun the tokenize stage"):
+        pack(params("concat", seq_len=4), "m", "train", sched, tmp_path / "tokens", tmp_path / "pack/m/train.json")
 
 
 def test_schedule_tokens_may_exclude_delimiters(data, tmp_path):
