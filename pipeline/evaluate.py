@@ -13,10 +13,10 @@ decides what is counted, exactly as in training):
   bytes are ``Encoding.decode_single_token_bytes(id)`` of the tokenizer's tiktoken encoding;
   special tokens (BOS, EOS, chat markers) count 0 bytes — they are not text — but their loss counts
   in the numerator, so bpb charges the model for predicting document boundaries.
-* ``unigram_loss``: the baseline a model must beat — the cross-entropy of the validation targets
+* ``unigram_baseline``: the baseline a model must beat — the cross-entropy of the validation targets
   under the *train* split's target-token frequencies with add-one smoothing,
-  ``p(t) = (count_train(t) + 1) / (N_train + V)`` with V = the tokenizer's n_vocab. ``unigram_bpb``
-  is the same in bits per byte. ``beats_unigram`` = val_loss < unigram_loss.
+  ``p(t) = (count_train(t) + 1) / (N_train + V)`` with V = the tokenizer's n_vocab;
+  ``unigram_baseline_bpb`` is the same in bits per byte. ``beats_unigram`` = val_loss < unigram_baseline.
 * generations: each prompt of ``eval.prompts`` (BOS first) continued for ``eval.max_new_tokens``
   tokens at ``eval.temperature`` (0 = greedy; otherwise sampled with a generator seeded by `seed`).
 
@@ -161,8 +161,8 @@ def markdown_report(report: dict) -> str:
         f"| validation loss (fp32 CE, nats/token) | {report['val_loss']:.4f} |",
         f"| validation perplexity | {report['val_perplexity']:.2f} |",
         f"| validation bits per byte | {report['val_bpb']:.4f} |",
-        f"| unigram baseline (nats/token) | {report['unigram_loss']:.4f} |",
-        f"| unigram baseline (bits per byte) | {report['unigram_bpb']:.4f} |",
+        f"| unigram baseline (nats/token) | {report['unigram_baseline']:.4f} |",
+        f"| unigram baseline (bits per byte) | {report['unigram_baseline_bpb']:.4f} |",
         f"| beats the unigram baseline | {'yes' if report['beats_unigram'] else '**no**'} |",
         f"| validation target tokens / bytes | {report['val_tokens']:,} / {report['val_bytes']:,} |",
         f"| tokens trained (planned) | {s.get('tokens_trained', 0):,} ({s.get('tokens_planned', 0):,}) |",
@@ -207,8 +207,8 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
         "val_tokens": val_sums["tokens"],
         "val_bytes": val_sums["bytes"],
         "val_nats": val_sums["nats"],
-        "unigram_loss": uni_loss,
-        "unigram_bpb": uni_bpb,
+        "unigram_baseline": uni_loss,
+        "unigram_baseline_bpb": uni_bpb,
         "beats_unigram": val_loss < uni_loss,
         "generations": generate_texts(model, tokenizer, e["prompts"], e["max_new_tokens"], e["temperature"],
                                       params["seed"], device),

@@ -34,8 +34,8 @@ def test_report_beats_unigram_and_writes_files(data, trained, tmp_path):  # noqa
           "--train", data["train"], "--tokenizer", data["tokenizer"], "--metrics", str(out / "metrics.jsonl"),
           "--outdir", str(tmp_path)])
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["beats_unigram"] and report["val_loss"] < report["unigram_loss"]
-    assert report["val_bpb"] < report["unigram_bpb"]
+    assert report["beats_unigram"] and report["val_loss"] < report["unigram_baseline"]
+    assert report["val_bpb"] < report["unigram_baseline_bpb"]
     assert report["val_tokens"] == PackedLoader(data["val"], 1).n_rows * SEQ  # all rows, no mask
     assert report["val_perplexity"] == pytest.approx(math.exp(report["val_loss"]))
     assert report["summary"]["tokens_trained"] == 40 * 256
