@@ -48,6 +48,9 @@ with metadata `source`, `shard`, `n_docs` and the hashing parameters (`ngram`, `
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
+import json
 import os
 import tempfile
 from collections import Counter
@@ -62,8 +65,8 @@ import pyarrow.parquet as pq
 
 from pipeline import minhash
 from pipeline.config import add_config_args, params_from_args
-from pipeline.io import (PipelineError, get_logger, progress, provenance, read_parquet_meta, run_cli, write_json,
-                         write_parquet)
+from pipeline.io import (META_KEY, PipelineError, atomic_path, get_logger, progress, provenance, read_parquet_meta,
+                         run_cli, write_json, write_parquet)
 from pipeline.tokenize import load_shard_meta, output_paths
 from pipeline.tokenizer import open_parquet
 
@@ -125,6 +128,22 @@ def document_texts(path: str | os.PathLike, source: dict, doc_rows: list[int]) -
                             f"{'list<struct<role, content>>' if chat else 'string'} ({e})") from None
 
 
+def tune_allocator() -> None:
+    """Make glibc's malloc keep freed memory for reuse: no trimming, no mmap below 32 MiB.
+
+    Hashing allocates many megabyte-sized numpy temporaries per batch; by default glibc hands them
+    back to the OS and the next batch page-faults fresh pages, which costs ~30% of the signatures
+    stage on a VM. The `signatures` CLI (and its benchmark) calls this once; a no-op without glibc.
+    """
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
+    except (OSError, AttributeError, TypeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    mallopt(m_mmap_threshold, 32 << 20)
+    mallopt(m_trim_threshold, 1 << 30)
+
+
 def hash_documents(texts: pa.Array, dd: dict) -> dict[str, np.ndarray]:
     """Exact hashes (n,), band keys (n, bands) and signatures (n, num_perm) of the documents."""
     perms = minhash.permutations(dd["num_perm"], dd["seed"])
@@ -153,6 +172,14 @@ def signature_table(tokens: np.ndarray, hashed: dict[str, np.ndarray]) -> pa.Tab
     })
 
 
+def _write_signature_file(path, table: pa.Table, meta: dict) -> None:
+    """`pipeline.io.write_parquet` without dictionary encoding: every hash value is distinct, and
+    trying to dictionary-encode 120 of them per document costs more than writing them (5x)."""
+    table = table.replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, use_dictionary=False)
+
+
 def write_signatures(input_path, tokens_json, source: str, shard: str, params: dict, out) -> dict:
     """The `signatures` CLI: hash one shard's tokenized documents into `out`; returns its metadata."""
     if source not in params["sources"]:
@@ -163,7 +190,7 @@ def write_signatures(input_path, tokens_json, source: str, shard: str, params: d
     hashed = hash_documents(texts, dd)
     meta = provenance("dedup_sig", params, [input_path, tokens_json], source=source, shard=shard,
                       n_docs=len(tokens), **{k: dd[k] for k in HASH_PARAMS})
-    write_parquet(out, signature_table(tokens, hashed), meta)
+    _write_signature_file(out, signature_table(tokens, hashed), meta)
     log.info("%s/%s: signatures of %d documents", source, shard, len(tokens))
     return meta
 
@@ -466,6 +493,7 @@ def main(argv=None) -> None:
     clu.add_argument("--report", required=True, help="R/dedup/report.json")
     args = ap.parse_args(argv)
     if args.command == "signatures":
+        tune_allocator()
         write_signatures(args.input, args.tokens, args.source, args.shard, params_from_args(args, "dedup_sig"), args.out)
     else:
         run_clusters(args.inputs, args.outdir, args.report, params_from_args(args, "dedup"))

@@ -8,9 +8,9 @@ vectorised one; tests check they agree):
 1. ASCII: A-Z become a-z; every other ASCII character that is not a letter or digit (whitespace,
    punctuation, control characters, `_`) separates words. Non-ASCII characters are word characters
    at this step, so words are the maximal runs of non-separators.
-2. A word that contains a non-ASCII character is NFKC-normalised and lower-cased (Unicode
-   per-character rules, as Arrow's `utf8_lower`), every non-ASCII character that is not a letter,
-   number or combining mark (Unicode categories L, N, M: curly quotes, dashes, NBSP, ...) becomes a
+2. A word that contains a non-ASCII character is NFKC-normalised and lower-cased (Python's
+   `unicodedata` and `str.lower`), every non-ASCII character that is not a letter, number or
+   combining mark (Unicode categories L, N, M: curly quotes, dashes, NBSP, ...) becomes a
    separator, and step 1 is applied again (NFKC can produce ASCII, e.g. "…" -> "...").
 3. The normalised text is the resulting words joined by single spaces: "Hello,  WORLD!" and
    "hello world" normalise alike.
@@ -27,8 +27,10 @@ vectorised one; tests check they agree):
   documents share it exactly when their normalised texts are equal (up to 2^-64 collisions).
 - shingles: word `ngram`-grams of the normalised text; a document with fewer than `ngram` words
   (even none) is one shingle of all its words. A shingle's bytes are its words joined by single
-  spaces; its 32-bit hash (`shingle_hash32`) is
-  `acc = CHAIN_SEED; acc = mix(acc, word_hash(w)) for each word w; fmix64(acc) & 0xFFFFFFFF`.
+  spaces; its 32-bit hash (`shingle_hash32`) is the top 32 bits of the polynomial
+  `acc = SHINGLE_SEED; acc = acc * SHINGLE_MULT + word_hash(w) for each word w` (mod 2^64): the top
+  bits depend on every bit of every word hash, and the whole batch's windows cost two in-place
+  numpy operations per word position (datasketch's own 32-bit pre-mix follows).
 - MinHash: datasketch's "affine32" scheme (its default since datasketch 2.0): a shingle hash is
   pre-mixed with the MurmurHash3 32-bit finaliser, then permutation `k` maps it to
   `a_k * h + b_k mod 2^32`; the signature is the per-permutation minimum over the document's
@@ -39,6 +41,8 @@ vectorised one; tests check they agree):
   `fmix64(mix(...mix(fmix64(j + 1), v_0)..., v_{rows-1}))` over the band's values.
 """
 from __future__ import annotations
+
+import unicodedata
 
 import numpy as np
 import pyarrow as pa
@@ -63,11 +67,11 @@ U64 = np.uint64
 U32 = np.uint32
 U8 = np.uint8
 WORD_SEED = U64(0x2545F4914F6CDD1D)
-CHAIN_SEED = U64(0x9E3779B97F4A7C15)
 CHAIN_MULT = U64(0xFF51AFD7ED558CCD)
+SHINGLE_SEED = U64(0x9E3779B97F4A7C15)
+SHINGLE_MULT = U64(0xD6E8FEB86659FD93)
 # Mask keeping the first `n` bytes of a little-endian uint64, n = 0..8.
 _BYTE_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(9)], dtype=U64)
-_NON_WORD_UNICODE = r"[^\p{L}\p{N}\p{M}\x00-\x7F]"
 _ASCII_FOLD = {c: (chr(c).lower() if chr(c).isalnum() else " ") for c in range(128)}
 
 
@@ -96,12 +100,12 @@ def _fmix32(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> U32(16))
 
 
-def _chain32(word_hashes: np.ndarray) -> int:
+def _shingle32(word_hashes: np.ndarray) -> int:
     """32-bit hash of one shingle from its word hashes (see module doc)."""
-    acc = np.array([CHAIN_SEED], dtype=U64)
+    acc = np.array([SHINGLE_SEED], dtype=U64)
     for h in word_hashes:
-        acc = _mix(acc, h)
-    return int(fmix64(acc)[0] & U64(0xFFFFFFFF))
+        acc = acc * SHINGLE_MULT + h
+    return int(acc[0] >> U64(32))
 
 
 def word_hash(word: bytes) -> int:
@@ -117,7 +121,7 @@ def shingle_hash32(shingle: bytes) -> int:
 
     The scalar reference: passed as `hashfunc` to `datasketch.MinHash` it reproduces `signatures`.
     """
-    return _chain32(np.array([word_hash(w) for w in shingle.split()], dtype=U64))
+    return _shingle32(np.array([word_hash(w) for w in shingle.split()], dtype=U64))
 
 
 # ----------------------------------------------------------------------------- normalisation
@@ -126,18 +130,16 @@ def _ascii_words(text: str) -> list[str]:
     return [w for w in text.translate(_ASCII_FOLD).split(" ") if w]
 
 
-def _fold_words(words: list[str]) -> list[list[str]]:
-    """Step 2 of the normalisation for words containing non-ASCII characters: each becomes 0+ words."""
-    arr = pc.utf8_lower(pc.utf8_normalize(pa.array(words, pa.large_string()), "NFKC"))
-    return [_ascii_words(s) for s in pc.replace_substring_regex(arr, _NON_WORD_UNICODE, " ").to_pylist()]
+def _fold_word(word: str) -> list[str]:
+    """Step 2 of the normalisation, for a word containing non-ASCII characters: 0 or more words."""
+    folded = unicodedata.normalize("NFKC", word).lower()
+    return _ascii_words("".join(c if c.isascii() or unicodedata.category(c)[0] in "LNM" else " " for c in folded))
 
 
 def normalize_text(text: str) -> str:
     """The normalised text of one document (scalar reference of `doc_word_hashes`)."""
     words = _ascii_words(text)
-    odd = sorted({w for w in words if not w.isascii()})
-    folded = dict(zip(odd, _fold_words(odd))) if odd else {}
-    return " ".join(v for w in words for v in (folded[w] if w in folded else [w]))
+    return " ".join(v for w in words for v in ([w] if w.isascii() else _fold_word(w)))
 
 
 def _lowered_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -149,23 +151,34 @@ def _lowered_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[texts.offset:texts.offset + len(texts) + 1]
     data = np.frombuffer(texts.buffers()[2] or b"", dtype=U8)[int(offsets[0]):int(offsets[-1])]
     buf = np.zeros(len(data) + 8, dtype=U8)
-    np.add(data, ((data - U8(65)) < 26).view(U8) << U8(5), out=buf[:len(data)])
+    np.add(data, ((data - U8(65)) < U8(26)).view(U8) * U8(32), out=buf[:len(data)])
     return buf, offsets - offsets[0]
+
+
+def _is_word_byte(data: np.ndarray) -> np.ndarray:
+    """Which bytes of lower-cased text belong to words: a-z, 0-9 and every byte >= 0x80."""
+    is_word = data.view(np.int8) < 0
+    scratch, flag = np.empty_like(data), np.empty_like(is_word)
+    for first, count in ((ord("a"), 26), (ord("0"), 10)):
+        np.less(np.subtract(data, U8(first), out=scratch), U8(count), out=flag)
+        np.logical_or(is_word, flag, out=is_word)
+    return is_word
 
 
 def _word_bounds(buf: np.ndarray, doc_off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(starts, ends) byte positions of every word; a word never runs across two documents."""
     data = buf[:-8]
-    is_word = (data >= 0x80) | ((data - U8(97)) < 26) | ((data - U8(48)) < 10)
-    bounds = np.flatnonzero(np.diff(is_word, prepend=False, append=False))
-    starts, ends = bounds[0::2], bounds[1::2]
+    is_word = _is_word_byte(data)
+    change = np.empty(len(data) + 1, dtype=bool)  # word/separator transitions, at 0 and N too
+    change[0], change[-1] = is_word[:1].any(), is_word[-1:].any()
+    np.not_equal(is_word[1:], is_word[:-1], out=change[1:-1])
     inner = np.unique(doc_off[1:-1])  # empty documents repeat an offset
     inner = inner[(inner > 0) & (inner < len(data))]
     cut = inner[is_word[inner] & is_word[inner - 1]]  # a word touching the next document's word
-    if len(cut):
-        starts = np.insert(starts, np.searchsorted(starts, cut), cut)
-        ends = np.insert(ends, np.searchsorted(ends, cut), cut)
-    return starts, ends
+    bounds = np.flatnonzero(change)
+    if len(cut):  # a cut is both the end of one word and the start of the next
+        bounds = np.insert(bounds, np.searchsorted(bounds, cut).repeat(2), cut.repeat(2))
+    return bounds[0::2], bounds[1::2]
 
 
 def _hash_words(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -209,9 +222,7 @@ def doc_word_hashes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     if len(non_ascii) == 0:
         return wh, word_off
     raw = [buf[s:e].tobytes().decode("utf-8") for s, e in zip(starts[non_ascii], ends[non_ascii])]
-    distinct = sorted(set(raw))
-    hashed = {w: np.array([word_hash(v.encode()) for v in vs], dtype=U64)
-              for w, vs in zip(distinct, _fold_words(distinct))}
+    hashed = {w: np.array([word_hash(v.encode()) for v in _fold_word(w)], dtype=U64) for w in set(raw)}
     wh, new_index = _expand(wh, non_ascii, [hashed[w] for w in raw])
     return wh, new_index[word_off]
 
@@ -237,21 +248,22 @@ def shingle_hashes(wh: np.ndarray, word_off: np.ndarray, ngram: int) -> tuple[np
     np.cumsum(np.where(short, 1, n_words - ngram + 1), out=off[1:])
 
     n_windows = max(len(wh) - ngram + 1, 0)
-    acc = np.full(n_windows, CHAIN_SEED, dtype=U64)
-    for j in range(ngram):
-        acc = _mix(acc, wh[j:j + n_windows])
+    acc = np.full(n_windows, SHINGLE_SEED, dtype=U64)
+    for j in range(ngram):  # Horner's rule over every window of `ngram` consecutive words
+        np.multiply(acc, SHINGLE_MULT, out=acc)
+        np.add(acc, wh[j:j + n_windows], out=acc)
     within_doc = np.ones(n_windows, dtype=bool)  # windows that end before their document's end
     for j in range(1, ngram):
         last = word_off[1:] - j
         within_doc[last[(last >= 0) & (last < n_windows)]] = False
-    windows = fmix64(acc[within_doc]).astype(U32)  # the low 32 bits
+    windows = (acc[within_doc] >> U64(32)).astype(U32)
     if not short.any():
         return windows, off
     out = np.empty(int(off[-1]), dtype=U32)
     short_slot = np.zeros(len(out), dtype=bool)
     short_slot[off[:-1][short]] = True
     out[~short_slot] = windows
-    out[short_slot] = [_chain32(wh[word_off[d]:word_off[d + 1]]) for d in np.flatnonzero(short)]
+    out[short_slot] = [_shingle32(wh[word_off[d]:word_off[d + 1]]) for d in np.flatnonzero(short)]
     return out, off
 
 
@@ -265,30 +277,24 @@ def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def signatures(hashes: np.ndarray, offsets: np.ndarray, perms: tuple[np.ndarray, np.ndarray],
-               chunk: int = 16384) -> np.ndarray:
+def signatures(hashes: np.ndarray, offsets: np.ndarray, perms: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     """MinHash signatures, (n_docs, num_perm) uint32, of documents whose shingle hashes are
     `hashes[offsets[d]:offsets[d+1]]` (every document has at least one shingle).
 
-    Permutations are applied as one (num_perm x chunk) uint32 operation per chunk of shingles; the
-    per-document minimum is a `np.minimum.reduceat` along the shingle axis, and a document split
-    across chunks is finished with an element-wise minimum.
+    One permutation at a time over all shingles of the batch (a row that stays in cache), then
+    the per-document minimum with one `np.minimum.reduceat`.
     """
     a, b = perms
-    n_docs = len(offsets) - 1
-    sig = np.full((len(a), n_docs), np.iinfo(U32).max, dtype=U32)
+    sig = np.empty((len(offsets) - 1, len(a)), dtype=U32)
+    if not len(sig):
+        return sig
     pre = _fmix32(hashes)
-    buf = np.empty((len(a), chunk), dtype=U32)
-    for lo in range(0, len(pre), chunk):
-        hi = min(lo + chunk, len(pre))
-        d0 = int(np.searchsorted(offsets, lo, side="right")) - 1
-        d1 = int(np.searchsorted(offsets, hi, side="left"))
-        view = buf[:, :hi - lo]
-        np.multiply(a[:, None], pre[None, lo:hi], out=view)
-        np.add(view, b[:, None], out=view)
-        part = np.minimum.reduceat(view, np.maximum(offsets[d0:d1], lo) - lo, axis=1)
-        np.minimum(sig[:, d0:d1], part, out=sig[:, d0:d1])
-    return np.ascontiguousarray(sig.T)
+    row = np.empty_like(pre)
+    for k in range(len(a)):
+        np.multiply(pre, a[k], out=row)
+        np.add(row, b[k], out=row)
+        sig[:, k] = np.minimum.reduceat(row, offsets[:-1])
+    return sig
 
 
 def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:

@@ -115,7 +115,7 @@ def test_signatures_equal_datasketch_oracle():
     num_perm, seed = 64, 7
     wh, word_off = minhash.doc_word_hashes(pa.array(docs))
     hashes, off = minhash.shingle_hashes(wh, word_off, NGRAM)
-    sig = minhash.signatures(hashes, off, minhash.permutations(num_perm, seed), chunk=97)  # chunks split documents
+    sig = minhash.signatures(hashes, off, minhash.permutations(num_perm, seed))
     for d, text in enumerate(docs):
         words = minhash.normalize_text(text).encode().split()
         assert list(wh[word_off[d]:word_off[d + 1]]) == [minhash.word_hash(w) for w in words], text
