@@ -2,7 +2,7 @@
 
     python -m pipeline.evaluate --params JSON --ckpt R/train/final.pt --val R/pack/M/val.json \\
         --train R/pack/M/train.json --tokenizer R/tokenizer/tokenizer.json \\
-        --metrics R/train/metrics.jsonl --outdir R/eval
+        --metrics R/train/metrics.jsonl --outdir R/eval [--batch-rows 8]
 
 Definitions (every counted target token of every validation row; a bestfit pack's loss mask
 decides what is counted, exactly as in training):
@@ -40,6 +40,7 @@ from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_c
 log = get_logger(__name__)
 
 ROWS_PER_READ = 4096  # rows per chunk when counting the train split
+BATCH_ROWS = 8  # rows per fp32 forward (fp32 attention may materialise the T×T scores)
 
 
 def token_byte_lengths(tokenizer, vocab_size: int) -> np.ndarray:
@@ -174,7 +175,7 @@ def markdown_report(report: dict) -> str:
 
 
 def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, tokenizer_path: str, metrics_path: str,
-             outdir: str) -> dict:
+             outdir: str, batch_rows: int = BATCH_ROWS) -> dict:
     """Compute the report (module docstring) and write report.json, report.md and loss.png."""
     from pipeline.checkpoint import load_checkpoint
     from pipeline.loader import PackedLoader
@@ -195,7 +196,7 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
     train = PackedLoader(train_meta, 1, shuffle=False)
 
     t = params["train"]
-    val_sums = evaluate_rows(model, val, device, t["micro_batch"], t["ce_chunk_tokens"], byte_lengths)
+    val_sums = evaluate_rows(model, val, device, batch_rows, t["ce_chunk_tokens"], byte_lengths)
     uni_sums = unigram_baseline(unigram_counts(train, vocab), val, tokenizer.n_vocab, byte_lengths)
     val_loss, val_bpb = per_token_and_bpb(val_sums)
     uni_loss, uni_bpb = per_token_and_bpb(uni_sums)
@@ -234,9 +235,10 @@ def main(argv=None) -> None:
     p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
     p.add_argument("--metrics", required=True, help="R/train/metrics.jsonl (for the loss curve)")
     p.add_argument("--outdir", required=True, help="R/eval")
+    p.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help="validation rows per forward pass")
     args = p.parse_args(argv)
     evaluate(params_from_args(args, "evaluate"), args.ckpt, args.val, args.train, args.tokenizer, args.metrics,
-             args.outdir)
+             args.outdir, args.batch_rows)
 
 
 if __name__ == "__main__":
