@@ -39,6 +39,7 @@ LOGS = f"logs/{RUN}"
 SOURCES = list(config["sources"])
 try:
     SHARDS = {s: tfc.source_shards(config, s) for s in SOURCES}
+    GROUPS = {s: tfc.shard_groups(config, s) for s in SOURCES}
 except tfc.ConfigError as _e:
     sys.exit(f"tokenfarm: {_e}")
 TOKENIZER = f"{R}/tokenizer/tokenizer.json"
@@ -55,9 +56,26 @@ def CODE(*modules):
     return tfc.code_version(*modules)
 
 
-def all_shards(pattern):
-    """Expand `pattern` over every (source, shard) of the run."""
-    return [pattern.format(source=s, shard=sh) for s in SOURCES for sh in SHARDS[s]]
+# Per-shard stages run one job per group of `shards_per_job` shards (see pipeline/manifest.py): each
+# shard's files are written by the stage, and the job's declared output is the group's manifest
+# `<dir>/{source}/_manifest/{group}.json`. Downstream rules depend on manifests and are handed the
+# per-shard paths, which keeps the DAG small for thousands of shards.
+def manifests(prefix, sources=None):
+    return [f"{prefix}/{s}/_manifest/{g}.json" for s in (sources or SOURCES) for g in GROUPS[s]]
+
+
+def shard_paths(pattern, sources=None):
+    """Expand `pattern` over every shard of `sources` (default: all)."""
+    return [pattern.format(source=s, shard=sh) for s in (sources or SOURCES) for sh in SHARDS[s]]
+
+
+def group_shards(w):
+    return " ".join(GROUPS[w.source][w.group])
+
+
+def group_paths(pattern):
+    """Input/param function: `pattern` expanded over the shards of the job's group."""
+    return lambda w: [pattern.format(source=w.source, shard=sh) for sh in GROUPS[w.source][w.group]]
 
 
 def mix_sources(mix):
@@ -66,14 +84,15 @@ def mix_sources(mix):
 
 # Rules find the project's venv and package without activation; with --sdm conda the env's python
 # is used instead and the package is found through PYTHONPATH.
-_prefix = f'export PYTHONPATH="{BASE}${{PYTHONPATH:+:$PYTHONPATH}}"; export TOKENFARM_PROGRESS="${{TOKENFARM_PROGRESS:-0}}"; '
+# (shell.prefix is formatted by Snakemake, hence the doubled braces.)
+_prefix = f'export PYTHONPATH="{BASE}:$PYTHONPATH"; export TOKENFARM_PROGRESS="${{{{TOKENFARM_PROGRESS:-0}}}}"; '
 if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
     _prefix = f'export PATH="{Path(sys.executable).parent}:$PATH"; ' + _prefix
 shell.prefix(_prefix)
 
 wildcard_constraints:
     source="|".join(SOURCES),
-    shard=r"[A-Za-z0-9_.\-]+",
+    group=r"[A-Za-z0-9_.\-]+",
     mix="|".join(config["mixes"]),
     split="train|val",
 

@@ -227,6 +227,13 @@ def source_shards(cfg: dict, name: str) -> list[str]:
     return list(source_files(cfg, name))
 
 
+def shard_groups(cfg: dict, name: str) -> dict[str, list[str]]:
+    """Consecutive shards of a source in groups of `shards_per_job`, named by their first shard."""
+    shards = source_shards(cfg, name)
+    n = cfg["shards_per_job"]
+    return {shards[i]: shards[i:i + n] for i in range(0, len(shards), n)}
+
+
 def tokenizer_sources(cfg: dict) -> list[str]:
     tok = cfg["tokenizer"]
     if tok.get("train_sources"):

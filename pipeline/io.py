@@ -150,15 +150,18 @@ def progress(iterable: Iterable | None = None, *, desc: str = "", total: int | N
 
 
 def get_logger(name: str) -> logging.Logger:
-    """Module logger writing one timestamped line per record to stderr (rules redirect it to logs/)."""
-    logger = logging.getLogger(name)
-    if not logging.getLogger().handlers and not logger.handlers:
-        logging.basicConfig(
-            level=os.environ.get("TOKENFARM_LOGLEVEL", "INFO"),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
-    return logger
+    """Module logger; stage CLIs (run_cli) send records to stderr, which rules redirect to logs/."""
+    return logging.getLogger(name)
+
+
+def setup_logging() -> None:
+    """One timestamped line per record on stderr. Called by stage entry points only, never on
+    import, so importing pipeline modules (the Snakefile does) leaves the caller's logging alone."""
+    logging.basicConfig(
+        level=os.environ.get("TOKENFARM_LOGLEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
 
 
 class PipelineError(RuntimeError):
@@ -169,6 +172,7 @@ def run_cli(main_fn, argv=None) -> None:
     """Run a stage's main(argv); a PipelineError (or ConfigError) becomes one 'error:' line and exit 1."""
     from pipeline.config import ConfigError
 
+    setup_logging()
     try:
         main_fn(argv)
     except (PipelineError, ConfigError) as e:

@@ -2,7 +2,7 @@
 rule accounting:
     input:
         counts=f"{R}/counts/summary.json",
-        tokens=all_shards(f"{R}/tokens/{{source}}/{{shard}}.json"),
+        tokens=manifests(f"{R}/tokens"),
         split=f"{R}/split/report.json",
         dedup=f"{R}/dedup/report.json",
         packs=expand(f"{R}/pack/{{mix}}/{{split}}.json", mix=list(config["mixes"]), split=["train", "val"]),

@@ -1,7 +1,7 @@
 # Weighted, seeded document schedules per named mix (train) plus the mix's validation documents.
 rule mix:
     input:
-        parts=lambda w: [f"{R}/split/{s}/{sh}.parquet" for s in mix_sources(w.mix) for sh in SHARDS[s]],
+        split=f"{R}/split/report.json",
         plan=f"{R}/plan.json",
     output:
         train=f"{R}/mix/{{mix}}/train.parquet",

@@ -2,9 +2,10 @@
 rule pack:
     input:
         schedule=f"{R}/mix/{{mix}}/{{split}}.parquet",
-        tokens=lambda w: [f"{R}/tokens/{s}/{sh}.json" for s in mix_sources(w.mix) for sh in SHARDS[s]],
+        tokens=lambda w: manifests(f"{R}/tokens", mix_sources(w.mix)),
     output:
         bin=f"{R}/pack/{{mix}}/{{split}}.bin",
+        docs=f"{R}/pack/{{mix}}/{{split}}.docs.npy",
         meta=f"{R}/pack/{{mix}}/{{split}}.json",
     params:
         p=P("pack"),

@@ -1,20 +1,23 @@
-# Encode each shard into a flat token file with exactly one delimiter policy (docs/data-contract.md).
+# Encode each shard into R/tokens/{source}/{shard}.{bin,idx.npy,json} with exactly one delimiter
+# policy (docs/data-contract.md); one job per group of shards.
 rule tokenize:
     input:
-        shard=f"{D}/{{source}}/{{shard}}.parquet",
+        download=f"{D}/{{source}}/_manifest/{{group}}.json",
         tokenizer=TOKENIZER,
     output:
-        bin=f"{R}/tokens/{{source}}/{{shard}}.bin",
-        idx=f"{R}/tokens/{{source}}/{{shard}}.idx.npy",
-        meta=f"{R}/tokens/{{source}}/{{shard}}.json",
+        f"{R}/tokens/{{source}}/_manifest/{{group}}.json",
     params:
         p=P("tokenize"),
         code=CODE("tokenize", "tokenizer"),
+        shards=group_shards,
+        files=group_paths(f"{R}/tokens/{{source}}/{{shard}}.json"),
     log:
-        f"{LOGS}/tokenize/{{source}}/{{shard}}.log",
+        f"{LOGS}/tokenize/{{source}}/{{group}}.log",
     conda:
         "../../envs/data.yaml"
     shell:
-        "python -m pipeline.tokenize --params {params.p:q} --tokenizer {input.tokenizer:q} "
-        "--input {input.shard:q} --source {wildcards.source} --shard {wildcards.shard} "
-        "--out {output.meta:q} 2>&1 | tee {log:q}"
+        "(for sh in {params.shards}; do"
+        " python -m pipeline.tokenize --params {params.p:q} --tokenizer {input.tokenizer:q}"
+        " --input {D}/{wildcards.source}/$sh.parquet --source {wildcards.source} --shard $sh"
+        " --out {R}/tokens/{wildcards.source}/$sh.json; done;"
+        " python -m pipeline.manifest --stage tokenize --out {output:q} {params.files:q}) 2>&1 | tee {log:q}"

@@ -1,12 +1,13 @@
 # Train (or load) the run's tokenizer on a sample of the training sources.
 rule tokenizer:
     input:
-        lambda w: [f"{D}/{s}/{sh}.parquet" for s in tfc.tokenizer_sources(config) for sh in SHARDS[s]],
+        manifests(D, tfc.tokenizer_sources(config)),
     output:
         TOKENIZER,
     params:
         p=P("tokenizer"),
         code=CODE("tokenizer"),
+        files=shard_paths(f"{D}/{{source}}/{{shard}}.parquet", tfc.tokenizer_sources(config)),
     log:
         f"{LOGS}/tokenizer.log",
     threads: workflow.cores
@@ -14,4 +15,4 @@ rule tokenizer:
         "../../envs/data.yaml"
     shell:
         "RAYON_NUM_THREADS={threads} python -m pipeline.tokenizer --params {params.p:q} "
-        "--inputs {input:q} --out {output:q} 2>&1 | tee {log:q}"
+        "--inputs {params.files:q} --out {output:q} 2>&1 | tee {log:q}"
