@@ -84,6 +84,8 @@ EXACT_BAND = -1  # the pseudo-band of exact-hash groups in the spill files
 def load_doc_tokens(tokens_json: str | os.PathLike) -> tuple[dict, np.ndarray]:
     """A tokenized shard's metadata and each document's span length (delimiters included)."""
     meta = load_shard_meta(tokens_json)
+    if not isinstance(meta.get("n_docs"), int) or not isinstance(meta.get("doc_rows"), list):
+        raise PipelineError(f"{tokens_json}: no n_docs / doc_rows; not a tokenized-shard metadata file, rerun the tokenize stage")
     idx_path = output_paths(tokens_json)["idx"]
     try:
         off = np.load(idx_path)
@@ -150,7 +152,7 @@ def hash_documents(texts: pa.Array, dd: dict) -> dict[str, np.ndarray]:
     n = len(texts)
     out = {"exact": np.empty(n, np.uint64), "bands": np.empty((n, dd["bands"]), np.uint64),
            "sig": np.empty((n, dd["num_perm"]), np.uint32)}
-    for lo in range(0, n, BATCH_DOCS):
+    for lo in progress(range(0, n, BATCH_DOCS), desc="minhash", unit="batch"):
         hi = min(lo + BATCH_DOCS, n)
         wh, word_off = minhash.doc_word_hashes(texts.slice(lo, hi - lo))
         out["exact"][lo:hi] = minhash.exact_hashes(wh, word_off)
@@ -296,7 +298,7 @@ def spill_band_rows(shards: list[ShardSig], dd: dict, tmpdir: Path) -> list[Path
             for p in np.flatnonzero(np.diff(bounds)):
                 sel = order[bounds[p]:bounds[p + 1]]
                 if p not in writers:
-                    writers[p] = pq.ParquetWriter(tmpdir / f"part-{p:05d}.parquet", SPILL_SCHEMA)
+                    writers[p] = pq.ParquetWriter(tmpdir / f"part-{p:05d}.parquet", SPILL_SCHEMA, use_dictionary=False)
                 writers[p].write_table(pa.table([band[sel], bkey[sel], key[sel]], schema=SPILL_SCHEMA))
     finally:
         for w in writers.values():

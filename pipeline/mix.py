@@ -15,17 +15,21 @@ source and the pass number) and taken whole, in rank order, until the share is r
 that crosses the share is included, so every source gets at least its share and the schedule at
 least `schedule_target`. A source with too few tokens is up-sampled: after a full pass, the next pass
 takes its documents again in a new order (`epoch` 1, 2, ...), up to `max_epochs` times the
-source's train tokens (fractional caps allowed); beyond that the stage fails and says by how much.
+source's train tokens (fractional caps allowed); a share beyond that fails the stage with the
+numbers and the knobs.
+
+**Proportions.** Realized proportion = a source's scheduled tokens / all scheduled tokens. The
+crossing documents overshoot the shares by less than one document each, which skews proportions
+when documents are long; so, as a top-up (`balance`), while some source is off its proportion by
+more than `TOLERANCE / 2`, the source furthest below its proportion takes its next document (within
+its epoch cap). With at least `CHECK_MIN_DOCS` scheduled documents the stage then fails if any source
+is still off by more than `TOLERANCE` (0.5 percentage points: the documents are too long for the
+target, or a cap stops the top-up); below that the proportions are only reported.
 
 **Interleaving** (stratified, so proportions hold locally too): every picked document is placed at
 the fraction of its source's scheduled tokens reached at the document's midpoint; the schedule is
 all documents by that fraction (ties by source name). Any window of the schedule thus holds each
 source's tokens in about the requested proportion.
-
-**Proportions.** Realized proportion = source's scheduled tokens / all scheduled tokens. The overshoot
-is less than one document per source; with at least `CHECK_MIN_DOCS` scheduled documents the stage
-fails if any source is off its requested proportion by more than `TOLERANCE` (0.5 percentage
-points): the documents are then too long for the target, and a larger `tokens` fixes it.
 
 Outputs: `train.parquet` (the schedule: `source`, `shard`, `doc`, `tokens`, `epoch`), `val.parquet`
 (every val document of the mix's sources, by source, shard, doc; epoch 0; not weighted), and
@@ -50,6 +54,7 @@ log = get_logger(__name__)
 
 TOLERANCE = 0.005
 CHECK_MIN_DOCS = 200
+TAKE_WINDOW = 4096  # documents looked ahead per step while taking
 
 
 def schedule_target(tokens: int, seq_len: int) -> int:
@@ -109,14 +114,6 @@ def load_source(split_dir, source: str) -> dict[str, Pool]:
 
 # ----------------------------------------------------------------------------- sampling
 
-@dataclass
-class Picked:
-    """A source's scheduled documents in their order within the source."""
-
-    pool: Pool
-    epoch: np.ndarray
-
-
 def short_message(mix_name: str, source: str, mix: dict, available: int, share: int, weight_frac: float, target: int) -> str:
     return (f"mix '{mix_name}': source '{source}' has {available:,} train tokens but its share "
             f"{weight_frac:.4g} × {target:,} = {share:,} tokens needs {share / max(available, 1):.3g} epochs, "
@@ -124,26 +121,60 @@ def short_message(mix_name: str, source: str, mix: dict, available: int, share: 
             f"(mixes.{mix_name}.weights.{source}) or mixes.{mix_name}.tokens, or add shards to source '{source}'")
 
 
-def take_share(pool: Pool, share: int, seed: int, source: str) -> Picked:
-    """Whole documents in seeded rank order until `share` tokens; further passes (epochs) re-rank."""
-    picked, epochs, remaining, epoch = [], [], share, 0
-    while remaining > 0:
-        order = rank_by_hash(pool.keys, seed, "mix", source, str(epoch))
-        cum = np.cumsum(pool.tokens[order])
-        k = min(int(np.searchsorted(cum, remaining)) + 1, len(order))  # up to the document crossing the share
-        picked.append(order[:k])
-        epochs.append(np.full(k, epoch, np.int64))
-        remaining -= int(cum[k - 1])
-        epoch += 1
-    idx = np.concatenate(picked) if picked else np.zeros(0, np.int64)
-    return Picked(pool.take(idx), np.concatenate(epochs) if epochs else np.zeros(0, np.int64))
+class Stream:
+    """One source's train documents in seeded rank order, pass after pass: pass `e` (the `epoch`)
+    ranks all documents by `rank_by_hash(keys, seed, "mix", source, str(e))`."""
+
+    def __init__(self, pool: Pool, seed: int, source: str, cap_tokens: float):
+        self.pool, self.seed, self.source, self.cap_tokens = pool, seed, source, cap_tokens
+        self.tokens = 0
+        self._taken: list[np.ndarray] = []
+        self._epochs: list[np.ndarray] = []
+        self._start_pass(0)
+
+    def _start_pass(self, epoch: int) -> None:
+        self._epoch, self._pos = epoch, 0
+        self._order = rank_by_hash(self.pool.keys, self.seed, "mix", self.source, str(epoch))
+
+    def take_until(self, tokens: int) -> None:
+        """Take documents in order until at least `tokens` in all (the crossing document included)."""
+        while self.tokens < tokens:
+            if self._pos == len(self._order):
+                self._start_pass(self._epoch + 1)
+            rest = self._order[self._pos:self._pos + TAKE_WINDOW]
+            cum = np.cumsum(self.pool.tokens[rest])
+            k = min(int(np.searchsorted(cum, tokens - self.tokens)) + 1, len(rest))
+            self._taken.append(rest[:k])
+            self._epochs.append(np.full(k, self._epoch, np.int64))
+            self._pos += k
+            self.tokens += int(cum[k - 1])
+
+    def can_grow(self) -> bool:
+        return self.tokens < self.cap_tokens
+
+    def picked(self) -> tuple[Pool, np.ndarray]:
+        """The taken documents in order and their epochs."""
+        return self.pool.take(np.concatenate(self._taken)), np.concatenate(self._epochs)
 
 
-def interleave(picks: dict[str, Picked]) -> tuple[np.ndarray, np.ndarray]:
+def balance(streams: dict[str, Stream], proportions: dict[str, float], tolerance: float) -> None:
+    """Top up: while some source's share of the scheduled tokens is off its requested proportion by
+    more than `tolerance`, the source furthest below its proportion takes its next document (within
+    its epoch cap). The crossing documents of long-document sources are thus diluted."""
+    while True:
+        total = sum(st.tokens for st in streams.values())
+        deviation = {s: st.tokens / total - proportions[s] for s, st in streams.items()}
+        lowest = min(deviation, key=deviation.get)
+        if max(map(abs, deviation.values())) <= tolerance or not streams[lowest].can_grow():
+            return
+        streams[lowest].take_until(streams[lowest].tokens + 1)
+
+
+def interleave(picks: dict[str, tuple[Pool, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Stratified merge: (source index, position within that source's picks) in schedule order."""
     frac, src, pos = [], [], []
     for i, name in enumerate(sorted(picks)):
-        t = picks[name].pool.tokens
+        t = picks[name][0].tokens
         total = max(int(t.sum()), 1)
         frac.append((np.cumsum(t) - t / 2) / total)
         src.append(np.full(len(t), i))
@@ -183,35 +214,42 @@ def build_mix(params: dict, mix_name: str, split_dir, plan_path=None) -> tuple[p
     sources = sorted(mix["weights"])
     weight_sum = sum(mix["weights"].values())
     pools = {s: load_source(split_dir, s) for s in sources}
-    picks, per_source = {}, {}
+    proportions = {s: mix["weights"][s] / weight_sum for s in sources}
+    streams = {}
     for s in sources:
-        frac = mix["weights"][s] / weight_sum
-        share = math.ceil(frac * target)
+        share = math.ceil(proportions[s] * target)
         available = int(pools[s]["train"].tokens.sum())
-        if share > mix["max_epochs"] * available:
-            raise PipelineError(short_message(mix_name, s, mix, available, share, frac, target))
-        picks[s] = take_share(pools[s]["train"], share, params["seed"], s)
-        scheduled = int(picks[s].pool.tokens.sum())
-        per_source[s] = {"weight": mix["weights"][s], "requested_proportion": frac, "share_tokens": share,
-                         "scheduled_tokens": scheduled, "documents": len(picks[s].epoch), "available_tokens": available,
-                         "epochs_used": scheduled / available, "passes": int(picks[s].epoch.max(initial=-1)) + 1}
-    total = sum(v["scheduled_tokens"] for v in per_source.values())
-    for v in per_source.values():
-        v["realized_proportion"] = v["scheduled_tokens"] / total
+        cap = mix["max_epochs"] * available
+        if share > cap:
+            raise PipelineError(short_message(mix_name, s, mix, available, share, proportions[s], target))
+        streams[s] = Stream(pools[s]["train"], params["seed"], s, cap)
+        streams[s].take_until(share)
+    balance(streams, proportions, TOLERANCE / 2)
+    picks = {s: st.picked() for s, st in streams.items()}
+    total = sum(st.tokens for st in streams.values())
+    per_source = {}
+    for s in sources:
+        pool, epoch = picks[s]
+        available = int(pools[s]["train"].tokens.sum())
+        per_source[s] = {"weight": mix["weights"][s], "requested_proportion": proportions[s],
+                         "share_tokens": math.ceil(proportions[s] * target), "scheduled_tokens": streams[s].tokens,
+                         "realized_proportion": streams[s].tokens / total, "documents": len(epoch),
+                         "available_tokens": available, "epochs_used": streams[s].tokens / available,
+                         "passes": int(epoch.max()) + 1}
     n_docs = sum(v["documents"] for v in per_source.values())
     worst = max(abs(v["realized_proportion"] - v["requested_proportion"]) for v in per_source.values())
     if n_docs >= CHECK_MIN_DOCS and worst > TOLERANCE:
         raise PipelineError(f"mix '{mix_name}': realized proportions are off the requested ones by {worst:.2%} "
                             f"(> {TOLERANCE:.1%}) because documents are long for a target of {tokens:,} tokens: "
                             f"{ {s: round(v['realized_proportion'], 4) for s, v in per_source.items()} }; "
-                            f"raise mixes.{mix_name}.tokens")
+                            f"raise mixes.{mix_name}.tokens or max_epochs")
 
     src_idx, pos = interleave(picks)
     parts = [picks[s] for s in sources]
-    offsets = np.cumsum([0] + [len(p.epoch) for p in parts])
+    offsets = np.cumsum([0] + [len(epoch) for _, epoch in parts])
     flat = offsets[src_idx] + pos
-    train_pool = _concat_pools([p.pool for p in parts]).take(flat)
-    epochs = np.concatenate([p.epoch for p in parts])[flat]
+    train_pool = _concat_pools([pool for pool, _ in parts]).take(flat)
+    epochs = np.concatenate([epoch for _, epoch in parts])[flat]
     train = _table(np.asarray(sources, dtype=object)[src_idx], train_pool, epochs)
 
     val_pools = [pools[s]["val"] for s in sources]

@@ -141,7 +141,7 @@ def assign_by_hash(docs: Docs, val_tokens: int, seed: int) -> tuple[np.ndarray, 
         split[order[:k]] = VAL
         targets[s] = {"target_tokens": target, "kept_tokens": total}
         if k == 0:
-            log.warning("source '%s' gets no val documents: %d kept tokens, every candidate document exceeds half", s, total)
+            log.warning("source '%s' gets no val documents (val target %d tokens, %d kept tokens)", s, target, total)
     return split, targets
 
 

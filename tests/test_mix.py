@@ -156,15 +156,28 @@ def write_uniform(root, source: str, n: int, tokens: int) -> None:
 
 
 def test_documents_too_long_for_the_target_fail_the_proportion_check(tmp_path):
-    write_uniform(tmp_path / "split", "fineweb", 2000, 10)
-    write_uniform(tmp_path / "split", "chat", 20, 5000)
-    p = params(weights={"fineweb": 0.5, "chat": 0.5}, tokens=12_000)  # chat: 2 documents of 5,000 for a 6,093 share
+    write_uniform(tmp_path / "a", "fineweb", 700, 10)
+    write_uniform(tmp_path / "a", "chat", 20, 5000)
+    # chat takes 2 documents of 5,000 for its 6,093-token share; fineweb cannot top up past its 7,000 tokens
+    p = params(weights={"fineweb": 0.5, "chat": 0.5}, tokens=12_000)
     with pytest.raises(PipelineError, match=r"off the requested ones by .*mixes\.m\.tokens"):
-        mix.build_mix(p, "m", tmp_path / "split")
-    p["mixes"]["m"]["tokens"] = 1_500  # under CHECK_MIN_DOCS documents: reported, not failed
-    report = mix.build_mix(p, "m", tmp_path / "split")[2]
+        mix.build_mix(p, "m", tmp_path / "a")
+    write_uniform(tmp_path / "b", "fineweb", 100, 10)
+    write_uniform(tmp_path / "b", "chat", 20, 5000)
+    p["mixes"]["m"]["tokens"] = 1_500  # as lopsided, but under CHECK_MIN_DOCS documents: reported, not failed
+    report = mix.build_mix(p, "m", tmp_path / "b")[2]
     assert sum(v["documents"] for v in report["per_source"].values()) < mix.CHECK_MIN_DOCS
-    assert abs(report["per_source"]["chat"]["realized_proportion"] - 0.5) > 0.005
+    assert report["per_source"]["chat"]["realized_proportion"] > 0.8
+
+
+def test_top_up_dilutes_a_long_crossing_document(tmp_path):
+    write_uniform(tmp_path / "split", "fineweb", 1000, 1000)
+    write_uniform(tmp_path / "split", "chat", 5000, 50)
+    p = params(weights={"fineweb": 0.3, "chat": 0.7}, tokens=100_000)
+    train, _, report = run(tmp_path, p)
+    by_source = tokens_by_source(train)
+    assert abs(by_source["fineweb"] / sum(by_source.values()) - 0.3) <= mix.TOLERANCE / 2
+    assert by_source["chat"] >= report["per_source"]["chat"]["share_tokens"]
 
 
 def test_unknown_mix_and_missing_source_fail(tmp_path, split_dir):
