@@ -6,8 +6,11 @@
 * every log step: ``loss`` (mean fp32 CE per target token over the global batch of that step),
   ``lr/<group>``, ``grad_norm`` (global, before clipping), ``grad_norm/<watched>``,
   ``param_norm/<watched>``, ``update_ratio/<watched>`` (‖Δθ‖ / ‖θ‖ of that step), ``tokens_per_s``
-  (global), ``mfu``, and on CUDA ``mem/allocated_gb``, ``mem/peak_gb``, ``mem/reserved_gb``;
-* every validation step: ``val_loss`` (the training precision, held-out rows), ``ce_fp32`` and
+  (global, since the previous log step, validation and checkpointing excluded), ``mfu``, and on
+  CUDA ``mem/allocated_gb``, ``mem/peak_gb`` (peak allocated since the previous log step),
+  ``mem/reserved_gb``;
+* every validation step: ``val_loss`` (the training precision, the first `train.val_batches`
+  micro-batches of every rank's share of the validation rows, token-weighted), ``ce_fp32`` and
   ``top1_acc`` (a fixed validation batch, fp32 model, eval mode, no grad), ``sample`` (greedy text).
 
 Watched groups (names of the unwrapped model): ``embedding`` (``tok_embeddings``), ``lm_head``

@@ -538,8 +538,10 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
                 tokens_seen=tokens_seen, loss_tokens=loss_tokens, best_val_loss=best_val,
                 wandb_id=metrics.wandb_id if metrics else None, keep=keep_ckpts,
             )
-        if is_log:  # throughput excludes validation and checkpoint time
+        if is_log:  # throughput excludes validation and checkpoint time; memory peaks are per interval
             mark_time, mark_tokens = time.perf_counter(), tokens_seen
+            if dist.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dist.device)
 
     summary = None
     if stop_at == num_steps:

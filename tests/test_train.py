@@ -312,6 +312,50 @@ def test_compiled_ddp_path_runs_on_cpu_and_matches_eager(data, tmp_path):
     assert compiled[-1]["val_loss"] == pytest.approx(eager[-1]["val_loss"], abs=1e-4)
 
 
+# ----------------------------------------------------------------------------- metrics
+
+def test_metrics_logger_resume_truncation_and_offline_wandb(tmp_path, monkeypatch):
+    from pipeline.metrics import MetricsLogger
+
+    secret = "sk-test-0123456789abcdef"
+    monkeypatch.setenv("WANDB_API_KEY", secret)
+    path = tmp_path / "metrics.jsonl"
+    cfg = {"mode": "offline", "project": "tokenfarm-test"}
+    m = MetricsLogger(path, cfg, tmp_path, {"train": {"lr": 1}}, "t")
+    run_id = m.wandb_id
+    for step in (1, 2, 3):
+        m.log({"step": step, "loss": 1.0 / step})
+    m.close()
+    m = MetricsLogger(path, cfg, tmp_path, {"train": {"lr": 1}}, "t", resume_step=2, wandb_id=run_id)
+    m.log({"step": 3, "loss": 0.25})
+    m.close()
+    assert [json.loads(ln) for ln in path.read_text().splitlines()] == [
+        {"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}, {"step": 3, "loss": 0.25}]
+    runs = list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert runs, "an offline wandb run directory under outdir/wandb"
+    assert not any(secret.encode() in f.read_bytes() for f in tmp_path.rglob("*") if f.is_file())
+
+
+def test_mfu_norms_and_update_ratio():
+    from pipeline.metrics import UpdateRatio, group_norms, mfu, watched_groups
+    from pipeline.model import ModelConfig, Transformer
+
+    assert mfu(8.25e9, 4.0e5, 8, 989e12) == pytest.approx(8.25e9 * 4.0e5 / (8 * 989e12))
+    model = Transformer(ModelConfig(vocab_size=64, dim=16, n_layers=3, n_heads=2, n_kv_heads=1, ffn_dim=32,
+                                    tie_embeddings=False, max_seq_len=8))
+    groups = watched_groups(model)
+    assert set(groups) == {"embedding", "lm_head", "block_first", "block_last"}
+    assert len(groups["block_last"]) == len(groups["block_first"]) == 9
+    norms = group_norms(groups, "param_norm")
+    assert norms["param_norm/lm_head"] == pytest.approx(model.lm_head.weight.norm().item(), rel=1e-6)
+    tracker = UpdateRatio(groups)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)
+    ratios = tracker.ratios()
+    assert ratios["update_ratio/lm_head"] == pytest.approx(0.5, rel=1e-5)
+    assert ratios["update_ratio/embedding"] == 0.0
+
+
 # ----------------------------------------------------------------------------- 2-process DDP (torchrun, gloo)
 
 def torchrun(data, outdir: Path, params: dict, *extra: str) -> None:
