@@ -37,8 +37,9 @@ def bench_config(cfg: dict, micro_batch: int | None = None, compile_model: bool 
                  checkpoint: str | None = None, fp8: str | None = None, precision: str | None = None,
                  device: str | None = None) -> dict:
     """`cfg` with the benchmark's overrides applied (None keeps the config's value)."""
-    train = {k: v for k, v in {"micro_batch": micro_batch, "compile": compile_model, "activation_checkpointing": checkpoint,
-                               "fp8": fp8, "precision": precision}.items() if v is not None}
+    overrides = {"micro_batch": micro_batch, "compile": compile_model, "activation_checkpointing": checkpoint,
+                 "fp8": fp8, "precision": precision}
+    train = {k: v for k, v in overrides.items() if v is not None}
     hardware = {"device": device} if device is not None else {}
     return deep_merge(cfg, {"train": train, "hardware": hardware})
 
@@ -138,9 +139,11 @@ def format_result(r: dict) -> str:
         f"device {r['device']}: {r['n_params'] / 1e6:.1f}M params, micro-batch [{r['micro_batch']}, {r['seq_len']}], "
         f"compile={r['compile']}, precision={r['precision']}, checkpointing={r['activation_checkpointing']}, "
         f"fp8={r['fp8']}, optimizer={r['optimizer']}",
-        f"step time      {r['step_time_s'] * 1e3:.1f} ms (median of {r['steps']}, mean {r['step_time_mean_s'] * 1e3:.1f} ms)",
+        f"step time      {r['step_time_s'] * 1e3:.1f} ms "
+        f"(median of {r['steps']}, mean {r['step_time_mean_s'] * 1e3:.1f} ms)",
         f"tokens/s       {r['tokens_per_s']:,.0f}",
-        f"MFU            {r['mfu'] * 100:.2f}% ({r['flops_per_token'] / 1e9:.3f} GFLOP/token, peak {r['peak_flops'] / 1e12:.0f} TFLOP/s)",
+        f"MFU            {r['mfu'] * 100:.2f}% "
+        f"({r['flops_per_token'] / 1e9:.3f} GFLOP/token, peak {r['peak_flops'] / 1e12:.0f} TFLOP/s)",
     ]
     if "mem/allocated_gb" in r:
         lines.append(f"memory         allocated {r['mem/allocated_gb']:.2f} GB, peak {r['mem/peak_gb']:.2f} GB, "

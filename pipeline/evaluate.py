@@ -128,7 +128,7 @@ def read_metrics(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_loss(records: list[dict], out_png: str | Path, baseline: float | None) -> None:
+def plot_loss(records: list[dict], out_png: str | Path, baseline: float) -> None:
     """Train loss per logged step and validation loss, with the unigram baseline (PNG, atomic)."""
     import matplotlib
 
@@ -136,14 +136,11 @@ def plot_loss(records: list[dict], out_png: str | Path, baseline: float | None) 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
-    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
-    if train:
-        ax.plot(*zip(*train), label="train loss", lw=1)
-    if val:
-        ax.plot(*zip(*val), "o-", label="val loss", ms=3)
-    if baseline is not None:
-        ax.axhline(baseline, ls="--", color="gray", label=f"unigram baseline ({baseline:.3f})")
+    train = [r for r in records if "loss" in r]
+    val = [r for r in records if "val_loss" in r]
+    ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss", lw=1)
+    ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="val loss", ms=3)
+    ax.axhline(baseline, ls="--", color="gray", label=f"unigram baseline ({baseline:.3f})")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats / token)")
     ax.grid(alpha=0.3)

@@ -81,7 +81,7 @@ class UpdateRatio:
     def ratios(self) -> dict[str, float]:
         out = {}
         for k, ps in self.groups.items():
-            delta = _norm([p.detach() - b for p, b in zip(ps, self.before[k])])
+            delta = _norm([p.detach() - b for p, b in zip(ps, self.before[k], strict=True)])
             out[f"update_ratio/{k}"] = delta / max(_norm(self.before[k]), 1e-12)
         return out
 

@@ -90,19 +90,22 @@ class CombinedOptimizer:
 
     def load_state_dict(self, state: dict) -> None:
         if len(state["optimizers"]) != len(self.optimizers):
-            raise PipelineError("checkpoint optimizer state does not match train.optimizer; resume with the same optimizer")
-        for o, s in zip(self.optimizers, state["optimizers"]):
+            raise PipelineError("checkpoint optimizer state does not match train.optimizer; "
+                                "resume with the same optimizer")
+        for o, s in zip(self.optimizers, state["optimizers"], strict=True):
             o.load_state_dict(s)
 
 
 def _adamw(groups: list[dict], tcfg: dict, device_type: str) -> torch.optim.Optimizer:
     kernel = {"fused": True} if device_type == "cuda" else {"foreach": True}
-    return torch.optim.AdamW(groups, lr=tcfg["lr"], betas=tuple(tcfg["betas"]), weight_decay=tcfg["weight_decay"], **kernel)
+    return torch.optim.AdamW(groups, lr=tcfg["lr"], betas=tuple(tcfg["betas"]), weight_decay=tcfg["weight_decay"],
+                             **kernel)
 
 
 def _adamw8bit(groups: list[dict], tcfg: dict, device_type: str) -> torch.optim.Optimizer:
     if device_type != "cuda":
-        raise PipelineError("train.optimizer: adamw8bit needs hardware.device: cuda (bitsandbytes kernels are CUDA-only)")
+        raise PipelineError("train.optimizer: adamw8bit needs hardware.device: cuda "
+                            "(bitsandbytes kernels are CUDA-only)")
     try:
         import bitsandbytes as bnb
     except ImportError:
@@ -124,7 +127,8 @@ def build_optimizer(model: torch.nn.Module, tcfg: dict, device_type: str):
     if kind == "muon":
         matrix = [g for g in groups if g["name"] == "matrix"]
         rest = [g for g in groups if g["name"] != "matrix"]
-        muon = torch.optim.Muon(matrix, lr=tcfg["lr"], weight_decay=tcfg["weight_decay"], adjust_lr_fn="match_rms_adamw")
+        muon = torch.optim.Muon(matrix, lr=tcfg["lr"], weight_decay=tcfg["weight_decay"],
+                                adjust_lr_fn="match_rms_adamw")
         return CombinedOptimizer([muon, _adamw(rest, tcfg, device_type)])
     raise PipelineError(f"train.optimizer: unknown optimizer {kind!r} (adamw, adamw8bit, muon)")
 

@@ -163,7 +163,8 @@ def apply_fp8(model: Transformer, recipe: str) -> None:
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
-        raise PipelineError("train.fp8 needs the torchao package: pip install torchao (or set train.fp8: none)") from None
+        raise PipelineError("train.fp8 needs the torchao package: pip install torchao "
+                            "(or set train.fp8: none)") from None
 
     def fits(module: nn.Module, fqn: str) -> bool:
         return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
@@ -197,7 +198,8 @@ class LossModel(nn.Module):
         self.ce_chunk = ce_chunk
 
     def forward(self, inputs, targets, mask=None):
-        with torch.autocast(inputs.device.type, dtype=self.body_dtype or torch.float32, enabled=self.body_dtype is not None):
+        dtype, on = self.body_dtype or torch.float32, self.body_dtype is not None
+        with torch.autocast(inputs.device.type, dtype=dtype, enabled=on):
             hidden = self.model.hidden(inputs)
         return chunked_cross_entropy(hidden, self.model.lm_head_weight, targets, mask, chunk=self.ce_chunk)
 
@@ -427,13 +429,14 @@ def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dic
         "best_val_loss": best_val_loss,
     }
     if tokens_trained != planned:
-        raise PipelineError(f"trained {tokens_trained} tokens but the plan says num_steps × tokens_per_step = {planned}; "
-                            "the loader or the plan is inconsistent — not writing final.pt")
+        raise PipelineError(f"trained {tokens_trained} tokens but the plan says num_steps × tokens_per_step = "
+                            f"{planned}; the loader or the plan is inconsistent — not writing final.pt")
     if dist.is_main:
         write_json(outdir / "summary.json", {**summary, "meta": provenance("train", params)})
         ckpt.save_checkpoint(outdir / "final.pt", {"model": model.state_dict(), "params": params, "plan": plan,
                                                    "summary": summary, "versions": ckpt.versions()})
-        log.info("trained %d tokens in %d steps (= plan); final val loss %.4f", tokens_trained, plan["num_steps"], last_val_loss)
+        log.info("trained %d tokens in %d steps (= plan); final val loss %.4f", tokens_trained, plan["num_steps"],
+                 last_val_loss)
     return summary
 
 
@@ -528,7 +531,8 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
             record["val_loss"] = last_val
             if dist.is_main and fixed is not None:
                 record.update(fixed_batch_stats(model, fixed, t["ce_chunk_tokens"]))
-                record["sample"] = greedy_sample(model, tokenizer, prompt, params["eval"]["max_new_tokens"], dist.device)
+                record["sample"] = greedy_sample(model, tokenizer, prompt, params["eval"]["max_new_tokens"],
+                                                 dist.device)
             model.train()
         if is_log and dist.is_main:
             metrics.log(record)

@@ -108,7 +108,7 @@ def test_cosine_schedule_values():
     assert lr_factor(109, n, t) == pytest.approx(0.1)
     assert lr_factor(43, n, t) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 3)))
     values = [lr_factor(s, n, t) for s in range(10, n)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
 
 
 def test_wsd_schedule_values():

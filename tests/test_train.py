@@ -364,13 +364,13 @@ def torchrun(data, outdir: Path, params: dict, *extra: str) -> None:
     plan_path = outdir.parent / f"{outdir.name}-plan.json"
     write_json(plan_path, make_plan(params))
     script = outdir.parent / f"{outdir.name}-launch.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(textwrap.dedent("""
         import torch, torch.distributed as dist
         import pipeline.train as T
         from pipeline.io import run_cli
         _finish = T.finish
         def finish(outdir, d, model, *a):
-            torch.save(model.state_dict(), outdir / f"rank{{d.rank}}.pt")
+            torch.save(model.state_dict(), outdir / f"rank{d.rank}.pt")
             return _finish(outdir, d, model, *a)
         T.finish = finish
         run_cli(T.main)
