@@ -21,7 +21,7 @@ A resumable checkpoint is a dict of tensors and plain Python values only (so tha
   generator of the rank's own device — not every visible device, which would create a context on
   each);
 * ``step``, ``tokens_seen`` (global input tokens), ``loss_tokens`` (global target tokens counted
-  by the loss), ``best_val_loss``, ``world_size``, ``wandb_id``, ``params`` (the run config),
+  by the loss), ``best_val_loss``, ``last_val_loss``, ``world_size``, ``wandb_id``, ``params`` (the run config),
   ``plan``, ``versions``.
 
 Only rank 0 writes. Each write goes to a temporary file that is renamed into place, and the

@@ -386,7 +386,7 @@ def check_resumable(state: dict, params: dict, dist: Dist, path: Path) -> None:
 
 def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, loader, params: dict, plan: dict,
                              step: int, tokens_seen: int, loss_tokens: int, best_val_loss: float,
-                             wandb_id: str | None, keep: int) -> None:
+                             last_val_loss: float, wandb_id: str | None, keep: int) -> None:
     """Gather every rank's loader and RNG state, then rank 0 writes step_XXXXXX.pt and `latest`."""
     loaders = gather_objects(loader.state_dict(), dist)
     rngs = gather_objects(ckpt.rng_state(), dist)
@@ -403,6 +403,7 @@ def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, lo
         "tokens_seen": tokens_seen,
         "loss_tokens": loss_tokens,
         "best_val_loss": best_val_loss,
+        "last_val_loss": last_val_loss,
         "world_size": dist.world_size,
         "wandb_id": wandb_id,
         "params": params,
@@ -476,7 +477,7 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
         loader.load_state_dict(state["loader"][dist.rank])
         ckpt.set_rng_state(state["rng"][dist.rank])
         start, tokens_seen, loss_tokens = state["step"], state["tokens_seen"], state["loss_tokens"]
-        best_val, wandb_id = state["best_val_loss"], state["wandb_id"]
+        best_val, last_val, wandb_id = state["best_val_loss"], state["last_val_loss"], state["wandb_id"]
         log.info("resumed from %s at step %d (%d tokens)", latest, start, tokens_seen)
         del state
     elif dist.is_main:
@@ -539,7 +540,7 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
         if done % t["ckpt_interval"] == 0 or done == stop_at:
             save_training_checkpoint(
                 ckpt_dir, dist, model=model, optimizer=optimizer, loader=loader, params=params, plan=plan, step=done,
-                tokens_seen=tokens_seen, loss_tokens=loss_tokens, best_val_loss=best_val,
+                tokens_seen=tokens_seen, loss_tokens=loss_tokens, best_val_loss=best_val, last_val_loss=last_val,
                 wandb_id=metrics.wandb_id if metrics else None, keep=keep_ckpts,
             )
         if is_log:  # throughput excludes validation and checkpoint time; memory peaks are per interval

@@ -194,6 +194,15 @@ def test_resume_never_starts_over_and_clears_old_checkpoints(data, tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
 
 
+def test_crash_after_last_checkpoint_resumes_to_final(data, tmp_path):
+    params = make_params(steps=4)
+    first = run_inprocess(data, tmp_path, params)
+    (tmp_path / "final.pt").unlink()  # as if killed between the last checkpoint and final.pt
+    again = run_inprocess(data, tmp_path, params)
+    assert again == first
+    assert torch.load(tmp_path / "final.pt", weights_only=True)["summary"] == first
+
+
 def test_resume_refuses_a_checkpoint_from_another_config(data, tmp_path):
     params = make_params(steps=4)
     run_inprocess(data, tmp_path, params, max_steps=2)
