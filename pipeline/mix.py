@@ -2,7 +2,8 @@
 
     python -m pipeline.mix --params JSON --mix NAME --split-dir R/split --plan R/plan.json --outdir R/mix/NAME
 
-**Token target.** `mixes.NAME.tokens` (an integer, or `plan` for plan.json's `target_tokens`) is the
+**Token target.** `mixes.NAME.tokens` (an integer, or `plan` for plan.json's `trained_tokens` =
+num_steps × tokens_per_step, what the trainer will consume — at least the budget's `target_tokens`) is the
 number of training *targets* the packed train rows must supply. Packing cuts the schedule into rows
 of `seq_len + 1` tokens and each row trains `seq_len` targets, so the schedule must hold at least
 `schedule_target = ceil(tokens / seq_len) * (seq_len + 1)` tokens (spans, delimiters included); the
@@ -63,15 +64,15 @@ def schedule_target(tokens: int, seq_len: int) -> int:
 
 
 def target_tokens(mix: dict, plan_path) -> int:
-    """The mix's `tokens`: an integer, or the plan's `target_tokens` for `plan`."""
+    """The mix's `tokens`: an integer, or the plan's `trained_tokens` for `plan`."""
     if mix["tokens"] != "plan":
         return int(mix["tokens"])
     if plan_path is None or not Path(plan_path).exists():
         raise PipelineError(f"the mix takes its tokens from the plan, but {plan_path} does not exist; run the plan rule first")
     plan = read_json(plan_path)
-    if not isinstance(plan.get("target_tokens"), int):
-        raise PipelineError(f"{plan_path}: no integer 'target_tokens'; rerun the plan rule")
-    return plan["target_tokens"]
+    if not isinstance(plan.get("trained_tokens"), int):
+        raise PipelineError(f"{plan_path}: no integer 'trained_tokens'; rerun the plan rule")
+    return plan["trained_tokens"]
 
 
 # ----------------------------------------------------------------------------- inputs

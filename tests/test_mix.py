@@ -132,7 +132,8 @@ def test_beyond_cap_fails_clearly(tmp_path, split_dir):
 
 def test_tokens_plan_reads_plan_json(tmp_path, split_dir):
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"target_tokens": 50_000, "num_steps": 10}))
+    # The trainer consumes num_steps × tokens_per_step (>= the budget), so that is what the mix supplies.
+    plan.write_text(json.dumps({"target_tokens": 49_000, "num_steps": 10, "tokens_per_step": 5_000, "trained_tokens": 50_000}))
     train, _, report = run(tmp_path, params(tokens="plan"), plan=plan)
     assert report["target"]["tokens"] == 50_000 and report["target"]["from"] == "plan"
     assert sum(train["tokens"]) >= mix.schedule_target(50_000, SEQ_LEN)

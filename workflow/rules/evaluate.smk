@@ -12,7 +12,7 @@ rule evaluate:
         png=report(f"{R}/eval/loss.png", category="Evaluation", caption="../report/loss.rst"),
     params:
         p=P("evaluate"),
-        code=CODE("evaluate", "model"),
+        code=CODE("evaluate", "model", "losses", "loader", "checkpoint", "train", "tokenizer"),
     log:
         f"{LOGS}/evaluate.log",
     threads: workflow.cores

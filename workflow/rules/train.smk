@@ -14,7 +14,7 @@ rule train:
         metrics=f"{R}/train/metrics.jsonl",
     params:
         p=P("train"),
-        code=CODE("train", "model", "optim", "losses", "checkpoint", "metrics", "loader"),
+        code=CODE("train", "model", "optim", "losses", "checkpoint", "metrics", "loader", "plan", "tokenizer"),
         nproc=NPROC,
     log:
         f"{LOGS}/train.log",
