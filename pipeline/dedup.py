@@ -73,7 +73,7 @@ from pipeline.tokenizer import open_parquet
 log = get_logger(__name__)
 
 HASH_PARAMS = ("ngram", "num_perm", "bands", "rows", "seed")
-BATCH_DOCS = 256  # documents hashed per vectorised batch
+BATCH_BYTES = 1 << 19  # text hashed per vectorised batch: its arrays stay in a core's cache
 SOURCE_SHIFT, SHARD_SHIFT = 56, 32
 MAX_SOURCES, MAX_SHARDS, MAX_DOCS = 1 << 7, 1 << 24, 1 << 32
 EXACT_BAND = -1  # the pseudo-band of exact-hash groups in the spill files
@@ -146,14 +146,21 @@ def tune_allocator() -> None:
     mallopt(m_trim_threshold, 1 << 30)
 
 
+def _batches(texts: pa.Array) -> list[tuple[int, int]]:
+    """Consecutive document ranges [lo, hi) of about BATCH_BYTES of text each (at least one document)."""
+    ends = np.cumsum(pc.fill_null(pc.binary_length(texts), 0).to_numpy(zero_copy_only=False))
+    cuts = np.unique(np.searchsorted(ends, np.arange(BATCH_BYTES, ends[-1] if len(ends) else 0, BATCH_BYTES)) + 1)
+    bounds = [0, *cuts[cuts < len(texts)].tolist(), len(texts)]
+    return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+
+
 def hash_documents(texts: pa.Array, dd: dict) -> dict[str, np.ndarray]:
     """Exact hashes (n,), band keys (n, bands) and signatures (n, num_perm) of the documents."""
     perms = minhash.permutations(dd["num_perm"], dd["seed"])
     n = len(texts)
     out = {"exact": np.empty(n, np.uint64), "bands": np.empty((n, dd["bands"]), np.uint64),
            "sig": np.empty((n, dd["num_perm"]), np.uint32)}
-    for lo in progress(range(0, n, BATCH_DOCS), desc="minhash", unit="batch"):
-        hi = min(lo + BATCH_DOCS, n)
+    for lo, hi in progress(_batches(texts), desc="minhash", unit="batch"):
         wh, word_off = minhash.doc_word_hashes(texts.slice(lo, hi - lo))
         out["exact"][lo:hi] = minhash.exact_hashes(wh, word_off)
         out["sig"][lo:hi] = minhash.signatures(*minhash.shingle_hashes(wh, word_off, dd["ngram"]), perms)
