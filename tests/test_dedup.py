@@ -266,6 +266,15 @@ def test_keepers_are_deterministic(planted, tmp_path):
     assert not list(tmp_path.glob(".spill-*"))  # the spill directory is removed
 
 
+def test_partition_count_does_not_change_clusters(planted, tmp_path):
+    sigs = sorted((planted["root"] / "dedup" / "sig").glob("*/*.parquet"))
+    report = dedup.run_clusters(sigs, tmp_path, tmp_path / "r.json", stage_params(make_config(partitions=1), "dedup"))
+    for source, shard in planted["keep"]:
+        t = pq.read_table(tmp_path / "keep" / source / f"{shard}.parquet").to_pydict()
+        assert t == planted["keep"][(source, shard)]
+    assert report["candidates"] == planted["report"]["candidates"]
+
+
 def test_disabled_keeps_every_document(planted, tmp_path):
     root = planted["root"]
     sigs = sorted((root / "dedup" / "sig").glob("*/*.parquet"))
