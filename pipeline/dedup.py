@@ -85,12 +85,14 @@ def load_doc_tokens(tokens_json: str | os.PathLike) -> tuple[dict, np.ndarray]:
     """A tokenized shard's metadata and each document's span length (delimiters included)."""
     meta = load_shard_meta(tokens_json)
     if not isinstance(meta.get("n_docs"), int) or not isinstance(meta.get("doc_rows"), list):
-        raise PipelineError(f"{tokens_json}: no n_docs / doc_rows; not a tokenized-shard metadata file, rerun the tokenize stage")
+        raise PipelineError(f"{tokens_json}: no n_docs / doc_rows; not a tokenized-shard metadata file, "
+                            "rerun the tokenize stage")
     idx_path = output_paths(tokens_json)["idx"]
     try:
         off = np.load(idx_path)
     except (OSError, ValueError) as e:
-        raise PipelineError(f"{idx_path}: cannot read the document offsets ({e}); rerun the tokenize stage for this shard") from None
+        raise PipelineError(f"{idx_path}: cannot read the document offsets ({e}); "
+                            "rerun the tokenize stage for this shard") from None
     if len(off) != meta["n_docs"] + 1 or len(meta["doc_rows"]) != meta["n_docs"]:
         raise PipelineError(f"{tokens_json}: n_docs {meta['n_docs']}, doc_rows and {idx_path.name} disagree; "
                             "rerun the tokenize stage for this shard")
@@ -101,7 +103,8 @@ def _chat_texts(conversations: pa.Array) -> pa.Array:
     """Each conversation's message contents joined by newlines (null contents count as empty)."""
     contents = pc.struct_field(pc.list_flatten(conversations), "content").cast(pa.large_string())
     lengths = pc.fill_null(pc.list_value_length(conversations), 0).to_numpy().astype(np.int64)
-    lists = pa.LargeListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(lengths)])), pc.fill_null(contents, ""))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]))
+    lists = pa.LargeListArray.from_arrays(offsets, pc.fill_null(contents, ""))
     return pc.binary_join(lists, pa.scalar("\n", pa.large_string()))
 
 
@@ -117,11 +120,12 @@ def document_texts(path: str | os.PathLike, source: dict, doc_rows: list[int]) -
     try:
         values = pf.read(columns=[column], use_threads=False).column(0).combine_chunks()
     except (OSError, pa.ArrowException) as e:
-        raise PipelineError(f"{path}: cannot read column '{column}' ({e}); the file is corrupt or truncated, re-download it") from None
+        raise PipelineError(f"{path}: cannot read column '{column}' ({e}); "
+                            "the file is corrupt or truncated, re-download it") from None
     rows = np.asarray(doc_rows, dtype=np.int64)
     if len(rows) and (rows.min() < 0 or rows.max() >= len(values)):
-        raise PipelineError(f"{path}: the tokenized shard names rows up to {rows.max()} but the file has {len(values)}; "
-                            "rerun the tokenize stage for this shard")
+        raise PipelineError(f"{path}: the tokenized shard names rows up to {rows.max()} but the file has "
+                            f"{len(values)}; rerun the tokenize stage for this shard")
     taken = values.take(pa.array(rows))
     try:
         return _chat_texts(taken) if chat else taken.cast(pa.large_string())
@@ -223,7 +227,8 @@ class ShardSig:
         try:
             return pq.read_table(self.path, columns=columns)
         except (OSError, pa.ArrowException) as e:
-            raise PipelineError(f"{self.path}: cannot read the signatures ({e}); rerun dedup_signatures for {self.name}") from None
+            raise PipelineError(f"{self.path}: cannot read the signatures ({e}); "
+                                f"rerun dedup_signatures for {self.name}") from None
 
 
 def catalogue(paths: list[str | os.PathLike], dd: dict) -> list[ShardSig]:
@@ -252,8 +257,10 @@ def catalogue(paths: list[str | os.PathLike], dd: dict) -> list[ShardSig]:
     for si, source in enumerate(sources):
         shards = sorted((sh, p) for s, sh, p in found if s == source)
         if len(shards) > MAX_SHARDS:
-            raise PipelineError(f"source '{source}' has {len(shards)} shards, over the document-key limit of {MAX_SHARDS}")
-        out += [ShardSig(source, sh, p, (si << SOURCE_SHIFT) | (hi << SHARD_SHIFT)) for hi, (sh, p) in enumerate(shards)]
+            raise PipelineError(f"source '{source}' has {len(shards)} shards, over the document-key limit "
+                                f"of {MAX_SHARDS}")
+        out += [ShardSig(source, sh, p, (si << SOURCE_SHIFT) | (hi << SHARD_SHIFT))
+                for hi, (sh, p) in enumerate(shards)]
     return out
 
 
@@ -266,7 +273,8 @@ def _fixed_list(table: pa.Table, column: str) -> np.ndarray:
 def _doc_keys(shard: ShardSig, table: pa.Table) -> np.ndarray:
     doc = table.column("doc").to_numpy()
     if len(doc) and doc.max() >= MAX_DOCS:
-        raise PipelineError(f"{shard.path}: {doc.max() + 1} documents exceed the document-key limit of {MAX_DOCS} per shard")
+        raise PipelineError(f"{shard.path}: {doc.max() + 1} documents exceed the document-key limit "
+                            f"of {MAX_DOCS} per shard")
     return shard.base + doc.astype(np.int64)
 
 
@@ -503,7 +511,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.command == "signatures":
         tune_allocator()
-        write_signatures(args.input, args.tokens, args.source, args.shard, params_from_args(args, "dedup_sig"), args.out)
+        params = params_from_args(args, "dedup_sig")
+        write_signatures(args.input, args.tokens, args.source, args.shard, params, args.out)
     else:
         run_clusters(args.inputs, args.outdir, args.report, params_from_args(args, "dedup"))
 

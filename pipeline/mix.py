@@ -68,7 +68,8 @@ def target_tokens(mix: dict, plan_path) -> int:
     if mix["tokens"] != "plan":
         return int(mix["tokens"])
     if plan_path is None or not Path(plan_path).exists():
-        raise PipelineError(f"the mix takes its tokens from the plan, but {plan_path} does not exist; run the plan rule first")
+        raise PipelineError(f"the mix takes its tokens from the plan, but {plan_path} does not exist; "
+                            "run the plan rule first")
     plan = read_json(plan_path)
     if not isinstance(plan.get("trained_tokens"), int):
         raise PipelineError(f"{plan_path}: no integer 'trained_tokens'; rerun the plan rule")
@@ -105,7 +106,8 @@ def load_source(split_dir, source: str) -> dict[str, Pool]:
         try:
             t = pq.read_table(p, columns=["doc", "tokens", "split"])
         except (OSError, pa.ArrowException) as e:
-            raise PipelineError(f"{p}: not a readable split file with doc, tokens, split ({e}); rerun the split stage") from None
+            raise PipelineError(f"{p}: not a readable split file with doc, tokens, split ({e}); "
+                                "rerun the split stage") from None
         split = np.asarray(t.column("split").to_pylist(), dtype=object)
         parts.append((np.full(len(split), i), t.column("doc").to_numpy(), t.column("tokens").to_numpy(), split))
     shard, doc, tokens, split = (np.concatenate(c) for c in zip(*parts))
@@ -115,7 +117,8 @@ def load_source(split_dir, source: str) -> dict[str, Pool]:
 
 # ----------------------------------------------------------------------------- sampling
 
-def short_message(mix_name: str, source: str, mix: dict, available: int, share: int, weight_frac: float, target: int) -> str:
+def short_message(mix_name: str, source: str, mix: dict, available: int, share: int, weight_frac: float,
+                  target: int) -> str:
     return (f"mix '{mix_name}': source '{source}' has {available:,} train tokens but its share "
             f"{weight_frac:.4g} × {target:,} = {share:,} tokens needs {share / max(available, 1):.3g} epochs, "
             f"over max_epochs {mix['max_epochs']}; raise mixes.{mix_name}.max_epochs, lower its weight "
@@ -259,14 +262,16 @@ def build_mix(params: dict, mix_name: str, split_dir, plan_path=None) -> tuple[p
     val = _table(val_source, val_pool, np.zeros(len(val_pool.doc), np.int64))
     report = {
         "mix": mix_name,
-        "target": {"tokens": tokens, "from": "plan" if mix["tokens"] == "plan" else "config", "seq_len": params["seq_len"],
+        "target": {"tokens": tokens, "from": "plan" if mix["tokens"] == "plan" else "config",
+                   "seq_len": params["seq_len"],
                    "rows_needed": -(-tokens // params["seq_len"]), "schedule_target_tokens": target,
                    "scheduled_tokens": total, "concat_rows": total // (params["seq_len"] + 1)},
         "max_epochs": mix["max_epochs"],
         "packing": mix["packing"],
         "per_source": per_source,
         "val": {"documents": val.num_rows, "tokens": int(val_pool.tokens.sum()),
-                "per_source": {s: {"documents": len(p.doc), "tokens": int(p.tokens.sum())} for s, p in zip(sources, val_pools)}},
+                "per_source": {s: {"documents": len(p.doc), "tokens": int(p.tokens.sum())}
+                               for s, p in zip(sources, val_pools)}},
         "params": params,
     }
     return train, val, report
@@ -275,7 +280,9 @@ def build_mix(params: dict, mix_name: str, split_dir, plan_path=None) -> tuple[p
 def run_mix(params: dict, mix_name: str, split_dir, plan_path, outdir) -> dict:
     """The stage: build the mix and write train.parquet, val.parquet and report.json."""
     train, val, report = build_mix(params, mix_name, split_dir, plan_path)
-    inputs = sorted(Path(split_dir).glob("*/*.parquet")) + ([plan_path] if plan_path and Path(plan_path).exists() else [])
+    inputs = sorted(Path(split_dir).glob("*/*.parquet"))
+    if plan_path and Path(plan_path).exists():
+        inputs.append(plan_path)
     meta = provenance("mix", params, inputs, mix=mix_name)
     report["meta"] = meta
     outdir = Path(outdir)

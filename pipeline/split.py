@@ -86,9 +86,11 @@ def _read_keep(path: Path, n_docs: int) -> pa.Table:
     try:
         t = pq.read_table(path, columns=["doc", "cluster", "keep"])
     except (OSError, pa.ArrowException) as e:
-        raise PipelineError(f"{path}: not a readable keep list with doc, cluster, keep ({e}); rerun the dedup stage") from None
+        raise PipelineError(f"{path}: not a readable keep list with doc, cluster, keep ({e}); "
+                            "rerun the dedup stage") from None
     if not np.array_equal(t.column("doc").to_numpy(), np.arange(n_docs)):
-        raise PipelineError(f"{path}: does not list the tokenized shard's {n_docs} documents in order; rerun the dedup stage")
+        raise PipelineError(f"{path}: does not list the tokenized shard's {n_docs} documents in order; "
+                            "rerun the dedup stage")
     return t
 
 
@@ -110,8 +112,8 @@ def load_docs(keep_paths: list, token_paths: list) -> Docs:
         parts.append((np.full(len(spans), i), np.arange(len(spans)), t.column("cluster").to_numpy(),
                       t.column("keep").to_numpy(zero_copy_only=False), spans))
     shard, doc, cluster, keep, spans = (np.concatenate(c) for c in zip(*parts))
-    return Docs(names, [(keeps[n], tokens[n]) for n in names], shard.astype(np.int64), doc.astype(np.int64), cluster.astype(np.int64), keep.astype(bool),
-                spans.astype(np.int64))
+    return Docs(names, [(keeps[n], tokens[n]) for n in names], shard.astype(np.int64), doc.astype(np.int64),
+                cluster.astype(np.int64), keep.astype(bool), spans.astype(np.int64))
 
 
 # ----------------------------------------------------------------------------- assignment
@@ -165,7 +167,8 @@ def leak_check(docs: Docs, split: np.ndarray) -> dict:
     result = {"clusters": int(len(np.unique(docs.cluster))), "clusters_on_both_sides": leaking,
               "dup_disagreeing_with_dedup": int(((split == DUP) != ~docs.keep).sum())}
     if leaking or result["dup_disagreeing_with_dedup"]:
-        raise PipelineError(f"split leak check failed: {result}; the keep lists are inconsistent, rerun the dedup stage")
+        raise PipelineError(f"split leak check failed: {result}; the keep lists are inconsistent, "
+                            "rerun the dedup stage")
     return result
 
 
@@ -177,10 +180,12 @@ def split_report(docs: Docs, split: np.ndarray, params: dict, targets: dict, lea
     for s in sorted(set(source)):
         sel = source == s
         per_source[s] = {name: {"documents": int((sel & (split == code)).sum()),
-                                "tokens": int(docs.tokens[sel & (split == code)].sum())} for code, name in enumerate(SPLITS)}
+                                "tokens": int(docs.tokens[sel & (split == code)].sum())}
+                         for code, name in enumerate(SPLITS)}
         if s in targets:
             per_source[s]["val_target"] = targets[s]
-    totals = {name: {k: sum(v[name][k] for v in per_source.values()) for k in ("documents", "tokens")} for name in SPLITS}
+    totals = {name: {k: sum(v[name][k] for v in per_source.values()) for k in ("documents", "tokens")}
+              for name in SPLITS}
     return {"method": params["split"]["method"], "per_source": per_source, "total": totals, "leak_check": leak,
             "params": params, "meta": provenance("split", params, inputs)}
 

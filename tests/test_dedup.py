@@ -110,7 +110,8 @@ TRICKY = [
 
 def test_signatures_equal_datasketch_oracle():
     rng = random.Random(0)
-    vocab = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyzéß") for _ in range(rng.randint(1, 19))) for _ in range(500)]
+    letters = "abcdefghijklmnopqrstuvwxyzéß"
+    vocab = ["".join(rng.choice(letters) for _ in range(rng.randint(1, 19))) for _ in range(500)]
     docs = TRICKY + [" ".join(rng.choice(vocab) for _ in range(rng.choice([3, 7, 60, 400]))) for _ in range(40)]
     num_perm, seed = 64, 7
     wh, word_off = minhash.doc_word_hashes(pa.array(docs))
@@ -231,7 +232,8 @@ def test_keep_lists_follow_the_contract(planted):
         cluster, keep = np.array(t["cluster"]), np.array(t["keep"])
         assert set(t["reason"]) <= {"keep", "exact", "near"}
         assert all((r == "keep") == k for r, k in zip(t["reason"], keep))
-        meta = json.loads(pq.read_schema(planted["root"] / "dedup" / "keep" / source / f"{shard}.parquet").metadata[b"tokenfarm"])
+        path = planted["root"] / "dedup" / "keep" / source / f"{shard}.parquet"
+        meta = json.loads(pq.read_schema(path).metadata[b"tokenfarm"])
         assert (meta["source"], meta["shard"], meta["stage"]) == (source, shard, "dedup")
     allc = np.concatenate([np.array(t["cluster"]) for t in planted["keep"].values()])
     allk = np.concatenate([np.array(t["keep"]) for t in planted["keep"].values()])
@@ -245,7 +247,8 @@ def test_report_counts_agree_with_keep_lists(planted):
     assert rep["total"]["removed_documents"] == removed
     assert rep["total"]["exact"] + rep["total"]["near"] == removed
     assert rep["per_source"]["chat"]["removed_documents"] == 0
-    assert sum(int(k) * v for k, v in rep["clusters"]["size_histogram"].items()) == removed + rep["clusters"]["with_duplicates"]
+    members = sum(int(size) * n for size, n in rep["clusters"]["size_histogram"].items())
+    assert members == removed + rep["clusters"]["with_duplicates"]
     for source in ("web", "chat"):
         removed_tokens = 0
         for (s, shard), t in planted["keep"].items():
@@ -278,7 +281,8 @@ def test_partition_count_does_not_change_clusters(planted, tmp_path):
 def test_disabled_keeps_every_document(planted, tmp_path):
     root = planted["root"]
     sigs = sorted((root / "dedup" / "sig").glob("*/*.parquet"))
-    report = dedup.run_clusters(sigs, tmp_path, tmp_path / "report.json", stage_params(make_config(enabled=False), "dedup"))
+    params = stage_params(make_config(enabled=False), "dedup")
+    report = dedup.run_clusters(sigs, tmp_path, tmp_path / "report.json", params)
     clusters = []
     for source, shard in planted["keep"]:
         t = pq.read_table(tmp_path / "keep" / source / f"{shard}.parquet").to_pydict()

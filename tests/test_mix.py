@@ -36,7 +36,8 @@ LAYOUT = {"fineweb": {"f0": 600, "f1": 600, "f2": 600}, "chat": {"c0": 500, "c1"
 
 
 def params(weights=None, tokens=200_000, max_epochs=1.0, seed=1337) -> dict:
-    m = {"weights": weights or {"fineweb": 0.3, "chat": 0.7}, "tokens": tokens, "max_epochs": max_epochs, "packing": "concat"}
+    m = {"weights": weights or {"fineweb": 0.3, "chat": 0.7}, "tokens": tokens, "max_epochs": max_epochs,
+         "packing": "concat"}
     return {"mixes": {"m": m}, "seq_len": SEQ_LEN, "seed": seed}
 
 
@@ -113,7 +114,8 @@ def test_up_sampling_within_cap(tmp_path, split_dir):
     assert chat["passes"] == 3 and 2.3 < chat["epochs_used"] <= 3
     epochs = [e for s, e in zip(train["source"], train["epoch"]) if s == "chat"]
     assert set(epochs) == {0, 1, 2}
-    full_pass = {(sh, d) for s, sh, d, e in zip(train["source"], train["shard"], train["doc"], train["epoch"]) if s == "chat" and e == 0}
+    full_pass = {(sh, d) for s, sh, d, e in zip(train["source"], train["shard"], train["doc"], train["epoch"])
+                 if s == "chat" and e == 0}
     assert sum(split_dir[("chat", sh)]["tokens"][d] for sh, d in full_pass) == train_tokens  # pass 0 is complete
     order0 = [d for s, d, e in zip(train["source"], train["doc"], train["epoch"]) if s == "chat" and e == 0]
     order1 = [d for s, d, e in zip(train["source"], train["doc"], train["epoch"]) if s == "chat" and e == 1]
@@ -133,7 +135,8 @@ def test_beyond_cap_fails_clearly(tmp_path, split_dir):
 def test_tokens_plan_reads_plan_json(tmp_path, split_dir):
     plan = tmp_path / "plan.json"
     # The trainer consumes num_steps × tokens_per_step (>= the budget), so that is what the mix supplies.
-    plan.write_text(json.dumps({"target_tokens": 49_000, "num_steps": 10, "tokens_per_step": 5_000, "trained_tokens": 50_000}))
+    plan.write_text(json.dumps({"target_tokens": 49_000, "num_steps": 10, "tokens_per_step": 5_000,
+                                "trained_tokens": 50_000}))
     train, _, report = run(tmp_path, params(tokens="plan"), plan=plan)
     assert report["target"]["tokens"] == 50_000 and report["target"]["from"] == "plan"
     assert sum(train["tokens"]) >= mix.schedule_target(50_000, SEQ_LEN)
@@ -143,7 +146,8 @@ def test_tokens_plan_reads_plan_json(tmp_path, split_dir):
 
 def test_val_holds_every_val_document(tmp_path, split_dir):
     _, val, report = run(tmp_path, params())
-    expected = [(s, sh, d) for (s, sh), t in sorted(split_dir.items()) for d, sp in zip(t["doc"], t["split"]) if sp == "val"]
+    expected = [(s, sh, d) for (s, sh), t in sorted(split_dir.items())
+                for d, sp in zip(t["doc"], t["split"]) if sp == "val"]
     assert list(zip(val["source"], val["shard"], val["doc"])) == expected
     assert set(val["epoch"]) == {0}
     assert report["val"]["documents"] == len(expected)

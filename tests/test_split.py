@@ -85,10 +85,11 @@ def test_hash_split_no_cluster_on_both_sides_and_dups_follow_dedup(tmp_path):
 
 def test_hash_split_val_close_to_target_per_source(tmp_path):
     keep_paths, token_paths = synthetic_run(tmp_path)
-    report = split.run_split(params(val_tokens=20_000), keep_paths, token_paths, tmp_path / "o", tmp_path / "o" / "r.json")
+    report = split.run_split(params(val_tokens=20_000), keep_paths, token_paths, tmp_path / "o", tmp_path / "r.json")
     tables = read_all(tmp_path / "o")
     for source in ("web", "chat"):
-        val = sum(tok for (s, _), t in tables.items() if s == source for tok, sp in zip(t["tokens"], t["split"]) if sp == "val")
+        val = sum(tok for (s, _), t in tables.items() if s == source
+                  for tok, sp in zip(t["tokens"], t["split"]) if sp == "val")
         assert val == report["per_source"][source]["val"]["tokens"]
         assert abs(val - 20_000) <= 300  # within half of the longest document (600 tokens)
         assert report["per_source"][source]["val_target"]["target_tokens"] == 20_000
@@ -96,7 +97,7 @@ def test_hash_split_val_close_to_target_per_source(tmp_path):
 
 def test_val_never_takes_more_than_half_a_source(tmp_path):
     keep_paths, token_paths = synthetic_run(tmp_path, shards={"web": ["s0"], "tiny": ["t0"]})
-    report = split.run_split(params(val_tokens=10**9), keep_paths, token_paths, tmp_path / "o", tmp_path / "o" / "r.json")
+    report = split.run_split(params(val_tokens=10**9), keep_paths, token_paths, tmp_path / "o", tmp_path / "r.json")
     for s in ("web", "tiny"):
         per = report["per_source"][s]
         assert 0 < per["val"]["tokens"] <= (per["val"]["tokens"] + per["train"]["tokens"]) // 2
@@ -145,7 +146,8 @@ def test_shards_method_pulls_clusters_into_val(tmp_path):
 def test_unknown_val_shard_fails(tmp_path):
     keep_paths, token_paths = synthetic_run(tmp_path)
     with pytest.raises(PipelineError, match="web/nope"):
-        split.run_split(params("shards", val_shards={"web": ["nope"]}), keep_paths, token_paths, tmp_path / "o", tmp_path / "r.json")
+        split.run_split(params("shards", val_shards={"web": ["nope"]}), keep_paths, token_paths, tmp_path / "o",
+                        tmp_path / "r.json")
 
 
 def test_inconsistent_inputs_fail_without_output(tmp_path):
