@@ -38,7 +38,7 @@ TINY = {
     "train": {
         "seq_len": 32, "global_batch_tokens": 1024, "micro_batch": 16, "target_tokens": 30720,
         "precision": "fp32", "compile": False, "warmup_steps": 3, "val_interval": 10, "val_batches": 2,
-        "ckpt_interval": 10, "log_interval": 5, "lr": 1e-2,
+        "ckpt_interval": 10, "log_interval": 5, "lr": 3e-2,
     },
     "wandb": {"mode": "offline"},
     "eval": {"max_new_tokens": 8},
@@ -130,7 +130,7 @@ def test_tokenizer_edit_reruns_tokenizer_and_downstream_not_download(project):
     finally:
         write_config(project, TINY)
     assert "download" not in jobs
-    assert jobs["tokenizer"] == 1 and jobs["count_shard"] == 4 and jobs["tokenize"] == 4
+    assert jobs["tokenizer"] == 1 and jobs["count_shards"] == 4 and jobs["tokenize"] == 4
 
 
 def test_dedup_edit_reruns_dedup_and_after_not_tokenize(project):
@@ -142,7 +142,7 @@ def test_dedup_edit_reruns_dedup_and_after_not_tokenize(project):
     finally:
         write_config(project, TINY)
     assert {"dedup", "split", "mix", "pack", "accounting", "train", "evaluate"} <= set(jobs)
-    assert not {"download", "tokenizer", "count_shard", "tokenize", "dedup_signatures"} & set(jobs)
+    assert not {"download", "tokenizer", "count_shards", "tokenize", "dedup_signatures"} & set(jobs)
 
 
 def test_config_typo_is_one_clear_error(tmp_path):
@@ -173,6 +173,6 @@ def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = planned_jobs(proc)
-    assert jobs["download"] == 1823 and jobs["train"] == 1
+    assert jobs["download"] == 114 and jobs["tokenize"] == 114 and jobs["train"] == 1
     assert "1,241,581,568" in proc.stderr or "1.24" in proc.stderr
     assert not (tmp_path / "data").exists()
