@@ -274,8 +274,8 @@ def stage_params(cfg: dict, stage: str) -> dict:
         return {"tokenizer": cfg["tokenizer"], "sources": _source_slice(cfg, tokenizer_sources(cfg)), "seed": cfg["seed"]}
     if stage in ("count", "tokenize", "dedup_sig"):
         p = {"sources": _source_slice(cfg, all_sources), "count": cfg["count"]}
-        if stage == "dedup_sig":
-            p["dedup"] = cfg["dedup"]
+        if stage == "dedup_sig":  # only what the signatures depend on: a threshold edit reruns clustering only
+            p["dedup"] = {k: cfg["dedup"][k] for k in ("ngram", "num_perm", "bands", "rows", "seed")}
         return p
     if stage == "dedup":
         return {"dedup": cfg["dedup"], "seed": cfg["seed"]}
@@ -283,7 +283,10 @@ def stage_params(cfg: dict, stage: str) -> dict:
         return {"split": cfg["split"], "seed": cfg["seed"]}
     if stage in ("mix", "pack"):
         return {"mixes": cfg["mixes"], "seq_len": cfg["train"]["seq_len"], "seed": cfg["seed"]}
-    if stage in ("plan", "train", "evaluate", "accounting"):
+    if stage == "plan":
+        keep = ("run_name", "seed", "sources", "tokenizer", "split", "mixes", "model", "train", "hardware")
+        return {k: cfg[k] for k in keep}
+    if stage in ("train", "evaluate", "accounting"):
         # These depend on (almost) the whole run description.
         return {k: v for k, v in cfg.items() if k not in ("download",)}
     raise KeyError(f"unknown stage {stage!r}")
