@@ -43,6 +43,7 @@ try:
 except tfc.ConfigError as _e:
     sys.exit(f"tokenfarm: {_e}")
 TOKENIZER = f"{R}/tokenizer/tokenizer.json"
+ALL_CORES = 256  # "as many threads as allowed": Snakemake caps a job's threads at --cores
 TRAIN_MIX = config["train"]["mix"]
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import platform
 import random
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -142,6 +143,17 @@ def prune_checkpoints(ckpt_dir: str | Path, keep: int) -> None:
         if p != current:
             p.unlink()
             log.info("pruned old checkpoint %s", p)
+
+
+def archive_checkpoints(ckpt_dir: str | Path) -> Path:
+    """Move a run's step checkpoints and `latest` pointer aside to `ckpt_dir/stale-<time>/`."""
+    ckpt_dir = Path(ckpt_dir)
+    dest = ckpt_dir / time.strftime("stale-%Y%m%dT%H%M%S")
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in ckpt_dir.iterdir():
+        if NAME_RE.match(p.name) or p.name == LATEST:
+            p.rename(dest / p.name)
+    return dest
 
 
 def clear_checkpoints(ckpt_dir: str | Path) -> None:

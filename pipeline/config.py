@@ -264,6 +264,12 @@ def _source_slice(cfg: dict, names) -> dict:
     return {n: {k: cfg["sources"][n][k] for k in keep if k in cfg["sources"][n]} for n in names}
 
 
+PLAN_TRAIN_KEYS = (
+    "mix", "seq_len", "global_batch_tokens", "micro_batch", "tokens_per_param", "target_tokens", "target_flops",
+    "precision", "optimizer", "activation_checkpointing", "checkpoint_every_n", "ce_chunk_tokens",
+)
+
+
 def stage_params(cfg: dict, stage: str) -> dict:
     """The config slice a stage depends on. Rules declare it as `params:` (so an edit to it reruns
     the rule and its downstream) and pass it to the stage CLI as --params JSON."""
@@ -283,9 +289,9 @@ def stage_params(cfg: dict, stage: str) -> dict:
         return {"split": cfg["split"], "seed": cfg["seed"]}
     if stage in ("mix", "pack"):
         return {"mixes": cfg["mixes"], "seq_len": cfg["train"]["seq_len"], "seed": cfg["seed"]}
-    if stage == "plan":
-        keep = ("run_name", "seed", "sources", "tokenizer", "split", "mixes", "model", "train", "hardware")
-        return {k: cfg[k] for k in keep}
+    if stage == "plan":  # budget, batch layout and memory only: an lr edit reruns train, not the data stages
+        keep = ("run_name", "seed", "sources", "tokenizer", "split", "mixes", "model", "hardware")
+        return {**{k: cfg[k] for k in keep}, "train": {k: cfg["train"][k] for k in PLAN_TRAIN_KEYS}}
     if stage in ("train", "evaluate", "accounting"):
         # These depend on (almost) the whole run description.
         return {k: v for k, v in cfg.items() if k not in ("download",)}

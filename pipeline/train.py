@@ -31,7 +31,9 @@ rank; `plan.num_steps` steps):
 * **Checkpoints** every `train.ckpt_interval` steps, at `--max-steps` and at the end
   (pipeline/checkpoint.py); `--resume auto` continues from `outdir/ckpt/latest` exactly: same
   per-step losses as an uninterrupted run (bitwise on CPU). A checkpoint made with a different
-  config (other than the logging keys in `OBSERVABILITY_KEYS`) or world size is refused.
+  config (other than the logging keys in `OBSERVABILITY_KEYS`) or world size is never resumed:
+  `auto` moves it aside to `ckpt/stale-<time>/` and starts over (a Snakemake rerun after a config
+  edit), `--resume require` fails instead.
 * **Metrics**: pipeline/metrics.py (JSONL + wandb), validation every `train.val_interval` steps.
 
 Outputs: `outdir/final.pt` (written last: model state dict, params, plan, tokens trained, final
@@ -371,15 +373,15 @@ def trajectory_params(params: dict) -> dict:
     return out
 
 
-def check_resumable(state: dict, params: dict, dist: Dist, path: Path) -> None:
+def resume_mismatch(state: dict, params: dict, dist: Dist) -> str | None:
+    """Why a checkpoint cannot be resumed exactly by this launch, or None when it can."""
     if state["world_size"] != dist.world_size:
-        raise PipelineError(f"{path} was written by {state['world_size']} process(es), this launch has "
-                            f"{dist.world_size}; resume with the same nproc_per_node or pass --resume never")
+        return f"it was written by {state['world_size']} process(es), this launch has {dist.world_size}"
     old, new = trajectory_params(state["params"]), trajectory_params(params)
     if old != new:
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        raise PipelineError(f"{path} was made with a different config (sections differing: {', '.join(diff)}); "
-                            "delete the ckpt directory or pass --resume never to start over")
+        return f"it was made with a different config (sections differing: {', '.join(diff)})"
+    return None
 
 
 # ----------------------------------------------------------------------------- the run
@@ -468,10 +470,20 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
 
     # ---- fresh start, or exact resume from the latest checkpoint
     start, tokens_seen, loss_tokens, best_val, last_val, wandb_id = 0, 0, 0, math.inf, math.nan, None
-    latest = ckpt.latest_checkpoint(ckpt_dir) if resume == "auto" else None
-    if latest is not None:
-        state = ckpt.load_checkpoint(latest)
-        check_resumable(state, params, dist, latest)
+    latest = ckpt.latest_checkpoint(ckpt_dir) if resume != "never" else None
+    state = ckpt.load_checkpoint(latest) if latest is not None else None
+    stale = resume_mismatch(state, params, dist) if state is not None else None
+    if stale:
+        if resume == "require":
+            raise PipelineError(f"{latest} cannot be resumed: {stale}; resume with the same config and "
+                                "nproc_per_node, or pass --resume auto to start over")
+        # A rerun after a config edit (what Snakemake does when the rule's params change) starts over;
+        # the old checkpoints are kept aside, never silently resumed into a different run.
+        log.warning("%s cannot be resumed (%s): starting over", latest, stale)
+        state = None
+    if dist.distributed:
+        torch_dist.barrier()  # every rank has read the checkpoint before rank 0 moves it aside
+    if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         loader.load_state_dict(state["loader"][dist.rank])
@@ -481,11 +493,13 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
         log.info("resumed from %s at step %d (%d tokens)", latest, start, tokens_seen)
         del state
     elif dist.is_main:
+        if stale:
+            log.warning("stale checkpoints moved to %s", ckpt.archive_checkpoints(ckpt_dir))
         ckpt.clear_checkpoints(ckpt_dir)
     metrics = None
     if dist.is_main:
         metrics = MetricsLogger(outdir / "metrics.jsonl", params["wandb"], outdir, params, params["run_name"],
-                                resume_step=start if latest else None, wandb_id=wandb_id)
+                                resume_step=start if start else None, wandb_id=wandb_id)
 
     ddp, fwd = wrap(LossModel(model, body_dtype, t["ce_chunk_tokens"]), dist, use_compile(params, dist.device))
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -569,8 +583,9 @@ def main(argv=None) -> None:
     p.add_argument("--val", required=True, help="packed validation rows metadata, R/pack/{mix}/val.json")
     p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
     p.add_argument("--outdir", required=True, help="R/train")
-    p.add_argument("--resume", choices=("auto", "never"), default="auto",
-                   help="auto: continue from outdir/ckpt/latest when present; never: start over")
+    p.add_argument("--resume", choices=("auto", "require", "never"), default="auto",
+                   help="auto: continue from outdir/ckpt/latest when it matches this run's config and world "
+                        "size, else move it aside and start over; require: continue or fail; never: start over")
     p.add_argument("--max-steps", type=int, default=None,
                    help="stop after this many optimizer steps, leaving a checkpoint and no final.pt (testing)")
     p.add_argument("--keep-ckpts", type=int, default=2, help="step checkpoints kept on disk (newest)")

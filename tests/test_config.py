@@ -75,3 +75,11 @@ def test_stage_params_are_slices():
     other = resolve_config(_cfg(tokenizer={"vocab_size": 8192}, model={"vocab_size": 8192}))
     assert stage_params(cfg, "download") == stage_params(other, "download")
     assert stage_params(cfg, "tokenizer") != stage_params(other, "tokenizer")
+
+
+def test_plan_params_ignore_optimizer_hyperparameters():
+    """An lr edit must rerun train and evaluate only, not the plan and the data stages after it."""
+    cfg = resolve_config(_cfg())
+    other = resolve_config(_cfg(train={"lr": 1e-2, "warmup_steps": 5}))
+    assert stage_params(cfg, "plan") == stage_params(other, "plan")
+    assert stage_params(cfg, "train") != stage_params(other, "train")

@@ -203,14 +203,21 @@ def test_crash_after_last_checkpoint_resumes_to_final(data, tmp_path):
     assert torch.load(tmp_path / "final.pt", weights_only=True)["summary"] == first
 
 
-def test_resume_refuses_a_checkpoint_from_another_config(data, tmp_path):
+def test_checkpoint_from_another_config_is_never_resumed(data, tmp_path):
     params = make_params(steps=4)
     run_inprocess(data, tmp_path, params, max_steps=2)
     changed = make_params(steps=4, lr=5e-3)
     with pytest.raises(PipelineError, match="different config.*train"):
-        run_inprocess(data, tmp_path, changed)
+        run_inprocess(data, tmp_path, changed, resume="require")
+    # auto (what the rule uses: Snakemake reruns train after a config edit) starts over and keeps the
+    # old checkpoints aside; the result equals a fresh run of the new config.
+    rerun = run_inprocess(data, tmp_path, changed)
+    assert rerun == run_inprocess(data, tmp_path / "fresh", changed)
+    stale = list(tmp_path.glob("ckpt/stale-*/step_*.pt"))
+    assert [p.name for p in stale] == ["step_000002.pt"]
     logging_only = make_params(steps=4, log_interval=2, val_interval=2)  # observability keys may change
-    assert run_inprocess(data, tmp_path, logging_only)["tokens_trained"] == 4 * 256
+    run_inprocess(data, tmp_path / "obs", params, max_steps=2)
+    assert run_inprocess(data, tmp_path / "obs", logging_only, resume="require")["tokens_trained"] == 4 * 256
 
 
 def test_too_little_data_fails_before_training(data, tmp_path):

@@ -35,7 +35,7 @@ rule dedup:
         files=shard_paths(f"{R}/dedup/sig/{{source}}/{{shard}}.parquet"),
     log:
         f"{LOGS}/dedup/clusters.log",
-    threads: workflow.cores
+    threads: ALL_CORES
     conda:
         "../../envs/data.yaml"
     shell:

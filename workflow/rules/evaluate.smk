@@ -15,7 +15,7 @@ rule evaluate:
         code=CODE("evaluate", "model", "losses", "loader", "checkpoint", "train", "tokenizer"),
     log:
         f"{LOGS}/evaluate.log",
-    threads: workflow.cores
+    threads: ALL_CORES
     conda:
         "../../envs/train.yaml"
     shell:

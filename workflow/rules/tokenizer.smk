@@ -10,7 +10,7 @@ rule tokenizer:
         files=shard_paths(f"{D}/{{source}}/{{shard}}.parquet", tfc.tokenizer_sources(config)),
     log:
         f"{LOGS}/tokenizer.log",
-    threads: workflow.cores
+    threads: ALL_CORES
     conda:
         "../../envs/data.yaml"
     shell:

@@ -18,7 +18,7 @@ rule train:
         nproc=NPROC,
     log:
         f"{LOGS}/train.log",
-    threads: workflow.cores if config["hardware"]["device"] == "cpu" else NPROC * 2
+    threads: ALL_CORES if config["hardware"]["device"] == "cpu" else NPROC * 2
     resources:
         gpus=NPROC if config["hardware"]["device"] == "cuda" else 0,
         nodes=config["hardware"]["nodes"],
