@@ -116,6 +116,12 @@ def test_end_to_end(project):
     assert json.loads((R / "counts/web/shard_00000.json").read_text())["meta"]["stage"] == "count"
 
 
+def test_report_shows_the_evaluation(project):
+    snakemake(project, "--report", str(project / "report.html"))
+    html = (project / "report.html").read_text(errors="replace")
+    assert "loss.png" in html and "report.md" in html and "plan.md" in html
+
+
 def test_nothing_to_do_after_a_run(project):
     assert planned_jobs(snakemake(project, "-n")) == {}
 
