@@ -10,7 +10,9 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
+# A dangling .venv symlink (a venv location that no longer exists) is replaced by a fresh venv.
 $(PY):
+	@if [ -L $(VENV) ] && [ ! -e $(VENV) ]; then rm -f $(VENV); fi
 	python3 -m venv $(VENV)
 
 # torch is pinned first and by exact version: a looser spec would pull GBs of CUDA wheels on a CPU box.
