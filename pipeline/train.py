@@ -44,10 +44,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import math
 import os
 import random
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,6 +126,33 @@ def all_reduce_sum(t: torch.Tensor, dist: Dist) -> torch.Tensor:
     if dist.distributed:
         torch_dist.all_reduce(t, op=torch_dist.ReduceOp.SUM)
     return t
+
+
+def close_distributed(dist: Dist, ddp_ref: weakref.ref) -> None:
+    """End of training: a barrier, then free the DDP module (`ddp_ref`; the caller has dropped its
+    references), then destroy the process group if this process created it.
+
+    The order matters. The DDP reducer holds a reference to the process group, and pybind frees the
+    reducer without releasing the GIL. Were the reducer the group's last holder, ~ProcessGroupGloo
+    would join gloo's worker threads under the GIL while a worker waits for the GIL to free a
+    finished collective's tensors (those whose Python objects are gone, as all_gather_object's
+    are): a deadlock at exit, seen in about one 2-process run in fifteen. Freed first (by refcount,
+    else by the cycle collector, else after dropping torch.compile's caches), the module leaves the
+    group's own Python object as its last holder, and that one's destructor releases the GIL.
+    """
+    if not dist.distributed:
+        return
+    if dist.owns_group:
+        torch_dist.barrier()
+    if ddp_ref() is not None:  # not freed by refcount alone: reference cycles
+        gc.collect()
+    if ddp_ref() is not None:  # held by torch.compile's caches
+        torch._dynamo.reset()
+        gc.collect()
+    if ddp_ref() is not None:
+        log.warning("the DDP module is still referenced after training; destroying the process group may hang")
+    if dist.owns_group:
+        torch_dist.destroy_process_group()
 
 
 def gather_objects(obj, dist: Dist) -> list:
@@ -569,9 +598,9 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
         log.info("stopped after step %d of %d (--max-steps); rerun with --resume auto to continue", stop_at, num_steps)
     if metrics:
         metrics.close()
-    if dist.owns_group:
-        torch_dist.barrier()
-        torch_dist.destroy_process_group()
+    ddp_ref = weakref.ref(ddp)
+    del ddp, fwd
+    close_distributed(dist, ddp_ref)
     return summary
 
 

@@ -374,6 +374,46 @@ def test_mfu_norms_and_update_ratio():
 
 # ----------------------------------------------------------------------------- 2-process DDP (torchrun, gloo)
 
+TEARDOWN_SCRIPT = """
+import sys, weakref
+import torch, torch.distributed as torch_dist, torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+from pipeline.train import Dist, close_distributed
+
+def worker(rank, store, n):
+    torch.set_num_threads(1)
+    for i in range(n):
+        torch_dist.init_process_group("gloo", init_method=f"file://{store}-{i}", rank=rank, world_size=2)
+        ddp = DDP(torch.nn.Linear(8, 8))
+        for _ in range(2):
+            ddp(torch.randn(4, 8)).sum().backward()
+            torch_dist.all_reduce(torch.ones(2))
+        for _ in range(2):  # collectives whose tensors' Python objects die before the gloo work
+            torch_dist.all_gather_object([None, None], {"step": i})
+        ref = weakref.ref(ddp)
+        del ddp
+        close_distributed(Dist(rank, rank, 2, torch.device("cpu"), owns_group=True), ref)
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(sys.argv[1], int(sys.argv[2])), nprocs=2)
+"""
+
+
+@pytest.mark.slow
+def test_process_group_teardown_never_deadlocks(tmp_path):
+    """100 gloo process groups used by DDP and all_gather_object, each closed by close_distributed.
+    Destroying the group while the DDP module was alive deadlocked within ~50 such cycles."""
+    script = tmp_path / "teardown.py"
+    script.write_text(TEARDOWN_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    try:
+        r = subprocess.run([sys.executable, str(script), str(tmp_path / "store"), "100"], capture_output=True,
+                           text=True, env=env, timeout=180)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a process group teardown hung")
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 def torchrun(data, outdir: Path, params: dict, *extra: str) -> None:
     """Run the train CLI under torchrun with 2 gloo processes; each rank also dumps its final
     parameters to outdir/rank{r}.pt (through a wrapper script, test-only)."""
