@@ -84,11 +84,13 @@ def mix_sources(mix):
 
 
 # Rules find the project's venv and package without activation; with --sdm conda the env's python
-# is used instead and the package is found through PYTHONPATH.
+# is used instead and the package is found through PYTHONPATH. A prefix of our own replaces
+# Snakemake's default `set -euo pipefail`, so it is restated: a stage failing inside
+# `… 2>&1 | tee log` or inside a per-shard loop must fail the job.
 # (shell.prefix is formatted by Snakemake, hence the doubled braces.)
-_prefix = f'export PYTHONPATH="{BASE}:$PYTHONPATH"; export TOKENFARM_PROGRESS="${{{{TOKENFARM_PROGRESS:-0}}}}"; '
+_prefix = f'set -euo pipefail; export PYTHONPATH="{BASE}:${{{{PYTHONPATH:-}}}}"; export TOKENFARM_PROGRESS="${{{{TOKENFARM_PROGRESS:-0}}}}"; '
 if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
-    _prefix = f'export PATH="{Path(sys.executable).parent}:$PATH"; ' + _prefix
+    _prefix += f'export PATH="{Path(sys.executable).parent}:$PATH"; '
 shell.prefix(_prefix)
 
 wildcard_constraints:

@@ -166,8 +166,11 @@ def test_corrupt_shard_fails_with_named_file_and_no_output(tmp_path):
     bad = tmp_path / "src/web/shard_00001.parquet"
     bad.write_bytes(bad.read_bytes()[:200])  # truncated parquet
     proc = snakemake(tmp_path, "--until", "download", check=False)
+    out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "shard_00001.parquet" in proc.stdout + proc.stderr
+    assert "shard_00001.parquet" in out
+    # the stage's exit status fails the job (behind `| tee log`), not a missing output noticed later
+    assert "CalledProcessError" in out and "MissingOutputException" not in out
     assert not (tmp_path / "data/raw/web/shard_00001.parquet").exists()
 
 
