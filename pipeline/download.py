@@ -19,13 +19,32 @@ Fetching an hf file (`fetch_hf`):
    named after another ETag (the file changed upstream) is deleted first.
 3. Check the size and the content hash against the Hub's; a mismatching file is deleted.
 
+Between 1 and 2, before any byte of the body is fetched, the resolved commit and ETag are checked:
+
+* Revision consistency (`check_commit`): the commit must equal the ``commit`` recorded in the sidecar
+  of every other shard of the source already placed in the same directory from the same repo at the
+  same requested revision. ``revision: main`` is a branch; if it moves while a source is being
+  downloaded (across jobs, reruns, or groups), shards would silently come from two versions of the
+  data set. A mismatch fails, naming both commits, and places nothing: pin
+  ``sources.<name>.revision`` to a commit sha. Shards placed at another revision (an earlier config)
+  are not compared; each is re-checked when its own turn comes. The check is repeated just before
+  placement, as another job may have placed a shard while this one downloaded.
+* Already placed (`placed_is_current`): if a shard is placed at ``--out`` and its sidecar names the
+  same repo, repo type, file and ETag, and the placed file still hashes to the sidecar's sha256, it
+  is not downloaded again (an interrupted or rerun group job resumes where it stopped). A placed
+  file changed on disk since (corrupt, truncated) or a file changed upstream (new ETag) is
+  downloaded again. A kept shard still goes through every verification below (pin, column, pages,
+  rows), so a changed config is checked against it; its sidecar is rewritten only when what the
+  Hub resolved differs from what it records (e.g. the revision was pinned to the commit the shard
+  came from), and otherwise left untouched.
+
 Steps 1-3 are retried on transient failures (connection errors, timeouts, HTTP 408/429/5xx, short or
 corrupt bodies): ``download.retries`` more attempts, sleeping ``backoff_seconds * 2**k`` before retry
 ``k + 1``. Any other HTTP error (404, 401, ...) fails at once with a message naming the fix.
 
 Verification (both types): the sha256 must equal the optional pin ``sources.<name>.sha256[<file>]``
 (keyed by the repo file name for hf, the file's base name for local); the file must be readable
-parquet with the required column (``text_column`` of string type for text sources,
+parquet with the required column (``text_column`` of string or binary type for text sources,
 ``messages_column`` of ``list<struct<role, content>>`` for chat), every page of that column must
 decode, and there must be at least one row. A zero-row shard is an error, not a silent skip: it is
 valid parquet but contributes nothing, and is almost always a broken export or a wrong glob.
@@ -63,7 +82,7 @@ from huggingface_hub.file_download import http_get
 from huggingface_hub.utils import build_hf_headers
 
 from pipeline.config import add_config_args, params_from_args, source_files
-from pipeline.io import PipelineError, atomic_path, get_logger, progress, provenance, run_cli, sha256_file, write_json
+from pipeline.io import PipelineError, atomic_path, get_logger, progress, provenance, read_json, run_cli, sha256_file, write_json
 
 log = get_logger(__name__)
 
@@ -129,8 +148,11 @@ def _column_type_problem(typ, fmt: str) -> str | None:
     import pyarrow as pa
 
     if fmt == "text":
-        ok = pa.types.is_string(typ) or pa.types.is_large_string(typ)
-        expected = "string"
+        # Binary is fine: the readers downstream (pipeline.tokenizer.iter_documents, dedup's
+        # document_texts) read text as bytes and count a row that is not UTF-8 as an invalid document.
+        kinds = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
+        ok = any(is_kind(typ) for is_kind in kinds)
+        expected = "string or binary"
     else:
         ok = (
             (pa.types.is_list(typ) or pa.types.is_large_list(typ))
@@ -196,13 +218,96 @@ def verify_shard(path: Path, name: str, spec: dict, filename: str, label: str, s
 # ----------------------------------------------------------------------------- local sources
 
 def ingest_local(name: str, spec: dict, shard: str, path: str, out: Path, params: dict) -> dict:
-    """Copy a local shard to `out` (verified, with its sidecar); return the sidecar record."""
+    """Copy a local shard to `out` (verified, with its sidecar); return the sidecar record.
+
+    A shard already placed is copied again rather than skipped: proving a placed copy current would
+    take hashing both the source and the copy (two full reads), while copying is one read and one
+    write plus the hash of the copy that verification needs anyway. Skipping would save little and
+    add a second path whose staleness rules (source edited in place, copy damaged) must be right.
+    """
     src = Path(path)
     fields = {"source": name, "shard": shard, "type": "local", "origin": str(src.resolve())}
     with atomic_path(out) as tmp:
         shutil.copyfile(src, tmp)
         record = {**fields, **verify_shard(tmp, name, spec, src.name, str(src), sha256_file(tmp)), "meta": provenance(STAGE, params, [src])}
         write_json(sidecar_path(out), record)  # before atomic_path renames the shard into place
+    log_placed(out, record)
+    return record
+
+
+# ----------------------------------------------------------------------------- placed shards
+
+def read_sidecar(out: Path) -> dict | None:
+    """The sidecar record of the shard placed at `out`; None if none is placed there.
+
+    A parquet without a readable sidecar (or a sidecar without its parquet) counts as not placed.
+    """
+    side = sidecar_path(out)
+    if not (out.exists() and side.exists()):
+        return None
+    try:
+        record = read_json(side)
+    except (OSError, ValueError) as e:
+        log.warning("ignoring %s, it is unreadable (%s): %s counts as not placed", side, e, out)
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def placed_shards(directory: Path, name: str) -> list[dict]:
+    """The sidecar records of the shards of source `name` placed in `directory` (sorted by shard)."""
+    records = (read_sidecar(Path(str(side)[: -len(".json")])) for side in sorted(directory.glob("*.parquet.json")))
+    return [r for r in records if r is not None and r.get("source") == name]
+
+
+def check_commit(name: str, shard: str, out: Path, f: HubFile, commit: str) -> None:
+    """Fail if shard `shard` of source `name`, resolved to `commit`, would sit beside shards of the
+    same repo and requested revision that were downloaded at another commit (see the module doc)."""
+    for other in placed_shards(out.parent, name):
+        same_request = (other.get("type"), other.get("repo"), other.get("repo_type"), other.get("revision")) == (
+            "hf", f.repo, f.repo_type, f.revision
+        )
+        if same_request and other.get("shard") != shard and other.get("commit") != commit:
+            raise PipelineError(
+                f"source '{name}': shard '{shard}' resolves revision '{f.revision}' of {f.repo_type} repo {f.repo} to commit "
+                f"{commit}, but shard '{other.get('shard')}' already placed in {out.parent} came from commit {other.get('commit')}: "
+                f"the revision moved between downloads and the source would mix two versions of the data; "
+                f"pin sources.{name}.revision to a commit sha ({other.get('commit')} keeps the shards already placed)"
+            )
+
+
+def placed_is_current(out: Path, placed: dict | None, f: HubFile, etag: str) -> bool:
+    """True if `placed` (the sidecar of the shard at `out`) records file `f` at ETag `etag` and the
+    file at `out` still has the recorded size and sha256 (re-hashed: a damaged copy is never kept)."""
+    if placed is None:
+        return False
+    recorded = tuple(placed.get(k) for k in ("type", "repo", "repo_type", "filename", "etag"))
+    if recorded != ("hf", f.repo, f.repo_type, f.filename, etag):
+        return False
+    if out.stat().st_size != placed.get("bytes") or sha256_file(out) != placed.get("sha256"):
+        log.warning("%s no longer matches the size and sha256 its sidecar records (changed on disk since): downloading it again", out)
+        return False
+    return True
+
+
+def keep_placed(name: str, spec: dict, out: Path, fields: dict, placed: dict, params: dict, label: str) -> dict:
+    """Re-verify the current shard already at `out` under the current config; return its record.
+
+    `fields` are the sidecar fields from what the Hub resolved now. The sidecar is rewritten only if
+    they (or the verification results) differ from what it records.
+    """
+    checked = verify_shard(out, name, spec, fields["filename"], label, placed["sha256"])
+    record = {**fields, **checked}
+    if record != {k: v for k, v in placed.items() if k != "meta"}:
+        record["meta"] = provenance(STAGE, params)
+        write_json(sidecar_path(out), record)
+        log.info("%s: re-recorded its sidecar (now commit %s, revision %s)", out, fields["commit"], fields["revision"])
+    else:
+        record["meta"] = placed["meta"]
+    for p in out.parent.glob(f".{out.name}.*.part"):
+        log.info("removing %s: the shard is already placed", p)
+        p.unlink()
+    log.info("%s already present and verified (same ETag as %s, sha256 %s, %d rows): not downloaded again",
+             out, label, record["sha256"][:12], record["rows"])
     return record
 
 
@@ -254,12 +359,15 @@ def _download_timeout(seconds: float):
         constants.HF_HUB_DOWNLOAD_TIMEOUT = old
 
 
-def _fetch_once(f: HubFile, out: Path, token: str | bool, timeout: float) -> tuple[Path, dict]:
+def _fetch_once(f: HubFile, out: Path, token: str | bool, timeout: float, keep) -> tuple[Path | None, dict]:
     meta = get_hf_file_metadata(f.url, token=token, timeout=timeout, endpoint=f.endpoint)
     if meta.commit_hash is None or meta.etag is None:
         raise PipelineError(
             f"{f.endpoint} answered without X-Repo-Commit/ETag for {f}: it is not a Hugging Face Hub endpoint; check HF_ENDPOINT"
         )
+    remote = {"commit": meta.commit_hash, "etag": meta.etag}
+    if keep(remote):
+        return None, remote
     part = _partial_path(out, meta.etag)
     _remove_stale_partials(out, keep=part)
     resume = part.stat().st_size if part.exists() else 0
@@ -278,7 +386,7 @@ def _fetch_once(f: HubFile, out: Path, token: str | bool, timeout: float) -> tup
     if not _matches_etag(part, meta.etag, sha256):
         part.unlink()
         raise TransferError(f"content does not match the Hub's ETag {meta.etag} (got sha256 {sha256})")
-    return part, {"commit": meta.commit_hash, "etag": meta.etag, "sha256": sha256}
+    return part, {**remote, "sha256": sha256}
 
 
 def _is_transient(e: BaseException) -> bool:
@@ -331,18 +439,22 @@ def _gave_up(f: HubFile, attempts: int, e: BaseException) -> PipelineError:
     )
 
 
-def fetch_hf(f: HubFile, name: str, out: Path, *, retries: int, backoff_seconds: float, timeout_seconds: float) -> tuple[Path, dict]:
+def fetch_hf(
+    f: HubFile, name: str, out: Path, *, retries: int, backoff_seconds: float, timeout_seconds: float, keep=lambda remote: False
+) -> tuple[Path | None, dict]:
     """Download `f` into a partial file next to `out`, checked against the Hub's size and ETag.
 
     Returns (path of the complete file, {"commit", "etag", "sha256"}). `name` is the source's config
-    key, for error messages.
+    key, for error messages. `keep` is called with {"commit", "etag"} as resolved by each attempt's
+    HEAD, before any byte of the body is fetched: it may raise a PipelineError (which is not retried),
+    and if it returns True no body is fetched and (None, {"commit", "etag"}) is returned.
     """
     out.parent.mkdir(parents=True, exist_ok=True)
     token = os.environ.get("HF_TOKEN") or False
     attempts = retries + 1
     for attempt in itertools.count(1):
         try:
-            return _fetch_once(f, out, token, timeout_seconds)
+            return _fetch_once(f, out, token, timeout_seconds, keep)
         except Exception as e:
             if not _is_transient(e):
                 if isinstance(e, (HfHubHTTPError, OfflineModeIsEnabled)):
@@ -356,21 +468,32 @@ def fetch_hf(f: HubFile, name: str, out: Path, *, retries: int, backoff_seconds:
 
 
 def ingest_hf(name: str, spec: dict, shard: str, filename: str, out: Path, params: dict) -> dict:
-    """Download an hf shard to `out` (verified, with its sidecar); return the sidecar record."""
+    """Download an hf shard to `out` (verified, with its sidecar), unless the shard already placed
+    there is current; return the sidecar record."""
     dl = params["download"]
     f = HubFile(spec["repo"], spec["repo_type"], spec["revision"], filename, hub_endpoint())
+    placed = read_sidecar(out)
+
+    def keep(remote: dict) -> bool:
+        check_commit(name, shard, out, f, remote["commit"])
+        return placed_is_current(out, placed, f, remote["etag"])
+
     part, got = fetch_hf(
-        f, name, out, retries=dl["retries"], backoff_seconds=dl["backoff_seconds"], timeout_seconds=dl["timeout_seconds"]
+        f, name, out, retries=dl["retries"], backoff_seconds=dl["backoff_seconds"], timeout_seconds=dl["timeout_seconds"], keep=keep
     )
     fields = {
         "source": name, "shard": shard, "type": "hf", "origin": f.url, "endpoint": f.endpoint,
         "repo": f.repo, "repo_type": f.repo_type, "filename": filename, "revision": f.revision,
         "commit": got["commit"], "etag": got["etag"],
     }
+    if part is None:
+        return keep_placed(name, spec, out, fields, placed, params, str(f))
     with atomic_path(out) as tmp:
         os.replace(part, tmp)  # from here a failed check deletes the file (atomic_path cleans up)
         record = {**fields, **verify_shard(tmp, name, spec, filename, str(f), got["sha256"]), "meta": provenance(STAGE, params)}
+        check_commit(name, shard, out, f, got["commit"])  # again: another job may have placed a shard meanwhile
         write_json(sidecar_path(out), record)  # before atomic_path renames the shard into place
+    log_placed(out, record)
     return record
 
 
@@ -387,9 +510,11 @@ def download_shard(params: dict, source: str, shard: str, out: str | os.PathLike
     spec = sources[source]
     origin = shard_origin(source, spec, shard)
     ingest = ingest_local if spec["type"] == "local" else ingest_hf
-    record = ingest(source, spec, shard, origin, Path(out), params)
+    return ingest(source, spec, shard, origin, Path(out), params)
+
+
+def log_placed(out: Path, record: dict) -> None:
     log.info("placed %s: %d rows, %d bytes, sha256 %s (from %s)", out, record["rows"], record["bytes"], record["sha256"][:12], record["origin"])
-    return record
 
 
 def main(argv=None) -> None:

@@ -55,6 +55,9 @@ class HubFile:
 class MockHub:
     """A fake Hub serving files of one or more repos at a single commit (also reachable as `main`).
 
+    Assigning :attr:`commit` moves `main` to a new commit (requests for the old commit then answer
+    404 RevisionNotFound); :meth:`add_file` on an existing name changes that file.
+
     >>> with MockHub() as hub:
     ...     hub.add_file("org/data", "shard_00000.parquet", data)
     ...     os.environ["HF_ENDPOINT"] = hub.url

@@ -1,5 +1,6 @@
 """Ingest stage: hf downloads through the real huggingface_hub client against tests/mockhub.py,
-retries, resume, hash/pin/parquet verification, atomic placement with a metadata sidecar, local copies.
+retries, resume, hash/pin/parquet verification, atomic placement with a metadata sidecar, skipping
+shards already placed, one commit per source, local copies.
 
 hf downloads run `python -m pipeline.download` in a subprocess: huggingface_hub reads HF_ENDPOINT,
 HF_HUB_OFFLINE and telemetry settings at import, so a fresh process is the honest end-to-end path.
@@ -21,6 +22,7 @@ import pytest
 from conftest import ROOT, write_chat_shard, write_text_shard
 from mockhub import MockHub
 from pipeline.config import resolve_config, stage_params
+from pipeline import download
 from pipeline.download import download_shard, main, sidecar_path
 from pipeline.io import PipelineError
 
@@ -226,6 +228,154 @@ def test_offline_mode_is_named(hub, tmp_path):
     assert hub.requests_for(FILE0, "HEAD") == []
 
 
+# ----------------------------------------------------------------------------- hf: shards already placed
+
+FILE2 = "data/shard_00002.parquet"
+
+
+def body_requests(hub: MockHub, since: int = 0) -> list[dict]:
+    """GETs (of a file's bytes: on the CDN for LFS files, at the resolve URL for plain ones) after request `since`."""
+    return [r for r in hub.requests[since:] if r["method"] == "GET"]
+
+
+@pytest.mark.parametrize("lfs", [True, False], ids=["lfs-sha256", "plain-git-sha1"])
+def test_placed_shard_is_not_downloaded_again(hub, tmp_path, lfs):
+    data = shard_bytes(tmp_path, ["first document", "second document"])
+    hub.add_file(REPO, FILE0, data, lfs=lfs)
+    params = params_for(hf_source(sha256={FILE0: sha256(data)}))
+    out = tmp_path / "raw/web/shard_00000.parquet"
+    assert run_download(params, out, hub_env(hub, tmp_path)).returncode == 0
+    stat, sidecar, seen = out.stat(), sidecar_path(out).read_text(), len(hub.requests)
+
+    proc = run_download(params, out, hub_env(hub, tmp_path))
+
+    assert proc.returncode == 0, proc.stderr
+    assert "already present and verified" in proc.stderr and ": placed " not in proc.stderr
+    assert [r["method"] for r in hub.requests[seen:]] == ["HEAD"]  # metadata only, no body
+    assert out.read_bytes() == data
+    assert (out.stat().st_ino, out.stat().st_mtime_ns) == (stat.st_ino, stat.st_mtime_ns)  # not rewritten
+    assert sidecar_path(out).read_text() == sidecar
+    assert leftovers(out.parent) == []
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [lambda b: b[:100] + bytes([b[100] ^ 0xFF]) + b[101:], lambda b: b[:-10]],
+    ids=["bytes-flipped", "truncated"],
+)
+def test_placed_shard_damaged_on_disk_is_downloaded_again(hub, tmp_path, damage):
+    data = shard_bytes(tmp_path, [f"document {i}" for i in range(20)])
+    f = hub.add_file(REPO, FILE0, data)
+    out = tmp_path / "raw/web/shard_00000.parquet"
+    assert run_download(params_for(hf_source()), out, hub_env(hub, tmp_path)).returncode == 0
+    sidecar = json.loads(sidecar_path(out).read_text())
+    out.write_bytes(damage(data))  # the sidecar is intact and still describes the good file
+
+    proc = run_download(params_for(hf_source()), out, hub_env(hub, tmp_path))
+
+    assert proc.returncode == 0, proc.stderr
+    assert "no longer matches the size and sha256" in proc.stderr and "already present" not in proc.stderr
+    assert len(hub.requests_for(f.sha256)) == 2  # the body, fetched on both runs
+    assert out.read_bytes() == data
+    assert json.loads(sidecar_path(out).read_text())["sha256"] == sidecar["sha256"] == sha256(data)
+    assert leftovers(out.parent) == []
+
+
+def test_file_changed_upstream_is_downloaded_again(hub, tmp_path):
+    old, new = shard_bytes(tmp_path, ["old document"], "old.parquet"), shard_bytes(tmp_path, ["new document", "added"], "new.parquet")
+    hub.add_file(REPO, FILE0, old)
+    out = tmp_path / "raw/web/shard_00000.parquet"
+    assert run_download(params_for(hf_source()), out, hub_env(hub, tmp_path)).returncode == 0
+    hub.add_file(REPO, FILE0, new)
+    hub.commit = "b" * 40  # a new commit on main: the only shard placed is this one, so no mixing
+
+    proc = run_download(params_for(hf_source()), out, hub_env(hub, tmp_path))
+
+    assert proc.returncode == 0, proc.stderr
+    assert "already present" not in proc.stderr
+    assert len(hub.requests_for(sha256(new))) == 1
+    assert out.read_bytes() == new
+    meta = json.loads(sidecar_path(out).read_text())
+    assert (meta["etag"], meta["sha256"], meta["commit"], meta["rows"]) == (sha256(new), sha256(new), "b" * 40, 2)
+
+
+@pytest.mark.parametrize(
+    "over, expected",
+    [({"sha256": {FILE0: "0" * 64}}, f"sources.web.sha256['{FILE0}'] pins {'0' * 64}"), ({"text_column": "body"}, "has no column 'body'")],
+    ids=["pin", "text-column"],
+)
+def test_placed_shard_is_checked_against_the_current_config(hub, tmp_path, over, expected):
+    data = shard_bytes(tmp_path, ["a document"])
+    hub.add_file(REPO, FILE0, data)
+    out = tmp_path / "raw/web/shard_00000.parquet"
+    assert run_download(params_for(hf_source()), out, hub_env(hub, tmp_path)).returncode == 0
+    seen = len(hub.requests)
+
+    proc = run_download(params_for(hf_source(**over)), out, hub_env(hub, tmp_path))
+
+    assert proc.returncode == 1
+    assert expected in proc.stderr.strip().splitlines()[-1]
+    assert body_requests(hub, seen) == []  # a download would give the same bytes: fail without one
+
+
+# ----------------------------------------------------------------------------- hf: revision consistency
+
+def test_branch_moving_between_shards_fails_and_pinning_fixes_it(hub, tmp_path):
+    data0, data2 = shard_bytes(tmp_path, ["shard zero"], "0.parquet"), shard_bytes(tmp_path, ["shard two"], "2.parquet")
+    hub.add_file(REPO, FILE0, data0)
+    hub.add_file(REPO, FILE2, data2)
+    out0, out2 = tmp_path / "raw/web/shard_00000.parquet", tmp_path / "raw/web/shard_00002.parquet"
+    old = hub.commit
+    assert run_download(params_for(hf_source()), out0, hub_env(hub, tmp_path)).returncode == 0
+    hub.commit = new = "b" * 40  # main moves between the two shards
+
+    proc = run_download(params_for(hf_source()), out2, hub_env(hub, tmp_path), shard="shard_00002")
+
+    assert proc.returncode == 1
+    err = proc.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: source 'web': shard 'shard_00002'") and "shard 'shard_00000'" in err
+    assert old in err and new in err and "pin sources.web.revision to a commit sha" in err
+    assert not out2.exists() and not sidecar_path(out2).exists()
+    assert hub.requests_for(sha256(data2)) == []  # failed on the HEAD, before fetching the body
+    assert leftovers(out2.parent) == []
+
+    # The fix: pin the revision. Shard 0's bytes are the same at the new commit, so it is kept and
+    # only re-recorded, and both shards then record one commit.
+    pinned = params_for(hf_source(revision=new))
+    proc = run_download(pinned, out2, hub_env(hub, tmp_path), shard="shard_00002")
+    assert proc.returncode == 0, proc.stderr
+    proc = run_download(pinned, out0, hub_env(hub, tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "already present and verified" in proc.stderr and len(hub.requests_for(sha256(data0))) == 1
+    for out in (out0, out2):
+        meta = json.loads(sidecar_path(out).read_text())
+        assert meta["revision"] == meta["commit"] == new and new in meta["origin"]
+        assert meta["meta"]["params"] == pinned
+
+
+def test_commit_is_checked_again_before_placing(hub, tmp_path, monkeypatch):
+    """Another job may place a shard from another commit while this one downloads (in-process run:
+    the endpoint is read from HF_ENDPOINT at call time)."""
+    hub.add_file(REPO, FILE0, shard_bytes(tmp_path, ["a document"]))
+    out0, out2 = tmp_path / "raw/web/shard_00000.parquet", tmp_path / "raw/web/shard_00002.parquet"
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    fetch = download.fetch_hf
+
+    def fetch_while_another_job_places(*args, **kwargs):
+        got = fetch(*args, **kwargs)
+        out2.write_bytes(b"placed by another job")
+        other = {"source": "web", "shard": "shard_00002", "type": "hf", "repo": REPO, "repo_type": "dataset", "revision": "main"}
+        sidecar_path(out2).write_text(json.dumps({**other, "commit": "b" * 40}))
+        return got
+
+    monkeypatch.setattr(download, "fetch_hf", fetch_while_another_job_places)
+    with pytest.raises(PipelineError, match=f"shard 'shard_00000' .* to commit {hub.commit}, but shard 'shard_00002' .* commit {'b' * 40}"):
+        download_shard(params_for(hf_source()), "web", "shard_00000", out0)
+    assert not out0.exists() and not sidecar_path(out0).exists()
+    assert leftovers(out0.parent) == []
+
+
 # ----------------------------------------------------------------------------- local sources
 
 def local_params(tmp_path: Path, **over) -> dict:
@@ -296,6 +446,36 @@ def test_bad_local_shard_is_a_clear_error_and_places_nothing(tmp_path, make, ove
     assert str(src) in str(e.value) and expected in str(e.value)
     assert not out.exists() and not sidecar_path(out).exists()
     assert leftovers(out.parent) == []
+
+
+@pytest.mark.parametrize("typ", [pa.large_string(), pa.binary(), pa.large_binary()], ids=str)
+def test_text_column_may_be_large_string_or_binary(tmp_path, typ):
+    """The readers downstream take text as bytes and count a row that is not UTF-8 as invalid."""
+    from pipeline.tokenizer import iter_documents
+
+    src = tmp_path / "src/shard_00000.parquet"
+    src.parent.mkdir(parents=True)
+    values = ["ok", "fine"] if pa.types.is_large_string(typ) else [b"ok", b"\xff\xfe not utf-8"]
+    pq.write_table(pa.table({"text": pa.array(values, typ)}), src)
+    out = tmp_path / "raw/web/shard_00000.parquet"
+
+    record = download_shard(local_params(tmp_path), "web", "shard_00000", out)
+
+    assert record["rows"] == 2 and out.read_bytes() == src.read_bytes()
+    batches = list(iter_documents(out, {"format": "text", "text_column": "text"}, batch_size=10))
+    assert sum(b.invalid_utf8 for b in batches) == (0 if pa.types.is_large_string(typ) else 1)
+    assert [d for b in batches for d in b.docs][0] == "ok"
+
+
+def test_local_shard_already_placed_is_copied_again(tmp_path):
+    src = write_text_shard(tmp_path / "src/shard_00000.parquet", ["one"])
+    out = tmp_path / "raw/web/shard_00000.parquet"
+    download_shard(local_params(tmp_path), "web", "shard_00000", out)
+    out.write_bytes(b"damaged")
+
+    download_shard(local_params(tmp_path), "web", "shard_00000", out)
+
+    assert out.read_bytes() == src.read_bytes()
 
 
 def test_unknown_shard_and_source_are_clear_errors(tmp_path):
