@@ -96,11 +96,23 @@ class Pool:
         return Pool(self.shards, self.shard[idx], self.doc[idx], self.tokens[idx])
 
 
-def load_source(split_dir, source: str) -> dict[str, Pool]:
-    """The source's train and val documents from `split_dir/{source}/*.parquet`, in (shard, doc) order."""
-    paths = sorted(Path(split_dir, source).glob("*.parquet"))
+def split_files(split_dir) -> dict[str, list[Path]]:
+    """source -> the split files of this run, in shard order: those the split stage's report lists
+    (the directory may also hold files of shards no longer configured)."""
+    report = Path(split_dir, "report.json")
+    try:
+        shards = read_json(report)["shards"]
+    except (OSError, ValueError, KeyError) as e:
+        raise PipelineError(f"{report}: no readable split report listing the shards ({e!r}); "
+                            "rerun the split stage") from None
+    return {s: [Path(split_dir, s, f"{sh}.parquet") for sh in sorted(names)] for s, names in shards.items()}
+
+
+def load_source(paths: list[Path], source: str) -> dict[str, Pool]:
+    """The source's train and val documents from its split files `paths`, in (shard, doc) order."""
     if not paths:
-        raise PipelineError(f"no split files for source '{source}' in {Path(split_dir, source)}; run the split stage")
+        raise PipelineError(f"no split files for source '{source}' in the split report; add it to the config's "
+                            "sources and rerun the split stage")
     parts = []
     for i, p in enumerate(paths):
         try:
@@ -217,7 +229,8 @@ def build_mix(params: dict, mix_name: str, split_dir, plan_path=None) -> tuple[p
     target = schedule_target(tokens, params["seq_len"])
     sources = sorted(mix["weights"])
     weight_sum = sum(mix["weights"].values())
-    pools = {s: load_source(split_dir, s) for s in sources}
+    files = split_files(split_dir)
+    pools = {s: load_source(files.get(s, []), s) for s in sources}
     proportions = {s: mix["weights"][s] / weight_sum for s in sources}
     streams = {}
     for s in sources:
@@ -280,7 +293,9 @@ def build_mix(params: dict, mix_name: str, split_dir, plan_path=None) -> tuple[p
 def run_mix(params: dict, mix_name: str, split_dir, plan_path, outdir) -> dict:
     """The stage: build the mix and write train.parquet, val.parquet and report.json."""
     train, val, report = build_mix(params, mix_name, split_dir, plan_path)
-    inputs = sorted(Path(split_dir).glob("*/*.parquet"))
+    files = split_files(split_dir)
+    inputs = [Path(split_dir, "report.json"), *(p for s in sorted(params["mixes"][mix_name]["weights"])
+                                                for p in files.get(s, []))]
     if plan_path and Path(plan_path).exists():
         inputs.append(plan_path)
     meta = provenance("mix", params, inputs, mix=mix_name)

@@ -186,8 +186,9 @@ def split_report(docs: Docs, split: np.ndarray, params: dict, targets: dict, lea
             per_source[s]["val_target"] = targets[s]
     totals = {name: {k: sum(v[name][k] for v in per_source.values()) for k in ("documents", "tokens")}
               for name in SPLITS}
+    shards = {s: [sh for src, sh in docs.shards if src == s] for s in sorted(set(source))}
     return {"method": params["split"]["method"], "per_source": per_source, "total": totals, "leak_check": leak,
-            "params": params, "meta": provenance("split", params, inputs)}
+            "shards": shards, "params": params, "meta": provenance("split", params, inputs)}
 
 
 def run_split(params: dict, keep_paths: list, token_paths: list, outdir, report_path) -> dict:

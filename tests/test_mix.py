@@ -16,6 +16,18 @@ from pipeline.io import PipelineError
 SEQ_LEN = 64
 
 
+def write_split_file(root, source: str, shard: str, table: dict) -> None:
+    """One shard's split file, listed in the split report as the split stage does (the mix stage
+    reads only the report's `shards`)."""
+    path = root / source / f"{shard}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(table), path)
+    report = root / "report.json"
+    listed = json.loads(report.read_text())["shards"] if report.exists() else {}
+    listed[source] = sorted({*listed.get(source, []), shard})
+    report.write_text(json.dumps({"shards": listed}))
+
+
 def write_split_dir(root, layout: dict[str, dict[str, int]], seed: int = 0) -> dict:
     """Split files for {source: {shard: n_docs}} with random spans (20-400 tokens) and roughly
     80% train / 10% val / 10% dup. Returns {(source, shard): table as a dict}."""
@@ -25,9 +37,7 @@ def write_split_dir(root, layout: dict[str, dict[str, int]], seed: int = 0) -> d
         for shard, n in shards.items():
             t = {"doc": list(range(n)), "cluster": list(range(n)), "tokens": [rng.randint(20, 400) for _ in range(n)],
                  "split": rng.choices(["train", "val", "dup"], weights=[8, 1, 1], k=n)}
-            path = root / source / f"{shard}.parquet"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.table(t), path)
+            write_split_file(root, source, shard, t)
             out[(source, shard)] = t
     return out
 
@@ -154,10 +164,8 @@ def test_val_holds_every_val_document(tmp_path, split_dir):
 
 
 def write_uniform(root, source: str, n: int, tokens: int) -> None:
-    path = root / source / "s.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"doc": list(range(n)), "cluster": list(range(n)), "tokens": [tokens] * n,
-                             "split": ["train"] * n}), path)
+    write_split_file(root, source, "s", {"doc": list(range(n)), "cluster": list(range(n)), "tokens": [tokens] * n,
+                                         "split": ["train"] * n})
 
 
 def test_documents_too_long_for_the_target_fail_the_proportion_check(tmp_path):
@@ -183,6 +191,15 @@ def test_top_up_dilutes_a_long_crossing_document(tmp_path):
     by_source = tokens_by_source(train)
     assert abs(by_source["fineweb"] / sum(by_source.values()) - 0.3) <= mix.TOLERANCE / 2
     assert by_source["chat"] >= report["per_source"]["chat"]["share_tokens"]
+
+
+def test_split_files_of_shards_no_longer_configured_are_ignored(tmp_path, split_dir):
+    before, _, _ = run(tmp_path, params(), name="before")
+    stale = {"doc": [0], "cluster": [0], "tokens": [100_000], "split": ["train"]}  # a removed shard's file
+    pq.write_table(pa.table(stale), tmp_path / "split" / "chat" / "c9.parquet")
+    after, _, report = run(tmp_path, params(), name="after")
+    assert after == before and "c9" not in set(after["shard"])
+    assert not any("c9" in i["path"] for i in report["meta"]["inputs"])
 
 
 def test_unknown_mix_and_missing_source_fail(tmp_path, split_dir):

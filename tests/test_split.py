@@ -74,6 +74,7 @@ def test_hash_split_no_cluster_on_both_sides_and_dups_follow_dedup(tmp_path):
     tables = read_all(tmp_path / "split")
     assert all(len(s) == 1 for s in sides_per_cluster(tables).values())
     assert report["leak_check"]["clusters_on_both_sides"] == 0
+    assert report["shards"] == {s: sorted(sh for src, sh in tables if src == s) for s, _ in tables}
     for kp in keep_paths:
         k = pq.read_table(kp).to_pydict()
         t = tables[(kp.parent.name, kp.stem)]
@@ -180,6 +181,13 @@ def test_planted_cross_shard_duplicates_never_leak(tmp_path):
         assert report["leak_check"]["clusters_on_both_sides"] == 0
         assert report["total"]["dup"]["documents"] == len(copies)
         assert report["total"]["val"]["documents"] > 0
+        # by content: of each planted original and its copy exactly one is trained or validated on
+        side = {(s, sh, d): x for (s, sh), t in tables.items() for d, x in zip(t["doc"], t["split"])}
+        for j in range(len(copies)):
+            i = 3 * j
+            original = ("web", "a", i) if i < 100 else ("web", "b", i - 100)
+            copy = ("web", "b", 100 + j) if j < 30 else ("chat", "c", j - 30)
+            assert sorted([side[original], side[copy]]) in (["dup", "train"], ["dup", "val"]), (j, original, copy)
 
 
 def test_cli(tmp_path):
