@@ -82,7 +82,7 @@ class ShardStats:
 def encode_docs(tok: Tokenizer, batch: DocBatch, chat: bool, num_threads: int, path) -> tuple[list, list | None]:
     """Token ids (and, for chat, the assistant loss mask) of each document of the batch, no delimiters."""
     if not chat:
-        return tok.encode_batch(batch.docs, num_threads=num_threads), None
+        return tok.encode_arrays(batch.docs, num_threads=num_threads), None
     ids, masks = [], []
     for row, messages in zip(batch.rows, batch.docs):
         try:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import tiktoken
@@ -96,11 +97,19 @@ class Tokenizer:
             return [self.enc.encode_ordinary(t) for t in texts]
         return self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
 
+    def encode_arrays(self, texts: list[str], num_threads: int = DEFAULT_THREADS) -> list[np.ndarray]:
+        """`encode_batch` as uint32 arrays. One thread: tiktoken's `encode_to_numpy` with no special
+        token allowed or disallowed (ordinary text, as `encode_ordinary`), which fills a buffer in
+        Rust and so skips building a Python list of ints per document."""
+        if num_threads == 1:
+            return [self.enc.encode_to_numpy(t, disallowed_special=()) for t in texts]
+        return [np.asarray(ids, np.uint32) for ids in self.enc.encode_ordinary_batch(texts, num_threads=num_threads)]
+
     def count_tokens(self, texts: list[str], num_threads: int = DEFAULT_THREADS) -> list[int]:
         """Number of tokens of each text, as `map(len, encode_batch(texts))` but without holding all
         the batch's token lists at once (each is freed as soon as it is counted)."""
         if num_threads == 1:
-            return [len(self.enc.encode_ordinary(t)) for t in texts]
+            return [len(self.enc.encode_to_numpy(t, disallowed_special=())) for t in texts]
         return list(map(len, self.enc.encode_ordinary_batch(texts, num_threads=num_threads)))
 
     def encode(self, text: str) -> list[int]:
