@@ -52,6 +52,11 @@ def P(stage):
     return tfc.params_json(tfc.stage_params(config, stage))
 
 
+def P_source(stage):
+    """Param function of a per-shard rule: the slice for the job's own source only."""
+    return lambda w: tfc.params_json(tfc.stage_params(config, stage, w.source))
+
+
 def CODE(*modules):
     """Hash of the stage's module source: declared as params so code edits rerun the rule."""
     return tfc.code_version(*modules)
@@ -104,7 +109,7 @@ wildcard_constraints:
 # invocation (including `snakemake -n`) shows it before anything is downloaded.
 _counts = Path(R) / "counts" / "counts.parquet"
 try:
-    PLAN = make_plan(config, counts=_counts if _counts.exists() else None)
+    PLAN = make_plan(config, counts=_counts if _counts.exists() else None, strict_counts=False)
 except (PlanError, tfc.ConfigError) as _e:
     sys.exit(f"tokenfarm: the token-budget plan is not feasible:\n  {_e}")
 print(format_plan(PLAN), file=sys.stderr)

@@ -124,6 +124,17 @@ def world_size(cfg: dict) -> int:
     return hw["nproc_per_node"] * hw["nodes"]
 
 
+# Token ids of the stock tiktoken encodings (their own special tokens included); tokenfarm's
+# special tokens are appended after them (pipeline.tokenizer.build_tokenizer).
+STOCK_VOCAB = {"r50k_base": 50257, "p50k_base": 50281, "cl100k_base": 100277, "o200k_base": 200019}
+
+
+def n_special_tokens(delimiter: str) -> int:
+    """How many special tokens a tokenizer reserves: <|bos|>, <|eos|> for the eos/both policies, and
+    the 4 chat tokens (the list itself: pipeline.tokenizer.special_token_names)."""
+    return 6 if delimiter in ("eos", "both") else 5
+
+
 def check_consistency(cfg: dict) -> None:
     def fail(key: str, msg: str) -> None:
         raise ConfigError(f"config key '{key}': {msg}")
@@ -182,6 +193,11 @@ def check_consistency(cfg: dict) -> None:
         fail("model.n_kv_heads", f"n_heads {m['n_heads']} is not divisible by n_kv_heads {m['n_kv_heads']}")
     if tok["kind"] == "bpe" and m["vocab_size"] < tok["vocab_size"]:
         fail("model.vocab_size", f"{m['vocab_size']} is smaller than tokenizer.vocab_size {tok['vocab_size']}")
+    if tok["kind"] == "tiktoken" and tok["encoding"] in STOCK_VOCAB:
+        ids = STOCK_VOCAB[tok["encoding"]] + n_special_tokens(tok["delimiter"])
+        if m["vocab_size"] < ids:
+            fail("model.vocab_size", f"{m['vocab_size']} is smaller than the {ids} token ids of {tok['encoding']} "
+                                     f"with tokenfarm's {n_special_tokens(tok['delimiter'])} special tokens appended")
 
     t = cfg["train"]
     per_micro = t["micro_batch"] * t["seq_len"] * world_size(cfg)
@@ -259,9 +275,12 @@ def params_json(obj: Any) -> str:
 
 # ----------------------------------------------------------------------------- per-stage params
 
-def _source_slice(cfg: dict, names) -> dict:
-    keep = ("type", "format", "text_column", "messages_column", "min_chars")
+def _source_slice(cfg: dict, names, keep=("type", "format", "text_column", "messages_column", "min_chars")) -> dict:
     return {n: {k: cfg["sources"][n][k] for k in keep if k in cfg["sources"][n]} for n in names}
+
+
+# What the download stage does not depend on: an edit to these reruns no download.
+NOT_DOWNLOAD_KEYS = ("min_chars", "tokens_per_shard_estimate")
 
 
 PLAN_TRAIN_KEYS = (
@@ -270,16 +289,20 @@ PLAN_TRAIN_KEYS = (
 )
 
 
-def stage_params(cfg: dict, stage: str) -> dict:
+def stage_params(cfg: dict, stage: str, source: str | None = None) -> dict:
     """The config slice a stage depends on. Rules declare it as `params:` (so an edit to it reruns
-    the rule and its downstream) and pass it to the stage CLI as --params JSON."""
-    all_sources = list(cfg["sources"])
+    the rule and its downstream) and pass it to the stage CLI as --params JSON. For the per-shard
+    stages (download, count, tokenize, dedup_sig) `source` narrows it to the job's own source, so
+    editing one source reruns no job of another."""
+    names = list(cfg["sources"]) if source is None else [source]
     if stage == "download":
-        return {"sources": cfg["sources"], "download": cfg["download"]}
-    if stage == "tokenizer":
-        return {"tokenizer": cfg["tokenizer"], "sources": _source_slice(cfg, tokenizer_sources(cfg)), "seed": cfg["seed"]}
+        return {"sources": {n: {k: v for k, v in cfg["sources"][n].items() if k not in NOT_DOWNLOAD_KEYS}
+                            for n in names}, "download": cfg["download"]}
+    if stage == "tokenizer":  # sampling reads text only: min_chars applies at tokenize time
+        sources = _source_slice(cfg, tokenizer_sources(cfg), ("type", "format", "text_column", "messages_column"))
+        return {"tokenizer": cfg["tokenizer"], "sources": sources, "seed": cfg["seed"]}
     if stage in ("count", "tokenize", "dedup_sig"):
-        p = {"sources": _source_slice(cfg, all_sources), "count": cfg["count"]}
+        p = {"sources": _source_slice(cfg, names), "count": cfg["count"]}
         if stage == "dedup_sig":  # only what the signatures depend on: a threshold edit reruns clustering only
             p["dedup"] = {k: cfg["dedup"][k] for k in ("ngram", "num_perm", "bands", "rows", "seed")}
         return p
@@ -289,12 +312,16 @@ def stage_params(cfg: dict, stage: str) -> dict:
         return {"split": cfg["split"], "seed": cfg["seed"]}
     if stage in ("mix", "pack"):
         return {"mixes": cfg["mixes"], "seq_len": cfg["train"]["seq_len"], "seed": cfg["seed"]}
+    # The plan rule reads measured counts of every source, so the planner's per-shard estimate is an
+    # input of no rule: editing it reruns nothing (it serves dry runs and `python -m pipeline.plan`).
+    sources = {n: {k: v for k, v in spec.items() if k != "tokens_per_shard_estimate"} for n, spec in cfg["sources"].items()}
     if stage == "plan":  # budget, batch layout and memory only: an lr edit reruns train, not the data stages
-        keep = ("run_name", "seed", "sources", "tokenizer", "split", "mixes", "model", "hardware")
-        return {**{k: cfg[k] for k in keep}, "train": {k: cfg["train"][k] for k in PLAN_TRAIN_KEYS}}
+        keep = ("run_name", "seed", "tokenizer", "split", "mixes", "model", "hardware")
+        return {**{k: cfg[k] for k in keep}, "sources": sources,
+                "train": {k: cfg["train"][k] for k in PLAN_TRAIN_KEYS}}
     if stage in ("train", "evaluate", "accounting"):
         # These depend on (almost) the whole run description.
-        return {k: v for k, v in cfg.items() if k not in ("download",)}
+        return {**{k: v for k, v in cfg.items() if k != "download"}, "sources": sources}
     raise KeyError(f"unknown stage {stage!r}")
 
 

@@ -7,6 +7,7 @@ metadata saying what made it (stage, parameters, inputs, versions, time). See do
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -114,6 +115,7 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+@functools.cache
 def _versions() -> dict:
     from importlib import metadata
 
@@ -134,7 +136,7 @@ def provenance(stage: str, params: Any = None, inputs: Iterable[str | os.PathLik
         "stage": stage,
         "params": params,
         "inputs": ins,
-        "versions": _versions(),
+        "versions": dict(_versions()),
         "host": platform.node(),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **extra,
@@ -142,10 +144,13 @@ def provenance(stage: str, params: Any = None, inputs: Iterable[str | os.PathLik
 
 
 def progress(iterable: Iterable | None = None, *, desc: str = "", total: int | None = None, unit: str = "it"):
-    """A tqdm progress bar on an interactive stderr; silent in logs and CI (non-TTY)."""
+    """A tqdm progress bar, shown when stderr is an interactive terminal, silent in logs and CI.
+    TOKENFARM_PROGRESS=1 forces it on (e.g. under Snakemake, whose rules tee stderr to a log) and
+    TOKENFARM_PROGRESS=0 forces it off."""
     from tqdm.auto import tqdm
 
-    disable = not sys.stderr.isatty() or os.environ.get("TOKENFARM_PROGRESS", "") == "0"
+    forced = os.environ.get("TOKENFARM_PROGRESS", "")
+    disable = forced == "0" or (forced != "1" and not sys.stderr.isatty())
     return tqdm(iterable, desc=desc, total=total, unit=unit, disable=disable, unit_scale=True, leave=False)
 
 

@@ -1,6 +1,8 @@
 """The token-budget planner: parameters, tokens, steps, gradient accumulation, shards, memory, time.
 
     python -m pipeline.plan --configfile FILE [--counts R/counts/counts.parquet] [--json] [--no-check]
+
+(with --configfile and no --counts, the run's `R/counts/counts.parquet` is used when it exists)
     python -m pipeline.plan --params JSON --counts R/counts/counts.parquet --out R/plan.json --out-md R/plan.md
 
 The Snakefile imports this module at parse time (every invocation, dry runs included, prints the plan
@@ -56,7 +58,7 @@ import json
 import math
 from pathlib import Path
 
-from pipeline.config import ConfigError, add_config_args, params_from_args, source_files, world_size
+from pipeline.config import ConfigError, add_config_args, load_config, run_dir, source_files, world_size
 from pipeline.io import PipelineError, atomic_write, get_logger, provenance, run_cli, write_json
 
 log = get_logger(__name__)
@@ -177,15 +179,18 @@ def read_counts(path: str | Path, delimiters_per_doc: int) -> dict[str, tuple[in
     return out
 
 
-def _tokens_per_shard(cfg: dict, source: str, counted: dict | None, counts_path) -> tuple[float | None, str]:
-    """(mean usable tokens per shard of `source`, where that number comes from)."""
+def _tokens_per_shard(cfg: dict, source: str, counted: dict | None, counts_path,
+                      strict: bool = True) -> tuple[float | None, str]:
+    """(mean usable tokens per shard of `source`, where that number comes from). A source missing
+    from the counts file is an error when `strict` (the plan rule: the counts are this run's), else
+    unknown (a counts file left by an earlier config, e.g. before a source was added or renamed)."""
     if counted and source in counted:
         total, n = counted[source]
         return total / n, f"measured ({n} counted shard(s) in the counts file)"
     estimate = cfg["sources"][source].get("tokens_per_shard_estimate")
     if estimate is not None:
         return float(estimate), f"estimate (sources.{source}.tokens_per_shard_estimate)"
-    if counted is not None:
+    if counted is not None and strict:
         raise PlanError(
             f"{counts_path} has no rows for source '{source}' and sources.{source}.tokens_per_shard_estimate is not "
             "set: rerun the count stage for it or set the estimate"
@@ -202,7 +207,7 @@ def _more_shards_fix(cfg: dict, source: str, needed: int) -> str:
 
 
 def shard_budget(cfg: dict, scheduled_tokens: int, basis: str, counted: dict | None, counts_path=None,
-                 allow_short: bool = False) -> dict[str, dict]:
+                 allow_short: bool = False, strict_counts: bool = True) -> dict[str, dict]:
     """Per source of the train mix (whose schedule holds `scheduled_tokens`): weight, tokens per
     shard (+ basis), val reserve, tokens and shards needed vs available. Raises PlanError when a source is short, unless allow_short."""
     mix_name = cfg["train"]["mix"]
@@ -211,7 +216,7 @@ def shard_budget(cfg: dict, scheduled_tokens: int, basis: str, counted: dict | N
     split = cfg["split"]
     out = {}
     for source, weight in mix["weights"].items():
-        tps, tps_basis = _tokens_per_shard(cfg, source, counted, counts_path)
+        tps, tps_basis = _tokens_per_shard(cfg, source, counted, counts_path, strict_counts)
         available = len(source_files(cfg, source))
         val_shards = len(split["val_shards"].get(source, [])) if split["method"] == "shards" else 0
         val_tokens = split["val_tokens"] if split["method"] == "hash" else 0
@@ -315,11 +320,14 @@ def peak_flops(cfg: dict) -> float:
 
 # ----------------------------------------------------------------------------- the plan
 
-def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = False) -> dict:
+def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = False,
+              strict_counts: bool = True) -> dict:
     """The plan of a resolved run config (or its plan-stage slice), with the measured token counts
     when `counts` (the count stage's counts.parquet) is given. Raises PlanError when the batch does
     not divide or the configured shards cannot supply the budget (the latter unless allow_short,
-    for display only). Keys: `PLAN_KEYS`."""
+    for display only). `strict_counts=False` treats a source the counts file lacks as not counted
+    yet (the Snakefile's parse-time plan, which may see counts from an earlier config).
+    Keys: `PLAN_KEYS`."""
     m, t, hw = cfg["model"], cfg["train"], cfg["hardware"]
     parts = param_parts(m)
     n_params, non_embedding = count_params(m)
@@ -342,7 +350,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     delimiters = 2 if cfg["tokenizer"]["delimiter"] == "both" else 1
     counted = None if counts is None else read_counts(counts, delimiters)
     try:
-        per_source = shard_budget(cfg, scheduled, basis, counted, counts, allow_short)
+        per_source = shard_budget(cfg, scheduled, basis, counted, counts, allow_short, strict_counts)
     except ConfigError as e:
         raise PlanError(str(e)) from None
     known = all(r["tokens_per_shard"] is not None for r in per_source.values())
@@ -455,10 +463,18 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.no_check and (args.out or args.out_md):
         ap.error("--no-check is for display only; it cannot be combined with --out/--out-md")
-    params = params_from_args(args, "plan")
-    plan = make_plan(params, counts=args.counts, allow_short=args.no_check)
+    counts, strict = args.counts, True
+    if args.configfile:  # by hand: the whole config (estimates included) and the run's counts, once measured
+        params = load_config(args.configfile)
+        found = run_dir(params) / "counts" / "counts.parquet"
+        if counts is None and found.exists():
+            counts, strict = found, False
+            log.info("tokens per shard from the measured counts in %s", found)
+    else:
+        params = json.loads(args.params)
+    plan = make_plan(params, counts=counts, allow_short=args.no_check, strict_counts=strict)
     if args.out:
-        write_json(args.out, {**plan, "meta": provenance("plan", params, [args.counts] if args.counts else [])})
+        write_json(args.out, {**plan, "meta": provenance("plan", params, [counts] if counts else [])})
     if args.out_md:
         with atomic_write(args.out_md, encoding="utf-8") as f:
             f.write(format_plan_md(plan))

@@ -496,6 +496,9 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
     check_data(loader, plan, params, train_meta)
     val_loader(val_meta, params, plan, dist)  # fails now, not at the first validation, if val is too small
     tokenizer = load_tokenizer(tokenizer_path)
+    if tokenizer.n_vocab > params["model"]["vocab_size"]:
+        raise PipelineError(f"{tokenizer_path} has {tokenizer.n_vocab} token ids but model.vocab_size is "
+                            f"{params['model']['vocab_size']}: set model.vocab_size to at least {tokenizer.n_vocab}")
 
     # ---- fresh start, or exact resume from the latest checkpoint
     start, tokens_seen, loss_tokens, best_val, last_val, wandb_id = 0, 0, 0, math.inf, math.nan, None

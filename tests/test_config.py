@@ -33,6 +33,8 @@ def test_defaults_filled_from_schema():
         ({"train": {"mix": "nope"}}, "train.mix", "unknown mix"),
         ({"sources": {"fw": {"type": "hf", "repo": "a/b", "pattern": "s.parquet", "shards": [0, 3]}}, "mixes": {"pretrain": {"weights": {"fw": 1}}}}, "sources.fw.pattern", "format field"),
         ({"sources": {"fw": {"type": "hf", "repo": "a/b"}}}, "sources.fw.pattern", "required"),
+        ({"tokenizer": {"kind": "tiktoken", "encoding": "cl100k_base"}, "model": {"vocab_size": 100_000}},
+         "model.vocab_size", "100282 token ids of cl100k_base"),
     ],
 )
 def test_bad_config_names_the_key(over, key, hint):

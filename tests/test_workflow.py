@@ -151,6 +151,40 @@ def test_dedup_edit_reruns_dedup_and_after_not_tokenize(project):
     assert not {"download", "tokenizer", "count_shards", "tokenize", "dedup_signatures"} & set(jobs)
 
 
+def planned_after_edit(project, edit) -> dict[str, int]:
+    """The jobs a dry run plans after `edit(config)`; the config is restored afterwards."""
+    cfg = json.loads(json.dumps(TINY))
+    edit(cfg)
+    write_config(project, cfg)
+    try:
+        return planned_jobs(snakemake(project, "-n"))
+    finally:
+        write_config(project, TINY)
+
+
+def test_source_edit_reruns_only_that_sources_jobs(project):
+    def min_chars(cfg):
+        cfg["sources"]["chat"]["min_chars"] = 50  # a tokenize-time filter of one source
+    jobs = planned_after_edit(project, min_chars)
+    assert jobs["count_shards"] == 1 and jobs["tokenize"] == 1 and jobs["dedup_signatures"] == 1  # chat's one shard
+    assert not {"download", "tokenizer"} & set(jobs)
+
+    def estimate(cfg):
+        cfg["sources"]["web"]["tokens_per_shard_estimate"] = 123_456  # the planner's, overridden by counts
+    assert planned_after_edit(project, estimate) == {}
+
+
+def test_multi_node_train_job_says_how_to_launch(tmp_path):
+    """The data stages run for a 2-node config; the train job, one node only, fails with the launch."""
+    cfg = json.loads(json.dumps(TINY))
+    cfg["hardware"] = {"nodes": 2}
+    make_project(tmp_path, cfg)
+    out = snakemake(tmp_path, "-n", "-p").stdout
+    train = out[out.index("rule train:"):]
+    command = train[train.index("Shell command:"):].splitlines()[0]
+    assert "hardware.nodes is 2" in command and "--nnodes 2" in command and command.endswith("exit 1")
+
+
 def test_config_typo_is_one_clear_error(tmp_path):
     cfg = json.loads(json.dumps(TINY))
     cfg["model"]["vocab_szie"] = 512
@@ -183,5 +217,7 @@ def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = planned_jobs(proc)
     assert jobs["download"] == 114 and jobs["tokenize"] == 114 and jobs["train"] == 1
-    assert "1,241,581,568" in proc.stderr or "1.24" in proc.stderr
+    for shown in ("1.242 B total", "1,048,576 = 64 rows × 2048 tokens × 8 rank(s) × 1 accumulation step(s)",
+                  "23,682 → 24.83 B tokens trained", "fineweb: 454 of 1823 shards", "143.9 GPU-hours"):
+        assert shown in proc.stderr, shown
     assert not (tmp_path / "data").exists()

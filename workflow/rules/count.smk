@@ -7,7 +7,7 @@ rule count_shards:
     output:
         f"{R}/counts/{{source}}/_manifest/{{group}}.json",
     params:
-        p=P("count"),
+        p=P_source("count"),
         code=CODE("count", "tokenizer"),
         shards=group_shards,
         files=group_paths(f"{R}/counts/{{source}}/{{shard}}.json"),

@@ -8,7 +8,7 @@ rule dedup_signatures:
     output:
         f"{R}/dedup/sig/{{source}}/_manifest/{{group}}.json",
     params:
-        p=P("dedup_sig"),
+        p=P_source("dedup_sig"),
         code=CODE("dedup", "minhash"),
         shards=group_shards,
         files=group_paths(f"{R}/dedup/sig/{{source}}/{{shard}}.parquet"),

@@ -4,7 +4,7 @@ rule download:
     output:
         f"{D}/{{source}}/_manifest/{{group}}.json",
     params:
-        p=P("download"),
+        p=P_source("download"),
         code=CODE("download"),
         shards=group_shards,
         files=group_paths(f"{D}/{{source}}/{{shard}}.parquet"),

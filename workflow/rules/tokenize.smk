@@ -7,7 +7,7 @@ rule tokenize:
     output:
         f"{R}/tokens/{{source}}/_manifest/{{group}}.json",
     params:
-        p=P("tokenize"),
+        p=P_source("tokenize"),
         code=CODE("tokenize", "tokenizer"),
         shards=group_shards,
         files=group_paths(f"{R}/tokens/{{source}}/{{shard}}.json"),

@@ -1,6 +1,26 @@
+import shlex
+
 # Compiled DDP training launched by torchrun: one node, nproc_per_node processes (gloo on CPU, nccl on GPU).
 NPROC = config["hardware"]["nproc_per_node"]
-
+NODES = config["hardware"]["nodes"]
+TRAIN_ARGS = (
+    "-m pipeline.train --params {params.p:q} --plan {input.plan:q} --train {input.train:q} --val {input.val:q} "
+    "--tokenizer {input.tokenizer:q} --outdir {R}/train"
+)
+if NODES == 1:
+    TRAIN_CMD = (
+        "OMP_NUM_THREADS=$(( {threads} / {params.nproc} > 0 ? {threads} / {params.nproc} : 1 )) "
+        f"torchrun --standalone --nproc_per_node {{params.nproc}} {TRAIN_ARGS} 2>&1 | tee {{log:q}}"
+    )
+else:  # the data stages run as usual; the job itself cannot span nodes
+    _msg = (
+        f"error: hardware.nodes is {NODES} but the train rule launches one node (torchrun --standalone). "
+        f"The data is ready; on each node k = 0..{NODES - 1} run: torchrun --nnodes {NODES} --node_rank k "
+        f"--nproc_per_node {NPROC} --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m pipeline.train "
+        f"--configfile CONFIG --plan {R}/plan.json --train {R}/pack/{TRAIN_MIX}/train.json "
+        f"--val {R}/pack/{TRAIN_MIX}/val.json --tokenizer {TOKENIZER} --outdir {R}/train"
+    )
+    TRAIN_CMD = f"echo {shlex.quote(_msg)} | tee {{log:q}} >&2; exit 1"
 
 rule train:
     input:
@@ -21,11 +41,8 @@ rule train:
     threads: ALL_CORES if config["hardware"]["device"] == "cpu" else NPROC * 2
     resources:
         gpus=NPROC if config["hardware"]["device"] == "cuda" else 0,
-        nodes=config["hardware"]["nodes"],
+        nodes=NODES,
     conda:
         "../../envs/train.yaml"
     shell:
-        "OMP_NUM_THREADS=$(( {threads} / {params.nproc} > 0 ? {threads} / {params.nproc} : 1 )) "
-        "torchrun --standalone --nproc_per_node {params.nproc} -m pipeline.train --params {params.p:q} "
-        "--plan {input.plan:q} --train {input.train:q} --val {input.val:q} "
-        "--tokenizer {input.tokenizer:q} --outdir {R}/train 2>&1 | tee {log:q}"
+        TRAIN_CMD
