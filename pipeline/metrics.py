@@ -104,8 +104,9 @@ class MetricsLogger:
     Only the main process should construct one. `wandb_cfg` is the config's `wandb` section
     (`mode`: offline | online | disabled, `project`, `entity`); the API key is read by wandb itself
     from the WANDB_API_KEY environment variable and never passes through here. The wandb run
-    directory is under `<outdir>/wandb/`. `resume_step`: keep the records of steps <= it (a resumed run
-    redoes the later ones); None starts a fresh file.
+    directory is under `<outdir>/wandb/`; each record goes to wandb whole, its ``step`` as an ordinary
+    metric that is every metric's x-axis (wandb's own step is left to wandb). `resume_step`: keep the
+    records of steps <= it (a resumed run redoes the later ones); None starts a fresh file.
     """
 
     def __init__(self, path: str | Path, wandb_cfg: dict, outdir: str | Path, config: dict,
@@ -135,7 +136,7 @@ class MetricsLogger:
 
         outdir.mkdir(parents=True, exist_ok=True)  # wandb writes its run under outdir/wandb/
         os.environ.setdefault("WANDB_SILENT", "true")
-        return wandb.init(
+        run = wandb.init(
             project=wandb_cfg.get("project", "tokenfarm"),
             entity=wandb_cfg.get("entity"),
             mode=wandb_cfg.get("mode", "offline"),
@@ -145,12 +146,18 @@ class MetricsLogger:
             id=wandb_id,
             resume="allow" if wandb_id else None,
         )
+        # The optimizer step is an ordinary metric and every other metric's x-axis, not wandb's own
+        # `step`: wandb drops rows logged at or below its last step, and a run resumed from a
+        # checkpoint redoes the steps after it, which a killed run may already have sent.
+        run.define_metric("step")
+        run.define_metric("*", step_metric="step")
+        return run
 
     def log(self, record: dict) -> None:
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
         if self.wandb_run is not None:
-            self.wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+            self.wandb_run.log(dict(record))  # "step" included: the x-axis metric (see _init_wandb)
 
     def close(self) -> None:
         self.file.close()

@@ -101,3 +101,63 @@ def test_fully_masked_chunk_contributes_nothing():
     assert count.item() == 5
     assert torch.all(h.grad[1:] == 0) and torch.all(h.grad[0, 5:] == 0)
     assert h.grad[0, :5].abs().sum() > 0
+
+
+# ----------------------------------------------------------------------------- memory: no [tokens, vocab]
+
+def _largest_outputs(fn) -> tuple[int, set[str]]:
+    """Run `fn` under a dispatch-mode spy: (the largest numel of any tensor an aten op returned, the
+    names of the ops that ran). Sees forward and backward ops alike (autograd runs them under the mode)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Spy(TorchDispatchMode):
+        largest, ops = 0, set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            Spy.ops.add(func.overloadpacket.__name__)
+            sizes = [t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            Spy.largest = max([Spy.largest, *sizes])
+            return out
+
+    with Spy():
+        fn()
+    return Spy.largest, Spy.ops
+
+
+def test_training_step_never_materialises_the_full_logits():
+    """Forward and backward of the trainer's LossModel (tiny body, vocab 4096, 4 × 64 tokens, CE
+    chunks of 32 tokens): no tensor reaches half of [tokens, vocab]; the largest are one chunk's
+    logits (32 × 4096) and the lm-head/embedding weight and its gradient (4096 × 64)."""
+    from pipeline.model import ModelConfig, Transformer
+    from pipeline.train import LossModel
+
+    vocab, dim, rows, seq = 4096, 64, 4, 64
+    full = rows * seq * vocab
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=vocab, dim=dim, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=128,
+                                    max_seq_len=seq))
+    loss_model = LossModel(model, None, ce_chunk=32)
+    x = torch.randint(0, vocab, (rows, seq))
+    y = torch.randint(0, vocab, (rows, seq))
+
+    def step():
+        loss_sum, count = loss_model(x, y)
+        (loss_sum / count).backward()
+
+    largest, ops = _largest_outputs(step)
+    assert "silu_backward" in ops, "the spy saw the backward pass"
+    assert model.tok_embeddings.weight.grad is not None
+    assert largest < full // 2, (largest, full)
+
+    # The spy would catch it: the plain, unchunked CE of the same hidden states materialises
+    # [tokens, vocab] logits (and their gradient) in forward and backward.
+    model.zero_grad()
+
+    def plain():
+        hidden = model.hidden(x)
+        logits = hidden.reshape(-1, dim) @ model.lm_head_weight.T
+        F.cross_entropy(logits, y.reshape(-1)).backward()
+
+    assert _largest_outputs(plain)[0] >= full

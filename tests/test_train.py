@@ -236,6 +236,15 @@ def test_plan_for_another_world_size_is_refused(data, tmp_path):
         train(params, plan, data["train"], data["val"], data["tokenizer"], str(tmp_path))
 
 
+def test_tokenizer_larger_than_the_model_vocab_is_refused(data, tmp_path):
+    """Token ids >= model.vocab_size would index past the embedding: refused before any step runs."""
+    params = make_params(steps=4)
+    params["model"]["vocab_size"] = 256  # the tokenizer has 300 ids
+    with pytest.raises(PipelineError, match=r"has 300 token ids but model.vocab_size is 256.*at least 300"):
+        run_inprocess(data, tmp_path, params)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
 # ----------------------------------------------------------------------------- loss normalisation
 
 def _tiny_loss_model(seed=0):
@@ -330,6 +339,61 @@ def test_compiled_ddp_path_runs_on_cpu_and_matches_eager(data, tmp_path):
 
 # ----------------------------------------------------------------------------- metrics
 
+def wandb_records(path: Path) -> list:
+    """The records of a .wandb transaction log, decoded with wandb's own protobuf `Record`.
+
+    wandb 0.31 ships no Python reader for the file, so the framing is read here: a 7-byte header
+    (b":W&B", magic, version), then LevelDB log format — 32 KiB blocks of chunks, each with a
+    7-byte header (crc32c, little-endian length, type: 1 full, 2 first, 3 middle, 4 last); a block's
+    tail shorter than a chunk header is zero padding.
+    """
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", data[:7]
+    block, pos, pending, out = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _crc, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:  # zero padding up to the block end (preallocated tail)
+            pos += left
+            continue
+        if pos + 7 + n > len(data):  # a chunk still being written
+            break
+        pending = data[pos + 7:pos + 7 + n] if kind in (1, 2) else pending + data[pos + 7:pos + 7 + n]
+        pos += 7 + n
+        if kind in (1, 4):
+            rec = wandb_internal_pb2.Record()
+            rec.ParseFromString(pending)
+            out.append(rec)
+    return out
+
+
+def finished_wandb_records(path: Path, timeout: float = 60.0) -> list:
+    """The records of a finished run's .wandb file, once its exit record is on disk: `run.finish()`
+    can return before wandb's service has flushed the file (seen: only the 7-byte header)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        records = wandb_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        assert time.monotonic() < deadline, f"{path}: no exit record after {timeout} s"
+        time.sleep(0.1)
+
+
+def wandb_history(records: list) -> list[dict]:
+    """The logged history rows among .wandb records: {key: decoded JSON value}."""
+    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+            for r in records if r.WhichOneof("record_type") == "history"]
+
+
 def test_metrics_logger_resume_truncation_and_offline_wandb(tmp_path, monkeypatch):
     from pipeline.metrics import MetricsLogger
 
@@ -347,8 +411,21 @@ def test_metrics_logger_resume_truncation_and_offline_wandb(tmp_path, monkeypatc
     m.close()
     assert [json.loads(ln) for ln in path.read_text().splitlines()] == [
         {"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}, {"step": 3, "loss": 0.25}]
-    runs = list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
-    assert runs, "an offline wandb run directory under outdir/wandb"
+    # one offline run directory per start; a second start within the same second gets a "-1" suffix
+    runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}*"))
+    assert len(runs) == 2, "an offline wandb run directory under outdir/wandb per start"
+    # The optimizer step is logged as the metric "step", the x-axis of every other metric, not as
+    # wandb's own step: wandb silently drops rows at or below its last step, and a resumed run
+    # re-logs the steps after its checkpoint (here step 3). Offline there is no server whose last
+    # step could drop them, so what is checked is what the run files say was logged and declared.
+    (first,), (second,) = (r.glob("run-*.wandb") for r in runs)
+    records = [finished_wandb_records(first), finished_wandb_records(second)]
+    rows = [wandb_history(recs) for recs in records]
+    assert [[(r["step"], r["loss"]) for r in rs] for rs in rows] == [[(1, 1.0), (2, 0.5), (3, 1 / 3)], [(3, 0.25)]]
+    for recs in records:
+        defined = [r.metric for r in recs if r.WhichOneof("record_type") == "metric"]
+        assert any(d.name == "step" for d in defined)
+        assert any(d.glob_name == "*" and d.step_metric == "step" for d in defined)
     assert not any(secret.encode() in f.read_bytes() for f in tmp_path.rglob("*") if f.is_file())
 
 
@@ -441,8 +518,12 @@ def torchrun(data, outdir: Path, params: dict, *extra: str) -> None:
 
 @pytest.fixture(scope="module")
 def ddp_run(data, tmp_path_factory):
+    """2 ranks × micro-batch 2 × 32 tokens = 128 tokens per micro-step: 2 accumulation micro-steps per
+    rank for the 256-token global batch, so the first of them runs under no_sync and the second's
+    backward all-reduces the accumulated gradients across the ranks."""
     out = tmp_path_factory.mktemp("ddp") / "train"
-    params = make_params(nproc=2, steps=6, ckpt_interval=2, val_interval=3)
+    params = make_params(nproc=2, steps=6, ckpt_interval=2, val_interval=3, micro_batch=2)
+    assert make_plan(params)["grad_accum_steps"] == 2
     torchrun(data, out, params)
     return out, params
 
@@ -454,13 +535,37 @@ def test_ddp_ranks_agree_and_equal_single_process_accumulation(data, ddp_run, tm
     assert all(torch.equal(r0[k], r1[k]) for k in r0)
     assert json.loads((out / "summary.json").read_text())["tokens_trained"] == 6 * 256
 
-    single = make_params(nproc=1, steps=6, ckpt_interval=2, val_interval=3)  # same rows: 2 micro-steps of 4
+    # Same rows per optimizer step. The loader's micro-step i takes the block perm[i*W*B : (i+1)*W*B]
+    # of the epoch permutation (the same permutation for any W and B: seeded by seed and epoch only)
+    # and rank r its slice [r*B, (r+1)*B) of it. Both runs have W*B = 4 rows per micro-step and 2
+    # micro-steps per optimizer step, so step s takes perm[8s : 8s+8] in both:
+    #   DDP (W=2, B=2):    micro-step 2s: rank 0 perm[8s:8s+2],   rank 1 perm[8s+2:8s+4]
+    #                      micro-step 2s+1: rank 0 perm[8s+4:8s+6], rank 1 perm[8s+6:8s+8]
+    #   single (W=1, B=4): micro-step 2s: perm[8s:8s+4], micro-step 2s+1: perm[8s+4:8s+8]
+    # and both normalise by the same global token count, so the gradients agree up to fp32
+    # summation order.
+    single = make_params(nproc=1, steps=6, ckpt_interval=2, val_interval=3)  # micro-batch 4, 2 micro-steps
+    assert make_plan(single)["grad_accum_steps"] == 2
+    from pipeline.loader import PackedLoader
+
+    def step_inputs(world: int, micro_batch: int) -> list[torch.Tensor]:
+        """Per optimizer step, the inputs of all micro-steps and ranks, in micro-step then rank order."""
+        its = [iter(PackedLoader(data["train"], micro_batch, rank=r, world_size=world, seed=single["seed"]))
+               for r in range(world)]
+        return [torch.cat([next(it)[0] for _ in range(2) for it in its]) for _ in range(6)]
+
+    assert all(torch.equal(a, b) for a, b in zip(step_inputs(2, 2), step_inputs(1, 4), strict=True))
     run_inprocess(data, tmp_path, single)
     s = final_state(tmp_path)
-    assert all(torch.allclose(s[k], r0[k], atol=1e-5, rtol=1e-4) for k in s)
-    losses_ddp = [r["loss"] for r in read_metrics(out)]
-    losses_single = [r["loss"] for r in read_metrics(tmp_path)]
-    assert np.allclose(losses_ddp, losses_single, atol=1e-5)
+    # The two runs sum the same per-token gradients in different orders (fp32 rounding ~1e-10 of a
+    # coordinate). AdamW's first update, lr·g/(|g| + eps) with eps 1e-8, turns that into a parameter
+    # difference of up to lr·1e-10/eps ≈ 5e-5 for a coordinate whose gradient is within a few eps
+    # of 0 (one embedding coordinate here: ~1.8e-5; all others agree to < 1e-6); hence atol 1e-4,
+    # 1 % of the lr. A wrong reduction or normalisation moves the losses and gradient norms below.
+    assert all(torch.allclose(s[k], r0[k], atol=1e-4, rtol=1e-4) for k in s)
+    ddp_recs, single_recs = read_metrics(out), read_metrics(tmp_path)
+    assert np.allclose([r["loss"] for r in ddp_recs], [r["loss"] for r in single_recs], atol=1e-5)
+    assert np.allclose([r["grad_norm"] for r in ddp_recs], [r["grad_norm"] for r in single_recs], rtol=1e-5)
 
 
 @pytest.mark.slow
@@ -471,6 +576,9 @@ def test_ddp_resume_is_bitwise_exact(data, ddp_run, tmp_path):
     assert not (out / "final.pt").exists()
     state = torch.load(out / "ckpt" / "step_000003.pt", weights_only=True)
     assert len(state["loader"]) == 2 and len(state["rng"]) == 2 and state["world_size"] == 2
+    # every rank's loader is 3 steps × 2 micro-steps into epoch 0
+    assert [(ls["epoch"], ls["position"], ls["micro_batch"], ls["world_size"]) for ls in state["loader"]] == \
+        [(0, 6, 2, 2)] * 2
     torchrun(data, out, params, "--resume", "auto")
     assert [r["loss"] for r in read_metrics(out)] == [r["loss"] for r in read_metrics(out_full)]
     a, b = torch.load(out_full / "rank1.pt"), torch.load(out / "rank1.pt")
