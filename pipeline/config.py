@@ -311,7 +311,15 @@ def stage_params(cfg: dict, stage: str, source: str | None = None) -> dict:
     if stage == "split":
         return {"split": cfg["split"], "seed": cfg["seed"]}
     if stage in ("mix", "pack"):
-        return {"mixes": cfg["mixes"], "seq_len": cfg["train"]["seq_len"], "seed": cfg["seed"]}
+        p = {"mixes": cfg["mixes"], "seq_len": cfg["train"]["seq_len"], "seed": cfg["seed"]}
+        if stage == "mix" and any(m["tokens"] == "plan" for m in cfg["mixes"].values()):
+            # `tokens: plan` resolved here rather than read from plan.json: the figure depends on the
+            # budget, model and global batch only, so a micro-batch or hardware edit (which rewrites
+            # plan.json) reruns no data stage, while a budget edit reruns the mix.
+            from pipeline.plan import trained_tokens  # plan imports this module
+
+            p["trained_tokens"] = trained_tokens(cfg)
+        return p
     # The plan rule reads measured counts of every source, so the planner's per-shard estimate is an
     # input of no rule: editing it reruns nothing (it serves dry runs and `python -m pipeline.plan`).
     sources = {n: {k: v for k, v in spec.items() if k != "tokens_per_shard_estimate"} for n, spec in cfg["sources"].items()}

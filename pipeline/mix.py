@@ -1,9 +1,10 @@
 """Mix stage: a named mix's seeded, weighted document schedule over the train split, plus its val set.
 
-    python -m pipeline.mix --params JSON --mix NAME --split-dir R/split --plan R/plan.json --outdir R/mix/NAME
+    python -m pipeline.mix --params JSON --mix NAME --split-dir R/split --outdir R/mix/NAME
 
-**Token target.** `mixes.NAME.tokens` (an integer, or `plan` for plan.json's `trained_tokens` =
-num_steps × tokens_per_step, what the trainer will consume — at least the budget's `target_tokens`) is the
+**Token target.** `mixes.NAME.tokens` (an integer, or `plan` for the plan's `trained_tokens` =
+num_steps × tokens_per_step, what the trainer will consume — at least the budget's `target_tokens`;
+`stage_params` puts it in the params as `trained_tokens`) is the
 number of training *targets* the packed train rows must supply. Packing cuts the schedule into rows
 of `seq_len + 1` tokens and each row trains `seq_len` targets, so the schedule must hold at least
 `schedule_target = ceil(tokens / seq_len) * (seq_len + 1)` tokens (spans, delimiters included); the
@@ -63,17 +64,15 @@ def schedule_target(tokens: int, seq_len: int) -> int:
     return -(-tokens // seq_len) * (seq_len + 1)
 
 
-def target_tokens(mix: dict, plan_path) -> int:
-    """The mix's `tokens`: an integer, or the plan's `trained_tokens` for `plan`."""
-    if mix["tokens"] != "plan":
-        return int(mix["tokens"])
-    if plan_path is None or not Path(plan_path).exists():
-        raise PipelineError(f"the mix takes its tokens from the plan, but {plan_path} does not exist; "
-                            "run the plan rule first")
-    plan = read_json(plan_path)
-    if not isinstance(plan.get("trained_tokens"), int):
-        raise PipelineError(f"{plan_path}: no integer 'trained_tokens'; rerun the plan rule")
-    return plan["trained_tokens"]
+def target_tokens(mix_name: str, params: dict) -> int:
+    """The mix's `tokens`: an integer, or the params' `trained_tokens` for `plan`."""
+    tokens = params["mixes"][mix_name]["tokens"]
+    if tokens != "plan":
+        return int(tokens)
+    if not isinstance(params.get("trained_tokens"), int):
+        raise PipelineError(f"mixes.{mix_name}.tokens is 'plan' but the params carry no integer 'trained_tokens'; "
+                            "pass --configfile, or params made by pipeline.config.stage_params(cfg, 'mix')")
+    return params["trained_tokens"]
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -220,12 +219,12 @@ def _concat_pools(pools: list[Pool]) -> Pool:
                 np.concatenate([p.tokens for p in pools]))
 
 
-def build_mix(params: dict, mix_name: str, split_dir, plan_path=None) -> tuple[pa.Table, pa.Table, dict]:
+def build_mix(params: dict, mix_name: str, split_dir) -> tuple[pa.Table, pa.Table, dict]:
     """(train schedule, val table, report) for one mix (see the module docstring)."""
     if mix_name not in params["mixes"]:
         raise PipelineError(f"unknown mix '{mix_name}' (mixes: {', '.join(params['mixes'])})")
     mix = params["mixes"][mix_name]
-    tokens = target_tokens(mix, plan_path)
+    tokens = target_tokens(mix_name, params)
     target = schedule_target(tokens, params["seq_len"])
     sources = sorted(mix["weights"])
     weight_sum = sum(mix["weights"].values())
@@ -290,14 +289,12 @@ def build_mix(params: dict, mix_name: str, split_dir, plan_path=None) -> tuple[p
     return train, val, report
 
 
-def run_mix(params: dict, mix_name: str, split_dir, plan_path, outdir) -> dict:
+def run_mix(params: dict, mix_name: str, split_dir, outdir) -> dict:
     """The stage: build the mix and write train.parquet, val.parquet and report.json."""
-    train, val, report = build_mix(params, mix_name, split_dir, plan_path)
+    train, val, report = build_mix(params, mix_name, split_dir)
     files = split_files(split_dir)
     inputs = [Path(split_dir, "report.json"), *(p for s in sorted(params["mixes"][mix_name]["weights"])
                                                 for p in files.get(s, []))]
-    if plan_path and Path(plan_path).exists():
-        inputs.append(plan_path)
     meta = provenance("mix", params, inputs, mix=mix_name)
     report["meta"] = meta
     outdir = Path(outdir)
@@ -315,10 +312,9 @@ def main(argv=None) -> None:
     add_config_args(ap)
     ap.add_argument("--mix", required=True, help="the mix name (a key of mixes)")
     ap.add_argument("--split-dir", required=True, help="R/split")
-    ap.add_argument("--plan", help="R/plan.json (needed when the mix's tokens is 'plan')")
     ap.add_argument("--outdir", required=True, help="R/mix/NAME")
     args = ap.parse_args(argv)
-    run_mix(params_from_args(args, "mix"), args.mix, args.split_dir, args.plan, args.outdir)
+    run_mix(params_from_args(args, "mix"), args.mix, args.split_dir, args.outdir)
 
 
 if __name__ == "__main__":

@@ -33,9 +33,9 @@ d_kv = n_kv_heads × d / n_heads):
 * **Data**: training consumes ``trained_tokens`` targets. A packed row holds T+1 tokens (inputs
   row[:-1], targets row[1:]) and the mix stage takes ``mixes.<mix>.tokens`` as the targets its
   schedule must supply, scheduling ceil(targets / T) × (T+1) tokens. For the train mix the targets
-  are ``trained_tokens`` with ``tokens: plan`` (the mix must read that key: ``target_tokens``, when
-  not a multiple of tokens_per_step, yields fewer rows than num_steps needs), or the integer, which
-  must be at least trained_tokens. ``data_tokens_needed`` = num_steps × (tokens_per_step / T) × (T+1)
+  are ``trained_tokens`` with ``tokens: plan`` (the mix must use that figure: ``target_tokens``, when
+  not a multiple of tokens_per_step, yields fewer rows than num_steps needs; the mix's params carry
+  it, see `trained_tokens`), or the integer, which must be at least trained_tokens. ``data_tokens_needed`` = num_steps × (tokens_per_step / T) × (T+1)
   is the schedule training reads. Per source s of the train mix (weights normalized to sum 1):
   tokens needed = w_s × scheduled tokens / max_epochs (+ ``split.val_tokens`` held out for
   validation by the hash split), shards needed = ceil(tokens needed / tokens per shard) (+ the
@@ -148,6 +148,16 @@ def token_target(train_cfg: dict, n_params: int, fpt: int) -> tuple[int, str]:
     if train_cfg.get("target_flops") is not None:
         return math.ceil(train_cfg["target_flops"] / fpt), "train.target_flops"
     return math.ceil(train_cfg["tokens_per_param"] * n_params), "train.tokens_per_param"
+
+
+def trained_tokens(cfg: dict) -> int:
+    """num_steps × tokens_per_step: the training targets the run consumes, what a mix's ``tokens: plan``
+    means. Depends on the budget, the model and the global batch only (not the micro-batch, world
+    size or the measured counts), so the mix stage can take it as a parameter."""
+    n_params, _ = count_params(cfg["model"])
+    target, _ = token_target(cfg["train"], n_params, flops_per_token(cfg))
+    step = cfg["train"]["global_batch_tokens"]
+    return math.ceil(target / step) * step
 
 
 # ----------------------------------------------------------------------------- shards
@@ -334,8 +344,8 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     fpt = flops_per_token(cfg)
     batch = batch_layout(cfg)
     target, basis = token_target(t, n_params, fpt)
-    num_steps = math.ceil(target / batch["tokens_per_step"])
-    trained = num_steps * batch["tokens_per_step"]
+    trained = trained_tokens(cfg)
+    num_steps = trained // batch["tokens_per_step"]
     data_needed = trained // t["seq_len"] * (t["seq_len"] + 1)  # whole rows: tokens_per_step is a multiple of T
 
     mix_name = t["mix"]

@@ -1,9 +1,11 @@
 """Mix: requested proportions are realized (globally and locally), sampling is seeded, short sources
-are up-sampled within their epoch cap and fail clearly beyond it, `tokens: plan` reads the plan."""
+are up-sampled within their epoch cap and fail clearly beyond it, `tokens: plan` is the plan's
+trained tokens."""
 from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -11,8 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import mix
+from pipeline import plan as plan_module
+from pipeline.config import load_config, stage_params
 from pipeline.io import PipelineError
 
+ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN = 64
 
 
@@ -51,9 +56,9 @@ def params(weights=None, tokens=200_000, max_epochs=1.0, seed=1337) -> dict:
     return {"mixes": {"m": m}, "seq_len": SEQ_LEN, "seed": seed}
 
 
-def run(tmp_path, p, plan=None, name="out"):
+def run(tmp_path, p, name="out"):
     out = tmp_path / name
-    report = mix.run_mix(p, "m", tmp_path / "split", plan, out)
+    report = mix.run_mix(p, "m", tmp_path / "split", out)
     return pq.read_table(out / "train.parquet").to_pydict(), pq.read_table(out / "val.parquet").to_pydict(), report
 
 
@@ -142,16 +147,32 @@ def test_beyond_cap_fails_clearly(tmp_path, split_dir):
     assert not (tmp_path / "out").exists()
 
 
-def test_tokens_plan_reads_plan_json(tmp_path, split_dir):
-    plan = tmp_path / "plan.json"
-    # The trainer consumes num_steps × tokens_per_step (>= the budget), so that is what the mix supplies.
-    plan.write_text(json.dumps({"target_tokens": 49_000, "num_steps": 10, "tokens_per_step": 5_000,
-                                "trained_tokens": 50_000}))
-    train, _, report = run(tmp_path, params(tokens="plan"), plan=plan)
+def test_tokens_plan_is_the_plans_trained_tokens(tmp_path, split_dir):
+    # The trainer consumes num_steps × tokens_per_step (>= the budget), so that is what the mix supplies:
+    # 49,000 target tokens at 5,000 per step are 10 steps, 50,000 tokens.
+    cfg = load_config(ROOT / "config.yaml", {"train": {"target_tokens": 49_000, "global_batch_tokens": 5_000,
+                                                       "seq_len": 50, "micro_batch": 100}})
+    p = stage_params(cfg, "mix")
+    assert p["trained_tokens"] == plan_module.make_plan(cfg)["trained_tokens"] == 50_000
+    p = {**params(tokens="plan"), "trained_tokens": p["trained_tokens"]}
+    train, _, report = run(tmp_path, p)
     assert report["target"]["tokens"] == 50_000 and report["target"]["from"] == "plan"
     assert sum(train["tokens"]) >= mix.schedule_target(50_000, SEQ_LEN)
-    with pytest.raises(PipelineError, match="run the plan rule"):
-        run(tmp_path, params(tokens="plan"), plan=tmp_path / "missing.json", name="x")
+    with pytest.raises(PipelineError, match="params carry no integer 'trained_tokens'"):
+        run(tmp_path, params(tokens="plan"), name="x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_mix_params_ignore_micro_batch_and_hardware(tmp_path):
+    """A micro-batch or world-size edit changes the plan but not what the mix supplies, so it reruns
+    no data stage; a budget edit does change the mix's params."""
+    base = load_config(ROOT / "config.yaml")
+    t = base["train"]
+    edits = [{"train": {"micro_batch": t["micro_batch"] // 2}}, {"hardware": {"gpu_memory_gb": 1}}]
+    for edit in edits:
+        assert stage_params(load_config(ROOT / "config.yaml", edit), "mix") == stage_params(base, "mix")
+    budget = load_config(ROOT / "config.yaml", {"train": {"target_tokens": 2 * plan_module.make_plan(base)["trained_tokens"]}})
+    assert stage_params(budget, "mix")["trained_tokens"] == 2 * stage_params(base, "mix")["trained_tokens"]
 
 
 def test_val_holds_every_val_document(tmp_path, split_dir):

@@ -174,6 +174,14 @@ def test_source_edit_reruns_only_that_sources_jobs(project):
     assert planned_after_edit(project, estimate) == {}
 
 
+def test_micro_batch_edit_reruns_plan_and_training_not_the_data(project):
+    def micro_batch(cfg):
+        cfg["train"]["micro_batch"] //= 2  # more accumulation steps, same global batch and budget
+    jobs = planned_after_edit(project, micro_batch)
+    assert {"plan", "train", "evaluate"} <= set(jobs)
+    assert not {"download", "tokenize", "dedup", "split", "mix", "pack"} & set(jobs)
+
+
 def test_multi_node_train_job_says_how_to_launch(tmp_path):
     """The data stages run for a 2-node config; the train job, one node only, fails with the launch."""
     cfg = json.loads(json.dumps(TINY))

@@ -2,7 +2,6 @@
 rule mix:
     input:
         split=f"{R}/split/report.json",
-        plan=f"{R}/plan.json",
     output:
         train=f"{R}/mix/{{mix}}/train.parquet",
         val=f"{R}/mix/{{mix}}/val.parquet",
@@ -16,4 +15,4 @@ rule mix:
         "../../envs/data.yaml"
     shell:
         "python -m pipeline.mix --params {params.p:q} --mix {wildcards.mix} --split-dir {R}/split "
-        "--plan {input.plan:q} --outdir {R}/mix/{wildcards.mix} 2>&1 | tee {log:q}"
+        "--outdir {R}/mix/{wildcards.mix} 2>&1 | tee {log:q}"
