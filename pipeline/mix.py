@@ -12,10 +12,10 @@ concat packer then yields at least `ceil(tokens / seq_len)` rows (it drops only 
 `bestfit` packing pads rows, so it needs more than this; its pad tokens are in the pack report.
 
 **Sampling.** Source `s` gets `share_s = ceil(w_s / sum(w) * schedule_target)` tokens. Its train
-documents are ranked by a seeded hash (`pipeline.split.rank_by_hash`, salted with the seed, the
-source and the pass number) and taken whole, in rank order, until the share is reached: the document
-that crosses the share is included, so every source gets at least its share and the schedule at
-least `schedule_target`. A source with too few tokens is up-sampled: after a full pass, the next pass
+documents are ranked by a seeded hash (`pipeline.split.rank_by_hash` of shard name and document
+index, salted with the seed, the source and the pass number) and taken whole, in rank order, until
+the share is reached: the document that crosses the share is included, so every source gets at
+least its share and the schedule at least `schedule_target`. A source with too few tokens is up-sampled: after a full pass, the next pass
 takes its documents again in a new order (`epoch` 1, 2, ...), up to `max_epochs` times the
 source's train tokens (fractional caps allowed); a share beyond that fails the stage with the
 numbers and the knobs.
@@ -86,11 +86,6 @@ class Pool:
     doc: np.ndarray
     tokens: np.ndarray
 
-    @property
-    def keys(self) -> np.ndarray:
-        """A unique id per document (its shard index and doc), the input of the seeded ranking."""
-        return (self.shard << 32) | self.doc
-
     def take(self, idx: np.ndarray) -> "Pool":
         return Pool(self.shards, self.shard[idx], self.doc[idx], self.tokens[idx])
 
@@ -138,7 +133,7 @@ def short_message(mix_name: str, source: str, mix: dict, available: int, share: 
 
 class Stream:
     """One source's train documents in seeded rank order, pass after pass: pass `e` (the `epoch`)
-    ranks all documents by `rank_by_hash(keys, seed, "mix", source, str(e))`."""
+    ranks all documents by `rank_by_hash(..., seed, "mix", source, str(e))`."""
 
     def __init__(self, pool: Pool, seed: int, source: str, cap_tokens: float):
         self.pool, self.seed, self.source, self.cap_tokens = pool, seed, source, cap_tokens
@@ -149,7 +144,8 @@ class Stream:
 
     def _start_pass(self, epoch: int) -> None:
         self._epoch, self._pos = epoch, 0
-        self._order = rank_by_hash(self.pool.keys, self.seed, "mix", self.source, str(epoch))
+        p = self.pool
+        self._order = rank_by_hash(p.shards, p.shard, p.doc, self.seed, "mix", self.source, str(epoch))
 
     def take_until(self, tokens: int) -> None:
         """Take documents in order until at least `tokens` in all (the crossing document included)."""

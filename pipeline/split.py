@@ -12,7 +12,8 @@ is entirely on one side (the report's leak check counts clusters whose kept memb
 sides and the stage fails unless it is 0). The side of a keeper:
 
 - `method: hash`: per source (the keeper's source), keepers are ranked by a seeded hash of their
-  cluster id (`rank_by_hash`); val is the prefix of that ranking whose token total is closest to
+  shard name and index in the shard (`rank_by_hash`: adding shards or sources keeps the relative
+  order of the other documents, so val changes only by what the new documents displace); val is the prefix of that ranking whose token total is closest to
   the target `min(val_tokens, source kept tokens // 2)`, never exceeding half the source's kept
   tokens (so every source keeps at least half of its tokens for training; a source whose every
   document is longer than that half gets no val documents, with a warning). The rest is train.
@@ -53,11 +54,15 @@ def salt(seed: int, *names: str) -> np.uint64:
     return np.uint64(int.from_bytes(digest[:8], "little"))
 
 
-def rank_by_hash(ids: np.ndarray, seed: int, *names: str) -> np.ndarray:
-    """Indices that order `ids` (int64) by `fmix64(id ^ salt(seed, *names))`, ties by id: a seeded,
-    reproducible shuffle that depends only on the ids, not on their input order."""
-    h = fmix64(ids.astype(np.int64).view(np.uint64) ^ salt(seed, *names))
-    return np.lexsort((ids, h))
+def rank_by_hash(shard_names: list[str], shard: np.ndarray, doc: np.ndarray, seed: int, *names: str) -> np.ndarray:
+    """Indices that order documents (`shard` indexes `shard_names`; `doc` is the index in the shard)
+    by `fmix64(doc ^ salt(seed, *names, shard name))`, ties by (shard, doc): a seeded, reproducible
+    shuffle in which a document's hash depends on its own shard's name and its index only, so adding
+    shards or sources, or listing them in another order, leaves the relative order of the others as
+    it was."""
+    salts = np.array([salt(seed, *names, n) for n in shard_names], dtype=np.uint64)
+    h = fmix64(doc.astype(np.int64).view(np.uint64) ^ salts[shard])
+    return np.lexsort((doc, shard, h))
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -135,7 +140,7 @@ def assign_by_hash(docs: Docs, val_tokens: int, seed: int) -> tuple[np.ndarray, 
     targets = {}
     for s in sorted(set(source)):
         idx = np.flatnonzero(docs.keep & (source == s))
-        order = idx[rank_by_hash(docs.cluster[idx], seed, "split")]
+        order = idx[rank_by_hash([f"{src}/{sh}" for src, sh in docs.shards], docs.shard[idx], docs.doc[idx], seed, "split")]
         cum = np.cumsum(docs.tokens[order])
         total = int(cum[-1]) if len(cum) else 0
         target = min(val_tokens, total // 2)

@@ -124,6 +124,72 @@ def test_split_is_deterministic_and_seeded(tmp_path):
     assert [t["split"] for t in a.values()] != [t["split"] for t in c.values()]
 
 
+def add_unique_shard(root, source: str, shard: str, n: int, base: int, seed: int) -> tuple:
+    """A shard whose documents are all their own clusters (ids base + doc); (keep path, token path)."""
+    rng = random.Random(seed)
+    kp, tp = root / "keep" / source / f"{shard}.parquet", root / "tokens" / source / f"{shard}.json"
+    write_keep(kp, [base + d for d in range(n)], [True] * n)
+    write_token_index(tp, list(range(n)), [rng.randint(20, 600) for _ in range(n)], source, shard)
+    return kp, tp
+
+
+def sides(tables: dict) -> dict:
+    """(source, shard) -> (doc, tokens, split) columns: a split result without its cluster ids."""
+    return {key: (t["doc"], t["tokens"], t["split"]) for key, t in tables.items()}
+
+
+def val_docs(tables: dict, source: str) -> set:
+    return {(sh, d) for (s, sh), t in tables.items() if s == source for d, sp in zip(t["doc"], t["split"]) if sp == "val"}
+
+
+def test_rank_by_hash_keeps_the_relative_order_when_shards_are_added():
+    rng = np.random.default_rng(0)
+    old_names, new_names = ["b", "c"], ["a", "b", "c", "d"]  # two shards inserted around the old ones
+    shard, doc = np.repeat([0, 1], 500), np.tile(np.arange(500), 2)
+    old = [(old_names[s], d) for s, d in zip(shard, doc)]
+    new_shard, new_doc = np.repeat([0, 1, 2, 3], 500), np.tile(np.arange(500), 4)
+    perm = rng.permutation(len(new_shard))  # input order does not matter either
+    new_shard, new_doc = new_shard[perm], new_doc[perm]
+    ranked_old = [old[i] for i in split.rank_by_hash(old_names, shard, doc, 3, "x")]
+    ranked_new = [(new_names[new_shard[i]], new_doc[i]) for i in split.rank_by_hash(new_names, new_shard, new_doc, 3, "x")]
+    assert [x for x in ranked_new if x[0] in old_names] == ranked_old
+    assert ranked_old != sorted(ranked_old)
+    assert [old[i] for i in split.rank_by_hash(old_names, shard, doc, 4, "x")] != ranked_old  # seeded
+
+
+def test_hash_split_is_stable_when_shards_or_sources_are_added(tmp_path):
+    """A document's rank depends on its shard's name and its index, not on which other shards exist
+    or on the cluster ids dedup gave it:
+    a new source leaves the others' splits as they were, and a new shard of a source only displaces
+    val documents (the old ones still in val are a prefix of the same order), it never reorders them."""
+    keep_paths, token_paths = synthetic_run(tmp_path, shards={"web": ["s1", "s2"], "chat": ["c1"]})
+    split.run_split(params(), keep_paths, token_paths, tmp_path / "a", tmp_path / "a" / "r.json")
+    before = read_all(tmp_path / "a")
+
+    # A new source that sorts first: dedup numbers documents by source position, so every old
+    # cluster id shifts (simulated by renumbering the old keep lists); the split must not care.
+    k, t = add_unique_shard(tmp_path, "aaa", "x0", 300, 0, seed=1)
+    renumbered = []
+    for kp in keep_paths:
+        table = pq.read_table(kp).to_pydict()
+        dest = tmp_path / "keep2" / kp.parent.name / kp.name
+        write_keep(dest, [c + (1 << 56) for c in table["cluster"]], table["keep"])
+        renumbered.append(dest)
+    split.run_split(params(), [*renumbered, k], [*token_paths, t], tmp_path / "b", tmp_path / "b" / "r.json")
+    after = read_all(tmp_path / "b")
+    assert {key: v for key, v in sides(after).items() if key[0] != "aaa"} == sides(before)
+
+    k2, t2 = add_unique_shard(tmp_path, "web", "s0", 300, 60 << 32, seed=2)  # sorts before web's shards
+    split.run_split(params(), [*keep_paths, k2], [*token_paths, t2], tmp_path / "c", tmp_path / "c" / "r.json")
+    grown = read_all(tmp_path / "c")
+    assert {key: t for key, t in grown.items() if key[0] == "chat"} == {key: t for key, t in before.items() if key[0] == "chat"}
+    old_val, new_val = val_docs(before, "web"), val_docs(grown, "web")
+    kept_old = {x for x in new_val if x[0] != "s0"}
+    assert any(x[0] == "s0" for x in new_val), "the new shard's documents take part in val"
+    assert kept_old < old_val or old_val <= kept_old
+    assert len(kept_old) >= len(old_val) // 2
+
+
 def test_shards_method_pulls_clusters_into_val(tmp_path):
     keep_paths, token_paths = synthetic_run(tmp_path)
     p = params("shards", val_shards={"web": ["s2"]})

@@ -31,12 +31,12 @@ TINY = {
     "tokenizer": {"vocab_size": 512, "train_chars": 200_000, "train_sources": ["web"]},
     "split": {"val_tokens": 4000},
     "mixes": {
-        "pretrain": {"weights": {"web": 1.0}, "tokens": "plan"},
+        "pretrain": {"weights": {"web": 1.0}, "tokens": "plan", "max_epochs": 4},
         "midtrain": {"weights": {"web": 0.5, "chat": 0.5}, "tokens": 8000, "max_epochs": 4, "packing": "bestfit"},
     },
     "model": {"vocab_size": 512, "dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 96},
     "train": {
-        "seq_len": 32, "global_batch_tokens": 1024, "micro_batch": 16, "target_tokens": 30720,
+        "seq_len": 32, "global_batch_tokens": 1024, "micro_batch": 16, "target_tokens": 102400,
         "precision": "fp32", "compile": False, "warmup_steps": 3, "val_interval": 10, "val_batches": 2,
         "ckpt_interval": 10, "log_interval": 5, "lr": 3e-2,
     },
@@ -107,9 +107,9 @@ def test_end_to_end(project):
                 "pack/pretrain/train.json", "pack/midtrain/train.json", "train/final.pt", "eval/report.json", "eval/loss.png"]:
         assert (R / rel).exists(), rel
     plan = json.loads((R / "plan.json").read_text())
-    assert plan["num_steps"] == 30 and plan["grad_accum_steps"] == 2
+    assert plan["num_steps"] == 100 and plan["grad_accum_steps"] == 2
     report = json.loads((R / "eval/report.json").read_text())
-    assert report["val_loss"] < report["unigram_baseline"]
+    assert report["val_loss"] < report["unigram_baseline"] - 0.1  # learned more than token frequencies
     assert (project / "logs/t/train.log").exists()
     assert (project / "data/raw/web/shard_00000.parquet").exists()
     # Every stage output carries metadata saying what made it.
