@@ -4,21 +4,21 @@
 
 **Token target.** `mixes.NAME.tokens` (an integer, or `plan` for the plan's `trained_tokens` =
 num_steps × tokens_per_step, what the trainer will consume — at least the budget's `target_tokens`;
-`stage_params` puts it in the params as `trained_tokens`) is the
-number of training *targets* the packed train rows must supply. Packing cuts the schedule into rows
-of `seq_len + 1` tokens and each row trains `seq_len` targets, so the schedule must hold at least
-`schedule_target = ceil(tokens / seq_len) * (seq_len + 1)` tokens (spans, delimiters included); the
-concat packer then yields at least `ceil(tokens / seq_len)` rows (it drops only a partial last row).
-`bestfit` packing pads rows, so it needs more than this; its pad tokens are in the pack report.
+`stage_params` puts it in the params as `trained_tokens`) is the number of training *targets* the
+packed train rows must supply. Packing cuts the schedule into rows of `seq_len + 1` tokens and each
+row trains `seq_len` targets, so the schedule must hold at least `schedule_target = ceil(tokens /
+seq_len) * (seq_len + 1)` tokens (spans, delimiters included); the concat packer then yields at
+least `ceil(tokens / seq_len)` rows (it drops only a partial last row). `bestfit` packing pads rows,
+so it needs more than this; its pad tokens are in the pack report.
 
 **Sampling.** Source `s` gets `share_s = ceil(w_s / sum(w) * schedule_target)` tokens. Its train
 documents are ranked by a seeded hash (`pipeline.split.rank_by_hash` of shard name and document
 index, salted with the seed, the source and the pass number) and taken whole, in rank order, until
-the share is reached: the document that crosses the share is included, so every source gets at
-least its share and the schedule at least `schedule_target`. A source with too few tokens is up-sampled: after a full pass, the next pass
-takes its documents again in a new order (`epoch` 1, 2, ...), up to `max_epochs` times the
-source's train tokens (fractional caps allowed); a share beyond that fails the stage with the
-numbers and the knobs.
+the share is reached: the document that crosses the share is included, so every source gets at least
+its share and the schedule at least `schedule_target`. A source with too few tokens is up-sampled:
+after a full pass, the next pass takes its documents again in a new order (`epoch` 1, 2, ...), up to
+`max_epochs` times the source's train tokens (fractional caps allowed); a share beyond that fails
+the stage with the numbers and the knobs.
 
 **Proportions.** Realized proportion = a source's scheduled tokens / all scheduled tokens. The
 crossing documents overshoot the shares by less than one document each, which skews proportions

@@ -35,8 +35,8 @@ d_kv = n_kv_heads × d / n_heads):
   schedule must supply, scheduling ceil(targets / T) × (T+1) tokens. For the train mix the targets
   are ``trained_tokens`` with ``tokens: plan`` (the mix must use that figure: ``target_tokens``, when
   not a multiple of tokens_per_step, yields fewer rows than num_steps needs; the mix's params carry
-  it, see `trained_tokens`), or the integer, which must be at least trained_tokens. ``data_tokens_needed`` = num_steps × (tokens_per_step / T) × (T+1)
-  is the schedule training reads. Per source s of the train mix (weights normalized to sum 1):
+  it, see `trained_tokens`), or the integer, which must be at least trained_tokens.
+  ``data_tokens_needed`` = num_steps × (tokens_per_step / T) × (T+1) is the schedule training reads. Per source s of the train mix (weights normalized to sum 1):
   tokens needed = w_s × scheduled tokens / max_epochs (+ ``split.val_tokens`` held out for
   validation by the hash split), shards needed = ceil(tokens needed / tokens per shard) (+ the
   source's ``split.val_shards`` for the shards split). Tokens per shard come from the measured counts

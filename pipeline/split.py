@@ -13,10 +13,11 @@ sides and the stage fails unless it is 0). The side of a keeper:
 
 - `method: hash`: per source (the keeper's source), keepers are ranked by a seeded hash of their
   shard name and index in the shard (`rank_by_hash`: adding shards or sources keeps the relative
-  order of the other documents, so val changes only by what the new documents displace); val is the prefix of that ranking whose token total is closest to
-  the target `min(val_tokens, source kept tokens // 2)`, never exceeding half the source's kept
-  tokens (so every source keeps at least half of its tokens for training; a source whose every
-  document is longer than that half gets no val documents, with a warning). The rest is train.
+  order of the other documents, so val changes only by what the new documents displace); val is
+  the prefix of that ranking whose token total is closest to the target
+  `min(val_tokens, source kept tokens // 2)`, never exceeding half the source's kept tokens (so
+  every source keeps at least half of its tokens for training; a source whose every document is
+  longer than that half gets no val documents, with a warning). The rest is train.
 - `method: shards`: the keeper of every cluster that has a member (kept or removed) in a shard of
   `val_shards` is val, even when the keeper itself lies in another shard, so held-out shards never
   share a duplicate with train; all other keepers are train. Sources without listed shards have no
@@ -138,9 +139,10 @@ def assign_by_hash(docs: Docs, val_tokens: int, seed: int) -> tuple[np.ndarray, 
     split = np.where(docs.keep, TRAIN, DUP).astype(np.int8)
     source = docs.source_of()
     targets = {}
+    shard_names = [f"{src}/{sh}" for src, sh in docs.shards]
     for s in sorted(set(source)):
         idx = np.flatnonzero(docs.keep & (source == s))
-        order = idx[rank_by_hash([f"{src}/{sh}" for src, sh in docs.shards], docs.shard[idx], docs.doc[idx], seed, "split")]
+        order = idx[rank_by_hash(shard_names, docs.shard[idx], docs.doc[idx], seed, "split")]
         cum = np.cumsum(docs.tokens[order])
         total = int(cum[-1]) if len(cum) else 0
         target = min(val_tokens, total // 2)
