@@ -101,24 +101,19 @@ def delimiter_layout(tok: Tokenizer) -> tuple[list[int], list[int]]:
     return probe[:i], probe[i + 1:]
 
 
-def delimit_flat(body: np.ndarray, lengths: np.ndarray, head: list[int], tail: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """`Tokenizer.delimit` vectorised over a batch: documents back to back in `body` (`lengths` ids
-    each) → (delimited documents back to back, True where a token is a delimiter)."""
+def delimit_into(ids: list, lengths: np.ndarray, head: list[int], tail: list[int], dtype) -> tuple[np.ndarray, np.ndarray]:
+    """`Tokenizer.delimit` over a batch in one pass: each document's ids, with `head` before and `tail`
+    after it, back to back in one array of `dtype` → (that array, where each document's own ids start)."""
     ends = np.cumsum(lengths + len(head) + len(tail))
-    starts = ends - lengths - len(head) - len(tail)
-    out = np.empty(int(ends[-1]) if len(ends) else 0, body.dtype)
-    is_delim = np.zeros(len(out), bool)
-    for at, ids in ((starts, head), (ends - len(tail), tail)):
-        for j, t in enumerate(ids):
-            out[at + j] = t
-            is_delim[at + j] = True
-    out[~is_delim] = body
-    return out, is_delim
-
-
-def concat(seqs: list[list[int]], dtype) -> np.ndarray:
-    """Lists of ints back to back in one numpy array."""
-    return np.concatenate([np.asarray(x, dtype) for x in seqs]) if seqs else np.zeros(0, dtype)
+    body_starts = ends - lengths - len(tail)
+    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype)
+    for j, t in enumerate(head):
+        out[body_starts - len(head) + j] = t
+    for j, t in enumerate(tail):
+        out[ends - len(tail) + j] = t
+    for at, x in zip(body_starts.tolist(), ids):
+        out[at:at + len(x)] = x
+    return out, body_starts
 
 
 def drop_short(batch: DocBatch, ids: list, masks: list | None, min_chars: int, stats: ShardStats):
@@ -140,11 +135,12 @@ def write_batch(layout, ids: list, masks: list | None, dtype: np.dtype, bin_f, m
     0 on delimiters) to the open files, record its length."""
     head, tail = layout
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    tokens, is_delim = delimit_flat(concat(ids, dtype), lengths, head, tail)
+    tokens, body_starts = delimit_into(ids, lengths, head, tail, dtype)
     tokens.tofile(bin_f)
     if mask_f is not None:
         mask = np.zeros(len(tokens), np.uint8)
-        mask[~is_delim] = concat(masks, np.uint8)
+        for at, m in zip(body_starts.tolist(), masks):
+            mask[at:at + len(m)] = m
         mask.tofile(mask_f)
     stats.lengths.append(lengths + len(head) + len(tail))
     stats.n_doc_tokens += int(lengths.sum())
