@@ -279,6 +279,10 @@ def _source_slice(cfg: dict, names, keep=("type", "format", "text_column", "mess
     return {n: {k: cfg["sources"][n][k] for k in keep if k in cfg["sources"][n]} for n in names}
 
 
+def _sources_without(cfg: dict, names, drop: tuple[str, ...]) -> dict:
+    return {n: {k: v for k, v in cfg["sources"][n].items() if k not in drop} for n in names}
+
+
 # What the download stage does not depend on: an edit to these reruns no download.
 NOT_DOWNLOAD_KEYS = ("min_chars", "tokens_per_shard_estimate")
 
@@ -296,8 +300,7 @@ def stage_params(cfg: dict, stage: str, source: str | None = None) -> dict:
     editing one source reruns no job of another."""
     names = list(cfg["sources"]) if source is None else [source]
     if stage == "download":
-        return {"sources": {n: {k: v for k, v in cfg["sources"][n].items() if k not in NOT_DOWNLOAD_KEYS}
-                            for n in names}, "download": cfg["download"]}
+        return {"sources": _sources_without(cfg, names, NOT_DOWNLOAD_KEYS), "download": cfg["download"]}
     if stage == "tokenizer":  # sampling reads text only: min_chars applies at tokenize time
         sources = _source_slice(cfg, tokenizer_sources(cfg), ("type", "format", "text_column", "messages_column"))
         return {"tokenizer": cfg["tokenizer"], "sources": sources, "seed": cfg["seed"]}
@@ -322,7 +325,7 @@ def stage_params(cfg: dict, stage: str, source: str | None = None) -> dict:
         return p
     # The plan rule reads measured counts of every source, so the planner's per-shard estimate is an
     # input of no rule: editing it reruns nothing (it serves dry runs and `python -m pipeline.plan`).
-    sources = {n: {k: v for k, v in spec.items() if k != "tokens_per_shard_estimate"} for n, spec in cfg["sources"].items()}
+    sources = _sources_without(cfg, cfg["sources"], ("tokens_per_shard_estimate",))
     if stage == "plan":  # budget, batch layout and memory only: an lr edit reruns train, not the data stages
         keep = ("run_name", "seed", "tokenizer", "split", "mixes", "model", "hardware")
         return {**{k: cfg[k] for k in keep}, "sources": sources,

@@ -1,9 +1,9 @@
 """The token-budget planner: parameters, tokens, steps, gradient accumulation, shards, memory, time.
 
     python -m pipeline.plan --configfile FILE [--counts R/counts/counts.parquet] [--json] [--no-check]
-
-(with --configfile and no --counts, the run's `R/counts/counts.parquet` is used when it exists)
     python -m pipeline.plan --params JSON --counts R/counts/counts.parquet --out R/plan.json --out-md R/plan.md
+
+With --configfile and no --counts, the run's `R/counts/counts.parquet` is used when it exists.
 
 The Snakefile imports this module at parse time (every invocation, dry runs included, prints the plan
 and refuses an infeasible one), so it must stay import-light: no torch, pyarrow only when a counts
@@ -36,9 +36,9 @@ d_kv = n_kv_heads × d / n_heads):
   are ``trained_tokens`` with ``tokens: plan`` (the mix must use that figure: ``target_tokens``, when
   not a multiple of tokens_per_step, yields fewer rows than num_steps needs; the mix's params carry
   it, see `trained_tokens`), or the integer, which must be at least trained_tokens.
-  ``data_tokens_needed`` = num_steps × (tokens_per_step / T) × (T+1) is the schedule training reads. Per source s of the train mix (weights normalized to sum 1):
-  tokens needed = w_s × scheduled tokens / max_epochs (+ ``split.val_tokens`` held out for
-  validation by the hash split), shards needed = ceil(tokens needed / tokens per shard) (+ the
+  ``data_tokens_needed`` = num_steps × (tokens_per_step / T) × (T+1) is the schedule training reads.
+  Per source s of the train mix (weights normalized to sum 1): tokens needed = w_s × scheduled
+  tokens / max_epochs (+ ``split.val_tokens`` held out for validation by the hash split), shards needed = ceil(tokens needed / tokens per shard) (+ the
   source's ``split.val_shards`` for the shards split). Tokens per shard come from the measured counts
   (mean over the source's counted shards of tokens + delimiter_tokens − short_tokens −
   short_documents × delimiters per document, i.e. what the tokenize stage keeps), else from

@@ -126,31 +126,6 @@ def test_nothing_to_do_after_a_run(project):
     assert planned_jobs(snakemake(project, "-n")) == {}
 
 
-def test_tokenizer_edit_reruns_tokenizer_and_downstream_not_download(project):
-    cfg = json.loads(json.dumps(TINY))
-    cfg["tokenizer"]["vocab_size"] = 640
-    cfg["model"]["vocab_size"] = 640
-    write_config(project, cfg)
-    try:
-        jobs = planned_jobs(snakemake(project, "-n"))
-    finally:
-        write_config(project, TINY)
-    assert "download" not in jobs
-    assert jobs["tokenizer"] == 1 and jobs["count_shards"] == 4 and jobs["tokenize"] == 4
-
-
-def test_dedup_edit_reruns_dedup_and_after_not_tokenize(project):
-    cfg = json.loads(json.dumps(TINY))
-    cfg["dedup"] = {"threshold": 0.8}
-    write_config(project, cfg)
-    try:
-        jobs = planned_jobs(snakemake(project, "-n"))
-    finally:
-        write_config(project, TINY)
-    assert {"dedup", "split", "mix", "pack", "accounting", "train", "evaluate"} <= set(jobs)
-    assert not {"download", "tokenizer", "count_shards", "tokenize", "dedup_signatures"} & set(jobs)
-
-
 def planned_after_edit(project, edit) -> dict[str, int]:
     """The jobs a dry run plans after `edit(config)`; the config is restored afterwards."""
     cfg = json.loads(json.dumps(TINY))
@@ -160,6 +135,23 @@ def planned_after_edit(project, edit) -> dict[str, int]:
         return planned_jobs(snakemake(project, "-n"))
     finally:
         write_config(project, TINY)
+
+
+def test_tokenizer_edit_reruns_tokenizer_and_downstream_not_download(project):
+    def vocab(cfg):
+        cfg["tokenizer"]["vocab_size"] = 640
+        cfg["model"]["vocab_size"] = 640
+    jobs = planned_after_edit(project, vocab)
+    assert "download" not in jobs
+    assert jobs["tokenizer"] == 1 and jobs["count_shards"] == 4 and jobs["tokenize"] == 4
+
+
+def test_dedup_edit_reruns_dedup_and_after_not_tokenize(project):
+    def threshold(cfg):
+        cfg["dedup"] = {"threshold": 0.8}
+    jobs = planned_after_edit(project, threshold)
+    assert {"dedup", "split", "mix", "pack", "accounting", "train", "evaluate"} <= set(jobs)
+    assert not {"download", "tokenizer", "count_shards", "tokenize", "dedup_signatures"} & set(jobs)
 
 
 def test_source_edit_reruns_only_that_sources_jobs(project):
