@@ -19,12 +19,13 @@ from typing import Any
 
 import yaml
 
+from pipeline.budget import trained_tokens, world_size
+from pipeline.errors import ConfigError
+
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 
-class ConfigError(ValueError):
-    """One clear configuration error, naming the key and the fix."""
 
 
 @lru_cache(maxsize=1)
@@ -119,19 +120,15 @@ def deep_merge(base: dict, over: dict) -> dict:
 
 # ----------------------------------------------------------------------------- cross-field checks
 
-def world_size(cfg: dict) -> int:
-    hw = cfg["hardware"]
-    return hw["nproc_per_node"] * hw["nodes"]
-
 
 # Token ids of the stock tiktoken encodings (their own special tokens included); tokenfarm's
-# special tokens are appended after them (pipeline.tokenizer.build_tokenizer).
+# special tokens are appended after them (pipeline.data.tokenizer.build_tokenizer).
 STOCK_VOCAB = {"r50k_base": 50257, "p50k_base": 50281, "cl100k_base": 100277, "o200k_base": 200019}
 
 
 def n_special_tokens(delimiter: str) -> int:
     """How many special tokens a tokenizer reserves: <|bos|>, <|eos|> for the eos/both policies, and
-    the 4 chat tokens (the list itself: pipeline.tokenizer.special_token_names)."""
+    the 4 chat tokens (the list itself: pipeline.data.encoding.special_token_names)."""
     return 6 if delimiter in ("eos", "both") else 5
 
 
@@ -258,12 +255,13 @@ def tokenizer_sources(cfg: dict) -> list[str]:
 
 
 def code_version(*modules: str) -> str:
-    """Short hash of the given pipeline module files; declared as a rule param so code edits rerun it."""
+    """Short hash of the given pipeline modules' source (dotted names under `pipeline`, e.g.
+    "data.tokenize"); declared as a rule param so code edits rerun it."""
     h = hashlib.sha256()
     for m in modules:
-        p = ROOT / "pipeline" / f"{m}.py"
+        p = ROOT / "pipeline" / f"{m.replace('.', '/')}.py"
         if not p.exists():
-            p = ROOT / "pipeline" / m / "__init__.py"
+            p = ROOT / "pipeline" / m.replace(".", "/") / "__init__.py"
         h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
@@ -319,8 +317,6 @@ def stage_params(cfg: dict, stage: str, source: str | None = None) -> dict:
             # `tokens: plan` resolved here rather than read from plan.json: the figure depends on the
             # budget, model and global batch only, so a micro-batch or hardware edit (which rewrites
             # plan.json) reruns no data stage, while a budget edit reruns the mix.
-            from pipeline.plan import trained_tokens  # plan imports this module
-
             p["trained_tokens"] = trained_tokens(cfg)
         return p
     # The plan rule reads measured counts of every source, so the planner's per-shard estimate is an

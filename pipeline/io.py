@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from pipeline.errors import PipelineError
+
 __all__ = [
     "atomic_path",
     "atomic_write",
@@ -29,7 +31,6 @@ __all__ = [
     "sha256_file",
     "progress",
     "get_logger",
-    "PipelineError",
     "run_cli",
 ]
 
@@ -169,17 +170,13 @@ def setup_logging() -> None:
     )
 
 
-class PipelineError(RuntimeError):
-    """A user-facing failure: the message names the file or config key and the fix."""
 
 
 def run_cli(main_fn, argv=None) -> None:
     """Run a stage's main(argv); a PipelineError (or ConfigError) becomes one 'error:' line and exit 1."""
-    from pipeline.config import ConfigError
-
     setup_logging()
     try:
         main_fn(argv)
-    except (PipelineError, ConfigError) as e:
+    except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None

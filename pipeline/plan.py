@@ -12,7 +12,7 @@ file is read.
 Definitions and formulas (V = vocab_size, d = dim, L = n_layers, f = ffn_dim, T = seq_len,
 d_kv = n_kv_heads × d / n_heads):
 
-* **Parameters** (`count_params`), exactly those of `pipeline.model.Transformer`: token embedding
+* **Parameters** (`count_params`), exactly those of `pipeline.training.model.Transformer`: token embedding
   V·d; per block q, o: d·d each, k, v: d·d_kv each, SwiGLU 3·d·f, two RMSNorm gains 2·d; final norm
   d; untied lm_head V·d. ``n_params_non_embedding`` (Kaplan et al. 2020) excludes every
   vocabulary matrix: total − token embedding − untied lm_head, so it is the same for the tied and
@@ -58,8 +58,18 @@ import json
 import math
 from pathlib import Path
 
-from pipeline.config import ConfigError, add_config_args, load_config, run_dir, source_files, world_size
-from pipeline.io import PipelineError, atomic_write, get_logger, provenance, run_cli, write_json
+from pipeline.budget import (
+    batch_layout,
+    count_params,
+    flops_per_token,
+    param_parts,
+    peak_flops,
+    token_target,
+    trained_tokens,
+)
+from pipeline.config import add_config_args, load_config, run_dir, source_files
+from pipeline.errors import ConfigError, PlanError
+from pipeline.io import atomic_write, get_logger, provenance, run_cli, write_json
 
 log = get_logger(__name__)
 
@@ -74,90 +84,17 @@ EXTRA_KEYS = (
 )
 PLAN_KEYS = REQUIRED_KEYS + EXTRA_KEYS  # plan.json adds "meta"
 
-# Dense peak FLOP/s per GPU (NVIDIA datasheets, SXM parts). "fp32" is TF32 tensor-core math, what
-# fp32 matmuls get on these GPUs; "cpu" is a nominal 1 TFLOP/s, not a measurement.
-PEAK_FLOPS = {
-    "H100": {"bf16": 989e12, "fp32": 494.5e12},
-    "H200": {"bf16": 989e12, "fp32": 494.5e12},
-    "A100": {"bf16": 312e12, "fp32": 156e12},
-    "cpu": {"bf16": 1e12, "fp32": 1e12},
-}
 OVERHEAD_GB = {"cuda": 3.0, "cpu": 1.0}  # CUDA context, cuBLAS/NCCL workspaces, allocator slack; runtime on CPU
 OPTIMIZER_BYTES = {"adamw": 8, "adamw8bit": 2}  # per parameter; muon: see estimate_memory
 GB = 1e9
 
 
-class PlanError(PipelineError):
-    """The plan is infeasible or its inputs are wrong; the message names the key or file to change."""
 
 
 # ----------------------------------------------------------------------------- parameters and FLOPs
 
-def param_parts(model_cfg: dict) -> dict[str, int]:
-    """Parameter counts of `pipeline.model.Transformer` by part: embedding, lm_head (0 when tied),
-    blocks (all L blocks, norms included), final_norm."""
-    V, d, L, f = model_cfg["vocab_size"], model_cfg["dim"], model_cfg["n_layers"], model_cfg["ffn_dim"]
-    d_kv = model_cfg["n_kv_heads"] * (d // model_cfg["n_heads"])
-    attention = 2 * d * d + 2 * d * d_kv
-    block = attention + 3 * d * f + 2 * d
-    return {
-        "embedding": V * d,
-        "lm_head": 0 if model_cfg["tie_embeddings"] else V * d,
-        "blocks": L * block,
-        "final_norm": d,
-    }
-
-
-def count_params(model_cfg: dict) -> tuple[int, int]:
-    """(total, non-embedding) parameters of the model described by ``cfg["model"]``; non-embedding
-    excludes the token embedding and an untied lm_head (see the module docstring)."""
-    p = param_parts(model_cfg)
-    return sum(p.values()), p["blocks"] + p["final_norm"]
-
-
-def flops_per_token(cfg: dict) -> int:
-    """Training FLOPs per token of a run config (``model`` and ``train.seq_len``):
-    6·(N_non_embedding + V·d) + 12·L·d·T (module docstring). The one formula MFU is computed with."""
-    m = cfg["model"]
-    _, non_embedding = count_params(m)
-    V, d, L = m["vocab_size"], m["dim"], m["n_layers"]
-    return 6 * (non_embedding + V * d) + 12 * L * d * cfg["train"]["seq_len"]
-
 
 # ----------------------------------------------------------------------------- tokens and steps
-
-def batch_layout(cfg: dict) -> dict[str, int]:
-    """tokens_per_step, micro_batch, world_size, grad_accum_steps; refuses a non-integer accumulation."""
-    t = cfg["train"]
-    ws = world_size(cfg)
-    per_micro = t["micro_batch"] * t["seq_len"] * ws
-    if t["global_batch_tokens"] % per_micro:
-        raise PlanError(
-            f"train.global_batch_tokens = {t['global_batch_tokens']} is not a multiple of train.micro_batch × "
-            f"train.seq_len × world_size = {t['micro_batch']} × {t['seq_len']} × {ws} = {per_micro}, so gradient "
-            "accumulation would not be a whole number of micro-steps: change train.global_batch_tokens or train.micro_batch"
-        )
-    return {"tokens_per_step": t["global_batch_tokens"], "micro_batch": t["micro_batch"], "world_size": ws,
-            "grad_accum_steps": t["global_batch_tokens"] // per_micro}
-
-
-def token_target(train_cfg: dict, n_params: int, fpt: int) -> tuple[int, str]:
-    """(target tokens, the config key that set it)."""
-    if train_cfg.get("target_tokens") is not None:
-        return int(train_cfg["target_tokens"]), "train.target_tokens"
-    if train_cfg.get("target_flops") is not None:
-        return math.ceil(train_cfg["target_flops"] / fpt), "train.target_flops"
-    return math.ceil(train_cfg["tokens_per_param"] * n_params), "train.tokens_per_param"
-
-
-def trained_tokens(cfg: dict) -> int:
-    """num_steps × tokens_per_step: the training targets the run consumes, what a mix's ``tokens: plan``
-    means. Depends on the budget, the model and the global batch only (not the micro-batch, world
-    size or the measured counts), so the mix stage can take it as a parameter."""
-    n_params, _ = count_params(cfg["model"])
-    target, _ = token_target(cfg["train"], n_params, flops_per_token(cfg))
-    step = cfg["train"]["global_batch_tokens"]
-    return math.ceil(target / step) * step
 
 
 # ----------------------------------------------------------------------------- shards
@@ -295,7 +232,7 @@ def estimate_memory(cfg: dict) -> dict[str, float]:
     weights 4 B + fp32 grads 4 B + optimizer (AdamW 8 B, AdamW8bit 2 B; Muon 4 B of momentum for the
     block matrices and AdamW's 8 B for the rest), plus 2 B bf16 autocast copies of the block matrices
     under bf16. Activations: `activation_bytes` × micro_batch × seq_len, plus the final norm input
-    (4d B/token). Cross-entropy (pipeline/losses.py, fused fp32 chunked CE): one chunk's fp32 logits
+    (4d B/token). Cross-entropy (pipeline/training/losses.py, fused fp32 chunked CE): one chunk's fp32 logits
     and a same-sized temporary (ce_chunk_tokens × V × 8 B), the fp32 gradient w.r.t. the hidden
     states (4d B/token) and w.r.t. the output projection (V·d·4 B). Plain DDP, no optimizer sharding."""
     m, t, hw = cfg["model"], cfg["train"], cfg["hardware"]
@@ -320,12 +257,6 @@ def estimate_memory(cfg: dict) -> dict[str, float]:
     }
     out["total"] = sum(out.values())
     return {k: round(v, 3) for k, v in out.items()}
-
-
-def peak_flops(cfg: dict) -> float:
-    hw = cfg["hardware"]
-    bf16 = cfg["train"]["precision"] == "bf16" and hw["device"] == "cuda"
-    return PEAK_FLOPS[hw["gpu_type"]]["bf16" if bf16 else "fp32"]
 
 
 # ----------------------------------------------------------------------------- the plan

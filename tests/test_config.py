@@ -2,7 +2,8 @@
 import pytest
 import yaml
 
-from pipeline.config import ConfigError, load_config, resolve_config, stage_params
+from pipeline.config import load_config, resolve_config, stage_params
+from pipeline.errors import ConfigError
 
 
 def _cfg(**over):

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT
 
 # import name -> conda (or pip) package name
@@ -24,7 +23,7 @@ def rules():
     for smk in sorted((ROOT / "workflow/rules").glob("*.smk")):
         text = smk.read_text()
         envs = re.findall(r'conda:\s*\n\s*"([^"]+)"', text)
-        mods = set(re.findall(r"-m (pipeline\.\w+)", text))
+        mods = set(re.findall(r"-m (pipeline(?:\.\w+)+)", text))
         if mods:
             yield smk.name, {(smk.parent / e).resolve() for e in envs}, mods
 

@@ -10,22 +10,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from conftest import ROOT, write_text_shard
+
+from pipeline.budget import count_params, flops_per_token
 from pipeline.config import load_config, resolve_config
-from pipeline.model import ModelConfig, Transformer
-from pipeline.plan import (
-    PLAN_KEYS,
-    REQUIRED_KEYS,
-    PlanError,
-    activation_bytes,
-    count_params,
-    estimate_memory,
-    flops_per_token,
-    format_plan,
-    main,
-    make_plan,
-)
+from pipeline.errors import PlanError
+from pipeline.plan import PLAN_KEYS, REQUIRED_KEYS, activation_bytes, estimate_memory, format_plan, main, make_plan
+from pipeline.training.model import ModelConfig, Transformer
 
 LLAMA_1B = ROOT / "configs/llama3-1b-fineweb.yaml"
 GPT_500M = ROOT / "configs/gpt-500m-fineweb.yaml"

@@ -15,7 +15,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-
 from conftest import ROOT, write_chat_shard, write_text_shard
 
 pytestmark = pytest.mark.slow

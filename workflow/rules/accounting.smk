@@ -1,21 +1,22 @@
 # Reconcile every token: counted -> tokenized -> kept -> train/val -> mixed -> packed (+ tail).
 rule accounting:
     input:
-        counts=f"{R}/counts/summary.json",
-        tokens=manifests(f"{R}/tokens"),
-        split=f"{R}/split/report.json",
-        dedup=f"{R}/dedup/report.json",
-        packs=expand(f"{R}/pack/{{mix}}/{{split}}.json", mix=list(config["mixes"]), split=["train", "val"]),
+        counts=f"{RUN_DIR}/counts/summary.json",
+        tokens=group_manifests(f"{RUN_DIR}/tokens"),
+        split=f"{RUN_DIR}/split/report.json",
+        dedup=f"{RUN_DIR}/dedup/report.json",
+        packs=expand(f"{RUN_DIR}/pack/{{mix}}/{{split}}.json", mix=list(config["mixes"]), split=["train", "val"]),
     output:
-        json=f"{R}/accounting.json",
-        md=report(f"{R}/accounting.md", category="Data", caption="../report/accounting.rst"),
+        json=f"{RUN_DIR}/accounting.json",
+        md=report(f"{RUN_DIR}/accounting.md", category="Data", caption="../report/accounting.rst"),
     params:
-        p=P("accounting"),
-        code=CODE("accounting"),
+        p=stage_params("accounting"),
+        code=code_version("data.accounting"),
+        run_dir=lambda w, output: Path(output.json).parent,
     log:
-        f"{LOGS}/accounting.log",
+        f"{LOG_DIR}/accounting.log",
     conda:
         "../../envs/data.yaml"
     shell:
-        "python -m pipeline.accounting --params {params.p:q} --run-dir {R} --out {output.json:q} "
-        "--out-md {output.md:q} 2>&1 | tee {log:q}"
+        "python -m pipeline.data.accounting --params {params.p:q} --run-dir {params.run_dir:q} "
+        "--out {output.json:q} --out-md {output.md:q} 2>&1 | tee {log:q}"

@@ -1,41 +1,39 @@
-# Exact documents / tokens / bytes / characters per shard (R/counts/{source}/{shard}.json), then
-# one table for the run.
+# Exact documents / tokens / bytes / characters per shard (RUN_DIR/counts/{source}/{shard}.json), one
+# process per group of shards, then one table for the run.
 rule count_shards:
     input:
-        download=f"{D}/{{source}}/_manifest/{{group}}.json",
+        download=f"{DATA_DIR}/{{source}}/_manifest/{{group}}.json",
         tokenizer=TOKENIZER,
     output:
-        f"{R}/counts/{{source}}/_manifest/{{group}}.json",
+        f"{RUN_DIR}/counts/{{source}}/_manifest/{{group}}.json",
     params:
-        p=P_source("count"),
-        code=CODE("count", "tokenizer"),
-        shards=group_shards,
-        files=group_paths(f"{R}/counts/{{source}}/{{shard}}.json"),
+        p=source_params("count"),
+        code=code_version("data.count", "data.encoding"),
+        inputs=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
+        files=group_files(f"{RUN_DIR}/counts/{{source}}/{{shard}}.json"),
     log:
-        f"{LOGS}/count/{{source}}/{{group}}.log",
+        f"{LOG_DIR}/count/{{source}}/{{group}}.log",
     conda:
         "../../envs/data.yaml"
     shell:
-        "(for sh in {params.shards}; do"
-        " python -m pipeline.count shard --params {params.p:q} --tokenizer {input.tokenizer:q}"
-        " --input {D}/{wildcards.source}/$sh.parquet --source {wildcards.source} --shard $sh"
-        " --out {R}/counts/{wildcards.source}/$sh.json; done;"
-        " python -m pipeline.manifest --stage count --out {output:q} {params.files:q}) 2>&1 | tee {log:q}"
+        "python -m pipeline.data.count shards --params {params.p:q} --tokenizer {input.tokenizer:q} "
+        "--source {wildcards.source} --inputs {params.inputs:q} --outputs {params.files:q} --manifest {output:q} "
+        "2>&1 | tee {log:q}"
 
 
 rule count:
     input:
-        manifests(f"{R}/counts"),
+        group_manifests(f"{RUN_DIR}/counts"),
     output:
-        table=f"{R}/counts/counts.parquet",
-        summary=f"{R}/counts/summary.json",
+        table=f"{RUN_DIR}/counts/counts.parquet",
+        summary=f"{RUN_DIR}/counts/summary.json",
     params:
-        code=CODE("count"),
-        files=shard_paths(f"{R}/counts/{{source}}/{{shard}}.json"),
+        code=code_version("data.count"),
+        files=shard_files(f"{RUN_DIR}/counts/{{source}}/{{shard}}.json"),
     log:
-        f"{LOGS}/count/aggregate.log",
+        f"{LOG_DIR}/count/aggregate.log",
     conda:
         "../../envs/data.yaml"
     shell:
-        "python -m pipeline.count aggregate --inputs {params.files:q} --out {output.table:q} "
+        "python -m pipeline.data.count aggregate --inputs {params.files:q} --out {output.table:q} "
         "--summary {output.summary:q} 2>&1 | tee {log:q}"

@@ -1,21 +1,19 @@
 # Ingest: place each shard of each source at {data_dir}/{source}/{shard}.parquet, verified, with a
-# {shard}.parquet.json metadata sidecar; one job per group of shards (see pipeline/manifest.py).
+# {shard}.parquet.json metadata sidecar; one job (one process) per group of shards.
 rule download:
     output:
-        f"{D}/{{source}}/_manifest/{{group}}.json",
+        f"{DATA_DIR}/{{source}}/_manifest/{{group}}.json",
     params:
-        p=P_source("download"),
-        code=CODE("download"),
+        p=source_params("download"),
+        code=code_version("data.download"),
         shards=group_shards,
-        files=group_paths(f"{D}/{{source}}/{{shard}}.parquet"),
+        files=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
     log:
-        f"{LOGS}/download/{{source}}/{{group}}.log",
+        f"{LOG_DIR}/download/{{source}}/{{group}}.log",
     resources:
         downloads=1,
     conda:
         "../../envs/data.yaml"
     shell:
-        "(for sh in {params.shards}; do"
-        " python -m pipeline.download --params {params.p:q} --source {wildcards.source} --shard $sh"
-        " --out {D}/{wildcards.source}/$sh.parquet; done;"
-        " python -m pipeline.manifest --stage download --out {output:q} {params.files:q}) 2>&1 | tee {log:q}"
+        "python -m pipeline.data.download --params {params.p:q} --source {wildcards.source} "
+        "--shards {params.shards:q} --outputs {params.files:q} --manifest {output:q} 2>&1 | tee {log:q}"

@@ -1,18 +1,20 @@
 # Weighted, seeded document schedules per named mix (train) plus the mix's validation documents.
 rule mix:
     input:
-        split=f"{R}/split/report.json",
+        split=f"{RUN_DIR}/split/report.json",
     output:
-        train=f"{R}/mix/{{mix}}/train.parquet",
-        val=f"{R}/mix/{{mix}}/val.parquet",
-        report=f"{R}/mix/{{mix}}/report.json",
+        train=f"{RUN_DIR}/mix/{{mix}}/train.parquet",
+        val=f"{RUN_DIR}/mix/{{mix}}/val.parquet",
+        report=f"{RUN_DIR}/mix/{{mix}}/report.json",
     params:
-        p=P("mix"),
-        code=CODE("mix"),
+        p=stage_params("mix"),
+        code=code_version("data.mix"),
+        split_dir=lambda w, input: Path(input.split).parent,
+        outdir=lambda w, output: Path(output.report).parent,
     log:
-        f"{LOGS}/mix/{{mix}}.log",
+        f"{LOG_DIR}/mix/{{mix}}.log",
     conda:
         "../../envs/data.yaml"
     shell:
-        "python -m pipeline.mix --params {params.p:q} --mix {wildcards.mix} --split-dir {R}/split "
-        "--outdir {R}/mix/{wildcards.mix} 2>&1 | tee {log:q}"
+        "python -m pipeline.data.mix --params {params.p:q} --mix {wildcards.mix} --split-dir {params.split_dir:q} "
+        "--outdir {params.outdir:q} 2>&1 | tee {log:q}"

@@ -1,19 +1,20 @@
 # Fixed rows of seq_len + 1 tokens (concat) or best-fit rows with a loss mask (bestfit).
 rule pack:
     input:
-        schedule=f"{R}/mix/{{mix}}/{{split}}.parquet",
-        tokens=lambda w: manifests(f"{R}/tokens", mix_sources(w.mix)),
+        schedule=f"{RUN_DIR}/mix/{{mix}}/{{split}}.parquet",
+        tokens=lambda w: group_manifests(f"{RUN_DIR}/tokens", mix_sources(w.mix)),
     output:
-        bin=f"{R}/pack/{{mix}}/{{split}}.bin",
-        docs=f"{R}/pack/{{mix}}/{{split}}.docs.npy",
-        meta=f"{R}/pack/{{mix}}/{{split}}.json",
+        bin=f"{RUN_DIR}/pack/{{mix}}/{{split}}.bin",
+        docs=f"{RUN_DIR}/pack/{{mix}}/{{split}}.docs.npy",
+        meta=f"{RUN_DIR}/pack/{{mix}}/{{split}}.json",
     params:
-        p=P("pack"),
-        code=CODE("pack"),
+        p=stage_params("pack"),
+        code=code_version("data.pack"),
+        tokens_dir=f"{RUN_DIR}/tokens",
     log:
-        f"{LOGS}/pack/{{mix}}/{{split}}.log",
+        f"{LOG_DIR}/pack/{{mix}}/{{split}}.log",
     conda:
         "../../envs/data.yaml"
     shell:
-        "python -m pipeline.pack --params {params.p:q} --mix {wildcards.mix} --split {wildcards.split} "
-        "--schedule {input.schedule:q} --tokens-dir {R}/tokens --out {output.meta:q} 2>&1 | tee {log:q}"
+        "python -m pipeline.data.pack --params {params.p:q} --mix {wildcards.mix} --split {wildcards.split} "
+        "--schedule {input.schedule:q} --tokens-dir {params.tokens_dir:q} --out {output.meta:q} 2>&1 | tee {log:q}"

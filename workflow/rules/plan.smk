@@ -1,15 +1,15 @@
 # The token budget from measured counts: params, tokens, steps, grad accumulation, shards, memory, time.
 rule plan:
     input:
-        counts=f"{R}/counts/counts.parquet",
+        counts=f"{RUN_DIR}/counts/counts.parquet",
     output:
-        json=f"{R}/plan.json",
-        md=report(f"{R}/plan.md", category="Plan", caption="../report/plan.rst"),
+        json=f"{RUN_DIR}/plan.json",
+        md=report(f"{RUN_DIR}/plan.md", category="Plan", caption="../report/plan.rst"),
     params:
-        p=P("plan"),
-        code=CODE("plan", "model"),
+        p=stage_params("plan"),
+        code=code_version("plan", "budget", "training.model"),
     log:
-        f"{LOGS}/plan.log",
+        f"{LOG_DIR}/plan.log",
     conda:
         "../../envs/data.yaml"
     shell:

@@ -1,20 +1,21 @@
 # Train/val split decided per duplicate cluster, so no cluster spans both sides. Writes
-# R/split/{source}/{shard}.parquet for every shard and, last, the report (its declared output).
+# RUN_DIR/split/{source}/{shard}.parquet for every shard and, last, the report (its declared output).
 rule split:
     input:
-        dedup=f"{R}/dedup/report.json",
-        tokens=manifests(f"{R}/tokens"),
+        dedup=f"{RUN_DIR}/dedup/report.json",
+        tokens=group_manifests(f"{RUN_DIR}/tokens"),
     output:
-        report=f"{R}/split/report.json",
+        report=f"{RUN_DIR}/split/report.json",
     params:
-        p=P("split"),
-        code=CODE("split"),
-        keep=shard_paths(f"{R}/dedup/keep/{{source}}/{{shard}}.parquet"),
-        tokens=shard_paths(f"{R}/tokens/{{source}}/{{shard}}.json"),
+        p=stage_params("split"),
+        code=code_version("data.split"),
+        keep=shard_files(f"{RUN_DIR}/dedup/keep/{{source}}/{{shard}}.parquet"),
+        tokens=shard_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
+        outdir=lambda w, output: Path(output.report).parent,
     log:
-        f"{LOGS}/split.log",
+        f"{LOG_DIR}/split.log",
     conda:
         "../../envs/data.yaml"
     shell:
-        "python -m pipeline.split --params {params.p:q} --keep {params.keep:q} --tokens {params.tokens:q} "
-        "--outdir {R}/split --report {output.report:q} 2>&1 | tee {log:q}"
+        "python -m pipeline.data.split --params {params.p:q} --keep {params.keep:q} --tokens {params.tokens:q} "
+        "--outdir {params.outdir:q} --report {output.report:q} 2>&1 | tee {log:q}"

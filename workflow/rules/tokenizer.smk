@@ -1,18 +1,18 @@
 # Train (or load) the run's tokenizer on a sample of the training sources.
 rule tokenizer:
     input:
-        manifests(D, tfc.tokenizer_sources(config)),
+        group_manifests(DATA_DIR, tfc.tokenizer_sources(config)),
     output:
         TOKENIZER,
     params:
-        p=P("tokenizer"),
-        code=CODE("tokenizer"),
-        files=shard_paths(f"{D}/{{source}}/{{shard}}.parquet", tfc.tokenizer_sources(config)),
+        p=stage_params("tokenizer"),
+        code=code_version("data.tokenizer", "data.encoding"),
+        files=shard_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet", tfc.tokenizer_sources(config)),
     log:
-        f"{LOGS}/tokenizer.log",
+        f"{LOG_DIR}/tokenizer.log",
     threads: ALL_CORES
     conda:
         "../../envs/data.yaml"
     shell:
-        "RAYON_NUM_THREADS={threads} python -m pipeline.tokenizer --params {params.p:q} "
+        "RAYON_NUM_THREADS={threads} python -m pipeline.data.tokenizer --params {params.p:q} "
         "--inputs {params.files:q} --out {output:q} 2>&1 | tee {log:q}"

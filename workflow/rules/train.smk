@@ -1,11 +1,11 @@
+# Compiled DDP training launched by torchrun: one node, nproc_per_node processes (gloo on CPU, nccl on GPU).
 import shlex
 
-# Compiled DDP training launched by torchrun: one node, nproc_per_node processes (gloo on CPU, nccl on GPU).
 NPROC = config["hardware"]["nproc_per_node"]
 NODES = config["hardware"]["nodes"]
 TRAIN_ARGS = (
-    "-m pipeline.train --params {params.p:q} --plan {input.plan:q} --train {input.train:q} --val {input.val:q} "
-    "--tokenizer {input.tokenizer:q} --outdir {R}/train"
+    "-m pipeline.training.train --params {params.p:q} --plan {input.plan:q} --train {input.train:q} "
+    "--val {input.val:q} --tokenizer {input.tokenizer:q} --outdir {params.outdir:q}"
 )
 if NODES == 1:
     TRAIN_CMD = (
@@ -16,28 +16,34 @@ else:  # the data stages run as usual; the job itself cannot span nodes
     _msg = (
         f"error: hardware.nodes is {NODES} but the train rule launches one node (torchrun --standalone). "
         f"The data is ready; on each node k = 0..{NODES - 1} run: torchrun --nnodes {NODES} --node_rank k "
-        f"--nproc_per_node {NPROC} --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m pipeline.train "
-        f"--configfile CONFIG --plan {R}/plan.json --train {R}/pack/{TRAIN_MIX}/train.json "
-        f"--val {R}/pack/{TRAIN_MIX}/val.json --tokenizer {TOKENIZER} --outdir {R}/train"
+        f"--nproc_per_node {NPROC} --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m pipeline.training.train "
+        f"--configfile CONFIG --plan {RUN_DIR}/plan.json --train {RUN_DIR}/pack/{TRAIN_MIX}/train.json "
+        f"--val {RUN_DIR}/pack/{TRAIN_MIX}/val.json --tokenizer {TOKENIZER} --outdir {RUN_DIR}/train"
     )
     TRAIN_CMD = f"echo {shlex.quote(_msg)} | tee {{log:q}} >&2; exit 1"
 
+
 rule train:
     input:
-        plan=f"{R}/plan.json",
-        train=f"{R}/pack/{TRAIN_MIX}/train.json",
-        val=f"{R}/pack/{TRAIN_MIX}/val.json",
+        plan=f"{RUN_DIR}/plan.json",
+        train=f"{RUN_DIR}/pack/{TRAIN_MIX}/train.json",
+        val=f"{RUN_DIR}/pack/{TRAIN_MIX}/val.json",
         tokenizer=TOKENIZER,
-        accounting=f"{R}/accounting.json",
+        accounting=f"{RUN_DIR}/accounting.json",
     output:
-        final=f"{R}/train/final.pt",
-        metrics=f"{R}/train/metrics.jsonl",
+        final=f"{RUN_DIR}/train/final.pt",
+        metrics=f"{RUN_DIR}/train/metrics.jsonl",
     params:
-        p=P("train"),
-        code=CODE("train", "model", "optim", "losses", "checkpoint", "metrics", "loader", "plan", "tokenizer"),
+        p=stage_params("train"),
+        code=code_version(
+            "training.train", "training.step", "training.distributed", "training.model", "training.optim",
+            "training.losses", "training.checkpoint", "training.metrics", "training.sampling", "data.loader",
+            "budget", "data.encoding",
+        ),
         nproc=NPROC,
+        outdir=lambda w, output: Path(output.final).parent,
     log:
-        f"{LOGS}/train.log",
+        f"{LOG_DIR}/train.log",
     threads: ALL_CORES if config["hardware"]["device"] == "cpu" else NPROC * 2
     resources:
         gpus=NPROC if config["hardware"]["device"] == "cuda" else 0,

@@ -1,0 +1,188 @@
+"""Step benchmark: time steady-state full training steps of a config's model on random tokens.
+
+    python -m pipeline.bench --configfile configs/llama3-1b-fineweb.yaml --micro-batch 16 --device cuda \\
+        [--compile | --no-compile] [--checkpoint none|mlp|attention|block|every_n] \\
+        [--fp8 none|tensorwise|rowwise] [--precision bf16|fp32] [--steps 10] [--warmup 3] [--json]
+
+One step is exactly what the trainer does per micro-step plus the optimizer: forward under the
+training precision, chunked fp32 cross-entropy, backward, gradient clipping, optimizer step,
+zero_grad (one process, no gradient accumulation, no DDP). The model, optimizer, fp8 conversion
+and `LossModel` come from pipeline.training.train/pipeline.training.optim, so the benchmark measures the training
+code itself. Inputs are uniform random token ids of the model's vocabulary, [micro_batch, seq_len]
+with seq_len = `train.seq_len`.
+
+The first `--warmup` steps (compilation, allocator growth) are excluded; each timed step ends with
+a device synchronize. Reported: median and mean step time, tokens/s (micro_batch × seq_len /
+median step time), MFU (`pipeline.plan.flops_per_token` × tokens/s / `pipeline.plan.peak_flops` of
+the device actually used — its GPU type read from the CUDA device name — and the run's precision)
+and, on CUDA, memory allocated / peak allocated / reserved in GB (peak over
+the timed steps). Unset flags keep the config's values.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from pipeline.config import deep_merge, load_config
+from pipeline.errors import PipelineError
+from pipeline.io import get_logger, run_cli
+
+log = get_logger(__name__)
+
+
+def bench_config(cfg: dict, micro_batch: int | None = None, compile_model: bool | None = None,
+                 checkpoint: str | None = None, fp8: str | None = None, precision: str | None = None,
+                 device: str | None = None) -> dict:
+    """`cfg` with the benchmark's overrides applied (None keeps the config's value)."""
+    overrides = {"micro_batch": micro_batch, "compile": compile_model, "activation_checkpointing": checkpoint,
+                 "fp8": fp8, "precision": precision}
+    train = {k: v for k, v in overrides.items() if v is not None}
+    hardware = {"device": device} if device is not None else {}
+    return deep_merge(cfg, {"train": train, "hardware": hardware})
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def gpu_type(name: str, configured: str) -> str:
+    """The planner's GPU type (its PEAK_FLOPS key) of the device actually used: "cpu" on CPU, the
+    H100/H200/A100 named in a CUDA device's name, else the configured `hardware.gpu_type`."""
+    if name == "cpu":
+        return "cpu"
+    return next((g for g in ("H200", "H100", "A100") if g in name), configured)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict:
+    """Time `steps` training steps after `warmup` untimed ones; returns the result fields.
+    `on_step(i, seconds, timed)` is called after every step (for progress lines)."""
+    from pipeline.budget import flops_per_token, peak_flops
+    from pipeline.training.distributed import seed_everything
+    from pipeline.training.metrics import memory_stats, mfu
+    from pipeline.training.optim import build_optimizer
+    from pipeline.training.step import (
+        LossModel,
+        autocast_dtype,
+        build_model,
+        clip_gradients,
+        set_matmul_precision,
+        use_compile,
+    )
+
+    if steps < 1 or warmup < 0:
+        raise PipelineError(f"--steps must be >= 1 and --warmup >= 0 (got {steps}, {warmup})")
+    t = cfg["train"]
+    device = torch.device(cfg["hardware"]["device"])
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise PipelineError("--device cuda: no CUDA device is visible")
+    seed_everything(cfg["seed"])
+    body_dtype = autocast_dtype(cfg, device)
+    set_matmul_precision(body_dtype)
+    model = build_model(cfg, device)
+    optimizer = build_optimizer(model, t, device.type)
+    loss_model = LossModel(model, body_dtype, t["ce_chunk_tokens"])
+    fwd = torch.compile(loss_model) if use_compile(cfg, device) else loss_model
+    params = [p for p in model.parameters() if p.requires_grad]
+    B, T, V = t["micro_batch"], t["seq_len"], cfg["model"]["vocab_size"]
+    rows = torch.randint(0, V, (B, T + 1), device=device)
+    x, y = rows[:, :-1], rows[:, 1:]
+
+    times = []
+    for i in range(warmup + steps):
+        if i == warmup and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        _sync(device)
+        start = time.perf_counter()
+        loss_sum, count = fwd(x, y)
+        (loss_sum / count).backward()
+        clip_gradients(params, t["grad_clip"])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        _sync(device)
+        seconds = time.perf_counter() - start
+        if i >= warmup:
+            times.append(seconds)
+        if on_step:
+            on_step(i, seconds, i >= warmup)
+
+    step_time = statistics.median(times)
+    tokens_per_s = B * T / step_time
+    fpt, name = flops_per_token(cfg), device_name(device)
+    peak = peak_flops(deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(name, cfg["hardware"]["gpu_type"])}}))
+    return {
+        "device": name,
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "micro_batch": B,
+        "seq_len": T,
+        "compile": use_compile(cfg, device),
+        "precision": "bf16" if body_dtype is not None else "fp32",
+        "activation_checkpointing": t["activation_checkpointing"],
+        "fp8": t["fp8"],
+        "optimizer": t["optimizer"],
+        "steps": steps,
+        "warmup": warmup,
+        "step_time_s": step_time,
+        "step_time_mean_s": statistics.fmean(times),
+        "tokens_per_s": tokens_per_s,
+        "flops_per_token": fpt,
+        "peak_flops": peak,
+        "mfu": mfu(fpt, tokens_per_s, 1, peak),
+        "loss": float(loss_sum.detach() / count),
+        **memory_stats(device),
+    }
+
+
+def format_result(r: dict) -> str:
+    lines = [
+        f"device {r['device']}: {r['n_params'] / 1e6:.1f}M params, micro-batch [{r['micro_batch']}, {r['seq_len']}], "
+        f"compile={r['compile']}, precision={r['precision']}, checkpointing={r['activation_checkpointing']}, "
+        f"fp8={r['fp8']}, optimizer={r['optimizer']}",
+        f"step time      {r['step_time_s'] * 1e3:.1f} ms "
+        f"(median of {r['steps']}, mean {r['step_time_mean_s'] * 1e3:.1f} ms)",
+        f"tokens/s       {r['tokens_per_s']:,.0f}",
+        f"MFU            {r['mfu'] * 100:.2f}% "
+        f"({r['flops_per_token'] / 1e9:.3f} GFLOP/token, peak {r['peak_flops'] / 1e12:.0f} TFLOP/s)",
+    ]
+    if "mem/allocated_gb" in r:
+        lines.append(f"memory         allocated {r['mem/allocated_gb']:.2f} GB, peak {r['mem/peak_gb']:.2f} GB, "
+                     f"reserved {r['mem/reserved_gb']:.2f} GB")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--configfile", required=True, help="a full config YAML (model, train, hardware)")
+    p.add_argument("--micro-batch", type=int, required=True, help="rows per step")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the step (default: train.compile of the config)")
+    p.add_argument("--checkpoint", choices=("none", "mlp", "attention", "block", "every_n"),
+                   help="activation checkpointing mode (default: the config's)")
+    p.add_argument("--fp8", choices=("none", "tensorwise", "rowwise"), help="fp8 linears (CUDA; default: the config's)")
+    p.add_argument("--precision", choices=("bf16", "fp32"), help="body precision (default: the config's)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: hardware.device of the config")
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    args = p.parse_args(argv)
+    cfg = bench_config(load_config(args.configfile), args.micro_batch, args.compile, args.checkpoint, args.fp8,
+                       args.precision, args.device)
+
+    def progress_line(i: int, seconds: float, timed: bool) -> None:
+        if not args.json:
+            print(f"step {i}: {seconds * 1e3:.1f} ms{'' if timed else ' (warm-up)'}", flush=True)
+
+    result = run_bench(cfg, args.steps, args.warmup, on_step=progress_line)
+    print(json.dumps(result) if args.json else format_result(result))
+
+
+if __name__ == "__main__":
+    run_cli(main)

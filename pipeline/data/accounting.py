@@ -1,0 +1,381 @@
+"""Accounting stage: reconcile every token from the count stage to the packed rows, exactly.
+
+The flow, per shard, summed per source and over the run:
+
+    counted (R/counts/counts.parquet)
+      → tokenized (R/tokens/*/*.json + .idx.npy): document tokens + delimiters; empty / invalid-UTF-8 /
+        short documents dropped and counted
+      → dedup (R/dedup/keep/*/*.parquet; all kept when dedup is disabled and no keep file exists)
+      → split (R/split/*/*.parquet): train + val + dup
+      → mix (R/mix/{mix}/{train,val}.parquet): scheduled documents, possibly over several epochs
+      → pack (R/pack/{mix}/{split}.json): rows × (seq_len + 1) = packed + pad; dropped tail, truncated
+
+Token numbers from the tokenized stage on are spans of the token files (a document *with* its
+delimiters), computed here from the `.idx.npy` offsets and the document lists in the dedup / split /
+mix parquet files (their contract columns, not their report JSONs); their `tokens` columns are checked
+against the spans. Every balance is an integer equation checked per shard and reported per source,
+per mix and for the run; one unbalanced equation fails the stage with a PipelineError that lists each
+unbalanced line with both numbers. Nothing is written then.
+
+Balance lines (`lhs == rhs`):
+
+    count → tokenize   counted rows == tokenized docs + dropped empty + invalid UTF-8 + short;
+                       counted empty / invalid / short documents == dropped ones;
+                       counted document tokens == tokenized document tokens + short documents' tokens
+    tokenize           document tokens + delimiter tokens == tokens == offsets[-1];
+                       delimiter tokens == docs × delimiters per doc
+    tokenize → dedup   keep-file rows == distinct documents == tokenized docs;
+                       tokenized tokens == kept + removed
+    dedup → split      split rows == distinct documents == tokenized docs; kept == train + val;
+                       removed == dup; 0 == documents whose split disagrees with dedup's keep;
+                       0 == documents whose `tokens` disagrees with the span
+    split → mix        0 == scheduled documents not in the schedule's split (train / val);
+                       0 == documents scheduled twice in one epoch; 0 == `tokens` disagreements.
+                       Reported: available tokens × epochs = scheduled + unused
+    mix → pack         scheduled == tokens_in (also per source);
+                       tokens_in == packed + dropped tail + truncated; rows × (seq_len + 1) == packed + pad
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import add_config_args, params_from_args
+from pipeline.data.contract import shard_keys, token_column_mismatches
+from pipeline.errors import PipelineError
+from pipeline.io import atomic_write, get_logger, provenance, read_json, run_cli, write_json
+
+log = get_logger(__name__)
+
+SPLIT_CODES = {"train": 0, "val": 1, "dup": 2}  # code = position in this order
+
+
+@dataclass
+class Line:
+    """One balance equation: `lhs` (named `lhs_label`) must equal `rhs`."""
+
+    arrow: str
+    scope: str
+    check: str
+    lhs_label: str
+    lhs: int
+    rhs_label: str
+    rhs: int
+
+    @property
+    def ok(self) -> bool:
+        return self.lhs == self.rhs
+
+    def __str__(self) -> str:
+        return f"[{self.arrow}] {self.scope}: {self.check}: {self.lhs_label} = {self.lhs} but {self.rhs_label} = {self.rhs} (off by {self.rhs - self.lhs:+d})"
+
+
+# (arrow, check, lhs terms, rhs terms): terms are quantity names of a shard, summed
+SHARD_EQUATIONS = [
+    ("count → tokenize", "rows", ["counted_rows"], ["tokenized_rows"]),
+    ("count → tokenize", "documents", ["counted_rows"], ["tokenized_docs", "dropped_empty", "dropped_invalid_utf8", "dropped_short"]),
+    ("count → tokenize", "empty documents", ["counted_empty"], ["dropped_empty"]),
+    ("count → tokenize", "invalid-UTF-8 documents", ["counted_invalid_utf8"], ["dropped_invalid_utf8"]),
+    ("count → tokenize", "short documents", ["counted_short"], ["dropped_short"]),
+    ("count → tokenize", "document tokens", ["counted_tokens"], ["tokenized_doc_tokens", "dropped_short_tokens"]),
+    ("tokenize", "tokens", ["tokenized_doc_tokens", "tokenized_delimiter_tokens"], ["tokenized_tokens"]),
+    ("tokenize", "tokens in the token file", ["tokenized_tokens"], ["span_tokens"]),
+    ("tokenize", "delimiter tokens", ["expected_delimiter_tokens"], ["tokenized_delimiter_tokens"]),
+    ("tokenize → dedup", "keep-file rows", ["tokenized_docs"], ["dedup_rows"]),
+    ("tokenize → dedup", "distinct documents", ["tokenized_docs"], ["dedup_docs"]),
+    ("tokenize → dedup", "tokens", ["span_tokens"], ["kept_tokens", "removed_tokens"]),
+    ("dedup → split", "split-file rows", ["tokenized_docs"], ["split_rows"]),
+    ("dedup → split", "distinct documents", ["tokenized_docs"], ["split_docs"]),
+    ("dedup → split", "kept tokens", ["kept_tokens"], ["train_tokens", "val_tokens"]),
+    ("dedup → split", "removed tokens", ["removed_tokens"], ["dup_tokens"]),
+    ("dedup → split", "documents whose split disagrees with dedup", [], ["split_keep_disagreements"]),
+    ("dedup → split", "documents whose `tokens` disagrees with the span", [], ["split_token_mismatches"]),
+]
+
+
+class Ledger:
+    """Collects balance lines; shard-level lines are kept only when they fail."""
+
+    def __init__(self):
+        self.lines: list[Line] = []
+        self.failures: list[Line] = []
+
+    def add(self, line: Line, keep: bool = True) -> None:
+        if keep:
+            self.lines.append(line)
+        if not line.ok:
+            self.failures.append(line)
+
+    def equations(self, q: dict, scope: str, keep: bool) -> None:
+        for arrow, check, lhs, rhs in SHARD_EQUATIONS:
+            self.add(Line(arrow, scope, check, " + ".join(lhs) or "0", sum(q[k] for k in lhs),
+                          " + ".join(rhs), sum(q[k] for k in rhs)), keep)
+
+    def raise_if_unbalanced(self) -> None:
+        if self.failures:
+            shown = "; ".join(map(str, self.failures[:20]))
+            more = f" (and {len(self.failures) - 20} more)" if len(self.failures) > 20 else ""
+            raise PipelineError(f"token accounting does not balance in {len(self.failures)} line(s): {shown}{more}")
+
+
+# ----------------------------------------------------------------------------- reading
+
+def _read_table(path: Path, columns: list[str], fix: str):
+    import pyarrow.parquet as pq
+
+    if not path.exists():
+        raise PipelineError(f"{path}: not found; {fix}")
+    try:
+        table = pq.read_table(path)
+    except Exception as e:
+        raise PipelineError(f"{path}: not readable parquet ({e}); {fix}") from None
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise PipelineError(f"{path}: lacks column(s) {', '.join(missing)}; {fix}")
+    return table
+
+
+def _coverage(doc: np.ndarray, n_docs: int) -> tuple[int, np.ndarray]:
+    """(distinct valid document indices, boolean 'first valid occurrence' per row)."""
+    valid = (doc >= 0) & (doc < n_docs)
+    first = np.zeros(len(doc), bool)
+    _, idx = np.unique(np.where(valid, doc, -1), return_index=True)
+    first[idx] = True
+    first &= valid
+    return int(first.sum()), first
+
+
+@dataclass
+class ShardData:
+    """What the mix check needs of one shard: span lengths, each document's split (-1: none)."""
+
+    spans: np.ndarray
+    split: np.ndarray
+    delimiters_per_doc: int
+
+
+def shard_quantities(run: Path, count: dict, dedup_enabled: bool) -> tuple[dict, ShardData]:
+    """Every number of one shard's flow (names as in SHARD_EQUATIONS)."""
+    source, shard = count["source"], count["shard"]
+    tok_json = run / "tokens" / source / f"{shard}.json"
+    if not tok_json.exists():
+        raise PipelineError(f"{tok_json}: not found; run the tokenize stage for {source}/{shard}")
+    tok = read_json(tok_json)
+    off = np.load(tok_json.parent / f"{shard}.idx.npy")
+    spans = np.diff(off)
+    n = tok["n_docs"]
+    if len(spans) != n:
+        raise PipelineError(f"{tok_json}: offsets hold {len(spans)} documents, metadata {n}; rerun tokenize for this shard")
+    q = {
+        "counted_rows": count["documents"],
+        "counted_empty": count["empty_documents"],
+        "counted_invalid_utf8": count["invalid_utf8_documents"],
+        "counted_short": count["short_documents"],
+        "counted_tokens": count["tokens"],
+        "tokenized_rows": tok["n_rows"],
+        "tokenized_docs": n,
+        **{f"dropped_{k}": v for k, v in tok["dropped"].items()},
+        "dropped_short_tokens": tok["dropped_tokens"]["short"],
+        "tokenized_doc_tokens": tok["n_doc_tokens"],
+        "tokenized_delimiter_tokens": tok["n_delimiter_tokens"],
+        "expected_delimiter_tokens": n * tok["delimiters_per_doc"],
+        "tokenized_tokens": tok["n_tokens"],
+        "span_tokens": int(spans.sum()),
+    }
+    keep = _dedup_keep(run, source, shard, n, q, spans, dedup_enabled)
+    split = _split_codes(run, source, shard, n, q, spans, keep, tok["delimiters_per_doc"])
+    return q, ShardData(spans, split, tok["delimiters_per_doc"])
+
+
+def _dedup_keep(run: Path, source: str, shard: str, n: int, q: dict, spans: np.ndarray, enabled: bool) -> np.ndarray:
+    """Fill the dedup quantities; return keep (bool per document)."""
+    path = run / "dedup" / "keep" / source / f"{shard}.parquet"
+    if not enabled and not path.exists():
+        keep = np.ones(n, bool)
+        q.update(dedup_rows=n, dedup_docs=n)
+    else:
+        t = _read_table(path, ["doc", "keep"], "run the dedup stage")
+        doc = t["doc"].to_numpy().astype(np.int64)
+        q["dedup_docs"], first = _coverage(doc, n)
+        q["dedup_rows"] = len(doc)
+        keep = np.zeros(n, bool)
+        keep[doc[first]] = t["keep"].to_numpy(zero_copy_only=False).astype(bool)[first]
+    q["kept_tokens"] = int(spans[keep].sum())
+    q["removed_tokens"] = int(spans[~keep].sum())
+    return keep
+
+
+def _split_codes(run: Path, source: str, shard: str, n: int, q: dict, spans: np.ndarray, keep: np.ndarray,
+                 delimiters_per_doc: int) -> np.ndarray:
+    """Fill the split quantities; return the split code (SPLIT_CODES, -1 = unassigned) per document."""
+    t = _read_table(run / "split" / source / f"{shard}.parquet", ["doc", "split", "tokens"], "run the split stage")
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    doc = t["doc"].to_numpy().astype(np.int64)
+    codes = pc.index_in(t["split"], value_set=pa.array(list(SPLIT_CODES))).fill_null(-1).to_numpy().astype(np.int8)
+    if (codes < 0).any():
+        unknown = pc.unique(t["split"].filter(pa.array(codes < 0))).to_pylist()
+        raise PipelineError(f"{run}/split/{source}/{shard}.parquet: unknown split value(s) {unknown}; expected train / val / dup, rerun split")
+    q["split_docs"], first = _coverage(doc, n)
+    q["split_rows"] = len(doc)
+    code = np.full(n, -1, np.int8)
+    code[doc[first]] = codes[first]
+    for name, c in SPLIT_CODES.items():
+        q[f"{name}_tokens"] = int(spans[code == c].sum())
+    q["split_keep_disagreements"] = int(((code == SPLIT_CODES["dup"]) != ~keep).sum())
+    tokens = t["tokens"].to_numpy().astype(np.int64)[first]
+    q["split_token_mismatches"] = len(token_column_mismatches(tokens, spans[doc[first]], delimiters_per_doc))
+    return code
+
+
+# ----------------------------------------------------------------------------- mixes
+
+def mix_flow(run: Path, mix: str, split: str, shards: dict[str, ShardData], ledger: Ledger) -> dict:
+    """Scheduled vs available tokens per source, and the pack's balance, for one mix split."""
+    scope = f"{mix}/{split}"
+    sched = _read_table(run / "mix" / mix / f"{split}.parquet", ["source", "shard", "doc", "tokens", "epoch"], "run the mix stage")
+    names, shard_id = shard_keys(sched)
+    doc = sched["doc"].to_numpy().astype(np.int64)
+    epoch = sched["epoch"].to_numpy().astype(np.int64)
+    spans = np.zeros(len(doc), np.int64)
+    wrong = 0
+    for k, name in enumerate(names):
+        if name not in shards:
+            raise PipelineError(f"{run}/mix/{mix}/{split}.parquet schedules shard {name}, which was not counted; rerun the pipeline")
+        sel = shard_id == k
+        d = doc[sel]
+        ok = (d >= 0) & (d < len(shards[name].spans))
+        spans[sel] = np.where(ok, shards[name].spans[np.where(ok, d, 0)], 0)
+        wrong += int((~ok).sum() + (shards[name].split[d[ok]] != SPLIT_CODES[split]).sum())
+    repeats = len(doc) - np.unique(np.stack([shard_id, doc, epoch]), axis=1).shape[1] if len(doc) else 0
+    per_doc = shards[names[0]].delimiters_per_doc if names else 0
+    mismatches = len(token_column_mismatches(sched["tokens"].to_numpy().astype(np.int64), spans, per_doc))
+    for check, value in (("scheduled documents not in the split", wrong), ("documents scheduled twice in one epoch", repeats),
+                         ("documents whose `tokens` disagrees with the span", mismatches)):
+        ledger.add(Line("split → mix", scope, check, "0", 0, "count", value))
+
+    sources = np.asarray([n.split("/", 1)[0] for n in names], dtype=object)[shard_id] if len(doc) else np.zeros(0, object)
+    by_source = {}
+    for s in sorted(set(sources)):
+        sel = sources == s
+        available = sum(int(d.spans[d.split == SPLIT_CODES[split]].sum()) for n, d in shards.items() if n.split("/", 1)[0] == s)
+        epochs = int(epoch[sel].max()) + 1
+        scheduled = int(spans[sel].sum())
+        by_source[s] = {"available": available, "epochs": epochs, "scheduled": scheduled, "unused": available * epochs - scheduled}
+    flow = {"scheduled": int(spans.sum()), "documents": len(doc), "sources": by_source}
+    flow["pack"] = pack_flow(run, mix, split, flow, ledger)
+    return flow
+
+
+def pack_flow(run: Path, mix: str, split: str, flow: dict, ledger: Ledger) -> dict:
+    scope = f"{mix}/{split}"
+    path = run / "pack" / mix / f"{split}.json"
+    if not path.exists():
+        raise PipelineError(f"{path}: not found; run the pack stage for {scope}")
+    p = read_json(path)
+    row_tokens = p["n_rows"] * (p["seq_len"] + 1)
+    ledger.add(Line("mix → pack", scope, "tokens", "scheduled", flow["scheduled"], "tokens_in", p["tokens_in"]))
+    for s, f in flow["sources"].items():
+        ledger.add(Line("mix → pack", scope, f"{s} tokens", "scheduled", f["scheduled"], "packed tokens_in", p["tokens_by_source"].get(s, 0)))
+    ledger.add(Line("pack", scope, "tokens in", "tokens_in", p["tokens_in"], "packed + dropped tail + truncated",
+                    p["tokens_packed"] + p["dropped_tail_tokens"] + p["truncated_tokens"]))
+    ledger.add(Line("pack", scope, "row tokens", "rows × (seq_len + 1)", row_tokens, "packed + pad",
+                    p["tokens_packed"] + p["pad_tokens"]))
+    keys = ("packing", "seq_len", "n_rows", "tokens_in", "tokens_packed", "dropped_tail_tokens", "pad_tokens", "truncated_tokens")
+    return {k: p[k] for k in keys} | {"row_tokens": row_tokens}
+
+
+# ----------------------------------------------------------------------------- the stage
+
+def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
+    """Reconcile the run's token flow; returns the report, raises PipelineError if unbalanced."""
+    run = Path(run_dir)
+    columns = ["source", "shard", "documents", "empty_documents", "invalid_utf8_documents", "short_documents", "tokens"]
+    counts = _read_table(run / "counts" / "counts.parquet", columns, "run the count stage").to_pylist()
+    missing = sorted(set(params["sources"]) - {c["source"] for c in counts})
+    if missing:
+        raise PipelineError(f"{run}/counts/counts.parquet has no shards of source(s) {', '.join(missing)}; rerun the count stage")
+    ledger = Ledger()
+    by_source: dict[str, dict] = defaultdict(lambda: defaultdict(int))
+    shards: dict[str, ShardData] = {}
+    for c in counts:
+        q, shards[f"{c['source']}/{c['shard']}"] = shard_quantities(run, c, params["dedup"]["enabled"])
+        ledger.equations(q, f"{c['source']}/{c['shard']}", keep=False)
+        for k, v in q.items():
+            by_source[c["source"]][k] += v
+    total = defaultdict(int)
+    for s, q in sorted(by_source.items()):
+        ledger.equations(q, s, keep=True)
+        for k, v in q.items():
+            total[k] += v
+    ledger.equations(total, "all sources", keep=True)
+    mixes = {m: {split: mix_flow(run, m, split, shards, ledger) for split in ("train", "val")} for m in params["mixes"]}
+    ledger.raise_if_unbalanced()
+    return {
+        "ok": True,
+        "sources": {s: dict(q) for s, q in sorted(by_source.items())},
+        "total": dict(total),
+        "mixes": mixes,
+        "lines": [asdict(line) for line in ledger.lines],
+    }
+
+
+def markdown(report: dict) -> str:
+    """The report as markdown tables: flow per source, per mix, and every balance line."""
+    out = ["# Token accounting", "", "Every number is exact; token counts from *tokenized* on include document delimiters.", "",
+           "## Sources", "",
+           "| source | counted rows | counted doc tokens | dropped empty / invalid / short | tokenized docs | tokenized tokens (doc + delim) | dup removed | train | val |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, q in [*report["sources"].items(), ("**all**", report["total"])]:
+        out.append(f"| {name} | {q['counted_rows']:,} | {q['counted_tokens']:,} | {q['dropped_empty']:,} / {q['dropped_invalid_utf8']:,} / "
+                   f"{q['dropped_short']:,} ({q['dropped_short_tokens']:,} tok) | {q['tokenized_docs']:,} | {q['tokenized_tokens']:,} "
+                   f"({q['tokenized_doc_tokens']:,} + {q['tokenized_delimiter_tokens']:,}) | {q['dup_tokens']:,} | {q['train_tokens']:,} | {q['val_tokens']:,} |")
+    out += ["", "## Mixes", "", "| mix / split | source | available | epochs | scheduled | unused |", "|---|---|---:|---:|---:|---:|"]
+    for m, splits in report["mixes"].items():
+        for split, f in splits.items():
+            for s, v in f["sources"].items():
+                out.append(f"| {m}/{split} | {s} | {v['available']:,} | {v['epochs']} | {v['scheduled']:,} | {v['unused']:,} |")
+    out += ["", "| mix / split | packing | scheduled | packed | dropped tail | truncated | pad | rows × (seq_len+1) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for m, splits in report["mixes"].items():
+        for split, f in splits.items():
+            p = f["pack"]
+            out.append(f"| {m}/{split} | {p['packing']} | {f['scheduled']:,} | {p['tokens_packed']:,} | {p['dropped_tail_tokens']:,} | "
+                       f"{p['truncated_tokens']:,} | {p['pad_tokens']:,} | {p['n_rows']:,} × {p['seq_len'] + 1} = {p['row_tokens']:,} |")
+    out += ["", "## Balance checks", "", "| arrow | scope | check | left | right | ok |", "|---|---|---|---:|---:|---|"]
+    for ln in report["lines"]:
+        ok = "✓" if ln["lhs"] == ln["rhs"] else "✗"
+        out.append(f"| {ln['arrow']} | {ln['scope']} | {ln['check']} | {ln['lhs_label']} = {ln['lhs']:,} | {ln['rhs_label']} = {ln['rhs']:,} | {ok} |")
+    return "\n".join(out) + "\n"
+
+
+def run_accounting(params: dict, run_dir, out_json, out_md) -> dict:
+    report = reconcile(params, run_dir)
+    report["meta"] = provenance("accounting", params, [Path(run_dir) / "counts" / "counts.parquet"])
+    with atomic_write(out_md, "w", encoding="utf-8") as f:
+        f.write(markdown(report))
+    write_json(out_json, report)
+    t = report["total"]
+    log.info("balanced: %d counted document tokens -> %d tokenized -> %d train + %d val; %d lines checked",
+             t["counted_tokens"], t["tokenized_tokens"], t["train_tokens"], t["val_tokens"], len(report["lines"]))
+    return report
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.data.accounting", description=__doc__.split("\n")[0])
+    add_config_args(ap)
+    ap.add_argument("--run-dir", required=True, help="R = {results_dir}/{run_name}")
+    ap.add_argument("--out", required=True, help="R/accounting.json")
+    ap.add_argument("--out-md", required=True, help="R/accounting.md")
+    args = ap.parse_args(argv)
+    run_accounting(params_from_args(args, "accounting"), args.run_dir, args.out, args.out_md)
+
+
+if __name__ == "__main__":
+    run_cli(main)

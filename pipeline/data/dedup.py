@@ -1,0 +1,514 @@
+"""Dedup stage: exact and MinHash-LSH near-duplicate clusters across every shard of every source.
+
+Two CLIs, one per Snakemake rule (the hashing maths is in `pipeline.data.minhash`):
+
+    python -m pipeline.data.dedup signatures --params JSON --source S --inputs D/S/{shard}.parquet ... \\
+        --tokens R/tokens/S/{shard}.json ... --outputs R/dedup/sig/S/{shard}.parquet ... [--manifest M]
+    python -m pipeline.data.dedup clusters --params JSON --inputs R/dedup/sig/*/*.parquet \\
+        --outdir R/dedup --report R/dedup/report.json
+
+**signatures** (each shard of a group, in one process). The documents are the tokenized ones: document `doc` is raw row
+`doc_rows[doc]` of the shard (from the tokenize stage's `.json`), its text the `text_column`, or for
+chat sources the message contents joined by newlines (roles are ignored). Output, one row per
+document in `doc` order:
+
+    doc     int64                          index into the tokenized shard
+    tokens  int64                          its span in the token file, delimiters included
+    exact   uint64                         hash of the normalised text (see pipeline.data.minhash)
+    bands   fixed_size_list<uint64>[bands] LSH band keys
+    sig     fixed_size_list<uint32>[num_perm] the MinHash signature (for the Jaccard confirmation)
+
+with metadata `source`, `shard`, `n_docs` and the hashing parameters (`ngram`, `num_perm`, `bands`,
+`rows`, `seed`), which `clusters` checks agree across files and with its own parameters.
+
+**clusters** (all shards at once).
+
+- Document key: every document gets the globally unique int64
+  `key = source_index << 56 | shard_index << 32 | doc`, where `source_index` is the position of the
+  source among the inputs' source names sorted, and `shard_index` the position of the shard among
+  that source's shard names sorted (limits: 127 sources, 2^24 shards per source, 2^32 documents
+  per shard). Key order is (source, shard, doc) order.
+- Candidates: every (band, band key) and, with `exact`, every exact hash (as band -1) is spilled to
+  `partitions` parquet files by `key mod partitions` in a temporary directory under `outdir`
+  (memory: one shard at a time). Each partition is grouped by (band, key) with polars; a group of
+  k >= 2 documents yields the k - 1 edges member -> the group's smallest document key.
+- Confirmation: an exact-hash edge holds as is; a band edge holds when the estimated Jaccard
+  similarity (fraction of equal signature positions) of the two documents is >= `threshold`.
+  Only the signatures of documents on candidate edges are loaded (4 * num_perm bytes each).
+- Clusters: connected components of the confirmed edges. The cluster id is the smallest document
+  key in the cluster, and that document is its keeper (deterministic, independent of input order).
+  A document on no confirmed edge is its own cluster (id = its key), kept.
+- Outputs: `outdir/keep/{source}/{shard}.parquet` for every input shard (contract columns `doc`,
+  `cluster`, `keep`, `reason`: `keep` for the keeper, `exact` for a removed document whose
+  normalised text equals its keeper's, `near` for the other removed ones), and the report:
+  documents and tokens removed per source (tokens are the `tokens` column: spans with delimiters),
+  exact vs near removals, cluster-size histogram, clusters spanning shards / sources, candidate
+  counts, params. With `enabled: false` every document is its own cluster and kept.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import json
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline.config import add_config_args, params_from_args
+from pipeline.data import minhash
+from pipeline.data.contract import add_group_args, load_doc_tokens, open_parquet, run_group, shard_name
+from pipeline.errors import PipelineError
+from pipeline.io import (
+    META_KEY,
+    atomic_path,
+    get_logger,
+    progress,
+    provenance,
+    read_parquet_meta,
+    run_cli,
+    write_json,
+    write_parquet,
+)
+
+log = get_logger(__name__)
+
+HASH_PARAMS = ("ngram", "num_perm", "bands", "rows", "seed")
+BATCH_BYTES = 1 << 19  # text hashed per vectorised batch: its arrays stay in a core's cache
+SOURCE_SHIFT, SHARD_SHIFT = 56, 32
+MAX_SOURCES, MAX_SHARDS, MAX_DOCS = 1 << 7, 1 << 24, 1 << 32
+EXACT_BAND = -1  # the pseudo-band of exact-hash groups in the spill files
+
+
+# ============================================================================= signatures
+
+
+def _chat_texts(conversations: pa.Array) -> pa.Array:
+    """Each conversation's message contents joined by newlines (null contents count as empty)."""
+    contents = pc.struct_field(pc.list_flatten(conversations), "content").cast(pa.large_string())
+    lengths = pc.fill_null(pc.list_value_length(conversations), 0).to_numpy().astype(np.int64)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]))
+    lists = pa.LargeListArray.from_arrays(offsets, pc.fill_null(contents, ""))
+    return pc.binary_join(lists, pa.scalar("\n", pa.large_string()))
+
+
+def document_texts(path: str | os.PathLike, source: dict, doc_rows: list[int]) -> pa.Array:
+    """The text of each tokenized document (raw rows `doc_rows` of the shard), as large strings."""
+    chat = source.get("format", "text") == "chat"
+    key = "messages_column" if chat else "text_column"
+    column = source.get(key, "messages" if chat else "text")
+    pf = open_parquet(path)
+    if column not in pf.schema_arrow.names:
+        raise PipelineError(f"{path}: no column '{column}' (columns: {', '.join(pf.schema_arrow.names)}); "
+                            f"set the source's {key} in the config")
+    try:
+        values = pf.read(columns=[column], use_threads=False).column(0).combine_chunks()
+    except (OSError, pa.ArrowException) as e:
+        raise PipelineError(f"{path}: cannot read column '{column}' ({e}); "
+                            "the file is corrupt or truncated, re-download it") from None
+    rows = np.asarray(doc_rows, dtype=np.int64)
+    if len(rows) and (rows.min() < 0 or rows.max() >= len(values)):
+        raise PipelineError(f"{path}: the tokenized shard names rows up to {rows.max()} but the file has "
+                            f"{len(values)}; rerun the tokenize stage for this shard")
+    taken = values.take(pa.array(rows))
+    try:
+        return _chat_texts(taken) if chat else taken.cast(pa.large_string())
+    except (pa.ArrowException, KeyError) as e:
+        raise PipelineError(f"{path}: column '{column}' has type {values.type}, which is not "
+                            f"{'list<struct<role, content>>' if chat else 'string'} ({e})") from None
+
+
+def tune_allocator() -> None:
+    """Make glibc's malloc keep freed memory for reuse: no trimming, no mmap below 32 MiB.
+
+    Hashing allocates many megabyte-sized numpy temporaries per batch; by default glibc hands them
+    back to the OS and the next batch page-faults fresh pages, which costs ~30% of the signatures
+    stage on a VM. The `signatures` CLI (and its benchmark) calls this once; a no-op without glibc.
+    """
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
+    except (OSError, AttributeError, TypeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    mallopt(m_mmap_threshold, 32 << 20)
+    mallopt(m_trim_threshold, 1 << 30)
+
+
+def _batches(texts: pa.Array) -> list[tuple[int, int]]:
+    """Consecutive document ranges [lo, hi) of about BATCH_BYTES of text each (at least one document)."""
+    ends = np.cumsum(pc.fill_null(pc.binary_length(texts), 0).to_numpy(zero_copy_only=False))
+    cuts = np.unique(np.searchsorted(ends, np.arange(BATCH_BYTES, ends[-1] if len(ends) else 0, BATCH_BYTES)) + 1)
+    bounds = [0, *cuts[cuts < len(texts)].tolist(), len(texts)]
+    return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+
+
+def hash_documents(texts: pa.Array, dd: dict) -> dict[str, np.ndarray]:
+    """Exact hashes (n,), band keys (n, bands) and signatures (n, num_perm) of the documents."""
+    perms = minhash.permutations(dd["num_perm"], dd["seed"])
+    n = len(texts)
+    out = {"exact": np.empty(n, np.uint64), "bands": np.empty((n, dd["bands"]), np.uint64),
+           "sig": np.empty((n, dd["num_perm"]), np.uint32)}
+    for lo, hi in progress(_batches(texts), desc="minhash", unit="batch"):
+        wh, word_off = minhash.doc_word_hashes(texts.slice(lo, hi - lo))
+        out["exact"][lo:hi] = minhash.exact_hashes(wh, word_off)
+        out["sig"][lo:hi] = minhash.signatures(*minhash.shingle_hashes(wh, word_off, dd["ngram"]), perms)
+        out["bands"][lo:hi] = minhash.band_keys(out["sig"][lo:hi], dd["bands"], dd["rows"])
+    return out
+
+
+def signature_table(tokens: np.ndarray, hashed: dict[str, np.ndarray]) -> pa.Table:
+    def fixed(values: np.ndarray) -> pa.Array:
+        return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
+
+    return pa.table({
+        "doc": pa.array(np.arange(len(tokens), dtype=np.int64)),
+        "tokens": pa.array(tokens),
+        "exact": pa.array(hashed["exact"]),
+        "bands": fixed(hashed["bands"]),
+        "sig": fixed(hashed["sig"]),
+    })
+
+
+def _write_signature_file(path, table: pa.Table, meta: dict) -> None:
+    """`pipeline.io.write_parquet` without dictionary encoding: every hash value is distinct, and
+    trying to dictionary-encode 120 of them per document costs more than writing them (5x)."""
+    table = table.replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, use_dictionary=False)
+
+
+def write_signatures(input_path, tokens_json, source: str, shard: str, params: dict, out) -> dict:
+    """The `signatures` CLI: hash one shard's tokenized documents into `out`; returns its metadata."""
+    if source not in params["sources"]:
+        raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(params['sources'])})")
+    dd = params["dedup"]
+    tok_meta, tokens = load_doc_tokens(tokens_json)
+    texts = document_texts(input_path, params["sources"][source], tok_meta["doc_rows"])
+    hashed = hash_documents(texts, dd)
+    meta = provenance("dedup_sig", params, [input_path, tokens_json], source=source, shard=shard,
+                      n_docs=len(tokens), **{k: dd[k] for k in HASH_PARAMS})
+    _write_signature_file(out, signature_table(tokens, hashed), meta)
+    log.info("%s/%s: signatures of %d documents", source, shard, len(tokens))
+    return meta
+
+
+# ============================================================================= clusters
+
+@dataclass(frozen=True)
+class ShardSig:
+    """One input signatures file and its place in the key space."""
+
+    source: str
+    shard: str
+    path: Path
+    base: int  # key of document 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.source}/{self.shard}"
+
+    def read(self, columns: list[str]) -> pa.Table:
+        try:
+            return pq.read_table(self.path, columns=columns)
+        except (OSError, pa.ArrowException) as e:
+            raise PipelineError(f"{self.path}: cannot read the signatures ({e}); "
+                                f"rerun dedup_signatures for {self.name}") from None
+
+
+def catalogue(paths: list[str | os.PathLike], dd: dict) -> list[ShardSig]:
+    """The signature files in key order, each checked to carry the current hashing parameters."""
+    found = []
+    for p in paths:
+        try:
+            meta = read_parquet_meta(p)
+        except (OSError, pa.ArrowException) as e:
+            raise PipelineError(f"{p}: not a readable signatures file ({e}); rerun dedup_signatures") from None
+        if "source" not in meta or "shard" not in meta:
+            raise PipelineError(f"{p}: no source/shard metadata; it was not written by `pipeline.data.dedup signatures`")
+        stale = {k: meta.get(k) for k in HASH_PARAMS if meta.get(k) != dd[k]}
+        if stale:
+            raise PipelineError(f"{p}: signatures were made with {stale}, but the config says "
+                                f"{ {k: dd[k] for k in stale} }; rerun dedup_signatures")
+        found.append((meta["source"], meta["shard"], Path(p)))
+    names = [(s, sh) for s, sh, _ in found]
+    if len(set(names)) != len(names):
+        dup = next(n for n, c in Counter(names).items() if c > 1)
+        raise PipelineError(f"two signature inputs are for {dup[0]}/{dup[1]}; pass each shard once")
+    sources = sorted({s for s, _, _ in found})
+    if len(sources) > MAX_SOURCES:
+        raise PipelineError(f"{len(sources)} sources exceed the document-key limit of {MAX_SOURCES}")
+    out = []
+    for si, source in enumerate(sources):
+        shards = sorted((sh, p) for s, sh, p in found if s == source)
+        if len(shards) > MAX_SHARDS:
+            raise PipelineError(f"source '{source}' has {len(shards)} shards, over the document-key limit "
+                                f"of {MAX_SHARDS}")
+        out += [ShardSig(source, sh, p, (si << SOURCE_SHIFT) | (hi << SHARD_SHIFT))
+                for hi, (sh, p) in enumerate(shards)]
+    return out
+
+
+def _fixed_list(table: pa.Table, column: str) -> np.ndarray:
+    """A fixed_size_list column as a 2-D numpy array."""
+    arr = table.column(column).combine_chunks()
+    return arr.flatten().to_numpy().reshape(len(arr), arr.type.list_size)
+
+
+def _doc_keys(shard: ShardSig, table: pa.Table) -> np.ndarray:
+    doc = table.column("doc").to_numpy()
+    if len(doc) and doc.max() >= MAX_DOCS:
+        raise PipelineError(f"{shard.path}: {doc.max() + 1} documents exceed the document-key limit "
+                            f"of {MAX_DOCS} per shard")
+    return shard.base + doc.astype(np.int64)
+
+
+SPILL_SCHEMA = pa.schema([("band", pa.int16()), ("bkey", pa.uint64()), ("key", pa.int64())])
+
+
+def _band_rows(shard: ShardSig, dd: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(band, band key, document key) rows of one shard: one per band with `near`, plus
+    (EXACT_BAND, exact hash, key) with `exact`."""
+    t = shard.read(["doc", "exact", "bands"])
+    keys = _doc_keys(shard, t)
+    band, bkey, key = [], [], []
+    if dd["near"]:
+        b = _fixed_list(t, "bands")
+        band.append(np.tile(np.arange(b.shape[1], dtype=np.int16), len(keys)))
+        bkey.append(b.reshape(-1))
+        key.append(np.repeat(keys, b.shape[1]))
+    if dd["exact"]:
+        band.append(np.full(len(keys), EXACT_BAND, np.int16))
+        bkey.append(t.column("exact").to_numpy())
+        key.append(keys)
+    return np.concatenate(band), np.concatenate(bkey), np.concatenate(key)
+
+
+def spill_band_rows(shards: list[ShardSig], dd: dict, tmpdir: Path) -> list[Path]:
+    """Spill every shard's band rows to `partitions` parquet files by band key mod partitions (one
+    shard in memory at a time). Returns the partition files that received rows."""
+    n_parts = dd["partitions"]
+    writers: dict[int, pq.ParquetWriter] = {}
+    try:
+        for shard in progress(shards, desc="dedup spill", unit="shard"):
+            band, bkey, key = _band_rows(shard, dd)
+            part = (bkey % np.uint64(n_parts)).astype(np.int64)
+            order = np.argsort(part, kind="stable")
+            bounds = np.searchsorted(part[order], np.arange(n_parts + 1))
+            for p in np.flatnonzero(np.diff(bounds)):
+                sel = order[bounds[p]:bounds[p + 1]]
+                if p not in writers:
+                    writers[p] = pq.ParquetWriter(tmpdir / f"part-{p:05d}.parquet", SPILL_SCHEMA, use_dictionary=False)
+                writers[p].write_table(pa.table([band[sel], bkey[sel], key[sel]], schema=SPILL_SCHEMA))
+    finally:
+        for w in writers.values():
+            w.close()
+    return [tmpdir / f"part-{p:05d}.parquet" for p in sorted(writers)]
+
+
+def candidate_edges(partitions: list[Path]) -> pl.DataFrame:
+    """Edges (key, rep, exact) from every (band, band key) group of >= 2 documents: each member to
+    the group's smallest key (k - 1 edges for k members). `exact` is true when some exact-hash group
+    gave the edge. Sorted by (key, rep); each pair once."""
+    groups = ["band", "bkey"]
+    parts = []
+    for path in partitions:
+        rows = pl.scan_parquet(path)
+        reps = rows.group_by(groups).agg(rep=pl.col("key").min(), n=pl.len()).filter(pl.col("n") > 1)
+        parts.append(rows.join(reps, on=groups).filter(pl.col("key") != pl.col("rep"))
+                     .select("key", "rep", exact=pl.col("band") == EXACT_BAND).collect(engine="streaming"))
+    edges = pl.concat(parts) if parts else pl.DataFrame(schema={"key": pl.Int64, "rep": pl.Int64, "exact": pl.Boolean})
+    return edges.group_by(["key", "rep"]).agg(pl.col("exact").any()).sort(["key", "rep"])
+
+
+def load_nodes(shards: list[ShardSig], nodes: np.ndarray, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact hashes (len(nodes),) and signatures (len(nodes), num_perm) of the documents whose keys
+    are `nodes` (sorted), reading only the shards that hold some of them."""
+    exact = np.zeros(len(nodes), np.uint64)
+    sig = np.zeros((len(nodes), num_perm), np.uint32)
+    wanted = set((np.unique(nodes >> SHARD_SHIFT)).tolist())
+    for shard in shards:
+        if shard.base >> SHARD_SHIFT not in wanted:
+            continue
+        t = shard.read(["doc", "exact", "sig"])
+        keys = _doc_keys(shard, t)
+        pos = np.minimum(np.searchsorted(nodes, keys), len(nodes) - 1)
+        hit = nodes[pos] == keys
+        exact[pos[hit]] = t.column("exact").to_numpy()[hit]
+        sig[pos[hit]] = _fixed_list(t, "sig")[hit]
+    return exact, sig
+
+
+def connected_components(u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Components of the undirected graph with edges (u[i], v[i]) over int64 node ids.
+
+    Returns (nodes: the sorted distinct ids, root: for each node the smallest id in its component).
+    Vectorised union-find: hook every edge's larger root under its smaller root, compress paths by
+    pointer jumping, repeat until every edge has one root.
+    """
+    nodes, idx = np.unique(np.concatenate([u, v]), return_inverse=True)
+    a, b = idx[:len(u)], idx[len(u):]
+    parent = np.arange(len(nodes))
+    while True:
+        ra, rb = parent[a], parent[b]
+        if np.array_equal(ra, rb):
+            return nodes, nodes[parent]
+        low = np.minimum(ra, rb)
+        np.minimum.at(parent, ra, low)
+        np.minimum.at(parent, rb, low)
+        while not np.array_equal(parent[parent], parent):
+            parent = parent[parent]
+
+
+@dataclass
+class Clusters:
+    """Confirmed duplicate structure: for each document key on a confirmed edge (`nodes`, sorted),
+    its cluster's keeper key (`root`) and whether its text equals the keeper's (`exact`)."""
+
+    nodes: np.ndarray
+    root: np.ndarray
+    exact: np.ndarray
+    stats: dict
+
+    def assign(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(cluster id, reason) for documents with the given keys."""
+        cluster = keys.copy()
+        reason = np.full(len(keys), "keep", dtype=object)
+        if len(self.nodes):
+            pos = np.minimum(np.searchsorted(self.nodes, keys), len(self.nodes) - 1)
+            hit = self.nodes[pos] == keys
+            cluster[hit] = self.root[pos[hit]]
+            removed = hit & (cluster != keys)
+            reason[removed] = np.where(self.exact[pos[removed]], "exact", "near")
+        return cluster, reason
+
+
+def find_clusters(shards: list[ShardSig], dd: dict, workdir: Path) -> Clusters:
+    """Candidate edges -> confirmed edges -> components (see the module docstring)."""
+    empty = np.zeros(0, np.int64)
+    if not dd["enabled"] or not (dd["exact"] or dd["near"]):
+        return Clusters(empty, empty, np.zeros(0, bool), {"candidate_pairs": 0, "confirmed_pairs": 0})
+    with tempfile.TemporaryDirectory(prefix=".spill-", dir=workdir) as tmp:
+        edges = candidate_edges(spill_band_rows(shards, dd, Path(tmp)))
+    key, rep, by_exact = (edges[c].to_numpy() for c in ("key", "rep", "exact"))
+    ends = np.unique(np.concatenate([key, rep]))
+    exact_hash, sig = load_nodes(shards, ends, dd["num_perm"])
+    ki, ri = np.searchsorted(ends, key), np.searchsorted(ends, rep)
+    jaccard = minhash.estimated_jaccard(sig[ki], sig[ri]) if len(key) else np.zeros(0)
+    ok = by_exact | (jaccard >= dd["threshold"])
+    stats = {"candidate_pairs": len(key), "exact_pairs": int(by_exact.sum()), "band_pairs": int((~by_exact).sum()),
+             "confirmed_pairs": int(ok.sum()), "rejected_pairs": int((~ok).sum())}
+    nodes, root = connected_components(key[ok], rep[ok])
+    node_hash = exact_hash[np.searchsorted(ends, nodes)]
+    same_text = node_hash == node_hash[np.searchsorted(nodes, root)]
+    return Clusters(nodes, root, same_text, stats)
+
+
+def _spanning(root: np.ndarray, ids: np.ndarray) -> int:
+    """Number of clusters (members' `root`) whose members carry more than one distinct id."""
+    if not len(root):
+        return 0
+    pairs = np.unique(np.stack([root, ids]), axis=1)
+    return int((np.unique(pairs[0], return_counts=True)[1] > 1).sum())
+
+
+def cluster_report(clusters: Clusters, per_source: dict, shards: list[ShardSig], dd: dict, params: dict) -> dict:
+    """The report JSON: removals per source, cluster sizes, cross-shard / cross-source clusters."""
+    roots, sizes = np.unique(clusters.root, return_counts=True)
+    totals = {k: sum(s[k] for s in per_source.values()) for k in ("documents", "tokens", "removed_documents",
+                                                                     "removed_tokens", "exact", "near")}
+    for s in [*per_source.values(), totals]:
+        s["duplicate_rate_documents"] = s["removed_documents"] / s["documents"] if s["documents"] else 0.0
+        s["duplicate_rate_tokens"] = s["removed_tokens"] / s["tokens"] if s["tokens"] else 0.0
+    return {
+        "enabled": dd["enabled"],
+        "total": totals,
+        "per_source": per_source,
+        "removals": {"exact": totals["exact"], "near": totals["near"]},
+        "clusters": {
+            "with_duplicates": len(roots),
+            "spanning_shards": _spanning(clusters.root, clusters.nodes >> SHARD_SHIFT),
+            "spanning_sources": _spanning(clusters.root, clusters.nodes >> SOURCE_SHIFT),
+            "size_histogram": {str(k): int(v) for k, v in zip(*np.unique(sizes, return_counts=True))},
+            "largest": int(sizes.max(initial=1)),
+        },
+        "candidates": clusters.stats,
+        "keeper": "smallest document key = first in (source, shard, doc) order",
+        "params": params,
+        "meta": provenance("dedup", params, [s.path for s in shards], n_shards=len(shards)),
+    }
+
+
+def run_clusters(sig_paths: list[str | os.PathLike], outdir, report_path, params: dict) -> dict:
+    """The `clusters` CLI: keep lists for every input shard plus the report; returns the report."""
+    dd = params["dedup"]
+    if not sig_paths:
+        raise PipelineError("no signature files given (--inputs); run dedup_signatures first")
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    shards = catalogue(sig_paths, dd)
+    clusters = find_clusters(shards, dd, outdir)
+    tables, per_source = [], {}
+    for shard in shards:
+        t = shard.read(["doc", "tokens"])
+        keys = _doc_keys(shard, t)
+        cluster, reason = clusters.assign(keys)
+        keep = cluster == keys
+        tables.append(pa.table({"doc": t.column("doc"), "cluster": pa.array(cluster), "keep": pa.array(keep),
+                                "reason": pa.array(reason, pa.string())}))
+        tokens = t.column("tokens").to_numpy()
+        s = per_source.setdefault(shard.source, dict.fromkeys(("documents", "tokens", "removed_documents",
+                                                                 "removed_tokens", "exact", "near"), 0))
+        s["documents"] += len(keys)
+        s["tokens"] += int(tokens.sum())
+        s["removed_documents"] += int((~keep).sum())
+        s["removed_tokens"] += int(tokens[~keep].sum())
+        s["exact"] += int((reason == "exact").sum())
+        s["near"] += int((reason == "near").sum())
+    report = cluster_report(clusters, per_source, shards, dd, params)
+    for shard, table in zip(shards, tables):
+        meta = provenance("dedup", params, [shard.path], source=shard.source, shard=shard.shard)
+        write_parquet(outdir / "keep" / shard.source / f"{shard.shard}.parquet", table, meta)
+    write_json(report_path, report)
+    t = report["total"]
+    log.info("%d of %d documents removed (%d exact, %d near) in %d clusters with duplicates",
+             t["removed_documents"], t["documents"], t["exact"], t["near"], report["clusters"]["with_duplicates"])
+    return report
+
+
+# ============================================================================= CLI
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.data.dedup", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    sig = sub.add_parser("signatures", help="hash the documents of a group of shards of one source")
+    add_config_args(sig)
+    sig.add_argument("--source", required=True)
+    add_group_args(sig, "raw shards D/{source}/{shard}.parquet", "R/dedup/sig/{source}/{shard}.parquet, one per input")
+    sig.add_argument("--tokens", nargs="+", required=True, help="R/tokens/{source}/{shard}.json, one per input")
+    clu = sub.add_parser("clusters", help="cluster all shards' signatures")
+    add_config_args(clu)
+    clu.add_argument("--inputs", nargs="+", required=True, help="R/dedup/sig/*/*.parquet")
+    clu.add_argument("--outdir", required=True, help="R/dedup (keep lists go to OUTDIR/keep/{source}/{shard}.parquet)")
+    clu.add_argument("--report", required=True, help="R/dedup/report.json")
+    args = ap.parse_args(argv)
+    if args.command == "signatures":
+        tune_allocator()
+        params = params_from_args(args, "dedup_sig")
+        if len(args.tokens) != len(args.inputs):
+            raise PipelineError(f"{len(args.inputs)} --inputs but {len(args.tokens)} --tokens; pass one per shard")
+        run_group("dedup_signatures", list(zip(args.inputs, args.tokens, strict=True)), args.outputs, args.manifest,
+                  lambda inp, out: write_signatures(inp[0], inp[1], args.source, shard_name(inp[0]), params, out))
+    else:
+        run_clusters(args.inputs, args.outdir, args.report, params_from_args(args, "dedup"))
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,166 @@
+"""The run's encoding as every stage uses it: `Tokenizer` (a `tiktoken.Encoding` plus our special
+tokens, the document-delimiter policy and the chat rendering) and `load_tokenizer`, the one reader of
+`R/tokenizer/tokenizer.json` (written by the tokenizer stage, `pipeline.data.tokenizer`; format in
+docs/data-contract.md).
+
+Special tokens (all inside the vocabulary, at the top ids, in this order): `<|bos|>` (always; the
+document delimiter), `<|eos|>` (only for `delimiter: eos|both`), then the chat tokens
+`<|user_start|>`, `<|user_end|>`, `<|assistant_start|>`, `<|assistant_end|>`. Ordinary text is always
+encoded with `encode_ordinary`, so a literal "<|bos|>" inside a document is just text.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import tiktoken
+
+from pipeline.errors import PipelineError
+
+BOS, EOS = "<|bos|>", "<|eos|>"
+USER_START, USER_END = "<|user_start|>", "<|user_end|>"
+ASSISTANT_START, ASSISTANT_END = "<|assistant_start|>", "<|assistant_end|>"
+
+
+CHAT_TOKENS = (USER_START, USER_END, ASSISTANT_START, ASSISTANT_END)
+
+
+DELIMITERS = ("bos", "eos", "both")
+
+
+RANKS_FILE = "tokenizer.tiktoken"
+
+
+DEFAULT_THREADS = 1  # Snakemake runs one job per core; pass more for interactive use.
+
+
+def special_token_names(delimiter: str) -> list[str]:
+    """The special tokens a tokenizer with this delimiter policy reserves, in id order."""
+    if delimiter not in DELIMITERS:
+        raise PipelineError(f"config key 'tokenizer.delimiter': {delimiter!r} is not one of {', '.join(DELIMITERS)}")
+    return [BOS] + ([EOS] if delimiter in ("eos", "both") else []) + list(CHAT_TOKENS)
+
+
+class Tokenizer:
+    """A `tiktoken.Encoding` plus the run's special tokens and document-delimiter policy."""
+
+    def __init__(self, enc: tiktoken.Encoding, special: dict[str, int], delimiter: str, sha256: str, path: str):
+        self.enc = enc
+        self.special = dict(special)
+        self.delimiter = delimiter
+        self.sha256 = sha256
+        self.path = path
+        self.n_vocab = enc.n_vocab
+        self.bos_id = self.special[BOS]
+        self.eos_id = self.special.get(EOS)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.enc.name!r}, n_vocab={self.n_vocab}, delimiter={self.delimiter!r})"
+
+    def encode_batch(self, texts: list[str], num_threads: int = DEFAULT_THREADS) -> list[list[int]]:
+        """Token ids of each text as ordinary text (special-token strings are never interpreted)."""
+        if num_threads == 1:  # skip tiktoken's thread pool: same result, no per-document future
+            return [self.enc.encode_ordinary(t) for t in texts]
+        return self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
+
+    def encode_arrays(self, texts: list[str], num_threads: int = DEFAULT_THREADS) -> list[np.ndarray]:
+        """`encode_batch` as uint32 arrays. One thread: tiktoken's `encode_to_numpy` with no special
+        token allowed or disallowed (ordinary text, as `encode_ordinary`), which fills a buffer in
+        Rust and so skips building a Python list of ints per document."""
+        if num_threads == 1:
+            return [self.enc.encode_to_numpy(t, disallowed_special=()) for t in texts]
+        return [np.asarray(ids, np.uint32) for ids in self.enc.encode_ordinary_batch(texts, num_threads=num_threads)]
+
+    def count_tokens(self, texts: list[str], num_threads: int = DEFAULT_THREADS) -> list[int]:
+        """Number of tokens of each text, as `map(len, encode_batch(texts))` but without holding all
+        the batch's token lists at once (each is freed as soon as it is counted)."""
+        if num_threads == 1:
+            return [len(self.enc.encode_to_numpy(t, disallowed_special=())) for t in texts]
+        return list(map(len, self.enc.encode_ordinary_batch(texts, num_threads=num_threads)))
+
+    def encode(self, text: str) -> list[int]:
+        return self.enc.encode_ordinary(text)
+
+    def decode(self, ids) -> str:
+        return self.enc.decode(ids.tolist() if hasattr(ids, "tolist") else list(ids))
+
+    def delimit(self, ids: list[int]) -> list[int]:
+        """One document's ids with the delimiter policy applied: bos → [bos]+ids, eos → ids+[eos],
+        both → [bos]+ids+[eos]."""
+        head = [self.bos_id] if self.delimiter in ("bos", "both") else []
+        tail = [self.eos_id] if self.delimiter in ("eos", "both") else []
+        return head + list(ids) + tail
+
+    def n_delimiters(self) -> int:
+        """Delimiter tokens `delimit` adds to every document."""
+        return 2 if self.delimiter == "both" else 1
+
+    def render_chat(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+        """Ids and 0/1 loss mask of a conversation.
+
+        Layout: `<|user_start|> u <|user_end|> <|assistant_start|> a <|assistant_end|> ...`. The mask
+        is 1 on assistant content tokens and on `<|assistant_end|>` (the model learns to stop), 0
+        elsewhere. The delimiter policy is not applied here (the tokenize stage applies `delimit`).
+        """
+        ids: list[int] = []
+        mask: list[int] = []
+        for m in messages:
+            content = self.encode(m["content"])
+            if m["role"] == "user":
+                part = [self.special[USER_START], *content, self.special[USER_END]]
+                ids += part
+                mask += [0] * len(part)
+            elif m["role"] == "assistant":
+                ids += [self.special[ASSISTANT_START], *content, self.special[ASSISTANT_END]]
+                mask += [0] + [1] * (len(content) + 1)
+            else:
+                raise ValueError(f"chat role {m['role']!r} is not 'user' or 'assistant'")
+        return ids, mask
+
+
+def tokenizer_sha256(ranks_bytes: bytes, special: dict[str, int], pattern: str, delimiter: str) -> str:
+    """Identity of a tokenizer: sha256 of canonical JSON of the ranks file's sha256, the special
+    tokens, the split pattern and the delimiter policy (bos and both reserve the same tokens but
+    tokenize documents differently, so the policy is part of the identity)."""
+    ident = {
+        "ranks_sha256": hashlib.sha256(ranks_bytes).hexdigest(),
+        "special_tokens": dict(sorted(special.items())),
+        "pattern": pattern,
+        "delimiter": delimiter,
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """Load `tokenizer.json` and its ranks file into a Tokenizer; verifies the sha256."""
+    path = Path(path)
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+        ranks_path = path.parent / spec["ranks_file"]
+        special, pattern, delimiter, sha256 = spec["special_tokens"], spec["pattern"], spec["delimiter"], spec["sha256"]
+    except (OSError, ValueError, KeyError) as e:
+        raise PipelineError(f"{path}: not a readable tokenizer.json ({e!r}); rerun the tokenizer rule") from None
+    if not ranks_path.exists():
+        raise PipelineError(f"{path}: its ranks file {ranks_path} is missing; rerun the tokenizer rule")
+    ranks_bytes = ranks_path.read_bytes()
+    if tokenizer_sha256(ranks_bytes, special, pattern, delimiter) != sha256:
+        raise PipelineError(f"{path}: sha256 does not match {ranks_path} (files from different runs?); rerun the tokenizer rule")
+    enc = tiktoken.Encoding(
+        spec.get("name", path.stem), pat_str=pattern, mergeable_ranks=parse_ranks(ranks_bytes), special_tokens=special
+    )
+    return Tokenizer(enc, special, delimiter, sha256, str(path))
+
+
+def format_ranks(ranks: dict[bytes, int]) -> bytes:
+    """tiktoken's `.tiktoken` format: one `base64(token) rank` line per token, by rank."""
+    lines = [base64.b64encode(tok) + b" " + str(rank).encode() for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1])]
+    return b"\n".join(lines) + b"\n"
+
+
+def parse_ranks(data: bytes) -> dict[bytes, int]:
+    """Inverse of `format_ranks` (what `tiktoken.load.load_tiktoken_bpe` does for a file)."""
+    return {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in data.splitlines() if line)}

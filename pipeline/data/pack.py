@@ -1,0 +1,335 @@
+"""Pack stage: a mix's document schedule + tokenized shards -> fixed rows of `seq_len + 1` tokens.
+
+Inputs: the schedule `R/mix/{mix}/{split}.parquet` (columns `source`, `shard`, `doc`, `tokens`,
+`epoch`, in schedule order) and the tokenized shards `R/tokens/{source}/{shard}.*`. A scheduled
+document is the span `bin[off[doc]:off[doc+1]]` of its shard, delimiter(s) included; the schedule's
+`tokens` must agree with it (counting the delimiters or not: one convention per file), else the
+schedule is stale and the stage fails. Outputs for
+`--out R/pack/{mix}/{split}.json` (C = seq_len + 1 tokens per row):
+
+- `{split}.bin`: `n_rows × C` token ids (dtype of the token shards). Row `r` is
+  `flat[r*C:(r+1)*C]`; a training row gives inputs `row[:-1]` and targets `row[1:]`.
+- `{split}.docs.npy`: int64, sorted positions in the flat packed stream where a document (or, for
+  bestfit, a piece of a split document) starts, for intra-document attention masking.
+- `{split}.mask.bin` (bestfit only): uint8 loss mask per token; 0 on padding; for chat sources the
+  tokenized assistant mask (0 on user turns and delimiters); 1 on every real token of text sources.
+- `{split}.json` (written last): `seq_len`, `n_rows`, `dtype`, `packing`, `n_docs`, `tokens_in`
+  (scheduled span tokens), `tokens_packed` (real tokens in rows), `dropped_tail_tokens`,
+  `pad_tokens`, `truncated_tokens`, `pad_id`, `sha256` (of the .bin, identifies the data for
+  loader resumption), `tokens_by_source`, `tokenizer_sha256`, `meta`. Invariants:
+  `tokens_in == tokens_packed + dropped_tail_tokens + truncated_tokens` and
+  `n_rows * C == tokens_packed + pad_tokens`.
+
+Packing modes (the mix's `packing`):
+
+- `concat`: the scheduled spans are concatenated in schedule order and cut into rows of C tokens,
+  no padding. Consecutive rows do not overlap, so the first token of each row is an input but
+  never a target (the standard GPT/nanochat layout): a row of C tokens trains C - 1 targets. The
+  final partial row is dropped and counted in `dropped_tail_tokens`. No loss mask.
+- `bestfit` (conversational data): best-fit-decreasing bin packing of whole documents into rows
+  of C tokens: documents are taken longest first, each into the open row with the least room that
+  still fits it, or a new row. A document longer than C is split (not truncated) into full rows
+  of C tokens plus a remainder that is packed like any document, so no token is lost and
+  `truncated_tokens` is always 0. Leftover room is padded with `pad_id` = the `<|bos|>` id, masked
+  out of the loss (mask 0), and counted in `pad_tokens`.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import add_config_args, params_from_args
+from pipeline.data.contract import (
+    open_tokens,
+    pack_paths,
+    read_schedule,
+    shard_keys,
+    span_index,
+    token_column_mismatches,
+)
+from pipeline.errors import PipelineError
+from pipeline.io import atomic_path, get_logger, progress, provenance, run_cli, write_json
+
+log = get_logger(__name__)
+
+CHUNK_TOKENS = 1 << 22  # tokens gathered per vectorised copy
+
+
+# ----------------------------------------------------------------------------- inputs
+
+@dataclass
+class Shard:
+    """One memory-mapped tokenized shard."""
+
+    name: str
+    tokens: np.ndarray
+    offsets: np.ndarray
+    mask: np.ndarray | None
+    meta: dict
+
+
+@dataclass
+class Spans:
+    """The scheduled documents as spans of their shards, in schedule order."""
+
+    shard: np.ndarray  # int64 index into the shard list
+    start: np.ndarray  # int64 token offset in the shard's .bin
+    length: np.ndarray  # int64 tokens, delimiters included
+
+
+def open_shards(table, tokens_dir: Path) -> tuple[list[Shard], np.ndarray]:
+    """Memory-map every shard the schedule names; return them and each row's index into them."""
+    names, shard_id = shard_keys(table)
+    shards = []
+    for name in names:
+        meta, tokens, offsets, mask = open_tokens(tokens_dir / f"{name}.json")
+        shards.append(Shard(name, tokens, offsets, mask, meta))
+    for key in ("tokenizer_sha256", "dtype"):
+        values = {s.meta[key] for s in shards}
+        if len(values) > 1:
+            raise PipelineError(f"{tokens_dir}: tokenized shards disagree on {key} ({sorted(values)}); rerun tokenize for all shards")
+    return shards, shard_id
+
+
+def schedule_spans(table, shards: list[Shard], shard_id: np.ndarray, path) -> Spans:
+    """Look up each scheduled document's span; the schedule's `tokens` must agree with it."""
+    doc = table["doc"].to_numpy().astype(np.int64)
+    start = np.empty_like(doc)
+    length = np.empty_like(doc)
+    for k, s in enumerate(shards):
+        sel = shard_id == k
+        d = doc[sel]
+        if len(d) and (d.min() < 0 or d.max() >= len(s.offsets) - 1):
+            raise PipelineError(f"{path}: document index out of range for tokenized shard {s.name} ({len(s.offsets) - 1} docs); rerun split and mix")
+        start[sel] = s.offsets[d]
+        length[sel] = s.offsets[d + 1] - s.offsets[d]
+    tokens = table["tokens"].to_numpy().astype(np.int64)
+    bad = token_column_mismatches(tokens, length, int(shards[0].meta["delimiters_per_doc"]))
+    if len(bad):
+        i = bad[0]
+        raise PipelineError(
+            f"{path}: row {i} ({shards[shard_id[i]].name} doc {doc[i]}) has tokens={tokens[i]} but the tokenized span "
+            f"holds {length[i]} tokens with its delimiter(s); the schedule is stale, rerun split and mix"
+        )
+    return Spans(shard_id, start, length)
+
+
+# ----------------------------------------------------------------------------- vectorised gather
+
+
+def gather(shards: list[Shard], spans: Spans, dest: np.ndarray, out: np.ndarray, field: str = "tokens") -> None:
+    """Copy each span into `out[dest[i]:dest[i] + length[i]]`, one fancy-indexed copy per shard.
+
+    `field="mask"` copies loss masks instead; spans of shards without one (text) get 1.
+    """
+    for k in np.unique(spans.shard):
+        sel = spans.shard == k
+        dst = span_index(dest[sel], spans.length[sel])
+        src = getattr(shards[k], field)
+        out[dst] = 1 if src is None else src[span_index(spans.start[sel], spans.length[sel])]
+
+
+def subset(spans: Spans, sel) -> Spans:
+    return Spans(spans.shard[sel], spans.start[sel], spans.length[sel])
+
+
+class HashingWriter:
+    """Append arrays to a binary file while hashing the bytes (the .bin's sha256 for the loader)."""
+
+    def __init__(self, f):
+        self.f, self.sha = f, hashlib.sha256()
+
+    def write(self, arr: np.ndarray) -> None:
+        data = np.ascontiguousarray(arr).data
+        self.sha.update(data)
+        self.f.write(data)
+
+
+# ----------------------------------------------------------------------------- concat
+
+def chunk_bounds(lengths: np.ndarray, chunk_tokens: int) -> list[tuple[int, int]]:
+    """Split consecutive items into runs [lo, hi) of about `chunk_tokens` tokens each."""
+    ends = np.cumsum(lengths)
+    cuts = np.searchsorted(ends, np.arange(chunk_tokens, int(ends[-1]), chunk_tokens), side="right")
+    edges = np.unique(np.concatenate([[0], cuts, [len(lengths)]]))
+    return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
+
+
+def pack_concat(shards, spans: Spans, row_len: int, dtype, writer: HashingWriter) -> dict:
+    """Concatenate spans in schedule order and write full rows; returns counts and doc starts."""
+    starts_flat = np.cumsum(spans.length) - spans.length
+    total = int(spans.length.sum())
+    n_rows = total // row_len
+    packed = n_rows * row_len
+    carry = np.zeros(0, dtype)
+    for lo, hi in progress(chunk_bounds(spans.length, CHUNK_TOKENS), desc="pack concat", unit="chunk"):
+        part = subset(spans, slice(lo, hi))
+        buf = np.empty(len(carry) + int(part.length.sum()), dtype)
+        buf[: len(carry)] = carry
+        gather(shards, part, starts_flat[lo:hi] - starts_flat[lo] + len(carry), buf)
+        full = len(buf) // row_len * row_len
+        writer.write(buf[:full])
+        carry = buf[full:]
+    return {
+        "n_rows": n_rows,
+        "tokens_packed": packed,
+        "dropped_tail_tokens": total - packed,
+        "pad_tokens": 0,
+        "truncated_tokens": 0,
+        "doc_starts": starts_flat[starts_flat < packed],
+    }
+
+
+# ----------------------------------------------------------------------------- bestfit
+
+def split_long(spans: Spans, row_len: int) -> Spans:
+    """Cut spans longer than a row into full rows plus a remainder piece (schedule order kept)."""
+    n_pieces = -(-spans.length // row_len)
+    idx = np.repeat(np.arange(len(spans.length)), n_pieces)
+    j = np.arange(len(idx)) - np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces)
+    length = np.minimum(row_len, spans.length[idx] - j * row_len)
+    return Spans(spans.shard[idx], spans.start[idx] + j * row_len, length)
+
+
+def best_fit_decreasing(lengths: np.ndarray, row_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Assign items (each <= row_len) to rows: returns (row index, offset within the row) per item.
+
+    Items are placed longest first (ties in input order) into the open row with the least
+    remaining room that fits, else a new row. Full-row items get their own rows up front.
+    Open rows are bucketed by remaining room; `has_room[c]` says a row with room c exists.
+    """
+    n = len(lengths)
+    row, off = np.empty(n, np.int64), np.empty(n, np.int64)
+    full = np.flatnonzero(lengths == row_len)
+    row[full], off[full] = np.arange(len(full)), 0
+    n_rows = len(full)
+    buckets: list[list[int]] = [[] for _ in range(row_len + 1)]
+    fill: list[int] = []  # used tokens per bestfit row, indexed by row - len(full)
+    has_room = np.zeros(row_len + 1, bool)
+    rest = np.flatnonzero(lengths < row_len)
+    for i in rest[np.argsort(-lengths[rest], kind="stable")].tolist():
+        size = int(lengths[i])
+        room = size + int(has_room[size:].argmax())
+        if has_room[room]:
+            r = buckets[room].pop()
+            has_room[room] = bool(buckets[room])
+        else:
+            r, room = n_rows, row_len
+            n_rows += 1
+            fill.append(0)
+        row[i], off[i] = r, fill[r - len(full)]
+        fill[r - len(full)] += size
+        if room - size:
+            buckets[room - size].append(r)
+            has_room[room - size] = True
+    return row, off
+
+
+def pack_bestfit(shards, spans: Spans, row_len: int, dtype, pad_id: int, writer: HashingWriter, mask_f, rows_per_chunk: int) -> dict:
+    """Best-fit-decreasing rows with padding and a loss mask; returns counts and piece starts."""
+    pieces = split_long(spans, row_len)
+    row, off = best_fit_decreasing(pieces.length, row_len)
+    n_rows = int(row.max()) + 1 if len(row) else 0
+    order = np.lexsort((off, row))  # pieces in output order
+    pieces, row, off = subset(pieces, order), row[order], off[order]
+    for first_row in progress(range(0, n_rows, rows_per_chunk), desc="pack bestfit", unit="chunk"):
+        rows_here = min(rows_per_chunk, n_rows - first_row)
+        a, b = np.searchsorted(row, [first_row, first_row + rows_here])
+        part = subset(pieces, slice(a, b))
+        dest = (row[a:b] - first_row) * row_len + off[a:b]
+        buf = np.full(rows_here * row_len, pad_id, dtype)
+        mask = np.zeros(rows_here * row_len, np.uint8)
+        gather(shards, part, dest, buf)
+        gather(shards, part, dest, mask, field="mask")
+        writer.write(buf)
+        mask_f.write(mask.data)
+    tokens = int(pieces.length.sum())
+    return {
+        "n_rows": n_rows,
+        "tokens_packed": tokens,
+        "dropped_tail_tokens": 0,
+        "pad_tokens": n_rows * row_len - tokens,
+        "truncated_tokens": 0,
+        "doc_starts": row * row_len + off,
+    }
+
+
+# ----------------------------------------------------------------------------- stage
+
+def pack(params: dict, mix: str, split: str, schedule_path, tokens_dir, out_json, rows_per_chunk: int = 4096) -> dict:
+    """Pack one mix split; writes the files in the module docstring and returns the metadata."""
+    if mix not in params["mixes"]:
+        raise PipelineError(f"mix '{mix}' is not in params.mixes ({', '.join(params['mixes'])})")
+    packing = params["mixes"][mix].get("packing", "concat")
+    row_len = int(params["seq_len"]) + 1
+    paths = pack_paths(out_json)
+    paths["json"].unlink(missing_ok=True)
+    table = read_schedule(schedule_path)
+    shards, shard_id = open_shards(table, Path(tokens_dir))
+    spans = schedule_spans(table, shards, shard_id, schedule_path)
+    dtype = np.dtype(shards[0].meta["dtype"])
+    pad_id = int(shards[0].meta["bos_id"])
+    if packing == "concat" and any(s.mask is not None for s in shards):
+        log.warning("mix %s packs chat sources with concat: their loss masks are not used (use packing: bestfit)", mix)
+    with contextlib.ExitStack() as stack:
+        writer = HashingWriter(stack.enter_context(open(stack.enter_context(atomic_path(paths["bin"])), "wb")))
+        if packing == "bestfit":
+            mask_f = stack.enter_context(open(stack.enter_context(atomic_path(paths["mask"])), "wb"))
+            stats = pack_bestfit(shards, spans, row_len, dtype, pad_id, writer, mask_f, rows_per_chunk)
+        else:
+            stats = pack_concat(shards, spans, row_len, dtype, writer)
+        if stats["n_rows"] == 0:
+            raise PipelineError(
+                f"{schedule_path}: {int(spans.length.sum())} scheduled tokens do not fill one row of seq_len + 1 = {row_len} "
+                f"tokens; give the mix more data (mixes.{mix}.tokens, split.val_tokens) or lower train.seq_len"
+            )
+        with open(stack.enter_context(atomic_path(paths["docs"])), "wb") as f:
+            np.save(f, np.asarray(stats.pop("doc_starts"), np.int64))
+    meta = {
+        "mix": mix,
+        "split": split,
+        "packing": packing,
+        "seq_len": row_len - 1,
+        "dtype": dtype.name,
+        "n_docs": len(spans.length),
+        "tokens_in": int(spans.length.sum()),
+        **stats,
+        "pad_id": pad_id if packing == "bestfit" else None,
+        "has_mask": packing == "bestfit",
+        "sha256": writer.sha.hexdigest(),
+        "tokens_by_source": tokens_by_source(table, spans),
+        "tokenizer_sha256": shards[0].meta["tokenizer_sha256"],
+        "meta": provenance("pack", params, [schedule_path] + [Path(tokens_dir) / f"{s.name}.json" for s in shards]),
+    }
+    write_json(paths["json"], meta)
+    log.info("%s/%s: %d rows × %d (%s), %d tokens in, tail %d, pad %d", mix, split, meta["n_rows"], row_len, packing,
+             meta["tokens_in"], meta["dropped_tail_tokens"], meta["pad_tokens"])
+    return meta
+
+
+def tokens_by_source(table, spans: Spans) -> dict[str, int]:
+    import pyarrow as pa
+
+    sums = pa.table({"source": table["source"], "n": spans.length}).group_by("source").aggregate([("n", "sum")])
+    return dict(zip(sums["source"].to_pylist(), sums["n_sum"].to_pylist()))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.data.pack", description=__doc__.split("\n")[0])
+    add_config_args(ap)
+    ap.add_argument("--mix", required=True)
+    ap.add_argument("--split", required=True, choices=["train", "val"])
+    ap.add_argument("--schedule", required=True, help="R/mix/{mix}/{split}.parquet")
+    ap.add_argument("--tokens-dir", required=True, help="R/tokens")
+    ap.add_argument("--out", required=True, help="R/pack/{mix}/{split}.json (siblings .bin, .docs.npy, .mask.bin)")
+    args = ap.parse_args(argv)
+    pack(params_from_args(args, "pack"), args.mix, args.split, args.schedule, args.tokens_dir, args.out)
+
+
+if __name__ == "__main__":
+    run_cli(main)

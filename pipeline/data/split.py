@@ -1,0 +1,221 @@
+"""Split stage: train / val / dup per document, decided per duplicate cluster so no cluster leaks.
+
+    python -m pipeline.data.split --params JSON --keep R/dedup/keep/*/*.parquet --tokens R/tokens/*/*.json \\
+        --outdir R/split --report R/split/report.json
+
+Inputs: every shard's dedup keep list (`doc`, `cluster`, `keep`) and tokenized-shard metadata (the
+`.idx.npy` offsets beside each `.json` give each document's span, delimiters included). Source and
+shard names come from the paths (`.../{source}/{shard}.parquet`, `.../{source}/{shard}.json`).
+
+Every document that dedup removed is `dup`. Each cluster's keeper is `train` or `val`, so a cluster
+is entirely on one side (the report's leak check counts clusters whose kept members sit on both
+sides and the stage fails unless it is 0). The side of a keeper:
+
+- `method: hash`: per source (the keeper's source), keepers are ranked by a seeded hash of their
+  shard name and index in the shard (`rank_by_hash`: adding shards or sources keeps the relative
+  order of the other documents, so val changes only by what the new documents displace); val is
+  the prefix of that ranking whose token total is closest to the target
+  `min(val_tokens, source kept tokens // 2)`, never exceeding half the source's kept tokens (so
+  every source keeps at least half of its tokens for training; a source whose every document is
+  longer than that half gets no val documents, with a warning). The rest is train.
+- `method: shards`: the keeper of every cluster that has a member (kept or removed) in a shard of
+  `val_shards` is val, even when the keeper itself lies in another shard, so held-out shards never
+  share a duplicate with train; all other keepers are train. Sources without listed shards have no
+  val documents.
+
+Outputs: `R/split/{source}/{shard}.parquet` with `doc`, `cluster`, `tokens`, `split` for every
+tokenized document, and the report: documents and tokens per source per split, the val target per
+source, and the leak check.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.config import add_config_args, params_from_args
+from pipeline.data.contract import load_doc_tokens, rank_by_hash
+from pipeline.errors import PipelineError
+from pipeline.io import get_logger, provenance, run_cli, write_json, write_parquet
+
+log = get_logger(__name__)
+
+SPLITS = ("train", "val", "dup")
+TRAIN, VAL, DUP = range(3)
+
+
+# ----------------------------------------------------------------------------- inputs
+
+@dataclass
+class Docs:
+    """Every tokenized document of the run, shard after shard (arrays of equal length)."""
+
+    shards: list[tuple[str, str]]  # (source, shard), sorted
+    paths: list[tuple[Path, Path]]  # each shard's (keep list, tokenized-shard json)
+    shard: np.ndarray  # index into `shards`
+    doc: np.ndarray
+    cluster: np.ndarray
+    keep: np.ndarray
+    tokens: np.ndarray
+
+    def source_of(self) -> np.ndarray:
+        return np.array([s for s, _ in self.shards], dtype=object)[self.shard]
+
+
+def _name(path: Path, suffix: str) -> tuple[str, str]:
+    return path.parent.name, path.name.removesuffix(suffix)
+
+
+def _read_keep(path: Path, n_docs: int) -> pa.Table:
+    try:
+        t = pq.read_table(path, columns=["doc", "cluster", "keep"])
+    except (OSError, pa.ArrowException) as e:
+        raise PipelineError(f"{path}: not a readable keep list with doc, cluster, keep ({e}); "
+                            "rerun the dedup stage") from None
+    if not np.array_equal(t.column("doc").to_numpy(), np.arange(n_docs)):
+        raise PipelineError(f"{path}: does not list the tokenized shard's {n_docs} documents in order; "
+                            "rerun the dedup stage")
+    return t
+
+
+def load_docs(keep_paths: list, token_paths: list) -> Docs:
+    """Join each keep list with its tokenized shard's spans; both lists must name the same shards."""
+    keeps = {_name(Path(p), ".parquet"): Path(p) for p in keep_paths}
+    tokens = {_name(Path(p), ".json"): Path(p) for p in token_paths}
+    if set(keeps) != set(tokens):
+        missing = sorted(set(keeps) ^ set(tokens))
+        raise PipelineError(f"keep lists and tokenized shards differ for {', '.join(map('/'.join, missing))}; "
+                            "pass one of each per shard (--keep, --tokens)")
+    if not keeps:
+        raise PipelineError("no shards given (--keep, --tokens)")
+    names = sorted(keeps)
+    parts = []
+    for i, name in enumerate(names):
+        _, spans = load_doc_tokens(tokens[name])
+        t = _read_keep(keeps[name], len(spans))
+        parts.append((np.full(len(spans), i), np.arange(len(spans)), t.column("cluster").to_numpy(),
+                      t.column("keep").to_numpy(zero_copy_only=False), spans))
+    shard, doc, cluster, keep, spans = (np.concatenate(c) for c in zip(*parts))
+    return Docs(names, [(keeps[n], tokens[n]) for n in names], shard.astype(np.int64), doc.astype(np.int64),
+                cluster.astype(np.int64), keep.astype(bool), spans.astype(np.int64))
+
+
+# ----------------------------------------------------------------------------- assignment
+
+def val_prefix(cum_tokens: np.ndarray, target: int, cap: int) -> int:
+    """How many ranked clusters go to val: the prefix whose token total (`cum_tokens[k-1]`) is closest
+    to `target` without exceeding `cap`; ties go to the shorter prefix."""
+    k = int(np.searchsorted(cum_tokens, target, side="right"))
+    below = int(cum_tokens[k - 1]) if k else 0
+    if k < len(cum_tokens) and cum_tokens[k] <= cap and cum_tokens[k] - target < target - below:
+        return k + 1
+    return k
+
+
+def assign_by_hash(docs: Docs, val_tokens: int, seed: int) -> tuple[np.ndarray, dict]:
+    """Split codes for `method: hash` and the val target per source."""
+    split = np.where(docs.keep, TRAIN, DUP).astype(np.int8)
+    source = docs.source_of()
+    targets = {}
+    shard_names = [f"{src}/{sh}" for src, sh in docs.shards]
+    for s in sorted(set(source)):
+        idx = np.flatnonzero(docs.keep & (source == s))
+        order = idx[rank_by_hash(shard_names, docs.shard[idx], docs.doc[idx], seed, "split")]
+        cum = np.cumsum(docs.tokens[order])
+        total = int(cum[-1]) if len(cum) else 0
+        target = min(val_tokens, total // 2)
+        k = val_prefix(cum, target, total // 2)
+        split[order[:k]] = VAL
+        targets[s] = {"target_tokens": target, "kept_tokens": total}
+        if k == 0:
+            log.warning("source '%s' gets no val documents (val target %d tokens, %d kept tokens)", s, target, total)
+    return split, targets
+
+
+def assign_by_shards(docs: Docs, val_shards: dict[str, list[str]]) -> np.ndarray:
+    """Split codes for `method: shards`: keepers of clusters touching a listed shard are val."""
+    known = set(docs.shards)
+    listed = [(s, sh) for s, names in val_shards.items() for sh in names]
+    unknown = [f"{s}/{sh}" for s, sh in listed if (s, sh) not in known]
+    if unknown:
+        raise PipelineError(f"split.val_shards names shard(s) not among the inputs: {', '.join(unknown)}")
+    in_listed = np.isin(docs.shard, [docs.shards.index(x) for x in listed])
+    val_cluster = np.isin(docs.cluster, np.unique(docs.cluster[in_listed]))
+    return np.where(docs.keep, np.where(val_cluster, VAL, TRAIN), DUP).astype(np.int8)
+
+
+def leak_check(docs: Docs, split: np.ndarray) -> dict:
+    """Clusters whose kept members are on both sides (must be 0) and dedup-consistency of `dup`."""
+    kept = split != DUP
+    pairs = np.unique(np.stack([docs.cluster[kept], split[kept]]), axis=1) if kept.any() else np.zeros((2, 0), np.int64)
+    leaking = int((np.unique(pairs[0], return_counts=True)[1] > 1).sum())
+    result = {"clusters": int(len(np.unique(docs.cluster))), "clusters_on_both_sides": leaking,
+              "dup_disagreeing_with_dedup": int(((split == DUP) != ~docs.keep).sum())}
+    if leaking or result["dup_disagreeing_with_dedup"]:
+        raise PipelineError(f"split leak check failed: {result}; the keep lists are inconsistent, "
+                            "rerun the dedup stage")
+    return result
+
+
+# ----------------------------------------------------------------------------- stage
+
+def split_report(docs: Docs, split: np.ndarray, params: dict, targets: dict, leak: dict, inputs: list) -> dict:
+    source = docs.source_of()
+    per_source = {}
+    for s in sorted(set(source)):
+        sel = source == s
+        per_source[s] = {name: {"documents": int((sel & (split == code)).sum()),
+                                "tokens": int(docs.tokens[sel & (split == code)].sum())}
+                         for code, name in enumerate(SPLITS)}
+        if s in targets:
+            per_source[s]["val_target"] = targets[s]
+    totals = {name: {k: sum(v[name][k] for v in per_source.values()) for k in ("documents", "tokens")}
+              for name in SPLITS}
+    shards = {s: [sh for src, sh in docs.shards if src == s] for s in sorted(set(source))}
+    return {"method": params["split"]["method"], "per_source": per_source, "total": totals, "leak_check": leak,
+            "shards": shards, "params": params, "meta": provenance("split", params, inputs)}
+
+
+def run_split(params: dict, keep_paths: list, token_paths: list, outdir, report_path) -> dict:
+    """The stage: assign, check, write every shard's split file and the report; returns the report."""
+    sp = params["split"]
+    docs = load_docs(keep_paths, token_paths)
+    targets = {}
+    if sp["method"] == "hash":
+        split, targets = assign_by_hash(docs, sp["val_tokens"], params["seed"])
+    else:
+        split = assign_by_shards(docs, sp["val_shards"])
+    leak = leak_check(docs, split)
+    report = split_report(docs, split, params, targets, leak, [*keep_paths, *token_paths])
+    names = np.array(SPLITS)
+    for i, (source, shard) in enumerate(docs.shards):
+        sel = docs.shard == i
+        table = pa.table({"doc": docs.doc[sel], "cluster": docs.cluster[sel], "tokens": docs.tokens[sel],
+                          "split": pa.array(names[split[sel]], pa.string())})
+        write_parquet(Path(outdir) / source / f"{shard}.parquet", table,
+                      provenance("split", params, docs.paths[i], source=source, shard=shard))
+    write_json(report_path, report)
+    t = report["total"]
+    log.info("train %d docs / %d tokens, val %d / %d, dup %d / %d; 0 clusters on both sides",
+             t["train"]["documents"], t["train"]["tokens"], t["val"]["documents"], t["val"]["tokens"],
+             t["dup"]["documents"], t["dup"]["tokens"])
+    return report
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.data.split", description=__doc__.split("\n")[0])
+    add_config_args(ap)
+    ap.add_argument("--keep", nargs="+", required=True, help="R/dedup/keep/{source}/{shard}.parquet, every shard")
+    ap.add_argument("--tokens", nargs="+", required=True, help="R/tokens/{source}/{shard}.json, every shard")
+    ap.add_argument("--outdir", required=True, help="R/split")
+    ap.add_argument("--report", required=True, help="R/split/report.json")
+    args = ap.parse_args(argv)
+    run_split(params_from_args(args, "split"), args.keep, args.tokens, args.outdir, args.report)
+
+
+if __name__ == "__main__":
+    run_cli(main)

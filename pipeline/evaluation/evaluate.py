@@ -1,0 +1,230 @@
+"""Evaluate stage: validation loss, bits per byte, a unigram baseline, generations, the loss curve.
+
+    python -m pipeline.evaluation.evaluate --params JSON --ckpt R/train/final.pt --val R/pack/M/val.json \\
+        --train R/pack/M/train.json --tokenizer R/tokenizer/tokenizer.json \\
+        --metrics R/train/metrics.jsonl --outdir R/eval [--batch-rows 8]
+
+Definitions (every counted target token of every validation row; a bestfit pack's loss mask
+decides what is counted, exactly as in training):
+
+* ``val_loss``: mean fp32 cross-entropy in nats per target token, the whole model in fp32 (no
+  autocast), chunked CE (pipeline/training/losses.py), over ALL validation rows (also the partial batch).
+* ``val_bpb``: bits per byte = (Σ nats / ln 2) / (Σ UTF-8 bytes of the target tokens). A token's
+  bytes are ``Encoding.decode_single_token_bytes(id)`` of the tokenizer's tiktoken encoding;
+  special tokens (BOS, EOS, chat markers) count 0 bytes — they are not text — but their loss counts
+  in the numerator, so bpb charges the model for predicting document boundaries.
+* ``unigram_baseline``: the baseline a model must beat — the cross-entropy of the validation targets
+  under the *train* split's target-token frequencies with add-one smoothing,
+  ``p(t) = (count_train(t) + 1) / (N_train + V)`` with V = the tokenizer's n_vocab;
+  ``unigram_baseline_bpb`` is the same in bits per byte. ``beats_unigram`` = val_loss < unigram_baseline.
+* generations: each prompt of ``eval.prompts`` (BOS first) continued for ``eval.max_new_tokens``
+  tokens at ``eval.temperature`` (0 = greedy; otherwise sampled with a generator seeded by `seed`).
+
+Outputs (atomic): ``report.json`` (the numbers, the generations, the training summary, `meta`),
+``report.md`` (the same for humans; the `evaluate` rule marks it for `snakemake --report`) and
+``loss.png`` (train loss per step and validation loss from metrics.jsonl, with the unigram baseline).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.config import add_config_args, params_from_args
+from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_cli, write_json
+from pipeline.training.sampling import generate_texts
+
+log = get_logger(__name__)
+
+ROWS_PER_READ = 4096  # rows per chunk when counting the train split
+BATCH_ROWS = 8  # rows per fp32 forward (fp32 attention may materialise the T×T scores)
+
+
+def token_byte_lengths(tokenizer, vocab_size: int) -> np.ndarray:
+    """int64 [vocab_size]: UTF-8 bytes of each token id; 0 for special tokens and unused ids."""
+    special = set(tokenizer.special.values())
+    out = np.zeros(vocab_size, dtype=np.int64)
+    for i in range(min(vocab_size, tokenizer.n_vocab)):
+        if i not in special:
+            try:
+                out[i] = len(tokenizer.enc.decode_single_token_bytes(i))
+            except KeyError:  # a gap in a stock encoding's id space
+                pass
+    return out
+
+
+def iter_rows(loader, rows: int):
+    """Every row of a packed split in order, as (inputs, targets, mask-or-None) batches of `rows`."""
+    for start in range(0, loader.n_rows, rows):
+        yield loader.batch(np.arange(start, min(start + rows, loader.n_rows)))
+
+
+def counted_targets(targets: torch.Tensor, mask: torch.Tensor | None) -> np.ndarray:
+    """The target ids the loss counts, as a flat numpy array."""
+    t = targets.reshape(-1)
+    return (t if mask is None else t[mask.reshape(-1)]).numpy()
+
+
+@torch.no_grad()
+def evaluate_rows(model, loader, device: torch.device, rows: int, chunk: int, byte_lengths: np.ndarray) -> dict:
+    """Σ fp32 CE (nats), counted target tokens and their UTF-8 bytes over all rows of `loader`."""
+    from pipeline.training.losses import chunked_cross_entropy
+
+    model.eval()
+    nats, tokens, n_bytes = 0.0, 0, 0
+    for x, y, m in iter_rows(loader, rows):
+        hidden = model.hidden(x.to(device))
+        loss_sum, count = chunked_cross_entropy(hidden, model.lm_head_weight, y.to(device),
+                                                None if m is None else m.to(device), chunk=chunk)
+        nats += float(loss_sum)
+        tokens += int(count)
+        n_bytes += int(byte_lengths[counted_targets(y, m)].sum())
+    return {"nats": nats, "tokens": tokens, "bytes": n_bytes}
+
+
+def unigram_counts(loader, vocab_size: int) -> np.ndarray:
+    """int64 [vocab_size]: how often each id is a counted target in the split of `loader`."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for _, y, m in iter_rows(loader, ROWS_PER_READ):
+        counts += np.bincount(counted_targets(y, m), minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def unigram_baseline(train_counts: np.ndarray, val_loader, n_vocab: int, byte_lengths: np.ndarray) -> dict:
+    """Σ nats of the validation targets under add-one-smoothed train unigram frequencies."""
+    logp = np.log(train_counts[:n_vocab] + 1.0) - math.log(train_counts.sum() + n_vocab)
+    nats, tokens, n_bytes = 0.0, 0, 0
+    for _, y, m in iter_rows(val_loader, ROWS_PER_READ):
+        t = counted_targets(y, m)
+        nats -= float(logp[t].sum())
+        tokens += t.size
+        n_bytes += int(byte_lengths[t].sum())
+    return {"nats": nats, "tokens": tokens, "bytes": n_bytes}
+
+
+def per_token_and_bpb(sums: dict) -> tuple[float, float]:
+    """(nats per token, bits per byte) of {"nats", "tokens", "bytes"}."""
+    return sums["nats"] / sums["tokens"], sums["nats"] / math.log(2) / sums["bytes"]
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_loss(records: list[dict], out_png: str | Path, baseline: float) -> None:
+    """Train loss per logged step and validation loss, with the unigram baseline (PNG, atomic)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    train = [r for r in records if "loss" in r]
+    val = [r for r in records if "val_loss" in r]
+    ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss", lw=1)
+    ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="val loss", ms=3)
+    ax.axhline(baseline, ls="--", color="gray", label=f"unigram baseline ({baseline:.3f})")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def markdown_report(report: dict) -> str:
+    s = report["summary"]
+    lines = [
+        "# Evaluation", "",
+        "| metric | value |", "|---|---|",
+        f"| validation loss (fp32 CE, nats/token) | {report['val_loss']:.4f} |",
+        f"| validation perplexity | {report['val_perplexity']:.2f} |",
+        f"| validation bits per byte | {report['val_bpb']:.4f} |",
+        f"| unigram baseline (nats/token) | {report['unigram_baseline']:.4f} |",
+        f"| unigram baseline (bits per byte) | {report['unigram_baseline_bpb']:.4f} |",
+        f"| beats the unigram baseline | {'yes' if report['beats_unigram'] else '**no**'} |",
+        f"| validation target tokens / bytes | {report['val_tokens']:,} / {report['val_bytes']:,} |",
+        f"| tokens trained (planned) | {s.get('tokens_trained', 0):,} ({s.get('tokens_planned', 0):,}) |",
+        "", "![loss curve](loss.png)", "", "## Generations", "",
+    ]
+    for g in report["generations"]:
+        lines += [f"**{g['prompt']}**", "", "```", g["prompt"] + g["completion"], "```", ""]
+    return "\n".join(lines)
+
+
+def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, tokenizer_path: str, metrics_path: str,
+             outdir: str, batch_rows: int = BATCH_ROWS) -> dict:
+    """Compute the report (module docstring) and write report.json, report.md and loss.png."""
+    from pipeline.data.encoding import load_tokenizer
+    from pipeline.data.loader import PackedLoader
+    from pipeline.training.checkpoint import load_checkpoint
+    from pipeline.training.model import ModelConfig, Transformer
+
+    outdir = Path(outdir)
+    want_cuda = params["hardware"]["device"] == "cuda" and torch.cuda.is_available()
+    device = torch.device("cuda" if want_cuda else "cpu")
+    final = load_checkpoint(ckpt_path)
+    model = Transformer(ModelConfig.from_config(final["params"]))
+    model.load_state_dict(final["model"])
+    model.to(device).eval()
+    tokenizer = load_tokenizer(tokenizer_path)
+    vocab = model.cfg.vocab_size
+    byte_lengths = token_byte_lengths(tokenizer, vocab)
+    val = PackedLoader(val_meta, 1, shuffle=False)
+    train = PackedLoader(train_meta, 1, shuffle=False)
+
+    t = params["train"]
+    val_sums = evaluate_rows(model, val, device, batch_rows, t["ce_chunk_tokens"], byte_lengths)
+    uni_sums = unigram_baseline(unigram_counts(train, vocab), val, tokenizer.n_vocab, byte_lengths)
+    val_loss, val_bpb = per_token_and_bpb(val_sums)
+    uni_loss, uni_bpb = per_token_and_bpb(uni_sums)
+    e = params["eval"]
+    report = {
+        "val_loss": val_loss,
+        "val_perplexity": math.exp(val_loss),
+        "val_bpb": val_bpb,
+        "val_tokens": val_sums["tokens"],
+        "val_bytes": val_sums["bytes"],
+        "val_nats": val_sums["nats"],
+        "unigram_baseline": uni_loss,
+        "unigram_baseline_bpb": uni_bpb,
+        "beats_unigram": val_loss < uni_loss,
+        "generations": generate_texts(model, tokenizer, e["prompts"], e["max_new_tokens"], e["temperature"],
+                                      params["seed"], device),
+        "summary": final.get("summary", {}),
+        "meta": provenance("evaluate", params, [ckpt_path, val_meta, train_meta, tokenizer_path, metrics_path]),
+    }
+    if not report["beats_unigram"]:
+        log.warning("validation loss %.4f does not beat the unigram baseline %.4f", val_loss, uni_loss)
+    plot_loss(read_metrics(metrics_path), outdir / "loss.png", uni_loss)
+    with atomic_write(outdir / "report.md", encoding="utf-8") as f:
+        f.write(markdown_report(report))
+    write_json(outdir / "report.json", report)
+    log.info("val loss %.4f (bpb %.4f), unigram %.4f (bpb %.4f)", val_loss, val_bpb, uni_loss, uni_bpb)
+    return report
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.evaluate", description=__doc__.split("\n\n")[0])
+    add_config_args(p)
+    p.add_argument("--ckpt", required=True, help="R/train/final.pt")
+    p.add_argument("--val", required=True, help="packed validation rows metadata, R/pack/{mix}/val.json")
+    p.add_argument("--train", required=True, help="packed train rows metadata (for the unigram baseline)")
+    p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
+    p.add_argument("--metrics", required=True, help="R/train/metrics.jsonl (for the loss curve)")
+    p.add_argument("--outdir", required=True, help="R/eval")
+    p.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help="validation rows per forward pass")
+    args = p.parse_args(argv)
+    evaluate(params_from_args(args, "evaluate"), args.ckpt, args.val, args.train, args.tokenizer, args.metrics,
+             args.outdir, args.batch_rows)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,165 @@
+"""Optimizers and learning-rate schedules for training.
+
+Parameter groups (by parameter name of the unwrapped model, see pipeline/training/model.py):
+
+| group       | parameters                                   | lr                      | weight decay |
+|-------------|----------------------------------------------|-------------------------|--------------|
+| `embedding` | `tok_embeddings.weight` (= lm head if tied)  | `train.embed_lr` or lr  | 0            |
+| `lm_head`   | `lm_head.weight` (untied models only)        | `train.lm_head_lr` or lr| weight_decay |
+| `matrix`    | every other ≥2-D weight (attention, MLP)     | lr                      | weight_decay |
+| `no_decay`  | 1-D parameters: norm gains, biases           | lr                      | 0            |
+
+`train.optimizer`: `adamw` (torch AdamW, fused kernels on CUDA, foreach on CPU), `adamw8bit`
+(bitsandbytes AdamW8bit, CUDA only) or `muon` (torch.optim.Muon for the `matrix` group — the 2-D
+weights of the transformer blocks — with `adjust_lr_fn="match_rms_adamw"` so that the AdamW lr and
+weight decay carry over; AdamW for the other groups). Every group records its `base_lr`; the
+schedule sets ``lr = base_lr × lr_factor(step)`` before each optimizer step, so the whole schedule
+state is the step number (nothing else to checkpoint).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pipeline.errors import PipelineError
+from pipeline.io import get_logger
+
+__all__ = ["param_groups", "build_optimizer", "CombinedOptimizer", "lr_factor", "set_lr"]
+
+log = get_logger(__name__)
+
+EMBEDDING = "tok_embeddings.weight"
+LM_HEAD = "lm_head.weight"
+
+
+def param_groups(model: torch.nn.Module, tcfg: dict) -> list[dict]:
+    """Split the parameters of an unwrapped model into the named groups of the table above.
+
+    Groups with no parameters are left out. Each group is a dict with ``name``, ``params``, ``lr``,
+    ``base_lr`` and ``weight_decay`` (extra keys are kept by torch optimizers and their state dicts).
+    """
+    lr, wd = tcfg["lr"], tcfg["weight_decay"]
+    embed_lr = tcfg.get("embed_lr") or lr
+    lm_head_lr = tcfg.get("lm_head_lr") or lr
+    buckets: dict[str, list] = {"embedding": [], "lm_head": [], "matrix": [], "no_decay": []}
+    names = dict(model.named_parameters())  # shared (tied) tensors appear once
+    if LM_HEAD not in names and tcfg.get("lm_head_lr") is not None:
+        log.warning("train.lm_head_lr is ignored: the lm head is tied to the embedding, which uses train.embed_lr")
+    for name, p in names.items():
+        if not p.requires_grad:
+            continue
+        if name == EMBEDDING:
+            buckets["embedding"].append(p)
+        elif name == LM_HEAD:
+            buckets["lm_head"].append(p)
+        elif p.ndim >= 2:
+            buckets["matrix"].append(p)
+        else:
+            buckets["no_decay"].append(p)
+    settings = {"embedding": (embed_lr, 0.0), "lm_head": (lm_head_lr, wd), "matrix": (lr, wd), "no_decay": (lr, 0.0)}
+    return [
+        {"name": n, "params": ps, "lr": settings[n][0], "base_lr": settings[n][0], "weight_decay": settings[n][1]}
+        for n, ps in buckets.items() if ps
+    ]
+
+
+class CombinedOptimizer:
+    """Several optimizers stepped as one (Muon for block matrices + AdamW for the rest).
+
+    ``param_groups`` is the concatenation of the members' groups; the state dict is
+    ``{"optimizers": [member state dicts]}``.
+    """
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [o.state_dict() for o in self.optimizers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state["optimizers"]) != len(self.optimizers):
+            raise PipelineError("checkpoint optimizer state does not match train.optimizer; "
+                                "resume with the same optimizer")
+        for o, s in zip(self.optimizers, state["optimizers"], strict=True):
+            o.load_state_dict(s)
+
+
+def _adamw(groups: list[dict], tcfg: dict, device_type: str) -> torch.optim.Optimizer:
+    kernel = {"fused": True} if device_type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=tcfg["lr"], betas=tuple(tcfg["betas"]), weight_decay=tcfg["weight_decay"],
+                             **kernel)
+
+
+def _adamw8bit(groups: list[dict], tcfg: dict, device_type: str) -> torch.optim.Optimizer:
+    if device_type != "cuda":
+        raise PipelineError("train.optimizer: adamw8bit needs hardware.device: cuda "
+                            "(bitsandbytes kernels are CUDA-only)")
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise PipelineError(
+            "train.optimizer: adamw8bit needs the bitsandbytes package: pip install bitsandbytes "
+            "(or set train.optimizer: adamw)"
+        ) from None
+    return bnb.optim.AdamW8bit(groups, lr=tcfg["lr"], betas=tuple(tcfg["betas"]), weight_decay=tcfg["weight_decay"])
+
+
+def build_optimizer(model: torch.nn.Module, tcfg: dict, device_type: str):
+    """The optimizer for `train.optimizer` over `param_groups(model, tcfg)` (model unwrapped)."""
+    groups = param_groups(model, tcfg)
+    kind = tcfg["optimizer"]
+    if kind == "adamw":
+        return _adamw(groups, tcfg, device_type)
+    if kind == "adamw8bit":
+        return _adamw8bit(groups, tcfg, device_type)
+    if kind == "muon":
+        matrix = [g for g in groups if g["name"] == "matrix"]
+        rest = [g for g in groups if g["name"] != "matrix"]
+        muon = torch.optim.Muon(matrix, lr=tcfg["lr"], weight_decay=tcfg["weight_decay"],
+                                adjust_lr_fn="match_rms_adamw")
+        return CombinedOptimizer([muon, _adamw(rest, tcfg, device_type)])
+    raise PipelineError(f"train.optimizer: unknown optimizer {kind!r} (adamw, adamw8bit, muon)")
+
+
+def lr_factor(step: int, num_steps: int, tcfg: dict) -> float:
+    """Multiplier of the base learning rate for optimizer step `step` (0-based) of `num_steps`.
+
+    Warm-up (``step < W``, W = `warmup_steps`): ``(step + 1) / W`` — linear, reaching 1 at step W−1.
+    Then, with r = `min_lr_ratio`:
+
+    * ``cosine``: ``r + (1 − r)·½(1 + cos(π·p))``, p = (step − W) / (num_steps − W − 1), so the
+      factor is 1 at step W and exactly r at the last step.
+    * ``wsd`` (warmup-stable-decay): 1 until the last ``n_d = round(decay_frac·num_steps)`` steps,
+      then linear ``1 − (1 − r)·k / n_d`` for the k-th decay step (k = 1..n_d): r at the last step.
+    """
+    w = tcfg["warmup_steps"]
+    if step < w:
+        return (step + 1) / w
+    r = tcfg["min_lr_ratio"]
+    if tcfg["schedule"] == "cosine":
+        p = min(1.0, (step - w) / max(1, num_steps - w - 1))
+        return r + (1 - r) * 0.5 * (1 + math.cos(math.pi * p))
+    if tcfg["schedule"] == "wsd":
+        n_decay = round(tcfg["decay_frac"] * num_steps)
+        k = step - (num_steps - n_decay) + 1
+        return 1.0 if k <= 0 else 1 - (1 - r) * min(k, n_decay) / n_decay
+    raise PipelineError(f"train.schedule: unknown schedule {tcfg['schedule']!r} (cosine, wsd)")
+
+
+def set_lr(optimizer, factor: float) -> None:
+    """Set every group's lr to its base_lr × factor."""
+    for g in optimizer.param_groups:
+        g["lr"] = g["base_lr"] * factor

@@ -1,0 +1,430 @@
+"""Train stage: DDP (+ torch.compile) training of the Llama-3-style model on the packed rows.
+
+Launch (the `train` rule; `--nproc_per_node` = `hardware.nproc_per_node`)::
+
+    torchrun --standalone --nproc_per_node N -m pipeline.training.train --params JSON --plan R/plan.json \\
+        --train R/pack/M/train.json --val R/pack/M/val.json --tokenizer R/tokenizer/tokenizer.json \\
+        --outdir R/train [--resume auto|never] [--max-steps K] [--keep-ckpts 2]
+
+Without torchrun it runs as a single process (world size 1, no process group). Under torchrun the
+process group is gloo on CPU and nccl on CUDA (one GPU per local rank).
+
+What runs, per optimizer step (`plan.grad_accum_steps` micro-steps of `plan.micro_batch` rows per
+rank; `plan.num_steps` steps):
+
+* **Model**: `LossModel` = the transformer body (`Transformer.hidden`) under bf16 autocast on CUDA
+  when `train.precision` is bf16 (CPU always runs fp32), followed by `chunked_cross_entropy`
+  *outside* autocast: fp32 logits, chunked over `train.ce_chunk_tokens` tokens
+  (pipeline/training/losses.py). DDP wraps `LossModel` first, then `torch.compile` wraps DDP
+  (`train.compile`: auto = on for CUDA, off on CPU). With bf16 on CUDA, fp32 matmuls may use TF32.
+* **Loss normalisation**: before the micro-steps each rank counts the target tokens of its
+  micro-batches (the loss mask's ones, or every target), and one all-reduce gives the global count
+  N. Each micro-step backpropagates ``loss_sum × world_size / N``; DDP averages gradients over the
+  ranks (÷ world_size), so the final gradient is exactly the gradient of
+  ``Σ per-token loss / N`` over the global batch — masked tokens, uneven masks across ranks and
+  micro-steps included. `model.no_sync()` skips the gradient all-reduce on all but the last
+  micro-step. The logged `loss` is the same global mean.
+* **Token count**: the same all-reduce sums the input tokens of the step; the total trained must
+  equal ``plan.num_steps × plan.tokens_per_step`` at the end (checked; the run fails otherwise).
+* **Optimizer**: pipeline/training/optim.py (AdamW / Muon / 8-bit AdamW, per-group LRs, warmup + cosine or
+  WSD), gradient clipping at `train.grad_clip` (global norm before clipping is logged).
+* **Checkpoints** every `train.ckpt_interval` steps, at `--max-steps` and at the end
+  (pipeline/training/checkpoint.py); `--resume auto` continues from `outdir/ckpt/latest` exactly: same
+  per-step losses as an uninterrupted run (bitwise on CPU). A checkpoint made with a different
+  config (other than the logging keys in `OBSERVABILITY_KEYS`) or world size is never resumed:
+  `auto` moves it aside to `ckpt/stale-<time>/` and starts over (a Snakemake rerun after a config
+  edit), `--resume require` fails instead.
+* **Metrics**: pipeline/training/metrics.py (JSONL + wandb), validation every `train.val_interval` steps.
+
+Outputs: `outdir/final.pt` (written last: model state dict, params, plan, tokens trained, final
+validation loss; `torch.load(..., weights_only=True)`), `outdir/metrics.jsonl`, `outdir/ckpt/`,
+`outdir/summary.json` (token accounting of the run), `outdir/wandb/`.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+import weakref
+from pathlib import Path
+
+import torch
+import torch.distributed as torch_dist
+
+from pipeline.budget import peak_flops
+from pipeline.config import add_config_args, params_from_args
+from pipeline.errors import PipelineError
+from pipeline.io import get_logger, provenance, read_json, run_cli, write_json
+from pipeline.training import checkpoint as ckpt
+from pipeline.training.distributed import (
+    Dist,
+    all_reduce_sum,
+    close_distributed,
+    gather_objects,
+    init_distributed,
+    seed_everything,
+)
+from pipeline.training.losses import chunked_eval_stats
+from pipeline.training.metrics import MetricsLogger, UpdateRatio, group_norms, memory_stats, mfu, watched_groups
+from pipeline.training.model import Transformer
+from pipeline.training.optim import build_optimizer, lr_factor, set_lr
+from pipeline.training.sampling import greedy_sample
+from pipeline.training.step import (
+    LossModel,
+    accumulate_gradients,
+    autocast_dtype,
+    build_model,
+    clip_gradients,
+    count_tokens,
+    next_micro_batches,
+    set_matmul_precision,
+    use_compile,
+    wrap,
+)
+
+log = get_logger(__name__)
+
+FIXED_BATCH_ROWS = 8  # rows of the fixed validation batch behind ce_fp32 / top1_acc
+
+# Config keys that change what is logged but not the training trajectory: a checkpoint made under
+# other values of these may be resumed.
+OBSERVABILITY_KEYS = {
+    "wandb": None,
+    "eval": None,
+    "hardware": ("assumed_mfu", "gpu_memory_gb"),
+    "train": ("log_interval", "val_interval", "val_batches", "ckpt_interval"),
+}
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+# ----------------------------------------------------------------------------- model
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+# ----------------------------------------------------------------------------- validation
+
+@torch.no_grad()
+def validate(model: Transformer, val_meta: str, cfg: dict, plan: dict, dist: Dist) -> tuple[float, tuple | None]:
+    """Mean CE over up to `train.val_batches` validation micro-batches per rank, the training
+    precision (all ranks; one all-reduce). Also returns rank's first batch (the fixed batch)."""
+    from pipeline.data.loader import DataExhausted
+
+    t = cfg["train"]
+    loss_model = LossModel(model, autocast_dtype(cfg, dist.device), t["ce_chunk_tokens"])
+    loader = val_loader(val_meta, cfg, plan, dist)
+    totals = torch.zeros(2, device=dist.device, dtype=torch.float64)
+    first = None
+    it = iter(loader)
+    for _ in range(t["val_batches"]):
+        try:
+            (batch,) = next_micro_batches(it, 1, dist.device)
+        except (StopIteration, DataExhausted):
+            break
+        if first is None:
+            first = batch
+        loss_sum, count = loss_model(*batch)
+        totals += torch.stack([loss_sum.double(), count.double()])
+    all_reduce_sum(totals, dist)
+    return float(totals[0] / totals[1]) if totals[1] > 0 else math.nan, first
+
+
+@torch.no_grad()
+def fixed_batch_stats(model: Transformer, batch: tuple, chunk: int) -> dict:
+    """CE and top-1 accuracy of the whole model in true fp32 (no autocast, no TF32) on the first
+    `FIXED_BATCH_ROWS` rows of a batch: the reference that exposes a training loss which only looks
+    good in lower precision. (Few rows: fp32 attention may fall back to a kernel that materialises
+    the T×T scores.)"""
+    x, y, m = (None if t is None else t[:FIXED_BATCH_ROWS] for t in batch)
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        with torch.autocast(x.device.type, enabled=False):
+            hidden = model.hidden(x)
+        s = chunked_eval_stats(hidden, model.lm_head_weight, y, m, chunk=chunk)
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    return {"ce_fp32": s["loss_sum"] / s["count"], "top1_acc": s["correct"] / s["count"]}
+
+
+# ----------------------------------------------------------------------------- checks
+
+def check_plan(plan: dict, cfg: dict, dist: Dist) -> None:
+    """The plan must describe this launch: world size, micro-batch and tokens per step."""
+    t = cfg["train"]
+    if plan["world_size"] != dist.world_size:
+        raise PipelineError(
+            f"launched with {dist.world_size} process(es) but the plan is for world_size {plan['world_size']} "
+            "(hardware.nproc_per_node × hardware.nodes); launch with that many or re-plan"
+        )
+    per_step = plan["micro_batch"] * t["seq_len"] * plan["grad_accum_steps"] * dist.world_size
+    if per_step != plan["tokens_per_step"]:
+        raise PipelineError(
+            f"plan tokens_per_step {plan['tokens_per_step']} != micro_batch × seq_len × grad_accum × world "
+            f"= {per_step}; the plan was made for another config — rerun the plan rule"
+        )
+
+
+def check_data(loader, plan: dict, cfg: dict, train_meta: str) -> None:
+    """Fail before training when the packed rows cannot supply the planned steps."""
+    have = loader.steps_available(plan["micro_batch"] * loader.world_size * plan["grad_accum_steps"])
+    if have < plan["num_steps"]:
+        meta, mix = loader.meta, cfg["train"]["mix"]
+        raise PipelineError(
+            f"{train_meta}: {meta['n_rows']} packed rows ({meta['tokens_packed']} tokens of mix '{mix}') supply "
+            f"{have} steps of {plan['tokens_per_step']} tokens, but the plan needs {plan['num_steps']} steps "
+            f"({plan['num_steps'] * plan['tokens_per_step']} tokens, the target); give the mix more tokens "
+            f"(mixes.{mix}.tokens) or lower train.target_tokens"
+        )
+
+
+def val_loader(val_meta: str, cfg: dict, plan: dict, dist: Dist):
+    """A fresh, unshuffled loader over the validation rows (the same rows every time)."""
+    from pipeline.data.loader import PackedLoader
+
+    return PackedLoader(val_meta, plan["micro_batch"], rank=dist.rank, world_size=dist.world_size,
+                        seed=cfg["seed"], shuffle=False)
+
+
+def trajectory_params(params: dict) -> dict:
+    """`params` without the OBSERVABILITY_KEYS (what must match for a resume to be exact)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in params.items()}
+    for section, keys in OBSERVABILITY_KEYS.items():
+        if keys is None:
+            out.pop(section, None)
+        elif section in out:
+            for k in keys:
+                out[section].pop(k, None)
+    return out
+
+
+def resume_mismatch(state: dict, params: dict, dist: Dist) -> str | None:
+    """Why a checkpoint cannot be resumed exactly by this launch, or None when it can."""
+    if state["world_size"] != dist.world_size:
+        return f"it was written by {state['world_size']} process(es), this launch has {dist.world_size}"
+    old, new = trajectory_params(state["params"]), trajectory_params(params)
+    if old != new:
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        return f"it was made with a different config (sections differing: {', '.join(diff)})"
+    return None
+
+
+# ----------------------------------------------------------------------------- the run
+
+def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, loader, params: dict, plan: dict,
+                             step: int, tokens_seen: int, loss_tokens: int, best_val_loss: float,
+                             last_val_loss: float, wandb_id: str | None, keep: int) -> None:
+    """Gather every rank's loader and RNG state, then rank 0 writes step_XXXXXX.pt and `latest`."""
+    loaders = gather_objects(loader.state_dict(), dist)
+    rngs = gather_objects(ckpt.rng_state(), dist)
+    if not dist.is_main:
+        return
+    name = ckpt.checkpoint_name(step)
+    ckpt.save_checkpoint(ckpt_dir / name, {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "schedule": {"step": step},
+        "loader": loaders,
+        "rng": rngs,
+        "step": step,
+        "tokens_seen": tokens_seen,
+        "loss_tokens": loss_tokens,
+        "best_val_loss": best_val_loss,
+        "last_val_loss": last_val_loss,
+        "world_size": dist.world_size,
+        "wandb_id": wandb_id,
+        "params": params,
+        "plan": plan,
+        "versions": ckpt.versions(),
+    })
+    ckpt.write_latest(ckpt_dir, name)
+    ckpt.prune_checkpoints(ckpt_dir, keep)
+    log.info("checkpoint %s", ckpt_dir / name)
+
+
+def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dict, tokens_trained: int,
+           loss_tokens: int, best_val_loss: float, last_val_loss: float) -> dict:
+    """Check the token count against the plan, then write summary.json and (last) final.pt."""
+    planned = plan["num_steps"] * plan["tokens_per_step"]
+    summary = {
+        "tokens_trained": tokens_trained,
+        "tokens_planned": planned,
+        "loss_tokens": loss_tokens,
+        "num_steps": plan["num_steps"],
+        "tokens_per_step": plan["tokens_per_step"],
+        "world_size": dist.world_size,
+        "final_val_loss": last_val_loss,
+        "best_val_loss": best_val_loss,
+    }
+    if tokens_trained != planned:
+        raise PipelineError(f"trained {tokens_trained} tokens but the plan says num_steps × tokens_per_step = "
+                            f"{planned}; the loader or the plan is inconsistent — not writing final.pt")
+    if dist.is_main:
+        write_json(outdir / "summary.json", {**summary, "meta": provenance("train", params)})
+        ckpt.save_checkpoint(outdir / "final.pt", {"model": model.state_dict(), "params": params, "plan": plan,
+                                                   "summary": summary, "versions": ckpt.versions()})
+        log.info("trained %d tokens in %d steps (= plan); final val loss %.4f", tokens_trained, plan["num_steps"],
+                 last_val_loss)
+    return summary
+
+
+def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
+          resume: str = "auto", max_steps: int | None = None, keep_ckpts: int = 2) -> dict | None:
+    """Run (or resume) training. Returns the run summary, or None when stopped early by `max_steps`."""
+    from pipeline.data.encoding import load_tokenizer
+    from pipeline.data.loader import PackedLoader
+
+    t = params["train"]
+    dist = init_distributed(params["hardware"]["device"])
+    outdir, peak = Path(outdir), peak_flops(params)
+    ckpt_dir = outdir / "ckpt"
+    check_plan(plan, params, dist)
+    num_steps, accum = plan["num_steps"], plan["grad_accum_steps"]
+    stop_at = num_steps if max_steps is None else min(max_steps, num_steps)
+    body_dtype = autocast_dtype(params, dist.device)
+    set_matmul_precision(body_dtype)
+
+    seed_everything(params["seed"])
+    model = build_model(params, dist.device)
+    optimizer = build_optimizer(model, t, dist.device.type)
+    loader = PackedLoader(train_meta, plan["micro_batch"], rank=dist.rank, world_size=dist.world_size,
+                          seed=params["seed"], shuffle=True)
+    check_data(loader, plan, params, train_meta)
+    val_loader(val_meta, params, plan, dist)  # fails now, not at the first validation, if val is too small
+    tokenizer = load_tokenizer(tokenizer_path)
+    if tokenizer.n_vocab > params["model"]["vocab_size"]:
+        raise PipelineError(f"{tokenizer_path} has {tokenizer.n_vocab} token ids but model.vocab_size is "
+                            f"{params['model']['vocab_size']}: set model.vocab_size to at least {tokenizer.n_vocab}")
+
+    # ---- fresh start, or exact resume from the latest checkpoint
+    start, tokens_seen, loss_tokens, best_val, last_val, wandb_id = 0, 0, 0, math.inf, math.nan, None
+    latest = ckpt.latest_checkpoint(ckpt_dir) if resume != "never" else None
+    state = ckpt.load_checkpoint(latest) if latest is not None else None
+    stale = resume_mismatch(state, params, dist) if state is not None else None
+    if stale:
+        if resume == "require":
+            raise PipelineError(f"{latest} cannot be resumed: {stale}; resume with the same config and "
+                                "nproc_per_node, or pass --resume auto to start over")
+        # A rerun after a config edit (what Snakemake does when the rule's params change) starts over;
+        # the old checkpoints are kept aside, never silently resumed into a different run.
+        log.warning("%s cannot be resumed (%s): starting over", latest, stale)
+        state = None
+    if dist.distributed:
+        torch_dist.barrier()  # every rank has read the checkpoint before rank 0 moves it aside
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        loader.load_state_dict(state["loader"][dist.rank])
+        ckpt.set_rng_state(state["rng"][dist.rank])
+        start, tokens_seen, loss_tokens = state["step"], state["tokens_seen"], state["loss_tokens"]
+        best_val, last_val, wandb_id = state["best_val_loss"], state["last_val_loss"], state["wandb_id"]
+        log.info("resumed from %s at step %d (%d tokens)", latest, start, tokens_seen)
+        del state
+    elif dist.is_main:
+        if stale:
+            log.warning("stale checkpoints moved to %s", ckpt.archive_checkpoints(ckpt_dir))
+        ckpt.clear_checkpoints(ckpt_dir)
+    metrics = None
+    if dist.is_main:
+        metrics = MetricsLogger(outdir / "metrics.jsonl", params["wandb"], outdir, params, params["run_name"],
+                                resume_step=start if start else None, wandb_id=wandb_id)
+
+    ddp, fwd = wrap(LossModel(model, body_dtype, t["ce_chunk_tokens"]), dist, use_compile(params, dist.device))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    watched = watched_groups(model)
+    prompt = (params["eval"]["prompts"] or [""])[0]
+    it = iter(loader)
+    counted = torch.zeros(2, dtype=torch.int64, device=dist.device)  # [targets, inputs] since `start`
+    base_tokens, base_loss_tokens = tokens_seen, loss_tokens
+    mark_time, mark_tokens = time.perf_counter(), tokens_seen
+    log.info("training steps %d..%d of %d: %d tokens/step = %d micro-steps × %d rows × %d tokens × world %d",
+             start + 1, stop_at, num_steps, plan["tokens_per_step"], accum, plan["micro_batch"], t["seq_len"],
+             dist.world_size)
+
+    model.train()
+    for step in range(start, stop_at):
+        done = step + 1
+        batches = next_micro_batches(it, accum, dist.device)
+        counts = count_tokens(batches, dist)  # global [target tokens, input tokens] of this step
+        set_lr(optimizer, lr_factor(step, num_steps, t))
+        local_loss = accumulate_gradients(ddp, fwd, batches, counts[0], dist.world_size)
+        is_val = done % t["val_interval"] == 0 or done == num_steps
+        is_log = is_val or done % t["log_interval"] == 0 or done in (1, stop_at)
+
+        record = group_norms(watched, "grad_norm", grads=True) if is_log else {}
+        grad_norm = clip_gradients(trainable, t["grad_clip"])
+        update = UpdateRatio(watched) if is_log else None
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        counted += counts
+        if is_log or done % t["ckpt_interval"] == 0 or done == stop_at:  # host sync only when needed
+            tokens_seen, loss_tokens = base_tokens + int(counted[1]), base_loss_tokens + int(counted[0])
+
+        if is_log:
+            loss = all_reduce_sum(local_loss.double(), dist) / counts[0].clamp(min=1)
+            tps = (tokens_seen - mark_tokens) / max(time.perf_counter() - mark_time, 1e-9)
+            record = {"step": done, "tokens": tokens_seen, "loss": float(loss), "grad_norm": float(grad_norm),
+                      **{f"lr/{g['name']}": g["lr"] for g in optimizer.param_groups}, **record,
+                      **group_norms(watched, "param_norm"), **update.ratios(), "tokens_per_s": tps,
+                      "mfu": mfu(plan["flops_per_token"], tps, dist.world_size, peak), **memory_stats(dist.device)}
+        if is_val:
+            model.eval()
+            last_val, fixed = validate(model, val_meta, params, plan, dist)
+            best_val = min(best_val, last_val)
+            record["val_loss"] = last_val
+            if dist.is_main and fixed is not None:
+                record.update(fixed_batch_stats(model, fixed, t["ce_chunk_tokens"]))
+                record["sample"] = greedy_sample(model, tokenizer, prompt, params["eval"]["max_new_tokens"],
+                                                 dist.device)
+            model.train()
+        if is_log and dist.is_main:
+            metrics.log(record)
+        if done % t["ckpt_interval"] == 0 or done == stop_at:
+            save_training_checkpoint(
+                ckpt_dir, dist, model=model, optimizer=optimizer, loader=loader, params=params, plan=plan, step=done,
+                tokens_seen=tokens_seen, loss_tokens=loss_tokens, best_val_loss=best_val, last_val_loss=last_val,
+                wandb_id=metrics.wandb_id if metrics else None, keep=keep_ckpts,
+            )
+        if is_log:  # throughput excludes validation and checkpoint time; memory peaks are per interval
+            mark_time, mark_tokens = time.perf_counter(), tokens_seen
+            if dist.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dist.device)
+
+    summary = None
+    if stop_at == num_steps:
+        summary = finish(outdir, dist, model, params, plan, tokens_seen, loss_tokens, best_val, last_val)
+    else:
+        log.info("stopped after step %d of %d (--max-steps); rerun with --resume auto to continue", stop_at, num_steps)
+    if metrics:
+        metrics.close()
+    ddp_ref = weakref.ref(ddp)
+    del ddp, fwd
+    close_distributed(dist, ddp_ref)
+    return summary
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m pipeline.training.train", description=__doc__.split("\n\n")[0])
+    add_config_args(p)
+    p.add_argument("--plan", required=True, help="R/plan.json")
+    p.add_argument("--train", required=True, help="packed train rows metadata, R/pack/{mix}/train.json")
+    p.add_argument("--val", required=True, help="packed validation rows metadata, R/pack/{mix}/val.json")
+    p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
+    p.add_argument("--outdir", required=True, help="R/train")
+    p.add_argument("--resume", choices=("auto", "require", "never"), default="auto",
+                   help="auto: continue from outdir/ckpt/latest when it matches this run's config and world "
+                        "size, else move it aside and start over; require: continue or fail; never: start over")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="stop after this many optimizer steps, leaving a checkpoint and no final.pt (testing)")
+    p.add_argument("--keep-ckpts", type=int, default=2, help="step checkpoints kept on disk (newest)")
+    args = p.parse_args(argv)
+    params = params_from_args(args, "train")
+    train(params, read_json(args.plan), args.train, args.val, args.tokenizer, args.outdir,
+          resume=args.resume, max_steps=args.max_steps, keep_ckpts=args.keep_ckpts)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,152 @@
+"""PackedLoader: rank-disjoint coverage, determinism, exact resumption, refusals, exhaustion, masks."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_pack import data, params, schedule_rows, true_tokens, write_schedule  # noqa: F401  (data is a fixture)
+
+from pipeline.data.contract import pack_paths as output_paths
+from pipeline.data.loader import DataExhausted, PackedLoader, epoch_permutation
+from pipeline.data.pack import pack
+from pipeline.errors import PipelineError
+from pipeline.io import write_json
+
+SEQ = 8
+C = SEQ + 1
+
+
+def write_pack(path, n_rows, with_mask=False, doc_len=5, salt=0):
+    """A packed split in pack's format whose flat stream is 0, 1, 2, ... (+ salt): every token
+    tells its own position, so a batch shows which rows it holds. Documents start every
+    `doc_len` tokens; the mask is a fixed pseudo-random pattern."""
+    flat = (np.arange(n_rows * C) + salt).astype(np.uint16)
+    paths = output_paths(path)
+    paths["bin"].parent.mkdir(parents=True, exist_ok=True)
+    flat.tofile(paths["bin"])
+    np.save(paths["docs"], np.arange(0, n_rows * C, doc_len, dtype=np.int64))
+    if with_mask:
+        (np.arange(n_rows * C) * 7 % 3 > 0).astype(np.uint8).tofile(paths["mask"])
+    write_json(path, {"mix": "m", "split": "train", "seq_len": SEQ, "n_rows": n_rows, "dtype": "uint16",
+                      "has_mask": with_mask, "sha256": hashlib.sha256(flat.tobytes()).hexdigest()})
+    return path
+
+
+def rows_of(batch):
+    """Row indices of a batch of the synthetic pack (first input token = row * C)."""
+    return (batch[0][:, 0] // C).tolist()
+
+
+def drain(loader, n):
+    return [next(loader) for _ in range(n)]
+
+
+def test_ranks_are_disjoint_and_cover_each_step(tmp_path):
+    meta = write_pack(tmp_path / "p.json", n_rows=50)
+    world, mb = 4, 3
+    loaders = [PackedLoader(meta, mb, rank=r, world_size=world, seed=5) for r in range(world)]
+    assert loaders[0].steps_per_epoch == 50 // 12
+    perm = epoch_permutation(50, 5, 0)
+    seen = []
+    for step in range(loaders[0].steps_per_epoch):
+        per_rank = [rows_of(next(ld)) for ld in loaders]
+        flat = sum(per_rank, [])
+        assert len(set(flat)) == world * mb  # disjoint across ranks
+        assert flat == perm[step * 12:(step + 1) * 12].tolist()  # rank r holds block slice [r*B, (r+1)*B)
+        seen += flat
+    assert len(set(seen)) == len(seen) == 48  # an epoch never repeats a row; 50 % 12 rows unused
+
+
+def test_batches_are_the_rows_shifted(tmp_path):
+    loader = PackedLoader(write_pack(tmp_path / "p.json", n_rows=20), 4, seed=1)
+    x, y, m = next(loader)
+    assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (4, SEQ) and m is None
+    starts = torch.tensor(rows_of((x, y))) * C
+    assert torch.equal(x, starts[:, None] + torch.arange(SEQ)) and torch.equal(y, x + 1)
+
+
+def test_determinism_by_seed_and_epoch(tmp_path):
+    meta = write_pack(tmp_path / "p.json", n_rows=40)
+    a = [rows_of(b) for b in drain(PackedLoader(meta, 4, seed=3, max_epochs=2), 20)]
+    b = [rows_of(b) for b in drain(PackedLoader(meta, 4, seed=3, max_epochs=2), 20)]
+    c = [rows_of(b) for b in drain(PackedLoader(meta, 4, seed=4, max_epochs=2), 20)]
+    assert a == b and a != c
+    assert sorted(sum(a[:10], [])) == sorted(sum(a[10:], [])) == list(range(40)) and a[:10] != a[10:]
+    ordered = [rows_of(b) for b in drain(PackedLoader(meta, 4, shuffle=False), 10)]
+    assert sum(ordered, []) == list(range(40))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_resume_is_exact_anywhere(tmp_path, world):
+    meta = write_pack(tmp_path / "p.json", n_rows=23, with_mask=True)
+    kw = dict(world_size=world, seed=9, max_epochs=3, with_doc_ids=True)
+    total = PackedLoader(meta, 2, **kw).steps_available()
+    for rank in range(world):
+        ref = drain(PackedLoader(meta, 2, rank=rank, **kw), total)
+        for k in range(total + 1):  # every position, including each epoch boundary and the very end
+            first = PackedLoader(meta, 2, rank=rank, **kw)
+            drain(first, k)
+            state = json.loads(json.dumps(first.state_dict()))  # survives serialization
+            resumed = PackedLoader(meta, 2, rank=rank, **kw)
+            resumed.load_state_dict(state)
+            rest = drain(resumed, total - k)
+            assert all(all(torch.equal(u, v) for u, v in zip(p, q)) for p, q in zip(rest, ref[k:]))
+            with pytest.raises(DataExhausted):
+                next(resumed)
+
+
+def test_resume_refuses_other_settings(tmp_path):
+    meta = write_pack(tmp_path / "p.json", n_rows=30)
+    other = write_pack(tmp_path / "q.json", n_rows=30, salt=1)  # same shape, different data
+    state = PackedLoader(meta, 2, world_size=2, seed=1).state_dict()
+    for loader, key in [
+        (PackedLoader(meta, 2, world_size=3, seed=1), "world_size"),
+        (PackedLoader(meta, 3, world_size=2, seed=1), "micro_batch"),
+        (PackedLoader(meta, 2, world_size=2, seed=2), "seed"),
+        (PackedLoader(other, 2, world_size=2, seed=1), "data_sha256"),
+    ]:
+        with pytest.raises(PipelineError, match=key):
+            loader.load_state_dict(state)
+
+
+def test_data_exhausted(tmp_path):
+    meta = write_pack(tmp_path / "p.json", n_rows=25)
+    loader = PackedLoader(meta, 4, world_size=2, max_epochs=2)  # 25 // 8 = 3 micro-steps per epoch
+    assert loader.steps_available() == 6 and loader.steps_available(16) == 3 and loader.steps_available(24) == 2
+    with pytest.raises(PipelineError, match="multiple"):
+        loader.steps_available(12)
+    drain(loader, 6)
+    with pytest.raises(DataExhausted, match=r"25 rows .* 3 micro-steps .* max_epochs=2") as e:
+        next(loader)
+    assert isinstance(e.value, PipelineError) and "mixes.<mix>.tokens" in str(e.value)
+    with pytest.raises(DataExhausted, match="fewer than one micro-step"):
+        PackedLoader(meta, 16, world_size=2)
+
+
+def test_mask_and_doc_ids(tmp_path):
+    meta = write_pack(tmp_path / "p.json", n_rows=12, with_mask=True, doc_len=4)
+    loader = PackedLoader(meta, 3, seed=2, with_doc_ids=True)
+    x, y, m, d = next(loader)
+    assert m.dtype == torch.bool and m.shape == d.shape == (3, SEQ) and d.dtype == torch.int64
+    pos = x.numpy()  # synthetic tokens are their flat positions
+    assert np.array_equal(m.numpy(), (pos + 1) * 7 % 3 > 0)  # the mask of the targets
+    expect = pos // 4 - pos[:, :1] // 4  # docs start every 4 tokens; ids count from the row's first doc
+    assert np.array_equal(d.numpy(), expect)
+
+
+def test_real_pack_doc_ids_follow_documents(data, tmp_path):  # noqa: F811
+    rows = schedule_rows(data, [("web", "a")], epochs=1)
+    sched = write_schedule(tmp_path / "s.parquet", rows, true_tokens(data, rows))
+    out = tmp_path / "pack/m/train.json"
+    meta = pack(params("concat", seq_len=SEQ), "m", "train", sched, data / "tokens", out)
+    bos = json.loads((data / "tokens/web/a.json").read_text())["bos_id"]
+    loader = PackedLoader(out, 4, with_doc_ids=True, shuffle=False)
+    for _ in range(meta["n_rows"] // 4):
+        x, _, m, d = next(loader)
+        assert m is None
+        # with the bos policy a new document id starts exactly at each <|bos|> after position 0
+        step = (d[:, 1:] - d[:, :-1]).numpy()
+        assert np.array_equal(step == 1, x[:, 1:].numpy() == bos) and (step >= 0).all() and (d[:, 0] == 0).all()

@@ -1,0 +1,88 @@
+"""pipeline.training.checkpoint: RNG capture, weights_only round trips, atomic writes, the latest pointer."""
+from __future__ import annotations
+
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.errors import PipelineError
+from pipeline.training.checkpoint import (
+    checkpoint_name,
+    clear_checkpoints,
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    versions,
+    write_latest,
+)
+
+
+def draws() -> tuple:
+    return random.random(), random.gauss(0, 1), np.random.rand(3).tolist(), np.random.randn(), torch.rand(3).tolist()
+
+
+def test_rng_state_round_trips_every_generator():
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    draws()
+    state = rng_state()
+    first = draws()
+    draws()
+    set_rng_state(state)
+    assert draws() == first
+
+
+def test_checkpoint_with_optimizer_and_rng_loads_weights_only(tmp_path):
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, foreach=True)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    path = tmp_path / checkpoint_name(7)
+    assert path.name == "step_000007.pt"
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": [rng_state()], "step": 7,
+             "best_val_loss": float("inf"), "params": {"train": {"lr": 0.1, "betas": [0.9, 0.95]}},
+             "versions": versions()}
+    save_checkpoint(path, state)
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["step"] == 7 and loaded["params"] == state["params"]
+    assert torch.equal(loaded["model"]["weight"], model.weight)
+    fresh = torch.optim.AdamW(torch.nn.Linear(4, 3).parameters(), lr=0.1)
+    fresh.load_state_dict(loaded["optimizer"])
+    set_rng_state(loaded["rng"][0])
+
+
+def test_failed_save_leaves_nothing_behind(tmp_path):
+    path = tmp_path / "step_000001.pt"
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+        save_checkpoint(path, {"bad": lambda: None})  # not picklable
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_corrupt_or_missing_checkpoint_is_a_clear_error(tmp_path):
+    bad = tmp_path / "step_000001.pt"
+    bad.write_bytes(b"not a torch file")
+    with pytest.raises(PipelineError, match="step_000001.pt cannot be read"):
+        load_checkpoint(bad)
+    with pytest.raises(PipelineError, match="does not exist"):
+        load_checkpoint(tmp_path / "nope.pt")
+
+
+def test_latest_pointer_prune_and_clear(tmp_path):
+    assert latest_checkpoint(tmp_path) is None
+    for s in (1, 2, 3, 4):
+        save_checkpoint(tmp_path / checkpoint_name(s), {"step": s})
+    write_latest(tmp_path, checkpoint_name(3))
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_000003.pt"
+    prune_checkpoints(tmp_path, keep=1)  # keeps the newest (4) and the one `latest` names (3)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000003.pt", "step_000004.pt"]
+    (tmp_path / "step_000003.pt").unlink()
+    with pytest.raises(PipelineError, match="not an existing checkpoint"):
+        latest_checkpoint(tmp_path)
+    (tmp_path / "other.txt").write_text("kept")
+    clear_checkpoints(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.txt"]

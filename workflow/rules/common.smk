@@ -1,0 +1,131 @@
+# Configuration and the helpers every rule uses. Rules are thin shells around `python -m pipeline.…`;
+# all logic lives in the `pipeline` package (file formats: docs/data-contract.md).
+import sys
+from pathlib import Path
+
+import yaml
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import min_version, validate
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
+
+min_version("9.0")
+
+BASE = Path(workflow.basedir)
+sys.path.insert(0, str(BASE))
+from pipeline import config as tfc  # noqa: E402
+from pipeline.errors import ConfigError, PlanError  # noqa: E402
+from pipeline.plan import format_plan, make_plan  # noqa: E402
+
+
+def stop(message):
+    """A configuration problem: one line in the main process; a job re-parsing the Snakefile (a
+    remote or subprocess job) raises, so its own error names the problem instead of exiting quietly."""
+    if workflow.is_main_process:
+        sys.exit(f"tokenfarm: {message}")
+    raise WorkflowError(f"tokenfarm: {message}")
+
+
+# config.yaml is the default run. A --configfile replaces it (presets are complete configs, never
+# merged key-by-key with the default); --config KEY=VALUE overrides apply on top of either.
+if not workflow.overwrite_configfiles:
+    _default = Path("config.yaml") if Path("config.yaml").exists() else BASE / "config.yaml"
+    with open(_default) as _f:
+        _merged = tfc.deep_merge(yaml.safe_load(_f) or {}, config)
+    config.clear()
+    config.update(_merged)
+try:
+    _resolved = tfc.resolve_config(config)
+except ConfigError as _e:
+    stop(_e)
+config.clear()
+config.update(_resolved)
+validate(config, BASE / "workflow" / "schemas" / "config.schema.yaml")
+
+RUN_NAME = config["run_name"]
+RUN_DIR = str(tfc.run_dir(config))  # results of this run
+DATA_DIR = config["data_dir"]  # ingested shards
+LOG_DIR = f"logs/{RUN_NAME}"
+SOURCES = list(config["sources"])
+try:
+    SHARDS = {s: tfc.source_shards(config, s) for s in SOURCES}
+    GROUPS = {s: tfc.shard_groups(config, s) for s in SOURCES}
+except ConfigError as _e:
+    stop(_e)
+TOKENIZER = f"{RUN_DIR}/tokenizer/tokenizer.json"
+ALL_CORES = 256  # "as many threads as allowed": Snakemake caps a job's threads at --cores
+TRAIN_MIX = config["train"]["mix"]
+
+
+def stage_params(stage):
+    """A stage's config slice as canonical JSON: declared as params so that editing it reruns the rule."""
+    return tfc.params_json(tfc.stage_params(config, stage))
+
+
+def source_params(stage):
+    """Param function of a per-shard rule: the slice of the job's own source only."""
+    return lambda w: tfc.params_json(tfc.stage_params(config, stage, w.source))
+
+
+def code_version(*modules):
+    """Hash of the stage's modules (dotted names under pipeline): declared as params so that code
+    edits rerun the rule."""
+    return tfc.code_version(*modules)
+
+
+# Per-shard stages run one job per group of `shards_per_job` shards, one process per job: the stage
+# writes each shard's files, then the group manifest `<dir>/{source}/_manifest/{group}.json`, the
+# job's declared output. Downstream rules depend on manifests and are handed the per-shard paths,
+# which keeps the DAG small for thousands of shards.
+def group_manifests(prefix, sources=None):
+    return [f"{prefix}/{s}/_manifest/{g}.json" for s in (sources or SOURCES) for g in GROUPS[s]]
+
+
+def shard_files(pattern, sources=None):
+    """`pattern` expanded over every shard of `sources` (default: all)."""
+    return [pattern.format(source=s, shard=sh) for s in (sources or SOURCES) for sh in SHARDS[s]]
+
+
+def group_files(pattern):
+    """Param function: `pattern` expanded over the shards of the job's group."""
+    return lambda w: [pattern.format(source=w.source, shard=sh) for sh in GROUPS[w.source][w.group]]
+
+
+def group_shards(w):
+    return GROUPS[w.source][w.group]
+
+
+def mix_sources(mix):
+    return list(config["mixes"][mix]["weights"])
+
+
+# Rules find the project's venv and package without activation; with --sdm conda the env's python
+# is used instead and the package is found through PYTHONPATH. A prefix of our own replaces
+# Snakemake's default `set -euo pipefail`, so it is restated: a stage failing inside
+# `… 2>&1 | tee log` must fail the job. (shell.prefix is formatted by Snakemake: doubled braces.)
+_prefix = (
+    f'set -euo pipefail; export PYTHONPATH="{BASE}:${{{{PYTHONPATH:-}}}}"; '
+    'export TOKENFARM_PROGRESS="${{TOKENFARM_PROGRESS:-0}}"; '
+)
+if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
+    _prefix += f'export PATH="{Path(sys.executable).parent}:$PATH"; '
+shell.prefix(_prefix)
+
+
+wildcard_constraints:
+    source="|".join(SOURCES),
+    group=r"[A-Za-z0-9_.\-]+",
+    mix="|".join(config["mixes"]),
+    split="train|val",
+
+
+# The plan, up front: computed at parse time from the config and, once they exist, the measured token
+# counts, so every invocation (`snakemake -n` included) shows it before anything is downloaded. Only
+# the main Snakemake process prints and checks it: jobs that re-parse the Snakefile (the subprocess of
+# a local job, every job of a cluster executor) skip it and never exit over it.
+if workflow.is_main_process:
+    _counts = Path(RUN_DIR) / "counts" / "counts.parquet"
+    try:
+        PLAN = make_plan(config, counts=_counts if _counts.exists() else None, strict_counts=False)
+    except (PlanError, ConfigError) as _e:
+        stop(f"the token-budget plan is not feasible:\n  {_e}")
+    print(format_plan(PLAN), file=sys.stderr)
