@@ -228,7 +228,8 @@ def source_files(cfg: dict, name: str) -> dict[str, str]:
     if src["type"] == "local":
         paths = sorted(glob.glob(src["glob"]))
         if not paths:
-            raise ConfigError(f"config key 'sources.{name}.glob': no files match {src['glob']!r} (relative to {os.getcwd()})")
+            raise ConfigError(f"config key 'sources.{name}.glob': no files match {src['glob']!r} (relative to "
+                              f"{os.getcwd()})")
         out = {Path(p).name.removesuffix(".parquet"): p for p in paths}
         if len(out) != len(paths):
             raise ConfigError(f"config key 'sources.{name}.glob': two files share a name; shard names must be unique")

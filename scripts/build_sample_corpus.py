@@ -304,7 +304,8 @@ def literature_docs(files: dict[PurePosixPath, bytes]) -> list[Doc]:
 
 
 # reStructuredText → the plain text a browser would show (roughly what a web extractor keeps).
-RST_HEADING_RE = re.compile(r"^(?:([=\-~^*#+\"'`])\1{2,}\n[ \t]*)?(?!\s)(?P<title>[^\n]+)\n([=\-~^*#+\"'`])\3{2,}[ \t]*$", re.M)
+RST_HEADING_RE = re.compile(r"^(?:([=\-~^*#+\"'`])\1{2,}\n[ \t]*)?(?!\s)(?P<title>[^\n]+)\n([=\-~^*#+\"'`])\3{2,}[ "
+                            r"\t]*$", re.M)
 RST_ROLE_RE = re.compile(r":[\w:.+-]+:`([^`]*)`")
 RST_LINK_RE = re.compile(r"`([^`<]+?)\s*(?:<[^>`]*>)?`__?")
 RST_OPTION_RE = re.compile(r"^[ \t]+:[\w-]+:(?:[ \t]|$)")

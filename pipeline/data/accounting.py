@@ -170,7 +170,8 @@ def shard_quantities(run: Path, count: dict, dedup_enabled: bool) -> tuple[dict,
     spans = np.diff(off)
     n = tok["n_docs"]
     if len(spans) != n:
-        raise PipelineError(f"{tok_json}: offsets hold {len(spans)} documents, metadata {n}; rerun tokenize for this shard")
+        raise PipelineError(f"{tok_json}: offsets hold {len(spans)} documents, metadata {n}; rerun tokenize for this "
+                            "shard")
     q = {
         "counted_rows": count["documents"],
         "counted_empty": count["empty_documents"],
@@ -221,7 +222,8 @@ def _split_codes(run: Path, source: str, shard: str, n: int, q: dict, spans: np.
     codes = pc.index_in(t["split"], value_set=pa.array(list(SPLIT_CODES))).fill_null(-1).to_numpy().astype(np.int8)
     if (codes < 0).any():
         unknown = pc.unique(t["split"].filter(pa.array(codes < 0))).to_pylist()
-        raise PipelineError(f"{run}/split/{source}/{shard}.parquet: unknown split value(s) {unknown}; expected train / val / dup, rerun split")
+        raise PipelineError(f"{run}/split/{source}/{shard}.parquet: unknown split value(s) {unknown}; expected train "
+                            "/ val / dup, rerun split")
     q["split_docs"], first = _coverage(doc, n)
     q["split_rows"] = len(doc)
     code = np.full(n, -1, np.int8)
@@ -247,7 +249,8 @@ def mix_flow(run: Path, mix: str, split: str, shards: dict[str, ShardData], ledg
     wrong = 0
     for k, name in enumerate(names):
         if name not in shards:
-            raise PipelineError(f"{run}/mix/{mix}/{split}.parquet schedules shard {name}, which was not counted; rerun the pipeline")
+            raise PipelineError(f"{run}/mix/{mix}/{split}.parquet schedules shard {name}, which was not counted; "
+                                "rerun the pipeline")
         sel = shard_id == k
         d = doc[sel]
         ok = (d >= 0) & (d < len(shards[name].spans))
@@ -300,7 +303,8 @@ def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
     counts = _read_table(run / "counts" / "counts.parquet", columns, "run the count stage").to_pylist()
     missing = sorted(set(params["sources"]) - {c["source"] for c in counts})
     if missing:
-        raise PipelineError(f"{run}/counts/counts.parquet has no shards of source(s) {', '.join(missing)}; rerun the count stage")
+        raise PipelineError(f"{run}/counts/counts.parquet has no shards of source(s) {', '.join(missing)}; rerun the "
+                            "count stage")
     ledger = Ledger()
     by_source: dict[str, dict] = defaultdict(lambda: defaultdict(int))
     shards: dict[str, ShardData] = {}
@@ -333,25 +337,32 @@ def markdown(report: dict) -> str:
            "| source | counted rows | counted doc tokens | dropped empty / invalid / short | tokenized docs | tokenized tokens (doc + delim) | dup removed | train | val |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, q in [*report["sources"].items(), ("**all**", report["total"])]:
-        out.append(f"| {name} | {q['counted_rows']:,} | {q['counted_tokens']:,} | {q['dropped_empty']:,} / {q['dropped_invalid_utf8']:,} / "
-                   f"{q['dropped_short']:,} ({q['dropped_short_tokens']:,} tok) | {q['tokenized_docs']:,} | {q['tokenized_tokens']:,} "
-                   f"({q['tokenized_doc_tokens']:,} + {q['tokenized_delimiter_tokens']:,}) | {q['dup_tokens']:,} | {q['train_tokens']:,} | {q['val_tokens']:,} |")
+        out.append(f"| {name} | {q['counted_rows']:,} | {q['counted_tokens']:,} | {q['dropped_empty']:,} / "
+                   f"{q['dropped_invalid_utf8']:,} / "
+                   f"{q['dropped_short']:,} ({q['dropped_short_tokens']:,} tok) | {q['tokenized_docs']:,} | "
+                   f"{q['tokenized_tokens']:,} "
+                   f"({q['tokenized_doc_tokens']:,} + {q['tokenized_delimiter_tokens']:,}) | {q['dup_tokens']:,} | "
+                   f"{q['train_tokens']:,} | {q['val_tokens']:,} |")
     out += ["", "## Mixes", "", "| mix / split | source | available | epochs | scheduled | unused |", "|---|---|---:|---:|---:|---:|"]
     for m, splits in report["mixes"].items():
         for split, f in splits.items():
             for s, v in f["sources"].items():
-                out.append(f"| {m}/{split} | {s} | {v['available']:,} | {v['epochs']} | {v['scheduled']:,} | {v['unused']:,} |")
+                out.append(f"| {m}/{split} | {s} | {v['available']:,} | {v['epochs']} | {v['scheduled']:,} | "
+                           f"{v['unused']:,} |")
     out += ["", "| mix / split | packing | scheduled | packed | dropped tail | truncated | pad | rows × (seq_len+1) |",
             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for m, splits in report["mixes"].items():
         for split, f in splits.items():
             p = f["pack"]
-            out.append(f"| {m}/{split} | {p['packing']} | {f['scheduled']:,} | {p['tokens_packed']:,} | {p['dropped_tail_tokens']:,} | "
-                       f"{p['truncated_tokens']:,} | {p['pad_tokens']:,} | {p['n_rows']:,} × {p['seq_len'] + 1} = {p['row_tokens']:,} |")
+            out.append(f"| {m}/{split} | {p['packing']} | {f['scheduled']:,} | {p['tokens_packed']:,} | "
+                       f"{p['dropped_tail_tokens']:,} | "
+                       f"{p['truncated_tokens']:,} | {p['pad_tokens']:,} | {p['n_rows']:,} × {p['seq_len'] + 1} = "
+                       f"{p['row_tokens']:,} |")
     out += ["", "## Balance checks", "", "| arrow | scope | check | left | right | ok |", "|---|---|---|---:|---:|---|"]
     for ln in report["lines"]:
         ok = "✓" if ln["lhs"] == ln["rhs"] else "✗"
-        out.append(f"| {ln['arrow']} | {ln['scope']} | {ln['check']} | {ln['lhs_label']} = {ln['lhs']:,} | {ln['rhs_label']} = {ln['rhs']:,} | {ok} |")
+        out.append(f"| {ln['arrow']} | {ln['scope']} | {ln['check']} | {ln['lhs_label']} = {ln['lhs']:,} | "
+                   f"{ln['rhs_label']} = {ln['rhs']:,} | {ok} |")
     return "\n".join(out) + "\n"
 
 

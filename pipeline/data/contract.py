@@ -65,7 +65,8 @@ def iter_documents(path: str | os.PathLike, source: dict, batch_size: int, row_g
     pf = open_parquet(path)
     if column not in pf.schema_arrow.names:
         raise PipelineError(
-            f"{path}: no column '{column}' (columns: {', '.join(pf.schema_arrow.names)}); set the source's {key} in the config"
+            f"{path}: no column '{column}' (columns: {', '.join(pf.schema_arrow.names)}); set the source's {key} in "
+            "the config"
         )
     as_bytes = _bytes_type(pf.schema_arrow.field(column).type, chat)
     if as_bytes is None:
@@ -81,7 +82,8 @@ def iter_documents(path: str | os.PathLike, source: dict, batch_size: int, row_g
             yield decode(rb.column(0).cast(as_bytes).to_pylist(), start)
             start += rb.num_rows
     except (OSError, pa.ArrowException) as e:
-        raise PipelineError(f"{path}: cannot read column '{column}' ({e}); the file is corrupt or truncated, re-download it") from None
+        raise PipelineError(f"{path}: cannot read column '{column}' ({e}); the file is corrupt or truncated, "
+                            "re-download it") from None
 
 
 def open_parquet(path: str | os.PathLike) -> pq.ParquetFile:
@@ -192,7 +194,8 @@ def open_tokens(out_json: str | os.PathLike) -> tuple[dict, np.ndarray, np.ndarr
                             "rerun the tokenize stage for this shard")
     off = np.load(paths["idx"], mmap_mode="r")
     if paths["bin"].stat().st_size != expect * np.dtype(meta["dtype"]).itemsize or len(off) != meta["n_docs"] + 1:
-        raise PipelineError(f"{paths['bin']}: size does not match {paths['json']}; rerun the tokenize stage for this shard")
+        raise PipelineError(f"{paths['bin']}: size does not match {paths['json']}; rerun the tokenize stage for this "
+                            "shard")
     tokens = np.memmap(paths["bin"], dtype=meta["dtype"], mode="r") if expect else np.zeros(0, meta["dtype"])
     mask = None
     if meta.get("has_mask"):

@@ -128,7 +128,8 @@ def read_shard_counts(paths: list[str | os.PathLike]) -> list[dict]:
         seen.add((r["source"], r["shard"]))
     shas = {r["tokenizer_sha256"] for r in rows}
     if len(shas) > 1:
-        raise PipelineError(f"the count files were made with {len(shas)} different tokenizers; rerun count_shard for all shards")
+        raise PipelineError(f"the count files were made with {len(shas)} different tokenizers; rerun count_shard for "
+                            "all shards")
     return rows
 
 

@@ -185,13 +185,16 @@ def verify_parquet(path: str | os.PathLike, name: str, spec: dict, label: str) -
         if col not in schema.names:
             raise PipelineError(
                 f"{label} has no column '{col}' (columns present: {', '.join(schema.names)}); "
-                f"set sources.{name}.{key} to the column holding the {'conversations' if key == 'messages_column' else 'documents'}"
+                f"set sources.{name}.{key} to the column holding the "
+                f"{'conversations' if key == 'messages_column' else 'documents'}"
             )
         if pf.metadata.num_rows == 0:
-            raise PipelineError(f"{label} has zero rows; an empty shard is an error: remove it from the source or fix the export that wrote it")
+            raise PipelineError(f"{label} has zero rows; an empty shard is an error: remove it from the source or fix "
+                                "the export that wrote it")
         problem = _column_type_problem(schema.field(col).type, spec["format"])
         if problem:
-            raise PipelineError(f"{label}: column '{col}' {problem}; check sources.{name}.format and sources.{name}.{key}")
+            raise PipelineError(f"{label}: column '{col}' {problem}; check sources.{name}.format and "
+                                f"sources.{name}.{key}")
         try:
             for _ in pf.iter_batches(columns=[col]):
                 pass
@@ -272,8 +275,10 @@ def check_commit(name: str, shard: str, out: Path, f: HubFile, commit: str) -> N
         )
         if same_request and other.get("shard") != shard and other.get("commit") != commit:
             raise PipelineError(
-                f"source '{name}': shard '{shard}' resolves revision '{f.revision}' of {f.repo_type} repo {f.repo} to commit "
-                f"{commit}, but shard '{other.get('shard')}' already placed in {out.parent} came from commit {other.get('commit')}: "
+                f"source '{name}': shard '{shard}' resolves revision '{f.revision}' of {f.repo_type} repo {f.repo} to "
+                "commit "
+                f"{commit}, but shard '{other.get('shard')}' already placed in {out.parent} came from commit "
+                f"{other.get('commit')}: "
                 f"the revision moved between downloads and the source would mix two versions of the data; "
                 f"pin sources.{name}.revision to a commit sha ({other.get('commit')} keeps the shards already placed)"
             )
@@ -367,7 +372,8 @@ def _fetch_once(f: HubFile, out: Path, token: str | bool, timeout: float, keep) 
     meta = get_hf_file_metadata(f.url, token=token, timeout=timeout, endpoint=f.endpoint)
     if meta.commit_hash is None or meta.etag is None:
         raise PipelineError(
-            f"{f.endpoint} answered without X-Repo-Commit/ETag for {f}: it is not a Hugging Face Hub endpoint; check HF_ENDPOINT"
+            f"{f.endpoint} answered without X-Repo-Commit/ETag for {f}: it is not a Hugging Face Hub endpoint; check "
+            "HF_ENDPOINT"
         )
     remote = {"commit": meta.commit_hash, "etag": meta.etag}
     if keep(remote):
@@ -417,7 +423,8 @@ def _client_error(f: HubFile, name: str, e: Exception) -> PipelineError:
         msg = f"file {f.filename} not found in {f.repo_type} repo {f.repo} at revision {f.revision} (HTTP {status} for {f.url}); check sources.{name}.pattern and sources.{name}.shards"
     elif isinstance(e, RepositoryNotFoundError):
         msg = (
-            f"{f.repo_type} repo {f.repo} not found or not accessible at {f.endpoint} (HTTP {status}); check sources.{name}.repo "
+            f"{f.repo_type} repo {f.repo} not found or not accessible at {f.endpoint} (HTTP {status}); check "
+            f"sources.{name}.repo "
             f"and sources.{name}.repo_type, and for a private or gated repo that HF_TOKEN is set to a token with access"
         )
     else:
@@ -438,7 +445,8 @@ def _gave_up(f: HubFile, attempts: int, e: BaseException) -> PipelineError:
     else:  # http_get's short-body OSError
         hint = "the transfer kept ending early; rerun to resume from the bytes already received"
     return PipelineError(
-        f"could not download {f} from {f.endpoint} after {attempts} attempt{'s' * (attempts > 1)} (last error: {_first_line(e)}); "
+        f"could not download {f} from {f.endpoint} after {attempts} attempt{'s' * (attempts > 1)} (last error: "
+        f"{_first_line(e)}); "
         f"{hint}. download.retries and download.backoff_seconds control the retrying"
     )
 

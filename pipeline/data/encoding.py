@@ -148,7 +148,8 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         raise PipelineError(f"{path}: its ranks file {ranks_path} is missing; rerun the tokenizer rule")
     ranks_bytes = ranks_path.read_bytes()
     if tokenizer_sha256(ranks_bytes, special, pattern, delimiter) != sha256:
-        raise PipelineError(f"{path}: sha256 does not match {ranks_path} (files from different runs?); rerun the tokenizer rule")
+        raise PipelineError(f"{path}: sha256 does not match {ranks_path} (files from different runs?); rerun the "
+                            "tokenizer rule")
     enc = tiktoken.Encoding(
         spec.get("name", path.stem), pat_str=pattern, mergeable_ranks=parse_ranks(ranks_bytes), special_tokens=special
     )

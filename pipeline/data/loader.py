@@ -119,7 +119,8 @@ class PackedLoader:
             global_batch_rows = self.rows_per_step
         if global_batch_rows % self.rows_per_step:
             raise PipelineError(
-                f"global batch of {global_batch_rows} rows is not a multiple of micro_batch × world_size = {self.rows_per_step}"
+                f"global batch of {global_batch_rows} rows is not a multiple of micro_batch × world_size = "
+                f"{self.rows_per_step}"
             )
         return self.steps_per_epoch * self.max_epochs // (global_batch_rows // self.rows_per_step)
 
@@ -202,5 +203,6 @@ class PackedLoader:
                 "resume with the same world size, micro_batch, seed and packed data, or start a fresh run"
             )
         if not (0 <= state["position"] <= self.steps_per_epoch and state["epoch"] >= 0):
-            raise PipelineError(f"cannot resume {self.path}: position {state['position']} of epoch {state['epoch']} is out of range")
+            raise PipelineError(f"cannot resume {self.path}: position {state['position']} of epoch {state['epoch']} "
+                                "is out of range")
         self.epoch, self.position = state["epoch"], state["position"]

@@ -92,7 +92,8 @@ def open_shards(table, tokens_dir: Path) -> tuple[list[Shard], np.ndarray]:
     for key in ("tokenizer_sha256", "dtype"):
         values = {s.meta[key] for s in shards}
         if len(values) > 1:
-            raise PipelineError(f"{tokens_dir}: tokenized shards disagree on {key} ({sorted(values)}); rerun tokenize for all shards")
+            raise PipelineError(f"{tokens_dir}: tokenized shards disagree on {key} ({sorted(values)}); rerun tokenize "
+                                "for all shards")
     return shards, shard_id
 
 
@@ -105,7 +106,8 @@ def schedule_spans(table, shards: list[Shard], shard_id: np.ndarray, path) -> Sp
         sel = shard_id == k
         d = doc[sel]
         if len(d) and (d.min() < 0 or d.max() >= len(s.offsets) - 1):
-            raise PipelineError(f"{path}: document index out of range for tokenized shard {s.name} ({len(s.offsets) - 1} docs); rerun split and mix")
+            raise PipelineError(f"{path}: document index out of range for tokenized shard {s.name} "
+                                f"({len(s.offsets) - 1} docs); rerun split and mix")
         start[sel] = s.offsets[d]
         length[sel] = s.offsets[d + 1] - s.offsets[d]
     tokens = table["tokens"].to_numpy().astype(np.int64)
@@ -285,7 +287,8 @@ def pack(params: dict, mix: str, split: str, schedule_path, tokens_dir, out_json
             stats = pack_concat(shards, spans, row_len, dtype, writer)
         if stats["n_rows"] == 0:
             raise PipelineError(
-                f"{schedule_path}: {int(spans.length.sum())} scheduled tokens do not fill one row of seq_len + 1 = {row_len} "
+                f"{schedule_path}: {int(spans.length.sum())} scheduled tokens do not fill one row of seq_len + 1 = "
+                f"{row_len} "
                 f"tokens; give the mix more data (mixes.{mix}.tokens, split.val_tokens) or lower train.seq_len"
             )
         with open(stack.enter_context(atomic_path(paths["docs"])), "wb") as f:

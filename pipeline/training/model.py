@@ -61,7 +61,8 @@ class ModelConfig:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}")
         if self.activation_checkpointing not in CHECKPOINT_MODES:
-            raise ValueError(f"activation_checkpointing {self.activation_checkpointing!r} is not one of {CHECKPOINT_MODES}")
+            raise ValueError(f"activation_checkpointing {self.activation_checkpointing!r} is not one of "
+                             f"{CHECKPOINT_MODES}")
         if self.checkpoint_every_n < 1:
             raise ValueError("checkpoint_every_n must be >= 1")
 

@@ -173,7 +173,8 @@ def _split_disagrees_with_dedup(run):
 @pytest.mark.parametrize("tamper, line", [
     (_drop_split_row, r"web/a: split-file rows: tokenized_docs = \d+ but split_rows = \d+"),
     (_count_plus_one, r"chat/c: document tokens: counted_tokens = \d+ but .*\(off by -1\)"),
-    (_pack_loses_a_token, r"pre/train: tokens in: tokens_in = (\d+) but packed \+ dropped tail \+ truncated = \d+ \(off by -1\)"),
+    (_pack_loses_a_token, r"pre/train: tokens in: tokens_in = (\d+) but packed \+ dropped tail \+ truncated = \d+ "
+                          r"\(off by -1\)"),
     (_schedule_a_dup, r"pre/train: scheduled documents not in the split: 0 = 0 but count = 1"),
     (_split_disagrees_with_dedup, r"web/b: documents whose split disagrees with dedup"),
 ])
