@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -323,6 +324,96 @@ def bench_minhash(args) -> dict[str, Timing]:
     return timings
 
 
+# ----------------------------------------------------------------------------- per-group jobs through the CLI
+
+GROUP_STAGES = ("count", "tokenize", "signatures")
+
+
+def run_child(cmd: list[str]) -> float:
+    """Run `cmd` to completion (it must succeed) and return its CPU seconds (user + system, all its
+    threads and children), measured with os.wait4 so that nothing else on the machine is counted."""
+    import subprocess
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}): {err[-2000:]}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def bench_group(args) -> dict:
+    """One per-shard job as the `count_shards` / `tokenize` / `dedup_signatures` rule runs it: a new
+    Python process handling a group of `--shards` copies of `--input` (interpreter start-up, imports,
+    tokenizer load and the group manifest included), against the fastest raw kernel in-process on the
+    same documents (tiktoken for count/tokenize: tokens per CPU-second; for signatures the in-process
+    `write_signatures` of one shard: documents per CPU-second)."""
+    import shutil
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from pipeline.config import params_json, resolve_config, stage_params
+    from pipeline.data.contract import iter_documents
+    from pipeline.data.encoding import load_tokenizer
+    from pipeline.io import read_json
+
+    tok = load_tokenizer(args.tokenizer)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = [f"{tmp}/raw/bench/shard_{i:05d}.parquet" for i in range(args.shards)]
+        for r in raw:
+            Path(r).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(args.input, r)
+        cfg = resolve_config({"sources": {"bench": {"type": "local", "glob": f"{tmp}/raw/bench/*.parquet"}},
+                              "mixes": {"m": {"weights": {"bench": 1.0}, "tokens": 1}}, "train": {"mix": "m"}})
+        py = [sys.executable, "-m"]
+        stage = {"count": "count", "tokenize": "tokenize", "signatures": "dedup_sig"}[args.stage]
+        params = params_json(stage_params(cfg, stage, "bench"))
+        tokens = [f"{tmp}/tokens/bench/shard_{i:05d}.json" for i in range(args.shards)]
+        tokenize_cmd = py + ["pipeline.data.tokenize", "--params", params_json(stage_params(cfg, "tokenize", "bench")),
+                             "--tokenizer", args.tokenizer, "--source", "bench", "--inputs", *raw,
+                             "--outputs", *tokens, "--manifest", f"{tmp}/tokens/manifest.json"]
+        if args.stage == "count":
+            outs = [f"{tmp}/counts/shard_{i:05d}.json" for i in range(args.shards)]
+            cmd = py + ["pipeline.data.count", "shards", "--params", params, "--tokenizer", args.tokenizer,
+                        "--source", "bench", "--inputs", *raw, "--outputs", *outs, "--manifest", f"{tmp}/c.json"]
+        elif args.stage == "tokenize":
+            outs, cmd = tokens, tokenize_cmd
+        else:
+            run_child(tokenize_cmd)  # untimed: signatures read the tokenized shards' metadata
+            outs = [f"{tmp}/sig/shard_{i:05d}.parquet" for i in range(args.shards)]
+            cmd = py + ["pipeline.data.dedup", "signatures", "--params", params, "--source", "bench", "--inputs", *raw,
+                        "--tokens", *tokens, "--outputs", *outs, "--manifest", f"{tmp}/s.json"]
+        cpu = min(run_child(cmd) for _ in range(args.repeat))
+        if args.stage == "count":
+            items, unit = sum(read_json(o)["tokens"] for o in outs), "tokens"
+        elif args.stage == "tokenize":
+            items, unit = sum(read_json(o)["n_doc_tokens"] for o in outs), "tokens"
+        else:
+            items, unit = sum(read_json(t)["n_docs"] for t in tokens), "docs"
+        texts = [d for b in iter_documents(args.input, {"format": "text"}, 1024) for d in b.docs]
+        if args.stage == "signatures":
+            from pipeline.data import dedup
+
+            dedup.tune_allocator()
+            sig_params = stage_params(cfg, "dedup_sig", "bench")
+            one = {"in-process write_signatures": lambda: dedup.write_signatures(
+                raw[0], tokens[0], "bench", "shard_00000", sig_params, f"{tmp}/one.parquet")["n_docs"]}
+            logging.getLogger("pipeline").setLevel(logging.ERROR)
+            base = measure(one, args.repeat)
+        else:
+            base = measure(raw_tiktoken(tok.enc, texts), args.repeat)
+    best = max(base.values(), key=lambda t: t.per_cpu_s)
+    rate = items / cpu
+    print(f"{args.stage}: one process for {args.shards} shards ({items:,} {unit}), best of {args.repeat}: "
+          f"{cpu:.3f} cpu-s, {rate:,.0f} {unit}/cpu-s = {rate / best.per_cpu_s:.1%} of {best.name} "
+          f"({best.per_cpu_s:,.0f} {unit}/cpu-s in-process on one shard)")
+    return {"stage": args.stage, "shards": args.shards, "items": items, "cpu_s": cpu, "per_cpu_s": rate,
+            "baseline": best.name, "baseline_per_cpu_s": best.per_cpu_s, "ratio": rate / best.per_cpu_s}
+
+
 def _data_args(p, repeat: int = 3) -> None:
     p.add_argument("--tokenizer", required=True, help="tokenizer.json")
     p.add_argument("--input", nargs="+", required=True, help="raw shards (parquet) to tokenize and pack")
@@ -367,6 +458,13 @@ def main(argv=None) -> Any:
     mh.add_argument("--datasketch-docs", type=int, default=200, help="documents datasketch hashes per run")
     mh.add_argument("--repeat", type=int, default=3)
     mh.set_defaults(func=bench_minhash)
+    g = sub.add_parser("group", help="a per-shard job through its CLI (new process, group of shards) vs the kernel")
+    g.add_argument("--stage", choices=GROUP_STAGES, required=True)
+    g.add_argument("--tokenizer", required=True, help="tokenizer.json")
+    g.add_argument("--input", required=True, help="a raw text shard (parquet), copied --shards times")
+    g.add_argument("--shards", type=int, default=16, help="shards in the group (shards_per_job)")
+    g.add_argument("--repeat", type=int, default=3)
+    g.set_defaults(func=bench_group)
     args = ap.parse_args(argv)
     return args.func(args)
 

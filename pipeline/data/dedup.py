@@ -58,7 +58,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -313,10 +312,12 @@ def spill_band_rows(shards: list[ShardSig], dd: dict, tmpdir: Path) -> list[Path
     return [tmpdir / f"part-{p:05d}.parquet" for p in sorted(writers)]
 
 
-def candidate_edges(partitions: list[Path]) -> pl.DataFrame:
-    """Edges (key, rep, exact) from every (band, band key) group of >= 2 documents: each member to
+def candidate_edges(partitions: list[Path]):
+    """A polars DataFrame of edges (key, rep, exact) from every (band, band key) group of >= 2 documents: each member to
     the group's smallest key (k - 1 edges for k members). `exact` is true when some exact-hash group
     gave the edge. Sorted by (key, rep); each pair once."""
+    import polars as pl  # clustering only: the signatures CLI (one process per group of shards) never loads it
+
     groups = ["band", "bkey"]
     parts = []
     for path in partitions:
