@@ -1,24 +1,15 @@
 """Exact per-shard document / token / byte / character counts, and the run's count table.
 
-`shards` counts each raw shard of a group (one process for the group) with the run's tokenizer and writes `R/counts/{source}/{shard}.json`:
+    python -m pipeline.data.count shards --params JSON --tokenizer T --source S --inputs D/S/{shard}.parquet ... \\
+        --outputs R/counts/S/{shard}.json ... [--manifest M]
+    python -m pipeline.data.count aggregate --inputs R/counts/*/*.json --out R/counts/counts.parquet \\
+        --summary R/counts/summary.json
 
-    documents               rows in the shard (every row is counted, none silently dropped)
-    empty_documents         rows whose text is null, empty or whitespace-only (chat: no non-blank content)
-    invalid_utf8_documents  rows whose text bytes are not valid UTF-8
-    tokens                  tokens of the valid, non-empty documents, without delimiters
-                            (chat: all ids of `Tokenizer.render_chat`, chat tokens included)
-    delimiter_tokens        n_delimiters() × valid non-empty documents: what the delimiter policy adds
-    bytes, chars            UTF-8 bytes / characters of the valid non-empty documents (chat: contents)
-    short_documents         valid non-empty documents with chars < the source's min_chars, and
-    short_tokens            their tokens (already included in `tokens`): the tokenize stage drops them
-
-Empty and invalid-UTF-8 rows are skipped by every later stage (the tokenize stage records them as
-dropped), so `tokens + delimiter_tokens - short_tokens - short_documents × n_delimiters()` is exactly
-what the tokenize stage will write. A shard with zero rows is not an error here: it is counted as 0
-documents with a warning (later stages decide whether an empty source is acceptable).
-
-`aggregate` joins the per-shard JSONs into `R/counts/counts.parquet` (one row per shard) and
-`R/counts/summary.json` (totals per source and overall, mean tokens per shard, bytes per token).
+`shards` counts each raw shard of a group (one process for the group) with the run's tokenizer;
+`aggregate` joins the per-shard JSONs into one table (one row per shard) and a summary (totals per
+source and overall, mean tokens per shard, bytes per token). The fields and what they promise
+(every row counted, none silently dropped; exactly what tokenize will write): docs/data-contract.md
+("Counts").
 """
 from __future__ import annotations
 

@@ -7,19 +7,11 @@ Two CLIs, one per Snakemake rule (the hashing maths is in `pipeline.data.minhash
     python -m pipeline.data.dedup clusters --params JSON --inputs R/dedup/sig/*/*.parquet \\
         --outdir R/dedup --report R/dedup/report.json
 
-**signatures** (each shard of a group, in one process). The documents are the tokenized ones: document `doc` is raw row
-`doc_rows[doc]` of the shard (from the tokenize stage's `.json`), its text the `text_column`, or for
-chat sources the message contents joined by newlines (roles are ignored). Output, one row per
-document in `doc` order:
-
-    doc     int64                          index into the tokenized shard
-    tokens  int64                          its span in the token file, delimiters included
-    exact   uint64                         hash of the normalised text (see pipeline.data.minhash)
-    bands   fixed_size_list<uint64>[bands] LSH band keys
-    sig     fixed_size_list<uint32>[num_perm] the MinHash signature (for the Jaccard confirmation)
-
-with metadata `source`, `shard`, `n_docs` and the hashing parameters (`ngram`, `num_perm`, `bands`,
-`rows`, `seed`), which `clusters` checks agree across files and with its own parameters.
+**signatures** (each shard of a group, in one process). The documents are the tokenized ones:
+document `doc` is raw row `doc_rows[doc]` of the shard (from the tokenize stage's `.json`), its text
+the `text_column`, or for chat sources the message contents joined by newlines (roles are ignored).
+The signature file (columns, metadata): docs/data-contract.md ("Dedup signatures"); `clusters`
+checks that every file's hashing parameters agree with its own.
 
 **clusters** (all shards at once).
 
@@ -38,9 +30,9 @@ with metadata `source`, `shard`, `n_docs` and the hashing parameters (`ngram`, `
 - Clusters: connected components of the confirmed edges. The cluster id is the smallest document
   key in the cluster, and that document is its keeper (deterministic, independent of input order).
   A document on no confirmed edge is its own cluster (id = its key), kept.
-- Outputs: `outdir/keep/{source}/{shard}.parquet` for every input shard (contract columns `doc`,
-  `cluster`, `keep`, `reason`: `keep` for the keeper, `exact` for a removed document whose
-  normalised text equals its keeper's, `near` for the other removed ones), and the report:
+- Outputs: `outdir/keep/{source}/{shard}.parquet` for every input shard (docs/data-contract.md,
+  "Dedup"; `reason` is `exact` for a removed document whose normalised text equals its keeper's,
+  `near` for the other removed ones), and the report:
   documents and tokens removed per source (tokens are the `tokens` column: spans with delimiters),
   exact vs near removals, cluster-size histogram, clusters spanning shards / sources, candidate
   counts, params. With `enabled: false` every document is its own cluster and kept.

@@ -1,24 +1,11 @@
 """Pack stage: a mix's document schedule + tokenized shards -> fixed rows of `seq_len + 1` tokens.
 
-Inputs: the schedule `R/mix/{mix}/{split}.parquet` (columns `source`, `shard`, `doc`, `tokens`,
-`epoch`, in schedule order) and the tokenized shards `R/tokens/{source}/{shard}.*`. A scheduled
-document is the span `bin[off[doc]:off[doc+1]]` of its shard, delimiter(s) included; the schedule's
-`tokens` must agree with it (counting the delimiters or not: one convention per file), else the
-schedule is stale and the stage fails. Outputs for
-`--out R/pack/{mix}/{split}.json` (C = seq_len + 1 tokens per row):
+    python -m pipeline.data.pack --params JSON --mix M --split train|val --schedule R/mix/M/train.parquet \\
+        --tokens-dir R/tokens --out R/pack/M/train.json
 
-- `{split}.bin`: `n_rows × C` token ids (dtype of the token shards). Row `r` is
-  `flat[r*C:(r+1)*C]`; a training row gives inputs `row[:-1]` and targets `row[1:]`.
-- `{split}.docs.npy`: int64, sorted positions in the flat packed stream where a document (or, for
-  bestfit, a piece of a split document) starts, for intra-document attention masking.
-- `{split}.mask.bin` (bestfit only): uint8 loss mask per token; 0 on padding; for chat sources the
-  tokenized assistant mask (0 on user turns and delimiters); 1 on every real token of text sources.
-- `{split}.json` (written last): `seq_len`, `n_rows`, `dtype`, `packing`, `n_docs`, `tokens_in`
-  (scheduled span tokens), `tokens_packed` (real tokens in rows), `dropped_tail_tokens`,
-  `pad_tokens`, `truncated_tokens`, `pad_id`, `sha256` (of the .bin, identifies the data for
-  loader resumption), `tokens_by_source`, `tokenizer_sha256`, `meta`. Invariants:
-  `tokens_in == tokens_packed + dropped_tail_tokens + truncated_tokens` and
-  `n_rows * C == tokens_packed + pad_tokens`.
+A scheduled document is the span `bin[off[doc]:off[doc+1]]` of its tokenized shard, delimiter(s)
+included. Formats of the inputs and of the outputs (`.bin`, `.docs.npy`, `.mask.bin`, `.json` and
+its invariants): docs/data-contract.md ("Mix", "Packed rows"). C = seq_len + 1 tokens per row.
 
 Packing modes (the mix's `packing`):
 

@@ -1,29 +1,15 @@
-"""Tokenize stage: one raw shard -> a flat token file, document offsets, (chat) loss mask, metadata.
+"""Tokenize stage: each raw shard of a group -> a flat token file, document offsets, (chat) loss
+mask and metadata, with exactly one delimiter policy (`Tokenizer.delimit`).
 
-Outputs for `--out R/tokens/{source}/{shard}.json` (docs/data-contract.md):
+    python -m pipeline.data.tokenize --params JSON --tokenizer T --source S --inputs D/S/{shard}.parquet ... \\
+        --outputs R/tokens/S/{shard}.json ... [--manifest M]
 
-- `{shard}.bin`: the kept documents' token ids, back to back, little-endian `uint16` when
-  `n_vocab <= 65536` else `uint32`. Each document carries its delimiter(s), applied once by
-  `Tokenizer.delimit` (`bos`: `<|bos|>` + doc, `eos`: doc + `<|eos|>`, `both`: both). Document
-  text is encoded as ordinary text, so a literal "<|bos|>" inside a document becomes ordinary
-  tokens: a special id never occurs inside a document's own tokens.
-- `{shard}.idx.npy`: int64 offsets, `n_docs + 1` of them; document `i` is `bin[off[i]:off[i+1]]`
-  including its delimiter(s). Document `i` is raw row `doc_rows[i]` of the shard.
-  (`delimit` is applied to a whole batch at once: the ids it adds before / after a document are read
-  off `delimit` once and inserted with numpy, so the per-token work stays in C.)
-- `{shard}.mask.bin` (chat sources only): uint8 per token, 1 where the token is an assistant
-  target (from `Tokenizer.render_chat`), 0 elsewhere, always 0 on delimiters.
-- `{shard}.json` (written last, the "done" marker): `dtype`, `n_rows` (raw rows), `n_docs`,
-  `n_tokens = n_doc_tokens + n_delimiter_tokens`, `delimiters_per_doc`, `doc_rows`, `dropped`
-  (documents dropped by reason: `empty`, `invalid_utf8`, `short` = fewer than `min_chars`
-  characters) and `dropped_tokens` (document tokens of the dropped short documents, so the
-  accounting can reconcile against the count stage), `bos_id`, `tokenizer_sha256`, `source`,
-  `shard`, `meta`.
-
-Rows are read with `pipeline.data.contract.iter_documents`, the reader the count stage uses, so both
-stages agree on which rows are documents (text read as bytes and decoded per row; empty means null,
-empty or whitespace-only). The shard is streamed in batches of `count.batch_size` rows and the
-token file is written batch by batch; a shard with no rows gives an empty tokenized shard.
+Formats: docs/data-contract.md ("Tokenized shard"). Rows are read with
+`pipeline.data.contract.iter_documents`, the reader the count stage uses, so both stages agree on
+which rows are documents. `delimit` is applied to a whole batch at once: the ids it adds before /
+after a document are read off `delimit` once and inserted with numpy, so the per-token work stays in
+C. The shard is streamed in batches of `count.batch_size` rows and the token file is written batch
+by batch.
 """
 from __future__ import annotations
 
