@@ -29,7 +29,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as d:
             t0 = time.perf_counter()
             proc = subprocess.run(
-                [snakemake, "-s", str(ROOT / "Snakefile"), "-d", d, "-n", "--quiet", "rules", "--configfile", args.configfile],
+                [snakemake, "-s", str(ROOT / "Snakefile"), "-d", d, "-n", "--quiet", "rules",
+                 "--configfile", args.configfile],
                 capture_output=True, text=True,
             )
             times.append(time.perf_counter() - t0)

@@ -66,7 +66,8 @@ def batch_layout(cfg: dict) -> dict[str, int]:
         raise PlanError(
             f"train.global_batch_tokens = {t['global_batch_tokens']} is not a multiple of train.micro_batch × "
             f"train.seq_len × world_size = {t['micro_batch']} × {t['seq_len']} × {ws} = {per_micro}, so gradient "
-            "accumulation would not be a whole number of micro-steps: change train.global_batch_tokens or train.micro_batch"
+            "accumulation would not be a whole number of micro-steps: "
+            "change train.global_batch_tokens or train.micro_batch"
         )
     return {"tokens_per_step": t["global_batch_tokens"], "micro_batch": t["micro_batch"], "world_size": ws,
             "grad_accum_steps": t["global_batch_tokens"] // per_micro}

@@ -85,7 +85,8 @@ def resolve_config(config: dict) -> dict:
     validator = _validator_with_defaults()(schema)
     errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
-        raise ConfigError(_format_error(errors[0], schema) + " — fix it in your config file (see workflow/schemas/config.schema.yaml).")
+        raise ConfigError(_format_error(errors[0], schema)
+                          + " — fix it in your config file (see workflow/schemas/config.schema.yaml).")
     # Defaults may have been inserted after a nested default object was created: run again to fill them.
     validator.validate(cfg)
     check_consistency(cfg)
@@ -154,7 +155,8 @@ def check_consistency(cfg: dict) -> None:
             if b <= a:
                 fail(f"sources.{name}.shards", f"empty range [{a}, {b}); give [start, stop) with stop > start")
             if "{" not in src["pattern"]:
-                fail(f"sources.{name}.pattern", "needs a format field for the shard index, e.g. shard_{index:05d}.parquet")
+                fail(f"sources.{name}.pattern",
+                     "needs a format field for the shard index, e.g. shard_{index:05d}.parquet")
 
     tok = cfg["tokenizer"]
     for s in tok.get("train_sources", []):

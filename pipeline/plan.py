@@ -38,7 +38,8 @@ d_kv = n_kv_heads × d / n_heads):
   it, see `trained_tokens`), or the integer, which must be at least trained_tokens.
   ``data_tokens_needed`` = num_steps × (tokens_per_step / T) × (T+1) is the schedule training reads.
   Per source s of the train mix (weights normalized to sum 1): tokens needed = w_s × scheduled
-  tokens / max_epochs (+ ``split.val_tokens`` held out for validation by the hash split), shards needed = ceil(tokens needed / tokens per shard) (+ the
+  tokens / max_epochs (+ ``split.val_tokens`` held out for validation by the hash split), shards needed =
+  ceil(tokens needed / tokens per shard) (+ the
   source's ``split.val_shards`` for the shards split). Tokens per shard come from the measured counts
   (mean over the source's counted shards of tokens + delimiter_tokens − short_tokens −
   short_documents × delimiters per document, i.e. what the tokenize stage keeps), else from
@@ -156,7 +157,8 @@ def _more_shards_fix(cfg: dict, source: str, needed: int) -> str:
 def shard_budget(cfg: dict, scheduled_tokens: int, basis: str, counted: dict | None, counts_path=None,
                  allow_short: bool = False, strict_counts: bool = True) -> dict[str, dict]:
     """Per source of the train mix (whose schedule holds `scheduled_tokens`): weight, tokens per
-    shard (+ basis), val reserve, tokens and shards needed vs available. Raises PlanError when a source is short, unless allow_short."""
+    shard (+ basis), val reserve, tokens and shards needed vs available. Raises PlanError when a source is
+    short, unless allow_short."""
     mix_name = cfg["train"]["mix"]
     mix = cfg["mixes"][mix_name]
     weight_sum = sum(mix["weights"].values())
@@ -359,7 +361,8 @@ def _rows(plan: dict) -> list[tuple[str, str]]:
     )
     breakdown = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in mem.items() if k != "total")
     hw = plan["hardware"]
-    gpu = f"{plan['world_size']} × {hw['gpu_type']} ({_num(hw['peak_flops'], 'FLOP/s')} peak) at {hw['assumed_mfu']:.0%} MFU"
+    gpu = (f"{plan['world_size']} × {hw['gpu_type']} ({_num(hw['peak_flops'], 'FLOP/s')} peak) "
+           f"at {hw['assumed_mfu']:.0%} MFU")
     return [
         ("parameters", f"{_num(plan['n_params'])} total, {_num(plan['n_params_non_embedding'])} non-embedding"),
         ("target tokens", f"{_num(plan['target_tokens'])} (from {plan['target_basis']})"),
@@ -398,7 +401,8 @@ def main(argv=None) -> None:
     add_config_args(ap)
     ap.add_argument("--counts", help="the count stage's counts.parquet (measured tokens per shard)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON only")
-    ap.add_argument("--no-check", action="store_true", help="show the plan even when the shards fall short (display only)")
+    ap.add_argument("--no-check", action="store_true",
+                    help="show the plan even when the shards fall short (display only)")
     ap.add_argument("--out", help="write plan.json here (with provenance under 'meta')")
     ap.add_argument("--out-md", help="write the plan as a markdown table here")
     args = ap.parse_args(argv)

@@ -1,6 +1,7 @@
 """Data-stage benchmarks: each subcommand times a stage end to end against its raw kernel, in one run.
 
-    python -m pipeline.bench.data count --tokenizer R/tokenizer/tokenizer.json --input D/web/shard_00000.parquet [--repeat 3]
+    python -m pipeline.bench.data count --tokenizer R/tokenizer/tokenizer.json \\
+        --input D/web/shard_00000.parquet [--repeat 3]
 
 `count`: (a) `pipeline.data.count.count_shard` — the function the `count shard` CLI runs: parquet read,
 UTF-8 decode, empty/invalid checks, tokenization, sums — versus (b) raw tiktoken on the same
@@ -202,7 +203,8 @@ def bench_pack(args) -> dict[str, Timing]:
         params, schedule = _packed_inputs(args, tmp)
 
         def run(packing: str) -> int:
-            return pack(params, packing, "train", schedule, f"{tmp}/tokens", f"{tmp}/pack/{packing}/train.json")["tokens_in"]
+            return pack(params, packing, "train", schedule, f"{tmp}/tokens",
+                        f"{tmp}/pack/{packing}/train.json")["tokens_in"]
 
         timings = measure({"pack concat": lambda: run("concat"), "pack bestfit": lambda: run("bestfit")}, args.repeat)
     print(f"{len(args.input)} shard(s) × {args.epochs} epochs = {timings['pack concat'].items:,} scheduled tokens; "
@@ -223,8 +225,10 @@ def bench_loader(args) -> dict[str, Timing]:
     logging.getLogger("pipeline").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory() as tmp:
         params, schedule = _packed_inputs(args, tmp)
-        metas = {p: pack(params, p, "train", schedule, f"{tmp}/tokens", f"{tmp}/pack/{p}/train.json") for p in ("concat", "bestfit")}
-        rows = np.memmap(f"{tmp}/pack/concat/train.bin", dtype=metas["concat"]["dtype"], mode="r").reshape(-1, args.seq_len + 1)
+        metas = {p: pack(params, p, "train", schedule, f"{tmp}/tokens", f"{tmp}/pack/{p}/train.json")
+                 for p in ("concat", "bestfit")}
+        rows = np.memmap(f"{tmp}/pack/concat/train.bin", dtype=metas["concat"]["dtype"],
+                         mode="r").reshape(-1, args.seq_len + 1)
         perm = epoch_permutation(len(rows), 0, 0)
 
         def raw() -> int:  # the kernel: fancy-index rows of the memmap, one numpy -> torch conversion
@@ -237,13 +241,15 @@ def bench_loader(args) -> dict[str, Timing]:
 
         def loader(packing: str, doc_ids: bool = False):
             def run() -> int:
-                it = PackedLoader(f"{tmp}/pack/{packing}/train.json", args.micro_batch, max_epochs=10**6, with_doc_ids=doc_ids)
+                it = PackedLoader(f"{tmp}/pack/{packing}/train.json", args.micro_batch, max_epochs=10**6,
+                                  with_doc_ids=doc_ids)
                 return sum(next(it)[0].numel() for _ in range(args.steps))
             return run
 
         raw()  # warm the page cache and torch
-        timings = measure({"raw memmap rows": raw, "loader concat": loader("concat"), "loader bestfit": loader("bestfit"),
-                           "loader concat +doc_ids": loader("concat", True)}, args.repeat)
+        timings = measure({"raw memmap rows": raw, "loader concat": loader("concat"),
+                           "loader bestfit": loader("bestfit"), "loader concat +doc_ids": loader("concat", True)},
+                          args.repeat)
     print(f"{args.steps} batches of {args.micro_batch} × {args.seq_len} tokens; best of {args.repeat}")
     report(timings, "tokens", baseline="raw memmap rows")
     return timings
@@ -265,7 +271,8 @@ def _word_pieces(paths: list[str], column: str, words: int | None) -> list[str]:
     for doc in docs:
         parts = re.split(r"(\s+)", doc)
         tokens = [w + s for w, s in zip(parts[0::2], parts[1::2] + [""])]
-        pieces += ["".join(tokens[i:i + words]) for i in range(0, len(tokens), words) if len(tokens[i:i + words]) >= words // 2]
+        pieces += ["".join(tokens[i:i + words]) for i in range(0, len(tokens), words)
+                   if len(tokens[i:i + words]) >= words // 2]
     return pieces
 
 

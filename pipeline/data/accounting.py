@@ -72,13 +72,15 @@ class Line:
         return self.lhs == self.rhs
 
     def __str__(self) -> str:
-        return f"[{self.arrow}] {self.scope}: {self.check}: {self.lhs_label} = {self.lhs} but {self.rhs_label} = {self.rhs} (off by {self.rhs - self.lhs:+d})"
+        return (f"[{self.arrow}] {self.scope}: {self.check}: {self.lhs_label} = {self.lhs} "
+                f"but {self.rhs_label} = {self.rhs} (off by {self.rhs - self.lhs:+d})")
 
 
 # (arrow, check, lhs terms, rhs terms): terms are quantity names of a shard, summed
 SHARD_EQUATIONS = [
     ("count → tokenize", "rows", ["counted_rows"], ["tokenized_rows"]),
-    ("count → tokenize", "documents", ["counted_rows"], ["tokenized_docs", "dropped_empty", "dropped_invalid_utf8", "dropped_short"]),
+    ("count → tokenize", "documents", ["counted_rows"],
+     ["tokenized_docs", "dropped_empty", "dropped_invalid_utf8", "dropped_short"]),
     ("count → tokenize", "empty documents", ["counted_empty"], ["dropped_empty"]),
     ("count → tokenize", "invalid-UTF-8 documents", ["counted_invalid_utf8"], ["dropped_invalid_utf8"]),
     ("count → tokenize", "short documents", ["counted_short"], ["dropped_short"]),
@@ -241,7 +243,8 @@ def _split_codes(run: Path, source: str, shard: str, n: int, q: dict, spans: np.
 def mix_flow(run: Path, mix: str, split: str, shards: dict[str, ShardData], ledger: Ledger) -> dict:
     """Scheduled vs available tokens per source, and the pack's balance, for one mix split."""
     scope = f"{mix}/{split}"
-    sched = _read_table(run / "mix" / mix / f"{split}.parquet", ["source", "shard", "doc", "tokens", "epoch"], "run the mix stage")
+    sched = _read_table(run / "mix" / mix / f"{split}.parquet", ["source", "shard", "doc", "tokens", "epoch"],
+                        "run the mix stage")
     names, shard_id = shard_keys(sched)
     doc = sched["doc"].to_numpy().astype(np.int64)
     epoch = sched["epoch"].to_numpy().astype(np.int64)
@@ -259,18 +262,22 @@ def mix_flow(run: Path, mix: str, split: str, shards: dict[str, ShardData], ledg
     repeats = len(doc) - np.unique(np.stack([shard_id, doc, epoch]), axis=1).shape[1] if len(doc) else 0
     per_doc = shards[names[0]].delimiters_per_doc if names else 0
     mismatches = len(token_column_mismatches(sched["tokens"].to_numpy().astype(np.int64), spans, per_doc))
-    for check, value in (("scheduled documents not in the split", wrong), ("documents scheduled twice in one epoch", repeats),
+    for check, value in (("scheduled documents not in the split", wrong),
+                         ("documents scheduled twice in one epoch", repeats),
                          ("documents whose `tokens` disagrees with the span", mismatches)):
         ledger.add(Line("split → mix", scope, check, "0", 0, "count", value))
 
-    sources = np.asarray([n.split("/", 1)[0] for n in names], dtype=object)[shard_id] if len(doc) else np.zeros(0, object)
+    sources = (np.asarray([n.split("/", 1)[0] for n in names], dtype=object)[shard_id] if len(doc)
+               else np.zeros(0, object))
     by_source = {}
     for s in sorted(set(sources)):
         sel = sources == s
-        available = sum(int(d.spans[d.split == SPLIT_CODES[split]].sum()) for n, d in shards.items() if n.split("/", 1)[0] == s)
+        available = sum(int(d.spans[d.split == SPLIT_CODES[split]].sum())
+                        for n, d in shards.items() if n.split("/", 1)[0] == s)
         epochs = int(epoch[sel].max()) + 1
         scheduled = int(spans[sel].sum())
-        by_source[s] = {"available": available, "epochs": epochs, "scheduled": scheduled, "unused": available * epochs - scheduled}
+        by_source[s] = {"available": available, "epochs": epochs, "scheduled": scheduled,
+                        "unused": available * epochs - scheduled}
     flow = {"scheduled": int(spans.sum()), "documents": len(doc), "sources": by_source}
     flow["pack"] = pack_flow(run, mix, split, flow, ledger)
     return flow
@@ -285,12 +292,14 @@ def pack_flow(run: Path, mix: str, split: str, flow: dict, ledger: Ledger) -> di
     row_tokens = p["n_rows"] * (p["seq_len"] + 1)
     ledger.add(Line("mix → pack", scope, "tokens", "scheduled", flow["scheduled"], "tokens_in", p["tokens_in"]))
     for s, f in flow["sources"].items():
-        ledger.add(Line("mix → pack", scope, f"{s} tokens", "scheduled", f["scheduled"], "packed tokens_in", p["tokens_by_source"].get(s, 0)))
+        ledger.add(Line("mix → pack", scope, f"{s} tokens", "scheduled", f["scheduled"], "packed tokens_in",
+                        p["tokens_by_source"].get(s, 0)))
     ledger.add(Line("pack", scope, "tokens in", "tokens_in", p["tokens_in"], "packed + dropped tail + truncated",
                     p["tokens_packed"] + p["dropped_tail_tokens"] + p["truncated_tokens"]))
     ledger.add(Line("pack", scope, "row tokens", "rows × (seq_len + 1)", row_tokens, "packed + pad",
                     p["tokens_packed"] + p["pad_tokens"]))
-    keys = ("packing", "seq_len", "n_rows", "tokens_in", "tokens_packed", "dropped_tail_tokens", "pad_tokens", "truncated_tokens")
+    keys = ("packing", "seq_len", "n_rows", "tokens_in", "tokens_packed", "dropped_tail_tokens", "pad_tokens",
+            "truncated_tokens")
     return {k: p[k] for k in keys} | {"row_tokens": row_tokens}
 
 
@@ -332,9 +341,11 @@ def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
 
 def markdown(report: dict) -> str:
     """The report as markdown tables: flow per source, per mix, and every balance line."""
-    out = ["# Token accounting", "", "Every number is exact; token counts from *tokenized* on include document delimiters.", "",
+    out = ["# Token accounting", "",
+           "Every number is exact; token counts from *tokenized* on include document delimiters.", "",
            "## Sources", "",
-           "| source | counted rows | counted doc tokens | dropped empty / invalid / short | tokenized docs | tokenized tokens (doc + delim) | dup removed | train | val |",
+           "| source | counted rows | counted doc tokens | dropped empty / invalid / short | tokenized docs "
+           "| tokenized tokens (doc + delim) | dup removed | train | val |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, q in [*report["sources"].items(), ("**all**", report["total"])]:
         out.append(f"| {name} | {q['counted_rows']:,} | {q['counted_tokens']:,} | {q['dropped_empty']:,} / "
@@ -343,7 +354,8 @@ def markdown(report: dict) -> str:
                    f"{q['tokenized_tokens']:,} "
                    f"({q['tokenized_doc_tokens']:,} + {q['tokenized_delimiter_tokens']:,}) | {q['dup_tokens']:,} | "
                    f"{q['train_tokens']:,} | {q['val_tokens']:,} |")
-    out += ["", "## Mixes", "", "| mix / split | source | available | epochs | scheduled | unused |", "|---|---|---:|---:|---:|---:|"]
+    out += ["", "## Mixes", "", "| mix / split | source | available | epochs | scheduled | unused |",
+            "|---|---|---:|---:|---:|---:|"]
     for m, splits in report["mixes"].items():
         for split, f in splits.items():
             for s, v in f["sources"].items():

@@ -51,7 +51,8 @@ class DocBatch:
     invalid_utf8: int = 0
 
 
-def iter_documents(path: str | os.PathLike, source: dict, batch_size: int, row_group: int | None = None) -> Iterator[DocBatch]:
+def iter_documents(path: str | os.PathLike, source: dict, batch_size: int,
+                   row_group: int | None = None) -> Iterator[DocBatch]:
     """Stream a raw shard (or one of its row groups) as DocBatches of at most `batch_size` rows;
     only the needed column is read.
 
@@ -136,7 +137,8 @@ def _decode_chat_rows(values: list[list[dict] | None], start: int) -> DocBatch:
     batch = DocBatch(n_rows=len(values))
     for row, conv in enumerate(values, start):
         try:
-            messages = [{"role": (m["role"] or b"").decode("utf-8"), "content": (m["content"] or b"").decode("utf-8")} for m in conv or ()]
+            messages = [{"role": (m["role"] or b"").decode("utf-8"), "content": (m["content"] or b"").decode("utf-8")}
+                        for m in conv or ()]
         except UnicodeDecodeError:
             batch.invalid_utf8 += 1
             continue
@@ -336,7 +338,8 @@ def token_column_mismatches(tokens: np.ndarray, spans: np.ndarray, delimiters_pe
 def pack_paths(out_json: str | os.PathLike) -> dict[str, Path]:
     out_json = Path(out_json)
     stem = out_json.parent / out_json.name.removesuffix(".json")
-    return {"bin": Path(f"{stem}.bin"), "docs": Path(f"{stem}.docs.npy"), "mask": Path(f"{stem}.mask.bin"), "json": out_json}
+    return {"bin": Path(f"{stem}.bin"), "docs": Path(f"{stem}.docs.npy"), "mask": Path(f"{stem}.mask.bin"),
+            "json": out_json}
 
 
 def span_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -223,7 +223,8 @@ def catalogue(paths: list[str | os.PathLike], dd: dict) -> list[ShardSig]:
         except (OSError, pa.ArrowException) as e:
             raise PipelineError(f"{p}: not a readable signatures file ({e}); rerun dedup_signatures") from None
         if "source" not in meta or "shard" not in meta:
-            raise PipelineError(f"{p}: no source/shard metadata; it was not written by `pipeline.data.dedup signatures`")
+            raise PipelineError(f"{p}: no source/shard metadata; "
+                                "it was not written by `pipeline.data.dedup signatures`")
         stale = {k: meta.get(k) for k in HASH_PARAMS if meta.get(k) != dd[k]}
         if stale:
             raise PipelineError(f"{p}: signatures were made with {stale}, but the config says "

@@ -1,6 +1,7 @@
 """Ingest: place each shard of a group at `{data_dir}/{source}/{shard}.parquet`, verified.
 
-    python -m pipeline.data.download --params JSON --source S --shards SH ... --outputs D/S/SH.parquet ... [--manifest M]
+    python -m pipeline.data.download --params JSON --source S --shards SH ... \\
+        --outputs D/S/SH.parquet ... [--manifest M]
 
 Origins (the mapping of `pipeline.config.source_files`):
 
@@ -112,7 +113,8 @@ class HubFile:
 
     @property
     def url(self) -> str:
-        return hf_hub_url(self.repo, self.filename, repo_type=self.repo_type, revision=self.revision, endpoint=self.endpoint)
+        return hf_hub_url(self.repo, self.filename, repo_type=self.repo_type, revision=self.revision,
+                          endpoint=self.endpoint)
 
     def __str__(self) -> str:
         return f"{self.filename} of {self.repo_type} repo {self.repo} at revision {self.revision}"
@@ -179,7 +181,8 @@ def verify_parquet(path: str | os.PathLike, name: str, spec: dict, label: str) -
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
-        raise PipelineError(f"{label} is not a readable parquet file, it is corrupt or truncated ({e}); replace it") from None
+        raise PipelineError(f"{label} is not a readable parquet file, "
+                            f"it is corrupt or truncated ({e}); replace it") from None
     with pf:
         schema = pf.schema_arrow
         if col not in schema.names:
@@ -236,7 +239,8 @@ def ingest_local(name: str, spec: dict, shard: str, path: str, out: Path, params
     fields = {"source": name, "shard": shard, "type": "local", "origin": str(src.resolve())}
     with atomic_path(out) as tmp:
         shutil.copyfile(src, tmp)
-        record = {**fields, **verify_shard(tmp, name, spec, src.name, str(src), sha256_file(tmp)), "meta": provenance(STAGE, params, [src])}
+        record = {**fields, **verify_shard(tmp, name, spec, src.name, str(src), sha256_file(tmp)),
+                  "meta": provenance(STAGE, params, [src])}
         write_json(sidecar_path(out), record)  # before atomic_path renames the shard into place
     log_placed(out, record)
     return record
@@ -293,7 +297,8 @@ def placed_is_current(out: Path, placed: dict | None, f: HubFile, etag: str) -> 
     if recorded != ("hf", f.repo, f.repo_type, f.filename, etag):
         return False
     if out.stat().st_size != placed.get("bytes") or sha256_file(out) != placed.get("sha256"):
-        log.warning("%s no longer matches the size and sha256 its sidecar records (changed on disk since): downloading it again", out)
+        log.warning("%s no longer matches the size and sha256 its sidecar records (changed on disk since): "
+                    "downloading it again", out)
         return False
     return True
 
@@ -418,9 +423,11 @@ def _client_error(f: HubFile, name: str, e: Exception) -> PipelineError:
     if isinstance(e, OfflineModeIsEnabled):
         msg = f"cannot download {f}: HF_HUB_OFFLINE is set; unset it, or make sources.{name} a local source"
     elif isinstance(e, RevisionNotFoundError):
-        msg = f"revision '{f.revision}' not found in {f.repo_type} repo {f.repo} (HTTP {status} for {f.url}); check sources.{name}.revision"
+        msg = (f"revision '{f.revision}' not found in {f.repo_type} repo {f.repo} (HTTP {status} for {f.url}); "
+               f"check sources.{name}.revision")
     elif isinstance(e, RemoteEntryNotFoundError):
-        msg = f"file {f.filename} not found in {f.repo_type} repo {f.repo} at revision {f.revision} (HTTP {status} for {f.url}); check sources.{name}.pattern and sources.{name}.shards"
+        msg = (f"file {f.filename} not found in {f.repo_type} repo {f.repo} at revision {f.revision} "
+               f"(HTTP {status} for {f.url}); check sources.{name}.pattern and sources.{name}.shards")
     elif isinstance(e, RepositoryNotFoundError):
         msg = (
             f"{f.repo_type} repo {f.repo} not found or not accessible at {f.endpoint} (HTTP {status}); check "
@@ -428,7 +435,8 @@ def _client_error(f: HubFile, name: str, e: Exception) -> PipelineError:
             f"and sources.{name}.repo_type, and for a private or gated repo that HF_TOKEN is set to a token with access"
         )
     else:
-        msg = f"HTTP {status} while fetching {f} from {f.url} ({_first_line(e)}); check sources.{name} and, if access is denied, HF_TOKEN"
+        msg = (f"HTTP {status} while fetching {f} from {f.url} ({_first_line(e)}); "
+               f"check sources.{name} and, if access is denied, HF_TOKEN")
     return PipelineError(msg)
 
 
@@ -452,7 +460,8 @@ def _gave_up(f: HubFile, attempts: int, e: BaseException) -> PipelineError:
 
 
 def fetch_hf(
-    f: HubFile, name: str, out: Path, *, retries: int, backoff_seconds: float, timeout_seconds: float, keep=lambda remote: False
+    f: HubFile, name: str, out: Path, *, retries: int, backoff_seconds: float, timeout_seconds: float,
+    keep=lambda remote: False
 ) -> tuple[Path | None, dict]:
     """Download `f` into a partial file next to `out`, checked against the Hub's size and ETag.
 
@@ -475,7 +484,8 @@ def fetch_hf(
             if attempt == attempts:
                 raise _gave_up(f, attempts, e) from None
             wait = backoff_seconds * 2 ** (attempt - 1)
-            log.warning("attempt %d/%d for %s failed (%s); retrying in %.3gs", attempt, attempts, f, _first_line(e), wait)
+            log.warning("attempt %d/%d for %s failed (%s); retrying in %.3gs",
+                        attempt, attempts, f, _first_line(e), wait)
             time.sleep(wait)
 
 
@@ -491,7 +501,8 @@ def ingest_hf(name: str, spec: dict, shard: str, filename: str, out: Path, param
         return placed_is_current(out, placed, f, remote["etag"])
 
     part, got = fetch_hf(
-        f, name, out, retries=dl["retries"], backoff_seconds=dl["backoff_seconds"], timeout_seconds=dl["timeout_seconds"], keep=keep
+        f, name, out, retries=dl["retries"], backoff_seconds=dl["backoff_seconds"],
+        timeout_seconds=dl["timeout_seconds"], keep=keep
     )
     fields = {
         "source": name, "shard": shard, "type": "hf", "origin": f.url, "endpoint": f.endpoint,
@@ -502,7 +513,8 @@ def ingest_hf(name: str, spec: dict, shard: str, filename: str, out: Path, param
         return keep_placed(name, spec, out, fields, placed, params, str(f))
     with atomic_path(out) as tmp:
         os.replace(part, tmp)  # from here a failed check deletes the file (atomic_path cleans up)
-        record = {**fields, **verify_shard(tmp, name, spec, filename, str(f), got["sha256"]), "meta": provenance(STAGE, params)}
+        record = {**fields, **verify_shard(tmp, name, spec, filename, str(f), got["sha256"]),
+                  "meta": provenance(STAGE, params)}
         check_commit(name, shard, out, f, got["commit"])  # again: another job may have placed a shard meanwhile
         write_json(sidecar_path(out), record)  # before atomic_path renames the shard into place
     log_placed(out, record)
@@ -526,7 +538,8 @@ def download_shard(params: dict, source: str, shard: str, out: str | os.PathLike
 
 
 def log_placed(out: Path, record: dict) -> None:
-    log.info("placed %s: %d rows, %d bytes, sha256 %s (from %s)", out, record["rows"], record["bytes"], record["sha256"][:12], record["origin"])
+    log.info("placed %s: %d rows, %d bytes, sha256 %s (from %s)",
+             out, record["rows"], record["bytes"], record["sha256"][:12], record["origin"])
 
 
 def main(argv=None) -> None:

@@ -158,7 +158,8 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
 
 def format_ranks(ranks: dict[bytes, int]) -> bytes:
     """tiktoken's `.tiktoken` format: one `base64(token) rank` line per token, by rank."""
-    lines = [base64.b64encode(tok) + b" " + str(rank).encode() for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1])]
+    lines = [base64.b64encode(tok) + b" " + str(rank).encode()
+             for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1])]
     return b"\n".join(lines) + b"\n"
 
 

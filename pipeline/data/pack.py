@@ -219,7 +219,8 @@ def best_fit_decreasing(lengths: np.ndarray, row_len: int) -> tuple[np.ndarray, 
     return row, off
 
 
-def pack_bestfit(shards, spans: Spans, row_len: int, dtype, pad_id: int, writer: HashingWriter, mask_f, rows_per_chunk: int) -> dict:
+def pack_bestfit(shards, spans: Spans, row_len: int, dtype, pad_id: int, writer: HashingWriter, mask_f,
+                 rows_per_chunk: int) -> dict:
     """Best-fit-decreasing rows with padding and a loss mask; returns counts and piece starts."""
     pieces = split_long(spans, row_len)
     row, off = best_fit_decreasing(pieces.length, row_len)

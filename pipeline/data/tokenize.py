@@ -79,7 +79,8 @@ def delimiter_layout(tok: Tokenizer) -> tuple[list[int], list[int]]:
     return probe[:i], probe[i + 1:]
 
 
-def delimit_into(ids: list, lengths: np.ndarray, head: list[int], tail: list[int], dtype) -> tuple[np.ndarray, np.ndarray]:
+def delimit_into(ids: list, lengths: np.ndarray, head: list[int], tail: list[int],
+                 dtype) -> tuple[np.ndarray, np.ndarray]:
     """`Tokenizer.delimit` over a batch in one pass: each document's ids, with `head` before and `tail`
     after it, back to back in one array of `dtype` → (that array, where each document's own ids start)."""
     ends = np.cumsum(lengths + len(head) + len(tail))
@@ -161,7 +162,8 @@ def tokenize_shard(
             np.save(f, stats.offsets())
     if stats.n_rows == 0:
         log.warning("%s has no rows; wrote an empty tokenized shard", input_path)
-    meta = shard_metadata(tok, stats, dtype, source, shard, chat, provenance("tokenize", params, [input_path, tok.path]))
+    meta = shard_metadata(tok, stats, dtype, source, shard, chat,
+                          provenance("tokenize", params, [input_path, tok.path]))
     write_json(paths["json"], meta)
     log.info("%s/%s: %d docs, %d tokens (%d delimiters), dropped %s",
              source, shard, meta["n_docs"], meta["n_tokens"], meta["n_delimiter_tokens"], meta["dropped"])

@@ -1,6 +1,7 @@
 """Tokenizer stage: train a byte-level BPE (rustbpe) or load a stock tiktoken encoding offline.
 
-    python -m pipeline.data.tokenizer --params JSON --inputs D/{source}/{shard}.parquet ... --out R/tokenizer/tokenizer.json
+    python -m pipeline.data.tokenizer --params JSON --inputs D/{source}/{shard}.parquet ... \\
+        --out R/tokenizer/tokenizer.json
 
 Either way the result is a `tiktoken.Encoding` plus our special tokens, persisted as
 `R/tokenizer/tokenizer.json` and its ranks file `tokenizer.tiktoken` (docs/data-contract.md). Every
@@ -200,7 +201,8 @@ def build_tokenizer(params: dict, inputs: list[str], out: str | os.PathLike) -> 
     out = Path(out)
     delimiter = tok.get("delimiter", "bos")
     if tok.get("kind", "bpe") == "bpe":
-        shards = [(p, params["sources"][Path(p).parent.name]) for p in inputs if Path(p).parent.name in params["sources"]]
+        shards = [(p, params["sources"][Path(p).parent.name]) for p in inputs
+                  if Path(p).parent.name in params["sources"]]
         if not shards:
             raise PipelineError("no input shard belongs to a tokenizer training source "
                                 f"({', '.join(params['sources'])}); "
