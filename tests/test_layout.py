@@ -71,7 +71,8 @@ def test_no_import_circle():
 def test_no_stage_imports_another_stage():
     g, st = graph(), stages()
     crossing = {(m, n) for m in st for n in g[m] if n in st}
-    assert not crossing, f"stage modules import each other: {sorted(crossing)}; move what they share to a library module"
+    assert not crossing, (f"stage modules import each other: {sorted(crossing)}; "
+                          "move what they share to a library module")
 
 
 def test_top_level_is_torch_free():

@@ -135,7 +135,8 @@ def test_mix_weights_split_the_need_between_sources():
     assert plan["shards_available"] == 70
 
 
-def write_counts(path, rows, columns=("source", "shard", "tokens", "delimiter_tokens", "short_tokens", "short_documents")):
+def write_counts(path, rows,
+                 columns=("source", "shard", "tokens", "delimiter_tokens", "short_tokens", "short_documents")):
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({c: [r[i] for r in rows] for i, c in enumerate(columns)}), path)
     return path
@@ -157,7 +158,8 @@ def test_counts_file_overrides_the_estimate(tmp_path):
 def test_counts_file_problems_are_named(tmp_path):
     cfg = fineweb_cfg()
     del cfg["sources"]["fineweb"]["tokens_per_shard_estimate"]
-    other = write_counts(tmp_path / "other.parquet", [("web", "s0", 10, 1)], columns=("source", "shard", "tokens", "delimiter_tokens"))
+    other = write_counts(tmp_path / "other.parquet", [("web", "s0", 10, 1)],
+                         columns=("source", "shard", "tokens", "delimiter_tokens"))
     with pytest.raises(PlanError, match="no rows for source 'fineweb'.*tokens_per_shard_estimate"):
         make_plan(cfg, counts=other)
     no_tokens = write_counts(tmp_path / "bad.parquet", [("fineweb", "s0")], columns=("source", "shard"))
@@ -189,7 +191,8 @@ def test_cli_uses_the_runs_measured_counts(tmp_path, monkeypatch, capsys):
                                     "train": {"target_tokens": 60_000}}))
     main(["--configfile", str(cfg_file), "--json"])
     assert json.loads(capsys.readouterr().out)["tokens_per_shard"] is None  # nothing counted yet
-    write_counts(tmp_path / "results/r/counts/counts.parquet", [("web", f"shard_{i:05d}", 49_999, 1, 0, 0) for i in range(4)])
+    write_counts(tmp_path / "results/r/counts/counts.parquet",
+                 [("web", f"shard_{i:05d}", 49_999, 1, 0, 0) for i in range(4)])
     main(["--configfile", str(cfg_file), "--json"])
     plan = json.loads(capsys.readouterr().out)
     # 65,792 scheduled tokens (whole steps and rows) + the default 50,000-token val reserve, at 50,000 per shard
@@ -244,9 +247,11 @@ def test_activation_model_by_hand_and_mode_ordering():
     def mem(**train):
         return estimate_memory(fineweb_cfg(train=train))
 
-    assert mem(activation_checkpointing="none")["activations"] > mem(activation_checkpointing="every_n")["activations"] \
+    assert mem(activation_checkpointing="none")["activations"] \
+        > mem(activation_checkpointing="every_n")["activations"] \
         > mem(activation_checkpointing="block")["activations"]
-    assert mem(optimizer="adamw")["optimizer"] > mem(optimizer="muon")["optimizer"] > mem(optimizer="adamw8bit")["optimizer"]
+    assert mem(optimizer="adamw")["optimizer"] > mem(optimizer="muon")["optimizer"] \
+        > mem(optimizer="adamw8bit")["optimizer"]
     assert mem(precision="fp32")["activations"] > mem(precision="bf16")["activations"]
 
 
@@ -299,7 +304,8 @@ def test_cli_table_and_outputs(tmp_path, capsys):
 def test_cli_failure_is_one_error_line(tmp_path):
     cfg = load_config(LLAMA_1B)
     cfg["sources"]["fineweb"]["shards"] = [0, 100]
-    proc = subprocess.run([sys.executable, "-m", "pipeline.plan", "--params", json.dumps(cfg), "--out", str(tmp_path / "p.json")],
+    proc = subprocess.run([sys.executable, "-m", "pipeline.plan", "--params", json.dumps(cfg),
+                           "--out", str(tmp_path / "p.json")],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1 and not (tmp_path / "p.json").exists()
     assert proc.stderr.startswith("error: the budget needs") and proc.stderr.count("\n") == 1

@@ -76,7 +76,8 @@ def write_config(path: Path, config: dict) -> None:
 
 def snakemake(path: Path, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", WANDB_MODE="offline")
-    cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(path), "--configfile", str(path / "config.yaml"), "--cores", "2", *args]
+    cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(path), "--configfile", str(path / "config.yaml"),
+           "--cores", "2", *args]
     proc = subprocess.run(cmd, cwd=path, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
@@ -103,7 +104,8 @@ def project(tmp_path_factory):
 def test_end_to_end(project):
     R = project / "results/t"
     for rel in ["tokenizer/tokenizer.json", "counts/counts.parquet", "plan.json", "accounting.json",
-                "pack/pretrain/train.json", "pack/midtrain/train.json", "train/final.pt", "eval/report.json", "eval/loss.png"]:
+                "pack/pretrain/train.json", "pack/midtrain/train.json", "train/final.pt", "eval/report.json",
+                "eval/loss.png"]:
         assert (R / rel).exists(), rel
     plan = json.loads((R / "plan.json").read_text())
     assert plan["num_steps"] == 100 and plan["grad_accum_steps"] == 2
@@ -210,7 +212,8 @@ def test_corrupt_shard_fails_with_named_file_and_no_output(tmp_path):
 def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     proc = subprocess.run(
-        [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path), "-n", "--configfile", str(ROOT / "configs/llama3-1b-fineweb.yaml")],
+        [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path), "-n",
+         "--configfile", str(ROOT / "configs/llama3-1b-fineweb.yaml")],
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

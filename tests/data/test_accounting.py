@@ -51,7 +51,8 @@ def dedup_and_split(run, source, shard, dedup: bool):
     cluster = np.where(dup, doc - 1, doc) + 1000 * len(source + shard)
     if dedup:
         pq.write_table(pa.table({"doc": doc, "cluster": cluster, "keep": ~dup,
-                                 "reason": np.where(dup, "exact", "keep")}), _mk(run / f"dedup/keep/{source}/{shard}.parquet"))
+                                 "reason": np.where(dup, "exact", "keep")}),
+                       _mk(run / f"dedup/keep/{source}/{shard}.parquet"))
     split = np.where(dup, "dup", np.where(cluster % 4 == 0, "val", "train"))
     pq.write_table(pa.table({"doc": doc, "cluster": cluster, "tokens": spans, "split": split}),
                    _mk(run / f"split/{source}/{shard}.parquet"))
@@ -113,11 +114,13 @@ def built(tmp_path_factory):
 def test_balanced_run(built, tmp_path):
     cfg, run = built
     out, md = tmp_path / "accounting.json", tmp_path / "accounting.md"
-    main(["--params", params_json(stage_params(cfg, "accounting")), "--run-dir", str(run), "--out", str(out), "--out-md", str(md)])
+    main(["--params", params_json(stage_params(cfg, "accounting")), "--run-dir", str(run), "--out", str(out),
+          "--out-md", str(md)])
     rep = read_json(out)
     t = rep["total"]
     assert rep["ok"] and all(ln["lhs"] == ln["rhs"] for ln in rep["lines"])
-    assert {"count → tokenize", "tokenize → dedup", "dedup → split", "split → mix", "mix → pack", "pack"} <= {ln["arrow"] for ln in rep["lines"]}
+    assert ({"count → tokenize", "tokenize → dedup", "dedup → split", "split → mix", "mix → pack", "pack"}
+            <= {ln["arrow"] for ln in rep["lines"]})
     web = rep["sources"]["web"]
     short = sum(len(t) < 12 for t in corpus(40, seed=20) + corpus(25, seed=21)) + 2  # + one "tiny" per shard
     assert (web["dropped_empty"], web["dropped_invalid_utf8"], web["dropped_short"]) == (4, 2, short)

@@ -235,7 +235,8 @@ def test_aggregate_table_and_totals(tmp_path, shard_jsons):
     main(["aggregate", "--inputs", *map(str, shard_jsons), "--out", str(table), "--summary", str(summary)])
     recs = [json.loads(p.read_text()) for p in shard_jsons]
     t = pq.read_table(table).to_pylist()
-    assert [(r["source"], r["shard"]) for r in t] == [("chat", "shard_00000"), ("web", "shard_00000"), ("web", "shard_00001")]
+    assert [(r["source"], r["shard"]) for r in t] == [("chat", "shard_00000"), ("web", "shard_00000"),
+                                                      ("web", "shard_00001")]
     by_key = {(r["source"], r["shard"]): r for r in recs}
     for row in t:
         assert all(row[f] == by_key[(row["source"], row["shard"])][f] for f in COUNT_FIELDS)
@@ -248,7 +249,8 @@ def test_aggregate_table_and_totals(tmp_path, shard_jsons):
     assert s["sources"]["web"]["shards"] == 2 and s["total"]["shards"] == 3
     assert s["sources"]["web"]["empty_documents"] == 1
     assert s["sources"]["web"]["mean_tokens_per_shard"] == pytest.approx(sum(r["tokens"] for r in web) / 2)
-    assert s["total"]["bytes_per_token"] == pytest.approx(sum(r["bytes"] for r in recs) / sum(r["tokens"] for r in recs))
+    assert s["total"]["bytes_per_token"] == pytest.approx(sum(r["bytes"] for r in recs)
+                                                          / sum(r["tokens"] for r in recs))
     assert s["tokenizer_sha256"] == recs[0]["tokenizer_sha256"] and s["meta"]["stage"] == "count"
 
 

@@ -188,7 +188,8 @@ def test_wrong_sha256_pin_fails_and_places_nothing(hub, tmp_path):
 @pytest.mark.parametrize(
     "source, shard, expected",
     [
-        (hf_source(), "shard_00002", f"file data/shard_00002.parquet not found in dataset repo {REPO} at revision main"),
+        (hf_source(), "shard_00002",
+         f"file data/shard_00002.parquet not found in dataset repo {REPO} at revision main"),
         (hf_source(revision="v9.9"), "shard_00000", f"revision 'v9.9' not found in dataset repo {REPO}"),
         (hf_source(repo="org/nope"), "shard_00000", "dataset repo org/nope not found or not accessible"),
     ],
@@ -283,7 +284,8 @@ def test_placed_shard_damaged_on_disk_is_downloaded_again(hub, tmp_path, damage)
 
 
 def test_file_changed_upstream_is_downloaded_again(hub, tmp_path):
-    old, new = shard_bytes(tmp_path, ["old document"], "old.parquet"), shard_bytes(tmp_path, ["new document", "added"], "new.parquet")
+    old, new = (shard_bytes(tmp_path, ["old document"], "old.parquet"),
+                shard_bytes(tmp_path, ["new document", "added"], "new.parquet"))
     hub.add_file(REPO, FILE0, old)
     out = tmp_path / "raw/web/shard_00000.parquet"
     assert run_download(params_for(hf_source()), out, hub_env(hub, tmp_path)).returncode == 0
@@ -302,7 +304,8 @@ def test_file_changed_upstream_is_downloaded_again(hub, tmp_path):
 
 @pytest.mark.parametrize(
     "over, expected",
-    [({"sha256": {FILE0: "0" * 64}}, f"sources.web.sha256['{FILE0}'] pins {'0' * 64}"), ({"text_column": "body"}, "has no column 'body'")],
+    [({"sha256": {FILE0: "0" * 64}}, f"sources.web.sha256['{FILE0}'] pins {'0' * 64}"),
+     ({"text_column": "body"}, "has no column 'body'")],
     ids=["pin", "text-column"],
 )
 def test_placed_shard_is_checked_against_the_current_config(hub, tmp_path, over, expected):
@@ -366,12 +369,14 @@ def test_commit_is_checked_again_before_placing(hub, tmp_path, monkeypatch):
     def fetch_while_another_job_places(*args, **kwargs):
         got = fetch(*args, **kwargs)
         out2.write_bytes(b"placed by another job")
-        other = {"source": "web", "shard": "shard_00002", "type": "hf", "repo": REPO, "repo_type": "dataset", "revision": "main"}
+        other = {"source": "web", "shard": "shard_00002", "type": "hf", "repo": REPO, "repo_type": "dataset",
+                 "revision": "main"}
         sidecar_path(out2).write_text(json.dumps({**other, "commit": "b" * 40}))
         return got
 
     monkeypatch.setattr(download, "fetch_hf", fetch_while_another_job_places)
-    with pytest.raises(PipelineError, match=f"shard 'shard_00000' .* to commit {hub.commit}, but shard 'shard_00002' .* commit {'b' * 40}"):
+    with pytest.raises(PipelineError, match=f"shard 'shard_00000' .* to commit {hub.commit}, "
+                                            f"but shard 'shard_00002' .* commit {'b' * 40}"):
         download_shard(params_for(hf_source()), "web", "shard_00000", out0)
     assert not out0.exists() and not sidecar_path(out0).exists()
     assert leftovers(out0.parent) == []
@@ -402,7 +407,8 @@ def test_local_shard_is_copied_and_verified(tmp_path):
 
 
 def test_local_chat_shard_checks_the_messages_column(tmp_path):
-    write_chat_shard(tmp_path / "src/chat_0.parquet", [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]])
+    write_chat_shard(tmp_path / "src/chat_0.parquet",
+                     [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]])
     out = tmp_path / "raw/web/chat_0.parquet"
     record = download_shard(local_params(tmp_path, format="chat"), "web", "chat_0", out)
     assert record["rows"] == 1 and out.exists()
@@ -428,13 +434,16 @@ def _corrupt_pages(path: Path) -> None:
     [
         (_truncated, {}, "is not a readable parquet file"),
         (_corrupt_pages, {}, "is corrupt: column 'text' cannot be decoded"),
-        (lambda p: write_text_shard(p, ["doc"], column="body"), {}, "has no column 'text' (columns present: id, body); set sources.web.text_column"),
+        (lambda p: write_text_shard(p, ["doc"], column="body"), {},
+         "has no column 'text' (columns present: id, body); set sources.web.text_column"),
         (lambda p: write_text_shard(p, []), {}, "has zero rows"),
         (lambda p: pq.write_table(pa.table({"text": [1, 2]}), p), {}, "column 'text' has type int64, expected string"),
         (lambda p: write_text_shard(p, ["doc"]), {"format": "chat"}, "has no column 'messages'"),
-        (lambda p: write_text_shard(p, ["doc"]), {"sha256": {"shard_00000.parquet": "f" * 64}}, "sources.web.sha256['shard_00000.parquet'] pins"),
+        (lambda p: write_text_shard(p, ["doc"]), {"sha256": {"shard_00000.parquet": "f" * 64}},
+         "sources.web.sha256['shard_00000.parquet'] pins"),
     ],
-    ids=["truncated", "corrupt-pages", "missing-column", "empty", "wrong-type", "chat-without-messages", "pin-mismatch"],
+    ids=["truncated", "corrupt-pages", "missing-column", "empty", "wrong-type", "chat-without-messages",
+         "pin-mismatch"],
 )
 def test_bad_local_shard_is_a_clear_error_and_places_nothing(tmp_path, make, over, expected):
     src = tmp_path / "src/shard_00000.parquet"
@@ -483,7 +492,8 @@ def test_local_shard_already_placed_is_copied_again(tmp_path):
 def test_unknown_shard_and_source_are_clear_errors(tmp_path):
     write_text_shard(tmp_path / "src/shard_00000.parquet", ["doc"])
     params = local_params(tmp_path)
-    with pytest.raises(PipelineError, match=r"'shard_00009' is not a shard of source 'web' \(its shards: shard_00000\)"):
+    with pytest.raises(PipelineError,
+                       match=r"'shard_00009' is not a shard of source 'web' \(its shards: shard_00000\)"):
         download_shard(params, "web", "shard_00009", tmp_path / "out.parquet")
     with pytest.raises(PipelineError, match=r"unknown source 'chat' \(sources: web\)"):
         download_shard(params, "chat", "shard_00000", tmp_path / "out.parquet")

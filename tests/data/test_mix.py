@@ -170,7 +170,8 @@ def test_mix_params_ignore_micro_batch_and_hardware(tmp_path):
     edits = [{"train": {"micro_batch": t["micro_batch"] // 2}}, {"hardware": {"gpu_memory_gb": 1}}]
     for edit in edits:
         assert stage_params(load_config(ROOT / "config.yaml", edit), "mix") == stage_params(base, "mix")
-    budget = load_config(ROOT / "config.yaml", {"train": {"target_tokens": 2 * plan_module.make_plan(base)["trained_tokens"]}})
+    budget = load_config(ROOT / "config.yaml",
+                         {"train": {"target_tokens": 2 * plan_module.make_plan(base)["trained_tokens"]}})
     assert stage_params(budget, "mix")["trained_tokens"] == 2 * stage_params(base, "mix")["trained_tokens"]
 
 

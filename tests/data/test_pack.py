@@ -25,7 +25,8 @@ from pipeline.io import read_json
 SEQ = 16
 C = SEQ + 1
 CHATS = [
-    [{"role": "user", "content": f"question {i} about the river"}, {"role": "assistant", "content": "stone " * (i % 9 + 1)}]
+    [{"role": "user", "content": f"question {i} about the river"},
+     {"role": "assistant", "content": "stone " * (i % 9 + 1)}]
     for i in range(30)
 ]
 
@@ -205,7 +206,8 @@ def test_schedule_tokens_may_exclude_delimiters(data, tmp_path):
     a = pack(params("concat"), "m", "train", with_delims, data / "tokens", tmp_path / "a/train.json")
     b = pack(params("concat"), "m", "train", without, data / "tokens", tmp_path / "b/train.json")
     assert a["sha256"] == b["sha256"] and a["tokens_in"] == b["tokens_in"]
-    mixed = write_schedule(tmp_path / "mixed.parquet", rows[:2], [true_tokens(data, rows[:1])[0] - 1, true_tokens(data, rows[1:2])[0]])
+    mixed = write_schedule(tmp_path / "mixed.parquet", rows[:2],
+                           [true_tokens(data, rows[:1])[0] - 1, true_tokens(data, rows[1:2])[0]])
     with pytest.raises(PipelineError, match="row 1 .* stale"):
         pack(params("concat"), "m", "train", mixed, data / "tokens", tmp_path / "c/train.json")
 

@@ -139,7 +139,8 @@ def sides(tables: dict) -> dict:
 
 
 def val_docs(tables: dict, source: str) -> set:
-    return {(sh, d) for (s, sh), t in tables.items() if s == source for d, sp in zip(t["doc"], t["split"]) if sp == "val"}
+    return {(sh, d) for (s, sh), t in tables.items() if s == source
+            for d, sp in zip(t["doc"], t["split"]) if sp == "val"}
 
 
 def test_rank_by_hash_keeps_the_relative_order_when_shards_are_added():
@@ -151,7 +152,8 @@ def test_rank_by_hash_keeps_the_relative_order_when_shards_are_added():
     perm = rng.permutation(len(new_shard))  # input order does not matter either
     new_shard, new_doc = new_shard[perm], new_doc[perm]
     ranked_old = [old[i] for i in split.rank_by_hash(old_names, shard, doc, 3, "x")]
-    ranked_new = [(new_names[new_shard[i]], new_doc[i]) for i in split.rank_by_hash(new_names, new_shard, new_doc, 3, "x")]
+    ranked_new = [(new_names[new_shard[i]], new_doc[i])
+                  for i in split.rank_by_hash(new_names, new_shard, new_doc, 3, "x")]
     assert [x for x in ranked_new if x[0] in old_names] == ranked_old
     assert ranked_old != sorted(ranked_old)
     assert [old[i] for i in split.rank_by_hash(old_names, shard, doc, 4, "x")] != ranked_old  # seeded
@@ -182,7 +184,8 @@ def test_hash_split_is_stable_when_shards_or_sources_are_added(tmp_path):
     k2, t2 = add_unique_shard(tmp_path, "web", "s0", 300, 60 << 32, seed=2)  # sorts before web's shards
     split.run_split(params(), [*keep_paths, k2], [*token_paths, t2], tmp_path / "c", tmp_path / "c" / "r.json")
     grown = read_all(tmp_path / "c")
-    assert {key: t for key, t in grown.items() if key[0] == "chat"} == {key: t for key, t in before.items() if key[0] == "chat"}
+    assert ({key: t for key, t in grown.items() if key[0] == "chat"}
+            == {key: t for key, t in before.items() if key[0] == "chat"})
     old_val, new_val = val_docs(before, "web"), val_docs(grown, "web")
     kept_old = {x for x in new_val if x[0] != "s0"}
     assert any(x[0] == "s0" for x in new_val), "the new shard's documents take part in val"

@@ -40,7 +40,8 @@ def make_tokenizer(tmp_path, delimiter: str = "bos", vocab_size: int = 320) -> T
     """Train a real byte-level BPE through pipeline.data.tokenizer and load it."""
     shard = write_text_shard(tmp_path / "tok_train" / "web" / "s.parquet", corpus(300, seed=99))
     params = {
-        "tokenizer": {"kind": "bpe", "vocab_size": vocab_size, "train_chars": 30_000, "max_doc_chars": 10_000, "delimiter": delimiter},
+        "tokenizer": {"kind": "bpe", "vocab_size": vocab_size, "train_chars": 30_000, "max_doc_chars": 10_000,
+                      "delimiter": delimiter},
         "sources": {"web": {"format": "text"}},
         "seed": 0,
     }
@@ -125,7 +126,8 @@ def test_accounting_roundtrip_and_delimiters(tmp_path, toks, delimiter):
     counts = count_shard(shard, tok, params(min_chars=5)["sources"]["s"], batch_size=5)
     assert counts["tokens"] == meta["n_doc_tokens"] + meta["dropped_tokens"]["short"]
     assert counts["documents"] == meta["n_rows"]
-    assert (counts["empty_documents"], counts["invalid_utf8_documents"]) == (meta["dropped"]["empty"], meta["dropped"]["invalid_utf8"])
+    assert ((counts["empty_documents"], counts["invalid_utf8_documents"])
+            == (meta["dropped"]["empty"], meta["dropped"]["invalid_utf8"]))
 
 
 def test_batch_size_does_not_change_output(tmp_path, toks):
@@ -167,7 +169,8 @@ def test_chat_mask(tmp_path, toks, delimiter):
     ]
     shard = write_chat_shard(tmp_path / "raw" / "c" / "c0.parquet", convs)
     out = tmp_path / "tokens" / "c" / "c0.json"
-    p = {"sources": {"c": {"type": "local", "format": "chat", "messages_column": "messages"}}, "count": {"batch_size": 2}}
+    p = {"sources": {"c": {"type": "local", "format": "chat", "messages_column": "messages"}},
+         "count": {"batch_size": 2}}
     meta = tokenize_shard(tok, shard, out, "c", "c0", p)
     assert meta["doc_rows"] == [0, 2] and meta["dropped"]["empty"] == 1 and meta["has_mask"]
     _, docs, mask, off = spans(out)
@@ -221,11 +224,12 @@ def test_cli(tmp_path, toks):
     shard = write_text_shard(tmp_path / "raw" / "s" / "a.parquet", corpus(10, seed=5))
     out = tmp_path / "tokens" / "s" / "a.json"
     p = json.dumps(params())
-    main(["--params", p, "--tokenizer", toks["eos"].path, "--source", "s", "--inputs", str(shard), "--outputs", str(out)])
+    main(["--params", p, "--tokenizer", toks["eos"].path, "--source", "s", "--inputs", str(shard),
+          "--outputs", str(out)])
     assert read_json(out)["n_docs"] == 10 and read_json(out)["delimiter"] == "eos"
     r = subprocess.run(
-        [sys.executable, "-m", "pipeline.data.tokenize", "--params", p, "--tokenizer", toks["eos"].path, "--inputs", str(shard),
-         "--source", "nope", "--outputs", str(out)],
+        [sys.executable, "-m", "pipeline.data.tokenize", "--params", p, "--tokenizer", toks["eos"].path,
+         "--inputs", str(shard), "--source", "nope", "--outputs", str(out)],
         capture_output=True, text=True, cwd=ROOT,
     )
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: source 'nope'")

@@ -74,7 +74,8 @@ def test_train_bpe_has_exact_vocab_with_specials_on_top():
     assert sorted(special.values()) == list(range(300 - len(special), 300))
     assert list(special) == special_token_names("both")
     assert all(bytes([b]) in ranks for b in range(256))  # byte-level: every byte is a token
-    enc = tiktoken.Encoding("t", pat_str=r"\S+|\s+", mergeable_ranks=ranks, special_tokens=special, explicit_n_vocab=300)
+    enc = tiktoken.Encoding("t", pat_str=r"\S+|\s+", mergeable_ranks=ranks, special_tokens=special,
+                            explicit_n_vocab=300)
     assert enc.n_vocab == 300
 
 
@@ -161,7 +162,8 @@ def test_render_chat_ids_and_mask(built):
             expected_mask += [0] + [1] * (len(content) + 1)
     assert ids == expected_ids and mask == expected_mask
     # the masked tokens decode to exactly the assistant replies, each followed by <|assistant_end|>
-    assert tok.decode([i for i, m in zip(ids, mask) if m]) == "It is 4.<|assistant_end|>You're welcome.<|assistant_end|>"
+    assert (tok.decode([i for i, m in zip(ids, mask) if m])
+            == "It is 4.<|assistant_end|>You're welcome.<|assistant_end|>")
     assert tok.bos_id not in ids
     with pytest.raises(ValueError, match="system"):
         tok.render_chat([{"role": "system", "content": "x"}])
@@ -241,7 +243,8 @@ def test_stock_encoding_offline_with_our_specials_appended(tmp_path, no_network)
     cache = tmp_path / "cache"
     cached = fill_tiktoken_cache("cl100k_base", cache)
     url, sha = STOCK_ENCODINGS["cl100k_base"]
-    assert cached.name == hashlib.sha1(url.encode()).hexdigest() and hashlib.sha256(cached.read_bytes()).hexdigest() == sha
+    assert (cached.name == hashlib.sha1(url.encode()).hexdigest()
+            and hashlib.sha256(cached.read_bytes()).hexdigest() == sha)
     out = tmp_path / "tok" / "tokenizer.json"
     spec = build_tokenizer(stock_params(cache, delimiter="eos"), [], out)
     tok = load_tokenizer(out)

@@ -144,7 +144,8 @@ def test_checkpointing_matches_no_checkpointing(mode, with_docs):
 
 
 def test_checkpointing_modes_select_the_right_blocks():
-    every = Transformer(ModelConfig(**{**TINY, "n_layers": 5, "activation_checkpointing": "every_n", "checkpoint_every_n": 2}))
+    every = Transformer(ModelConfig(**{**TINY, "n_layers": 5, "activation_checkpointing": "every_n",
+                                       "checkpoint_every_n": 2}))
     assert every.checkpoint_blocks == (True, False, True, False, True)
     assert all(tiny(activation_checkpointing="block").checkpoint_blocks)
     mlp = tiny(activation_checkpointing="mlp")
