@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.tokenfarm-installed
 SNAKE   := PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/snakemake
 PYTEST_ARGS ?=
 
-.PHONY: run test dryrun plan report clean install
+.PHONY: run test lint dryrun plan report clean install
 
 install: $(STAMP)
 
@@ -26,6 +26,12 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# ruff over the repo, and snakemake's linter on the default config and every preset (it exits 1 on any lint).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(SNAKE) --lint
+	for c in configs/*.yaml; do $(SNAKE) --lint --configfile $$c || exit 1; done
 
 dryrun: $(STAMP)
 	$(SNAKE) -n --configfile configs/llama3-1b-fineweb.yaml

@@ -1,0 +1,30 @@
+"""`snakemake --lint` on the default config and on every preset in configs/ reports nothing.
+
+The same check as `make lint`; snakemake exits 1 when it prints a lint, and the output is checked too.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+PRESETS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("configfile", [None, *PRESETS], ids=["config.yaml", *PRESETS])
+def test_snakemake_lint_reports_nothing(configfile):
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    cmd = [SNAKEMAKE, "--lint", *(["--configfile", configfile] if configfile else [])]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "Lints for" not in out, out[-3000:]
+
+
+def test_presets_exist():
+    assert PRESETS, "configs/ has no preset to lint"
