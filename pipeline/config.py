@@ -322,6 +322,8 @@ def stage_params(cfg: dict, stage: str, source: str | None = None) -> dict:
             # plan.json) reruns no data stage, while a budget edit reruns the mix.
             p["trained_tokens"] = trained_tokens(cfg)
         return p
+    if stage == "export":  # what an exported model directory depends on (the checkpoint brings the weights)
+        return {"model": cfg["model"], "tokenizer": cfg["tokenizer"], "train": {"seq_len": cfg["train"]["seq_len"]}}
     # The plan rule reads measured counts of every source, so the planner's per-shard estimate is an
     # input of no rule: editing it reruns nothing (it serves dry runs and `python -m pipeline.plan`).
     sources = _sources_without(cfg, cfg["sources"], ("tokens_per_shard_estimate",))

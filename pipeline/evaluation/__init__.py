@@ -1,0 +1,1 @@
+"""Evaluation: the evaluate stage, the Hugging Face export, benchmark scorers."""

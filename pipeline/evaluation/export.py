@@ -1,0 +1,587 @@
+"""Export a trained checkpoint as a Hugging Face ``transformers`` Llama directory, and import one back.
+
+    python -m pipeline.evaluation.export --ckpt R/train/final.pt --tokenizer R/tokenizer/tokenizer.json \\
+        --out R/export/hf [--params JSON | --configfile FILE] [--force]
+    python -m pipeline.evaluation.export --from-hf DIR --out CKPT.pt [--params JSON | --configfile FILE] [--force]
+
+The directory (files listed in docs/data-contract.md, "Hugging Face export") loads offline with
+``LlamaForCausalLM.from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)``, and so with
+``lm-eval --model hf --model_args pretrained=DIR``. Why it computes the same function as our model
+(held by tests/evaluation/test_export.py to 1e-4 in fp32):
+
+* **Weights**: our parameter names map to transformers' by the plain renames of ``NAME_MAP``: both
+  models apply RoPE in the half-split ("rotate half") layout, so q/k need no permutation. A tied
+  model stores only the embedding (``tie_word_embeddings``).
+* **config.json**: ``rms_norm_eps`` is written explicitly (transformers' Llama default is 1e-6, ours
+  1e-5: the difference moves logits far beyond the tolerance), ``head_dim`` too, and the RoPE base
+  both as ``rope_theta`` (transformers 4.x) and ``rope_parameters`` (5.x). ``max_position_embeddings``
+  is the trained ``train.seq_len``.
+* **Tokenizer**: the tiktoken ranks become a byte-level BPE (``tokenizer.json`` for
+  ``PreTrainedTokenizerFast``): every split of a token into two tokens is a merge, ordered by the
+  token's rank, and ``ignore_merges`` makes a whole pre-token that is in the vocabulary one token —
+  exactly tiktoken's algorithm. The split regex is the same (a ``Split`` pre-tokenizer), bytes map
+  to strings by the GPT-2 byte-level table. Our special tokens are added special tokens at their
+  ids. The post-processor puts ``<|bos|>`` first: the prompt convention of training
+  (``prompt_ids``: every document starts with ``<|bos|>`` and so must a prompt). The chat rendering
+  of ``Tokenizer.render_chat`` is the Jinja ``chat_template``. One difference is by design: a
+  literal ``<|bos|>`` in text is ordinary text for us but the special token for transformers.
+  ``export`` checks the exported tokenizer against ours on probe texts before writing anything.
+
+Refused, with one error naming the cause: a checkpoint whose config differs from the tokenizer's
+run or from the given ``--params``/``--configfile``, a target that exists (unless ``--force``), and
+a model feature transformers' Llama cannot express (an unknown ``model.*`` key that is switched on,
+or a parameter ``NAME_MAP`` does not cover). The directory is written in a temporary sibling and
+renamed into place, so it exists complete or not at all.
+
+``--from-hf`` reads such a directory (ours or any compatible Llama) back into our checkpoint
+format (``{"model", "params", "plan", "summary", "versions"}`` as ``final.pt``, fp32), exact for
+our own exports: the same tensors bit for bit and, from ``tokenfarm.json``, the same params.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from pipeline.config import add_config_args, params_from_args, stage_params
+from pipeline.io import PipelineError, get_logger, provenance, read_json, run_cli, write_json
+
+log = get_logger(__name__)
+
+# Ours <-> transformers' LlamaForCausalLM: the one mapping table. "{i}" is the layer index.
+NAME_MAP: tuple[tuple[str, str], ...] = (
+    ("tok_embeddings.weight", "model.embed_tokens.weight"),
+    ("layers.{i}.attention_norm.weight", "model.layers.{i}.input_layernorm.weight"),
+    ("layers.{i}.attention.q_proj.weight", "model.layers.{i}.self_attn.q_proj.weight"),
+    ("layers.{i}.attention.k_proj.weight", "model.layers.{i}.self_attn.k_proj.weight"),
+    ("layers.{i}.attention.v_proj.weight", "model.layers.{i}.self_attn.v_proj.weight"),
+    ("layers.{i}.attention.o_proj.weight", "model.layers.{i}.self_attn.o_proj.weight"),
+    ("layers.{i}.ffn_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
+    ("layers.{i}.feed_forward.gate_proj.weight", "model.layers.{i}.mlp.gate_proj.weight"),
+    ("layers.{i}.feed_forward.up_proj.weight", "model.layers.{i}.mlp.up_proj.weight"),
+    ("layers.{i}.feed_forward.down_proj.weight", "model.layers.{i}.mlp.down_proj.weight"),
+    ("norm.weight", "model.norm.weight"),
+    ("lm_head.weight", "lm_head.weight"),
+)
+# model.* config keys the export expresses; any other key that is switched on is refused.
+MODEL_KEYS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "rope_theta", "norm_eps",
+              "tie_embeddings")
+MAX_SHARD_BYTES = 5 * 10**9  # transformers' default shard size ("5GB")
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+PROVENANCE = "tokenfarm.json"
+TRANSFORMERS_DEFAULT_EPS = 1e-6  # what LlamaConfig assumes when config.json has no rms_norm_eps
+# Texts on which the exported tokenizer must give our ids before anything is written.
+PROBE_TEXTS = (
+    "Hello world! It's 2024: numbers 1234567 and 3.14159.",
+    "  leading spaces, trailing tabs\t\t\nnew\r\nlines\n\n\n  and   runs   ",
+    "Unicode: naïve café, 日本語のテキスト, 한국어, مرحبا, emoji 😀👍🏽 👨‍👩‍👧, e\u0301.",
+    "code: def f(x):\n    return x**2  # don't, we'll, they're, I've, I'M",
+)
+
+
+def _pattern(template: str) -> re.Pattern:
+    return re.compile(re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)") + "$")
+
+
+_TO_HF = [(_pattern(ours), hf) for ours, hf in NAME_MAP]
+_TO_OURS = [(_pattern(hf), ours) for ours, hf in NAME_MAP]
+
+
+def _rename(name: str, table) -> str | None:
+    for pattern, target in table:
+        m = pattern.match(name)
+        if m:
+            return target.replace("{i}", m.group("i")) if "i" in m.groupdict() else target
+    return None
+
+
+def hf_name(name: str) -> str | None:
+    """transformers' name of our parameter `name` (None: no equivalent)."""
+    return _rename(name, _TO_HF)
+
+
+def our_name(name: str) -> str | None:
+    """Our name of transformers' parameter `name` (None: no equivalent)."""
+    return _rename(name, _TO_OURS)
+
+
+# ----------------------------------------------------------------------------- checks
+
+def _differences(a, b, prefix: str = "") -> list[tuple[str, object, object]]:
+    """Key paths where two nested dicts differ: [(path, a's value, b's value)]."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            out += _differences(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return [] if a == b else [(prefix, a, b)]
+
+
+def check_exportable(params: dict, state: dict, where: str) -> None:
+    """Refuse what transformers' Llama cannot express: a `model.*` key other than MODEL_KEYS that is
+    switched on (not false/none/0/null), or a parameter NAME_MAP has no name for."""
+    for key, value in params["model"].items():
+        if key not in MODEL_KEYS and value not in (False, None, 0, "none"):
+            raise PipelineError(
+                f"{where}: model.{key} = {value!r} is a model feature transformers' LlamaForCausalLM cannot "
+                f"express; this checkpoint cannot be exported as a Llama model (train without model.{key})")
+    for name in state:
+        if hf_name(name) is None:
+            raise PipelineError(f"{where}: parameter {name!r} has no equivalent in transformers' LlamaForCausalLM "
+                                "(pipeline/evaluation/export.py NAME_MAP); this model cannot be exported as Llama")
+
+
+def check_same_config(ckpt_params: dict, config_params: dict, where: str) -> None:
+    """The checkpoint's run must have the config the caller passes (its `export` slice; a checkpoint
+    imported from a foreign directory knows only its model and seq_len, so only those are compared)."""
+    if "tokenizer" in ckpt_params:
+        ours = stage_params(ckpt_params, "export")
+    else:
+        ours = {"model": ckpt_params["model"], "train": {"seq_len": ckpt_params["train"]["seq_len"]}}
+        config_params = {k: config_params[k] for k in ours}
+        config_params["train"] = {"seq_len": config_params["train"]["seq_len"]}
+    diffs = _differences(ours, config_params)
+    if diffs:
+        path, ours, theirs = diffs[0]
+        raise PipelineError(f"{where} comes from another config: its {path} is {ours!r} but the config says "
+                            f"{theirs!r}; export the checkpoint of this config (rerun its training) or pass the "
+                            "config it was trained with")
+
+
+def check_tokenizer(ckpt_params: dict, tok, where: str) -> None:
+    """The tokenizer must fit the model and come from the checkpoint's run (its provenance params
+    equal the tokenizer slice of the checkpoint's config)."""
+    vocab = ckpt_params["model"]["vocab_size"]
+    if tok.n_vocab > vocab:
+        raise PipelineError(f"{tok.path} has {tok.n_vocab} token ids but {where} has model.vocab_size {vocab}: "
+                            "the tokenizer is from another run; pass the tokenizer the checkpoint was trained with")
+    made_with = (read_json(tok.path).get("meta") or {}).get("params")
+    if made_with is None:
+        log.warning("%s records no config (no meta.params); cannot check it belongs to %s", tok.path, where)
+        return
+    diffs = _differences(stage_params(ckpt_params, "tokenizer"), made_with)
+    if diffs:
+        path, ours, theirs = diffs[0]
+        raise PipelineError(f"{tok.path} was made with {path} = {theirs!r} but {where} was trained with {ours!r}: "
+                            "the tokenizer is from another run; pass the tokenizer the checkpoint was trained with")
+
+
+# ----------------------------------------------------------------------------- config.json
+
+def doc_end_token(tok) -> str:
+    """The token that ends a document: <|eos|> when the delimiter policy writes it, else the
+    <|bos|> that starts the next document (what the model predicts after a document)."""
+    from pipeline.tokenizer import BOS, EOS
+
+    return EOS if tok.eos_id is not None else BOS
+
+
+def hf_config(mcfg, tok) -> dict:
+    """config.json of LlamaForCausalLM for our ModelConfig `mcfg` (fp32 weights)."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": mcfg.vocab_size,
+        "hidden_size": mcfg.dim,
+        "intermediate_size": mcfg.ffn_dim,
+        "num_hidden_layers": mcfg.n_layers,
+        "num_attention_heads": mcfg.n_heads,
+        "num_key_value_heads": mcfg.n_kv_heads,
+        "head_dim": mcfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": mcfg.max_seq_len,
+        "rms_norm_eps": mcfg.norm_eps,
+        "rope_theta": mcfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": mcfg.rope_theta},
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "pretraining_tp": 1,
+        "tie_word_embeddings": mcfg.tie_embeddings,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "bos_token_id": tok.bos_id,
+        "eos_token_id": tok.special[doc_end_token(tok)],
+        "torch_dtype": "float32",
+        "dtype": "float32",
+    }
+
+
+def generation_config(tok) -> dict:
+    """Greedy by default; stops at the end of a document or of an assistant turn."""
+    from pipeline.tokenizer import ASSISTANT_END
+
+    return {"bos_token_id": tok.bos_id, "eos_token_id": [tok.special[doc_end_token(tok)], tok.special[ASSISTANT_END]],
+            "do_sample": False}
+
+
+# ----------------------------------------------------------------------------- tokenizer files
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level table: every byte as a printable character (the ByteLevel pre-tokenizer's)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def bpe_vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[list[str]]]:
+    """A tiktoken rank table as a byte-level BPE vocabulary and merge list. tiktoken merges any
+    adjacent pair whose concatenation is a token, lowest resulting rank first; so every split of a
+    token into two tokens is a merge, and merges are ordered by the resulting token's rank (then by
+    the parts' ranks, which only orders splits of the same token)."""
+    table = byte_to_unicode()
+
+    def text(token: bytes) -> str:
+        return "".join(table[b] for b in token)
+
+    vocab = {text(tok): rank for tok, rank in ranks.items()}
+    merges = []
+    for tok, rank in ranks.items():
+        for i in range(1, len(tok)):
+            left, right = tok[:i], tok[i:]
+            if left in ranks and right in ranks:
+                merges.append((rank, ranks[left], ranks[right], text(left), text(right)))
+    merges.sort()
+    return vocab, [[left, right] for *_, left, right in merges]
+
+
+def _tokenizer_spec(tok) -> tuple[dict[bytes, int], str]:
+    """(ranks, split pattern) of a Tokenizer, read from its files."""
+    from pipeline.tokenizer import parse_ranks
+
+    spec = read_json(tok.path)
+    return parse_ranks((Path(tok.path).parent / spec["ranks_file"]).read_bytes()), spec["pattern"]
+
+
+def tokenizer_json(tok) -> dict:
+    """tokenizer.json (the `tokenizers` library's format) reproducing `tok` byte for byte."""
+    from pipeline.tokenizer import BOS
+
+    ranks, pattern = _tokenizer_spec(tok)
+    vocab, merges = bpe_vocab_and_merges(ranks)
+    added = [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for s, i in sorted(tok.special.items(), key=lambda kv: kv[1])]
+    bos = {"SpecialToken": {"id": BOS, "type_id": 0}}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+        ]},
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, bos, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {BOS: {"id": BOS, "ids": [tok.bos_id], "tokens": [BOS]}},
+        },
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                  "vocab": vocab, "merges": merges},
+    }
+
+
+def chat_template() -> str:
+    """Jinja rendering of `Tokenizer.render_chat` after <|bos|>: user and assistant turns between
+    their markers, no separators; add_generation_prompt opens an assistant turn."""
+    from pipeline.tokenizer import ASSISTANT_END, ASSISTANT_START, USER_END, USER_START
+
+    return (
+        "{{ bos_token }}{% for message in messages %}"
+        f"{{% if message['role'] == 'user' %}}{USER_START}{{{{ message['content'] }}}}{USER_END}"
+        f"{{% elif message['role'] == 'assistant' %}}{ASSISTANT_START}{{{{ message['content'] }}}}{ASSISTANT_END}"
+        "{% else %}{{ raise_exception('chat role ' + message['role'] + ' is not user or assistant') }}"
+        f"{{% endif %}}{{% endfor %}}{{% if add_generation_prompt %}}{ASSISTANT_START}{{% endif %}}"
+    )
+
+
+def tokenizer_config(tok, max_len: int) -> dict:
+    """tokenizer_config.json: PreTrainedTokenizerFast, BOS added, no clean-up of spaces on decode."""
+    from pipeline.tokenizer import BOS, CHAT_TOKENS
+
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": doc_end_token(tok),
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_len,
+        "additional_special_tokens": list(CHAT_TOKENS),
+        "added_tokens_decoder": {str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
+                                          "single_word": False, "special": True} for s, i in tok.special.items()},
+        "chat_template": chat_template(),
+    }
+
+
+def check_tokenizer_json(spec: dict, tok, texts=PROBE_TEXTS) -> None:
+    """The exported tokenizer must encode `texts` to our ids (BOS first) and decode them back."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    hf = HFTokenizer.from_str(json.dumps(spec))
+    for text in texts:
+        ours = [tok.bos_id] + tok.encode(text)
+        theirs = hf.encode(text).ids
+        if theirs != ours or hf.decode(theirs, skip_special_tokens=True) != text:
+            raise PipelineError(f"{tok.path}: the exported tokenizer encodes {text!r} to {theirs[:20]}... instead of "
+                                f"{ours[:20]}...; this tokenizer cannot be exported exactly (please report it)")
+
+
+# ----------------------------------------------------------------------------- weights
+
+def write_weights(state: dict[str, torch.Tensor], out: Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
+    """Write transformers-named tensors as model.safetensors, or as model-0000k-of-0000n.safetensors
+    shards of at most `max_shard_bytes` (a larger tensor gets a shard of its own) plus
+    model.safetensors.index.json. Returns the files written."""
+    from safetensors.torch import save_file
+
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t.contiguous()
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], out / WEIGHTS, metadata={"format": "pt"})
+        return [WEIGHTS]
+    names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+    weight_map = {}
+    for name, shard in zip(names, shards):
+        save_file(shard, out / name, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    (out / WEIGHTS_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                                indent=2) + "\n")
+    return names + [WEIGHTS_INDEX]
+
+
+def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a directory's model.safetensors or its index's shards."""
+    from safetensors.torch import load_file
+
+    if (hf_dir / WEIGHTS_INDEX).exists():
+        files = sorted(set(read_json(hf_dir / WEIGHTS_INDEX)["weight_map"].values()))
+    elif (hf_dir / WEIGHTS).exists():
+        files = [WEIGHTS]
+    else:
+        raise PipelineError(f"{hf_dir}: no {WEIGHTS} or {WEIGHTS_INDEX}; export a model with safetensors weights")
+    state = {}
+    for f in files:
+        state.update(load_file(hf_dir / f))
+    return state
+
+
+# ----------------------------------------------------------------------------- directories
+
+def _claim(out: Path, force: bool) -> None:
+    """Refuse an existing non-empty target unless `force`."""
+    if out.exists() and not force and (out.is_file() or any(out.iterdir())):
+        raise PipelineError(f"{out} exists; choose another --out or pass --force to replace it")
+
+
+def _place(tmp: Path, out: Path) -> None:
+    """Rename the finished `tmp` onto `out`, replacing what is there (moved aside first, then removed)."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists() or out.is_symlink():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old.is_dir() and not old.is_symlink():
+        shutil.rmtree(old)
+    elif old.exists() or old.is_symlink():
+        old.unlink()
+
+
+# ----------------------------------------------------------------------------- export
+
+def export(ckpt_path: str | os.PathLike, tokenizer_path: str | os.PathLike, out: str | os.PathLike,
+           config_params: dict | None = None, force: bool = False, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+    """Write the checkpoint `ckpt_path` (final.pt format) and its tokenizer as a transformers Llama
+    directory `out` (module docstring). `config_params`: the `export` slice of the config the
+    checkpoint must come from (None: not checked against a config)."""
+    from pipeline.checkpoint import load_checkpoint
+    from pipeline.model import ModelConfig, Transformer
+    from pipeline.tokenizer import load_tokenizer
+
+    out = Path(out)
+    _claim(out, force)
+    final = load_checkpoint(ckpt_path)
+    if not isinstance(final, dict) or "model" not in final or "params" not in final:
+        raise PipelineError(f"{ckpt_path}: not a training checkpoint (no 'model'/'params'); pass R/train/final.pt")
+    params, state = final["params"], final["model"]
+    check_exportable(params, state, str(ckpt_path))
+    if config_params is not None:
+        check_same_config(params, config_params, str(ckpt_path))
+    tok = load_tokenizer(tokenizer_path)
+    check_tokenizer(params, tok, str(ckpt_path))
+    mcfg = ModelConfig.from_config(params)
+    model = Transformer(mcfg)  # the checkpoint must be exactly a model of its config
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise PipelineError(f"{ckpt_path}: its weights do not fit its own model config ({e}); "
+                            "the file is not a checkpoint of this code") from None
+    spec = tokenizer_json(tok)
+    check_tokenizer_json(spec, tok)
+
+    hf_state = {hf_name(k): v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        files = write_weights(hf_state, tmp, max_shard_bytes)
+        write_json(tmp / "config.json", hf_config(mcfg, tok))
+        write_json(tmp / "generation_config.json", generation_config(tok))
+        write_json(tmp / "tokenizer.json", spec)
+        write_json(tmp / "tokenizer_config.json", tokenizer_config(tok, mcfg.max_seq_len))
+        write_json(tmp / PROVENANCE, {
+            "params": params, "plan": final.get("plan"), "summary": final.get("summary"),
+            "tokenizer_sha256": tok.sha256, "weights": files,
+            "meta": provenance("export", config_params, [ckpt_path, tokenizer_path]),
+        })
+        _place(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    n = sum(t.numel() for t in hf_state.values())
+    log.info("exported %s (%d parameters, %d weight file(s)) to %s", ckpt_path, n, len(files), out)
+    return out
+
+
+# ----------------------------------------------------------------------------- import
+
+def _rope_theta(cfg: dict) -> float:
+    rp = cfg.get("rope_parameters") or {}
+    rs = cfg.get("rope_scaling") or {}
+    kind = rp.get("rope_type") or rs.get("rope_type") or rs.get("type") or "default"
+    if kind != "default":
+        raise PipelineError(f"rope_type {kind!r} (RoPE scaling) is a feature our model cannot express")
+    theta = rp.get("rope_theta", cfg.get("rope_theta"))
+    return float(theta if theta is not None else 10000.0)
+
+
+def model_params_from_hf(cfg: dict, where: str) -> tuple[dict, int]:
+    """Our `model` config slice and seq_len from a config.json; refuses what our model cannot express."""
+    unsupported = [
+        ("model_type", cfg.get("model_type") != "llama"),
+        ("hidden_act", cfg.get("hidden_act", "silu") != "silu"),
+        ("attention_bias", bool(cfg.get("attention_bias"))),
+        ("mlp_bias", bool(cfg.get("mlp_bias"))),
+        ("pretraining_tp", cfg.get("pretraining_tp", 1) not in (None, 1)),
+        ("head_dim", cfg.get("head_dim") not in (None, cfg["hidden_size"] // cfg["num_attention_heads"])),
+    ]
+    for key, bad in unsupported:
+        if bad:
+            raise PipelineError(f"{where}: {key} = {cfg.get(key)!r} is a feature our model cannot express")
+    try:
+        theta = _rope_theta(cfg)
+    except PipelineError as e:
+        raise PipelineError(f"{where}: {e}") from None
+    model = {
+        "vocab_size": cfg["vocab_size"],
+        "dim": cfg["hidden_size"],
+        "n_layers": cfg["num_hidden_layers"],
+        "n_heads": cfg["num_attention_heads"],
+        "n_kv_heads": cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+        "ffn_dim": cfg["intermediate_size"],
+        "rope_theta": theta,
+        "norm_eps": float(cfg.get("rms_norm_eps", TRANSFORMERS_DEFAULT_EPS)),
+        "tie_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+    }
+    return model, int(cfg["max_position_embeddings"])
+
+
+def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, config_params: dict | None = None,
+              force: bool = False) -> dict:
+    """Read a transformers Llama directory into our checkpoint format at `out` (fp32 weights).
+    Params come from its tokenfarm.json when it is one of our exports, else from config.json
+    (`model` and `train.seq_len` = max_position_embeddings). Returns the checkpoint dict."""
+    from pipeline.checkpoint import save_checkpoint, versions
+    from pipeline.model import ModelConfig, Transformer
+
+    hf_dir, out = Path(hf_dir), Path(out)
+    if out.exists() and not force:
+        raise PipelineError(f"{out} exists; choose another --out or pass --force to replace it")
+    if not (hf_dir / "config.json").exists():
+        raise PipelineError(f"{hf_dir}: no config.json; pass a Hugging Face model directory to --from-hf")
+    model, seq_len = model_params_from_hf(read_json(hf_dir / "config.json"), str(hf_dir / "config.json"))
+    ours = read_json(hf_dir / PROVENANCE) if (hf_dir / PROVENANCE).exists() else None
+    if ours is not None:
+        params, plan, summary = ours["params"], ours.get("plan"), ours.get("summary")
+        diffs = _differences({k: params["model"].get(k) for k in MODEL_KEYS}, model)
+        if diffs or params["train"]["seq_len"] != seq_len:
+            raise PipelineError(f"{hf_dir}: {PROVENANCE} does not describe its config.json "
+                                f"({diffs[0][0] if diffs else 'seq_len'} differs); delete {PROVENANCE} or re-export")
+    else:
+        params, plan, summary = {"model": model, "train": {"seq_len": seq_len}}, None, None
+    if config_params is not None:
+        check_same_config(params, config_params, str(hf_dir))
+
+    hf_state = read_weights(hf_dir)
+    if model["tie_embeddings"]:
+        hf_state.pop("lm_head.weight", None)  # a tied checkpoint may store the shared tensor twice
+    state = {}
+    for name, t in hf_state.items():
+        if name.endswith("rotary_emb.inv_freq"):  # a buffer old transformers versions saved
+            continue
+        mine = our_name(name)
+        if mine is None:
+            raise PipelineError(f"{hf_dir}: tensor {name!r} has no equivalent in our model; it is not a plain Llama")
+        state[mine] = t.to(torch.float32)
+    target = Transformer(ModelConfig.from_config({"model": model, "train": {"seq_len": seq_len}}))
+    try:
+        target.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise PipelineError(f"{hf_dir}: its weights do not fit its config.json ({e})") from None
+    final = {"model": state, "params": params, "plan": plan, "summary": summary or {"imported_from": str(hf_dir)},
+             "versions": versions()}
+    save_checkpoint(out, final)
+    log.info("imported %s (%d parameters) to %s", hf_dir, sum(t.numel() for t in state.values()), out)
+    return final
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.evaluation.export", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ckpt", help="checkpoint to export (R/train/final.pt)")
+    ap.add_argument("--tokenizer", help="its tokenizer (R/tokenizer/tokenizer.json)")
+    ap.add_argument("--from-hf", metavar="DIR", help="import this Hugging Face Llama directory instead")
+    ap.add_argument("--out", required=True, help="export: the directory to write; --from-hf: the checkpoint file")
+    ap.add_argument("--force", action="store_true", help="replace --out if it exists")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--params", help="the export slice of the run config as JSON (what the rule passes)")
+    g.add_argument("--configfile", help="a full config YAML the checkpoint must come from")
+    args = ap.parse_args(argv)
+    config_params = params_from_args(args, "export") if (args.params or args.configfile) else None
+    if args.from_hf:
+        if args.ckpt or args.tokenizer:
+            ap.error("--from-hf takes no --ckpt/--tokenizer")
+        import_hf(args.from_hf, args.out, config_params, args.force)
+    else:
+        if not (args.ckpt and args.tokenizer):
+            ap.error("export needs --ckpt and --tokenizer (or --from-hf DIR to import)")
+        export(args.ckpt, args.tokenizer, args.out, config_params, args.force)
+
+
+if __name__ == "__main__":
+    run_cli(main)
