@@ -266,6 +266,16 @@ def _tokenizer_spec(tok) -> tuple[dict[bytes, int], str]:
     return parse_ranks((Path(tok.path).parent / spec["ranks_file"]).read_bytes()), spec["pattern"]
 
 
+# A possessive interval X{n,m}+ (tiktoken's patterns use it) means (X{n,m})+ to Oniguruma, the regex
+# engine of `tokenizers`: it becomes the atomic group (?>X{n,m}), which is what possessive means.
+_POSSESSIVE_INTERVAL = re.compile(r"(\\[pP]\{\w+\}|\\.|\[(?:\\.|[^\]\\])*\]|[^\\()\[\]{}|])(\{\d+(?:,\d*)?\})\+")
+
+
+def onig_pattern(pattern: str) -> str:
+    """`pattern` (tiktoken's regex dialect) as Oniguruma reads it the same way."""
+    return _POSSESSIVE_INTERVAL.sub(r"(?>\1\2)", pattern)
+
+
 def tokenizer_json(tok) -> dict:
     """tokenizer.json (the `tokenizers` library's format) reproducing `tok` byte for byte."""
     from pipeline.tokenizer import BOS
@@ -282,7 +292,7 @@ def tokenizer_json(tok) -> dict:
         "added_tokens": added,
         "normalizer": None,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+            {"type": "Split", "pattern": {"Regex": onig_pattern(pattern)}, "behavior": "Isolated", "invert": False},
             {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
         ]},
         "post_processor": {
