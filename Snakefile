@@ -15,6 +15,7 @@ include: "workflow/rules/pack.smk"
 include: "workflow/rules/accounting.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/export.smk"
 
 
 rule all:

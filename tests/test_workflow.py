@@ -123,6 +123,34 @@ def test_report_shows_the_evaluation(project):
     assert "loss.png" in html and "report.md" in html and "plan.md" in html
 
 
+def test_export_target_writes_a_model_transformers_and_lm_eval_load(project):
+    """`snakemake export`: the trained model as a transformers directory, same logits as final.pt,
+    and lm-eval scores a local task on it offline."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from pipeline.evaluation.lmeval_harness import LocalTask, run_lmeval, write_tasks
+    from pipeline.training.checkpoint import load_checkpoint
+    from pipeline.training.model import ModelConfig, Transformer
+
+    snakemake(project, "export")
+    out = project / "results/t/export/hf"
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in out.iterdir()}
+    final = load_checkpoint(project / "results/t/train/final.pt")
+    ours = Transformer(ModelConfig.from_config(final["params"]))
+    ours.load_state_dict(final["model"])
+    hf = LlamaForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    ids = torch.randint(0, 512, (2, 32))
+    with torch.no_grad():
+        assert (ours.eval()(ids) - hf(ids).logits).abs().max() < 1e-4
+    doc = {"context": "The cat sat on the", "choices": ["mat", "sky"], "gold": 0}
+    task = LocalTask("tf_dag", "multiple_choice", [doc])
+    result = run_lmeval(out, write_tasks(project / "lmeval", [task]), ["tf_dag"], project / "lmeval/out.json")
+    assert len(result["requests"]["tf_dag"]) == 2 and "acc,none" in result["results"]["tf_dag"]
+    assert planned_jobs(snakemake(project, "-n", "export")) == {}
+
+
 def test_nothing_to_do_after_a_run(project):
     assert planned_jobs(snakemake(project, "-n")) == {}
 

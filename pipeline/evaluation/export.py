@@ -48,8 +48,22 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import add_config_args, params_from_args, stage_params
-from pipeline.io import PipelineError, get_logger, provenance, read_json, run_cli, write_json
+from pipeline.config import params_from_args, stage_params
+from pipeline.data.encoding import (
+    ASSISTANT_END,
+    ASSISTANT_START,
+    BOS,
+    CHAT_TOKENS,
+    EOS,
+    USER_END,
+    USER_START,
+    load_tokenizer,
+    parse_ranks,
+)
+from pipeline.errors import PipelineError
+from pipeline.io import get_logger, provenance, read_json, run_cli, write_json
+from pipeline.training.checkpoint import load_checkpoint, save_checkpoint, versions
+from pipeline.training.model import ModelConfig, Transformer
 
 log = get_logger(__name__)
 
@@ -177,7 +191,6 @@ def check_tokenizer(ckpt_params: dict, tok, where: str) -> None:
 def doc_end_token(tok) -> str:
     """The token that ends a document: <|eos|> when the delimiter policy writes it, else the
     <|bos|> that starts the next document (what the model predicts after a document)."""
-    from pipeline.tokenizer import BOS, EOS
 
     return EOS if tok.eos_id is not None else BOS
 
@@ -216,7 +229,6 @@ def hf_config(mcfg, tok) -> dict:
 
 def generation_config(tok) -> dict:
     """Greedy by default; stops at the end of a document or of an assistant turn."""
-    from pipeline.tokenizer import ASSISTANT_END
 
     return {"bos_token_id": tok.bos_id, "eos_token_id": [tok.special[doc_end_token(tok)], tok.special[ASSISTANT_END]],
             "do_sample": False}
@@ -260,7 +272,6 @@ def bpe_vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[
 
 def _tokenizer_spec(tok) -> tuple[dict[bytes, int], str]:
     """(ranks, split pattern) of a Tokenizer, read from its files."""
-    from pipeline.tokenizer import parse_ranks
 
     spec = read_json(tok.path)
     return parse_ranks((Path(tok.path).parent / spec["ranks_file"]).read_bytes()), spec["pattern"]
@@ -278,7 +289,6 @@ def onig_pattern(pattern: str) -> str:
 
 def tokenizer_json(tok) -> dict:
     """tokenizer.json (the `tokenizers` library's format) reproducing `tok` byte for byte."""
-    from pipeline.tokenizer import BOS
 
     ranks, pattern = _tokenizer_spec(tok)
     vocab, merges = bpe_vocab_and_merges(ranks)
@@ -311,7 +321,6 @@ def tokenizer_json(tok) -> dict:
 def chat_template() -> str:
     """Jinja rendering of `Tokenizer.render_chat` after <|bos|>: user and assistant turns between
     their markers, no separators; add_generation_prompt opens an assistant turn."""
-    from pipeline.tokenizer import ASSISTANT_END, ASSISTANT_START, USER_END, USER_START
 
     return (
         "{{ bos_token }}{% for message in messages %}"
@@ -324,7 +333,6 @@ def chat_template() -> str:
 
 def tokenizer_config(tok, max_len: int) -> dict:
     """tokenizer_config.json: PreTrainedTokenizerFast, BOS added, no clean-up of spaces on decode."""
-    from pipeline.tokenizer import BOS, CHAT_TOKENS
 
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -428,9 +436,6 @@ def export(ckpt_path: str | os.PathLike, tokenizer_path: str | os.PathLike, out:
     """Write the checkpoint `ckpt_path` (final.pt format) and its tokenizer as a transformers Llama
     directory `out` (module docstring). `config_params`: the `export` slice of the config the
     checkpoint must come from (None: not checked against a config)."""
-    from pipeline.checkpoint import load_checkpoint
-    from pipeline.model import ModelConfig, Transformer
-    from pipeline.tokenizer import load_tokenizer
 
     out = Path(out)
     _claim(out, force)
@@ -525,8 +530,6 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, config_params: 
     """Read a transformers Llama directory into our checkpoint format at `out` (fp32 weights).
     Params come from its tokenfarm.json when it is one of our exports, else from config.json
     (`model` and `train.seq_len` = max_position_embeddings). Returns the checkpoint dict."""
-    from pipeline.checkpoint import save_checkpoint, versions
-    from pipeline.model import ModelConfig, Transformer
 
     hf_dir, out = Path(hf_dir), Path(out)
     if out.exists() and not force:

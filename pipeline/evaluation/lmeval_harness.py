@@ -31,7 +31,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.io import PipelineError, atomic_write, get_logger, read_json, run_cli, write_json
+from pipeline.errors import PipelineError
+from pipeline.io import atomic_write, get_logger, read_json, run_cli, write_json
 
 log = get_logger(__name__)
 

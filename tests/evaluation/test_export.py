@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import json
 import math
-import os
 import random
 import subprocess
 import sys
@@ -18,23 +17,20 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 import torch
+import transformers
 import yaml
+from conftest import ROOT
+from transformers import AutoTokenizer, LlamaForCausalLM
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-from conftest import ROOT  # noqa: E402
-from pipeline.checkpoint import load_checkpoint, save_checkpoint, versions  # noqa: E402
-from pipeline.config import resolve_config, stage_params  # noqa: E402
-from pipeline.evaluation import export as ex  # noqa: E402
-from pipeline.evaluation.lmeval_harness import LocalTask, loglikelihood, run_lmeval, split_pair, write_tasks  # noqa: E402,E501
-from pipeline.io import PipelineError  # noqa: E402
-from pipeline.model import ModelConfig, Transformer  # noqa: E402
-from pipeline.plan import count_params  # noqa: E402
-from pipeline.tokenizer import build_tokenizer, fill_tiktoken_cache, load_tokenizer  # noqa: E402
-
-import transformers  # noqa: E402
-from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
+from pipeline.budget import count_params
+from pipeline.config import resolve_config, stage_params
+from pipeline.data.encoding import load_tokenizer
+from pipeline.data.tokenizer import build_tokenizer, fill_tiktoken_cache
+from pipeline.errors import PipelineError
+from pipeline.evaluation import export as ex
+from pipeline.evaluation.lmeval_harness import LocalTask, loglikelihood, run_lmeval, split_pair, write_tasks
+from pipeline.training.checkpoint import load_checkpoint, save_checkpoint, versions
+from pipeline.training.model import ModelConfig, Transformer
 
 TOL = 1e-4
 SEQ = 64
@@ -106,7 +102,7 @@ def make_checkpoint(path, cfg: dict, tokens: torch.Tensor | None, steps: int = 3
 
 
 def load_hf(path) -> LlamaForCausalLM:
-    return LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return LlamaForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
 
 
 def max_logit_diff(ours: Transformer, hf: LlamaForCausalLM, ids: torch.Tensor) -> float:
@@ -171,7 +167,7 @@ def test_greedy_generation_equal_for_32_tokens(tmp_path, tokenizers_, real_token
     cfg = run_config()
     ours = make_checkpoint(tmp_path / "final.pt", cfg, real_tokens, steps=60)
     out = ex.export(tmp_path / "final.pt", tokenizers_["bos"], tmp_path / "hf")
-    hf, hf_tok = load_hf(out), AutoTokenizer.from_pretrained(out)
+    hf, hf_tok = load_hf(out), AutoTokenizer.from_pretrained(out, local_files_only=True)
     tok = load_tokenizer(tokenizers_["bos"])
     for prompt in ("The history of the", "In 1999, scientists"):
         ids = hf_tok(prompt, return_tensors="pt")["input_ids"]
@@ -200,7 +196,7 @@ def test_tokenizer_is_byte_exact_on_the_sample_corpus(tmp_path, tokenizers_, pol
     tok = load_tokenizer(tokenizers_[policy])
     make_checkpoint(tmp_path / "final.pt", run_config(policy), None)
     out = ex.export(tmp_path / "final.pt", tokenizers_[policy], tmp_path / "hf")
-    hf_tok = AutoTokenizer.from_pretrained(out)
+    hf_tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
     chats = pq.read_table(CHAT[0], columns=["messages"]).column("messages").to_pylist()[:300]
     texts = web_texts() + [m["content"] for c in chats for m in c] + UNICODE_TEXTS
     assert sum(map(len, texts)) > 10_000_000
@@ -220,7 +216,8 @@ def test_tokenizer_is_byte_exact_on_the_sample_corpus(tmp_path, tokenizers_, pol
 def test_chat_template_renders_like_training(tmp_path, tokenizers_):
     tok = load_tokenizer(tokenizers_["bos"])
     make_checkpoint(tmp_path / "final.pt", run_config(), None)
-    hf_tok = AutoTokenizer.from_pretrained(ex.export(tmp_path / "final.pt", tokenizers_["bos"], tmp_path / "hf"))
+    hf_tok = AutoTokenizer.from_pretrained(ex.export(tmp_path / "final.pt", tokenizers_["bos"], tmp_path / "hf"),
+                                           local_files_only=True)
     for conv in pq.read_table(CHAT[0], columns=["messages"]).column("messages").to_pylist()[:20]:
         ids = hf_tok.apply_chat_template(conv, tokenize=True, return_dict=False)
         assert ids == [tok.bos_id] + tok.render_chat(conv)[0]
@@ -386,7 +383,8 @@ def test_checkpoint_from_another_config_is_refused(tmp_path, tokenizers_):
     with pytest.raises(PipelineError, match="512 token ids but .* model.vocab_size 256"):
         ex.export(tmp_path / "small.pt", tokenizers_["bos"], tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
-    ex.export(tmp_path / "final.pt", tokenizers_["bos"], tmp_path / "hf", config_params=stage_params(run_config(), "export"))
+    same = stage_params(run_config(), "export")
+    assert ex.export(tmp_path / "final.pt", tokenizers_["bos"], tmp_path / "hf", config_params=same).is_dir()
 
 
 def test_model_feature_llama_cannot_express_is_refused_by_name(tmp_path, tokenizers_):

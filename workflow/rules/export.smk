@@ -1,0 +1,19 @@
+# The trained model as a Hugging Face transformers Llama directory (`snakemake export`): config.json,
+# model.safetensors, tokenizer.json / tokenizer_config.json (with the chat template), generation_config.json,
+# tokenfarm.json. transformers and lm-eval load it offline (README, "Export to Hugging Face").
+rule export:
+    input:
+        ckpt=f"{RUN_DIR}/train/final.pt",
+        tokenizer=TOKENIZER,
+    output:
+        directory(f"{RUN_DIR}/export/hf"),
+    params:
+        p=stage_params("export"),
+        code=code_version("evaluation.export", "training.model", "training.checkpoint", "data.encoding"),
+    log:
+        f"{LOG_DIR}/export.log",
+    conda:
+        "../../envs/train.yaml"
+    shell:
+        "python -m pipeline.evaluation.export --params {params.p:q} --ckpt {input.ckpt:q} "
+        "--tokenizer {input.tokenizer:q} --out {output:q} --force 2>&1 | tee {log:q}"
