@@ -19,13 +19,14 @@ The directory (files listed in docs/data-contract.md, "Hugging Face export") loa
 * **Tokenizer**: the tiktoken ranks become a byte-level BPE (``tokenizer.json`` for
   ``PreTrainedTokenizerFast``): every split of a token into two tokens is a merge, ordered by the
   token's rank, and ``ignore_merges`` makes a whole pre-token that is in the vocabulary one token —
-  exactly tiktoken's algorithm. The split regex is the same (a ``Split`` pre-tokenizer), bytes map
-  to strings by the GPT-2 byte-level table. Our special tokens are added special tokens at their
-  ids. The post-processor puts ``<|bos|>`` first: the prompt convention of training
-  (``prompt_ids``: every document starts with ``<|bos|>`` and so must a prompt). The chat rendering
-  of ``Tokenizer.render_chat`` is the Jinja ``chat_template``. One difference is by design: a
-  literal ``<|bos|>`` in text is ordinary text for us but the special token for transformers.
-  ``export`` checks the exported tokenizer against ours on probe texts before writing anything.
+  exactly tiktoken's algorithm. The split regex is the same (a ``Split`` pre-tokenizer; possessive
+  intervals rewritten for Oniguruma), bytes map to strings by the GPT-2 byte-level table. Our special
+  tokens are added special tokens at their ids. The post-processor puts ``<|bos|>`` first, the prompt
+  convention of training (``pipeline.training.sampling.prompt_ids``: every document starts with
+  ``<|bos|>``, so a prompt does). ``Tokenizer.render_chat`` is the Jinja ``chat_template``. One
+  difference is by design: a literal ``<|bos|>`` in text is ordinary text for us but the special
+  token for transformers. ``export`` checks the exported tokenizer against ours on probe texts
+  before writing anything.
 
 Refused, with one error naming the cause: a checkpoint whose config differs from the tokenizer's
 run or from the given ``--params``/``--configfile``, a target that exists (unless ``--force``), and
@@ -176,8 +177,8 @@ def check_tokenizer(ckpt_params: dict, tok, where: str) -> None:
         raise PipelineError(f"{tok.path} has {tok.n_vocab} token ids but {where} has model.vocab_size {vocab}: "
                             "the tokenizer is from another run; pass the tokenizer the checkpoint was trained with")
     made_with = (read_json(tok.path).get("meta") or {}).get("params")
-    if made_with is None:
-        log.warning("%s records no config (no meta.params); cannot check it belongs to %s", tok.path, where)
+    if made_with is None or not {"tokenizer", "sources", "seed"} <= set(ckpt_params):
+        log.warning("cannot check that %s belongs to %s (one of them records no config)", tok.path, where)
         return
     diffs = _differences(stage_params(ckpt_params, "tokenizer"), made_with)
     if diffs:
