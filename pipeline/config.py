@@ -342,9 +342,88 @@ def add_config_args(parser) -> None:
     g = parser.add_mutually_exclusive_group(required=True)
     g.add_argument("--params", help="the stage's config slice as JSON (what the Snakemake rule passes)")
     g.add_argument("--configfile", help="a full config YAML; the stage takes its slice from it")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="with --configfile: override a key (dotted, e.g. train.resume=never; the value is "
+                             "read as YAML and typed by the schema); repeatable")
 
 
 def params_from_args(args, stage: str) -> dict:
+    overrides = getattr(args, "set", None)
     if args.params is not None:
+        if overrides:
+            raise ConfigError("--set applies to --configfile only; --params is the resolved slice a rule passes")
         return json.loads(args.params)
-    return stage_params(load_config(args.configfile), stage)
+    return stage_params(load_config(args.configfile, parse_overrides(overrides)), stage)
+
+
+# ----------------------------------------------------------------------------- command-line overrides
+
+def _valid(value: Any, schema: dict) -> bool:
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(schema).is_valid(value)
+
+
+def _subschema(schema: dict, key: str) -> dict:
+    if key in schema.get("properties", {}):
+        return schema["properties"][key]
+    extra = schema.get("additionalProperties")
+    return extra if isinstance(extra, dict) else {}
+
+
+def _retype(value: Any, schema: dict) -> Any:
+    """`value` with every scalar the schema does not accept as given re-read as YAML (then as a number)."""
+    if isinstance(value, dict):
+        return {k: _retype(v, _subschema(schema, k)) for k, v in value.items()}
+    if isinstance(value, list):
+        items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+        return [_retype(v, items) for v in value]
+    if not schema or _valid(value, schema):
+        return value
+    if not isinstance(value, str):  # a top-level value Snakemake already read as int/float/bool
+        return str(value) if _valid(str(value), schema) else value
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    if isinstance(parsed, (dict, list)):
+        return _retype(parsed, schema)
+    candidates = [parsed]
+    for number in (int, float):  # YAML 1.1 reads 1e-2 (no dot) as a string
+        try:
+            candidates.append(number(value))
+        except ValueError:
+            pass
+    return next((c for c in candidates if _valid(c, schema)), parsed)
+
+
+def typed_overrides(overrides: dict) -> dict:
+    """Config overrides from the command line, typed as the schema says.
+
+    Snakemake reads a top-level ``--config KEY=VALUE`` as int, float, bool or YAML, but reads the YAML
+    with BaseLoader, so every scalar *inside* a mapping or list arrives as a string:
+    ``--config train='{target_tokens: 300000}'`` gives ``{"target_tokens": "300000"}``, which the schema
+    refuses. Here each such string that its key's schema does not accept is read again as YAML (then
+    as an int or float): ``"300000"`` becomes 300000, ``"1e-2"`` 0.01, ``"null"`` None, while a
+    string the key does accept stays a string (``run_name: "007"``, ``tokens: plan``). A value that
+    fits nothing is left as it is, for validation to name the key.
+    """
+    return _retype(dict(overrides), load_schema())
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """``KEY=VALUE`` items with dotted keys (``train.target_tokens=300000``, ``mixes.pretrain.weights={web: 1}``)
+    as one nested mapping, typed by `typed_overrides`."""
+    out: dict = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            raise ConfigError(f"override {item!r} is not KEY=VALUE (a dotted key, e.g. train.target_tokens=300000)")
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: '{p}' was given a value by an earlier override")
+        node[parts[-1]] = value
+    return typed_overrides(out)

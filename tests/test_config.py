@@ -87,3 +87,53 @@ def test_plan_params_ignore_optimizer_hyperparameters():
     other = resolve_config(_cfg(train={"lr": 1e-2, "warmup_steps": 5}))
     assert stage_params(cfg, "plan") == stage_params(other, "plan")
     assert stage_params(cfg, "train") != stage_params(other, "train")
+
+
+# ----------------------------------------------------------------------------- command-line overrides
+
+def test_overrides_are_typed_by_the_schema():
+    """What `snakemake --config train='{...}'` hands the Snakefile: every nested scalar a string (Snakemake
+    reads the YAML with BaseLoader). Retyped, the config validates with the intended values."""
+    from pipeline.config import typed_overrides
+
+    raw = {
+        "train": {"target_tokens": "300000", "lr": "1e-2", "grad_clip": "0.5", "betas": ["0.9", "0.99"],
+                  "compile": "false", "target_flops": "null"},
+        "mixes": {"pretrain": {"weights": {"web": "0.5"}, "tokens": "plan"},
+                  "m2": {"weights": {"web": "1"}, "tokens": "8000"}},
+        "run_name": "007",
+        "seed": 3,  # top-level values arrive typed already
+    }
+    with pytest.raises(ConfigError, match="expected"):  # the bug: strings where numbers belong
+        resolve_config(_cfg(**raw))
+    typed = typed_overrides(raw)
+    assert typed["train"] == {"target_tokens": 300000, "lr": 0.01, "grad_clip": 0.5, "betas": [0.9, 0.99],
+                              "compile": False, "target_flops": None}
+    assert typed["mixes"] == {"pretrain": {"weights": {"web": 0.5}, "tokens": "plan"},
+                              "m2": {"weights": {"web": 1}, "tokens": 8000}}
+    assert typed["run_name"] == "007" and typed["seed"] == 3
+    cfg = resolve_config(_cfg(**typed))
+    assert cfg["train"]["target_tokens"] == 300000 and cfg["train"]["betas"] == [0.9, 0.99]
+
+
+def test_an_override_that_fits_no_type_still_names_its_key():
+    from pipeline.config import typed_overrides
+
+    with pytest.raises(ConfigError, match=r"train.micro_batch' has value 'eight'; expected integer"):
+        resolve_config(_cfg(**typed_overrides({"train": {"micro_batch": "eight"}})))
+
+
+def test_dotted_overrides(tmp_path):
+    """`--set` on the stage CLIs and the planner: dotted keys, YAML values, the same typing."""
+    from pipeline.config import parse_overrides
+
+    over = parse_overrides(["train.target_tokens=300000", "train.betas=[0.9, 0.99]", "mixes.pretrain.weights={web: 2}",
+                            "train.lr=3e-4", "run_name=007"])
+    assert over == {"train": {"target_tokens": 300000, "betas": [0.9, 0.99], "lr": 3e-4},
+                    "mixes": {"pretrain": {"weights": {"web": 2}}}, "run_name": "007"}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(_cfg()))
+    assert load_config(path, over)["train"]["target_tokens"] == 300000
+    for bad in ("train.lr", "train..lr=1", "train=1"):
+        with pytest.raises(ConfigError):
+            parse_overrides([bad, "train.lr=1"] if bad == "train=1" else [bad])
