@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import platform
+import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,6 +24,8 @@ from pipeline.errors import PipelineError
 
 __all__ = [
     "atomic_path",
+    "sweep_stale_temps",
+    "pid_alive",
     "atomic_write",
     "write_json",
     "read_json",
@@ -37,16 +41,66 @@ __all__ = [
 META_KEY = b"tokenfarm"
 
 
+# A temp file is `.<name>.tmp-<host>-<pid>`: the host, because directories may be shared by the nodes
+# of a cluster, where a PID means nothing on another host.
+_HOST = platform.node().replace(os.sep, "_") or "localhost"
+_TEMP_RE = re.compile(r"^\..+\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")
+_swept: set[Path] = set()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True  # no /proc: trust kill(0)
+
+
+def sweep_stale_temps(directory: str | os.PathLike) -> list[Path]:
+    """Remove the `atomic_path` temp files in `directory` left by dead processes of this host.
+
+    A process killed with SIGKILL (or a machine that lost power) cannot clean up after itself; its
+    temps are removed by the next process that writes into the same directory (`atomic_path` calls
+    this once per directory and process). Temps of live processes, and of other hosts, are kept.
+    """
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return removed
+    for e in entries:
+        m = _TEMP_RE.match(e.name)
+        if not m or m["host"] not in (None, _HOST) or pid_alive(int(m["pid"])) or not e.is_file(follow_symlinks=False):
+            continue
+        with contextlib.suppress(FileNotFoundError):  # a concurrent sweep got it first
+            os.unlink(e.path)
+            removed.append(Path(e.path))
+            get_logger(__name__).info("removed %s, left by process %s (no longer running)", e.path, m["pid"])
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success fsync and rename it onto `path`.
 
-    On any exception the temporary file is removed and `path` is left untouched, so a crashed or
-    interrupted writer never leaves a partial output behind.
+    On any exception (and on SIGTERM in a `run_cli` stage, which raises SystemExit) the temporary file
+    is removed and `path` is left untouched, so a crashed or interrupted writer never leaves a partial
+    output behind. What a SIGKILL leaves is swept by the next writer into the same directory
+    (`sweep_stale_temps`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    if path.parent not in _swept:
+        sweep_stale_temps(path.parent)
+        _swept.add(path.parent)
+    tmp = path.parent / f".{path.name}.tmp-{_HOST}-{os.getpid()}"
     try:
         yield tmp
         if tmp.exists():
@@ -186,9 +240,16 @@ def setup_logging() -> None:
 
 
 
+def _exit_on_sigterm(signum, frame):
+    """SIGTERM (Snakemake or a scheduler cancelling a job) unwinds like an error, so `atomic_path` removes
+    its temp files; Python's default would end the process on the spot."""
+    raise SystemExit(128 + signum)
+
+
 def run_cli(main_fn, argv=None) -> None:
     """Run a stage's main(argv); a PipelineError (or ConfigError) becomes one 'error:' line and exit 1."""
     setup_logging()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         main_fn(argv)
     except PipelineError as e:

@@ -34,3 +34,67 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path):
     with atomic_write(target) as f:
         f.write("whole")
     assert target.read_text() == "whole" and list(tmp_path.iterdir()) == [target]
+
+
+WRITER = """
+import os, signal, sys, time
+from pipeline.io import atomic_write, run_cli
+
+def main(argv):
+    with atomic_write(sys.argv[1]) as f:
+        f.write("partial")
+        f.flush()
+        print("writing", flush=True)
+        if sys.argv[2] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+
+run_cli(main)
+"""
+
+
+def start_writer(tmp_path, how: str):
+    import subprocess
+
+    from conftest import ROOT
+
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path / "out" / "x.bin"), how],
+                            stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.stdout.readline().strip() == "writing"
+    return proc
+
+
+def temps(directory):
+    return sorted(p.name for p in directory.iterdir() if ".tmp-" in p.name)
+
+
+def test_sigterm_unwinds_a_stage_and_removes_its_temp(tmp_path):
+    import signal
+
+    proc = start_writer(tmp_path, "sleep")
+    assert len(temps(tmp_path / "out")) == 1
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_temps_of_a_killed_writer_are_swept_by_the_next_writer(tmp_path):
+    """SIGKILL leaves the temp behind (nothing can run); the next process writing into the same directory
+    removes it, but never a temp of a live process or of another host."""
+    import os
+
+    from pipeline import io
+
+    proc = start_writer(tmp_path, "kill")
+    proc.wait(timeout=30)
+    out = tmp_path / "out"
+    (dead,) = temps(out)
+    live = out / f".y.bin.tmp-{io._HOST}-{os.getpid()}"
+    other_host = out / f".z.bin.tmp-another-host.example-{proc.pid}"
+    live.write_text("being written")
+    other_host.write_text("being written elsewhere")
+    io._swept.discard(out)  # this process has not written there yet
+    with atomic_write(out / "x.bin") as f:
+        f.write("whole")
+    assert temps(out) == sorted([live.name, other_host.name])
+    assert (out / "x.bin").read_text() == "whole" and dead not in os.listdir(out)

@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.io import PipelineError, get_logger
+from pipeline.io import PipelineError, get_logger, pid_alive
 
 __all__ = ["die_with_parent", "set_parent_death_signal", "supervise", "RunLock", "SUPERVISOR_ENV"]
 
@@ -65,21 +65,6 @@ def _prctl(option: int, value: int) -> bool:
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
     """Have the kernel send `sig` to this process when its parent exits (Linux; False elsewhere)."""
     return _prctl(_PR_SET_PDEATHSIG, int(sig))
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists (a zombie counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True  # no /proc: trust kill(0)
 
 
 def die_with_parent() -> None:
