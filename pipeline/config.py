@@ -427,3 +427,51 @@ def parse_overrides(items: list[str] | None) -> dict:
                 raise ConfigError(f"override {item!r}: '{p}' was given a value by an earlier override")
         node[parts[-1]] = value
     return typed_overrides(out)
+
+
+# ----------------------------------------------------------------------------- local source contents
+
+SOURCE_HASH_CACHE = ".source-sha256.json"  # under data_dir
+
+
+@lru_cache(maxsize=None)
+def _local_hashes(data_dir: str, pattern: str) -> dict[str, str]:
+    """sha256 of every file `pattern` matches, keyed by shard name; cached on disk by file identity."""
+    from pipeline.io import sha256_file, write_json
+
+    cache_path = Path(data_dir) / SOURCE_HASH_CACHE
+    try:
+        cache = json.loads(cache_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cache = {}
+    out, changed = {}, False
+    for p in sorted(glob.glob(pattern)):
+        st = os.stat(p)
+        key, ident = str(Path(p).resolve()), [st.st_size, st.st_mtime_ns, st.st_ino]
+        hit = cache.get(key)
+        if not (isinstance(hit, dict) and hit.get("stat") == ident):
+            hit, changed = {"stat": ident, "sha256": sha256_file(p)}, True
+            cache[key] = hit
+        out[Path(p).name.removesuffix(".parquet")] = hit["sha256"]
+    if changed:
+        try:
+            write_json(cache_path, cache)
+        except OSError:
+            pass  # a read-only data_dir: hashes are recomputed next time
+    return out
+
+
+def local_shard_hashes(cfg: dict, source: str, shards: list[str]) -> dict[str, str]:
+    """Shard -> sha256 of its local source file, for `shards` of a local source ({} for an hf source).
+
+    The download rule declares it as a param: a local shard whose *content* changed reruns its download
+    and everything downstream, while a file that was only touched (same content, new mtime) reruns
+    nothing, which declaring the file as an input (mtime) would not give. Hashes are cached in
+    `{data_dir}/.source-sha256.json` by (path, size, mtime, inode), so a parse hashes only new or
+    changed files.
+    """
+    src = cfg["sources"][source]
+    if src["type"] != "local":
+        return {}
+    hashes = _local_hashes(cfg["data_dir"], src["glob"])
+    return {s: hashes[s] for s in shards}
