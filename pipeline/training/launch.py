@@ -1,91 +1,40 @@
-"""The train job owns its processes: a supervisor around the launcher, workers that die with their
-parent, and one trainer per output directory.
+"""The train job owns its processes: the supervisor the train rule runs around torchrun.
 
 Why: torchrun starts every worker in a session of its own, so a signal to the job's process group
 (Snakemake killed with ``kill -9 -PGID``, Ctrl-C, a scheduler cancelling the job) reaches torchrun but
-not the workers. Killed with SIGKILL, torchrun cannot pass anything on, and its workers would train on,
-orphaned, writing checkpoints beside the rerun's. Three mechanisms close that, each on its own enough
-for the common case:
+not the workers. Killed with SIGKILL, torchrun cannot pass anything on, and its workers trained on,
+orphaned, writing checkpoints beside the rerun's. Three mechanisms close that:
 
-* **Workers die with their parent** (`die_with_parent`, called first thing by the train CLI):
-  ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` makes the kernel kill the worker when the process that started
-  it (torchrun's agent) exits, however it exits. A parent that exited before the call is caught by
-  checking for a gone supervisor or adoption by PID 1.
-* **A supervisor** (`supervise`, the CLI of this module, which the train rule runs around torchrun):
-  it starts the launcher in the job's process group (so the group's signals reach it) with
-  PR_SET_PDEATHSIG too, becomes a child subreaper (orphaned descendants are re-parented to it, not to
-  PID 1), forwards SIGTERM/SIGINT/SIGHUP to the launcher, kills it with SIGKILL after `grace` seconds,
-  and, once the launcher has exited, kills every descendant still alive before exiting itself with the
-  launcher's status.
-* **A lock** (`RunLock`): the process that writes a run's training outputs (rank 0) holds an exclusive
-  ``flock`` on ``<outdir>/.lock`` for the whole run; a second trainer on the same directory fails at
-  once with the holder's PID. The kernel releases the lock when the holder dies, SIGKILL included.
+* workers die with their parent (`pipeline.training.processes.die_with_parent`, PR_SET_PDEATHSIG);
+* this supervisor: it starts the launcher in the job's process group (so the group's signals reach it)
+  with PR_SET_PDEATHSIG too, becomes a child subreaper (orphaned descendants are re-parented to it, not
+  to PID 1), forwards SIGTERM/SIGINT/SIGHUP to the launcher, kills it with SIGKILL after `--grace`
+  seconds, and, once the launcher has exited, kills every descendant still alive before exiting itself
+  with the launcher's status (128 + N after signal N);
+* one trainer per output directory (`pipeline.training.processes.RunLock`, held by rank 0).
 
 Usage (what the train rule runs)::
 
     python -m pipeline.training.launch [--grace 10] -- torchrun --standalone --nproc_per_node N -m ...
-
-Linux only (prctl); elsewhere the supervisor still forwards signals and cleans up its children, and
-workers rely on torchrun's own shutdown.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import ctypes.util
-import errno
-import fcntl
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
-from pipeline.io import PipelineError, get_logger, pid_alive
+from pipeline.errors import PipelineError
+from pipeline.io import get_logger, run_cli
+from pipeline.training.processes import SUPERVISOR_ENV, set_child_subreaper, set_parent_death_signal
 
-__all__ = ["die_with_parent", "set_parent_death_signal", "supervise", "RunLock", "SUPERVISOR_ENV"]
+__all__ = ["supervise"]
 
 log = get_logger(__name__)
 
-SUPERVISOR_ENV = "TOKENFARM_SUPERVISOR_PID"  # set by `supervise` for everything it starts
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-def _prctl(option: int, value: int) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    return libc.prctl(option, value, 0, 0, 0) == 0
-
-
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
-    """Have the kernel send `sig` to this process when its parent exits (Linux; False elsewhere)."""
-    return _prctl(_PR_SET_PDEATHSIG, int(sig))
-
-
-def die_with_parent() -> None:
-    """Called first by a worker: die (SIGKILL) when the parent that started it exits.
-
-    The parent may already have gone before the call (a kill during start-up): then this process was
-    adopted by PID 1 or by the supervisor, or the supervisor itself is gone; in each case it exits now
-    rather than train unsupervised.
-    """
-    if not set_parent_death_signal(signal.SIGKILL):
-        return
-    supervisor = os.environ.get(SUPERVISOR_ENV)
-    orphaned = os.getppid() == 1
-    if supervisor and supervisor.isdigit():
-        sup = int(supervisor)
-        # A worker's parent is torchrun (or the supervisor itself for a single-process launch without
-        # torchrun, which sets no LOCAL_RANK); adopted by the supervisor means its launcher is gone.
-        orphaned = orphaned or not pid_alive(sup) or (os.getppid() == sup and "LOCAL_RANK" in os.environ)
-    if orphaned:
-        print(f"error: process {os.getpid()} lost its launcher during start-up; exiting", file=sys.stderr)
-        os._exit(1)
 
 
 # ----------------------------------------------------------------------------- the supervisor
@@ -140,7 +89,7 @@ def _exit_code(status: int) -> int:
 
 def supervise(cmd: list[str], grace: float = 10.0, poll: float = 0.1) -> int:
     """Run `cmd` as described in the module docstring; return its exit code (128 + N if killed by N)."""
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    set_child_subreaper()
     received: list[int] = []
 
     def on_signal(signum, frame):
@@ -191,65 +140,6 @@ def supervise(cmd: list[str], grace: float = 10.0, poll: float = 0.1) -> int:
     return _exit_code(status)
 
 
-# ----------------------------------------------------------------------------- the lock
-
-def _describe(pid: int) -> str:
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
-    return f" ({cmd[:160]})" if cmd else ""
-
-
-class RunLock:
-    """An exclusive, non-blocking ``flock`` on ``<directory>/.lock`` holding the holder's PID.
-
-    `acquire` fails with a PipelineError naming the holder's PID when another process holds it. The lock
-    lives as long as this object's file descriptor: `release`, or the death of the process (any signal).
-    Filesystems without flock support (some network filesystems) get a warning and no lock.
-    """
-
-    def __init__(self, directory: str | os.PathLike, what: str = "training run"):
-        self.path = Path(directory) / ".lock"
-        self.what = what
-        self._fd: int | None = None
-
-    def acquire(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                who = f"PID {holder}{_describe(int(holder))}" if holder.isdigit() else "another process"
-                raise PipelineError(
-                    f"{self.path.parent} is in use by another {self.what}: {who} holds {self.path}. Two trainers "
-                    f"must never write the same directory; wait for it to finish or stop it "
-                    f"(kill {holder or '<pid>'}), then rerun"
-                ) from None
-            log.warning("cannot lock %s (%s): make sure no other %s uses %s", self.path, e, self.what, self.path.parent)
-            return self
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-        return self
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-            os.close(fd)  # closing the last descriptor releases the flock
-
-    def __enter__(self) -> RunLock:
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipeline.training.launch", description=__doc__.split("\n\n")[0])
     p.add_argument("--grace", type=float, default=10.0,
@@ -263,6 +153,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from pipeline.io import run_cli
-
     run_cli(main)

@@ -15,15 +15,16 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
-from pipeline.io import PipelineError
-from pipeline.training.launch import RunLock, pid_alive
+
+from pipeline.errors import PipelineError
+from pipeline.io import pid_alive
+from pipeline.training.processes import RunLock
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 WORKER = textwrap.dedent("""
     import os, sys, time
-    from pipeline.training.launch import die_with_parent
+    from pipeline.training.processes import die_with_parent
     die_with_parent()
     out = sys.argv[1]
     with open(os.path.join(out, f"worker-{os.environ.get('LOCAL_RANK', 'x')}.pid"), "w") as f:
@@ -88,7 +89,7 @@ def test_supervisor_kills_what_the_launcher_leaves(tmp_path):
     assert wait_gone([int(marker.read_text())], 5) == []
 
 
-HOLD = "import sys, time; from pipeline.training.launch import RunLock; RunLock(sys.argv[1]).acquire(); " \
+HOLD = "import sys, time; from pipeline.training.processes import RunLock; RunLock(sys.argv[1]).acquire(); " \
        "print('locked', flush=True); time.sleep(300)"
 
 

@@ -1,0 +1,132 @@
+"""Processes of a training run: workers that die with their parent, one trainer per output directory.
+
+(Why, and the supervisor that completes this: pipeline/training/launch.py.)
+
+* `die_with_parent` (the train CLI calls it first): ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` makes the kernel
+  kill the worker when the process that started it (torchrun's agent) exits, however it exits. A parent
+  that exited before the call is caught by checking for a gone supervisor or adoption by PID 1.
+* `RunLock`: the process that writes a run's training outputs (rank 0) holds an exclusive ``flock`` on
+  ``<outdir>/.lock`` for the whole run; a second trainer on the same directory fails at once with the
+  holder's PID. The kernel releases the lock when the holder dies, SIGKILL included.
+
+Linux only (prctl); elsewhere workers rely on torchrun's own shutdown.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import os
+import signal
+import sys
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.io import get_logger, pid_alive
+
+__all__ = ["die_with_parent", "set_parent_death_signal", "set_child_subreaper", "RunLock", "SUPERVISOR_ENV"]
+
+log = get_logger(__name__)
+
+SUPERVISOR_ENV = "TOKENFARM_SUPERVISOR_PID"  # set by the supervisor (launch.py) for everything it starts
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return libc.prctl(option, value, 0, 0, 0) == 0
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Have the kernel send `sig` to this process when its parent exits (Linux; False elsewhere)."""
+    return _prctl(_PR_SET_PDEATHSIG, int(sig))
+
+
+def set_child_subreaper() -> bool:
+    """Make orphaned descendants of this process its children instead of PID 1's (Linux; False elsewhere)."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def die_with_parent() -> None:
+    """Called first by a worker: die (SIGKILL) when the parent that started it exits.
+
+    The parent may already have gone before the call (a kill during start-up): then this process was
+    adopted by PID 1 or by the supervisor, or the supervisor itself is gone; in each case it exits now
+    rather than train unsupervised.
+    """
+    if not set_parent_death_signal(signal.SIGKILL):
+        return
+    supervisor = os.environ.get(SUPERVISOR_ENV)
+    orphaned = os.getppid() == 1
+    if supervisor and supervisor.isdigit():
+        sup = int(supervisor)
+        # A worker's parent is torchrun (or the supervisor itself for a single-process launch without
+        # torchrun, which sets no LOCAL_RANK); adopted by the supervisor means its launcher is gone.
+        orphaned = orphaned or not pid_alive(sup) or (os.getppid() == sup and "LOCAL_RANK" in os.environ)
+    if orphaned:
+        print(f"error: process {os.getpid()} lost its launcher during start-up; exiting", file=sys.stderr)
+        os._exit(1)
+
+
+# ----------------------------------------------------------------------------- the lock
+
+def _describe(pid: int) -> str:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+    return f" ({cmd[:160]})" if cmd else ""
+
+
+class RunLock:
+    """An exclusive, non-blocking ``flock`` on ``<directory>/.lock`` holding the holder's PID.
+
+    `acquire` fails with a PipelineError naming the holder's PID when another process holds it. The lock
+    lives as long as this object's file descriptor: `release`, or the death of the process (any signal).
+    Filesystems without flock support (some network filesystems) get a warning and no lock.
+    """
+
+    def __init__(self, directory: str | os.PathLike, what: str = "training run"):
+        self.path = Path(directory) / ".lock"
+        self.what = what
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                who = f"PID {holder}{_describe(int(holder))}" if holder.isdigit() else "another process"
+                raise PipelineError(
+                    f"{self.path.parent} is in use by another {self.what}: {who} holds {self.path}. Two trainers "
+                    f"must never write the same directory; wait for it to finish or stop it "
+                    f"(kill {holder or '<pid>'}), then rerun"
+                ) from None
+            log.warning("cannot lock %s (%s): make sure no other %s uses %s", self.path, e, self.what, self.path.parent)
+            return self
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)  # closing the last descriptor releases the flock
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
