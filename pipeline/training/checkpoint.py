@@ -26,7 +26,8 @@ A resumable checkpoint is a dict of tensors and plain Python values only (so tha
 
 Only rank 0 writes. Each write goes to a temporary file that is renamed into place, and the
 ``latest`` pointer is replaced after the checkpoint it names is complete, so a crash at any moment
-leaves the previous checkpoint usable.
+leaves the previous checkpoint usable. A resume takes the newest checkpoint that loads
+(`newest_readable`): one that does not is moved to ``ckpt/unreadable/`` with a warning.
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "latest_checkpoint",
+    "step_checkpoints",
+    "newest_readable",
     "write_latest",
     "prune_checkpoints",
     "clear_checkpoints",
@@ -113,8 +116,8 @@ def load_checkpoint(path: str | Path) -> dict:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated / corrupt / not a torch file
         raise PipelineError(
-            f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); delete it (and fix {path.parent / LATEST}) "
-            "or start over with --resume never"
+            f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); delete it, or start over with "
+            "train.resume: never"
         ) from None
 
 
@@ -133,6 +136,41 @@ def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
     if not NAME_RE.match(name) or not (Path(ckpt_dir) / name).exists():
         raise PipelineError(f"{pointer} names {name!r}, which is not an existing checkpoint; fix or delete the pointer")
     return Path(ckpt_dir) / name
+
+
+def step_checkpoints(ckpt_dir: str | Path) -> list[Path]:
+    """The step checkpoints in `ckpt_dir`, newest (highest step) first."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    steps = [p for p in ckpt_dir.iterdir() if NAME_RE.match(p.name)]
+    return sorted(steps, key=lambda p: int(NAME_RE.match(p.name).group(1)), reverse=True)
+
+
+def newest_readable(ckpt_dir: str | Path) -> tuple[Path | None, dict | None]:
+    """(path, state) of the newest step checkpoint that loads, or (None, None) when there is none.
+
+    Each step file is complete once it exists (written to a temp file, then renamed), so the newest by step
+    is taken even when `latest` still names the one before (a kill between the rename and the pointer
+    update); `latest` is then rewritten. A file that does not load (truncated by a full disk, damaged, or
+    written by another program) is moved aside to `ckpt_dir/unreadable/` with a warning naming it, and the
+    next newest is tried. Call on the main rank only.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    for path in step_checkpoints(ckpt_dir):
+        try:
+            state = load_checkpoint(path)
+        except PipelineError as e:
+            dest = ckpt_dir / "unreadable" / path.name
+            dest.parent.mkdir(exist_ok=True)
+            path.rename(dest)
+            log.warning("%s; moved it aside to %s and trying the next newest checkpoint", e, dest)
+            continue
+        pointer = ckpt_dir / LATEST
+        if not pointer.exists() or pointer.read_text(encoding="utf-8").strip() != path.name:
+            write_latest(ckpt_dir, path.name)
+        return path, state
+    return None, None
 
 
 def prune_checkpoints(ckpt_dir: str | Path, keep: int) -> None:

@@ -108,7 +108,8 @@ class MetricsLogger:
     from the WANDB_API_KEY environment variable and never passes through here. The wandb run
     directory is under `<outdir>/wandb/`; each record goes to wandb whole, its ``step`` as an ordinary
     metric that is every metric's x-axis (wandb's own step is left to wandb). `resume_step`: keep the
-    records of steps <= it (a resumed run redoes the later ones); None starts a fresh file.
+    records of steps <= it (a resumed run redoes the later ones); None starts a fresh file. `steps`: the
+    steps the file holds, in order.
     """
 
     def __init__(self, path: str | Path, wandb_cfg: dict, outdir: str | Path, config: dict,
@@ -125,12 +126,23 @@ class MetricsLogger:
         return self.wandb_run.id if self.wandb_run is not None else None
 
     def _truncate(self, resume_step: int | None) -> None:
+        """Keep the records of steps <= `resume_step` (all of them logged before the checkpoint the run
+        resumes from); drop the later ones, which the resumed run logs again, and a last line cut short
+        by a kill."""
         keep = []
         if resume_step is not None and self.path.exists():
             with open(self.path, encoding="utf-8") as f:
-                keep = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= resume_step]
+                for n, line in enumerate(f, 1):
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        log.warning("%s line %d is cut short (a kill while it was written): dropped", self.path, n)
+                        continue
+                    if record["step"] <= resume_step:
+                        keep.append(record)
+        self.steps = [r["step"] for r in keep]
         with atomic_write(self.path) as f:
-            f.writelines(keep)
+            f.writelines(json.dumps(r) + "\n" for r in keep)
 
     @staticmethod
     def _init_wandb(wandb_cfg: dict, outdir: Path, config: dict, run_name: str, wandb_id: str | None):
@@ -158,6 +170,7 @@ class MetricsLogger:
     def log(self, record: dict) -> None:
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+        self.steps.append(record["step"])
         if self.wandb_run is not None:
             self.wandb_run.log(dict(record))  # "step" included: the x-axis metric (see _init_wandb)
 

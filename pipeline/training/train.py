@@ -2,9 +2,13 @@
 
 Launch (the `train` rule; `--nproc_per_node` = `hardware.nproc_per_node`)::
 
+    python -m pipeline.training.launch -- \\
     torchrun --standalone --nproc_per_node N -m pipeline.training.train --params JSON --plan R/plan.json \\
         --train R/pack/M/train.json --val R/pack/M/val.json --tokenizer R/tokenizer/tokenizer.json \\
-        --outdir R/train [--resume auto|never] [--max-steps K] [--keep-ckpts 2]
+        --outdir R/train [--resume auto|require|never] [--max-steps K] [--keep-ckpts 2]
+
+The launcher owns the job's processes and each worker dies with its parent (pipeline/training/launch.py);
+rank 0 holds a lock on `outdir` for the whole run, so a second trainer on it fails at once.
 
 Without torchrun it runs as a single process (world size 1, no process group). Under torchrun the
 process group is gloo on CPU and nccl on CUDA (one GPU per local rank).
@@ -29,12 +33,15 @@ rank; `plan.num_steps` steps):
 * **Optimizer**: pipeline/training/optim.py (AdamW / Muon / 8-bit AdamW, per-group LRs, warmup + cosine or
   WSD), gradient clipping at `train.grad_clip` (global norm before clipping is logged).
 * **Checkpoints** every `train.ckpt_interval` steps, at `--max-steps` and at the end
-  (pipeline/training/checkpoint.py); `--resume auto` continues from `outdir/ckpt/latest` exactly: same
-  per-step losses as an uninterrupted run (bitwise on CPU). A checkpoint made with a different
-  config (other than the logging keys in `OBSERVABILITY_KEYS`) or world size is never resumed:
+  (pipeline/training/checkpoint.py); `train.resume: auto` (or `--resume auto`) continues from the newest
+  readable checkpoint in `outdir/ckpt/` exactly: same per-step losses as an uninterrupted run (bitwise on
+  CPU); an unreadable one is moved to `ckpt/unreadable/` and the one before it used. A checkpoint made with
+  a different config (other than the logging keys in `OBSERVABILITY_KEYS`) or world size is never resumed:
   `auto` moves it aside to `ckpt/stale-<time>/` and starts over (a Snakemake rerun after a config
-  edit), `--resume require` fails instead.
+  edit), `require` fails instead, and `never` always starts over.
 * **Metrics**: pipeline/training/metrics.py (JSONL + wandb), validation every `train.val_interval` steps.
+  A resumed run keeps the records up to its checkpoint and logs the later steps again, so the log has
+  every logged step exactly once; a run whose log does not end at its last step fails.
 
 Outputs: `outdir/final.pt` (written last: model state dict, params, plan, tokens trained, final
 validation loss; `torch.load(..., weights_only=True)`), `outdir/metrics.jsonl`, `outdir/ckpt/`,
@@ -44,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 import weakref
 from pathlib import Path
@@ -68,6 +76,7 @@ from pipeline.training.losses import chunked_eval_stats
 from pipeline.training.metrics import MetricsLogger, UpdateRatio, group_norms, memory_stats, mfu, watched_groups
 from pipeline.training.model import Transformer
 from pipeline.training.optim import build_optimizer, lr_factor, set_lr
+from pipeline.training.processes import RunLock, die_with_parent
 from pipeline.training.sampling import greedy_sample
 from pipeline.training.step import (
     LossModel,
@@ -92,7 +101,7 @@ OBSERVABILITY_KEYS = {
     "wandb": None,
     "eval": None,
     "hardware": ("assumed_mfu", "gpu_memory_gb"),
-    "train": ("log_interval", "val_interval", "val_batches", "ckpt_interval"),
+    "train": ("log_interval", "val_interval", "val_batches", "ckpt_interval", "resume"),
 }
 
 
@@ -272,8 +281,24 @@ def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dic
 
 
 def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
-          resume: str = "auto", max_steps: int | None = None, keep_ckpts: int = 2) -> dict | None:
-    """Run (or resume) training. Returns the run summary, or None when stopped early by `max_steps`."""
+          resume: str | None = None, max_steps: int | None = None, keep_ckpts: int = 2) -> dict | None:
+    """Run (or resume) training. Returns the run summary, or None when stopped early by `max_steps`.
+
+    `resume` (auto | require | never) defaults to `train.resume`. The process that writes the outputs
+    (rank 0) holds `RunLock(outdir)` throughout: a second trainer on `outdir` fails at once.
+    """
+    rank = torch_dist.get_rank() if torch_dist.is_initialized() else int(os.environ.get("RANK", 0))
+    lock = RunLock(outdir).acquire() if rank == 0 else None
+    try:
+        return _train(params, plan, train_meta, val_meta, tokenizer_path, outdir,
+                      resume or params["train"]["resume"], max_steps, keep_ckpts)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
+           resume: str, max_steps: int | None, keep_ckpts: int) -> dict | None:
     from pipeline.data.encoding import load_tokenizer
     from pipeline.data.loader import PackedLoader
 
@@ -299,15 +324,18 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
         raise PipelineError(f"{tokenizer_path} has {tokenizer.n_vocab} token ids but model.vocab_size is "
                             f"{params['model']['vocab_size']}: set model.vocab_size to at least {tokenizer.n_vocab}")
 
-    # ---- fresh start, or exact resume from the latest checkpoint
+    # ---- fresh start, or exact resume from the newest readable checkpoint (rank 0 picks it, moving
+    # unreadable ones aside; the others load the one it names)
     start, tokens_seen, loss_tokens, best_val, last_val, wandb_id = 0, 0, 0, math.inf, math.nan, None
-    latest = ckpt.latest_checkpoint(ckpt_dir) if resume != "never" else None
-    state = ckpt.load_checkpoint(latest) if latest is not None else None
+    latest, state = ckpt.newest_readable(ckpt_dir) if resume != "never" and dist.is_main else (None, None)
+    latest = gather_objects(latest, dist)[0]
+    if latest is not None and state is None:
+        state = ckpt.load_checkpoint(latest)
     stale = resume_mismatch(state, params, dist) if state is not None else None
     if stale:
         if resume == "require":
             raise PipelineError(f"{latest} cannot be resumed: {stale}; resume with the same config and "
-                                "nproc_per_node, or pass --resume auto to start over")
+                                "nproc_per_node, or set train.resume: auto to start over")
         # A rerun after a config edit (what Snakemake does when the rule's params change) starts over;
         # the old checkpoints are kept aside, never silently resumed into a different run.
         log.warning("%s cannot be resumed (%s): starting over", latest, stale)
@@ -393,6 +421,10 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
             if dist.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dist.device)
 
+    if metrics and (not metrics.steps or metrics.steps[-1] != stop_at):
+        raise PipelineError(f"{metrics.path} ends at step {metrics.steps[-1] if metrics.steps else None}, not at "
+                            f"step {stop_at}: the metric history of this run is incomplete (was it written by "
+                            "another process?); rerun with train.resume: never to train again from scratch")
     summary = None
     if stop_at == num_steps:
         summary = finish(outdir, dist, model, params, plan, tokens_seen, loss_tokens, best_val, last_val)
@@ -407,6 +439,7 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
 
 
 def main(argv=None) -> None:
+    die_with_parent()  # first: a worker whose launcher is killed must not train on, orphaned
     p = argparse.ArgumentParser(prog="python -m pipeline.training.train", description=__doc__.split("\n\n")[0])
     add_config_args(p)
     p.add_argument("--plan", required=True, help="R/plan.json")
@@ -414,9 +447,10 @@ def main(argv=None) -> None:
     p.add_argument("--val", required=True, help="packed validation rows metadata, R/pack/{mix}/val.json")
     p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
     p.add_argument("--outdir", required=True, help="R/train")
-    p.add_argument("--resume", choices=("auto", "require", "never"), default="auto",
-                   help="auto: continue from outdir/ckpt/latest when it matches this run's config and world "
-                        "size, else move it aside and start over; require: continue or fail; never: start over")
+    p.add_argument("--resume", choices=("auto", "require", "never"), default=None,
+                   help="default train.resume. auto: continue from the newest readable checkpoint in outdir/ckpt "
+                        "when it matches this run's config and world size, else move it aside and start over; "
+                        "require: continue or fail; never: start over")
     p.add_argument("--max-steps", type=int, default=None,
                    help="stop after this many optimizer steps, leaving a checkpoint and no final.pt (testing)")
     p.add_argument("--keep-ckpts", type=int, default=2, help="step checkpoints kept on disk (newest)")

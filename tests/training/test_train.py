@@ -587,3 +587,65 @@ def test_ddp_resume_is_bitwise_exact(data, ddp_run, tmp_path):
     assert [r["loss"] for r in read_metrics(out)] == [r["loss"] for r in read_metrics(out_full)]
     a, b = torch.load(out_full / "rank1.pt"), torch.load(out / "rank1.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ----------------------------------------------------------------------------- interrupted runs
+
+def test_resume_replaces_the_steps_logged_after_the_checkpoint(data, full_run, tmp_path):
+    """Killed after logging steps 4 and 5 past the step-3 checkpoint (and mid-line): the resumed log has
+    every step exactly once, with the uninterrupted run's losses."""
+    out_full, params, _ = full_run
+    run_inprocess(data, tmp_path, params, max_steps=5)
+    (tmp_path / "ckpt" / "step_000005.pt").unlink()  # the kill came before step 5's checkpoint
+    (tmp_path / "ckpt" / "latest").write_text("step_000003.pt\n")
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "loss": 1.2')  # cut short by the kill
+    run_inprocess(data, tmp_path, params)
+    assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 13))
+    assert [r["loss"] for r in read_metrics(tmp_path)] == [r["loss"] for r in read_metrics(out_full)]
+
+
+def test_unreadable_newest_checkpoint_is_moved_aside_and_the_previous_one_resumed(data, full_run, tmp_path, caplog):
+    out_full, params, _ = full_run
+    run_inprocess(data, tmp_path, params, max_steps=5)
+    newest = tmp_path / "ckpt" / "step_000005.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated
+    with caplog.at_level("WARNING"):
+        run_inprocess(data, tmp_path, params)
+    assert "step_000005.pt cannot be read" in caplog.text and "moved it aside" in caplog.text
+    assert (tmp_path / "ckpt" / "unreadable" / "step_000005.pt").exists()
+    a, b = final_state(out_full), final_state(tmp_path)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 13))
+
+
+def test_config_key_starts_over(data, tmp_path):
+    params = make_params(steps=4)
+    run_inprocess(data, tmp_path, params, max_steps=3)
+    never = make_params(steps=4, resume="never")
+    run_inprocess(data, tmp_path, never, max_steps=2)  # no resume= argument: train.resume decides
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*.pt")) == ["step_000002.pt"]
+    # a checkpoint made under resume: never is resumed under auto (the key does not change the trajectory)
+    assert run_inprocess(data, tmp_path, params)["tokens_trained"] == 4 * 256
+
+
+def test_a_run_ending_with_its_history_missing_fails(data, tmp_path):
+    """What a trainer left running after a kill used to cause: it finished first, the rerun resumed from the
+    last checkpoint with nothing to train and an emptied log, and exited 0."""
+    params = make_params(steps=4)
+    run_inprocess(data, tmp_path, params)
+    (tmp_path / "final.pt").unlink()
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(PipelineError, match=r"metrics.jsonl ends at step None, not at step 4"):
+        run_inprocess(data, tmp_path, params)
+    assert not (tmp_path / "final.pt").exists()
+
+
+def test_second_trainer_on_the_same_outdir_is_refused(data, tmp_path):
+    from pipeline.training.processes import RunLock
+
+    with RunLock(tmp_path):
+        with pytest.raises(PipelineError, match=rf"in use by another training run: PID {os.getpid()}"):
+            run_inprocess(data, tmp_path, make_params(steps=4))
+    assert not (tmp_path / "metrics.jsonl").exists()
