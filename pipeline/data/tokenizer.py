@@ -59,34 +59,48 @@ def sample_training_texts(
 
     Shards are visited in a seeded random order; shard k gets a quota of ceil(remaining / shards
     left) characters, so every shard contributes equally and a short shard's shortfall moves on to
-    the next ones. Within a shard, reading starts at a seeded random row group and wraps around.
-    Documents are truncated to `max_doc_chars`, the last one to the exact quota. Reading streams
-    row groups and stops at the quota, so memory is one batch regardless of the dataset size.
+    the next ones. What is still missing after the last shard (the last ones were short or empty) is
+    taken in further rounds from the shards that filled their quota, each continuing after the
+    documents it gave, until the total is reached or every shard is exhausted. Within a shard, reading
+    starts at a seeded random row group and wraps around. Documents are truncated to `max_doc_chars`,
+    the last one of a quota to the exact quota. Reading streams row groups and stops at the quota, so
+    memory is one batch regardless of the dataset size.
     """
     rng = random.Random(seed)
     order = sorted(shards, key=lambda s: str(s[0]))
     rng.shuffle(order)
     remaining = train_chars
-    for k, (path, source) in enumerate(order):
-        quota = math.ceil(remaining / (len(order) - k))
-        taken = 0
-        for doc in _shard_docs_from(path, source, rng, batch_size):
-            text = doc_text(doc)[: min(max_doc_chars, quota - taken)]
-            taken += len(text)
-            yield text
-            if taken >= quota:
-                break
-        remaining -= taken
-        if remaining <= 0:
-            return
+    position: dict[str, list[int]] = {}  # shard -> [first row group, documents given so far]
+    while order and remaining > 0:
+        more = []  # the shards that filled their quota this round: they may have more to give
+        for k, (path, source) in enumerate(order):
+            quota = math.ceil(remaining / (len(order) - k))
+            if str(path) not in position:
+                n_groups = open_parquet(path).num_row_groups
+                position[str(path)] = [rng.randrange(n_groups) if n_groups else 0, 0]
+            pos = position[str(path)]
+            taken = 0
+            for i, doc in enumerate(_shard_docs_from(path, source, pos[0], batch_size)):
+                if i < pos[1]:
+                    continue
+                text = doc_text(doc)[: min(max_doc_chars, quota - taken)]
+                taken += len(text)
+                pos[1] = i + 1
+                yield text
+                if taken >= quota:
+                    more.append((path, source))
+                    break
+            remaining -= taken
+            if remaining <= 0:
+                return
+        order = more
     log.warning("the training shards hold only %d of the requested %d characters; training on all of them",
                 train_chars - remaining, train_chars)
 
 
-def _shard_docs_from(path, source: dict, rng: random.Random, batch_size: int) -> Iterator[str | list[dict]]:
-    """A shard's documents, starting at a row group drawn from `rng` and wrapping around."""
+def _shard_docs_from(path, source: dict, first: int, batch_size: int) -> Iterator[str | list[dict]]:
+    """A shard's documents, starting at row group `first` and wrapping around."""
     n_groups = open_parquet(path).num_row_groups
-    first = rng.randrange(n_groups) if n_groups else 0
     for i in range(n_groups):
         for batch in iter_documents(path, source, batch_size, row_group=(first + i) % n_groups):
             yield from batch.docs

@@ -194,6 +194,18 @@ def test_sampler_exact_budget_spread_over_shards_and_seeded(tmp_path):
     assert sample != list(sample_training_texts(paths, 3000, 150, seed=2))
 
 
+@pytest.mark.parametrize("seed", range(6))  # the empty shard falls at every position of the order
+def test_sampler_redistributes_what_an_empty_or_short_shard_lacks(tmp_path, seed):
+    """A shard of empty documents and a short one, wherever they fall in the seeded order (last
+    included), leave their quota to the shards that have text: the sample is the full budget."""
+    full = [[f"s{k}-d{i} " + "word " * 40 for i in range(100)] for k in (2, 3)]
+    paths = [(str(write_text_shard(tmp_path / "web" / f"shard_{k}.parquet", docs)), TEXT_SOURCE)
+             for k, docs in enumerate([[""] * 20, ["short"], *full])]
+    sample = list(sample_training_texts(paths, 9000, 150, seed=seed))
+    assert sum(map(len, sample)) == 9000
+    assert len(sample) == len(set(sample))  # a shard continues after what it gave, never repeats it
+
+
 def test_sampler_uses_everything_when_budget_exceeds_data(tmp_path):
     p = write_text_shard(tmp_path / "web" / "s.parquet", ["abc", "", "defg"])
     assert list(sample_training_texts([(str(p), TEXT_SOURCE)], 10_000, 100, seed=0)) == ["abc", "defg"]
