@@ -194,7 +194,11 @@ def verify_parquet(path: str | os.PathLike, name: str, spec: dict, label: str) -
         if pf.metadata.num_rows == 0:
             raise PipelineError(f"{label} has zero rows; an empty shard is an error: remove it from the source or fix "
                                 "the export that wrote it")
-        problem = _column_type_problem(schema.field(col).type, spec["format"])
+        typ = schema.field(col).type
+        if pa.types.is_null(typ):  # what a writer infers from a column of nulls only
+            raise PipelineError(f"{label}: column '{col}' holds no text, every row is null (parquet type null); "
+                                "fix the export that wrote it, or remove the shard from the source")
+        problem = _column_type_problem(typ, spec["format"])
         if problem:
             raise PipelineError(f"{label}: column '{col}' {problem}; check sources.{name}.format and "
                                 f"sources.{name}.{key}")

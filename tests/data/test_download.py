@@ -438,11 +438,13 @@ def _corrupt_pages(path: Path) -> None:
          "has no column 'text' (columns present: id, body); set sources.web.text_column"),
         (lambda p: write_text_shard(p, []), {}, "has zero rows"),
         (lambda p: pq.write_table(pa.table({"text": [1, 2]}), p), {}, "column 'text' has type int64, expected string"),
+        (lambda p: pq.write_table(pa.table({"text": [None, None]}), p), {},
+         "column 'text' holds no text, every row is null (parquet type null); fix the export"),
         (lambda p: write_text_shard(p, ["doc"]), {"format": "chat"}, "has no column 'messages'"),
         (lambda p: write_text_shard(p, ["doc"]), {"sha256": {"shard_00000.parquet": "f" * 64}},
          "sources.web.sha256['shard_00000.parquet'] pins"),
     ],
-    ids=["truncated", "corrupt-pages", "missing-column", "empty", "wrong-type", "chat-without-messages",
+    ids=["truncated", "corrupt-pages", "missing-column", "empty", "wrong-type", "all-null", "chat-without-messages",
          "pin-mismatch"],
 )
 def test_bad_local_shard_is_a_clear_error_and_places_nothing(tmp_path, make, over, expected):
