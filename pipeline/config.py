@@ -13,7 +13,7 @@ import glob
 import hashlib
 import json
 import os
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,15 @@ def _key_path(path) -> str:
     return ".".join(str(p) for p in path) or "<root>"
 
 
+def _describe_type(schema: dict) -> str:
+    """'an integer >= 1', "'plan'": one alternative of a oneOf, with its bounds."""
+    if "const" in schema:
+        return repr(schema["const"])
+    bounds = [f"{op} {schema[k]}" for k, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="),
+                                                ("exclusiveMaximum", "<")) if k in schema]
+    return " ".join([f"{'an' if str(schema.get('type'))[0] in 'aeiou' else 'a'} {schema.get('type')}", *bounds])
+
+
 def _format_error(err, schema: dict) -> str:
     key = _key_path(err.absolute_path)
     if err.validator == "additionalProperties":
@@ -68,7 +77,7 @@ def _format_error(err, schema: dict) -> str:
     if err.validator in ("type", "enum", "const", "oneOf"):
         want = err.schema.get("type") or err.schema.get("enum") or err.schema.get("const")
         if err.validator == "oneOf":
-            want = " or ".join(str(s.get("type") or s.get("const")) for s in err.schema["oneOf"])
+            want = " or ".join(_describe_type(s) for s in err.schema["oneOf"])
         return f"config key '{key}' has value {err.instance!r}; expected {want}"
     if err.validator == "required":
         return f"config key '{key}': {err.message}"
@@ -434,7 +443,7 @@ def parse_overrides(items: list[str] | None) -> dict:
 SOURCE_HASH_CACHE = ".source-sha256.json"  # under data_dir
 
 
-@lru_cache(maxsize=None)
+@cache
 def _local_hashes(data_dir: str, pattern: str) -> dict[str, str]:
     """sha256 of every file `pattern` matches, keyed by shard name; cached on disk by file identity."""
     from pipeline.io import sha256_file, write_json

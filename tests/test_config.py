@@ -32,6 +32,8 @@ def test_defaults_filled_from_schema():
         ({"dedup": {"bands": 7}}, "dedup.num_perm", "bands × rows"),
         ({"mixes": {"m": {"weights": {"nope": 1.0}}}, "train": {"mix": "m"}}, "mixes.m.weights.nope", "unknown source"),
         ({"train": {"mix": "nope"}}, "train.mix", "unknown mix"),
+        ({"mixes": {"pretrain": {"weights": {"web": 1}, "tokens": -5}}}, "mixes.pretrain.tokens",
+         "expected an integer >= 1 or 'plan'"),
         ({"sources": {"fw": {"type": "hf", "repo": "a/b", "pattern": "s.parquet", "shards": [0, 3]}},
           "mixes": {"pretrain": {"weights": {"fw": 1}}}}, "sources.fw.pattern", "format field"),
         ({"sources": {"fw": {"type": "hf", "repo": "a/b"}}}, "sources.fw.pattern", "required"),
