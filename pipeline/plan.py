@@ -68,7 +68,7 @@ from pipeline.budget import (
     token_target,
     trained_tokens,
 )
-from pipeline.config import add_config_args, load_config, run_dir, source_files
+from pipeline.config import add_config_args, load_config, params_from_args, parse_overrides, run_dir, source_files
 from pipeline.errors import ConfigError, PlanError
 from pipeline.io import atomic_write, get_logger, provenance, run_cli, write_json
 
@@ -410,13 +410,13 @@ def main(argv=None) -> None:
         ap.error("--no-check is for display only; it cannot be combined with --out/--out-md")
     counts, strict = args.counts, True
     if args.configfile:  # by hand: the whole config (estimates included) and the run's counts, once measured
-        params = load_config(args.configfile)
+        params = load_config(args.configfile, parse_overrides(args.set))
         found = run_dir(params) / "counts" / "counts.parquet"
         if counts is None and found.exists():
             counts, strict = found, False
             log.info("tokens per shard from the measured counts in %s", found)
     else:
-        params = json.loads(args.params)
+        params = params_from_args(args, "plan")
     plan = make_plan(params, counts=counts, allow_short=args.no_check, strict_counts=strict)
     if args.out:
         write_json(args.out, {**plan, "meta": provenance("plan", params, [counts] if counts else [])})

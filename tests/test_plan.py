@@ -14,7 +14,7 @@ from conftest import ROOT, write_text_shard
 
 from pipeline.budget import count_params, flops_per_token
 from pipeline.config import load_config, resolve_config
-from pipeline.errors import PlanError
+from pipeline.errors import ConfigError, PlanError
 from pipeline.plan import PLAN_KEYS, REQUIRED_KEYS, activation_bytes, estimate_memory, format_plan, main, make_plan
 from pipeline.training.model import ModelConfig, Transformer
 
@@ -284,6 +284,15 @@ def test_cli_json_has_exactly_the_plan_keys(capsys):
     out = json.loads(capsys.readouterr().out)
     assert list(out) == list(PLAN_KEYS) and set(REQUIRED_KEYS) <= set(out)
     assert out["n_params"] == 1_241_581_568
+
+
+def test_cli_takes_dotted_overrides(capsys):
+    main(["--configfile", str(LLAMA_1B), "--json", "--set", "train.target_tokens=2097152000",
+          "--set", "train.global_batch_tokens=2097152"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["target_tokens"] == 2_097_152_000 and out["num_steps"] == 1000
+    with pytest.raises(ConfigError, match="--set applies to --configfile only"):
+        main(["--params", json.dumps(load_config(LLAMA_1B)), "--set", "seed=1"])
 
 
 def test_cli_table_and_outputs(tmp_path, capsys):
