@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -203,6 +205,35 @@ def test_micro_batch_edit_reruns_plan_and_training_not_the_data(project):
     assert not {"download", "tokenize", "dedup", "split", "mix", "pack"} & set(jobs)
 
 
+def test_nested_config_overrides_reach_any_key_with_its_type(project):
+    """`--config` takes identifiers only, so nested keys go as YAML mappings; Snakemake hands their values
+    over as strings ('102400'), which the Snakefile types by the schema: int, float, list, nested mapping."""
+    proc = snakemake(project, "-n", "--config", "train={target_tokens: 51200, lr: 1e-2, betas: [0.9, 0.99]}",
+                     "mixes={midtrain: {weights: {web: 0.25, chat: 0.75}}}")
+    jobs = planned_jobs(proc)
+    assert "51.2 K (from train.target_tokens)" in proc.stderr, proc.stderr[-2000:]
+    assert "50 → 51.2 K tokens trained" in proc.stderr
+    assert jobs["mix"] == 2 and jobs["train"] == 1  # both mixes: pretrain's budget, midtrain's weights
+    assert not {"download", "tokenize", "dedup", "split"} & set(jobs)
+    bad = snakemake(project, "-n", "--config", "train={micro_batch: eight}", check=False)
+    assert bad.returncode != 0 and "train.micro_batch' has value 'eight'; expected integer" in bad.stderr
+
+
+def test_edited_local_shard_reruns_its_download_and_what_follows(project):
+    """A local source is hashed: new content reruns that shard's download and everything downstream; the
+    same content with a new mtime reruns nothing."""
+    shard = project / "src/web/shard_00001.parquet"
+    original = shard.read_bytes()
+    try:
+        write_text_shard(shard, [t + " Edited." for t in sample_docs()[1]])
+        jobs = planned_jobs(snakemake(project, "-n"))
+        assert jobs["download"] == 1 and {"tokenize", "dedup", "split", "pack", "train", "evaluate"} <= set(jobs)
+        shard.write_bytes(original)  # the old content back, with a new mtime
+        assert planned_jobs(snakemake(project, "-n")) == {}
+    finally:
+        shard.write_bytes(original)
+
+
 def test_multi_node_train_job_says_how_to_launch(tmp_path):
     """The data stages run for a 2-node config; the train job, one node only, fails with the launch."""
     cfg = json.loads(json.dumps(TINY))
@@ -251,3 +282,95 @@ def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
                   "23,682 → 24.83 B tokens trained", "fineweb: 454 of 1823 shards", "143.9 GPU-hours"):
         assert shown in proc.stderr, shown
     assert not (tmp_path / "data").exists()
+
+
+# ----------------------------------------------------------------------------- interrupted runs
+
+def start_snakemake(path: Path, *args: str) -> subprocess.Popen:
+    """Snakemake in a session of its own, as from a terminal: its process group is what `kill -9 -PGID` hits."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", WANDB_MODE="offline")
+    cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(path), "--configfile", str(path / "config.yaml"),
+           "--cores", "2", *args]
+    log = open(path / f"snakemake-{len(list(path.glob('snakemake-*.log')))}.log", "w")
+    return subprocess.Popen(cmd, cwd=path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(cond, proc: subprocess.Popen, what: str, timeout: float = 300):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert proc.poll() is None, f"snakemake ended (rc {proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def processes_in(path: Path) -> list[str]:
+    """Processes whose working directory is the project (every job of the run's): 'pid cmdline'."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") == str(path):
+                out.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ').decode()}")
+        except OSError:
+            pass
+    return out
+
+
+def kill_group(proc: subprocess.Popen, path: Path) -> None:
+    """kill -9 the run's process group; within seconds no process of the run may be left."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while (left := processes_in(path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], f"processes survived the kill: {left}"
+
+
+def logged_steps(train_dir: Path) -> list[int]:
+    path = train_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(ln)["step"] for ln in lines if ln.endswith("}")]
+
+
+def test_killed_runs_lose_nothing(project, tmp_path):
+    """The README's recovery, end to end: kill -9 the Snakemake process group during a per-shard stage and
+    during training (after a checkpoint, with steps logged past it), rerun the way the README says, and
+    get exactly the uninterrupted run (`project`): same data files, same model tensors, every metric step
+    exactly once, no stray process, no temp file."""
+    path = make_project(tmp_path, TINY)
+    train, ref = path / "results/t/train", project / "results/t"
+
+    run = start_snakemake(path)
+    wait_for(lambda: any((path / "results/t/tokens").rglob("*.bin*")), run, "tokenize wrote a file")
+    kill_group(run, path)
+
+    def past_checkpoint() -> bool:  # a checkpoint, and a step logged after it (redone on resume)
+        latest = train / "ckpt/latest"
+        if not latest.exists():
+            return False
+        step = int(latest.read_text().strip()[5:11])
+        return any(s > step for s in logged_steps(train))
+
+    assert snakemake(path, "--unlock").returncode == 0
+    run = start_snakemake(path, "--rerun-incomplete")
+    wait_for(past_checkpoint, run, "training logged a step after a checkpoint")
+    kill_group(run, path)
+    assert not (train / "final.pt").exists()
+
+    snakemake(path, "--unlock")
+    snakemake(path, "--rerun-incomplete")
+
+    import torch
+
+    ours, theirs = (torch.load(d / "train/final.pt", weights_only=True)["model"] for d in (path / "results/t", ref))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert logged_steps(train) == logged_steps(ref / "train")  # each step once, in order, the whole run
+    def losses(d: Path) -> list[tuple]:
+        return [(r["step"], r["loss"], r.get("val_loss")) for r in map(json.loads, d.read_text().splitlines())]
+
+    assert losses(train / "metrics.jsonl") == losses(ref / "train/metrics.jsonl")
+    data = sorted(p.relative_to(ref) for p in ref.rglob("*") if p.suffix in (".bin", ".npy"))
+    assert len(data) > 10 and [p for p in data if "pack" in p.parts]
+    for rel in data:
+        assert (path / "results/t" / rel).read_bytes() == (ref / rel).read_bytes(), rel
+    assert [p for p in path.rglob("*") if ".tmp-" in p.name or p.name.endswith(".part")] == []
+    assert planned_jobs(snakemake(path, "-n")) == {}

@@ -26,13 +26,18 @@ def stop(message):
 
 
 # config.yaml is the default run. A --configfile replaces it (presets are complete configs, never
-# merged key-by-key with the default); --config KEY=VALUE overrides apply on top of either.
+# merged key-by-key with the default); --config overrides apply on top of either. Snakemake takes only
+# identifiers as --config keys, so a nested key is given as a YAML mapping, e.g.
+# --config train='{target_tokens: 300000, betas: [0.9, 0.99]}'; Snakemake hands its values over as
+# strings, typed here as the schema says (README "Configuration").
+_overrides = tfc.typed_overrides(workflow.config_settings.config)
 if not workflow.overwrite_configfiles:
     _default = Path("config.yaml") if Path("config.yaml").exists() else BASE / "config.yaml"
     with open(_default) as _f:
         _merged = tfc.deep_merge(yaml.safe_load(_f) or {}, config)
     config.clear()
     config.update(_merged)
+config.update(tfc.deep_merge(config, _overrides))
 try:
     _resolved = tfc.resolve_config(config)
 except ConfigError as _e:

@@ -2,7 +2,6 @@
 rule evaluate:
     input:
         ckpt=f"{RUN_DIR}/train/final.pt",
-        metrics=f"{RUN_DIR}/train/metrics.jsonl",
         val=f"{RUN_DIR}/pack/{TRAIN_MIX}/val.json",
         train=f"{RUN_DIR}/pack/{TRAIN_MIX}/train.json",
         tokenizer=TOKENIZER,
@@ -17,6 +16,7 @@ rule evaluate:
             "training.sampling", "data.encoding",
         ),
         outdir=lambda w, output: Path(output.json).parent,
+        metrics=lambda w, input: Path(input.ckpt).parent / "metrics.jsonl",  # train's, complete with final.pt
     log:
         f"{LOG_DIR}/evaluate.log",
     threads: ALL_CORES
@@ -25,4 +25,4 @@ rule evaluate:
     shell:
         "OMP_NUM_THREADS={threads} python -m pipeline.evaluation.evaluate --params {params.p:q} --ckpt {input.ckpt:q} "
         "--val {input.val:q} --train {input.train:q} --tokenizer {input.tokenizer:q} "
-        "--metrics {input.metrics:q} --outdir {params.outdir:q} 2>&1 | tee {log:q}"
+        "--metrics {params.metrics:q} --outdir {params.outdir:q} 2>&1 | tee {log:q}"

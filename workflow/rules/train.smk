@@ -1,4 +1,8 @@
 # Compiled DDP training launched by torchrun: one node, nproc_per_node processes (gloo on CPU, nccl on GPU).
+# torchrun runs under pipeline.training.launch, which owns the job's processes: a kill of the job (its
+# process group, or SIGTERM/SIGINT) ends every worker within seconds, which torchrun alone does not do.
+# The declared output is final.pt only: metrics.jsonl and ckpt/ are not outputs, so a rerun after a kill
+# (--rerun-incomplete) keeps the metric history and the checkpoints it resumes from.
 import shlex
 
 NPROC = config["hardware"]["nproc_per_node"]
@@ -10,6 +14,7 @@ TRAIN_ARGS = (
 if NODES == 1:
     TRAIN_CMD = (
         "OMP_NUM_THREADS=$(( {threads} / {params.nproc} > 0 ? {threads} / {params.nproc} : 1 )) "
+        "python -m pipeline.training.launch -- "
         f"torchrun --standalone --nproc_per_node {{params.nproc}} {TRAIN_ARGS} 2>&1 | tee {{log:q}}"
     )
 else:  # the data stages run as usual; the job itself cannot span nodes
@@ -32,13 +37,12 @@ rule train:
         accounting=f"{RUN_DIR}/accounting.json",
     output:
         final=f"{RUN_DIR}/train/final.pt",
-        metrics=f"{RUN_DIR}/train/metrics.jsonl",
     params:
         p=stage_params("train"),
         code=code_version(
-            "training.train", "training.step", "training.distributed", "training.model", "training.optim",
-            "training.losses", "training.checkpoint", "training.metrics", "training.sampling", "data.loader",
-            "budget", "data.encoding",
+            "training.train", "training.launch", "training.processes", "training.step", "training.distributed",
+            "training.model", "training.optim", "training.losses", "training.checkpoint", "training.metrics",
+            "training.sampling", "data.loader", "budget", "data.encoding",
         ),
         nproc=NPROC,
         outdir=lambda w, output: Path(output.final).parent,
