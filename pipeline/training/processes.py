@@ -55,13 +55,15 @@ def set_child_subreaper() -> bool:
 def die_with_parent() -> None:
     """Called first by a worker: die (SIGKILL) when the parent that started it exits.
 
-    The parent may already have gone before the call (a kill during start-up): then this process was
-    adopted by PID 1 or by the supervisor, or the supervisor itself is gone; in each case it exits now
-    rather than train unsupervised.
+    Only a process started by torchrun (LOCAL_RANK set) or by the supervisor: one run by hand from a
+    shell (`nohup python -m pipeline.training.train … &`) must outlive that shell. The parent may already
+    have gone before the call (a kill during start-up): then this process was adopted by PID 1 or by the
+    supervisor, or the supervisor itself is gone; in each case it exits now rather than train
+    unsupervised.
     """
-    if not set_parent_death_signal(signal.SIGKILL):
-        return
     supervisor = os.environ.get(SUPERVISOR_ENV)
+    if ("LOCAL_RANK" not in os.environ and not supervisor) or not set_parent_death_signal(signal.SIGKILL):
+        return
     orphaned = os.getppid() == 1
     if supervisor and supervisor.isdigit():
         sup = int(supervisor)

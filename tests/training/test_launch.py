@@ -109,3 +109,23 @@ def test_second_trainer_on_the_same_directory_is_refused_naming_the_holder(tmp_p
             RunLock(tmp_path).acquire()  # also within one process: a second descriptor is a second holder
     RunLock(tmp_path).acquire().release()
     assert lock._fd is None
+
+
+PDEATHSIG = """
+import ctypes
+from pipeline.training.processes import die_with_parent
+die_with_parent()
+sig = ctypes.c_int()
+ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
+print(sig.value)
+"""
+
+
+@pytest.mark.parametrize("env, expected", [({}, 0), ({"LOCAL_RANK": "0"}, signal.SIGKILL)],
+                         ids=["by-hand", "torchrun-worker"])
+def test_only_launched_workers_die_with_their_parent(env, expected):
+    """A trainer run by hand (`nohup python -m pipeline.training.train … &`) must outlive its shell."""
+    base = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "TOKENFARM_SUPERVISOR_PID")}
+    out = subprocess.run([sys.executable, "-c", PDEATHSIG], env={**base, "PYTHONPATH": str(ROOT), **env},
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == str(int(expected)), out.stderr
