@@ -70,12 +70,12 @@ def _kill_all(pids) -> None:
             os.kill(p, signal.SIGKILL)
 
 
-def _reap(block: bool = False) -> list[tuple[int, int]]:
-    """Reap exited children: [(pid, wait status)]."""
+def _reap() -> list[tuple[int, int]]:
+    """Reap exited children, without waiting: [(pid, wait status)]."""
     out = []
     while True:
         try:
-            pid, status = os.waitpid(-1, 0 if block and not out else os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return out
         if pid == 0:
