@@ -1,0 +1,391 @@
+"""Per-GPU memory and step-time model of a training step, calibrated on the reference run's measurements.
+
+Pure functions of a resolved run config (torch-free, import-light: the planner runs it at parse
+time). `StepSetup.from_config(cfg, logits=...)` reads what the trainer will do; `memory(setup)`
+and `step_time(setup)` predict it. Every number below is a **prediction**; the only measurements
+are the reference's rows the constants were fitted to (tests/test_perf.py lists them with their
+source: Part 1/2 of the reference write-up, one H100 80 GB, the 1.24B model) and what a user
+measures with `python -m pipeline.bench` (which `pipeline.plan --measured-step` feeds back).
+
+``logits`` names the loss implementation being described:
+
+* ``ours`` (default): pipeline/losses.py — fp32 cross-entropy outside autocast, chunked over
+  ``train.ce_chunk_tokens`` tokens with the backward fused into the forward, so no [tokens, vocab]
+  tensor ever exists; the logit matmuls run at ``train.ce_matmul`` precision.
+* ``bf16-materialized``: the reference trainer — ``lm_head`` under autocast materialises bf16
+  [tokens, vocab] logits and their gradient (compiled: one buffer, the gradient written in place;
+  eager: plus an fp32 copy, the fp32 log-softmax and its fp32 gradient). It also frees gradients at
+  every ``zero_grad`` (``set_to_none=True``), where ours keeps them allocated (DDP bucket views).
+
+Memory (bytes; GB = 1e9, as torch reports) — n = micro_batch × seq_len tokens, P parameters:
+
+* state: fp32 weights 4P; optimizer: AdamW 8P, 8-bit AdamW 2P, Muon 4 B per block-matrix
+  parameter (momentum) + AdamW's 8 B for the rest; bf16 autocast copies of the block matrices
+  (2 B each: autocast caches the cast weights for the step); fp8: one fp8 copy (1 B) per converted
+  matrix parameter.
+* gradients: fp32 4P, held throughout by ours; allocated during backward by the reference (only the
+  lm-head/embedding gradient 4·V·d exists when the loss backward starts).
+* activations per token and layer, a = 2 under bf16 autocast else 4, the residual stream fp32:
+  attention = 4d + a·(3d + 2·d_kv) (+ a·3d eager: pre-RoPE q/k and GQA-expanded k/v kept alive;
+  + 4·heads·T for the fp32 math-kernel attention, see below); mlp = 4d + a·(d + k·f) with k = 3
+  compiled (silu·up fused) and 4 eager; fp8 stores the linears' saved inputs in 1 B.
+  A checkpointed region stores its 4d-byte input and is rebuilt one region at a time in backward.
+  fp32 SDPA on CUDA cannot use flash attention and falls back to the math kernel, which stores the
+  [heads, T, T] fp32 probabilities (the reference measured this); bf16 uses flash (no T² term).
+* logits / CE: ``ours`` holds one chunk's fp32 logits 4·c·V (+ 2·c·V for its bf16 copy under
+  ``ce_matmul: bf16``) and, from forward to backward, the fp32 gradients w.r.t. hidden (4nd) and the
+  output weight (4Vd), each once more while backward scales them. ``bf16-materialized``: 2nV
+  compiled; eager 12nV at the loss backward (bf16 logits, fp32 log-softmax, its gradient, the input
+  gradient).
+* the peak is the larger of two moments: the loss backward starting (state, gradients so far,
+  every stored activation, the logits term) and the first checkpointed block's backward (state, all
+  gradients, stored activations, one rebuilt region and its backward buffers, 3 × 4nd); an
+  unfused AdamW adds a third: the optimizer step's temporaries (4P).
+* reserved = peak × (1 + `ALLOCATOR_SLACK`) (the caching allocator's rounding and fragmentation);
+  total = reserved + `CUDA_CONTEXT_GB` (CUDA context, cuBLAS/NCCL workspaces) — what must fit in
+  the GPU, whose nominal ``hardware.gpu_memory_gb`` is GiB (an "80 GB" H100 has 85.9e9 bytes).
+
+Step time of one optimizer step on one GPU = grad_accum × micro-step + optimizer, divided by
+`DDP_EFFICIENCY` when several GPUs train (the reference's 8×H100 rate over its 1×H100 bench):
+
+* matmul work at the body precision's dense peak (`pipeline.plan.PEAK_FLOPS`) times a fitted
+  efficiency `ETA` (``train``: forward + backward; ``recompute``: a checkpointed region's second
+  forward, which runs faster per FLOP). FLOPs: 6·(block matrices) per token + causal attention
+  6·L·T·d (flash computes half the square; the math kernel all of it: 12·L·T·d) + the logit matmuls
+  6·V·d; recomputation adds each rebuilt region's forward.
+* fp8 linears divide their matmul time by `FP8_SPEEDUP` (fitted: the cast/scale overhead eats most
+  of the 2× tensor-core rate on a 2048-wide model).
+* logits: ``bf16-materialized`` runs its matmuls with the body; ``ours`` runs them at ``ce_matmul``'s
+  peak (bf16 989, TF32 494.5, fp32 67 TFLOP/s on an H100) × ETA, plus the chunked softmax's memory
+  traffic (`CE_BYTES_PER_LOGIT` per logit: eager vs compiled) at the HBM bandwidth × `ETA["memory"]`.
+* uncompiled runs: the body's time × `EAGER_FACTOR` (kernel launches and unfused elementwise ops).
+* optimizer: bytes moved per parameter (`OPTIMIZER_BYTES`, incl. clipping) at the HBM bandwidth,
+  plus Muon's Newton–Schulz matmuls (5 iterations of 4m²n + 2m³ FLOPs per m×n matrix, m ≤ n) in bf16.
+
+Predicted MFU = flops_per_token (pipeline.plan's formula, the one MFU is logged with) × tokens /
+(step time × peak of the body precision: bf16, or true fp32 when the run is fp32, since an fp32 run
+sets ``highest`` matmul precision). On CPU the peak (1 TFLOP/s) and bandwidth are nominal: the
+model then gives a number, not a prediction worth trusting.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+GB = 1e9
+GIB = 2 ** 30
+LOGITS_MODES = ("ours", "bf16-materialized")
+CE_MATMUL = ("bf16", "tf32", "fp32")
+
+# ---- datasheet figures (dense, no sparsity; NVIDIA SXM parts). "fp32" is true fp32 (CUDA cores),
+# "tf32" tensor-core fp32 inputs rounded to 10 mantissa bits. The cpu entry is nominal.
+PEAK_FLOPS = {
+    "H100": {"bf16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 66.9e12},
+    "H200": {"bf16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 66.9e12},
+    "A100": {"bf16": 312e12, "fp8": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+    "cpu": {"bf16": 1e12, "fp8": 1e12, "tf32": 1e12, "fp32": 1e12},
+}
+HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.04e12, "cpu": 20e9}
+
+# ---- fitted to the reference's measured rows (tests/test_perf.py: REFERENCE_ROWS) — one place.
+ETA = {
+    "train": {"bf16": 0.53, "fp32": 0.70},  # compiled forward+backward matmul FLOPs / (peak × time)
+    "recompute": 0.72,                      # a checkpointed region's second forward (bf16)
+    "memory": 0.8,                          # achieved / datasheet HBM bandwidth of streaming kernels
+}
+EAGER_FACTOR = {"bf16": 1.42, "fp32": 1.10}  # uncompiled body time / compiled (8×2048 bf16; 3 vs 4×2048 fp32)
+FP8_SPEEDUP = {"tensorwise": 1.146, "rowwise": 0.975}  # fp8 linears' matmul time ÷ this (reference −10% / +2%)
+OPTIMIZER_BYTES = {"adamw-fused": 36, "adamw-foreach": 81, "adamw8bit": 24, "muon": 36}  # per parameter, with clipping
+CE_BYTES_PER_LOGIT = {"eager": 32, "compiled": 20}  # ours: memory traffic of the chunked softmax per logit
+DDP_EFFICIENCY = 50_000 / 55_540  # 8×H100 run: 400k tok/s ÷ 8 GPUs vs the 1-GPU bench's 64×2048 / 2.36 s
+ALLOCATOR_SLACK = 0.02
+CUDA_CONTEXT_GB = 0.5
+MUON_NS_STEPS = 5
+
+
+@dataclass(frozen=True)
+class StepSetup:
+    """What one training step does, as far as memory and time depend on it."""
+
+    vocab: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    tied: bool
+    micro_batch: int
+    seq_len: int
+    grad_accum: int = 1
+    world_size: int = 1
+    device: str = "cuda"
+    gpu_type: str = "H100"
+    bf16: bool = True                  # body under bf16 autocast (CUDA only)
+    compile: bool = True
+    checkpoint: str = "none"           # none | mlp | attention | block | every_n
+    every_n: int = 2
+    optimizer: str = "adamw"           # adamw | adamw8bit | muon
+    adamw_kernel: str = "fused"        # fused | foreach (the reference's first rows: torch's default)
+    fp8: str = "none"                  # none | tensorwise | rowwise
+    logits: str = "ours"               # ours | bf16-materialized
+    ce_chunk: int = 8192
+    ce_matmul: str = "tf32"            # bf16 | tf32 | fp32 (ours only)
+    grads_persistent: bool = True      # ours: zero_grad(set_to_none=False); the reference frees them
+
+    @classmethod
+    def from_config(cls, cfg: dict, logits: str = "ours") -> "StepSetup":
+        """The trainer's step for a resolved run config; ``logits="bf16-materialized"`` describes the
+        reference trainer instead (its loss, and gradients freed at every zero_grad)."""
+        if logits not in LOGITS_MODES:
+            raise ValueError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
+        m, t, hw = cfg["model"], cfg["train"], cfg["hardware"]
+        cuda = hw["device"] == "cuda"
+        ws = hw["nproc_per_node"] * hw["nodes"]
+        per_micro = t["micro_batch"] * t["seq_len"] * ws
+        bf16 = cuda and t["precision"] == "bf16"
+        return cls(
+            vocab=m["vocab_size"], dim=m["dim"], n_layers=m["n_layers"], n_heads=m["n_heads"],
+            n_kv_heads=m["n_kv_heads"], ffn_dim=m["ffn_dim"], tied=m["tie_embeddings"],
+            micro_batch=t["micro_batch"], seq_len=t["seq_len"], grad_accum=max(1, t["global_batch_tokens"] // per_micro),
+            world_size=ws, device=hw["device"], gpu_type=hw["gpu_type"] if cuda else "cpu", bf16=bf16,
+            compile=cuda if t["compile"] == "auto" else bool(t["compile"]),
+            checkpoint=t["activation_checkpointing"], every_n=t["checkpoint_every_n"], optimizer=t["optimizer"],
+            adamw_kernel="fused" if cuda else "foreach", fp8=t["fp8"], logits=logits,
+            ce_chunk=t["ce_chunk_tokens"], ce_matmul=ce_matmul_precision(cfg),
+            grads_persistent=logits == "ours",
+        )
+
+    def replace(self, **changes) -> "StepSetup":
+        return dataclasses.replace(self, **changes)
+
+    # ---- shapes
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    @property
+    def d_kv(self) -> int:
+        return self.n_kv_heads * (self.dim // self.n_heads)
+
+    @property
+    def attention_matrix_params(self) -> int:
+        return 2 * self.dim * self.dim + 2 * self.dim * self.d_kv
+
+    @property
+    def mlp_matrix_params(self) -> int:
+        return 3 * self.dim * self.ffn_dim
+
+    @property
+    def matrix_params(self) -> int:
+        """Block matrices (all layers): what autocast copies, fp8 converts and Muon updates."""
+        return self.n_layers * (self.attention_matrix_params + self.mlp_matrix_params)
+
+    @property
+    def params(self) -> int:
+        vocab = self.vocab * self.dim * (1 if self.tied else 2)
+        return vocab + self.matrix_params + self.n_layers * 2 * self.dim + self.dim
+
+    @property
+    def math_attention(self) -> bool:
+        """fp32 SDPA on CUDA: no flash kernel for fp32, the math kernel materialises [heads, T, T]."""
+        return self.device == "cuda" and not self.bf16
+
+
+def ce_matmul_precision(cfg: dict) -> str:
+    """The logit matmul's precision: ``train.ce_matmul`` when the schema has it, else what the
+    trainer does without it (TF32 beside a bf16 body, full fp32 in an fp32 run)."""
+    t = cfg["train"]
+    if t.get("ce_matmul"):
+        return t["ce_matmul"]
+    return "tf32" if cfg["hardware"]["device"] == "cuda" and t["precision"] == "bf16" else "fp32"
+
+
+# ----------------------------------------------------------------------------- memory
+
+def _region_bytes(s: StepSetup) -> dict[str, float]:
+    """Bytes per token of one layer's attention and mlp regions when stored, and a region's input."""
+    a = 2 if s.bf16 else 4
+    lin = 1 if s.fp8 != "none" and s.bf16 else a  # fp8: the linears' saved inputs are fp8
+    d, f = s.dim, s.ffn_dim
+    attention = 4 * d + lin * 2 * d + a * (d + 2 * s.d_kv)  # norm input; q/k/v and o inputs; q, k, v
+    mlp = 4 * d + lin * (d + f) + a * (2 if s.compile else 3) * f  # norm input; gate/up and down inputs; gate, up
+    if not s.compile:
+        attention += a * 3 * d
+    if s.math_attention:
+        attention += 4 * s.n_heads * s.seq_len
+    return {"attention": attention, "mlp": mlp, "input": 4 * d}
+
+
+def activations(s: StepSetup) -> dict[str, float]:
+    """Activation bytes per micro-batch: ``stored`` (forward to backward, all layers) and
+    ``recompute`` (the largest region rebuilt at once in backward)."""
+    r = _region_bytes(s)
+    layer = r["attention"] + r["mlp"]
+    L = s.n_layers
+    if s.checkpoint == "every_n":
+        k = math.ceil(L / s.every_n)
+        stored, rebuilt = k * r["input"] + (L - k) * layer, layer
+    else:
+        per_layer, rebuilt = {
+            "none": (layer, 0),
+            "mlp": (r["attention"] + r["input"], r["mlp"]),
+            "attention": (r["input"] + r["mlp"], r["attention"]),
+            "block": (r["input"], layer),
+        }[s.checkpoint]
+        stored = L * per_layer
+    n = s.tokens
+    return {"stored": n * (stored + 4 * s.dim), "recompute": n * rebuilt}  # + the final norm's input
+
+
+def logits_bytes(s: StepSetup) -> float:
+    """What the loss adds when its backward starts (see the module docstring)."""
+    n, V, d = s.tokens, s.vocab, s.dim
+    if s.logits == "bf16-materialized":
+        return (2 if s.compile else 12) * n * V + 2 * n * d
+    c = min(s.ce_chunk, n)
+    chunk = 4 * c * V + (2 * c * V + 2 * V * d if s.ce_matmul == "bf16" else 0)
+    return chunk + 2 * (4 * n * d + 4 * V * d)
+
+
+def optimizer_bytes(s: StepSetup) -> float:
+    P = s.params
+    if s.optimizer == "adamw8bit":
+        return 2 * P
+    if s.optimizer == "muon":
+        return 4 * s.matrix_params + 8 * (P - s.matrix_params)
+    return 8 * P
+
+
+def autocast_copies(s: StepSetup) -> float:
+    """bf16 copies of the block matrices held from forward to backward: eager autocast saves them for
+    the matmul backward, except inside checkpointed regions (rebuilt there); a compiled step
+    recomputes the cast from the fp32 weight instead of saving it (so do fp8 casts)."""
+    if not s.bf16 or s.compile:
+        return 0.0
+    L = s.n_layers
+    held = {
+        "none": L * (s.attention_matrix_params + s.mlp_matrix_params),
+        "mlp": L * s.attention_matrix_params,
+        "attention": L * s.mlp_matrix_params,
+        "block": 0,
+        "every_n": (L - math.ceil(L / s.every_n)) * (s.attention_matrix_params + s.mlp_matrix_params),
+    }[s.checkpoint]
+    return 2.0 * held
+
+
+def memory(s: StepSetup) -> dict[str, float]:
+    """Predicted per-GPU memory in GB by component, the ``peak`` (allocated), ``reserved`` and
+    ``total`` (reserved + CUDA context), and which moment of the step sets the peak."""
+    P, V, d, n = s.params, s.vocab, s.dim, s.tokens
+    act = activations(s)
+    parts = {
+        "weights": 4 * P,
+        "optimizer": optimizer_bytes(s),
+        "autocast_copies": autocast_copies(s),
+        "gradients": 4 * P,
+        "activations": act["stored"],
+        "logits": logits_bytes(s),
+        "recompute": act["recompute"],
+    }
+    state = parts["weights"] + parts["optimizer"] + parts["autocast_copies"]
+    grads_at_loss = parts["gradients"] if s.grads_persistent else 4 * V * d
+    moments = {
+        "loss backward": state + grads_at_loss + parts["activations"] + parts["logits"],
+        "block backward": state + parts["gradients"] + parts["activations"] + parts["recompute"] + 3 * 4 * n * d,
+    }
+    if s.optimizer == "adamw" and s.adamw_kernel == "foreach":
+        moments["optimizer step"] = state + 2 * parts["gradients"]
+    where = max(moments, key=moments.get)
+    peak = moments[where]
+    out = {k: v / GB for k, v in parts.items()}
+    out.update(peak=peak / GB, reserved=peak * (1 + ALLOCATOR_SLACK) / GB)
+    out["total"] = out["reserved"] + (CUDA_CONTEXT_GB if s.device == "cuda" else 0)
+    out = {k: round(v, 3) for k, v in out.items()}
+    out["peak_at"] = where
+    return out
+
+
+def capacity_gb(gpu_memory_gb: float, device: str) -> float:
+    """Bytes (in GB) a GPU of nominal ``gpu_memory_gb`` holds: HBM sizes are GiB. Host memory as given."""
+    return gpu_memory_gb * GIB / GB if device == "cuda" else gpu_memory_gb
+
+
+# ----------------------------------------------------------------------------- time
+
+def body_flops(s: StepSetup) -> dict[str, float]:
+    """Per-token FLOPs the GPU executes in the body: ``train`` (forward + backward, fp8-able linears
+    apart) and ``recompute`` (checkpointed regions' second forward)."""
+    T, d, L = s.seq_len, s.dim, s.n_layers
+    attn_fwd = (4 if s.math_attention else 2) * T * d  # QKᵀ and AV per layer; causal flash does half
+    attention = 2 * s.attention_matrix_params  # per layer
+    mlp = 2 * s.mlp_matrix_params
+    linear = 3 * L * (attention + mlp)
+    sdpa = 3 * L * attn_fwd
+    rebuilt = {
+        "none": 0,
+        "mlp": L * mlp,
+        "attention": L * (attention + attn_fwd),
+        "block": L * (attention + mlp + attn_fwd),
+        "every_n": math.ceil(L / s.every_n) * (attention + mlp + attn_fwd),
+    }[s.checkpoint]
+    return {"linear": linear, "sdpa": sdpa, "recompute": rebuilt}
+
+
+def _peak(s: StepSetup, precision: str) -> float:
+    return PEAK_FLOPS[s.gpu_type][precision]
+
+
+def step_time(s: StepSetup) -> dict[str, float]:
+    """Predicted seconds of one optimizer step on one GPU, by component, with ``total``."""
+    n, V, d = s.tokens, s.vocab, s.dim
+    body_precision = "bf16" if s.bf16 else "fp32"
+    peak, bw = _peak(s, body_precision), HBM_BYTES_PER_S[s.gpu_type] * ETA["memory"]
+    f = body_flops(s)
+    rate = peak * ETA["train"][body_precision]
+    linear = n * f["linear"] / rate
+    if s.fp8 != "none" and s.bf16:
+        linear /= FP8_SPEEDUP[s.fp8]
+    body = linear + n * f["sdpa"] / rate + n * f["recompute"] / (peak * ETA["recompute"])
+    lm_flops = 6 * V * d * n
+    if s.logits == "bf16-materialized":
+        body += lm_flops / rate
+        logits = 0.0
+    else:
+        ce_peak = _peak(s, s.ce_matmul) if s.device == "cuda" else peak
+        eta = ETA["train"]["fp32" if s.ce_matmul == "fp32" else "bf16"]
+        kind = "compiled" if s.compile else "eager"
+        logits = lm_flops / (ce_peak * eta) + n * V * CE_BYTES_PER_LOGIT[kind] / bw
+    if not s.compile:
+        body *= EAGER_FACTOR[body_precision]
+    kernel = s.optimizer if s.optimizer != "adamw" else f"adamw-{s.adamw_kernel}"
+    optimizer = s.params * OPTIMIZER_BYTES[kernel] / bw
+    if s.optimizer == "muon":
+        optimizer += muon_flops(s) / (_peak(s, "bf16") * ETA["train"]["bf16"])
+    out = {"body": s.grad_accum * body, "logits": s.grad_accum * logits, "optimizer": optimizer}
+    total = sum(out.values())
+    if s.world_size > 1:
+        out["ddp"] = total / DDP_EFFICIENCY - total
+    out["total"] = sum(out.values())
+    return out
+
+
+def muon_flops(s: StepSetup) -> float:
+    """Newton–Schulz FLOPs of one Muon step over the block matrices."""
+    d, dkv, f = s.dim, s.d_kv, s.ffn_dim
+    shapes = [(d, d), (d, d), (dkv, d), (dkv, d), (f, d), (f, d), (d, f)]
+    per_layer = sum(4 * min(a, b) ** 2 * max(a, b) + 2 * min(a, b) ** 3 for a, b in shapes)
+    return MUON_NS_STEPS * s.n_layers * per_layer
+
+
+def model_flops_per_token(s: StepSetup) -> float:
+    """pipeline.plan's flops_per_token (6·(N_non_embedding + V·d) + 12·L·d·T): what MFU is logged with."""
+    non_embedding = s.matrix_params + s.n_layers * 2 * s.dim + s.dim
+    return 6 * (non_embedding + s.vocab * s.dim) + 12 * s.n_layers * s.dim * s.seq_len
+
+
+def predicted_mfu(s: StepSetup, seconds: float | None = None) -> float:
+    """MFU of a step of `seconds` (default: the predicted step time) against the body precision's peak."""
+    seconds = step_time(s)["total"] if seconds is None else seconds
+    tokens = s.tokens * s.grad_accum
+    return model_flops_per_token(s) * tokens / (seconds * _peak(s, "bf16" if s.bf16 else "fp32"))

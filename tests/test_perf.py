@@ -1,0 +1,163 @@
+"""pipeline.perf against the reference run's measured rows (the calibration targets of issue 14).
+
+Source: ../shared/reference/how-to-train-an-llm-part1.md and part2.md — the 1.24B Llama-3-style
+model (vocab 131,072, dim 2048, 16 layers, 32/8 heads, SwiGLU 8192, tied), [micro_batch, 2048]
+random tokens, one H100 80 GB, their trainer: bf16 [tokens, vocab] logits (`bf16-materialized`),
+`optimizer.zero_grad()` freeing gradients, torch.compile unless noted. Memory rows are the range
+[step-1 peak allocated, steady reserved] in GB (torch's 1e9 bytes); the model's predicted reserved
+memory must lie within ±10% of that range. Step time: median of the steady steps the write-up
+prints (steps 2-4), seconds; the prediction must lie within ±10%.
+
+Rows the write-up gives relative to another row are derived from that row and say so; their
+checkpoint mode or optimizer is inferred where the write-up leaves it implicit (noted).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from pipeline.perf import (
+    DDP_EFFICIENCY,
+    StepSetup,
+    capacity_gb,
+    memory,
+    predicted_mfu,
+    step_time,
+)
+
+REFERENCE = StepSetup(vocab=131072, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, tied=True,
+                      micro_batch=16, seq_len=2048, logits="bf16-materialized", grads_persistent=False)
+
+# (source section, setup changes from REFERENCE, [peak, reserved] GB or None, step seconds or None)
+P1, P2 = "Part 1", "Part 2"
+REFERENCE_ROWS = [
+    (f"{P1}, Torch Compile: no optimizations (fp32 eager, torch AdamW's default foreach kernel)",
+     dict(micro_batch=3, bf16=False, compile=False, adamw_kernel="foreach"), (69.83, 72.32), 1.234),
+    (f"{P1}, Torch Compile: reduce-overhead, fullgraph (fp32)",
+     dict(micro_batch=4, bf16=False, adamw_kernel="foreach"), (77.23, 82.94), 1.480),
+    (f"{P1}, Mixed Precision (bf16 autocast, foreach AdamW)",
+     dict(adamw_kernel="foreach"), (73.05, 78.59), 0.525),
+    (f"{P1}, Fused AdamW", dict(), (73.05, 73.63), 0.504),
+    (f"{P1}, Gradient Checkpointing: every second layer", dict(checkpoint="every_n", every_n=2), (49.09, 49.73), 0.568),
+    (f"{P1}, Gradient Checkpointing: all layers", dict(checkpoint="block"), (29.03, 29.67), 0.600),
+    (f"{P1}, Gradient Checkpointing: [64, 2048]", dict(checkpoint="block", micro_batch=64), (68.09, 73.77), 2.360),
+    (f"{P2}, Flash Attention 3: PyTorch SDPA without torch.compile, [8, 2048] (checkpointing all layers as in "
+     "Part 1's final setting; allocated 14.97 GB = fp32 AdamW)",
+     dict(micro_batch=8, checkpoint="block", compile=False), (39.33, 53.70), 0.427),
+    (f"{P2}, Flash Attention 3: PyTorch SDPA with torch.compile, [8, 2048] (allocated 7.45 GB = 6 B/param: "
+     "8-bit AdamW; checkpointing all layers)",
+     dict(micro_batch=8, checkpoint="block", optimizer="adamw8bit"), (16.56, 18.23), 0.301),
+    (f"{P2}, Gradient Checkpointing table: Attention (+6% compute, -11% reserved vs the fused-AdamW row)",
+     dict(checkpoint="attention"), (73.05 * 0.89, 73.63 * 0.89), 0.504 * 1.06),
+    (f"{P2}, Gradient Checkpointing table: SwiGLU (+6%, -40%)",
+     dict(checkpoint="mlp"), (73.05 * 0.60, 73.63 * 0.60), 0.504 * 1.06),
+    (f"{P2}, Gradient Checkpointing table: Full Block (+17%, -56%)",
+     dict(checkpoint="block"), (73.05 * 0.44, 73.63 * 0.44), 0.504 * 1.17),
+    (f"{P1}, Extras + {P2}, 8-bit AdamW: [64, 2048], reserved 10 GB lower, allocated 6 B/param lower (7.45 GB), "
+     "MFU ~0.1% lower", dict(checkpoint="block", micro_batch=64, optimizer="adamw8bit"),
+     (68.09 - 7.45, 73.77 - 10), 2.360 / 0.999),
+    # fp8 (torchao): the write-up gives "step time -10% (tensorwise) / +2% (rowwise), memory -20%" at
+    # [64, 2048]. Memory is not a calibration target: with every block checkpointed no linear input is
+    # stored, so fp8 cannot reduce the logits-dominated peak by 20% in this model; the write-up does not
+    # say which memory figure or which base it compared (see test_fp8_memory_is_not_calibrated).
+    (f"{P2}, FP8 Math: TorchAO tensorwise, [64, 2048] (-10% step time)",
+     dict(checkpoint="block", micro_batch=64, fp8="tensorwise"), None, 2.360 * 0.90),
+    (f"{P2}, FP8 Math: TorchAO rowwise, [64, 2048] (+2% step time)",
+     dict(checkpoint="block", micro_batch=64, fp8="rowwise"), None, 2.360 * 1.02),
+]
+# Part 1, Battling the training overlords / end: the 8×H100 run at [64, 2048] per GPU, every block
+# checkpointed, no accumulation: "400k tok/s" over 8 GPUs.
+MEASURED_8XH100_TOKENS_PER_S_PER_GPU = 400_000 / 8
+
+
+def _ids(rows):
+    return [r[0].split(":")[0][:60] + f"#{i}" for i, r in enumerate(rows)]
+
+
+MEMORY_ROWS = [r for r in REFERENCE_ROWS if r[2] is not None]
+
+
+@pytest.mark.parametrize("source,changes,measured,_", MEMORY_ROWS, ids=_ids(MEMORY_ROWS))
+def test_memory_within_10_percent_of_measured_range(source, changes, measured, _):
+    peak, reserved = measured
+    predicted = memory(REFERENCE.replace(**changes))["reserved"]
+    assert 0.9 * peak <= predicted <= 1.1 * reserved, (source, predicted, measured)
+
+
+@pytest.mark.parametrize("source,changes,_,seconds", REFERENCE_ROWS, ids=_ids(REFERENCE_ROWS))
+def test_step_time_within_10_percent(source, changes, _, seconds):
+    predicted = step_time(REFERENCE.replace(**changes))["total"]
+    assert predicted == pytest.approx(seconds, rel=0.10), (source, predicted, seconds)
+
+
+def test_8xh100_rate_per_gpu():
+    s = REFERENCE.replace(checkpoint="block", micro_batch=64, world_size=8)
+    rate = s.tokens / step_time(s)["total"]
+    assert rate == pytest.approx(MEASURED_8XH100_TOKENS_PER_S_PER_GPU, rel=0.10)
+    assert 0.8 < DDP_EFFICIENCY < 1
+
+
+def test_fp8_memory_is_not_calibrated():
+    """The documented gap: the model predicts fp8 at the bf16 row's memory (compiled casts are
+    recomputed, checkpointed blocks store only their inputs), not the write-up's −20%."""
+    bf16 = memory(REFERENCE.replace(checkpoint="block", micro_batch=64))
+    fp8 = memory(REFERENCE.replace(checkpoint="block", micro_batch=64, fp8="tensorwise"))
+    assert fp8["reserved"] <= bf16["reserved"]
+    no_ckpt = REFERENCE.replace(micro_batch=4)
+    assert memory(no_ckpt.replace(fp8="tensorwise"))["activations"] < memory(no_ckpt)["activations"]
+
+
+def test_fits_where_the_reference_ran():
+    """Every measured row ran on an 80 GB H100: none may be predicted over the card's capacity."""
+    cap = capacity_gb(80, "cuda")
+    for source, changes, measured, _ in REFERENCE_ROWS:
+        assert memory(REFERENCE.replace(**changes))["total"] <= cap, source
+
+
+# ----------------------------------------------------------------------------- our trainer vs the reference's
+
+def test_our_loss_needs_less_memory_than_materialized_logits():
+    ours = REFERENCE.replace(logits="ours", grads_persistent=True)
+    for changes in (dict(checkpoint="block", micro_batch=64), dict(checkpoint="block"), dict()):
+        a, b = memory(ours.replace(**changes)), memory(REFERENCE.replace(grads_persistent=True, **changes))
+        assert a["logits"] < b["logits"] and a["reserved"] < b["reserved"]  # same gradient handling
+    big = dict(checkpoint="block", micro_batch=64)
+    assert memory(ours.replace(**big))["logits"] < memory(REFERENCE.replace(**big))["logits"] / 3
+    # one chunk's fp32 logits, never [tokens, vocab]: the term does not grow with the micro-batch beyond
+    # the [tokens, dim] gradients
+    m16, m64 = (memory(ours.replace(checkpoint="block", micro_batch=b))["logits"] for b in (16, 64))
+    assert m64 - m16 == pytest.approx(2 * 4 * 48 * 2048 * 2048 / 1e9, rel=1e-3)
+
+
+def test_ce_matmul_precision_sets_the_loss_time():
+    ours = REFERENCE.replace(logits="ours", grads_persistent=True, checkpoint="block", micro_batch=64)
+    t = {p: step_time(ours.replace(ce_matmul=p))["logits"] for p in ("bf16", "tf32", "fp32")}
+    assert t["bf16"] < t["tf32"] < t["fp32"]
+    # the issue's estimate: TF32 eager chunked CE costs ≥ 0.4 s more than bf16-materialized on a 2.36 s step
+    eager_tf32 = step_time(ours.replace(ce_matmul="tf32", compile=True))
+    assert eager_tf32["total"] - step_time(REFERENCE.replace(checkpoint="block", micro_batch=64))["total"] > 0.4
+    assert step_time(ours.replace(ce_matmul="bf16"))["logits"] < 0.7 * t["tf32"]
+
+
+def test_fp32_run_mfu_uses_the_fp32_peak():
+    fp32 = REFERENCE.replace(micro_batch=4, bf16=False)
+    assert 0.5 < predicted_mfu(fp32) < 0.8  # against 66.9 TFLOP/s; against TF32's 494.5 it would be ~0.09
+
+
+def test_grads_freed_vs_held():
+    held, freed = REFERENCE.replace(grads_persistent=True), REFERENCE
+    assert memory(held)["peak"] - memory(freed)["peak"] == pytest.approx(4 * (held.params - 131072 * 2048) / 1e9,
+                                                                         rel=1e-3)
+
+
+def test_capacity_is_gib():
+    assert capacity_gb(80, "cuda") == pytest.approx(85.899, rel=1e-4)
+    assert capacity_gb(24, "cpu") == 24
+
+
+def test_module_is_torch_free():
+    code = "import sys, pipeline.perf; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
