@@ -16,14 +16,16 @@ def world_size(cfg: dict) -> int:
     return hw["nproc_per_node"] * hw["nodes"]
 
 
-# Dense peak FLOP/s per GPU (NVIDIA datasheets, SXM parts). "fp32" is TF32 tensor-core math, what
-# fp32 matmuls get on these GPUs; "cpu" is a nominal 1 TFLOP/s, not a measurement.
+# Dense peak FLOP/s per GPU (NVIDIA datasheets, SXM parts, no sparsity). "fp32" is true fp32 (CUDA
+# cores: what an fp32 run gets, since it sets `highest` matmul precision); "tf32" is tensor-core fp32
+# math with inputs rounded to 10 mantissa bits. "cpu" is a nominal 1 TFLOP/s, not a measurement.
 PEAK_FLOPS = {
-    "H100": {"bf16": 989e12, "fp32": 494.5e12},
-    "H200": {"bf16": 989e12, "fp32": 494.5e12},
-    "A100": {"bf16": 312e12, "fp32": 156e12},
-    "cpu": {"bf16": 1e12, "fp32": 1e12},
+    "H100": {"bf16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 66.9e12},
+    "H200": {"bf16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 66.9e12},
+    "A100": {"bf16": 312e12, "fp8": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+    "cpu": {"bf16": 1e12, "fp8": 1e12, "tf32": 1e12, "fp32": 1e12},
 }
+HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.04e12, "cpu": 20e9}  # datasheets; cpu nominal
 
 
 def param_parts(model_cfg: dict) -> dict[str, int]:
@@ -93,6 +95,8 @@ def trained_tokens(cfg: dict) -> int:
 
 
 def peak_flops(cfg: dict) -> float:
+    """The peak MFU is measured against: bf16 for a bf16 body on CUDA, else true fp32 (an fp32 run
+    sets `highest` matmul precision, so TF32's 7× higher peak would make its MFU look 7× too low)."""
     hw = cfg["hardware"]
     bf16 = cfg["train"]["precision"] == "bf16" and hw["device"] == "cuda"
     return PEAK_FLOPS[hw["gpu_type"]]["bf16" if bf16 else "fp32"]

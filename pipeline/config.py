@@ -220,6 +220,9 @@ def check_consistency(cfg: dict) -> None:
         fail("train.target_flops", "set at most one of train.target_tokens and train.target_flops")
     if cfg["hardware"]["device"] == "cpu" and (t["fp8"] != "none" or t["optimizer"] == "adamw8bit"):
         fail("train.fp8" if t["fp8"] != "none" else "train.optimizer", "fp8 and adamw8bit need hardware.device: cuda")
+    if t["ce_matmul"] == "tf32" and (t["precision"] != "bf16" or cfg["hardware"]["device"] != "cuda"):
+        fail("train.ce_matmul", "tf32 sets torch's float32 matmul precision for the whole step, so it needs "
+                                "train.precision: bf16 on hardware.device: cuda; use fp32 or bf16")
 
 
 # ----------------------------------------------------------------------------- derived values
@@ -299,7 +302,8 @@ NOT_DOWNLOAD_KEYS = ("min_chars", "tokens_per_shard_estimate")
 
 PLAN_TRAIN_KEYS = (
     "mix", "seq_len", "global_batch_tokens", "micro_batch", "tokens_per_param", "target_tokens", "target_flops",
-    "precision", "optimizer", "activation_checkpointing", "checkpoint_every_n", "ce_chunk_tokens",
+    "precision", "optimizer", "activation_checkpointing", "checkpoint_every_n", "ce_chunk_tokens", "ce_matmul",
+    "compile", "fp8",
 )
 
 

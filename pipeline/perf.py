@@ -48,7 +48,7 @@ Memory (bytes; GB = 1e9, as torch reports) — n = micro_batch × seq_len tokens
 Step time of one optimizer step on one GPU = grad_accum × micro-step + optimizer, divided by
 `DDP_EFFICIENCY` when several GPUs train (the reference's 8×H100 rate over its 1×H100 bench):
 
-* matmul work at the body precision's dense peak (`pipeline.plan.PEAK_FLOPS`) times a fitted
+* matmul work at the body precision's dense peak (`pipeline.budget.PEAK_FLOPS`) times a fitted
   efficiency `ETA` (``train``: forward + backward; ``recompute``: a checkpointed region's second
   forward, which runs faster per FLOP). FLOPs: 6·(block matrices) per token + causal attention
   6·L·T·d (flash computes half the square; the math kernel all of it: 12·L·T·d) + the logit matmuls
@@ -62,7 +62,7 @@ Step time of one optimizer step on one GPU = grad_accum × micro-step + optimize
 * optimizer: bytes moved per parameter (`OPTIMIZER_BYTES`, incl. clipping) at the HBM bandwidth,
   plus Muon's Newton–Schulz matmuls (5 iterations of 4m²n + 2m³ FLOPs per m×n matrix, m ≤ n) in bf16.
 
-Predicted MFU = flops_per_token (pipeline.plan's formula, the one MFU is logged with) × tokens /
+Predicted MFU = flops_per_token (pipeline.budget's formula, the one MFU is logged with) × tokens /
 (step time × peak of the body precision: bf16, or true fp32 when the run is fp32, since an fp32 run
 sets ``highest`` matmul precision). On CPU the peak (1 TFLOP/s) and bandwidth are nominal: the
 model then gives a number, not a prediction worth trusting.
@@ -73,20 +73,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from pipeline.budget import HBM_BYTES_PER_S, PEAK_FLOPS, flops_per_token
+
 GB = 1e9
 GIB = 2 ** 30
 LOGITS_MODES = ("ours", "bf16-materialized")
 CE_MATMUL = ("bf16", "tf32", "fp32")
-
-# ---- datasheet figures (dense, no sparsity; NVIDIA SXM parts). "fp32" is true fp32 (CUDA cores),
-# "tf32" tensor-core fp32 inputs rounded to 10 mantissa bits. The cpu entry is nominal.
-PEAK_FLOPS = {
-    "H100": {"bf16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 66.9e12},
-    "H200": {"bf16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 66.9e12},
-    "A100": {"bf16": 312e12, "fp8": 312e12, "tf32": 156e12, "fp32": 19.5e12},
-    "cpu": {"bf16": 1e12, "fp8": 1e12, "tf32": 1e12, "fp32": 1e12},
-}
-HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.04e12, "cpu": 20e9}
 
 # ---- fitted to the reference's measured rows (tests/test_perf.py: REFERENCE_ROWS) — one place.
 ETA = {
@@ -193,12 +185,13 @@ class StepSetup:
 
 
 def ce_matmul_precision(cfg: dict) -> str:
-    """The logit matmul's precision: ``train.ce_matmul`` when the schema has it, else what the
-    trainer does without it (TF32 beside a bf16 body, full fp32 in an fp32 run)."""
+    """``train.ce_matmul`` resolved: ``auto`` is bf16 beside a bf16 body on CUDA, else fp32 (the one
+    place the trainer and the model read it from)."""
     t = cfg["train"]
-    if t.get("ce_matmul"):
-        return t["ce_matmul"]
-    return "tf32" if cfg["hardware"]["device"] == "cuda" and t["precision"] == "bf16" else "fp32"
+    setting = t.get("ce_matmul", "auto")
+    if setting != "auto":
+        return setting
+    return "bf16" if cfg["hardware"]["device"] == "cuda" and t["precision"] == "bf16" else "fp32"
 
 
 # ----------------------------------------------------------------------------- memory
@@ -379,9 +372,10 @@ def muon_flops(s: StepSetup) -> float:
 
 
 def model_flops_per_token(s: StepSetup) -> float:
-    """pipeline.plan's flops_per_token (6·(N_non_embedding + V·d) + 12·L·d·T): what MFU is logged with."""
-    non_embedding = s.matrix_params + s.n_layers * 2 * s.dim + s.dim
-    return 6 * (non_embedding + s.vocab * s.dim) + 12 * s.n_layers * s.dim * s.seq_len
+    """pipeline.budget.flops_per_token of this setup's model: the FLOPs MFU is logged with."""
+    model = {"vocab_size": s.vocab, "dim": s.dim, "n_layers": s.n_layers, "n_heads": s.n_heads,
+             "n_kv_heads": s.n_kv_heads, "ffn_dim": s.ffn_dim, "tie_embeddings": s.tied}
+    return flops_per_token({"model": model, "train": {"seq_len": s.seq_len}})
 
 
 def predicted_mfu(s: StepSetup, seconds: float | None = None) -> float:
@@ -389,3 +383,11 @@ def predicted_mfu(s: StepSetup, seconds: float | None = None) -> float:
     seconds = step_time(s)["total"] if seconds is None else seconds
     tokens = s.tokens * s.grad_accum
     return model_flops_per_token(s) * tokens / (seconds * _peak(s, "bf16" if s.bf16 else "fp32"))
+
+
+def measured_step_seconds(s: StepSetup, micro_step_s: float) -> float:
+    """An optimizer step's seconds from one measured `pipeline.bench` step (one micro-batch with its
+    optimizer step, one GPU): × grad_accum (counting the optimizer once per micro-step, an over-
+    estimate of (grad_accum − 1) optimizer steps), with the predicted DDP overhead on several GPUs."""
+    seconds = s.grad_accum * micro_step_s
+    return seconds / DDP_EFFICIENCY if s.world_size > 1 else seconds

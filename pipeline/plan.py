@@ -46,11 +46,19 @@ d_kv = n_kv_heads × d / n_heads):
   ``sources.<s>.tokens_per_shard_estimate``; without either (and no counts file) the shard check is
   deferred until the count stage has run. Deduplication removes an unknown share later (the plan
   runs before dedup); the mix stage fails loudly if the deduplicated train split falls short.
-* **Memory per GPU** (an estimate; GB = 1e9 bytes), see `estimate_memory`: model and optimizer
-  state, activations from a per-layer byte model, the fused chunked cross-entropy, and a fixed
-  overhead.
-* **Time**: ``est_hours`` = total_flops / (world_size × peak × hardware.assumed_mfu) / 3600 with the
-  dense peak of `PEAK_FLOPS`; ``est_gpu_hours`` = est_hours × world_size.
+* **Memory per GPU and step time** are *predictions* of `pipeline.perf` (a model of the trainer
+  fitted to the reference run's measured 1×H100 rows; its docstring has the terms, tests/test_perf.py
+  the rows): per-component memory, the peak, reserved and total (reserved + CUDA context) in GB =
+  1e9 bytes, checked against ``hardware.gpu_memory_gb`` read as GiB (HBM sizes are); the step time
+  of one optimizer step and the MFU it implies. ``--logits bf16-materialized`` describes a trainer
+  that materialises bf16 [tokens, vocab] logits (the reference's) instead of ours — for comparing
+  with the reference's rows; display only.
+* **Time**: ``est_hours`` = num_steps × step time / 3600, the step time being, first that applies:
+  a measured one (``--measured-step SECONDS`` of one `pipeline.bench` micro-step on one GPU, or the
+  ``pipeline.bench --json`` file itself: × grad_accum_steps, with the predicted DDP overhead when
+  world_size > 1), the one ``hardware.assumed_mfu`` implies (flops_per_token × tokens per step /
+  (world_size × peak × MFU), peak from `pipeline.budget.peak_flops`), else the predicted one.
+  ``est_gpu_hours`` = est_hours × world_size. The plan says which (``step_time_basis``).
 """
 from __future__ import annotations
 
@@ -69,6 +77,15 @@ from pipeline.budget import (
     trained_tokens,
 )
 from pipeline.config import add_config_args, load_config, params_from_args, parse_overrides, run_dir, source_files
+from pipeline.perf import (
+    LOGITS_MODES,
+    StepSetup,
+    capacity_gb,
+    measured_step_seconds,
+    memory,
+    predicted_mfu,
+    step_time,
+)
 from pipeline.errors import ConfigError, PlanError
 from pipeline.io import atomic_write, get_logger, provenance, run_cli, write_json
 
@@ -81,13 +98,11 @@ REQUIRED_KEYS = (
 )
 EXTRA_KEYS = (
     "n_params_embedding", "n_params_lm_head", "target_basis", "trained_tokens", "seq_len", "data_tokens_needed",
-    "tokens_available", "shards_per_source", "memory_gb", "hardware", "notes",
+    "tokens_available", "shards_per_source", "memory_gb", "step_time_s", "step_time_basis", "mfu", "hardware",
+    "notes",
 )
 PLAN_KEYS = REQUIRED_KEYS + EXTRA_KEYS  # plan.json adds "meta"
 
-OVERHEAD_GB = {"cuda": 3.0, "cpu": 1.0}  # CUDA context, cuBLAS/NCCL workspaces, allocator slack; runtime on CPU
-OPTIMIZER_BYTES = {"adamw": 8, "adamw8bit": 2}  # per parameter; muon: see estimate_memory
-GB = 1e9
 
 
 
@@ -195,82 +210,63 @@ def shard_budget(cfg: dict, scheduled_tokens: int, basis: str, counted: dict | N
 
 # ----------------------------------------------------------------------------- memory and time
 
-def activation_bytes(model_cfg: dict, act_bytes: int, mode: str, every_n: int) -> dict[str, int]:
-    """Activation bytes per token of the transformer body: ``stored`` (kept from forward to
-    backward, summed over layers) and ``recompute`` (the largest region rebuilt at once in backward).
-
-    Per-layer byte model (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-    Transformer Models", redone for this block with flash attention, so no T² term, and no dropout).
-    With a = bytes per activation element (2 under bf16 autocast, 4 in fp32) and the fp32 residual
-    stream at 4 bytes (the weights and the embedding output are fp32):
-
-    * attention = 4d (norm input) + a·(d (normed input to q/k/v) + d (q) + 2·d_kv (k, v) + d (output))
-    * mlp       = 4d (norm input) + a·(d (normed input) + 4f (gate, silu(gate), up, their product))
-
-    A checkpointed region stores only its 4d-byte input and is rebuilt, one at a time, in backward:
-    none = attention + mlp per layer; mlp = attention + 4d; attention = 4d + mlp; block = 4d;
-    every_n = 4d for the ceil(L/n) checkpointed blocks, attention + mlp for the others.
-    """
-    d, L, f = model_cfg["dim"], model_cfg["n_layers"], model_cfg["ffn_dim"]
-    d_kv = model_cfg["n_kv_heads"] * (d // model_cfg["n_heads"])
-    attention = 4 * d + act_bytes * (3 * d + 2 * d_kv)
-    mlp = 4 * d + act_bytes * (d + 4 * f)
-    boundary = 4 * d
-    if mode == "every_n":
-        checkpointed = math.ceil(L / every_n)
-        stored = checkpointed * boundary + (L - checkpointed) * (attention + mlp)
-        return {"stored": stored, "recompute": attention + mlp}
-    per_layer, recompute = {
-        "none": (attention + mlp, 0),
-        "mlp": (attention + boundary, mlp),
-        "attention": (boundary + mlp, attention),
-        "block": (boundary, attention + mlp),
-    }[mode]
-    return {"stored": L * per_layer, "recompute": recompute}
+def read_measured_step(value: str, cfg: dict) -> dict:
+    """``--measured-step``: seconds of one bench step, or a ``pipeline.bench --json`` file, which must
+    describe this config's micro-step (micro-batch, sequence length, parameters, settings)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        path = Path(value)
+        if not path.is_file():
+            raise PlanError(f"--measured-step {value}: neither seconds nor a pipeline.bench --json file") from None
+        try:
+            bench = json.loads(path.read_text(encoding="utf-8"))
+            seconds = float(bench["step_time_s"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise PlanError(f"{path}: not a pipeline.bench --json result ({type(e).__name__}: {e}); "
+                            "rerun python -m pipeline.bench ... --json > FILE") from None
+        t = cfg["train"]
+        want = {"micro_batch": t["micro_batch"], "seq_len": t["seq_len"], "n_params": count_params(cfg["model"])[0],
+                "activation_checkpointing": t["activation_checkpointing"], "fp8": t["fp8"], "optimizer": t["optimizer"]}
+        wrong = {k: (bench.get(k), v) for k, v in want.items() if k in bench and bench[k] != v}
+        if wrong:
+            diff = ", ".join(f"{k} {got} (config: {v})" for k, (got, v) in wrong.items())
+            raise PlanError(f"{path} measured another step than this config's: {diff}; rerun pipeline.bench "
+                            "with the config's settings")
+        return {"seconds": seconds, "source": f"measured: {path} ({bench.get('device', '?')})"}
+    if not seconds > 0:
+        raise PlanError(f"--measured-step {value}: a step time must be > 0 seconds")
+    return {"seconds": seconds, "source": "measured: --measured-step"}
 
 
-def estimate_memory(cfg: dict) -> dict[str, float]:
-    """Per-GPU memory estimate in GB by component (and "total"). Model state per parameter: fp32
-    weights 4 B + fp32 grads 4 B + optimizer (AdamW 8 B, AdamW8bit 2 B; Muon 4 B of momentum for the
-    block matrices and AdamW's 8 B for the rest), plus 2 B bf16 autocast copies of the block matrices
-    under bf16. Activations: `activation_bytes` × micro_batch × seq_len, plus the final norm input
-    (4d B/token). Cross-entropy (pipeline/training/losses.py, fused fp32 chunked CE): one chunk's fp32 logits
-    and a same-sized temporary (ce_chunk_tokens × V × 8 B), the fp32 gradient w.r.t. the hidden
-    states (4d B/token) and w.r.t. the output projection (V·d·4 B). Plain DDP, no optimizer sharding."""
-    m, t, hw = cfg["model"], cfg["train"], cfg["hardware"]
-    parts = param_parts(m)
-    total = sum(parts.values())
-    matrices = parts["blocks"] - m["n_layers"] * 2 * m["dim"]
-    bf16 = t["precision"] == "bf16" and hw["device"] == "cuda"  # the trainer runs fp32 on CPU
-    if t["optimizer"] == "muon":
-        optimizer = 4 * matrices + 8 * (total - matrices)
+def performance(cfg: dict, logits: str = "ours", measured_step: dict | None = None) -> dict:
+    """Memory (GB by component), the step time and its basis, and MFU (see the module docstring)."""
+    setup = StepSetup.from_config(cfg, logits)
+    mem = memory(setup)
+    predicted = step_time(setup)
+    hw = cfg["hardware"]
+    if measured_step is not None:
+        seconds, basis = measured_step_seconds(setup, measured_step["seconds"]), measured_step["source"]
+    elif hw["assumed_mfu"] is not None:
+        tokens = cfg["train"]["global_batch_tokens"]
+        seconds = flops_per_token(cfg) * tokens / (setup.world_size * peak_flops(cfg) * hw["assumed_mfu"])
+        basis = "hardware.assumed_mfu"
     else:
-        optimizer = OPTIMIZER_BYTES[t["optimizer"]] * total
-    tokens = t["micro_batch"] * t["seq_len"]
-    act = activation_bytes(m, 2 if bf16 else 4, t["activation_checkpointing"], t["checkpoint_every_n"])
-    V, d = m["vocab_size"], m["dim"]
-    out = {
-        "weights_and_grads": 8 * total / GB,
-        "optimizer": optimizer / GB,
-        "autocast_weights": (2 * matrices if bf16 else 0) / GB,
-        "activations": tokens * (act["stored"] + act["recompute"] + 4 * d) / GB,
-        "cross_entropy": (min(t["ce_chunk_tokens"], tokens) * V * 8 + tokens * 4 * d + V * d * 4) / GB,
-        "overhead": OVERHEAD_GB[hw["device"]],
-    }
-    out["total"] = sum(out.values())
-    return {k: round(v, 3) for k, v in out.items()}
+        seconds, basis = predicted["total"], "predicted (pipeline.perf)"
+    return {"memory": mem, "capacity_gb": capacity_gb(hw["gpu_memory_gb"], hw["device"]), "step_time_s": seconds,
+            "step_time_basis": basis, "predicted_step": predicted, "mfu": predicted_mfu(setup, seconds)}
 
 
 # ----------------------------------------------------------------------------- the plan
 
 def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = False,
-              strict_counts: bool = True) -> dict:
+              strict_counts: bool = True, logits: str = "ours", measured_step: dict | None = None) -> dict:
     """The plan of a resolved run config (or its plan-stage slice), with the measured token counts
     when `counts` (the count stage's counts.parquet) is given. Raises PlanError when the batch does
     not divide or the configured shards cannot supply the budget (the latter unless allow_short,
     for display only). `strict_counts=False` treats a source the counts file lacks as not counted
-    yet (the Snakefile's parse-time plan, which may see counts from an earlier config).
-    Keys: `PLAN_KEYS`."""
+    yet (the Snakefile's parse-time plan, which may see counts from an earlier config). `logits` and
+    `measured_step` (`read_measured_step`): see `performance`. Keys: `PLAN_KEYS`."""
     m, t, hw = cfg["model"], cfg["train"], cfg["hardware"]
     parts = param_parts(m)
     n_params, non_embedding = count_params(m)
@@ -300,15 +296,19 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     shards_available = sum(r["shards_available"] for r in per_source.values())
     tokens_available = sum(r["tokens_available"] for r in per_source.values()) if known else None
 
-    memory = estimate_memory(cfg)
+    perf = performance(cfg, logits, measured_step)
+    memory = perf["memory"]
     total_flops = fpt * trained
     peak = peak_flops(cfg)
-    est_hours = total_flops / (batch["world_size"] * peak * hw["assumed_mfu"]) / 3600
+    est_hours = num_steps * perf["step_time_s"] / 3600
 
     notes = [f"{s}: tokens per shard {r['tokens_per_shard_basis']}" for s, r in per_source.items()]
     notes += [f"{s}: SHORT — needs {r['shards_needed']} shards, {r['shards_available']} configured"
               for s, r in per_source.items() if r["enough"] is False]
-    notes.append("memory and time are estimates from models of the trainer, not measurements")
+    notes.append("memory and step time are predictions of pipeline.perf, not measurements"
+                 + ("" if measured_step is None else f"; the hours use the {perf['step_time_basis']} step"))
+    if logits != "ours":
+        notes.append(f"memory and time describe a trainer with {logits} logits, not tokenfarm's")
     if hw["device"] == "cpu":
         notes.append("cpu: peak is a nominal 1 TFLOP/s and memory is host memory")
     return {
@@ -323,7 +323,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "shards_needed": sum(r["shards_needed"] for r in per_source.values()) if known else None,
         "shards_available": shards_available,
         "est_memory_gb": memory["total"],
-        "fits_memory": memory["total"] <= hw["gpu_memory_gb"],
+        "fits_memory": memory["total"] <= perf["capacity_gb"],
         "est_hours": est_hours,
         "est_gpu_hours": est_hours * batch["world_size"],
         "n_params_embedding": parts["embedding"],
@@ -335,8 +335,11 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "tokens_available": tokens_available,
         "shards_per_source": per_source,
         "memory_gb": memory,
-        "hardware": {"gpu_type": hw["gpu_type"], "gpu_memory_gb": hw["gpu_memory_gb"], "peak_flops": peak,
-                     "assumed_mfu": hw["assumed_mfu"]},
+        "step_time_s": perf["step_time_s"],
+        "step_time_basis": perf["step_time_basis"],
+        "mfu": perf["mfu"],
+        "hardware": {"gpu_type": hw["gpu_type"], "gpu_memory_gb": hw["gpu_memory_gb"],
+                     "capacity_gb": round(perf["capacity_gb"], 3), "peak_flops": peak, "logits": logits},
         "notes": notes,
     }
 
@@ -359,10 +362,12 @@ def _rows(plan: dict) -> list[tuple[str, str]]:
         + (" SHORT" if r["enough"] is False else "")
         for s, r in plan["shards_per_source"].items()
     )
-    breakdown = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in mem.items() if k != "total")
+    parts = ("weights", "optimizer", "autocast_copies", "gradients", "activations", "logits", "recompute")
+    breakdown = ", ".join(f"{k.replace('_', ' ')} {mem[k]:.1f}" for k in parts if mem[k])
     hw = plan["hardware"]
+    nominal = f" ({hw['gpu_memory_gb']:g} GiB)" if hw["capacity_gb"] != hw["gpu_memory_gb"] else ""
     gpu = (f"{plan['world_size']} × {hw['gpu_type']} ({_num(hw['peak_flops'], 'FLOP/s')} peak) "
-           f"at {hw['assumed_mfu']:.0%} MFU")
+           f"at {plan['mfu']:.0%} MFU")
     return [
         ("parameters", f"{_num(plan['n_params'])} total, {_num(plan['n_params_non_embedding'])} non-embedding"),
         ("target tokens", f"{_num(plan['target_tokens'])} (from {plan['target_basis']})"),
@@ -371,9 +376,11 @@ def _rows(plan: dict) -> list[tuple[str, str]]:
         ("steps", f"{plan['num_steps']:,} → {_num(plan['trained_tokens'])} tokens trained"),
         ("compute", f"{plan['flops_per_token'] / 1e9:.3g} GFLOP/token, {plan['total_flops']:.3g} FLOPs total"),
         ("data", f"{_num(plan['data_tokens_needed'])} tokens read; {shards}"),
-        ("memory per GPU (est.)", f"{plan['est_memory_gb']:.1f} GB of {hw['gpu_memory_gb']:g} GB: "
-                                  f"{'fits' if plan['fits_memory'] else 'DOES NOT FIT'} ({breakdown})"),
-        ("time (est.)", f"{plan['est_hours']:.2f} hours on {gpu}, {plan['est_gpu_hours']:.1f} GPU-hours"),
+        ("memory per GPU (pred.)", f"{plan['est_memory_gb']:.1f} GB of {hw['capacity_gb']:.1f} GB{nominal}: "
+                                   f"{'fits' if plan['fits_memory'] else 'DOES NOT FIT'} "
+                                   f"(peak {mem['peak']:.1f} at the {mem['peak_at']}: {breakdown})"),
+        ("step time", f"{plan['step_time_s']:.3g} s per optimizer step ({plan['step_time_basis']})"),
+        ("time", f"{plan['est_hours']:.2f} hours on {gpu}, {plan['est_gpu_hours']:.1f} GPU-hours"),
     ]
 
 
@@ -381,7 +388,7 @@ def format_plan(plan: dict) -> str:
     """The plan as an aligned two-column text table (what the Snakefile prints at parse time)."""
     rows = _rows(plan)
     width = max(len(k) for k, _ in rows)
-    lines = ["token-budget plan (memory and time are estimates)"]
+    lines = ["token-budget plan (memory and time are predictions)"]
     lines += [f"  {k:<{width}}  {v}" for k, v in rows]
     lines += [f"  note: {n}" for n in plan["notes"]]
     return "\n".join(lines)
@@ -405,9 +412,15 @@ def main(argv=None) -> None:
                     help="show the plan even when the shards fall short (display only)")
     ap.add_argument("--out", help="write plan.json here (with provenance under 'meta')")
     ap.add_argument("--out-md", help="write the plan as a markdown table here")
+    ap.add_argument("--logits", choices=LOGITS_MODES, default="ours",
+                    help="the loss the memory/time model describes: ours (default) or bf16-materialized "
+                         "(the reference trainer's [tokens, vocab] bf16 logits; display only)")
+    ap.add_argument("--measured-step", metavar="SECONDS|BENCH_JSON",
+                    help="a step measured with python -m pipeline.bench on this config (seconds, or its --json "
+                         "output file): the hours use it instead of the prediction")
     args = ap.parse_args(argv)
-    if args.no_check and (args.out or args.out_md):
-        ap.error("--no-check is for display only; it cannot be combined with --out/--out-md")
+    if (args.no_check or args.logits != "ours") and (args.out or args.out_md):
+        ap.error("--no-check and --logits are for display only; they cannot be combined with --out/--out-md")
     counts, strict = args.counts, True
     if args.configfile:  # by hand: the whole config (estimates included) and the run's counts, once measured
         params = load_config(args.configfile, parse_overrides(args.set))
@@ -417,7 +430,9 @@ def main(argv=None) -> None:
             log.info("tokens per shard from the measured counts in %s", found)
     else:
         params = params_from_args(args, "plan")
-    plan = make_plan(params, counts=counts, allow_short=args.no_check, strict_counts=strict)
+    measured = None if args.measured_step is None else read_measured_step(args.measured_step, params)
+    plan = make_plan(params, counts=counts, allow_short=args.no_check, strict_counts=strict, logits=args.logits,
+                     measured_step=measured)
     if args.out:
         write_json(args.out, {**plan, "meta": provenance("plan", params, [counts] if counts else [])})
     if args.out_md:

@@ -15,7 +15,8 @@ from conftest import ROOT, write_text_shard
 from pipeline.budget import count_params, flops_per_token
 from pipeline.config import load_config, resolve_config
 from pipeline.errors import ConfigError, PlanError
-from pipeline.plan import PLAN_KEYS, REQUIRED_KEYS, activation_bytes, estimate_memory, format_plan, main, make_plan
+from pipeline.perf import DDP_EFFICIENCY, StepSetup, memory, step_time
+from pipeline.plan import PLAN_KEYS, REQUIRED_KEYS, format_plan, main, make_plan, read_measured_step
 from pipeline.training.model import ModelConfig, Transformer
 
 LLAMA_1B = ROOT / "configs/llama3-1b-fineweb.yaml"
@@ -235,17 +236,9 @@ def test_flops_per_token_by_hand():
     assert flops_per_token({"model": untied, "train": {"seq_len": 64}}) == 62_304
 
 
-def test_activation_model_by_hand_and_mode_ordering():
-    m = dict(vocab_size=1000, dim=100, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=300, tie_embeddings=True)
-    # bf16: attention 4·100 + 2·(300 + 2·50) = 1200; mlp 4·100 + 2·(100 + 1200) = 3000 bytes/token/layer.
-    assert activation_bytes(m, 2, "none", 2) == {"stored": 4 * 4200, "recompute": 0}
-    assert activation_bytes(m, 2, "block", 2) == {"stored": 4 * 400, "recompute": 4200}
-    assert activation_bytes(m, 2, "mlp", 2) == {"stored": 4 * 1600, "recompute": 3000}
-    assert activation_bytes(m, 2, "attention", 2) == {"stored": 4 * 3400, "recompute": 1200}
-    assert activation_bytes(m, 2, "every_n", 3) == {"stored": 2 * 400 + 2 * 4200, "recompute": 4200}
-
+def test_memory_comes_from_the_perf_model_and_orders_the_settings():
     def mem(**train):
-        return estimate_memory(fineweb_cfg(train=train))
+        return make_plan(fineweb_cfg(train=train))["memory_gb"]
 
     assert mem(activation_checkpointing="none")["activations"] \
         > mem(activation_checkpointing="every_n")["activations"] \
@@ -253,21 +246,66 @@ def test_activation_model_by_hand_and_mode_ordering():
     assert mem(optimizer="adamw")["optimizer"] > mem(optimizer="muon")["optimizer"] \
         > mem(optimizer="adamw8bit")["optimizer"]
     assert mem(precision="fp32")["activations"] > mem(precision="bf16")["activations"]
+    cfg = fineweb_cfg()
+    assert make_plan(cfg)["memory_gb"] == memory(StepSetup.from_config(cfg))
 
 
-def test_fits_memory_follows_gpu_memory():
+def test_fits_memory_follows_gpu_memory_read_as_gib():
     cfg = fineweb_cfg()
     plan = make_plan(cfg)
-    cfg["hardware"]["gpu_memory_gb"] = plan["est_memory_gb"] - 0.5
+    cfg["hardware"]["gpu_memory_gb"] = (plan["est_memory_gb"] - 0.5) * 1e9 / 2 ** 30
     assert plan["fits_memory"] and not make_plan(cfg)["fits_memory"]
 
 
-def test_time_estimate():
+def test_reference_settings_at_micro_batch_16_fit_in_80_gb():
+    """The review's finding: two settings the reference ran inside 80 GB at micro-batch 16 were flagged."""
+    for mode in ("none", "every_n"):
+        cfg = load_config(LLAMA_1B, {"train": {"micro_batch": 16, "activation_checkpointing": mode,
+                                               "global_batch_tokens": 16 * 2048 * 8}})
+        assert make_plan(cfg, logits="bf16-materialized", allow_short=True)["fits_memory"], mode
+
+
+def test_time_from_assumed_mfu_prediction_or_measurement(tmp_path):
     cfg = fineweb_cfg(hardware={"gpu_type": "A100", "assumed_mfu": 0.5})
     plan = make_plan(cfg)
     hours = plan["total_flops"] / (4 * 312e12 * 0.5) / 3600
-    assert plan["est_hours"] == pytest.approx(hours, rel=1e-3)
+    assert plan["est_hours"] == pytest.approx(hours, rel=1e-3) and plan["step_time_basis"] == "hardware.assumed_mfu"
     assert plan["est_gpu_hours"] == pytest.approx(4 * hours, rel=1e-3)
+    assert plan["mfu"] == pytest.approx(0.5, rel=1e-3)
+
+    cfg = fineweb_cfg()  # assumed_mfu null: the prediction
+    plan = make_plan(cfg)
+    predicted = step_time(StepSetup.from_config(cfg))["total"]
+    assert plan["step_time_s"] == pytest.approx(predicted) and plan["step_time_basis"].startswith("predicted")
+    assert plan["est_hours"] == pytest.approx(plan["num_steps"] * predicted / 3600)
+
+    # a measured micro-step: × 4 accumulation steps on 4 GPUs with the predicted DDP overhead
+    measured = make_plan(cfg, measured_step=read_measured_step("0.25", cfg))
+    assert measured["step_time_s"] == pytest.approx(4 * 0.25 / DDP_EFFICIENCY)
+    assert measured["est_hours"] == pytest.approx(measured["num_steps"] * 4 * 0.25 / DDP_EFFICIENCY / 3600)
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"step_time_s": 0.25, "micro_batch": 16, "seq_len": 2048, "device": "NVIDIA H100",
+                                 "n_params": make_plan(cfg)["n_params"], "optimizer": "adamw"}))
+    from_file = read_measured_step(str(bench), cfg)
+    assert from_file["seconds"] == 0.25 and str(bench) in from_file["source"]
+    bench.write_text(json.dumps({"step_time_s": 0.25, "micro_batch": 8, "seq_len": 2048}))
+    with pytest.raises(PlanError, match="micro_batch 8 \\(config: 16\\)"):
+        read_measured_step(str(bench), cfg)
+    with pytest.raises(PlanError, match="neither seconds nor"):
+        read_measured_step(str(tmp_path / "missing.json"), cfg)
+
+
+def test_cli_logits_and_measured_step(tmp_path, capsys):
+    main(["--configfile", str(LLAMA_1B), "--json", "--measured-step", "2.5"])
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["step_time_s"] == pytest.approx(2.5 / DDP_EFFICIENCY) and "measured" in plan["step_time_basis"]
+    main(["--configfile", str(LLAMA_1B), "--json", "--logits", "bf16-materialized"])
+    reference = json.loads(capsys.readouterr().out)
+    assert reference["memory_gb"]["logits"] > 3 * plan["memory_gb"]["logits"]
+    assert reference["hardware"]["logits"] == "bf16-materialized"
+    with pytest.raises(SystemExit):
+        main(["--configfile", str(LLAMA_1B), "--logits", "bf16-materialized", "--out", str(tmp_path / "p.json")])
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_train_mix_token_count_must_cover_training():
@@ -298,7 +336,7 @@ def test_cli_takes_dotted_overrides(capsys):
 def test_cli_table_and_outputs(tmp_path, capsys):
     main(["--configfile", str(GPT_500M)])
     table = capsys.readouterr().out
-    for text in ("parameters", "503.4 M", "GB of 80 GB", "GPU-hours", "4 accumulation step(s)"):
+    for text in ("parameters", "503.4 M", "GB of 85.9 GB (80 GiB)", "GPU-hours", "4 accumulation step(s)", "step time"):
         assert text in table
     params = json.dumps(load_config(GPT_500M))
     main(["--params", params, "--out", str(tmp_path / "plan.json"), "--out-md", str(tmp_path / "plan.md")])
