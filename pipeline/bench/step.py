@@ -2,11 +2,13 @@
 
     python -m pipeline.bench --configfile configs/llama3-1b-fineweb.yaml --micro-batch 16 --device cuda \\
         [--compile | --no-compile] [--checkpoint none|mlp|attention|block|every_n] \\
-        [--fp8 none|tensorwise|rowwise] [--precision bf16|fp32] [--steps 10] [--warmup 3] [--json]
+        [--fp8 none|tensorwise|rowwise] [--precision bf16|fp32] [--optimizer adamw|adamw8bit|muon] \\
+        [--ce-matmul auto|bf16|tf32|fp32] [--steps 10] [--warmup 3] [--json]
+    python -m pipeline.bench --suite reference [...]   (the reference's rows: pipeline.bench.suite)
 
 One step is exactly what the trainer does per micro-step plus the optimizer: forward under the
-training precision, chunked fp32 cross-entropy, backward, gradient clipping, optimizer step,
-zero_grad (one process, no gradient accumulation, no DDP). The model, optimizer, fp8 conversion
+training precision, chunked fp32 cross-entropy (logit matmuls at `train.ce_matmul`), backward,
+gradient clipping, optimizer step, zero_grad keeping the gradients (one process, no gradient accumulation, no DDP). The model, optimizer, fp8 conversion
 and `LossModel` come from pipeline.training.train/pipeline.training.optim, so the benchmark measures the training
 code itself. Inputs are uniform random token ids of the model's vocabulary, [micro_batch, seq_len]
 with seq_len = `train.seq_len`.
@@ -32,14 +34,15 @@ from pipeline.errors import PipelineError
 from pipeline.io import get_logger, run_cli
 
 log = get_logger(__name__)
+SUITE_CONFIG = "configs/llama3-1b-fineweb.yaml"
 
 
 def bench_config(cfg: dict, micro_batch: int | None = None, compile_model: bool | None = None,
                  checkpoint: str | None = None, fp8: str | None = None, precision: str | None = None,
-                 device: str | None = None) -> dict:
+                 device: str | None = None, optimizer: str | None = None, ce_matmul: str | None = None) -> dict:
     """`cfg` with the benchmark's overrides applied (None keeps the config's value)."""
     overrides = {"micro_batch": micro_batch, "compile": compile_model, "activation_checkpointing": checkpoint,
-                 "fp8": fp8, "precision": precision}
+                 "fp8": fp8, "precision": precision, "optimizer": optimizer, "ce_matmul": ce_matmul}
     train = {k: v for k, v in overrides.items() if v is not None}
     hardware = {"device": device} if device is not None else {}
     return deep_merge(cfg, {"train": train, "hardware": hardware})
@@ -73,9 +76,11 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
         LossModel,
         autocast_dtype,
         build_model,
+        ce_matmul,
         clip_gradients,
         set_matmul_precision,
         use_compile,
+        zero_gradients,
     )
 
     if steps < 1 or warmup < 0:
@@ -86,10 +91,10 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
         raise PipelineError("--device cuda: no CUDA device is visible")
     seed_everything(cfg["seed"])
     body_dtype = autocast_dtype(cfg, device)
-    set_matmul_precision(body_dtype)
+    set_matmul_precision(ce_matmul(cfg))
     model = build_model(cfg, device)
     optimizer = build_optimizer(model, t, device.type)
-    loss_model = LossModel(model, body_dtype, t["ce_chunk_tokens"])
+    loss_model = LossModel(model, body_dtype, t["ce_chunk_tokens"], ce_matmul(cfg))
     fwd = torch.compile(loss_model) if use_compile(cfg, device) else loss_model
     params = [p for p in model.parameters() if p.requires_grad]
     B, T, V = t["micro_batch"], t["seq_len"], cfg["model"]["vocab_size"]
@@ -106,7 +111,7 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
         (loss_sum / count).backward()
         clip_gradients(params, t["grad_clip"])
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        zero_gradients(optimizer)
         _sync(device)
         seconds = time.perf_counter() - start
         if i >= warmup:
@@ -128,6 +133,7 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
         "activation_checkpointing": t["activation_checkpointing"],
         "fp8": t["fp8"],
         "optimizer": t["optimizer"],
+        "ce_matmul": ce_matmul(cfg),
         "steps": steps,
         "warmup": warmup,
         "step_time_s": step_time,
@@ -160,21 +166,32 @@ def format_result(r: dict) -> str:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--configfile", required=True, help="a full config YAML (model, train, hardware)")
-    p.add_argument("--micro-batch", type=int, required=True, help="rows per step")
+    p.add_argument("--configfile", help="a full config YAML (model, train, hardware); with --suite the default "
+                                         f"is {SUITE_CONFIG}")
+    p.add_argument("--micro-batch", type=int, help="rows per step (required without --suite)")
+    p.add_argument("--suite", choices=("reference",), help="run the reference's rows (pipeline.bench.suite)")
+    p.add_argument("--out", help="--suite: also write the table here (markdown) and its rows beside it (.json)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the step (default: train.compile of the config)")
     p.add_argument("--checkpoint", choices=("none", "mlp", "attention", "block", "every_n"),
                    help="activation checkpointing mode (default: the config's)")
     p.add_argument("--fp8", choices=("none", "tensorwise", "rowwise"), help="fp8 linears (CUDA; default: the config's)")
     p.add_argument("--precision", choices=("bf16", "fp32"), help="body precision (default: the config's)")
+    p.add_argument("--optimizer", choices=("adamw", "adamw8bit", "muon"), help="default: the config's")
+    p.add_argument("--ce-matmul", choices=("auto", "bf16", "tf32", "fp32"), help="default: the config's")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: hardware.device of the config")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
+    if args.suite:
+        from pipeline.bench.suite import main_suite
+
+        return main_suite(args)
+    if args.configfile is None or args.micro_batch is None:
+        p.error("--configfile and --micro-batch are required (unless --suite)")
     cfg = bench_config(load_config(args.configfile), args.micro_batch, args.compile, args.checkpoint, args.fp8,
-                       args.precision, args.device)
+                       args.precision, args.device, args.optimizer, args.ce_matmul)
 
     def progress_line(i: int, seconds: float, timed: bool) -> None:
         if not args.json:

@@ -108,12 +108,16 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
 
 
 def load_checkpoint(path: str | Path) -> dict:
-    """Load a checkpoint with ``weights_only=True`` on CPU; a missing or unreadable file is a PipelineError."""
+    """Load a checkpoint with ``weights_only=True``, its tensors memory-mapped from the file
+    (``mmap=True``, on CPU): nothing is read into host memory until used, so each rank of a resumed
+    job pages in only what it copies (model and optimizer into its own device, its own loader/RNG
+    entry) and the page cache is shared between ranks, instead of every rank holding a private copy
+    of the whole checkpoint. A missing or unreadable file is a PipelineError."""
     path = Path(path)
     if not path.exists():
         raise PipelineError(f"checkpoint {path} does not exist")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # truncated / corrupt / not a torch file
         raise PipelineError(
             f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); delete it, or start over with "

@@ -21,10 +21,19 @@ def autocast_dtype(cfg: dict, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if device.type == "cuda" and cfg["train"]["precision"] == "bf16" else None
 
 
-def set_matmul_precision(body_dtype: torch.dtype | None) -> None:
-    """With a bf16 body, fp32 matmuls (the CE's logits) may use TF32 tensor cores: inputs rounded to
-    10 mantissa bits, fp32 accumulation and fp32 output. An fp32 run keeps full fp32 matmuls."""
-    torch.set_float32_matmul_precision("high" if body_dtype is not None else "highest")
+def ce_matmul(cfg: dict) -> str:
+    """``train.ce_matmul`` resolved (auto: bf16 beside a bf16 body on CUDA, else fp32)."""
+    from pipeline.perf import ce_matmul_precision
+
+    return ce_matmul_precision(cfg)
+
+
+def set_matmul_precision(ce_matmul_precision: str) -> None:
+    """fp32 matmuls run on TF32 tensor cores (inputs rounded to 10 mantissa bits, fp32 accumulation
+    and output) only when ``train.ce_matmul`` is tf32 (a bf16 run's only fp32 matmuls are the CE's);
+    otherwise in full fp32 (``highest``), which is also the peak an fp32 run's MFU is measured
+    against (`pipeline.budget.peak_flops`)."""
+    torch.set_float32_matmul_precision("high" if ce_matmul_precision == "tf32" else "highest")
 
 
 def use_compile(cfg: dict, device: torch.device) -> bool:
@@ -61,22 +70,25 @@ def build_model(cfg: dict, device: torch.device) -> Transformer:
 
 class LossModel(nn.Module):
     """What DDP wraps and torch.compile compiles: the body under autocast, then the fp32 chunked CE
-    (which always runs eagerly, a graph break; see pipeline/training/losses.py).
+    outside autocast, its logit matmuls at `ce_matmul` precision (pipeline/training/losses.py). The
+    whole of it traces into one graph (no graph break: tested with torch._dynamo.explain).
 
     forward(inputs, targets, mask=None) -> (loss_sum, count).
     """
 
-    def __init__(self, model: Transformer, body_dtype: torch.dtype | None, ce_chunk: int):
+    def __init__(self, model: Transformer, body_dtype: torch.dtype | None, ce_chunk: int, ce_matmul: str = "fp32"):
         super().__init__()
         self.model = model
         self.body_dtype = body_dtype
         self.ce_chunk = ce_chunk
+        self.ce_matmul = ce_matmul
 
     def forward(self, inputs, targets, mask=None):
         dtype, on = self.body_dtype or torch.float32, self.body_dtype is not None
         with torch.autocast(inputs.device.type, dtype=dtype, enabled=on):
             hidden = self.model.hidden(inputs)
-        return chunked_cross_entropy(hidden, self.model.lm_head_weight, targets, mask, chunk=self.ce_chunk)
+        return chunked_cross_entropy(hidden, self.model.lm_head_weight, targets, mask, chunk=self.ce_chunk,
+                                     matmul=self.ce_matmul)
 
 
 def wrap(loss_model: LossModel, dist: Dist, compile_model: bool) -> tuple[nn.Module, nn.Module]:
@@ -90,25 +102,86 @@ def wrap(loss_model: LossModel, dist: Dist, compile_model: bool) -> tuple[nn.Mod
     return ddp, fwd
 
 
+def to_device(batch: tuple, device: torch.device) -> tuple:
+    """A host batch on `device`: on CUDA from pinned memory with non-blocking copies (the host does not
+    wait for the copy; the default stream orders it before the step's kernels)."""
+    if device.type != "cuda":
+        return batch
+    return tuple(None if t is None else t.pin_memory().to(device, non_blocking=True) for t in batch)
+
+
+class StepBatches:
+    """One optimizer step's micro-batches, read and pinned by a background thread one step ahead.
+
+    ``next_step()`` returns ``(batches on device, global [target, input] token counts)``. The counts
+    are summed on the host from the host batches and travel with them (non-blocking), then one
+    all-reduce: no device-to-host sync in the step. The loader runs one step ahead in the thread, so
+    ``state_dict()`` is the loader state after the *consumed* steps (what a checkpoint must hold); a
+    loader exception (DataExhausted) is raised by the ``next_step()`` that would have needed it.
+    """
+
+    def __init__(self, loader, micro_steps: int, dist: Dist, prefetch: bool = True):
+        import queue
+        import threading
+
+        self.loader, self.n, self.dist = loader, micro_steps, dist
+        self._state = loader.state_dict()
+        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self._stop = threading.Event()
+        self._thread = None
+        if prefetch:
+            self._thread = threading.Thread(target=self._fill, name="step-batches", daemon=True)
+            self._thread.start()
+
+    def _read(self):
+        it = iter(self.loader)
+        batches = [next(it) for _ in range(self.n)]
+        pin = self.dist.device.type == "cuda"
+        batches = [tuple(None if t is None else (t.pin_memory() if pin else t) for t in b) for b in batches]
+        return batches, self.loader.state_dict()
+
+    def _fill(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = self._read()
+            except BaseException as e:  # handed to the consumer, raised where the step needs the data
+                item = e
+            self._queue.put(item)
+            if isinstance(item, BaseException):
+                return
+
+    def next_step(self) -> tuple[list[tuple], torch.Tensor]:
+        item = self._queue.get() if self._thread is not None else self._read()
+        if isinstance(item, BaseException):
+            raise item
+        batches, self._state = item
+        return [to_device(b, self.dist.device) for b in batches], count_tokens(batches, self.dist)
+
+    def state_dict(self) -> dict:
+        return self._state
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            while self._thread.is_alive():  # unblock a producer waiting on a full queue
+                try:
+                    self._queue.get_nowait()
+                except Exception:
+                    pass
+                self._thread.join(timeout=0.05)
+
+
 def next_micro_batches(it, n: int, device: torch.device) -> list[tuple]:
-    """The next `n` (inputs, targets, mask-or-None) micro-batches, on `device`."""
-    out = []
-    for _ in range(n):
-        x, y, m = next(it)
-        nb = device.type == "cuda"
-        out.append((x.to(device, non_blocking=nb), y.to(device, non_blocking=nb),
-                    None if m is None else m.to(device, non_blocking=nb)))
-    return out
+    """The next `n` (inputs, targets, mask-or-None) micro-batches of `it`, on `device` (validation)."""
+    return [to_device(next(it), device) for _ in range(n)]
 
 
 def count_tokens(batches: list[tuple], dist: Dist) -> torch.Tensor:
-    """Global [target tokens, input tokens] of one step's micro-batches (one all-reduce)."""
-    device = batches[0][0].device
-    targets = sum(int(y.numel()) if m is None else m.sum() for _, y, m in batches)
-    inputs = sum(int(x.numel()) for x, _, _ in batches)
-    counts = torch.stack([torch.as_tensor(targets, device=device, dtype=torch.int64),
-                          torch.tensor(inputs, device=device, dtype=torch.int64)])
-    return all_reduce_sum(counts, dist)
+    """Global [target tokens, input tokens] of *host* micro-batches: summed on the host (masks
+    included), one pinned non-blocking copy, one all-reduce — no device-to-host sync in the step."""
+    targets = sum(y.numel() if m is None else int(m.sum()) for _, y, m in batches)
+    local = torch.tensor([targets, sum(x.numel() for x, _, _ in batches)], dtype=torch.int64)
+    return all_reduce_sum(to_device((local,), dist.device)[0], dist)
 
 
 def accumulate_gradients(ddp: nn.Module, fwd: nn.Module, batches: list[tuple], n_targets: torch.Tensor,
@@ -125,6 +198,28 @@ def accumulate_gradients(ddp: nn.Module, fwd: nn.Module, batches: list[tuple], n
             (loss_sum * scale).backward()
         local_sum += loss_sum.detach()
     return local_sum
+
+
+def zero_gradients(optimizer) -> None:
+    """Zero the gradients in place, keeping their storage. Under DDP with ``gradient_as_bucket_view``
+    the gradients *are* views into the reducer's buckets; ``set_to_none=True`` would drop them, and
+    the next micro-step's backward under ``no_sync`` would allocate fresh gradients beside the
+    buckets: the whole gradient held twice (+4 B per parameter)."""
+    optimizer.zero_grad(set_to_none=False)
+
+
+@contextlib.contextmanager
+def plain_linears(model: nn.Module):
+    """Inside, every linear that fp8 conversion replaced (torchao's Float8Linear subclasses nn.Linear)
+    runs as a plain nn.Linear on its high-precision weight: for the true-fp32 reference statistics."""
+    swapped = [m for m in model.modules() if isinstance(m, nn.Linear) and type(m) is not nn.Linear]
+    for m in swapped:
+        m.forward = nn.Linear.forward.__get__(m)
+    try:
+        yield
+    finally:
+        for m in swapped:
+            del m.forward
 
 
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:

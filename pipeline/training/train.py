@@ -80,15 +80,18 @@ from pipeline.training.processes import RunLock, die_with_parent
 from pipeline.training.sampling import greedy_sample
 from pipeline.training.step import (
     LossModel,
+    StepBatches,
     accumulate_gradients,
     autocast_dtype,
     build_model,
+    ce_matmul,
     clip_gradients,
-    count_tokens,
     next_micro_batches,
+    plain_linears,
     set_matmul_precision,
     use_compile,
     wrap,
+    zero_gradients,
 )
 
 log = get_logger(__name__)
@@ -123,7 +126,7 @@ def validate(model: Transformer, val_meta: str, cfg: dict, plan: dict, dist: Dis
     from pipeline.data.loader import DataExhausted
 
     t = cfg["train"]
-    loss_model = LossModel(model, autocast_dtype(cfg, dist.device), t["ce_chunk_tokens"])
+    loss_model = LossModel(model, autocast_dtype(cfg, dist.device), t["ce_chunk_tokens"], ce_matmul(cfg))
     loader = val_loader(val_meta, cfg, plan, dist)
     totals = torch.zeros(2, device=dist.device, dtype=torch.float64)
     first = None
@@ -145,13 +148,14 @@ def validate(model: Transformer, val_meta: str, cfg: dict, plan: dict, dist: Dis
 def fixed_batch_stats(model: Transformer, batch: tuple, chunk: int) -> dict:
     """CE and top-1 accuracy of the whole model in true fp32 (no autocast, no TF32) on the first
     `FIXED_BATCH_ROWS` rows of a batch: the reference that exposes a training loss which only looks
-    good in lower precision. (Few rows: fp32 attention may fall back to a kernel that materialises
-    the T×T scores.)"""
+    good in lower precision. fp8 linears run as plain linears here (`plain_linears`), so an fp8 run's
+    reference is fp32 too. (Few rows: fp32 attention may fall back to a kernel that materialises the
+    T×T scores.)"""
     x, y, m = (None if t is None else t[:FIXED_BATCH_ROWS] for t in batch)
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
-        with torch.autocast(x.device.type, enabled=False):
+        with torch.autocast(x.device.type, enabled=False), plain_linears(model):
             hidden = model.hidden(x)
         s = chunked_eval_stats(hidden, model.lm_head_weight, y, m, chunk=chunk)
     finally:
@@ -310,7 +314,7 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
     num_steps, accum = plan["num_steps"], plan["grad_accum_steps"]
     stop_at = num_steps if max_steps is None else min(max_steps, num_steps)
     body_dtype = autocast_dtype(params, dist.device)
-    set_matmul_precision(body_dtype)
+    set_matmul_precision(ce_matmul(params))
 
     seed_everything(params["seed"])
     model = build_model(params, dist.device)
@@ -360,11 +364,12 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
         metrics = MetricsLogger(outdir / "metrics.jsonl", params["wandb"], outdir, params, params["run_name"],
                                 resume_step=start if start else None, wandb_id=wandb_id)
 
-    ddp, fwd = wrap(LossModel(model, body_dtype, t["ce_chunk_tokens"]), dist, use_compile(params, dist.device))
+    ddp, fwd = wrap(LossModel(model, body_dtype, t["ce_chunk_tokens"], ce_matmul(params)), dist,
+                    use_compile(params, dist.device))
     trainable = [p for p in model.parameters() if p.requires_grad]
     watched = watched_groups(model)
     prompt = (params["eval"]["prompts"] or [""])[0]
-    it = iter(loader)
+    steps = StepBatches(loader, accum, dist)  # pinned, read one step ahead; its state is the consumed one
     counted = torch.zeros(2, dtype=torch.int64, device=dist.device)  # [targets, inputs] since `start`
     base_tokens, base_loss_tokens = tokens_seen, loss_tokens
     mark_time, mark_tokens = time.perf_counter(), tokens_seen
@@ -375,8 +380,7 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
     model.train()
     for step in range(start, stop_at):
         done = step + 1
-        batches = next_micro_batches(it, accum, dist.device)
-        counts = count_tokens(batches, dist)  # global [target tokens, input tokens] of this step
+        batches, counts = steps.next_step()  # counts: global [target tokens, input tokens] of this step
         set_lr(optimizer, lr_factor(step, num_steps, t))
         local_loss = accumulate_gradients(ddp, fwd, batches, counts[0], dist.world_size)
         is_val = done % t["val_interval"] == 0 or done == num_steps
@@ -386,7 +390,7 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
         grad_norm = clip_gradients(trainable, t["grad_clip"])
         update = UpdateRatio(watched) if is_log else None
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        zero_gradients(optimizer)  # keeps DDP's bucket views (see zero_gradients)
         counted += counts
         if is_log or done % t["ckpt_interval"] == 0 or done == stop_at:  # host sync only when needed
             tokens_seen, loss_tokens = base_tokens + int(counted[1]), base_loss_tokens + int(counted[0])
@@ -412,7 +416,7 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
             metrics.log(record)
         if done % t["ckpt_interval"] == 0 or done == stop_at:
             save_training_checkpoint(
-                ckpt_dir, dist, model=model, optimizer=optimizer, loader=loader, params=params, plan=plan, step=done,
+                ckpt_dir, dist, model=model, optimizer=optimizer, loader=steps, params=params, plan=plan, step=done,
                 tokens_seen=tokens_seen, loss_tokens=loss_tokens, best_val_loss=best_val, last_val_loss=last_val,
                 wandb_id=metrics.wandb_id if metrics else None, keep=keep_ckpts,
             )
@@ -421,6 +425,7 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
             if dist.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dist.device)
 
+    steps.close()
     if metrics and (not metrics.steps or metrics.steps[-1] != stop_at):
         raise PipelineError(f"{metrics.path} ends at step {metrics.steps[-1] if metrics.steps else None}, not at "
                             f"step {stop_at}: the metric history of this run is incomplete (was it written by "

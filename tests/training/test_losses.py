@@ -161,3 +161,107 @@ def test_training_step_never_materialises_the_full_logits():
         F.cross_entropy(logits, y.reshape(-1)).backward()
 
     assert _largest_outputs(plain)[0] >= full
+
+
+# ----------------------------------------------------------------------------- train.ce_matmul
+
+def _trained_scale_inputs(seed=0, d=512, masked=True):
+    """bf16 hidden states (what a bf16 autocast body hands the loss, RMS-normed scale) and an fp32
+    weight giving logits of std ≈ 3.5, a trained language model's scale."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(B, T, d, generator=g).bfloat16()
+    weight = torch.randn(V, d, generator=g) * 0.5 * (48 / d) ** 0.5
+    targets = torch.randint(0, V, (B, T), generator=g)
+    mask = (torch.rand(B, T, generator=g) > 0.3).long() if masked else None
+    return hidden, weight, targets, mask
+
+
+@pytest.mark.parametrize("matmul,tol", [("bf16", 1e-3), ("fp32", 1e-4), ("tf32", 1e-4)])
+def test_ce_matmul_precision_matches_fp64(matmul, tol):
+    """The loss stays within `tol` nats per token of fp64 (tf32 is fp32 on CPU; its CUDA error is TF32's)."""
+    hidden, weight, targets, mask = _trained_scale_inputs()
+    d = hidden.shape[-1]
+    logits = hidden.double().reshape(-1, d) @ weight.double().T
+    ref = (F.cross_entropy(logits, targets.reshape(-1), reduction="none") * mask.reshape(-1).double()).sum()
+    n = mask.sum().item()
+    loss_sum, count = chunked_cross_entropy(hidden, weight, targets, mask, chunk=17, matmul=matmul)
+    assert count.item() == n and loss_sum.dtype == torch.float32
+    assert abs(loss_sum.item() - ref.item()) / n < tol
+    if matmul == "bf16":  # the rounding is real: bf16 is not fp32 under another name
+        fp32, _ = chunked_cross_entropy(hidden, weight, targets, mask, chunk=17, matmul="fp32")
+        assert abs(loss_sum.item() - fp32.item()) / n > 1e-6
+
+
+def test_bf16_matmul_gradients_are_close_to_fp64():
+    hidden, weight, targets, mask = _trained_scale_inputs(seed=1)
+    h = hidden.float().requires_grad_(True)
+    w = weight.clone().requires_grad_(True)
+    loss_sum, count = chunked_cross_entropy(h, w, targets, mask, chunk=17, matmul="bf16")
+    (loss_sum / count).backward()
+    h64, w64 = hidden.double().requires_grad_(True), weight.double().requires_grad_(True)
+    ref = (F.cross_entropy(h64.reshape(-1, h64.shape[-1]) @ w64.T, targets.reshape(-1), reduction="none")
+           * mask.reshape(-1).double()).sum() / count.double()
+    ref.backward()
+    for got, want in ((h.grad, h64.grad), (w.grad, w64.grad)):
+        assert got.dtype == torch.float32
+        assert (got.double() - want).norm() / want.norm() < 1e-2
+
+
+def test_unknown_ce_matmul_is_refused():
+    hidden, weight, targets, _ = _inputs()
+    with pytest.raises(ValueError, match="matmul must be one of"):
+        chunked_cross_entropy(hidden, weight, targets, matmul="fp16")
+
+
+# ----------------------------------------------------------------------------- compiled
+
+def _tiny_loss_model(vocab=4096, dim=64, seq=64, matmul="bf16"):
+    from pipeline.training.model import ModelConfig, Transformer
+    from pipeline.training.step import LossModel
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=vocab, dim=dim, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=128,
+                                    max_seq_len=seq))
+    return LossModel(model, None, ce_chunk=32, ce_matmul=matmul)
+
+
+def test_compiled_step_has_no_graph_break():
+    loss_model = _tiny_loss_model(vocab=512, dim=32, seq=16)
+    x, y = torch.randint(0, 512, (4, 16)), torch.randint(0, 512, (4, 16))
+    explained = torch._dynamo.explain(loss_model)(x, y, (torch.rand(4, 16) > 0.5).float())
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+
+
+def test_compiled_graphs_never_hold_the_full_logits_and_match_eager():
+    """The forward and backward graphs aot_autograd makes of the step (what inductor compiles): no
+    tensor reaches half of [tokens, vocab]; loss and gradients equal the eager ones."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from functorch.compile import make_boxed_func
+
+    graphs = []
+
+    def keep(gm, _):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    def backend(gm, inputs):
+        return aot_module_simplified(gm, inputs, fw_compiler=keep, bw_compiler=keep)
+
+    vocab, rows, seq = 4096, 4, 64
+    loss_model = _tiny_loss_model(vocab=vocab, seq=seq)
+    x, y = torch.randint(0, vocab, (rows, seq)), torch.randint(0, vocab, (rows, seq))
+    compiled = torch.compile(loss_model, backend=backend, fullgraph=True)
+    loss_sum, count = compiled(x, y)
+    (loss_sum / count).backward()
+    grads = {n: p.grad.clone() for n, p in loss_model.named_parameters()}
+    loss_model.zero_grad(set_to_none=True)
+    eager_sum, eager_count = loss_model(x, y)
+    (eager_sum / eager_count).backward()
+
+    assert len(graphs) == 2  # forward and backward
+    largest = max(n.meta["val"].numel() for g in graphs for n in g.graph.nodes
+                  if isinstance(n.meta.get("val"), torch.Tensor))
+    assert largest < rows * seq * vocab // 2, largest
+    assert torch.allclose(loss_sum, eager_sum, rtol=1e-5)
+    for n, p in loss_model.named_parameters():
+        assert torch.allclose(grads[n], p.grad, atol=1e-6, rtol=1e-4), n

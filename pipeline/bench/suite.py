@@ -1,0 +1,150 @@
+"""`python -m pipeline.bench --suite reference`: the reference write-up's 1×H100 rows on the visible device.
+
+    python -m pipeline.bench --suite reference [--configfile configs/llama3-1b-fineweb.yaml] [--device cuda]
+        [--steps 10] [--warmup 3] [--out results/bench/reference.md] [--json]
+
+Runs `REFERENCE_SUITE` — the micro-batch × activation-checkpointing × fp8 × optimizer settings whose
+step time and memory the reference measured on one H100 (tests/test_perf.py lists those rows and
+their sources) — as `pipeline.bench` steps of *our* trainer on the config's model, and prints one
+table: measured step time, tokens/s, MFU, peak allocated and reserved memory, beside
+`pipeline.perf`'s prediction for the same setting (our loss, ``logits: ours``) and the ratio
+measured / predicted. A row that needs CUDA (fp8, 8-bit AdamW) on a CPU device is listed as skipped;
+a row that runs out of GPU memory is listed as "OOM" (itself a measurement: the model then
+over-predicts what fits). With ``--out`` the markdown table is written there (and the rows as JSON
+beside it, ``.json``), atomically.
+
+On CPU (the CI path, a tiny config) the measured columns are real CPU timings and the predictions
+use the nominal CPU peak: the table checks the plumbing, not the model.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from pipeline.bench.step import SUITE_CONFIG, bench_config, device_name, gpu_type, run_bench
+from pipeline.config import deep_merge, load_config
+from pipeline.errors import PipelineError
+from pipeline.io import atomic_write, get_logger, write_json
+from pipeline.perf import StepSetup, memory, predicted_mfu, step_time
+
+log = get_logger(__name__)
+
+# (name, micro_batch, activation_checkpointing, fp8, optimizer): the reference's bf16 rows (Part 1:
+# micro-batch 16 without and with checkpointing, 64 with every block; Part 2: per-region
+# checkpointing at 16, 8-bit AdamW, fp8 tensorwise / rowwise at 64).
+REFERENCE_SUITE = [
+    ("16 none", 16, "none", "none", "adamw"),
+    ("16 every_n", 16, "every_n", "none", "adamw"),
+    ("16 attention", 16, "attention", "none", "adamw"),
+    ("16 mlp", 16, "mlp", "none", "adamw"),
+    ("16 block", 16, "block", "none", "adamw"),
+    ("8 block adamw8bit", 8, "block", "none", "adamw8bit"),
+    ("64 block", 64, "block", "none", "adamw"),
+    ("64 block adamw8bit", 64, "block", "none", "adamw8bit"),
+    ("64 block fp8 tensorwise", 64, "block", "tensorwise", "adamw"),
+    ("64 block fp8 rowwise", 64, "block", "rowwise", "adamw"),
+]
+CUDA_ONLY = "needs CUDA (fp8 / 8-bit AdamW)"
+
+
+def suite_config(cfg: dict, micro_batch: int, checkpoint: str, fp8: str, optimizer: str) -> dict:
+    """`cfg` set to one suite row, with a checkpoint_every_n of 2 (the reference's every second layer)."""
+    train = {"micro_batch": micro_batch, "activation_checkpointing": checkpoint, "fp8": fp8, "optimizer": optimizer,
+             "checkpoint_every_n": 2}
+    return deep_merge(cfg, {"train": train})
+
+
+def predict(cfg: dict) -> dict:
+    """pipeline.perf's prediction of one single-GPU bench step (no accumulation, no DDP)."""
+    s = StepSetup.from_config(cfg).replace(grad_accum=1, world_size=1)
+    mem = memory(s)
+    seconds = step_time(s)["total"]
+    return {"step_time_s": seconds, "tokens_per_s": s.tokens / seconds, "mfu": predicted_mfu(s, seconds),
+            "peak_gb": mem["peak"], "reserved_gb": mem["reserved"]}
+
+
+def run_suite(cfg: dict, steps: int, warmup: int, on_row=None) -> list[dict]:
+    """Every REFERENCE_SUITE row on cfg's device: {name, settings, predicted, measured (or None),
+    skipped (None, a reason, or "OOM")}. `on_row(row)` is called after each row."""
+    device = cfg["hardware"]["device"]
+    if device == "cuda":  # predict for the GPU actually visible
+        cfg = deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(device_name(torch.device("cuda")),
+                                                                 cfg["hardware"]["gpu_type"])}})
+    rows = []
+    for name, mb, ckpt, fp8, opt in REFERENCE_SUITE:
+        row_cfg = suite_config(cfg, mb, ckpt, fp8, opt)
+        row = {"name": name, "micro_batch": mb, "activation_checkpointing": ckpt, "fp8": fp8, "optimizer": opt,
+               "predicted": predict(row_cfg), "measured": None, "skipped": None}
+        if device != "cuda" and (fp8 != "none" or opt == "adamw8bit"):
+            row["skipped"] = CUDA_ONLY
+        else:
+            try:
+                r = run_bench(row_cfg, steps, warmup)
+                row["measured"] = {"step_time_s": r["step_time_s"], "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"],
+                                   "peak_gb": r.get("mem/peak_gb"), "reserved_gb": r.get("mem/reserved_gb"),
+                                   "device": r["device"]}
+            except torch.OutOfMemoryError:
+                row["skipped"] = "OOM"
+            finally:  # free this row's model, optimizer and compiled graphs before the next
+                torch._dynamo.reset()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+        if on_row:
+            on_row(row)
+        rows.append(row)
+    return rows
+
+
+def _cell(x, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def format_suite(rows: list[dict], title: str) -> str:
+    """Markdown: measured | predicted | ratio for step time, tokens/s, MFU, peak and reserved GB."""
+    head = ("| row | step s (meas. / pred. / ratio) | tokens/s (meas. / pred.) | MFU (meas. / pred.) "
+            "| peak GB (meas. / pred.) | reserved GB (meas. / pred. / ratio) |")
+    lines = [f"## {title}", "", head, "|---|---|---|---|---|---|"]
+    for r in rows:
+        p, m = r["predicted"], r["measured"]
+        if m is None:
+            lines.append(f"| {r['name']} | {r['skipped']}; pred. {p['step_time_s']:.3f} | — / {p['tokens_per_s']:,.0f} "
+                         f"| — / {p['mfu']:.1%} | — / {p['peak_gb']:.1f} | — / {p['reserved_gb']:.1f} / — |")
+            continue
+        ratio = m["step_time_s"] / p["step_time_s"]
+        mem_ratio = None if m["reserved_gb"] is None else m["reserved_gb"] / p["reserved_gb"]
+        lines.append(
+            f"| {r['name']} | {m['step_time_s']:.3f} / {p['step_time_s']:.3f} / {ratio:.2f} "
+            f"| {m['tokens_per_s']:,.0f} / {p['tokens_per_s']:,.0f} | {m['mfu']:.1%} / {p['mfu']:.1%} "
+            f"| {_cell(m['peak_gb'], '.1f')} / {p['peak_gb']:.1f} "
+            f"| {_cell(m['reserved_gb'], '.1f')} / {p['reserved_gb']:.1f} / {_cell(mem_ratio, '.2f')} |")
+    lines += ["", "Predicted: pipeline.perf (a model, not a measurement). Measured: this run's median step."]
+    return "\n".join(lines) + "\n"
+
+
+def main_suite(args) -> None:
+    """`python -m pipeline.bench --suite reference` (the flags of pipeline.bench.step.main)."""
+    device = args.device or ("cuda" if torch.cuda.is_available() else None)
+    if device is None:
+        raise PipelineError("--suite reference: no CUDA device is visible; pass --device cpu with a small "
+                            "--configfile (the CPU path checks the plumbing, not the GPU)")
+    configfile = args.configfile or SUITE_CONFIG
+    cfg = bench_config(load_config(configfile), compile_model=args.compile, precision=args.precision, device=device,
+                       ce_matmul=args.ce_matmul)
+
+    def progress(row: dict) -> None:
+        if not args.json:
+            m = row["measured"]
+            print(f"{row['name']}: {row['skipped'] or format(m['step_time_s'], '.3f') + ' s'}", flush=True)
+
+    rows = run_suite(cfg, args.steps, args.warmup, on_row=progress)
+    name = device_name(torch.device(device))
+    text = format_suite(rows, f"Reference suite on {name}: {configfile}, {args.steps} timed steps after "
+                              f"{args.warmup} warm-up")
+    if args.out:
+        out = Path(args.out)
+        with atomic_write(out, encoding="utf-8") as f:
+            f.write(text)
+        write_json(out.with_suffix(".json"), {"device": name, "configfile": str(configfile), "rows": rows})
+    print(json.dumps({"device": name, "rows": rows}) if args.json else text)
