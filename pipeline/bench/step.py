@@ -15,7 +15,7 @@ with seq_len = `train.seq_len`.
 
 The first `--warmup` steps (compilation, allocator growth) are excluded; each timed step ends with
 a device synchronize. Reported: median and mean step time, tokens/s (micro_batch × seq_len /
-median step time), MFU (`pipeline.plan.flops_per_token` × tokens/s / `pipeline.plan.peak_flops` of
+median step time), MFU (`pipeline.budget.flops_per_token` × tokens/s / `pipeline.budget.peak_flops` of
 the device actually used — its GPU type read from the CUDA device name — and the run's precision)
 and, on CUDA, memory allocated / peak allocated / reserved in GB (peak over
 the timed steps). Unset flags keep the config's values.

@@ -17,9 +17,10 @@ Watched groups (names of the unwrapped model): ``embedding`` (``tok_embeddings``
 (untied models only), ``block_first`` (``layers.0``), ``block_last`` (``layers.{n-1}``).
 
 MFU = flops_per_token × tokens_per_s / (world_size × peak FLOP/s per device), with
-`flops_per_token` from the plan and the peak from `pipeline.plan.peak_flops` (the planner's
-`PEAK_FLOPS` table: dense bf16 or TF32 peak per GPU type; the CPU entry is a nominal 1 TFLOP/s, so
-CPU runs report a number, not a meaningful utilisation) — one formula and one table everywhere.
+`flops_per_token` from the plan and the peak from `pipeline.budget.peak_flops` (its `PEAK_FLOPS`
+table: the dense bf16 peak for a bf16 run, the true fp32 peak for an fp32 run, per GPU type; the
+CPU entry is a nominal 1 TFLOP/s, so CPU runs report a number, not a meaningful utilisation) — one
+formula and one table everywhere.
 """
 from __future__ import annotations
 

@@ -208,18 +208,25 @@ def zero_gradients(optimizer) -> None:
     optimizer.zero_grad(set_to_none=False)
 
 
-@contextlib.contextmanager
-def plain_linears(model: nn.Module):
-    """Inside, every linear that fp8 conversion replaced (torchao's Float8Linear subclasses nn.Linear)
-    runs as a plain nn.Linear on its high-precision weight: for the true-fp32 reference statistics."""
-    swapped = [m for m in model.modules() if isinstance(m, nn.Linear) and type(m) is not nn.Linear]
-    for m in swapped:
-        m.forward = nn.Linear.forward.__get__(m)
-    try:
-        yield
-    finally:
-        for m in swapped:
-            del m.forward
+class _PlainHidden(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        with torch.device("meta"):
+            self.model = Transformer(cfg)
+
+    def forward(self, x):
+        return self.model.hidden(x)
+
+
+def plain_hidden(model: Transformer, x: torch.Tensor) -> torch.Tensor:
+    """``model.hidden(x)`` with every linear that fp8 conversion replaced (torchao's Float8Linear
+    subclasses nn.Linear and keeps its high-precision ``weight``) run as a plain nn.Linear: the
+    model's own tensors through a plain skeleton built on the meta device (`torch.func.functional_call`),
+    so the trained model — and the compiled graph's guards on it — is never modified."""
+    if all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear)):
+        return model.hidden(x)
+    tensors = {f"model.{k}": v for k, v in (*model.named_parameters(), *model.named_buffers())}
+    return torch.func.functional_call(_PlainHidden(model.cfg), tensors, (x,))
 
 
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:

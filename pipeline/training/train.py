@@ -18,12 +18,16 @@ rank; `plan.num_steps` steps):
 
 * **Model**: `LossModel` = the transformer body (`Transformer.hidden`) under bf16 autocast on CUDA
   when `train.precision` is bf16 (CPU always runs fp32), followed by `chunked_cross_entropy`
-  *outside* autocast: fp32 logits, chunked over `train.ce_chunk_tokens` tokens
-  (pipeline/training/losses.py). DDP wraps `LossModel` first, then `torch.compile` wraps DDP
-  (`train.compile`: auto = on for CUDA, off on CPU). With bf16 on CUDA, fp32 matmuls may use TF32.
+  *outside* autocast: fp32 logits, chunked over `train.ce_chunk_tokens` tokens, their matmuls'
+  inputs at `train.ce_matmul` precision (pipeline/training/losses.py). DDP wraps `LossModel` first,
+  then `torch.compile` wraps DDP (`train.compile`: auto = on for CUDA, off on CPU); the loss
+  compiles with the body (no graph break). fp32 matmuls use TF32 only with `ce_matmul: tf32`.
+* **Batches** (`StepBatches`): a thread reads the next step's micro-batches and pins them while the
+  current step runs; they reach the GPU by non-blocking copies. The checkpointed loader state is
+  that of the consumed steps.
 * **Loss normalisation**: before the micro-steps each rank counts the target tokens of its
-  micro-batches (the loss mask's ones, or every target), and one all-reduce gives the global count
-  N. Each micro-step backpropagates ``loss_sum × world_size / N``; DDP averages gradients over the
+  micro-batches (the loss mask's ones, or every target) on the host, and one all-reduce gives the
+  global count N (no device-to-host sync in the step). Each micro-step backpropagates ``loss_sum × world_size / N``; DDP averages gradients over the
   ranks (÷ world_size), so the final gradient is exactly the gradient of
   ``Σ per-token loss / N`` over the global batch — masked tokens, uneven masks across ranks and
   micro-steps included. `model.no_sync()` skips the gradient all-reduce on all but the last
@@ -31,14 +35,16 @@ rank; `plan.num_steps` steps):
 * **Token count**: the same all-reduce sums the input tokens of the step; the total trained must
   equal ``plan.num_steps × plan.tokens_per_step`` at the end (checked; the run fails otherwise).
 * **Optimizer**: pipeline/training/optim.py (AdamW / Muon / 8-bit AdamW, per-group LRs, warmup + cosine or
-  WSD), gradient clipping at `train.grad_clip` (global norm before clipping is logged).
+  WSD), gradient clipping at `train.grad_clip` (global norm before clipping is logged). Gradients
+  are zeroed in place, never freed: under DDP they stay views into its buckets (`zero_gradients`).
 * **Checkpoints** every `train.ckpt_interval` steps, at `--max-steps` and at the end
   (pipeline/training/checkpoint.py); `train.resume: auto` (or `--resume auto`) continues from the newest
   readable checkpoint in `outdir/ckpt/` exactly: same per-step losses as an uninterrupted run (bitwise on
   CPU); an unreadable one is moved to `ckpt/unreadable/` and the one before it used. A checkpoint made with
   a different config (other than the logging keys in `OBSERVABILITY_KEYS`) or world size is never resumed:
   `auto` moves it aside to `ckpt/stale-<time>/` and starts over (a Snakemake rerun after a config
-  edit), `require` fails instead, and `never` always starts over.
+  edit), `require` fails instead, and `never` always starts over. Checkpoints load memory-mapped:
+  a rank pages in what it copies, not a private copy of the whole file.
 * **Metrics**: pipeline/training/metrics.py (JSONL + wandb), validation every `train.val_interval` steps.
   A resumed run keeps the records up to its checkpoint and logs the later steps again, so the log has
   every logged step exactly once; a run whose log does not end at its last step fails.
@@ -87,7 +93,7 @@ from pipeline.training.step import (
     ce_matmul,
     clip_gradients,
     next_micro_batches,
-    plain_linears,
+    plain_hidden,
     set_matmul_precision,
     use_compile,
     wrap,
@@ -148,15 +154,15 @@ def validate(model: Transformer, val_meta: str, cfg: dict, plan: dict, dist: Dis
 def fixed_batch_stats(model: Transformer, batch: tuple, chunk: int) -> dict:
     """CE and top-1 accuracy of the whole model in true fp32 (no autocast, no TF32) on the first
     `FIXED_BATCH_ROWS` rows of a batch: the reference that exposes a training loss which only looks
-    good in lower precision. fp8 linears run as plain linears here (`plain_linears`), so an fp8 run's
+    good in lower precision. fp8 linears run as plain linears here (`plain_hidden`), so an fp8 run's
     reference is fp32 too. (Few rows: fp32 attention may fall back to a kernel that materialises the
     T×T scores.)"""
     x, y, m = (None if t is None else t[:FIXED_BATCH_ROWS] for t in batch)
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
-        with torch.autocast(x.device.type, enabled=False), plain_linears(model):
-            hidden = model.hidden(x)
+        with torch.autocast(x.device.type, enabled=False):
+            hidden = plain_hidden(model, x)
         s = chunked_eval_stats(hidden, model.lm_head_weight, y, m, chunk=chunk)
     finally:
         torch.set_float32_matmul_precision(precision)
