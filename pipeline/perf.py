@@ -126,7 +126,7 @@ class StepSetup:
     grads_persistent: bool = True      # ours: zero_grad(set_to_none=False); the reference frees them
 
     @classmethod
-    def from_config(cls, cfg: dict, logits: str = "ours") -> "StepSetup":
+    def from_config(cls, cfg: dict, logits: str = "ours") -> StepSetup:
         """The trainer's step for a resolved run config; ``logits="bf16-materialized"`` describes the
         reference trainer instead (its loss, and gradients freed at every zero_grad)."""
         if logits not in LOGITS_MODES:
@@ -139,7 +139,8 @@ class StepSetup:
         return cls(
             vocab=m["vocab_size"], dim=m["dim"], n_layers=m["n_layers"], n_heads=m["n_heads"],
             n_kv_heads=m["n_kv_heads"], ffn_dim=m["ffn_dim"], tied=m["tie_embeddings"],
-            micro_batch=t["micro_batch"], seq_len=t["seq_len"], grad_accum=max(1, t["global_batch_tokens"] // per_micro),
+            micro_batch=t["micro_batch"], seq_len=t["seq_len"],
+            grad_accum=max(1, t["global_batch_tokens"] // per_micro),
             world_size=ws, device=hw["device"], gpu_type=hw["gpu_type"] if cuda else "cpu", bf16=bf16,
             compile=cuda if t["compile"] == "auto" else bool(t["compile"]),
             checkpoint=t["activation_checkpointing"], every_n=t["checkpoint_every_n"], optimizer=t["optimizer"],
@@ -148,7 +149,7 @@ class StepSetup:
             grads_persistent=logits == "ours",
         )
 
-    def replace(self, **changes) -> "StepSetup":
+    def replace(self, **changes) -> StepSetup:
         return dataclasses.replace(self, **changes)
 
     # ---- shapes

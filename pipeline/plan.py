@@ -77,17 +77,9 @@ from pipeline.budget import (
     trained_tokens,
 )
 from pipeline.config import add_config_args, load_config, params_from_args, parse_overrides, run_dir, source_files
-from pipeline.perf import (
-    LOGITS_MODES,
-    StepSetup,
-    capacity_gb,
-    measured_step_seconds,
-    memory,
-    predicted_mfu,
-    step_time,
-)
 from pipeline.errors import ConfigError, PlanError
 from pipeline.io import atomic_write, get_logger, provenance, run_cli, write_json
+from pipeline.perf import LOGITS_MODES, StepSetup, capacity_gb, measured_step_seconds, memory, predicted_mfu, step_time
 
 log = get_logger(__name__)
 
@@ -216,27 +208,30 @@ def read_measured_step(value: str, cfg: dict) -> dict:
     try:
         seconds = float(value)
     except ValueError:
-        path = Path(value)
-        if not path.is_file():
-            raise PlanError(f"--measured-step {value}: neither seconds nor a pipeline.bench --json file") from None
-        try:
-            bench = json.loads(path.read_text(encoding="utf-8"))
-            seconds = float(bench["step_time_s"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise PlanError(f"{path}: not a pipeline.bench --json result ({type(e).__name__}: {e}); "
-                            "rerun python -m pipeline.bench ... --json > FILE") from None
-        t = cfg["train"]
-        want = {"micro_batch": t["micro_batch"], "seq_len": t["seq_len"], "n_params": count_params(cfg["model"])[0],
-                "activation_checkpointing": t["activation_checkpointing"], "fp8": t["fp8"], "optimizer": t["optimizer"]}
-        wrong = {k: (bench.get(k), v) for k, v in want.items() if k in bench and bench[k] != v}
-        if wrong:
-            diff = ", ".join(f"{k} {got} (config: {v})" for k, (got, v) in wrong.items())
-            raise PlanError(f"{path} measured another step than this config's: {diff}; rerun pipeline.bench "
-                            "with the config's settings")
-        return {"seconds": seconds, "source": f"measured: {path} ({bench.get('device', '?')})"}
+        return _measured_step_file(Path(value), cfg)
     if not seconds > 0:
         raise PlanError(f"--measured-step {value}: a step time must be > 0 seconds")
     return {"seconds": seconds, "source": "measured: --measured-step"}
+
+
+def _measured_step_file(path: Path, cfg: dict) -> dict:
+    if not path.is_file():
+        raise PlanError(f"--measured-step {path}: neither seconds nor a pipeline.bench --json file")
+    try:
+        bench = json.loads(path.read_text(encoding="utf-8"))
+        seconds = float(bench["step_time_s"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise PlanError(f"{path}: not a pipeline.bench --json result ({type(e).__name__}: {e}); "
+                        "rerun python -m pipeline.bench ... --json > FILE") from None
+    t = cfg["train"]
+    want = {"micro_batch": t["micro_batch"], "seq_len": t["seq_len"], "n_params": count_params(cfg["model"])[0],
+            "activation_checkpointing": t["activation_checkpointing"], "fp8": t["fp8"], "optimizer": t["optimizer"]}
+    wrong = {k: (bench.get(k), v) for k, v in want.items() if k in bench and bench[k] != v}
+    if wrong:
+        diff = ", ".join(f"{k} {got} (config: {v})" for k, (got, v) in wrong.items())
+        raise PlanError(f"{path} measured another step than this config's: {diff}; rerun pipeline.bench "
+                        "with the config's settings")
+    return {"seconds": seconds, "source": f"measured: {path} ({bench.get('device', '?')})"}
 
 
 def performance(cfg: dict, logits: str = "ours", measured_step: dict | None = None) -> dict:

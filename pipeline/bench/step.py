@@ -8,10 +8,11 @@
 
 One step is exactly what the trainer does per micro-step plus the optimizer: forward under the
 training precision, chunked fp32 cross-entropy (logit matmuls at `train.ce_matmul`), backward,
-gradient clipping, optimizer step, zero_grad keeping the gradients (one process, no gradient accumulation, no DDP). The model, optimizer, fp8 conversion
-and `LossModel` come from pipeline.training.train/pipeline.training.optim, so the benchmark measures the training
-code itself. Inputs are uniform random token ids of the model's vocabulary, [micro_batch, seq_len]
-with seq_len = `train.seq_len`.
+gradient clipping, optimizer step, zero_grad keeping the gradients (one process, no gradient
+accumulation, no DDP). The model, optimizer, fp8 conversion and `LossModel` come from
+pipeline.training.step/pipeline.training.optim, so the benchmark measures the training code itself.
+Inputs are uniform random token ids of the model's vocabulary, [micro_batch, seq_len] with seq_len =
+`train.seq_len`.
 
 The first `--warmup` steps (compilation, allocator growth) are excluded; each timed step ends with
 a device synchronize. Reported: median and mean step time, tokens/s (micro_batch × seq_len /

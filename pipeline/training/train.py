@@ -27,11 +27,11 @@ rank; `plan.num_steps` steps):
   that of the consumed steps.
 * **Loss normalisation**: before the micro-steps each rank counts the target tokens of its
   micro-batches (the loss mask's ones, or every target) on the host, and one all-reduce gives the
-  global count N (no device-to-host sync in the step). Each micro-step backpropagates ``loss_sum × world_size / N``; DDP averages gradients over the
-  ranks (÷ world_size), so the final gradient is exactly the gradient of
-  ``Σ per-token loss / N`` over the global batch — masked tokens, uneven masks across ranks and
-  micro-steps included. `model.no_sync()` skips the gradient all-reduce on all but the last
-  micro-step. The logged `loss` is the same global mean.
+  global count N (no device-to-host sync in the step). Each micro-step backpropagates
+  ``loss_sum × world_size / N``; DDP averages gradients over the ranks (÷ world_size), so the final
+  gradient is exactly the gradient of ``Σ per-token loss / N`` over the global batch — masked
+  tokens, uneven masks across ranks and micro-steps included. `model.no_sync()` skips the gradient
+  all-reduce on all but the last micro-step. The logged `loss` is the same global mean.
 * **Token count**: the same all-reduce sums the input tokens of the step; the total trained must
   equal ``plan.num_steps × plan.tokens_per_step`` at the end (checked; the run fails otherwise).
 * **Optimizer**: pipeline/training/optim.py (AdamW / Muon / 8-bit AdamW, per-group LRs, warmup + cosine or

@@ -235,8 +235,8 @@ def test_compiled_step_has_no_graph_break():
 def test_compiled_graphs_never_hold_the_full_logits_and_match_eager():
     """The forward and backward graphs aot_autograd makes of the step (what inductor compiles): no
     tensor reaches half of [tokens, vocab]; loss and gradients equal the eager ones."""
-    from torch._functorch.aot_autograd import aot_module_simplified
     from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
 
     graphs = []
 
