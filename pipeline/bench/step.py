@@ -165,6 +165,34 @@ def format_result(r: dict) -> str:
     return "\n".join(lines)
 
 
+def main_suite(args) -> None:
+    """`--suite reference` (pipeline.bench.suite) on the visible GPU, or the device given."""
+    from pipeline.bench.suite import format_suite, run_suite, write_suite
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else None)
+    if device is None:
+        raise PipelineError("--suite reference: no CUDA device is visible; pass --device cpu with a small "
+                            "--configfile (the CPU path checks the plumbing, not the GPU)")
+    configfile = args.configfile or SUITE_CONFIG
+    cfg = bench_config(load_config(configfile), compile_model=args.compile, precision=args.precision, device=device,
+                       ce_matmul=args.ce_matmul)
+    name = device_name(torch.device(device))
+    cfg = deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(name, cfg["hardware"]["gpu_type"])}})  # predict for it
+
+    def progress(row: dict) -> None:
+        if not args.json:
+            m = row["measured"]
+            print(f"{row['name']}: {row['skipped'] or format(m['step_time_s'], '.3f') + ' s'}", flush=True)
+
+    rows = run_suite(cfg, args.steps, args.warmup, run_bench, on_row=progress)
+    text = format_suite(rows, f"Reference suite on {name}: {configfile}, {args.steps} timed steps after "
+                              f"{args.warmup} warm-up")
+    header = {"device": name, "configfile": str(configfile)}
+    if args.out:
+        write_suite(args.out, text, header, rows)
+    print(json.dumps({**header, "rows": rows}) if args.json else text)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--configfile", help="a full config YAML (model, train, hardware); with --suite the default "
@@ -186,8 +214,6 @@ def main(argv=None) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
     if args.suite:
-        from pipeline.bench.suite import main_suite
-
         return main_suite(args)
     if args.configfile is None or args.micro_batch is None:
         p.error("--configfile and --micro-batch are required (unless --suite)")

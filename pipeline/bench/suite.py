@@ -18,14 +18,11 @@ use the nominal CPU peak: the table checks the plumbing, not the model.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from pipeline.bench.step import SUITE_CONFIG, bench_config, device_name, gpu_type, run_bench
-from pipeline.config import deep_merge, load_config
-from pipeline.errors import PipelineError
+from pipeline.config import deep_merge
 from pipeline.io import atomic_write, get_logger, write_json
 from pipeline.perf import StepSetup, memory, predicted_mfu, step_time
 
@@ -65,13 +62,11 @@ def predict(cfg: dict) -> dict:
             "peak_gb": mem["peak"], "reserved_gb": mem["reserved"]}
 
 
-def run_suite(cfg: dict, steps: int, warmup: int, on_row=None) -> list[dict]:
-    """Every REFERENCE_SUITE row on cfg's device: {name, settings, predicted, measured (or None),
-    skipped (None, a reason, or "OOM")}. `on_row(row)` is called after each row."""
+def run_suite(cfg: dict, steps: int, warmup: int, bench, on_row=None) -> list[dict]:
+    """Every REFERENCE_SUITE row on cfg's device, each timed by ``bench(cfg, steps, warmup)``
+    (`pipeline.bench.step.run_bench`): {name, settings, predicted, measured (or None), skipped (None,
+    a reason, or "OOM")}. `on_row(row)` is called after each row."""
     device = cfg["hardware"]["device"]
-    if device == "cuda":  # predict for the GPU actually visible
-        cfg = deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(device_name(torch.device("cuda")),
-                                                                 cfg["hardware"]["gpu_type"])}})
     rows = []
     for name, mb, ckpt, fp8, opt in REFERENCE_SUITE:
         row_cfg = suite_config(cfg, mb, ckpt, fp8, opt)
@@ -81,7 +76,7 @@ def run_suite(cfg: dict, steps: int, warmup: int, on_row=None) -> list[dict]:
             row["skipped"] = CUDA_ONLY
         else:
             try:
-                r = run_bench(row_cfg, steps, warmup)
+                r = bench(row_cfg, steps, warmup)
                 row["measured"] = {"step_time_s": r["step_time_s"], "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"],
                                    "peak_gb": r.get("mem/peak_gb"), "reserved_gb": r.get("mem/reserved_gb"),
                                    "device": r["device"]}
@@ -123,28 +118,9 @@ def format_suite(rows: list[dict], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main_suite(args) -> None:
-    """`python -m pipeline.bench --suite reference` (the flags of pipeline.bench.step.main)."""
-    device = args.device or ("cuda" if torch.cuda.is_available() else None)
-    if device is None:
-        raise PipelineError("--suite reference: no CUDA device is visible; pass --device cpu with a small "
-                            "--configfile (the CPU path checks the plumbing, not the GPU)")
-    configfile = args.configfile or SUITE_CONFIG
-    cfg = bench_config(load_config(configfile), compile_model=args.compile, precision=args.precision, device=device,
-                       ce_matmul=args.ce_matmul)
-
-    def progress(row: dict) -> None:
-        if not args.json:
-            m = row["measured"]
-            print(f"{row['name']}: {row['skipped'] or format(m['step_time_s'], '.3f') + ' s'}", flush=True)
-
-    rows = run_suite(cfg, args.steps, args.warmup, on_row=progress)
-    name = device_name(torch.device(device))
-    text = format_suite(rows, f"Reference suite on {name}: {configfile}, {args.steps} timed steps after "
-                              f"{args.warmup} warm-up")
-    if args.out:
-        out = Path(args.out)
-        with atomic_write(out, encoding="utf-8") as f:
-            f.write(text)
-        write_json(out.with_suffix(".json"), {"device": name, "configfile": str(configfile), "rows": rows})
-    print(json.dumps({"device": name, "rows": rows}) if args.json else text)
+def write_suite(out: str | Path, text: str, header: dict, rows: list[dict]) -> None:
+    """The markdown table at `out` and {**header, rows} as JSON beside it (.json), atomically."""
+    out = Path(out)
+    with atomic_write(out, encoding="utf-8") as f:
+        f.write(text)
+    write_json(out.with_suffix(".json"), {**header, "rows": rows})
