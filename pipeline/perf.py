@@ -9,7 +9,7 @@ measures with `python -m pipeline.bench` (which `pipeline.plan --measured-step` 
 
 ``logits`` names the loss implementation being described:
 
-* ``ours`` (default): pipeline/losses.py — fp32 cross-entropy outside autocast, chunked over
+* ``ours`` (default): pipeline/training/losses.py — fp32 cross-entropy outside autocast, chunked over
   ``train.ce_chunk_tokens`` tokens with the backward fused into the forward, so no [tokens, vocab]
   tensor ever exists; the logit matmuls run at ``train.ce_matmul`` precision.
 * ``bf16-materialized``: the reference trainer — ``lm_head`` under autocast materialises bf16
@@ -21,20 +21,22 @@ Memory (bytes; GB = 1e9, as torch reports) — n = micro_batch × seq_len tokens
 
 * state: fp32 weights 4P; optimizer: AdamW 8P, 8-bit AdamW 2P, Muon 4 B per block-matrix
   parameter (momentum) + AdamW's 8 B for the rest; bf16 autocast copies of the block matrices
-  (2 B each: autocast caches the cast weights for the step); fp8: one fp8 copy (1 B) per converted
-  matrix parameter.
+  (2 B each) held from forward to backward by an *eager* step outside checkpointed regions (a
+  compiled step recomputes such casts, fp8's included, from the fp32 weight in backward).
 * gradients: fp32 4P, held throughout by ours; allocated during backward by the reference (only the
   lm-head/embedding gradient 4·V·d exists when the loss backward starts).
 * activations per token and layer, a = 2 under bf16 autocast else 4, the residual stream fp32:
-  attention = 4d + a·(3d + 2·d_kv) (+ a·3d eager: pre-RoPE q/k and GQA-expanded k/v kept alive;
-  + 4·heads·T for the fp32 math-kernel attention, see below); mlp = 4d + a·(d + k·f) with k = 3
-  compiled (silu·up fused) and 4 eager; fp8 stores the linears' saved inputs in 1 B.
+  attention = 4d (norm input) + l·2d (the q/k/v and o_proj inputs) + a·(d + 2·d_kv) (q, k, v)
+  (+ a·3d eager: pre-RoPE q/k and GQA-expanded k/v kept alive; + 4·heads·T for the fp32
+  math-kernel attention, see below); mlp = 4d + l·(d + f) (the gate/up and down inputs) + a·k·f
+  (gate and up outputs, k = 2 compiled; + silu's output eager, k = 3); l = a, or 1 B for fp8 linears.
   A checkpointed region stores its 4d-byte input and is rebuilt one region at a time in backward.
   fp32 SDPA on CUDA cannot use flash attention and falls back to the math kernel, which stores the
   [heads, T, T] fp32 probabilities (the reference measured this); bf16 uses flash (no T² term).
-* logits / CE: ``ours`` holds one chunk's fp32 logits 4·c·V (+ 2·c·V for its bf16 copy under
-  ``ce_matmul: bf16``) and, from forward to backward, the fp32 gradients w.r.t. hidden (4nd) and the
-  output weight (4Vd), each once more while backward scales them. ``bf16-materialized``: 2nV
+* logits / CE: ``ours`` holds one chunk's fp32 logits 4·c·V (+ 2·c·V and 2·V·d for the bf16 copies
+  of the probabilities and the weight under ``ce_matmul: bf16``) and, from forward to backward,
+  the fp32 gradients w.r.t. hidden (4nd) and the output weight (4Vd), each once more while backward
+  scales them. ``bf16-materialized``: 2nV
   compiled; eager 12nV at the loss backward (bf16 logits, fp32 log-softmax, its gradient, the input
   gradient).
 * the peak is the larger of two moments: the loss backward starting (state, gradients so far,
@@ -78,7 +80,6 @@ from pipeline.budget import HBM_BYTES_PER_S, PEAK_FLOPS, flops_per_token
 GB = 1e9
 GIB = 2 ** 30
 LOGITS_MODES = ("ours", "bf16-materialized")
-CE_MATMUL = ("bf16", "tf32", "fp32")
 
 # ---- fitted to the reference's measured rows (tests/test_perf.py: REFERENCE_ROWS) — one place.
 ETA = {

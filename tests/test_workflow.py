@@ -278,8 +278,12 @@ def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = planned_jobs(proc)
     assert jobs["download"] == 114 and jobs["tokenize"] == 114 and jobs["train"] == 1
+    from pipeline.config import load_config
+    from pipeline.plan import make_plan
+
+    gpu_hours = make_plan(load_config(ROOT / "configs/llama3-1b-fineweb.yaml"))["est_gpu_hours"]  # pipeline.perf's
     for shown in ("1.242 B total", "1,048,576 = 64 rows × 2048 tokens × 8 rank(s) × 1 accumulation step(s)",
-                  "23,682 → 24.83 B tokens trained", "fineweb: 454 of 1823 shards", "143.9 GPU-hours"):
+                  "23,682 → 24.83 B tokens trained", "fineweb: 454 of 1823 shards", f"{gpu_hours:.1f} GPU-hours"):
         assert shown in proc.stderr, shown
     assert not (tmp_path / "data").exists()
 
