@@ -225,8 +225,10 @@ def plain_hidden(model: Transformer, x: torch.Tensor) -> torch.Tensor:
     so the trained model — and the compiled graph's guards on it — is never modified."""
     if all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear)):
         return model.hidden(x)
+    skeleton = _PlainHidden(model.cfg)
+    names = {k for k, _ in (*skeleton.named_parameters(), *skeleton.named_buffers())}
     tensors = {f"model.{k}": v for k, v in (*model.named_parameters(), *model.named_buffers())}
-    return torch.func.functional_call(_PlainHidden(model.cfg), tensors, (x,))
+    return torch.func.functional_call(skeleton, {k: v for k, v in tensors.items() if k in names}, (x,), strict=True)
 
 
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
