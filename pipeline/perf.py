@@ -35,8 +35,8 @@ Memory (bytes; GB = 1e9, as torch reports) — n = micro_batch × seq_len tokens
   [heads, T, T] fp32 probabilities (the reference measured this); bf16 uses flash (no T² term).
 * logits / CE: ``ours`` holds one chunk's fp32 logits 4·c·V (+ 2·c·V and 2·V·d for the bf16 copies
   of the probabilities and the weight under ``ce_matmul: bf16``) and, from forward to backward,
-  the fp32 gradients w.r.t. hidden (4nd) and the output weight (4Vd), each once more while backward
-  scales them. ``bf16-materialized``: 2nV
+  the fp32 gradients w.r.t. hidden (4nd) and the output weight (4Vd), scaled in place by backward
+  (+ 2nd: the hidden gradient's bf16 copy for a bf16 body). ``bf16-materialized``: 2nV
   compiled; eager 12nV at the loss backward (bf16 logits, fp32 log-softmax, its gradient, the input
   gradient).
 * the peak is the larger of two moments: the loss backward starting (state, gradients so far,
@@ -240,7 +240,7 @@ def logits_bytes(s: StepSetup) -> float:
         return (2 if s.compile else 12) * n * V + 2 * n * d
     c = min(s.ce_chunk, n)
     chunk = 4 * c * V + (2 * c * V + 2 * V * d if s.ce_matmul == "bf16" else 0)
-    return chunk + 2 * (4 * n * d + 4 * V * d)
+    return chunk + 4 * n * d + 4 * V * d + (2 * n * d if s.bf16 else 0)
 
 
 def optimizer_bytes(s: StepSetup) -> float:

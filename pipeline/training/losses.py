@@ -92,8 +92,12 @@ class _FusedChunkedCE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        # Scaled in place: the saved gradients are used once (no double backward), so no second
+        # [tokens, dim] and [vocab, dim] fp32 copy exists at the loss backward.
         grad_h, grad_w = ctx.saved_tensors
-        return (grad_h * grad_out).to(ctx.h_dtype), (grad_w * grad_out).to(ctx.w_dtype), None, None, None, None
+        grad_h.mul_(grad_out)
+        grad_w.mul_(grad_out)
+        return grad_h.to(ctx.h_dtype), grad_w.to(ctx.w_dtype), None, None, None, None
 
 
 def _forward_only(h, weight, t, m, chunk: int, bf16: bool, with_accuracy: bool):
