@@ -39,6 +39,8 @@ def test_defaults_filled_from_schema():
         ({"sources": {"fw": {"type": "hf", "repo": "a/b"}}}, "sources.fw.pattern", "required"),
         ({"tokenizer": {"kind": "tiktoken", "encoding": "cl100k_base"}, "model": {"vocab_size": 100_000}},
          "model.vocab_size", "100282 token ids of cl100k_base"),
+        ({"train": {"ce_matmul": "tf32", "precision": "fp32"}}, "train.ce_matmul", "needs train.precision: bf16"),
+        ({"train": {"ce_matmul": "fp16"}}, "train.ce_matmul", "bf16"),
     ],
 )
 def test_bad_config_names_the_key(over, key, hint):
