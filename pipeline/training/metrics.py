@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 log = get_logger(__name__)
+RESUME_ATTEMPTS, RESUME_WAIT_S = 10, 3  # wandb run id still held after a kill: wait up to ~30 s
 
 def mfu(flops_per_token: float, tokens_per_s: float, world_size: int, peak_flops: float) -> float:
     """Model FLOPs utilisation: achieved model FLOP/s over the peak FLOP/s of all devices."""
@@ -151,16 +153,21 @@ class MetricsLogger:
 
         outdir.mkdir(parents=True, exist_ok=True)  # wandb writes its run under outdir/wandb/
         os.environ.setdefault("WANDB_SILENT", "true")
-        run = wandb.init(
-            project=wandb_cfg.get("project", "tokenfarm"),
-            entity=wandb_cfg.get("entity"),
-            mode=wandb_cfg.get("mode", "offline"),
-            dir=str(outdir),
-            name=run_name,
-            config=config,
-            id=wandb_id,
-            resume="allow" if wandb_id else None,
-        )
+        kwargs = dict(project=wandb_cfg.get("project", "tokenfarm"), entity=wandb_cfg.get("entity"),
+                      mode=wandb_cfg.get("mode", "offline"), dir=str(outdir), name=run_name, config=config,
+                      id=wandb_id, resume="allow" if wandb_id else None)
+        # A run resumed right after a kill -9 can find the killed trainer's wandb service still holding
+        # the run id (the service watches its parent's pid and exits a little later): wait for it.
+        for attempt in range(RESUME_ATTEMPTS):
+            try:
+                run = wandb.init(**kwargs)
+                break
+            except Exception as e:
+                if not wandb_id or "in use" not in str(e) or attempt == RESUME_ATTEMPTS - 1:
+                    raise
+                log.warning("wandb run %s is still held by a stopped trainer's service; retrying in %d s",
+                            wandb_id, RESUME_WAIT_S)
+                time.sleep(RESUME_WAIT_S)
         # The optimizer step is an ordinary metric and every other metric's x-axis, not wandb's own
         # `step`: wandb drops rows logged at or below its last step, and a run resumed from a
         # checkpoint redoes the steps after it, which a killed run may already have sent.
