@@ -1,0 +1,255 @@
+"""pipeline.evaluation.core: the CORE-style scorer.
+
+Oracles: a bigram "model" whose log-probabilities are written by hand (the micro example), the model's
+own full-logits forward pass (batching, padding, position selection, truncation), and the scorer run
+single-process (the 2-process torchrun run must give the same table).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipeline.evaluation import core
+from pipeline.evaluation.eval_data import build_eval_data
+from pipeline.io import PipelineError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ----------------------------------------------------------------------------- the hand-computed micro example
+
+class CharTokenizer:
+    """Greedy longest match over a tiny vocabulary; id 0 is BOS."""
+
+    def __init__(self, vocab):
+        self.vocab = ["<bos>"] + list(vocab)
+        self.bos_id = 0
+
+    def encode(self, text):
+        ids, i = [], 0
+        while i < len(text):
+            tok = max((t for t in self.vocab[1:] if text.startswith(t, i)), key=len)
+            ids.append(self.vocab.index(tok))
+            i += len(tok)
+        return ids
+
+
+class Bigram(torch.nn.Module):
+    """p(next | previous) from a table: hidden = one-hot of the input token, the head = log p."""
+
+    def __init__(self, probs: dict, vocab: list[str], max_seq_len=64):
+        super().__init__()
+        V = len(vocab)
+        logp = torch.full((V, V), 0.0)
+        for prev, row in probs.items():
+            rest = (1.0 - sum(row.values())) / (V - len(row))
+            for j, tok in enumerate(vocab):
+                logp[vocab.index(prev), j] = math.log(row.get(tok, rest))
+        self.head = torch.nn.Parameter(logp.T.contiguous())  # logits[j] = head[j, prev] = log p(j | prev)
+        self.cfg = type("Cfg", (), {"max_seq_len": max_seq_len})()
+
+    @property
+    def lm_head_weight(self):
+        return self.head
+
+    def hidden(self, idx):
+        return F.one_hot(idx, self.head.shape[1]).float()
+
+
+VOCAB = ["a", "b", " c", " d", "e", " "]
+TABLE = {  # every row not listed spreads its remaining mass evenly
+    "<bos>": {"a": 0.5, "b": 0.3},
+    "a": {"b": 0.5, " c": 0.1},
+    "b": {" c": 0.25, " d": 0.5},
+    " d": {"e": 0.25},
+}
+
+
+def micro_tasks():
+    mc = {"task": "mc", "type": "multiple_choice", "shots": 0, "random_baseline": 0.5, "pool": [],
+          "items": [{"id": "0", "contexts": ["ab"], "continuations": [" c", " de"], "gold": 1, "text": ""}]}
+    schema = {"task": "schema", "type": "schema", "shots": 0, "random_baseline": 0.5, "pool": [],
+              "items": [{"id": "0", "contexts": ["a", "b"], "continuations": [" c"], "gold": 1, "text": ""}]}
+    lm = {"task": "lm", "type": "language_modeling", "shots": 0, "random_baseline": 0.0, "pool": [],
+          "items": [{"id": "0", "contexts": ["a"], "continuations": ["b"], "gold": 0, "text": ""},
+                    {"id": "1", "contexts": ["ab"], "continuations": [" c"], "gold": 0, "text": ""}]}
+    return {"mc": mc, "schema": schema, "lm": lm}
+
+
+def test_micro_example_by_hand():
+    tok, model = CharTokenizer(VOCAB), Bigram(TABLE, ["<bos>"] + VOCAB)
+    pairs = [core.encode_pair(tok, "ab", " c"), core.encode_pair(tok, "ab", " de")]
+    assert pairs == [([0, 1, 2], [3]), ([0, 1, 2], [4, 5])]
+    s = core.score_requests(model, pairs, 64, 1000, torch.device("cpu"))
+    # " c" after b: 0.25.  " d" after b, then e after " d": 0.5 × 0.25.
+    assert s[0].logprob == pytest.approx(math.log(0.25), abs=1e-6) and s[0].n_tokens == 1
+    assert s[1].logprob == pytest.approx(math.log(0.5) + math.log(0.25), abs=1e-6) and s[1].n_tokens == 2
+    # by summed log-likelihood " c" would win (-1.386 > -2.079); by mean per-token loss " de" does (-1.040)
+    assert core.item_correct("multiple_choice", 1, s)
+    # " c" is not the argmax after b (" d" is, 0.5); " d" then e (0.25 vs 0.125 for the rest) are
+    assert not s[0].greedy and s[1].greedy
+    result = core.evaluate_tasks(model, tok, micro_tasks(), seed=0, batch_tokens=1000)
+    t = result["tasks"]
+    assert t["mc"]["accuracy"] == 1.0 and t["mc"]["centered"] == 1.0
+    # schema: " c" after a is 0.1, after b 0.25 -> the gold context b wins
+    assert t["schema"]["accuracy"] == 1.0
+    # lm: b is the argmax after a (0.5) -> correct; " c" after b is not the argmax -> wrong
+    assert t["lm"]["accuracy"] == 0.5 and t["lm"]["centered"] == 0.5
+    assert result["score_name"] == "core_3" and result["score"] == pytest.approx((1.0 + 1.0 + 0.5) / 3)
+    assert result["items"] == 4 and t["mc"]["requests"] == 2 and t["lm"]["truncated"] == 0
+
+
+def test_boundary_whitespace_moves_to_the_continuation():
+    tok = CharTokenizer(VOCAB)
+    # "ab " + "c": the context's trailing space joins the continuation, so " c" stays one token
+    assert core.split_boundary("ab ", "c") == ("ab", " c")
+    assert core.encode_pair(tok, "ab ", "c") == ([0, 1, 2], [3])
+    assert core.split_boundary("ab\n\n", "x") == ("ab", "\n\nx")
+
+
+def test_centered_accuracy():
+    assert core.centered(0.25, 0.25) == 0.0 and core.centered(1.0, 0.62) == 1.0
+    assert core.centered(0.81, 0.62) == pytest.approx(0.5)
+
+
+# ----------------------------------------------------------------------------- a real (tiny) model and tokenizer
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from conftest import write_text_shard
+    from pipeline.tokenizer import build_tokenizer, load_tokenizer
+
+    d = tmp_path_factory.mktemp("tok")
+    rng = random.Random(0)
+    words = "the a man woman cat dog sees likes water flowed from spout because therefore he she it".split()
+    docs = [" ".join(rng.choice(words) for _ in range(60)) + "." for _ in range(300)]
+    shard = write_text_shard(d / "web" / "s.parquet", docs)
+    build_tokenizer({"tokenizer": {"kind": "bpe", "vocab_size": 300, "train_chars": 20_000, "max_doc_chars": 2000,
+                                   "delimiter": "bos"},
+                     "sources": {"web": {"type": "local", "format": "text", "text_column": "text", "min_chars": 0}},
+                     "seed": 0}, [str(shard)], d / "tokenizer.json")
+    return load_tokenizer(d / "tokenizer.json")
+
+
+def tiny_model(max_seq_len=64, seed=0):
+    from pipeline.model import ModelConfig, Transformer
+
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=320, dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=64, max_seq_len=max_seq_len)
+    return Transformer(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def tasks_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval_data")
+    build_eval_data({"tasks": ["copa", "winogrande", "lambada"], "pool_size": 20, "seed": 1}, out)
+    return out
+
+
+@torch.no_grad()
+def reference(model, pairs, max_len):
+    """Per request: the sum of the continuation's log-probs from the full-logits forward of the
+    left-truncated ids, one request at a time (no batching, padding or position selection)."""
+    out = []
+    for ctx, cont in pairs:
+        ids = (ctx + cont)[-(max_len + 1):]
+        logp = torch.log_softmax(model(torch.tensor([ids[:-1]]))[0], dim=-1)
+        tgt = torch.tensor(ids[1:])
+        lp = logp[torch.arange(len(tgt)), tgt][-len(cont):]
+        out.append((float(lp.sum()), bool((logp.argmax(-1) == tgt)[-len(cont):].all())))
+    return out
+
+
+def test_encode_pair_splits_the_whole_string(tokenizer):
+    ctx, cont = core.encode_pair(tokenizer, "the man sees ", "the water")
+    assert ctx[0] == tokenizer.bos_id
+    assert ctx[1:] + cont == tokenizer.encode("the man sees the water")
+    assert tokenizer.decode(cont) == " the water"
+
+
+def test_batched_scores_equal_the_full_forward_and_truncation_is_counted(tokenizer):
+    model = tiny_model(max_seq_len=24)
+    rng = random.Random(1)
+    words = "the a man cat sees water because he".split()
+    pairs = [core.encode_pair(tokenizer, " ".join(rng.choice(words) for _ in range(rng.randint(1, 30))),
+                              " " + " ".join(rng.choice(words) for _ in range(rng.randint(1, 4))))
+             for _ in range(40)]
+    ref = reference(model, pairs, 24)
+    for batch_tokens in (1, 50, 10_000):  # one request per batch, a few, all at once
+        got = core.score_requests(model, pairs, 24, batch_tokens, torch.device("cpu"))
+        for g, (lp, greedy), (c, x) in zip(got, ref, pairs):
+            assert g.logprob == pytest.approx(lp, abs=1e-4) and g.greedy == greedy and g.n_tokens == len(x)
+            assert g.truncated == (len(c) + len(x) > 25)
+    assert any(g.truncated for g in got) and not all(g.truncated for g in got)
+
+
+def test_continuation_longer_than_the_context_window_is_an_error(tokenizer):
+    with pytest.raises(PipelineError, match="does not fit the model's context of 4"):
+        core.score_requests(tiny_model(), [([0, 1], [5, 6, 7, 8, 9])], 4, 100, torch.device("cpu"))
+
+
+def test_fewshot_examples_are_seeded_from_the_pool_and_never_the_item(tasks_dir):
+    tasks = core.load_tasks(tasks_dir, ["copa"])
+    copa = tasks["copa"]
+    item = copa["items"][0]
+    a = core.fewshot_prefix(copa, item, 3, seed=5)
+    assert a == core.fewshot_prefix(copa, item, 3, seed=5) != core.fewshot_prefix(copa, item, 3, seed=6)
+    shots = a.split(core.FEWSHOT_SEPARATOR)[:-1]
+    pool_examples = {core.gold_example(ex, "multiple_choice") for ex in copa["pool"]}
+    assert len(shots) == 3 and set(shots) <= pool_examples
+    assert core.gold_example(item, "multiple_choice") not in shots
+    reqs = core.item_requests(copa, item, 3, seed=5)
+    assert [r[0] for r in reqs] == [a + item["contexts"][0]] * 2 and [r[1] for r in reqs] == item["continuations"]
+    with pytest.raises(PipelineError, match="copa.*50 shots.*pool has 10"):
+        core.fewshot_prefix(copa, item, 50, seed=5)
+
+
+def test_suite_on_real_tasks_with_shots_and_truncation(tokenizer, tasks_dir):
+    tasks = core.load_tasks(tasks_dir, ["copa", "winogrande", "lambada"])
+    model = tiny_model(max_seq_len=64)
+    r = core.evaluate_tasks(model, tokenizer, tasks, seed=0, batch_tokens=512, shots=2, max_items=6)
+    assert r["score_name"] == "core_3" and r["items"] == 18
+    for name, t in r["tasks"].items():
+        assert t["items"] == 6 and t["shots"] == 2
+        assert t["centered"] == pytest.approx((t["accuracy"] - t["random_baseline"]) / (1 - t["random_baseline"]))
+    assert r["tasks"]["lambada"]["requests"] == 6 and r["tasks"]["copa"]["requests"] == 12
+    assert r["tasks"]["lambada"]["truncated"] > 0  # 2-shot LAMBADA passages exceed 64 tokens
+    assert r["score"] == pytest.approx(sum(t["centered"] for t in r["tasks"].values()) / 3)
+    assert "| copa | multiple_choice | 2 | 6 |" in core.markdown_table(r)
+    with pytest.raises(PipelineError, match="task 'hellaswag'.*does not exist.*eval_data"):
+        core.load_tasks(tasks_dir, ["hellaswag"])
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_give_the_single_process_table(tokenizer, tasks_dir, tmp_path):
+    model = tiny_model(max_seq_len=64)
+    params = {"seed": 3, "hardware": {"device": "cpu"},
+              "eval": {"tasks": ["copa", "winogrande", "lambada"], "core_shots": 1, "core_max_items": 7,
+                       "core_batch_tokens": 256}}
+    torch.save({"model": model.state_dict(), "params": {
+        "model": {"vocab_size": 320, "dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64,
+                  "rope_theta": 10000, "norm_eps": 1e-5, "tie_embeddings": True},
+        "train": {"seq_len": 64}}}, tmp_path / "final.pt")
+    single = core.evaluate_tasks(model, tokenizer, core.load_tasks(tasks_dir, params["eval"]["tasks"]),
+                                 **core.core_settings(params))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+           "pipeline.evaluation.core", "--params", json.dumps(params), "--ckpt", str(tmp_path / "final.pt"),
+           "--tokenizer", tokenizer.path, "--tasks-dir", str(tasks_dir), "--out", str(tmp_path / "core.json")]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ddp = json.loads((tmp_path / "core.json").read_text())
+    assert ddp["world_size"] == 2 and ddp["items"] == single["items"] == 21
+    for name, t in single["tasks"].items():
+        for key in ("accuracy", "centered", "items", "requests", "truncated"):
+            assert ddp["tasks"][name][key] == pytest.approx(t[key]), (name, key)
+    assert ddp["score"] == pytest.approx(single["score"])
