@@ -1,0 +1,143 @@
+"""pipeline.data.decontaminate: planted contaminated documents (exact item text, item text inside a
+long document, a short item's whole text) are flagged; near misses and clean documents stay; the report
+adds up; the vectorised gram hash equals its scalar definition."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import write_text_shard
+from pipeline.data import decontaminate as dc
+from pipeline.evaluation.eval_data import build_eval_data
+from pipeline.evaluation.tasks import load_task
+from pipeline.minhash import doc_word_hashes, normalize_text
+
+TASKS = ["copa", "boolq", "lambada"]
+FILLER = ("river stone lantern quietly orchard seven paper violet engine harbor candle meadow tunnel "
+          "glass thunder basket pepper marble fabric silver").split()
+
+
+def params(enabled=True, ngram=13, min_words=8):
+    return {"decontaminate": {"enabled": enabled, "ngram": ngram, "min_words": min_words}, "eval_tasks": TASKS,
+            "sources": {"web": {"type": "local", "format": "text", "text_column": "text", "min_chars": 0}}}
+
+
+def filler(rng, n):
+    return " ".join(rng.choice(FILLER) for _ in range(n))
+
+
+def write_shard(root, shard, docs):
+    """Raw shard (an empty row first, as tokenize drops it) + the tokenized-shard index (doc i = docs[i])."""
+    raw = write_text_shard(root / "raw" / "web" / f"{shard}.parquet", [""] + docs)
+    tok = root / "tokens" / "web" / f"{shard}.json"
+    tok.parent.mkdir(parents=True, exist_ok=True)
+    tokens = [len(d.split()) + 1 for d in docs]
+    np.save(tok.parent / f"{shard}.idx.npy", np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64))
+    tok.write_text(json.dumps({"source": "web", "shard": shard, "n_docs": len(docs), "n_tokens": sum(tokens),
+                               "doc_rows": list(range(1, len(docs) + 1)), "delimiters_per_doc": 1}))
+    return raw, tok
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("decontam")
+    build_eval_data({"tasks": TASKS, "pool_size": 10, "seed": 0}, root / "eval_data")
+    tasks = {n: load_task(root / "eval_data" / f"{n}.json") for n in TASKS}
+    rng = random.Random(0)
+    lam = tasks["lambada"]["items"][0]["text"]
+    passage = tasks["boolq"]["pool"][0]["text"].split()[:40]  # a few-shot pool item counts too
+    near = list(passage[:20])
+    near[10] = "zebra"  # every 13-gram of these 20 words contains the edit
+    copa = next(it["text"] for it in tasks["copa"]["items"] if 8 <= len(normalize_text(it["text"]).split()) < 13)
+    copa_near = normalize_text(copa).split()
+    copa_near[3] = "zebra"
+    docs = {
+        "exact": lam,
+        "shouted": lam.upper().replace(" ", "  ,"),  # case and punctuation do not hide it
+        "inside": filler(rng, 300) + " " + " ".join(passage[5:25]) + " " + filler(rng, 300),
+        "near_miss": filler(rng, 100) + " " + " ".join(near) + " " + filler(rng, 100),
+        "short_whole": filler(rng, 50) + ". " + copa + " " + filler(rng, 50),
+        "short_near": filler(rng, 50) + ". " + " ".join(copa_near) + " " + filler(rng, 50),
+        "clean": filler(rng, 400),
+        "empty_words": "!!! ...",
+    }
+    names = list(docs)
+    shard_a = write_shard(root, "a", [docs[n] for n in names[:4]])
+    shard_b = write_shard(root, "b", [docs[n] for n in names[4:]])
+    report = dc.run_decontaminate(params(), root / "eval_data", [shard_a[0], shard_b[0]], [shard_a[1], shard_b[1]],
+                                  root / "decontam", root / "decontam" / "report.json")
+    flags = {}
+    for shard, part in (("a", names[:4]), ("b", names[4:])):
+        t = pq.read_table(root / "decontam" / "web" / f"{shard}.parquet").to_pylist()
+        assert [r["doc"] for r in t] == list(range(len(part)))
+        flags.update({n: r for n, r in zip(part, t)})
+    return root, report, flags, docs
+
+
+def test_planted_contamination_is_flagged_and_near_misses_stay(planted):
+    _, _, flags, _ = planted
+    assert flags["exact"]["contaminated"] and flags["exact"]["tasks"] == "lambada"
+    assert flags["shouted"]["contaminated"]
+    assert flags["inside"]["contaminated"] and flags["inside"]["tasks"] == "boolq"
+    assert flags["short_whole"]["contaminated"] and flags["short_whole"]["tasks"] == "copa"
+    for name in ("near_miss", "short_near", "clean", "empty_words"):
+        assert not flags[name]["contaminated"] and flags[name]["tasks"] == "", name
+
+
+def test_report_reconciles_with_the_flag_files(planted):
+    root, report, flags, docs = planted
+    tokens = {n: len(d.split()) + 1 for n, d in docs.items()}
+    flagged = [n for n, r in flags.items() if r["contaminated"]]
+    web = report["per_source"]["web"]
+    assert web["documents"] == len(docs) and web["tokens"] == sum(tokens.values())
+    assert web["flagged"] == {"documents": len(flagged), "tokens": sum(tokens[n] for n in flagged)}
+    assert report["total"] == web["flagged"]
+    assert web["by_task"]["boolq"] == {"documents": 1, "tokens": tokens["inside"]}
+    assert web["by_task"]["copa"] == {"documents": 1, "tokens": tokens["short_whole"]}
+    assert sum(v["documents"] for v in web["by_task"].values()) == len(flagged)  # no document matched two tasks
+    assert len(report["examples"]) == len(flagged)
+    inside = next(e for e in report["examples"] if e["task"] == "boolq")
+    assert len(inside["words"].split()) == 13 and inside["words"] in normalize_text(docs["inside"])
+    assert report["eval"]["copa"]["texts_short"] > 0 and report["docs_per_s"] > 0
+
+
+def test_disabled_flags_nothing(planted, tmp_path):
+    root, *_ = planted
+    raws = sorted((root / "raw" / "web").glob("*.parquet"))
+    toks = sorted((root / "tokens" / "web").glob("*.json"))
+    report = dc.run_decontaminate(params(enabled=False), root / "eval_data", raws, toks, tmp_path, tmp_path / "r.json")
+    assert report["total"] == {"documents": 0, "tokens": 0}
+
+
+def test_vectorised_gram_hash_equals_the_scalar_definition():
+    texts = ["The cat sat on the mat, and then — naïvely — the DOG sat too.", "", "one two three", "Ünïcode ﬁne words"]
+    wh, off = doc_word_hashes(pa.array(texts, pa.large_string()))
+    for n in (1, 3, 5):
+        h, pos = dc.window_hashes(wh, off, n)
+        expect = []
+        for text in texts:
+            words = normalize_text(text).split()
+            expect += [dc.gram_hash(words[i:i + n]) for i in range(len(words) - n + 1)]
+        assert h.tolist() == expect
+        doc_of = np.searchsorted(off, pos, side="right") - 1
+        assert all(pos[i] + n <= off[doc_of[i] + 1] for i in range(len(pos)))  # no window crosses a document
+
+
+def test_cli_and_mismatched_inputs(planted, tmp_path):
+    root, *_ = planted
+    cmd = [sys.executable, "-m", "pipeline.data.decontaminate", "--params", json.dumps(params()),
+           "--eval-data", str(root / "eval_data"), "--raw", str(root / "raw/web/a.parquet"),
+           "--tokens", str(root / "tokens/web/a.json"), "--outdir", str(tmp_path), "--report", str(tmp_path / "r.json")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["total"]["documents"] == 3
+    cmd[cmd.index("--tokens") + 1] = str(root / "tokens/web/b.json")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "must name the same shards" in r.stderr and "web/a" in r.stderr
