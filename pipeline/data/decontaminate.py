@@ -10,7 +10,7 @@ tokenize. The split stage takes every flagged document out of train and val (spl
 Eval side. For every item of every configured task (scored items and few-shot pool alike) the texts
 are the item's upstream `text` (question, passage, gold answer; no template words) and, for
 multiple-choice tasks, every choice. Texts are normalised exactly as MinHash dedup normalises
-documents (`pipeline.minhash`: ASCII-lower-cased words of letters and digits, NFKC for non-ASCII);
+documents (`pipeline.data.minhash`: ASCII-lower-cased words of letters and digits, NFKC for non-ASCII);
 a text of at least `ngram` words contributes all its word `ngram`-grams; a shorter one of at least
 `min_words` words contributes itself as one gram ("short items use their whole text"); a shorter one
 still is too short to be evidence and is only counted (`texts_too_short`).
@@ -45,10 +45,11 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config import add_config_args, params_from_args
-from pipeline.dedup import document_texts, load_doc_tokens
+from pipeline.data.contract import document_texts, load_doc_tokens
+from pipeline.data.minhash import SHINGLE_MULT, SHINGLE_SEED, doc_word_hashes, fmix64, normalize_text
+from pipeline.errors import PipelineError
 from pipeline.evaluation.tasks import load_task, task_path
-from pipeline.io import PipelineError, get_logger, provenance, run_cli, write_json, write_parquet
-from pipeline.minhash import SHINGLE_MULT, SHINGLE_SEED, doc_word_hashes, fmix64, normalize_text
+from pipeline.io import get_logger, provenance, run_cli, write_json, write_parquet
 
 log = get_logger(__name__)
 
@@ -77,7 +78,7 @@ def window_hashes(wh: np.ndarray, word_off: np.ndarray, n: int) -> tuple[np.ndar
 
 def gram_hash(words: list[str]) -> int:
     """Scalar reference of one gram's hash (tests check the vectorised kernel against it)."""
-    from pipeline.minhash import word_hash
+    from pipeline.data.minhash import word_hash
 
     acc = np.array([SHINGLE_SEED], dtype=U64)
     for w in words:

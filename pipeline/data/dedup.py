@@ -56,7 +56,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config import add_config_args, params_from_args
 from pipeline.data import minhash
-from pipeline.data.contract import add_group_args, load_doc_tokens, open_parquet, run_group, shard_name
+from pipeline.data.contract import add_group_args, document_texts, load_doc_tokens, run_group, shard_name
 from pipeline.errors import PipelineError
 from pipeline.io import (
     META_KEY,
@@ -80,41 +80,6 @@ EXACT_BAND = -1  # the pseudo-band of exact-hash groups in the spill files
 
 
 # ============================================================================= signatures
-
-
-def _chat_texts(conversations: pa.Array) -> pa.Array:
-    """Each conversation's message contents joined by newlines (null contents count as empty)."""
-    contents = pc.struct_field(pc.list_flatten(conversations), "content").cast(pa.large_string())
-    lengths = pc.fill_null(pc.list_value_length(conversations), 0).to_numpy().astype(np.int64)
-    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]))
-    lists = pa.LargeListArray.from_arrays(offsets, pc.fill_null(contents, ""))
-    return pc.binary_join(lists, pa.scalar("\n", pa.large_string()))
-
-
-def document_texts(path: str | os.PathLike, source: dict, doc_rows: list[int]) -> pa.Array:
-    """The text of each tokenized document (raw rows `doc_rows` of the shard), as large strings."""
-    chat = source.get("format", "text") == "chat"
-    key = "messages_column" if chat else "text_column"
-    column = source.get(key, "messages" if chat else "text")
-    pf = open_parquet(path)
-    if column not in pf.schema_arrow.names:
-        raise PipelineError(f"{path}: no column '{column}' (columns: {', '.join(pf.schema_arrow.names)}); "
-                            f"set the source's {key} in the config")
-    try:
-        values = pf.read(columns=[column], use_threads=False).column(0).combine_chunks()
-    except (OSError, pa.ArrowException) as e:
-        raise PipelineError(f"{path}: cannot read column '{column}' ({e}); "
-                            "the file is corrupt or truncated, re-download it") from None
-    rows = np.asarray(doc_rows, dtype=np.int64)
-    if len(rows) and (rows.min() < 0 or rows.max() >= len(values)):
-        raise PipelineError(f"{path}: the tokenized shard names rows up to {rows.max()} but the file has "
-                            f"{len(values)}; rerun the tokenize stage for this shard")
-    taken = values.take(pa.array(rows))
-    try:
-        return _chat_texts(taken) if chat else taken.cast(pa.large_string())
-    except (pa.ArrowException, KeyError) as e:
-        raise PipelineError(f"{path}: column '{column}' has type {values.type}, which is not "
-                            f"{'list<struct<role, content>>' if chat else 'string'} ({e})") from None
 
 
 def tune_allocator() -> None:

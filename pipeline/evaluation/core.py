@@ -42,18 +42,20 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as torch_dist
 import torch.nn.functional as F
 
 from pipeline.config import add_config_args, params_from_args
+from pipeline.errors import PipelineError
 from pipeline.evaluation.tasks import load_task, score_name, task_path, task_spec
-from pipeline.io import PipelineError, get_logger, provenance, run_cli, write_json
+from pipeline.io import get_logger, provenance, run_cli, write_json
+from pipeline.training.distributed import Dist, gather_objects, init_distributed
 
 log = get_logger(__name__)
 
@@ -182,24 +184,6 @@ def task_shots(task: dict, shots: int | None) -> int:
 
 # ----------------------------------------------------------------------------- the suite
 
-def _world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _gather(obj) -> list:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        out = [None] * dist.get_world_size()
-        dist.all_gather_object(out, obj)
-        return out
-    return [obj]
-
-
 def load_tasks(tasks_dir: str | Path, names: list[str]) -> dict[str, dict]:
     """The configured tasks' files, in config order (one error naming a task with no file)."""
     out = {}
@@ -213,13 +197,13 @@ def load_tasks(tasks_dir: str | Path, names: list[str]) -> dict[str, dict]:
 
 
 def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch_tokens: int,
-                   shots: int | None = None, max_items: int | None = None, device=None) -> dict:
+                   shots: int | None = None, max_items: int | None = None, dist: Dist | None = None) -> dict:
     """Score the first `max_items` items (all when None) of every task on this rank's share, gather,
     and return the table: per task accuracy, centered accuracy, items, truncated requests; and
-    `core_<n>`. Collective under torch.distributed: every rank must call it."""
-    device = device or next(model.parameters()).device
+    `core_<n>`. With a distributed `dist` it is a collective: every rank must call it."""
+    device = next(model.parameters()).device
     max_len = model.cfg.max_seq_len
-    rank, world = _world()
+    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
@@ -243,7 +227,7 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
             local.append((name, i, item_correct(task["type"], items[i]["gold"], scored[a:b]),
                           sum(s.truncated for s in scored[a:b]), b - a))
     model.train(was_training)
-    results = [r for part in _gather(local) for r in part]
+    results = [r for part in (gather_objects(local, dist) if dist is not None else [local]) for r in part]
     seconds = time.perf_counter() - t0
     table = {}
     for name, task in tasks.items():
@@ -282,8 +266,8 @@ def core_settings(params: dict) -> dict:
 
 def load_model(ckpt_path: str, device: torch.device):
     """The checkpoint's model in fp32 eval mode."""
-    from pipeline.checkpoint import load_checkpoint
-    from pipeline.model import ModelConfig, Transformer
+    from pipeline.training.checkpoint import load_checkpoint
+    from pipeline.training.model import ModelConfig, Transformer
 
     final = load_checkpoint(ckpt_path)
     model = Transformer(ModelConfig.from_config(final["params"]))
@@ -300,29 +284,22 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True, help="the table as JSON (written by rank 0)")
     args = p.parse_args(argv)
     params = params_from_args(args, "evaluate")
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.data.encoding import load_tokenizer
 
-    import torch.distributed as dist
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    cuda = params["hardware"]["device"] == "cuda" and torch.cuda.is_available()
-    if world > 1:
-        dist.init_process_group("nccl" if cuda else "gloo")
+    dist = init_distributed(params["hardware"]["device"])
     try:
-        rank = dist.get_rank() if world > 1 else 0
-        device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
         tasks = load_tasks(args.tasks_dir, params["eval"]["tasks"])
-        result = evaluate_tasks(load_model(args.ckpt, device), load_tokenizer(args.tokenizer), tasks,
-                                device=device, **core_settings(params))
-        if rank == 0:
+        result = evaluate_tasks(load_model(args.ckpt, dist.device), load_tokenizer(args.tokenizer), tasks,
+                                dist=dist, **core_settings(params))
+        if dist.is_main:
             result["meta"] = provenance("core", params, [args.ckpt, args.tokenizer]
                                         + [task_path(args.tasks_dir, n) for n in tasks])
             write_json(args.out, result)
             log.info("%s = %.4f over %d items (%.1f items/s)", result["score_name"], result["score"], result["items"],
                      result["items_per_s"])
     finally:
-        if world > 1:
-            dist.destroy_process_group()
+        if dist.owns_group:
+            torch_dist.destroy_process_group()
 
 
 if __name__ == "__main__":

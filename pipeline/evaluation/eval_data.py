@@ -30,8 +30,9 @@ from importlib import metadata
 from pathlib import Path
 
 from pipeline.config import add_config_args, params_from_args
+from pipeline.errors import PipelineError
 from pipeline.evaluation.tasks import TASKS, UNAVAILABLE, WHEEL, WHEEL_VERSION, TaskSpec, task_path, task_spec
-from pipeline.io import PipelineError, atomic_path, get_logger, provenance, run_cli, sha256_file, write_json
+from pipeline.io import get_logger, provenance, run_cli, sha256_file, write_json
 
 log = get_logger(__name__)
 

