@@ -123,7 +123,9 @@ def load_task(path: str | os.PathLike) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             task = json.load(f)
-        task["items"], task["pool"], task["type"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError) as e:
         raise PipelineError(f"{path}: not a readable task file ({e!r}); rerun the eval_data rule") from None
+    missing = [k for k in ("task", "type", "random_baseline", "shots", "pool", "items") if k not in task]
+    if missing:
+        raise PipelineError(f"{path}: not a task file (no {', '.join(missing)}); rerun the eval_data rule")
     return task

@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from pipeline.errors import PipelineError, sha256_file
+from pipeline.errors import PipelineError
 from pipeline.evaluation import eval_data as ed
 from pipeline.evaluation.tasks import TASKS, load_task, score_name, task_spec
+from pipeline.io import sha256_file
 
 SMALL = ["copa", "winogrande", "lambada"]  # one multiple-choice, one schema, one language-modeling task
 
