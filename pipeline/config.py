@@ -327,6 +327,12 @@ def stage_params(cfg: dict, stage: str, source: str | None = None) -> dict:
         return {"dedup": cfg["dedup"], "seed": cfg["seed"]}
     if stage == "split":
         return {"split": cfg["split"], "seed": cfg["seed"]}
+    if stage == "eval_data":  # the task files depend on the task list and the pool only
+        e = cfg["eval"]
+        return {"tasks": e["tasks"], "pool_size": e["core_pool_size"], "seed": cfg["seed"]}
+    if stage == "decontaminate":
+        return {"decontaminate": cfg["decontaminate"], "eval_tasks": cfg["eval"]["tasks"],
+                "sources": _source_slice(cfg, names, ("type", "format", "text_column", "messages_column"))}
     if stage in ("mix", "pack"):
         p = {"mixes": cfg["mixes"], "seq_len": cfg["train"]["seq_len"], "seed": cfg["seed"]}
         if stage == "mix" and any(m["tokens"] == "plan" for m in cfg["mixes"].values()):
@@ -345,8 +351,12 @@ def stage_params(cfg: dict, stage: str, source: str | None = None) -> dict:
         return {**{k: cfg[k] for k in keep}, "sources": sources,
                 "train": {k: cfg["train"][k] for k in PLAN_TRAIN_KEYS}}
     if stage in ("train", "evaluate", "accounting"):
-        # These depend on (almost) the whole run description.
-        return {**{k: v for k, v in cfg.items() if k != "download"}, "sources": sources}
+        # These depend on (almost) the whole run description; training's CORE subset has its own item
+        # cap, so the final evaluation's cap reruns evaluate only.
+        p = {**{k: v for k, v in cfg.items() if k != "download"}, "sources": sources}
+        if stage == "train":
+            p["eval"] = {k: v for k, v in cfg["eval"].items() if k != "core_max_items"}
+        return p
     raise KeyError(f"unknown stage {stage!r}")
 
 

@@ -6,7 +6,8 @@ The flow, per shard, summed per source and over the run:
       → tokenized (R/tokens/*/*.json + .idx.npy): document tokens + delimiters; empty / invalid-UTF-8 /
         short documents dropped and counted
       → dedup (R/dedup/keep/*/*.parquet; all kept when dedup is disabled and no keep file exists)
-      → split (R/split/*/*.parquet): train + val + dup
+      → decontaminate (R/decontam/*/*.parquet and its report; nothing flagged when disabled and absent)
+      → split (R/split/*/*.parquet): train + val + dup + contam
       → mix (R/mix/{mix}/{train,val}.parquet): scheduled documents, possibly over several epochs
       → pack (R/pack/{mix}/{split}.json): rows × (seq_len + 1) = packed + pad; dropped tail, truncated
 
@@ -26,9 +27,13 @@ Balance lines (`lhs == rhs`):
                        delimiter tokens == docs × delimiters per doc
     tokenize → dedup   keep-file rows == distinct documents == tokenized docs;
                        tokenized tokens == kept + removed
-    dedup → split      split rows == distinct documents == tokenized docs; kept == train + val;
+    tokenize → decontaminate   flag-file rows == distinct documents == tokenized docs;
+                       per source: flagged tokens in the decontaminate report == in its flag files
+    dedup → split      split rows == distinct documents == tokenized docs; kept == train + val + contam;
                        removed == dup; 0 == documents whose split disagrees with dedup's keep;
                        0 == documents whose `tokens` disagrees with the span
+    decontaminate → split   flagged kept tokens == contam; 0 == documents whose split disagrees
+                       with the flags (contam exactly for the flagged keepers)
     split → mix        0 == scheduled documents not in the schedule's split (train / val);
                        0 == documents scheduled twice in one epoch; 0 == `tokens` disagreements.
                        Reported: available tokens × epochs = scheduled + unused
@@ -52,7 +57,7 @@ from pipeline.io import atomic_write, get_logger, provenance, read_json, run_cli
 
 log = get_logger(__name__)
 
-SPLIT_CODES = {"train": 0, "val": 1, "dup": 2}  # code = position in this order
+SPLIT_CODES = {"train": 0, "val": 1, "dup": 2, "contam": 3}  # code = position in this order
 
 
 @dataclass
@@ -93,10 +98,14 @@ SHARD_EQUATIONS = [
     ("tokenize → dedup", "tokens", ["span_tokens"], ["kept_tokens", "removed_tokens"]),
     ("dedup → split", "split-file rows", ["tokenized_docs"], ["split_rows"]),
     ("dedup → split", "distinct documents", ["tokenized_docs"], ["split_docs"]),
-    ("dedup → split", "kept tokens", ["kept_tokens"], ["train_tokens", "val_tokens"]),
+    ("tokenize → decontaminate", "flag-file rows", ["tokenized_docs"], ["decontam_rows"]),
+    ("tokenize → decontaminate", "distinct documents", ["tokenized_docs"], ["decontam_docs"]),
+    ("dedup → split", "kept tokens", ["kept_tokens"], ["train_tokens", "val_tokens", "contam_tokens"]),
     ("dedup → split", "removed tokens", ["removed_tokens"], ["dup_tokens"]),
     ("dedup → split", "documents whose split disagrees with dedup", [], ["split_keep_disagreements"]),
     ("dedup → split", "documents whose `tokens` disagrees with the span", [], ["split_token_mismatches"]),
+    ("decontaminate → split", "flagged kept tokens", ["flagged_kept_tokens"], ["contam_tokens"]),
+    ("decontaminate → split", "documents whose split disagrees with the flags", [], ["split_flag_disagreements"]),
 ]
 
 
@@ -161,7 +170,8 @@ class ShardData:
     delimiters_per_doc: int
 
 
-def shard_quantities(run: Path, count: dict, dedup_enabled: bool) -> tuple[dict, ShardData]:
+def shard_quantities(run: Path, count: dict, dedup_enabled: bool, decontam_enabled: bool = True
+                     ) -> tuple[dict, ShardData]:
     """Every number of one shard's flow (names as in SHARD_EQUATIONS)."""
     source, shard = count["source"], count["shard"]
     tok_json = run / "tokens" / source / f"{shard}.json"
@@ -191,7 +201,9 @@ def shard_quantities(run: Path, count: dict, dedup_enabled: bool) -> tuple[dict,
         "span_tokens": int(spans.sum()),
     }
     keep = _dedup_keep(run, source, shard, n, q, spans, dedup_enabled)
+    flags = _decontam_flags(run, source, shard, n, q, spans, keep, decontam_enabled)
     split = _split_codes(run, source, shard, n, q, spans, keep, tok["delimiters_per_doc"])
+    q["split_flag_disagreements"] = int(((split == SPLIT_CODES["contam"]) != (flags & keep)).sum())
     return q, ShardData(spans, split, tok["delimiters_per_doc"])
 
 
@@ -211,6 +223,24 @@ def _dedup_keep(run: Path, source: str, shard: str, n: int, q: dict, spans: np.n
     q["kept_tokens"] = int(spans[keep].sum())
     q["removed_tokens"] = int(spans[~keep].sum())
     return keep
+
+
+def _decontam_flags(run: Path, source: str, shard: str, n: int, q: dict, spans: np.ndarray, keep: np.ndarray,
+                    enabled: bool) -> np.ndarray:
+    """Fill the decontamination quantities; return contaminated (bool per document)."""
+    path = run / "decontam" / source / f"{shard}.parquet"
+    flags = np.zeros(n, bool)
+    if not enabled and not path.exists():
+        q.update(decontam_rows=n, decontam_docs=n)
+    else:
+        t = _read_table(path, ["doc", "contaminated"], "run the decontaminate stage")
+        doc = t["doc"].to_numpy().astype(np.int64)
+        q["decontam_docs"], first = _coverage(doc, n)
+        q["decontam_rows"] = len(doc)
+        flags[doc[first]] = t["contaminated"].to_numpy(zero_copy_only=False).astype(bool)[first]
+    q["flagged_tokens"] = int(spans[flags].sum())
+    q["flagged_kept_tokens"] = int(spans[flags & keep].sum())
+    return flags
 
 
 def _split_codes(run: Path, source: str, shard: str, n: int, q: dict, spans: np.ndarray, keep: np.ndarray,
@@ -318,7 +348,8 @@ def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
     by_source: dict[str, dict] = defaultdict(lambda: defaultdict(int))
     shards: dict[str, ShardData] = {}
     for c in counts:
-        q, shards[f"{c['source']}/{c['shard']}"] = shard_quantities(run, c, params["dedup"]["enabled"])
+        q, shards[f"{c['source']}/{c['shard']}"] = shard_quantities(run, c, params["dedup"]["enabled"],
+                                                                     params["decontaminate"]["enabled"])
         ledger.equations(q, f"{c['source']}/{c['shard']}", keep=False)
         for k, v in q.items():
             by_source[c["source"]][k] += v
@@ -328,6 +359,7 @@ def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
         for k, v in q.items():
             total[k] += v
     ledger.equations(total, "all sources", keep=True)
+    decontam_report(run, by_source, params["decontaminate"]["enabled"], ledger)
     mixes = {m: {split: mix_flow(run, m, split, shards, ledger) for split in ("train", "val")} for m in params["mixes"]}
     ledger.raise_if_unbalanced()
     return {
@@ -339,20 +371,35 @@ def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
     }
 
 
+def decontam_report(run: Path, by_source: dict, enabled: bool, ledger: Ledger) -> None:
+    """The decontaminate report's flagged tokens per source against its flag files."""
+    path = run / "decontam" / "report.json"
+    if not enabled and not path.exists():
+        return
+    if not path.exists():
+        raise PipelineError(f"{path}: not found; run the decontaminate stage")
+    per_source = read_json(path)["per_source"]
+    for s, q in sorted(by_source.items()):
+        reported = per_source.get(s, {}).get("flagged", {}).get("tokens", 0)
+        ledger.add(Line("tokenize → decontaminate", s, "flagged tokens", "flag files", q["flagged_tokens"],
+                        "decontaminate report", reported))
+
+
 def markdown(report: dict) -> str:
     """The report as markdown tables: flow per source, per mix, and every balance line."""
     out = ["# Token accounting", "",
            "Every number is exact; token counts from *tokenized* on include document delimiters.", "",
            "## Sources", "",
            "| source | counted rows | counted doc tokens | dropped empty / invalid / short | tokenized docs "
-           "| tokenized tokens (doc + delim) | dup removed | train | val |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| tokenized tokens (doc + delim) | dup removed | benchmark-contaminated removed | train | val |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, q in [*report["sources"].items(), ("**all**", report["total"])]:
         out.append(f"| {name} | {q['counted_rows']:,} | {q['counted_tokens']:,} | {q['dropped_empty']:,} / "
                    f"{q['dropped_invalid_utf8']:,} / "
                    f"{q['dropped_short']:,} ({q['dropped_short_tokens']:,} tok) | {q['tokenized_docs']:,} | "
                    f"{q['tokenized_tokens']:,} "
                    f"({q['tokenized_doc_tokens']:,} + {q['tokenized_delimiter_tokens']:,}) | {q['dup_tokens']:,} | "
+                   f"{q['contam_tokens']:,} | "
                    f"{q['train_tokens']:,} | {q['val_tokens']:,} |")
     out += ["", "## Mixes", "", "| mix / split | source | available | epochs | scheduled | unused |",
             "|---|---|---:|---:|---:|---:|"]

@@ -1,14 +1,16 @@
-"""Split stage: train / val / dup per document, decided per duplicate cluster so no cluster leaks.
+"""Split stage: train / val / dup / contam per document, decided per duplicate cluster so no cluster leaks.
 
     python -m pipeline.data.split --params JSON --keep R/dedup/keep/*/*.parquet --tokens R/tokens/*/*.json \\
-        --outdir R/split --report R/split/report.json
+        [--decontam R/decontam/*/*.parquet] --outdir R/split --report R/split/report.json
 
-Inputs: every shard's dedup keep list (`doc`, `cluster`, `keep`) and tokenized-shard metadata (the
-`.idx.npy` offsets beside each `.json` give each document's span, delimiters included). Source and
-shard names come from the paths (`.../{source}/{shard}.parquet`, `.../{source}/{shard}.json`).
+Inputs: every shard's dedup keep list (`doc`, `cluster`, `keep`), tokenized-shard metadata (the
+`.idx.npy` offsets beside each `.json` give each document's span, delimiters included) and, when
+given, the decontaminate stage's flags (`doc`, `contaminated`). Source and shard names come from the
+paths (`.../{source}/{shard}.parquet`, `.../{source}/{shard}.json`).
 
-Every document that dedup removed is `dup`. Each cluster's keeper is `train` or `val`, so a cluster
-is entirely on one side (the report's leak check counts clusters whose kept members sit on both
+Every document that dedup removed is `dup`; a kept document that shares an n-gram with a benchmark
+item is `contam` (removed from train and val alike; its cluster's other members are dups). Each other
+cluster's keeper is `train` or `val`, so a cluster is entirely on one side (the report's leak check counts clusters whose kept members sit on both
 sides and the stage fails unless it is 0). The side of a keeper:
 
 - `method: hash`: per source (the keeper's source), keepers are ranked by a seeded hash of their
@@ -44,8 +46,8 @@ from pipeline.io import get_logger, provenance, run_cli, write_json, write_parqu
 
 log = get_logger(__name__)
 
-SPLITS = ("train", "val", "dup")
-TRAIN, VAL, DUP = range(3)
+SPLITS = ("train", "val", "dup", "contam")
+TRAIN, VAL, DUP, CONTAM = range(4)
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -59,7 +61,8 @@ class Docs:
     shard: np.ndarray  # index into `shards`
     doc: np.ndarray
     cluster: np.ndarray
-    keep: np.ndarray
+    keep: np.ndarray  # dedup's keeper flag
+    contam: np.ndarray  # flagged by decontaminate
     tokens: np.ndarray
 
     def source_of(self) -> np.ndarray:
@@ -82,14 +85,30 @@ def _read_keep(path: Path, n_docs: int) -> pa.Table:
     return t
 
 
-def load_docs(keep_paths: list, token_paths: list) -> Docs:
-    """Join each keep list with its tokenized shard's spans; both lists must name the same shards."""
+def _read_flags(path: Path, n_docs: int) -> np.ndarray:
+    try:
+        t = pq.read_table(path, columns=["doc", "contaminated"])
+    except (OSError, pa.ArrowException) as e:
+        raise PipelineError(f"{path}: not a readable decontamination file with doc, contaminated ({e}); "
+                            "rerun the decontaminate stage") from None
+    if not np.array_equal(t.column("doc").to_numpy(), np.arange(n_docs)):
+        raise PipelineError(f"{path}: does not list the tokenized shard's {n_docs} documents in order; "
+                            "rerun the decontaminate stage")
+    return t.column("contaminated").to_numpy(zero_copy_only=False).astype(bool)
+
+
+def load_docs(keep_paths: list, token_paths: list, decontam_paths: list | None = None) -> Docs:
+    """Join each keep list (and decontamination file) with its tokenized shard's spans; the lists must
+    name the same shards."""
     keeps = {_name(Path(p), ".parquet"): Path(p) for p in keep_paths}
     tokens = {_name(Path(p), ".json"): Path(p) for p in token_paths}
-    if set(keeps) != set(tokens):
-        missing = sorted(set(keeps) ^ set(tokens))
-        raise PipelineError(f"keep lists and tokenized shards differ for {', '.join(map('/'.join, missing))}; "
-                            "pass one of each per shard (--keep, --tokens)")
+    flags = {_name(Path(p), ".parquet"): Path(p) for p in decontam_paths or []}
+    given = [set(keeps), set(tokens)] + ([set(flags)] if decontam_paths is not None else [])
+    missing = sorted(set.union(*given) - set.intersection(*given))
+    if missing:
+        raise PipelineError(f"keep lists, tokenized shards and decontamination files differ for "
+                            f"{', '.join(map('/'.join, missing))}; pass one of each per shard (--keep, --tokens, "
+                            "--decontam)")
     if not keeps:
         raise PipelineError("no shards given (--keep, --tokens)")
     names = sorted(keeps)
@@ -97,11 +116,12 @@ def load_docs(keep_paths: list, token_paths: list) -> Docs:
     for i, name in enumerate(names):
         _, spans = load_doc_tokens(tokens[name])
         t = _read_keep(keeps[name], len(spans))
+        contam = _read_flags(flags[name], len(spans)) if name in flags else np.zeros(len(spans), bool)
         parts.append((np.full(len(spans), i), np.arange(len(spans)), t.column("cluster").to_numpy(),
-                      t.column("keep").to_numpy(zero_copy_only=False), spans))
-    shard, doc, cluster, keep, spans = (np.concatenate(c) for c in zip(*parts))
+                      t.column("keep").to_numpy(zero_copy_only=False), contam, spans))
+    shard, doc, cluster, keep, contam, spans = (np.concatenate(c) for c in zip(*parts))
     return Docs(names, [(keeps[n], tokens[n]) for n in names], shard.astype(np.int64), doc.astype(np.int64),
-                cluster.astype(np.int64), keep.astype(bool), spans.astype(np.int64))
+                cluster.astype(np.int64), keep.astype(bool), contam.astype(bool), spans.astype(np.int64))
 
 
 # ----------------------------------------------------------------------------- assignment
@@ -116,14 +136,19 @@ def val_prefix(cum_tokens: np.ndarray, target: int, cap: int) -> int:
     return k
 
 
+def base_split(docs: Docs) -> np.ndarray:
+    """dup for dedup's removals, contam for flagged keepers, train for the rest (before val is chosen)."""
+    return np.where(docs.keep, np.where(docs.contam, CONTAM, TRAIN), DUP).astype(np.int8)
+
+
 def assign_by_hash(docs: Docs, val_tokens: int, seed: int) -> tuple[np.ndarray, dict]:
     """Split codes for `method: hash` and the val target per source."""
-    split = np.where(docs.keep, TRAIN, DUP).astype(np.int8)
+    split = base_split(docs)
     source = docs.source_of()
     targets = {}
     shard_names = [f"{src}/{sh}" for src, sh in docs.shards]
     for s in sorted(set(source)):
-        idx = np.flatnonzero(docs.keep & (source == s))
+        idx = np.flatnonzero((split == TRAIN) & (source == s))
         order = idx[rank_by_hash(shard_names, docs.shard[idx], docs.doc[idx], seed, "split")]
         cum = np.cumsum(docs.tokens[order])
         total = int(cum[-1]) if len(cum) else 0
@@ -145,12 +170,14 @@ def assign_by_shards(docs: Docs, val_shards: dict[str, list[str]]) -> np.ndarray
         raise PipelineError(f"split.val_shards names shard(s) not among the inputs: {', '.join(unknown)}")
     in_listed = np.isin(docs.shard, [docs.shards.index(x) for x in listed])
     val_cluster = np.isin(docs.cluster, np.unique(docs.cluster[in_listed]))
-    return np.where(docs.keep, np.where(val_cluster, VAL, TRAIN), DUP).astype(np.int8)
+    split = base_split(docs)
+    split[(split == TRAIN) & val_cluster] = VAL
+    return split
 
 
 def leak_check(docs: Docs, split: np.ndarray) -> dict:
     """Clusters whose kept members are on both sides (must be 0) and dedup-consistency of `dup`."""
-    kept = split != DUP
+    kept = (split == TRAIN) | (split == VAL)
     pairs = np.unique(np.stack([docs.cluster[kept], split[kept]]), axis=1) if kept.any() else np.zeros((2, 0), np.int64)
     leaking = int((np.unique(pairs[0], return_counts=True)[1] > 1).sum())
     result = {"clusters": int(len(np.unique(docs.cluster))), "clusters_on_both_sides": leaking,
@@ -180,17 +207,18 @@ def split_report(docs: Docs, split: np.ndarray, params: dict, targets: dict, lea
             "shards": shards, "params": params, "meta": provenance("split", params, inputs)}
 
 
-def run_split(params: dict, keep_paths: list, token_paths: list, outdir, report_path) -> dict:
+def run_split(params: dict, keep_paths: list, token_paths: list, outdir, report_path,
+              decontam_paths: list | None = None) -> dict:
     """The stage: assign, check, write every shard's split file and the report; returns the report."""
     sp = params["split"]
-    docs = load_docs(keep_paths, token_paths)
+    docs = load_docs(keep_paths, token_paths, decontam_paths)
     targets = {}
     if sp["method"] == "hash":
         split, targets = assign_by_hash(docs, sp["val_tokens"], params["seed"])
     else:
         split = assign_by_shards(docs, sp["val_shards"])
     leak = leak_check(docs, split)
-    report = split_report(docs, split, params, targets, leak, [*keep_paths, *token_paths])
+    report = split_report(docs, split, params, targets, leak, [*keep_paths, *token_paths, *(decontam_paths or [])])
     names = np.array(SPLITS)
     for i, (source, shard) in enumerate(docs.shards):
         sel = docs.shard == i
@@ -200,9 +228,8 @@ def run_split(params: dict, keep_paths: list, token_paths: list, outdir, report_
                       provenance("split", params, docs.paths[i], source=source, shard=shard))
     write_json(report_path, report)
     t = report["total"]
-    log.info("train %d docs / %d tokens, val %d / %d, dup %d / %d; 0 clusters on both sides",
-             t["train"]["documents"], t["train"]["tokens"], t["val"]["documents"], t["val"]["tokens"],
-             t["dup"]["documents"], t["dup"]["tokens"])
+    log.info("train %d docs / %d tokens, val %d / %d, dup %d / %d, contam %d / %d; 0 clusters on both sides",
+             *(t[name][k] for name in SPLITS for k in ("documents", "tokens")))
     return report
 
 
@@ -211,10 +238,11 @@ def main(argv=None) -> None:
     add_config_args(ap)
     ap.add_argument("--keep", nargs="+", required=True, help="R/dedup/keep/{source}/{shard}.parquet, every shard")
     ap.add_argument("--tokens", nargs="+", required=True, help="R/tokens/{source}/{shard}.json, every shard")
+    ap.add_argument("--decontam", nargs="+", help="R/decontam/{source}/{shard}.parquet, every shard (optional)")
     ap.add_argument("--outdir", required=True, help="R/split")
     ap.add_argument("--report", required=True, help="R/split/report.json")
     args = ap.parse_args(argv)
-    run_split(params_from_args(args, "split"), args.keep, args.tokens, args.outdir, args.report)
+    run_split(params_from_args(args, "split"), args.keep, args.tokens, args.outdir, args.report, args.decontam)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ def write_web_shard(path, texts):
 
 
 def dedup_and_split(run, source, shard, dedup: bool):
-    """Keep file (every 5th document duplicates its predecessor) and split file (cluster % 4 == 0 → val)."""
+    """Keep file (every 5th document duplicates its predecessor), decontamination flags (every 7th
+    document from the 4th) and split file (flagged keepers → contam, cluster % 4 == 0 → val).
+    Returns the flagged tokens."""
     n = read_json(run / f"tokens/{source}/{shard}.json")["n_docs"]
     spans = np.diff(np.load(run / f"tokens/{source}/{shard}.idx.npy"))
     doc = np.arange(n)
@@ -53,9 +55,13 @@ def dedup_and_split(run, source, shard, dedup: bool):
         pq.write_table(pa.table({"doc": doc, "cluster": cluster, "keep": ~dup,
                                  "reason": np.where(dup, "exact", "keep")}),
                        _mk(run / f"dedup/keep/{source}/{shard}.parquet"))
-    split = np.where(dup, "dup", np.where(cluster % 4 == 0, "val", "train"))
+    flagged = doc % 7 == 3
+    pq.write_table(pa.table({"doc": doc, "contaminated": flagged, "tasks": np.where(flagged, "copa", "")}),
+                   _mk(run / f"decontam/{source}/{shard}.parquet"))
+    split = np.where(dup, "dup", np.where(flagged, "contam", np.where(cluster % 4 == 0, "val", "train")))
     pq.write_table(pa.table({"doc": doc, "cluster": cluster, "tokens": spans, "split": split}),
                    _mk(run / f"split/{source}/{shard}.parquet"))
+    return int(spans[flagged].sum())
 
 
 def _mk(path):
@@ -90,11 +96,13 @@ def build_run(tmp, dedup=True):
     write_web_shard(tmp / "raw/web/a.parquet", corpus(40, seed=20))
     write_web_shard(tmp / "raw/web/b.parquet", corpus(25, seed=21))
     write_chat_shard(tmp / "raw/chat/c.parquet", CHATS)
+    flagged = {}
     for source, shard in SHARDS:
         raw = tmp / f"raw/{source}/{shard}.parquet"
         write_shard_counts(stage_params(cfg, "count"), tok, raw, source, shard, run / f"counts/{source}/{shard}.json")
         tokenize_shard(tok, raw, run / f"tokens/{source}/{shard}.json", source, shard, stage_params(cfg, "tokenize"))
-        dedup_and_split(run, source, shard, dedup)
+        flagged[source] = flagged.get(source, 0) + dedup_and_split(run, source, shard, dedup)
+    write_json(run / "decontam/report.json", {"per_source": {s: {"flagged": {"tokens": t}} for s, t in flagged.items()}})
     write_aggregate([str(run / f"counts/{s}/{sh}.json") for s, sh in SHARDS], run / "counts/counts.parquet",
                     run / "counts/summary.json")
     write_mix(run, "pre", {"web"}, epochs=2)
@@ -119,13 +127,14 @@ def test_balanced_run(built, tmp_path):
     rep = read_json(out)
     t = rep["total"]
     assert rep["ok"] and all(ln["lhs"] == ln["rhs"] for ln in rep["lines"])
-    assert ({"count → tokenize", "tokenize → dedup", "dedup → split", "split → mix", "mix → pack", "pack"}
-            <= {ln["arrow"] for ln in rep["lines"]})
+    assert {"count → tokenize", "tokenize → dedup", "tokenize → decontaminate", "dedup → split",
+            "decontaminate → split", "split → mix", "mix → pack", "pack"} <= {ln["arrow"] for ln in rep["lines"]}
     web = rep["sources"]["web"]
     short = sum(len(t) < 12 for t in corpus(40, seed=20) + corpus(25, seed=21)) + 2  # + one "tiny" per shard
     assert (web["dropped_empty"], web["dropped_invalid_utf8"], web["dropped_short"]) == (4, 2, short)
     assert web["dropped_short_tokens"] > 0
-    assert t["dup_tokens"] > 0 and t["train_tokens"] + t["val_tokens"] + t["dup_tokens"] == t["tokenized_tokens"]
+    assert t["dup_tokens"] > 0 and t["contam_tokens"] > 0
+    assert t["train_tokens"] + t["val_tokens"] + t["dup_tokens"] + t["contam_tokens"] == t["tokenized_tokens"]
     assert t["counted_tokens"] == read_json(run / "counts/summary.json")["total"]["tokens"]
     mid = rep["mixes"]["mid"]["train"]
     assert mid["sources"]["chat"]["epochs"] == 2 and mid["sources"]["chat"]["unused"] > 0
@@ -166,6 +175,19 @@ def _schedule_a_dup(run):
     pq.write_table(pa.Table.from_pylist(t), run / "mix/pre/train.parquet")
 
 
+def _flag_a_train_document(run):
+    t = pq.read_table(run / "decontam/web/a.parquet").to_pylist()
+    split = pq.read_table(run / "split/web/a.parquet").column("split").to_pylist()
+    t[split.index("train")]["contaminated"] = True
+    pq.write_table(pa.Table.from_pylist(t), run / "decontam/web/a.parquet")
+
+
+def _report_misses_a_token(run):
+    r = read_json(run / "decontam/report.json")
+    r["per_source"]["chat"]["flagged"]["tokens"] -= 1
+    write_json(run / "decontam/report.json", r)
+
+
 def _split_disagrees_with_dedup(run):
     t = pq.read_table(run / "split/web/b.parquet").to_pylist()
     r = next(r for r in t if r["split"] == "train")
@@ -180,6 +202,8 @@ def _split_disagrees_with_dedup(run):
                           r"\(off by -1\)"),
     (_schedule_a_dup, r"pre/train: scheduled documents not in the split: 0 = 0 but count = 1"),
     (_split_disagrees_with_dedup, r"web/b: documents whose split disagrees with dedup"),
+    (_flag_a_train_document, r"web/a: flagged kept tokens: flagged_kept_tokens = \d+ but contam_tokens"),
+    (_report_misses_a_token, r"chat: flagged tokens: flag files = \d+ but decontaminate report = \d+ \(off by -1\)"),
 ])
 def test_unbalanced_run_fails(built, tmp_path, tamper, line):
     cfg, run = built

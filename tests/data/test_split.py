@@ -271,3 +271,39 @@ def test_cli(tmp_path):
 def test_stage_params_slice():
     p = stage_params(make_config(), "split")
     assert set(p) == {"split", "seed"} and p["split"]["method"] == "hash"
+
+
+def write_flags(path, flags: list[bool]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"doc": np.arange(len(flags), dtype=np.int64), "contaminated": flags,
+                             "tasks": ["copa" if f else "" for f in flags]}), path)
+
+
+@pytest.mark.parametrize("method", ["hash", "shards"])
+def test_decontaminated_keepers_leave_train_and_val(tmp_path, method):
+    """Flagged keepers become `contam` (neither train nor val); flagged dups stay `dup`; every other
+    document is split exactly as without the flags but for the val choice among the rest."""
+    keep_paths, token_paths = synthetic_run(tmp_path)
+    rng = random.Random(5)
+    flag_paths, flagged = [], {}
+    for kp in keep_paths:
+        n = pq.read_metadata(kp).num_rows
+        flags = [rng.random() < 0.1 for _ in range(n)]
+        fp = tmp_path / "decontam" / kp.parent.name / kp.name
+        write_flags(fp, flags)
+        flag_paths.append(fp)
+        flagged[(kp.parent.name, kp.stem)] = flags
+    p = params(method, val_shards={"web": ["s1"]} if method == "shards" else None)
+    report = split.run_split(p, keep_paths, token_paths, tmp_path / "split", tmp_path / "r.json", flag_paths)
+    tables = read_all(tmp_path / "split")
+    n_contam = 0
+    for kp in keep_paths:
+        key = (kp.parent.name, kp.stem)
+        keep = pq.read_table(kp).column("keep").to_pylist()
+        for s, k, f in zip(tables[key]["split"], keep, flagged[key]):
+            assert s == ("dup" if not k else "contam" if f else s) and (s in ("train", "val")) == (k and not f)
+            n_contam += s == "contam"
+    assert n_contam > 0 and report["total"]["contam"]["documents"] == n_contam
+    assert all(len(s) == 1 for s in sides_per_cluster(tables).values())
+    with pytest.raises(PipelineError, match="decontamination files differ.*web/s0"):
+        split.run_split(p, keep_paths, token_paths, tmp_path / "x", tmp_path / "x.json", flag_paths[1:])
