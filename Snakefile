@@ -1,5 +1,5 @@
-# tokenfarm: raw web-text shards -> tokenizer -> counts -> tokenize -> dedup -> split -> mixes ->
-# packed rows -> plan -> DDP training -> evaluation. Configuration and helpers: workflow/rules/common.smk.
+# tokenfarm: raw web-text shards -> tokenizer -> counts -> tokenize -> dedup + decontaminate -> split ->
+# mixes -> packed rows -> plan -> DDP training -> evaluation. Configuration and helpers: workflow/rules/common.smk.
 
 
 include: "workflow/rules/common.smk"
@@ -9,6 +9,8 @@ include: "workflow/rules/count.smk"
 include: "workflow/rules/plan.smk"
 include: "workflow/rules/tokenize.smk"
 include: "workflow/rules/dedup.smk"
+include: "workflow/rules/eval_data.smk"
+include: "workflow/rules/decontaminate.smk"
 include: "workflow/rules/split.smk"
 include: "workflow/rules/mix.smk"
 include: "workflow/rules/pack.smk"

@@ -351,11 +351,14 @@ def stage_params(cfg: dict, stage: str, source: str | None = None) -> dict:
         return {**{k: cfg[k] for k in keep}, "sources": sources,
                 "train": {k: cfg["train"][k] for k in PLAN_TRAIN_KEYS}}
     if stage in ("train", "evaluate", "accounting"):
-        # These depend on (almost) the whole run description; training's CORE subset has its own item
-        # cap, so the final evaluation's cap reruns evaluate only.
+        # These depend on (almost) the whole run description. Accounting reads no eval.* key, and
+        # training's CORE subset has its own item cap: an edit of the final evaluation's cap reruns
+        # evaluate only.
         p = {**{k: v for k, v in cfg.items() if k != "download"}, "sources": sources}
         if stage == "train":
             p["eval"] = {k: v for k, v in cfg["eval"].items() if k != "core_max_items"}
+        if stage == "accounting":
+            del p["eval"]
         return p
     raise KeyError(f"unknown stage {stage!r}")
 

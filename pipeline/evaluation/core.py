@@ -19,7 +19,8 @@ the front of the continuation; the whole string context + continuation is encode
 length of the encoded context, so a BPE merge across the boundary stays in the continuation and the
 request's ids are exactly the ids of the whole string. A request longer than the model's context
 (`max_seq_len` + 1 ids, the last of which is only a target) keeps its last `max_seq_len` + 1 ids: it is
-left-truncated, counted per task (`truncated`) and reported.
+left-truncated, counted per task (`truncated`) and reported (a continuation longer than the whole
+window, possible only with toy context lengths, is scored on its last `max_seq_len` tokens).
 
 Scoring. Per request: the sum and count of the continuation tokens' log-probabilities (fp32 log-softmax
 over the whole vocabulary) and whether each continuation token is the argmax at its position.
@@ -117,14 +118,14 @@ class Scored:
     truncated: bool
 
 
-def truncate(ctx: list[int], cont: list[int], max_len: int) -> tuple[list[int], bool]:
-    """The request's ids, left-truncated to max_len + 1 (the model sees at most max_len inputs)."""
+def truncate(ctx: list[int], cont: list[int], max_len: int) -> tuple[list[int], int, bool]:
+    """(the request's ids left-truncated to max_len + 1 — the model sees at most max_len inputs —, how
+    many continuation tokens are scored, whether it was truncated). A continuation longer than max_len
+    (only with a tiny context window) keeps its last max_len tokens, each predicted from the window."""
     if not cont:
         raise PipelineError("a continuation encodes to no token; check the task file (rerun eval_data)")
-    if len(cont) > max_len:
-        raise PipelineError(f"a continuation of {len(cont)} tokens does not fit the model's context of {max_len}")
     ids = ctx + cont
-    return ids[-(max_len + 1):], len(ids) > max_len + 1
+    return ids[-(max_len + 1):], min(len(cont), max_len), len(ids) > max_len + 1
 
 
 @torch.no_grad()
@@ -147,7 +148,7 @@ def score_requests(model, pairs: list[tuple[list[int], list[int]]], max_len: int
         for r, i in enumerate(batch):
             ids = prepared[i][0]
             inputs[r, :len(ids) - 1] = torch.tensor(ids[:-1])
-            n_cont = len(pairs[i][1])
+            n_cont = prepared[i][1]
             pos_rows += [r] * n_cont
             pos_cols += range(len(ids) - 1 - n_cont, len(ids) - 1)
             targets += ids[-n_cont:]
@@ -159,8 +160,8 @@ def score_requests(model, pairs: list[tuple[list[int], list[int]]], max_len: int
         hit = (logp.argmax(dim=-1) == tgt).cpu()
         at = 0
         for i in batch:
-            n = len(pairs[i][1])
-            out[i] = Scored(float(tok_lp[at:at + n].sum()), n, bool(hit[at:at + n].all()), prepared[i][1])
+            n = prepared[i][1]
+            out[i] = Scored(float(tok_lp[at:at + n].sum()), n, bool(hit[at:at + n].all()), prepared[i][2])
             at += n
     return out  # type: ignore[return-value]
 
@@ -255,11 +256,51 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def core_settings(params: dict) -> dict:
-    """The scorer's keyword arguments from a stage's params (eval.* keys and seed)."""
+def core_record(result: dict) -> dict:
+    """A result as metrics-record keys: `core_<n>` and `core/<task>` (centered accuracies)."""
+    return {result["score_name"]: result["score"], **{f"core/{n}": t["centered"] for n, t in result["tasks"].items()}}
+
+
+def plot_core(records: list[dict], final: dict, out_png: str | Path, final_step: int | None) -> None:
+    """CORE-vs-step: the in-training subsets (metrics records with the score's key) and the final score
+    of the evaluate stage, per task faintly (PNG, atomic)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pipeline.io import atomic_path
+
+    name = final["score_name"]
+    seen = [r for r in records if name in r]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    for task in final["tasks"]:
+        pts = [(r["step"], r[f"core/{task}"]) for r in seen if f"core/{task}" in r]
+        if pts:
+            ax.plot(*zip(*pts), lw=0.7, alpha=0.35)
+    if seen:
+        ax.plot([r["step"] for r in seen], [r[name] for r in seen], "o-", ms=3, color="black",
+                label=f"{name} during training (subset)")
+    x = final_step if final_step is not None else (seen[-1]["step"] if seen else 0)
+    n_items = max(t["items"] for t in final["tasks"].values())
+    ax.plot([x], [final["score"]], "*", ms=12, color="tab:red", label=f"{name} final ({n_items} items/task)")
+    ax.axhline(0.0, ls="--", color="gray", lw=0.8, label="random (centered accuracy 0)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("centered accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def core_settings(params: dict, items_key: str = "core_max_items") -> dict:
+    """The scorer's keyword arguments from a stage's params (eval.* keys and seed); `items_key` names
+    the item cap (training's quick subset: core_interval_items)."""
     e = params["eval"]
     return {"seed": params["seed"], "batch_tokens": e["core_batch_tokens"], "shots": e["core_shots"],
-            "max_items": e["core_max_items"]}
+            "max_items": e[items_key]}
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -1,8 +1,8 @@
-"""Evaluate stage: validation loss, bits per byte, a unigram baseline, generations, the loss curve.
+"""Evaluate stage: validation loss, bits per byte, a unigram baseline, CORE-style benchmarks, generations, curves.
 
     python -m pipeline.evaluation.evaluate --params JSON --ckpt R/train/final.pt --val R/pack/M/val.json \\
         --train R/pack/M/train.json --tokenizer R/tokenizer/tokenizer.json \\
-        --metrics R/train/metrics.jsonl --outdir R/eval [--batch-rows 8]
+        --metrics R/train/metrics.jsonl --outdir R/eval [--eval-data R/eval_data] [--batch-rows 8]
 
 Definitions (every counted target token of every validation row; a bestfit pack's loss mask
 decides what is counted, exactly as in training):
@@ -17,12 +17,16 @@ decides what is counted, exactly as in training):
   under the *train* split's target-token frequencies with add-one smoothing,
   ``p(t) = (count_train(t) + 1) / (N_train + V)`` with V = the tokenizer's n_vocab;
   ``unigram_baseline_bpb`` is the same in bits per byte. ``beats_unigram`` = val_loss < unigram_baseline.
+* ``core``: with ``--eval-data``, the CORE-style suite of pipeline/evaluation/core.py on the first
+  ``eval.core_max_items`` items of every ``eval.tasks`` task (all when null): per-task accuracy and
+  centered accuracy, ``core_<n>``, truncated requests, items per second.
 * generations: each prompt of ``eval.prompts`` (BOS first) continued for ``eval.max_new_tokens``
   tokens at ``eval.temperature`` (0 = greedy; otherwise sampled with a generator seeded by `seed`).
 
 Outputs (atomic): ``report.json`` (the numbers, the generations, the training summary, `meta`),
 ``report.md`` (the same for humans; the `evaluate` rule marks it for `snakemake --report`) and
-``loss.png`` (train loss per step and validation loss from metrics.jsonl, with the unigram baseline).
+``loss.png`` (train loss per step and validation loss from metrics.jsonl, with the unigram baseline)
+and, with ``--eval-data``, ``core.png`` (the in-training CORE subsets from metrics.jsonl and the final score).
 """
 from __future__ import annotations
 
@@ -152,15 +156,20 @@ def markdown_report(report: dict) -> str:
         f"| beats the unigram baseline | {'yes' if report['beats_unigram'] else '**no**'} |",
         f"| validation target tokens / bytes | {report['val_tokens']:,} / {report['val_bytes']:,} |",
         f"| tokens trained (planned) | {s.get('tokens_trained', 0):,} ({s.get('tokens_planned', 0):,}) |",
-        "", "![loss curve](loss.png)", "", "## Generations", "",
+        "", "![loss curve](loss.png)", "",
     ]
+    if report.get("core"):
+        from pipeline.evaluation.core import markdown_table
+
+        lines += ["## CORE-style benchmarks", "", markdown_table(report["core"]), "", "![CORE vs step](core.png)", ""]
+    lines += ["## Generations", ""]
     for g in report["generations"]:
         lines += [f"**{g['prompt']}**", "", "```", g["prompt"] + g["completion"], "```", ""]
     return "\n".join(lines)
 
 
 def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, tokenizer_path: str, metrics_path: str,
-             outdir: str, batch_rows: int = BATCH_ROWS) -> dict:
+             outdir: str, batch_rows: int = BATCH_ROWS, eval_data: str | None = None) -> dict:
     """Compute the report (module docstring) and write report.json, report.md and loss.png."""
     from pipeline.data.encoding import load_tokenizer
     from pipeline.data.loader import PackedLoader
@@ -199,8 +208,16 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
         "generations": generate_texts(model, tokenizer, e["prompts"], e["max_new_tokens"], e["temperature"],
                                       params["seed"], device),
         "summary": final.get("summary", {}),
+        "core": None,
         "meta": provenance("evaluate", params, [ckpt_path, val_meta, train_meta, tokenizer_path, metrics_path]),
     }
+    if eval_data is not None:
+        from pipeline.evaluation.core import core_settings, evaluate_tasks, load_tasks, plot_core
+
+        report["core"] = evaluate_tasks(model, tokenizer, load_tasks(eval_data, e["tasks"]), **core_settings(params))
+        plot_core(read_metrics(metrics_path), report["core"], outdir / "core.png", report["summary"].get("num_steps"))
+        log.info("%s = %.4f over %d items", report["core"]["score_name"], report["core"]["score"],
+                 report["core"]["items"])
     if not report["beats_unigram"]:
         log.warning("validation loss %.4f does not beat the unigram baseline %.4f", val_loss, uni_loss)
     plot_loss(read_metrics(metrics_path), outdir / "loss.png", uni_loss)
@@ -221,9 +238,10 @@ def main(argv=None) -> None:
     p.add_argument("--metrics", required=True, help="R/train/metrics.jsonl (for the loss curve)")
     p.add_argument("--outdir", required=True, help="R/eval")
     p.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help="validation rows per forward pass")
+    p.add_argument("--eval-data", help="R/eval_data: score the CORE-style tasks (eval.tasks) too")
     args = p.parse_args(argv)
     evaluate(params_from_args(args, "evaluate"), args.ckpt, args.val, args.train, args.tokenizer, args.metrics,
-             args.outdir, args.batch_rows)
+             args.outdir, args.batch_rows, args.eval_data)
 
 
 if __name__ == "__main__":

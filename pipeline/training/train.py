@@ -48,6 +48,10 @@ rank; `plan.num_steps` steps):
 * **Metrics**: pipeline/training/metrics.py (JSONL + wandb), validation every `train.val_interval` steps.
   A resumed run keeps the records up to its checkpoint and logs the later steps again, so the log has
   every logged step exactly once; a run whose log does not end at its last step fails.
+  With `--eval-data` and `eval.core_interval` > 0, a quick CORE subset (the first
+  `eval.core_interval_items` items of every `eval.tasks` task, sharded across the ranks,
+  pipeline/evaluation/core.py) every `eval.core_interval` steps and at the end, logged as `core_<n>`
+  and `core/<task>` (centered accuracies).
 
 Outputs: `outdir/final.pt` (written last: model state dict, params, plan, tokens trained, final
 validation loss; `torch.load(..., weights_only=True)`), `outdir/metrics.jsonl`, `outdir/ckpt/`,
@@ -69,6 +73,7 @@ from pipeline.budget import peak_flops
 from pipeline.config import add_config_args, params_from_args
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, provenance, read_json, run_cli, write_json
+from pipeline.evaluation import core
 from pipeline.training import checkpoint as ckpt
 from pipeline.training.distributed import (
     Dist,
@@ -291,7 +296,8 @@ def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dic
 
 
 def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
-          resume: str | None = None, max_steps: int | None = None, keep_ckpts: int = 2) -> dict | None:
+          resume: str | None = None, max_steps: int | None = None, keep_ckpts: int = 2,
+          eval_data: str | None = None) -> dict | None:
     """Run (or resume) training. Returns the run summary, or None when stopped early by `max_steps`.
 
     `resume` (auto | require | never) defaults to `train.resume`. The process that writes the outputs
@@ -301,14 +307,14 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
     lock = RunLock(outdir).acquire() if rank == 0 else None
     try:
         return _train(params, plan, train_meta, val_meta, tokenizer_path, outdir,
-                      resume or params["train"]["resume"], max_steps, keep_ckpts)
+                      resume or params["train"]["resume"], max_steps, keep_ckpts, eval_data)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
-           resume: str, max_steps: int | None, keep_ckpts: int) -> dict | None:
+           resume: str, max_steps: int | None, keep_ckpts: int, eval_data: str | None) -> dict | None:
     from pipeline.data.encoding import load_tokenizer
     from pipeline.data.loader import PackedLoader
 
@@ -333,6 +339,8 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
     if tokenizer.n_vocab > params["model"]["vocab_size"]:
         raise PipelineError(f"{tokenizer_path} has {tokenizer.n_vocab} token ids but model.vocab_size is "
                             f"{params['model']['vocab_size']}: set model.vocab_size to at least {tokenizer.n_vocab}")
+    core_every = params["eval"]["core_interval"] if eval_data is not None else 0
+    core_tasks = core.load_tasks(eval_data, params["eval"]["tasks"]) if core_every else None
 
     # ---- fresh start, or exact resume from the newest readable checkpoint (rank 0 picks it, moving
     # unreadable ones aside; the others load the one it names)
@@ -390,7 +398,8 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
         set_lr(optimizer, lr_factor(step, num_steps, t))
         local_loss = accumulate_gradients(ddp, fwd, batches, counts[0], dist.world_size)
         is_val = done % t["val_interval"] == 0 or done == num_steps
-        is_log = is_val or done % t["log_interval"] == 0 or done in (1, stop_at)
+        is_core = bool(core_every) and (done % core_every == 0 or done == num_steps)
+        is_log = is_val or is_core or done % t["log_interval"] == 0 or done in (1, stop_at)
 
         record = group_norms(watched, "grad_norm", grads=True) if is_log else {}
         grad_norm = clip_gradients(trainable, t["grad_clip"])
@@ -418,6 +427,9 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
                 record["sample"] = greedy_sample(model, tokenizer, prompt, params["eval"]["max_new_tokens"],
                                                  dist.device)
             model.train()
+        if is_core:  # every rank scores its share of the items (evaluate_tasks restores train mode)
+            record.update(core.core_record(core.evaluate_tasks(
+                model, tokenizer, core_tasks, dist=dist, **core.core_settings(params, "core_interval_items"))))
         if is_log and dist.is_main:
             metrics.log(record)
         if done % t["ckpt_interval"] == 0 or done == stop_at:
@@ -465,10 +477,11 @@ def main(argv=None) -> None:
     p.add_argument("--max-steps", type=int, default=None,
                    help="stop after this many optimizer steps, leaving a checkpoint and no final.pt (testing)")
     p.add_argument("--keep-ckpts", type=int, default=2, help="step checkpoints kept on disk (newest)")
+    p.add_argument("--eval-data", help="R/eval_data: score a CORE subset every eval.core_interval steps")
     args = p.parse_args(argv)
     params = params_from_args(args, "train")
     train(params, read_json(args.plan), args.train, args.val, args.tokenizer, args.outdir,
-          resume=args.resume, max_steps=args.max_steps, keep_ckpts=args.keep_ckpts)
+          resume=args.resume, max_steps=args.max_steps, keep_ckpts=args.keep_ckpts, eval_data=args.eval_data)
 
 
 if __name__ == "__main__":

