@@ -36,6 +36,15 @@ datasketch on a sample of the same documents: `MinHash.update` per shingle (the 
 documents per CPU-second. `--words N` first cuts the documents at whitespace into pieces of N words.
 Target: (a) >= 5,000 documents per CPU-second on 500-1,000-word documents.
 
+    python -m pipeline.bench.data decontam --input D/web/*.parquet [--tasks hellaswag ...] [--words 1000]
+
+`decontam`: (a) `pipeline.data.decontaminate.decontaminate_shard` — parquet read, normalisation, every
+window of `ngram` words (and of each short-item length) hashed and looked up in the eval n-gram set,
+flag-file write — versus (b) the MinHash signatures stage end to end (`write_signatures`, as in
+`minhash`) on the same documents in the same run. The eval set is built first from the tasks' files
+(`eval_data`, untimed; its time is printed). One thread; documents per CPU-second. Target: (a) >= 50%
+of (b).
+
 Timing helpers (`measure`, `Timing`, `report`) are shared by every subcommand: the candidates are
 run interleaved `repeat` times (so background load hits both alike) and the best run of each counts.
 """
@@ -331,6 +340,59 @@ def bench_minhash(args) -> dict[str, Timing]:
     return timings
 
 
+def bench_decontam(args) -> dict[str, Timing]:
+    import tempfile
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.config import resolve_config
+    from pipeline.data import decontaminate, dedup
+    from pipeline.evaluation.eval_data import build_eval_data
+    from pipeline.evaluation.tasks import load_task, task_path
+
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+    dedup.tune_allocator()
+    cfg = resolve_config({})
+    tasks, dc = args.tasks or cfg["eval"]["tasks"], cfg["decontaminate"]
+    source = {"format": "text", "text_column": "text"}
+    params = {"sources": {"bench": source}, "dedup": cfg["dedup"]}
+    docs = _word_pieces(args.input, args.text_column, args.words)
+    logging.getLogger("pipeline").setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory() as tmp:
+        build_eval_data({"tasks": tasks, "pool_size": cfg["eval"]["core_pool_size"], "seed": 0}, f"{tmp}/eval")
+        t0 = time.perf_counter()
+        grams = decontaminate.eval_grams({n: load_task(task_path(f"{tmp}/eval", n)) for n in tasks}, dc["ngram"],
+                                         dc["min_words"])
+        build_s = time.perf_counter() - t0
+        pq.write_table(pa.table({"text": docs}), f"{tmp}/bench.parquet")
+        np.save(f"{tmp}/bench.idx.npy", np.arange(len(docs) + 1, dtype=np.int64))
+        with open(f"{tmp}/bench.json", "w") as f:
+            json.dump({"n_docs": len(docs), "doc_rows": list(range(len(docs)))}, f)
+        flagged = []
+
+        def decontam() -> int:
+            out = decontaminate.decontaminate_shard(f"{tmp}/bench.parquet", f"{tmp}/bench.json", source, grams, True,
+                                                    f"{tmp}/flags.parquet", {})
+            flagged.append(int(out[2].sum()))
+            return len(out[0])
+
+        def signatures() -> int:
+            return dedup.write_signatures(f"{tmp}/bench.parquet", f"{tmp}/bench.json", "bench", "bench", params,
+                                          f"{tmp}/sig.parquet")["n_docs"]
+
+        timings = measure({"decontaminate (e2e)": decontam, "minhash signatures (e2e)": signatures}, args.repeat)
+    words = sum(len(d.split()) for d in docs) / max(len(docs), 1)
+    grams_n = sum(len(h) for h in grams.hashes.values())
+    print(f"{len(args.input)} file(s): {len(docs):,} documents of {words:,.0f} words on average; eval set: "
+          f"{len(tasks)} tasks, {grams_n:,} distinct grams ({dc['ngram']}-grams + short items), built in "
+          f"{build_s:.2f} s (untimed); {flagged[-1]} documents flagged; 1 thread; best of {args.repeat}")
+    report(timings, "docs", baseline="minhash signatures (e2e)")
+    return timings
+
+
 # ----------------------------------------------------------------------------- per-group jobs through the CLI
 
 GROUP_STAGES = ("count", "tokenize", "signatures")
@@ -465,6 +527,13 @@ def main(argv=None) -> Any:
     mh.add_argument("--datasketch-docs", type=int, default=200, help="documents datasketch hashes per run")
     mh.add_argument("--repeat", type=int, default=3)
     mh.set_defaults(func=bench_minhash)
+    dc = sub.add_parser("decontam", help="decontaminate stage end to end vs MinHash signatures, documents per core")
+    dc.add_argument("--input", nargs="+", required=True, help="raw text shards (parquet)")
+    dc.add_argument("--text-column", default="text")
+    dc.add_argument("--words", type=int, help="cut documents into pieces of this many words first")
+    dc.add_argument("--tasks", nargs="+", help="eval tasks (default: the schema's eval.tasks)")
+    dc.add_argument("--repeat", type=int, default=3)
+    dc.set_defaults(func=bench_decontam)
     g = sub.add_parser("group", help="a per-shard job through its CLI (new process, group of shards) vs the kernel")
     g.add_argument("--stage", choices=GROUP_STAGES, required=True)
     g.add_argument("--tokenizer", required=True, help="tokenizer.json")

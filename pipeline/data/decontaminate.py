@@ -38,15 +38,16 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.config import add_config_args, params_from_args
 from pipeline.data.contract import document_texts, load_doc_tokens
-from pipeline.data.minhash import SHINGLE_MULT, SHINGLE_SEED, doc_word_hashes, fmix64, normalize_text
+from pipeline.data.minhash import SHINGLE_MULT, SHINGLE_SEED, doc_word_hashes, normalize_text
 from pipeline.errors import PipelineError
 from pipeline.evaluation.tasks import load_task, task_path
 from pipeline.io import get_logger, provenance, run_cli, write_json, write_parquet
@@ -54,46 +55,91 @@ from pipeline.io import get_logger, provenance, run_cli, write_json, write_parqu
 log = get_logger(__name__)
 
 U64 = np.uint64
-BATCH_DOCS = 2048
+BATCH_BYTES = 1 << 19  # text hashed per vectorised batch: its arrays stay in a core's cache (as dedup's)
 N_EXAMPLES = 5
 
 
 # ----------------------------------------------------------------------------- gram hashing
 
+_INV_MULT = U64(pow(int(SHINGLE_MULT), -1, 1 << 64))  # SHINGLE_MULT is odd, so invertible mod 2^64
+
+
+class Windows:
+    """Hashes of word windows of any length in a batch of documents, each in O(1) vector operations.
+
+    The gram hash is Horner's polynomial `SEED * M^L + sum_t w_(i+t) * M^(L-1-t)` (mod 2^64; M odd).
+    With the prefix sums `Q_k = sum_(j<k) w_j * M^-j` the sum for the window [i, i+L) is
+    `M^(i+L-1) * (Q_(i+L) - Q_i)`: one prefix pass serves every length."""
+
+    def __init__(self, wh: np.ndarray, word_off: np.ndarray):
+        n = len(wh)
+        self.pow = np.cumprod(np.concatenate([[U64(1)], np.full(n, SHINGLE_MULT, U64)]), dtype=U64)
+        inv = np.cumprod(np.concatenate([[U64(1)], np.full(max(n - 1, 0), _INV_MULT, U64)]), dtype=U64)
+        self.prefix = np.concatenate([[U64(0)], np.cumsum(wh * inv[:n], dtype=U64)])
+        self.end = np.repeat(word_off[1:], np.diff(word_off))  # each word's document end (word index)
+
+    def all_hashes(self, L: int) -> np.ndarray:
+        """Hash of the window of L words starting at every word position (contiguous slices only;
+        windows that cross a document's end included: `inside` tells them apart)."""
+        n = max(len(self.end) - L + 1, 0)
+        h = self.pow[L - 1:L - 1 + n] * (self.prefix[L:L + n] - self.prefix[:n])
+        h += self.pow[L:L + 1] * SHINGLE_SEED  # (an array product: wraps mod 2^64 silently, as intended)
+        return h
+
+    def inside(self, pos: np.ndarray, L: int) -> np.ndarray:
+        """Whether the L-word windows starting at `pos` end within their document."""
+        return pos + L <= self.end[pos]
+
+    def hashes(self, L: int) -> tuple[np.ndarray, np.ndarray]:
+        """(hash, start position) of every window of L words inside one document."""
+        h = self.all_hashes(L)
+        pos = np.flatnonzero(self.inside(np.arange(len(h)), L))
+        return h[pos], pos
+
+
 def window_hashes(wh: np.ndarray, word_off: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Hashes of every window of `n` consecutive words that lies inside one document, and the word
     position where each starts. `wh`/`word_off` as `minhash.doc_word_hashes` returns them."""
-    n_windows = max(len(wh) - n + 1, 0)
-    acc = np.full(n_windows, SHINGLE_SEED, dtype=U64)
-    for j in range(n):  # Horner's rule over every window at once
-        np.multiply(acc, SHINGLE_MULT, out=acc)
-        np.add(acc, wh[j:j + n_windows], out=acc)
-    inside = np.ones(n_windows, dtype=bool)
-    for j in range(1, n):  # windows starting in the last n - 1 words of a document cross its end
-        last = word_off[1:] - j
-        inside[last[(last >= 0) & (last < n_windows)]] = False
-    pos = np.flatnonzero(inside)
-    return fmix64(acc[pos]), pos
+    return Windows(wh, word_off).hashes(n)
 
 
 def gram_hash(words: list[str]) -> int:
-    """Scalar reference of one gram's hash (tests check the vectorised kernel against it)."""
+    """Scalar reference of one gram's hash (Horner's rule; tests check the vectorised kernel against it)."""
     from pipeline.data.minhash import word_hash
 
     acc = np.array([SHINGLE_SEED], dtype=U64)
     for w in words:
         acc = acc * SHINGLE_MULT + U64(word_hash(w.encode()))
-    return int(fmix64(acc)[0])
+    return int(acc[0])
 
 
 @dataclass
 class EvalGrams:
-    """Sorted gram hashes per gram length, each with the index of the task it came from."""
+    """Sorted gram hashes per gram length, each with the index of the task it came from, and per length
+    a filter indexed by the hashes' top bits (about 16 slots per gram): a window whose slot is clear
+    is no eval gram; the exact lookup (binary search) runs only for the few percent whose slot is set."""
 
     tasks: list[str]
     hashes: dict[int, np.ndarray]
     task_of: dict[int, np.ndarray]
     counts: dict
+    shift: dict[int, np.uint64] = field(default_factory=dict)
+    filters: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for L, h in self.hashes.items():
+            b = int(min(max(np.ceil(np.log2(max(len(h), 1) * 16)), 12), 28))  # <= 256 MiB for huge sets
+            self.shift[L] = U64(64 - b)
+            self.filters[L] = np.zeros(1 << b, bool)
+            self.filters[L][h >> self.shift[L]] = True
+
+    def lookup(self, L: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(indices into `h` that are eval grams of length L, their index in `hashes[L]`)."""
+        table = self.hashes[L]
+        cand = np.flatnonzero(self.filters[L][h >> self.shift[L]])
+        at = np.minimum(np.searchsorted(table, h[cand]), len(table) - 1)
+        hit = table[at] == h[cand]
+        return cand[hit], at[hit]
 
 
 def eval_texts(task: dict) -> list[str]:
@@ -115,19 +161,17 @@ def eval_grams(tasks: dict[str, dict], ngram: int, min_words: int) -> EvalGrams:
         texts = eval_texts(tasks[name])
         wh, off = doc_word_hashes(pa.array(texts, pa.large_string()))
         n_words = np.diff(off)
-        long = n_words >= ngram
-        h, _ = window_hashes(wh, off, ngram)
+        windows = Windows(wh, off)
+        short = np.flatnonzero((n_words < ngram) & (n_words >= min_words))
+        h, _ = windows.hashes(ngram)
         hashes.setdefault(ngram, []).append(h)
         owners.setdefault(ngram, []).append(np.full(len(h), t, np.int32))
-        short = np.flatnonzero(~long & (n_words >= min_words))
-        for L in np.unique(n_words[short]):
-            rows = short[n_words[short] == L]
-            sel = np.concatenate([np.arange(off[r], off[r + 1]) for r in rows])
-            sub_off = np.arange(len(rows) + 1, dtype=np.int64) * int(L)
-            hs, _ = window_hashes(wh[sel], sub_off, int(L))
-            hashes.setdefault(int(L), []).append(hs)
-            owners.setdefault(int(L), []).append(np.full(len(hs), t, np.int32))
-        counts[name] = {"texts": len(texts), "texts_long": int(long.sum()), "texts_short": len(short),
+        for L in np.unique(n_words[short]).tolist():
+            hs, pos = windows.hashes(L)  # a short text's only L-window starts at its first word
+            hs = hs[np.isin(pos, off[short[n_words[short] == L]])]
+            hashes.setdefault(L, []).append(hs)
+            owners.setdefault(L, []).append(np.full(len(hs), t, np.int32))
+        counts[name] = {"texts": len(texts), "texts_long": int((n_words >= ngram).sum()), "texts_short": len(short),
                         "texts_too_short": int((n_words < min_words).sum()), "grams": len(h) + len(short)}
     out_h, out_t = {}, {}
     for L in hashes:
@@ -142,16 +186,17 @@ def eval_grams(tasks: dict[str, dict], ngram: int, min_words: int) -> EvalGrams:
 def find_hits(grams: EvalGrams, wh: np.ndarray, word_off: np.ndarray) -> tuple[np.ndarray, ...]:
     """(document index, task index, first word position, gram length) of every matching window of a batch."""
     docs, tasks, starts, lengths = [], [], [], []
+    windows = Windows(wh, word_off)
     for L, table in grams.hashes.items():
         if len(table) == 0:
             continue
-        h, pos = window_hashes(wh, word_off, L)
-        idx = np.minimum(np.searchsorted(table, h), len(table) - 1)
-        hit = table[idx] == h
-        docs.append(np.searchsorted(word_off, pos[hit], side="right") - 1)
-        tasks.append(grams.task_of[L][idx[hit]])
-        starts.append(pos[hit])
-        lengths.append(np.full(int(hit.sum()), L))
+        hit, at = grams.lookup(L, windows.all_hashes(L))
+        keep = windows.inside(hit, L)  # drop windows that run into the next document
+        pos, at = hit[keep], at[keep]  # window start = word position
+        docs.append(np.searchsorted(word_off, pos, side="right") - 1)
+        tasks.append(grams.task_of[L][at])
+        starts.append(pos)
+        lengths.append(np.full(len(pos), L))
     if not docs:
         return (np.zeros(0, np.int64),) * 4
     return tuple(np.concatenate(x) for x in (docs, tasks, starts, lengths))
@@ -172,8 +217,13 @@ def flag_shard(texts: pa.Array, grams: EvalGrams, enabled: bool) -> tuple[np.nda
     examples = []
     if not enabled:
         return flags, which, examples
-    for a in range(0, n, BATCH_DOCS):
-        wh, off = doc_word_hashes(texts.slice(a, BATCH_DOCS))
+    ends = np.cumsum(pc.fill_null(pc.binary_length(texts), 0).to_numpy(zero_copy_only=False))
+    cuts = np.unique(np.searchsorted(ends, np.arange(BATCH_BYTES, ends[-1] if n else 0, BATCH_BYTES)) + 1)
+    bounds = [0, *cuts[cuts < n].tolist(), n]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        if b == a:
+            continue
+        wh, off = doc_word_hashes(texts.slice(a, b - a))
         docs, tasks, starts, lengths = find_hits(grams, wh, off)
         for d, t, s, L in zip(docs.tolist(), tasks.tolist(), starts.tolist(), lengths.tolist()):
             if not which[a + d]:
@@ -181,6 +231,20 @@ def flag_shard(texts: pa.Array, grams: EvalGrams, enabled: bool) -> tuple[np.nda
             which[a + d].add(t)
         flags[a + np.unique(docs)] = True
     return flags, which, examples
+
+
+def decontaminate_shard(raw: Path, tokens_json: Path, source: dict, grams: EvalGrams, enabled: bool, out: Path,
+                        meta: dict) -> tuple:
+    """One shard: read its documents' text, flag them, write the flag file. Returns (texts, span
+    tokens, flags, matching task indices, examples) for the report."""
+    tok_meta, tokens = load_doc_tokens(tokens_json)
+    texts = document_texts(raw, source, tok_meta["doc_rows"])
+    flags, which, examples = flag_shard(texts, grams, enabled)
+    names = [",".join(grams.tasks[t] for t in sorted(w)) for w in which]
+    table = pa.table({"doc": np.arange(len(texts), dtype=np.int64), "contaminated": flags,
+                      "tasks": pa.array(names, pa.string())})
+    write_parquet(out, table, meta)
+    return texts, tokens, flags, which, examples
 
 
 def run_decontaminate(params: dict, eval_dir, raw_paths: list, token_paths: list, outdir, report_path) -> dict:
@@ -200,16 +264,12 @@ def run_decontaminate(params: dict, eval_dir, raw_paths: list, token_paths: list
     for (source, shard) in sorted(raws):
         if source not in params["sources"]:
             raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(params['sources'])})")
-        meta, tokens = load_doc_tokens(toks[source, shard])
-        texts = document_texts(raws[source, shard], params["sources"][source], meta["doc_rows"])
-        flags, which, ex = flag_shard(texts, grams, dc["enabled"])
+        meta = provenance("decontaminate", params, [raws[source, shard], toks[source, shard]], source=source,
+                          shard=shard)
+        texts, tokens, flags, which, ex = decontaminate_shard(
+            raws[source, shard], toks[source, shard], params["sources"][source], grams, dc["enabled"],
+            Path(outdir) / source / f"{shard}.parquet", meta)
         n_docs += len(texts)
-        names = [",".join(grams.tasks[t] for t in sorted(w)) for w in which]
-        table = pa.table({"doc": np.arange(len(texts), dtype=np.int64), "contaminated": flags,
-                          "tasks": pa.array(names, pa.string())})
-        write_parquet(Path(outdir) / source / f"{shard}.parquet", table,
-                      provenance("decontaminate", params, [raws[source, shard], toks[source, shard]],
-                                 source=source, shard=shard))
         src = per_source.setdefault(source, {"documents": 0, "tokens": 0, "flagged": {"documents": 0, "tokens": 0},
                                              "by_task": {}})
         src["documents"] += len(texts)

@@ -4,7 +4,8 @@ a thin CLI.
     [torchrun --nproc_per_node N] python -m pipeline.evaluation.core --params JSON --ckpt R/train/final.pt \\
         --tokenizer R/tokenizer/tokenizer.json --tasks-dir R/eval_data --out R/eval/core.json
 
-Params: `{"eval": {"tasks", "core_shots", "core_max_items", "core_batch_tokens"}, "seed"}` (schema keys).
+Params: `{"eval": {"tasks", "core_shots", "core_max_items", "core_batch_tokens"}, "train": {"micro_batch",
+"seq_len"}, "seed", "hardware": {"device"}}` (schema keys; the evaluate stage's params).
 
 Prompt. For an item with k shots: k examples drawn from the task's few-shot pool by an RNG seeded with
 (seed, task, item id) — the pool is disjoint from the scored items, so an item never sees itself — each
@@ -298,9 +299,9 @@ def plot_core(records: list[dict], final: dict, out_png: str | Path, final_step:
 def core_settings(params: dict, items_key: str = "core_max_items") -> dict:
     """The scorer's keyword arguments from a stage's params (eval.* keys and seed); `items_key` names
     the item cap (training's quick subset: core_interval_items)."""
-    e = params["eval"]
-    return {"seed": params["seed"], "batch_tokens": e["core_batch_tokens"], "shots": e["core_shots"],
-            "max_items": e[items_key]}
+    e, t = params["eval"], params["train"]
+    return {"seed": params["seed"], "batch_tokens": e["core_batch_tokens"] or t["micro_batch"] * t["seq_len"],
+            "shots": e["core_shots"], "max_items": e[items_key]}
 
 
 # ----------------------------------------------------------------------------- CLI

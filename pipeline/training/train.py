@@ -72,8 +72,8 @@ import torch.distributed as torch_dist
 from pipeline.budget import peak_flops
 from pipeline.config import add_config_args, params_from_args
 from pipeline.errors import PipelineError
-from pipeline.io import get_logger, provenance, read_json, run_cli, write_json
 from pipeline.evaluation import core
+from pipeline.io import get_logger, provenance, read_json, run_cli, write_json
 from pipeline.training import checkpoint as ckpt
 from pipeline.training.distributed import (
     Dist,

@@ -239,7 +239,7 @@ def test_suite_on_real_tasks_with_shots_and_truncation(tokenizer, tasks_dir):
 @pytest.mark.slow
 def test_two_gloo_ranks_give_the_single_process_table(tokenizer, tasks_dir, tmp_path):
     model = tiny_model(max_seq_len=64)
-    params = {"seed": 3, "hardware": {"device": "cpu"},
+    params = {"seed": 3, "hardware": {"device": "cpu"}, "train": {"micro_batch": 4, "seq_len": 64},
               "eval": {"tasks": ["copa", "winogrande", "lambada"], "core_shots": 1, "core_max_items": 7,
                        "core_batch_tokens": 256}}
     torch.save({"model": model.state_dict(), "params": {
@@ -260,3 +260,14 @@ def test_two_gloo_ranks_give_the_single_process_table(tokenizer, tasks_dir, tmp_
         for key in ("accuracy", "centered", "items", "requests", "truncated"):
             assert ddp["tasks"][name][key] == pytest.approx(t[key]), (name, key)
     assert ddp["score"] == pytest.approx(single["score"])
+
+
+def test_batch_tokens_default_to_a_training_micro_batch():
+    """null: the scorer's forward covers at most the tokens of a training micro-batch (no grad), so it
+    fits the memory the plan sized for training; an explicit value wins."""
+    params = {"seed": 0, "train": {"micro_batch": 16, "seq_len": 256},
+              "eval": {"core_batch_tokens": None, "core_shots": None, "core_max_items": 100, "core_interval_items": 10}}
+    assert core.core_settings(params)["batch_tokens"] == 4096 and core.core_settings(params)["max_items"] == 100
+    assert core.core_settings(params, "core_interval_items")["max_items"] == 10
+    params["eval"]["core_batch_tokens"] = 512
+    assert core.core_settings(params)["batch_tokens"] == 512
