@@ -350,7 +350,7 @@ def bench_decontam(args) -> dict[str, Timing]:
     from pipeline.config import resolve_config
     from pipeline.data import decontaminate, dedup
     from pipeline.evaluation.eval_data import build_eval_data
-    from pipeline.evaluation.tasks import load_task, task_path
+    from pipeline.evaluation.tasks import load_tasks
 
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
@@ -364,8 +364,7 @@ def bench_decontam(args) -> dict[str, Timing]:
     with tempfile.TemporaryDirectory() as tmp:
         build_eval_data({"tasks": tasks, "pool_size": cfg["eval"]["core_pool_size"], "seed": 0}, f"{tmp}/eval")
         t0 = time.perf_counter()
-        grams = decontaminate.eval_grams({n: load_task(task_path(f"{tmp}/eval", n)) for n in tasks}, dc["ngram"],
-                                         dc["min_words"])
+        grams = decontaminate.eval_grams(load_tasks(f"{tmp}/eval", tasks), dc["ngram"], dc["min_words"])
         build_s = time.perf_counter() - t0
         pq.write_table(pa.table({"text": docs}), f"{tmp}/bench.parquet")
         np.save(f"{tmp}/bench.idx.npy", np.arange(len(docs) + 1, dtype=np.int64))

@@ -49,7 +49,7 @@ from pipeline.config import add_config_args, params_from_args
 from pipeline.data.contract import document_texts, load_doc_tokens
 from pipeline.data.minhash import SHINGLE_MULT, SHINGLE_SEED, doc_word_hashes, normalize_text
 from pipeline.errors import PipelineError
-from pipeline.evaluation.tasks import load_task, task_path
+from pipeline.evaluation.tasks import load_tasks
 from pipeline.io import get_logger, provenance, run_cli, write_json, write_parquet
 
 log = get_logger(__name__)
@@ -256,7 +256,7 @@ def run_decontaminate(params: dict, eval_dir, raw_paths: list, token_paths: list
         missing = sorted(set(raws) ^ set(toks))
         raise PipelineError("raw shards and tokenized shards must name the same shards (--raw, --tokens); "
                             f"differ for: {', '.join(map('/'.join, missing)) or 'none given'}")
-    tasks = {n: load_task(task_path(eval_dir, n)) for n in params["eval_tasks"]}
+    tasks = load_tasks(eval_dir, params["eval_tasks"])
     grams = eval_grams(tasks, dc["ngram"], dc["min_words"])
     per_source: dict = {}
     examples = []

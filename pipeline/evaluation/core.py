@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 from pipeline.config import add_config_args, params_from_args
 from pipeline.errors import PipelineError
-from pipeline.evaluation.tasks import load_task, score_name, task_path, task_spec
+from pipeline.evaluation.tasks import load_tasks, score_name, task_path
 from pipeline.io import get_logger, provenance, run_cli, write_json
 from pipeline.training.distributed import Dist, gather_objects, init_distributed
 
@@ -185,18 +185,6 @@ def task_shots(task: dict, shots: int | None) -> int:
 
 
 # ----------------------------------------------------------------------------- the suite
-
-def load_tasks(tasks_dir: str | Path, names: list[str]) -> dict[str, dict]:
-    """The configured tasks' files, in config order (one error naming a task with no file)."""
-    out = {}
-    for n in names:
-        task_spec(n)
-        path = task_path(tasks_dir, n)
-        if not path.exists():
-            raise PipelineError(f"task {n!r}: {path} does not exist; rerun the eval_data rule")
-        out[n] = load_task(path)
-    return out
-
 
 def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch_tokens: int,
                    shots: int | None = None, max_items: int | None = None, dist: Dist | None = None) -> dict:

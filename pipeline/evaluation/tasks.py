@@ -129,3 +129,29 @@ def load_task(path: str | os.PathLike) -> dict:
     if missing:
         raise PipelineError(f"{path}: not a task file (no {', '.join(missing)}); rerun the eval_data rule")
     return task
+
+
+def load_tasks(tasks_dir: str | os.PathLike, names: list[str]) -> dict[str, dict]:
+    """The configured tasks' files, in config order, each checked against the sha256 that the eval_data
+    stage recorded in `tasks.json` (one error naming a missing or corrupted task file and the fix)."""
+    from pipeline.io import sha256_file
+
+    tasks_dir = Path(tasks_dir)
+    manifest = tasks_dir / "tasks.json"
+    try:
+        recorded = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError) as e:
+        raise PipelineError(f"{manifest}: not readable ({e!r}); rerun the eval_data rule") from None
+    out = {}
+    for n in names:
+        task_spec(n)
+        path = task_path(tasks_dir, n)
+        if not path.exists() or n not in recorded:
+            raise PipelineError(f"task {n!r}: {path} does not exist or is not in {manifest.name}; "
+                                "rerun the eval_data rule")
+        digest = sha256_file(path)
+        if digest != recorded[n]:
+            raise PipelineError(f"task {n!r}: {path} is corrupted (sha256 {digest[:12]}… but {manifest.name} "
+                                f"records {recorded[n][:12]}…); rerun the eval_data rule")
+        out[n] = load_task(path)
+    return out

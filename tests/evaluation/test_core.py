@@ -236,6 +236,17 @@ def test_suite_on_real_tasks_with_shots_and_truncation(tokenizer, tasks_dir):
         core.load_tasks(tasks_dir, ["hellaswag"])
 
 
+def test_a_corrupted_task_file_is_refused(tasks_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "eval_data"
+    shutil.copytree(tasks_dir, copy)
+    text = (copy / "copa.json").read_text()
+    (copy / "copa.json").write_text(text.replace('"gold": 0', '"gold": 1', 1))
+    with pytest.raises(PipelineError, match=r"task 'copa'.*copa.json is corrupted.*rerun the eval_data rule"):
+        core.load_tasks(copy, ["copa"])
+
+
 @pytest.mark.slow
 def test_two_gloo_ranks_give_the_single_process_table(tokenizer, tasks_dir, tmp_path):
     model = tiny_model(max_seq_len=64)
