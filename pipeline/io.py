@@ -14,6 +14,7 @@ import logging
 import os
 import platform
 import re
+import shutil
 import signal
 import sys
 import time
@@ -24,6 +25,7 @@ from pipeline.errors import PipelineError
 
 __all__ = [
     "atomic_path",
+    "atomic_dir",
     "sweep_stale_temps",
     "pid_alive",
     "atomic_write",
@@ -64,7 +66,8 @@ def pid_alive(pid: int) -> bool:
 
 
 def sweep_stale_temps(directory: str | os.PathLike) -> list[Path]:
-    """Remove the `atomic_path` temp files in `directory` left by dead processes of this host.
+    """Remove the `atomic_path` temp files (and `atomic_dir` temp directories) in `directory` left by
+    dead processes of this host.
 
     A process killed with SIGKILL (or a machine that lost power) cannot clean up after itself; its
     temps are removed by the next process that writes into the same directory (`atomic_path` calls
@@ -77,10 +80,13 @@ def sweep_stale_temps(directory: str | os.PathLike) -> list[Path]:
         return removed
     for e in entries:
         m = _TEMP_RE.match(e.name)
-        if not m or m["host"] not in (None, _HOST) or pid_alive(int(m["pid"])) or not e.is_file(follow_symlinks=False):
+        if not m or m["host"] not in (None, _HOST) or pid_alive(int(m["pid"])) or e.is_symlink():
             continue
         with contextlib.suppress(FileNotFoundError):  # a concurrent sweep got it first
-            os.unlink(e.path)
+            if e.is_dir(follow_symlinks=False):  # an `atomic_dir` temp
+                shutil.rmtree(e.path)
+            else:
+                os.unlink(e.path)
             removed.append(Path(e.path))
             get_logger(__name__).info("removed %s, left by process %s (no longer running)", e.path, m["pid"])
     return removed
@@ -111,6 +117,39 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike, replace: bool = False) -> Iterator[Path]:
+    """Yield a new empty temporary directory next to `path`; on success rename it onto `path`.
+
+    A `path` that exists is an error unless `replace`: then it is renamed aside to a temp name and
+    removed after the new directory is in place. On any exception the temporary directory is removed
+    and `path` is left untouched; what a SIGKILL leaves is swept like `atomic_path`'s temps.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.parent not in _swept:
+        sweep_stale_temps(path.parent)
+        _swept.add(path.parent)
+    tmp = path.parent / f".{path.name}.tmp-{_HOST}-{os.getpid()}"
+    old = path.parent / f".{path.name}.old.tmp-{_HOST}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if path.exists() or path.is_symlink():
+            if not replace:
+                raise FileExistsError(f"{path} exists")
+            os.replace(path, old)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old.is_dir() and not old.is_symlink():
+        shutil.rmtree(old)
+    elif old.exists() or old.is_symlink():
+        old.unlink()
 
 
 @contextlib.contextmanager

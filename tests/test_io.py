@@ -98,3 +98,39 @@ def test_temps_of_a_killed_writer_are_swept_by_the_next_writer(tmp_path):
         f.write("whole")
     assert temps(out) == sorted([live.name, other_host.name])
     assert (out / "x.bin").read_text() == "whole" and dead not in os.listdir(out)
+
+
+def test_atomic_dir_is_whole_or_absent_and_a_dead_writers_temp_dir_is_swept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from pipeline import io
+    from pipeline.io import atomic_dir
+
+    target = tmp_path / "model"
+    with pytest.raises(RuntimeError):
+        with atomic_dir(target) as d:
+            (d / "config.json").write_text("{}")
+            raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []
+    with atomic_dir(target) as d:
+        (d / "a").write_text("first")
+    with pytest.raises(FileExistsError):
+        with atomic_dir(target) as d:
+            (d / "b").write_text("second")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"] and (target / "a").read_text() == "first"
+    with atomic_dir(target, replace=True) as d:
+        (d / "b").write_text("second")
+    assert [p.name for p in target.iterdir()] == ["b"] and list(tmp_path.iterdir()) == [target]
+    # a writer killed with SIGKILL leaves its temp directory; the next writer there removes it
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".model.tmp-{io._HOST}-{int(dead.stdout)}"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "weights").write_text("partial")
+    live = tmp_path / f".other.tmp-{io._HOST}-{os.getpid()}"
+    live.mkdir()
+    io._swept.discard(tmp_path)
+    with atomic_dir(tmp_path / "next") as d:
+        (d / "c").write_text("x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model", "next", live.name])

@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import torch
@@ -62,7 +61,7 @@ from pipeline.data.encoding import (
     parse_ranks,
 )
 from pipeline.errors import PipelineError
-from pipeline.io import get_logger, provenance, read_json, run_cli, write_json
+from pipeline.io import atomic_dir, get_logger, provenance, read_json, run_cli, write_json
 from pipeline.training.checkpoint import load_checkpoint, save_checkpoint, versions
 from pipeline.training.model import ModelConfig, Transformer
 
@@ -418,18 +417,6 @@ def _claim(out: Path, force: bool) -> None:
         raise PipelineError(f"{out} exists; choose another --out or pass --force to replace it")
 
 
-def _place(tmp: Path, out: Path) -> None:
-    """Rename the finished `tmp` onto `out`, replacing what is there (moved aside first, then removed)."""
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists() or out.is_symlink():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old.is_dir() and not old.is_symlink():
-        shutil.rmtree(old)
-    elif old.exists() or old.is_symlink():
-        old.unlink()
-
-
 # ----------------------------------------------------------------------------- export
 
 def export(ckpt_path: str | os.PathLike, tokenizer_path: str | os.PathLike, out: str | os.PathLike,
@@ -460,11 +447,7 @@ def export(ckpt_path: str | os.PathLike, tokenizer_path: str | os.PathLike, out:
     check_tokenizer_json(spec, tok)
 
     hf_state = {hf_name(k): v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with atomic_dir(out, replace=True) as tmp:  # _claim refused an existing target unless force
         files = write_weights(hf_state, tmp, max_shard_bytes)
         write_json(tmp / "config.json", hf_config(mcfg, tok))
         write_json(tmp / "generation_config.json", generation_config(tok))
@@ -475,9 +458,6 @@ def export(ckpt_path: str | os.PathLike, tokenizer_path: str | os.PathLike, out:
             "tokenizer_sha256": tok.sha256, "weights": files,
             "meta": provenance("export", config_params, [ckpt_path, tokenizer_path]),
         })
-        _place(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     n = sum(t.numel() for t in hf_state.values())
     log.info("exported %s (%d parameters, %d weight file(s)) to %s", ckpt_path, n, len(files), out)
     return out
