@@ -1,6 +1,6 @@
 """Dedup clustering at scale: peak memory of one candidate job and of the merge job vs corpus size.
 
-    python benchmarks/dedup_scale.py --docs 1e6 4e6 8e6 20e6 --docs-per-job 1e6 [--workdir /tmp/ddscale]
+    python benchmarks/dedup_scale.py --docs 1e6 4e6 8e6 20e6 --docs-per-job 1e6 [--merge-jobs K] [--all-jobs]
 
 For each size N it writes N synthetic documents' signature files (the dedup_signatures format, the
 default hashing parameters: 120 permutations, 20 bands of 6 rows) in shards of --shard-docs, with
@@ -86,10 +86,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=float, nargs="+", default=[1e6, 4e6, 8e6, 20e6])
     ap.add_argument("--docs-per-job", type=float, default=1e6)
-    ap.add_argument("--shard-docs", type=int, default=250_000)
+    ap.add_argument("--shard-docs", type=int, default=55_000, help="FineWeb's 1,823 shards average ~55k documents")
     ap.add_argument("--dup-rate", type=float, default=0.1)
     ap.add_argument("--workdir", default="/tmp/tokenfarm-dedup-scale")
     ap.add_argument("--all-jobs", action="store_true", help="run every candidate job, not only job 0")
+    ap.add_argument("--merge-jobs", type=int, default=0,
+                    help="make the merge's input with this many candidate jobs (default: as many as measured)")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic files")
     args = ap.parse_args()
     rows = []
@@ -103,21 +105,24 @@ def main() -> None:
         list_file = work / "inputs.txt"
         list_file.write_text("\n".join(map(str, sigs)))
         base = [sys.executable, "-m", "pipeline.data.dedup_jobs"]
-        jobs = []
-        for p in range(parts if args.all_jobs else 1):
-            jobs.append(measured(base + ["candidates", "--inputs-from", str(list_file), "--part", str(p),
-                                         "--parts", str(parts), "--out", str(work / f"pairs-{p}.parquet")]))
-        if not args.all_jobs:  # the merge needs every job's pairs: make the others without measuring
-            for p in range(1, parts):
-                measured(base + ["candidates", "--inputs-from", str(list_file), "--part", str(p),
-                                 "--parts", str(parts), "--out", str(work / f"pairs-{p}.parquet")])
-        merge = measured(base + ["merge", "--pairs", *[str(work / f"pairs-{p}.parquet") for p in range(parts)]])
+        jobs = [measured(base + ["candidates", "--inputs-from", str(list_file), "--part", str(p), "--parts", str(parts),
+                                 "--out", str(work / f"pairs-{p}.parquet")]) for p in range(parts if args.all_jobs else 1)]
+        # The merge's inputs: every job's pairs, or (--merge-jobs K) the same pairs from K coarser jobs.
+        k = args.merge_jobs or parts
+        if k != parts or not args.all_jobs:
+            for p in range(k):
+                measured(base + ["candidates", "--inputs-from", str(list_file), "--part", str(p), "--parts", str(k),
+                                 "--out", str(work / f"merge-in-{p}.parquet")])
+            merge_in = [str(work / f"merge-in-{p}.parquet") for p in range(k)]
+        else:
+            merge_in = [str(work / f"pairs-{p}.parquet") for p in range(parts)]
+        merge = measured(base + ["merge", "--pairs", *merge_in])
         stats = json.loads(merge["stdout"])
         row = {"docs": n, "jobs": parts, "docs_per_job": n / parts, "shards": len(sigs), "generate_s": round(gen_s, 1),
                "candidate_peak_mb": round(max(j["peak_mb"] for j in jobs)),
                "candidate_cpu_s": round(sum(j["cpu_s"] for j in jobs) / len(jobs), 1),
                "candidate_wall_s": round(sum(j["wall_s"] for j in jobs) / len(jobs), 1),
-               "merge_peak_mb": round(merge["peak_mb"]), "merge_cpu_s": round(merge["cpu_s"], 1), **stats}
+               "merge_inputs": k, "merge_peak_mb": round(merge["peak_mb"]), "merge_cpu_s": round(merge["cpu_s"], 1), **stats}
         rows.append(row)
         print(json.dumps(row), flush=True)
         if not args.keep:

@@ -28,43 +28,59 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import minhash
-from pipeline.dedup import EXACT_BAND, Clusters, ShardSig, _band_rows, connected_components, load_nodes
+from pipeline.dedup import EXACT_BAND, Clusters, ShardSig, _doc_keys, _fixed_list, connected_components, load_nodes
 
 PAIR_SCHEMA = pa.schema([("key", pa.int64()), ("rep", pa.int64()), ("exact", pa.bool_()), ("ok", pa.bool_()),
                          ("key_hash", pa.uint64()), ("rep_hash", pa.uint64())])
 JACCARD_CHUNK = 1 << 18  # edges whose signatures are compared at once (2 × 480 B each at num_perm 120)
 
 
-def partition_rows(shards: list[ShardSig], dd: dict, part: int, parts: int) -> tuple[np.ndarray, ...]:
-    """(band, band key, document key) rows of every shard whose band key mod `parts` == `part`."""
-    band, bkey, key = [], [], []
+def partition_rows(shards: list[ShardSig], dd: dict, part: int, parts: int) -> dict[int, tuple]:
+    """{band: (band keys, document keys)} of every shard's rows whose band key mod `parts` == `part`;
+    band EXACT_BAND holds the exact hashes. One shard's columns in memory at a time besides the result."""
+    chunks: dict[int, list] = {}
     for shard in shards:
-        b, k, d = _band_rows(shard, dd)
-        if parts > 1:
-            sel = (k % np.uint64(parts)) == np.uint64(part)
-            b, k, d = b[sel], k[sel], d[sel]
-        band.append(b)
-        bkey.append(k)
-        key.append(d)
-    if not band:
-        return np.zeros(0, np.int16), np.zeros(0, np.uint64), np.zeros(0, np.int64)
-    return np.concatenate(band), np.concatenate(bkey), np.concatenate(key)
+        t = shard.read(["doc", "exact", "bands"])
+        keys = _doc_keys(shard, t)
+        cols = []
+        if dd["near"]:
+            bands = _fixed_list(t, "bands")
+            cols += [(b, bands[:, b]) for b in range(bands.shape[1])]
+        if dd["exact"]:
+            cols.append((EXACT_BAND, t.column("exact").to_numpy()))
+        del t
+        for band, bkey in cols:
+            sel = (bkey % np.uint64(parts)) == np.uint64(part) if parts > 1 else slice(None)
+            chunks.setdefault(band, []).append((bkey[sel], keys[sel]))
+    return chunks
 
 
-def group_edges(band: np.ndarray, bkey: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def group_edges(chunks: dict[int, list]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct edges (key, rep, exact), sorted by (key, rep): each member of a (band, band key) group
-    of >= 2 documents to the group's smallest key; `exact` when some exact-hash group gave the pair."""
-    order = np.lexsort((key, bkey, band))
-    band, bkey, key = band[order], bkey[order], key[order]
-    del order
-    first = np.ones(len(key), bool)
-    first[1:] = (band[1:] != band[:-1]) | (bkey[1:] != bkey[:-1])
-    del bkey
-    start = np.flatnonzero(first)
-    rep = np.repeat(key[start], np.diff(np.append(start, len(key))))
-    member = ~first
-    e_key, e_rep, e_exact = key[member], rep[member], band[member] == EXACT_BAND
-    del band, key, rep, member, first
+    of >= 2 documents to the group's smallest key; `exact` when some exact-hash group gave the pair.
+    Consumes `chunks` band by band, so only one band's rows are sorted at a time."""
+    e_key, e_rep, e_exact = [], [], []
+    for band in sorted(chunks):
+        parts = chunks.pop(band)
+        bkey = np.concatenate([c[0] for c in parts])
+        key = np.concatenate([c[1] for c in parts])
+        del parts
+        order = np.lexsort((key, bkey))
+        bkey, key = bkey[order], key[order]
+        del order
+        first = np.ones(len(key), bool)
+        first[1:] = bkey[1:] != bkey[:-1]
+        del bkey
+        start = np.flatnonzero(first)
+        rep = np.repeat(key[start], np.diff(np.append(start, len(key))))
+        member = ~first
+        e_key.append(key[member])
+        e_rep.append(rep[member])
+        e_exact.append(np.full(int(member.sum()), band == EXACT_BAND))
+        del key, rep, member, first, start
+    if not e_key:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool)
+    e_key, e_rep, e_exact = np.concatenate(e_key), np.concatenate(e_rep), np.concatenate(e_exact)
     order = np.lexsort((e_rep, e_key))
     e_key, e_rep, e_exact = e_key[order], e_rep[order], e_exact[order]
     new = np.ones(len(e_key), bool)
@@ -95,7 +111,7 @@ def candidates(shards: list[ShardSig], dd: dict, part: int, parts: int) -> pa.Ta
         raise ValueError(f"partition {part} is not in 0..{parts - 1}")
     if not dd["enabled"] or not (dd["exact"] or dd["near"]):
         return PAIR_SCHEMA.empty_table()
-    key, rep, exact = group_edges(*partition_rows(shards, dd, part, parts))
+    key, rep, exact = group_edges(partition_rows(shards, dd, part, parts))
     ok, key_hash, rep_hash = confirm(shards, dd, key, rep, exact)
     return pa.table([key, rep, exact, ok, key_hash, rep_hash], schema=PAIR_SCHEMA)
 
