@@ -6,8 +6,8 @@ For each size N it writes N synthetic documents' signature files (the dedup_sign
 default hashing parameters: 120 permutations, 20 bands of 6 rows) in shards of --shard-docs, with
 --dup-rate of the documents copies of a pool of templates, perturbed in 0 (exact), a few (near) or
 half (a rejected candidate) of their signature positions. Then it runs, each in its own process
-(`python -m pipeline.data.dedup_jobs`), candidate job 0 of P = ceil(N / docs-per-job) — the jobs are
-alike by construction (band keys are uniform hashes), so one is measured — and the merge job over
+(`python -m pipeline.data.dedup candidates`), candidate job 0 of P = ceil(N / docs-per-job) — the jobs are
+alike by construction (band keys are uniform hashes), so one is measured — and the merge job (`clusters --pairs`: union-find, keep lists, report) over
 all P jobs' pairs (the other P - 1 candidate jobs are run too when --all-jobs). Peak memory is the
 child's ru_maxrss (resource.getrusage(RUSAGE_CHILDREN) after it exits), CPU is its user+sys time.
 """
@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import dedup, minhash  # noqa: E402
+from pipeline.data import dedup, minhash  # noqa: E402
 
 DD = {"ngram": 5, "num_perm": 120, "bands": 20, "rows": 6, "seed": 1}
 
@@ -102,22 +102,25 @@ def main() -> None:
         sigs = write_synthetic(work / "sig", n, args.shard_docs, args.dup_rate)
         gen_s = time.perf_counter() - t0
         parts = max(1, math.ceil(n / args.docs_per_job))
-        list_file = work / "inputs.txt"
-        list_file.write_text("\n".join(map(str, sigs)))
-        base = [sys.executable, "-m", "pipeline.data.dedup_jobs"]
-        jobs = [measured(base + ["candidates", "--inputs-from", str(list_file), "--part", str(p), "--parts", str(parts),
-                                 "--out", str(work / f"pairs-{p}.parquet")]) for p in range(parts if args.all_jobs else 1)]
-        # The merge's inputs: every job's pairs, or (--merge-jobs K) the same pairs from K coarser jobs.
         k = args.merge_jobs or parts
+
+        def run(command: str, **extra) -> dict:
+            params = json.dumps(stage_params(resolve_config({"dedup": {"partitions": extra.pop("partitions")}}), "dedup"))
+            return measured([sys.executable, "-m", "pipeline.data.dedup", command, "--params", params,
+                             "--inputs", *map(str, sigs), *[a for kv in extra.items() for a in (f"--{kv[0]}", *kv[1])]])
+
+        jobs = [run("candidates", partitions=parts, part=[str(p)], out=[str(work / f"pairs-{p}.parquet")])
+                for p in range(parts if args.all_jobs else 1)]
+        # The merge's inputs: every job's pairs, or (--merge-jobs K) the same pairs from K coarser jobs.
         if k != parts or not args.all_jobs:
             for p in range(k):
-                measured(base + ["candidates", "--inputs-from", str(list_file), "--part", str(p), "--parts", str(k),
-                                 "--out", str(work / f"merge-in-{p}.parquet")])
+                run("candidates", partitions=k, part=[str(p)], out=[str(work / f"merge-in-{p}.parquet")])
             merge_in = [str(work / f"merge-in-{p}.parquet") for p in range(k)]
         else:
             merge_in = [str(work / f"pairs-{p}.parquet") for p in range(parts)]
-        merge = measured(base + ["merge", "--pairs", *merge_in])
-        stats = json.loads(merge["stdout"])
+        merge = run("clusters", partitions=k, pairs=merge_in, outdir=[str(work / "out")],
+                    report=[str(work / "out/report.json")])
+        stats = json.loads((work / "out/report.json").read_text())["candidates"]
         row = {"docs": n, "jobs": parts, "docs_per_job": n / parts, "shards": len(sigs), "generate_s": round(gen_s, 1),
                "candidate_peak_mb": round(max(j["peak_mb"] for j in jobs)),
                "candidate_cpu_s": round(sum(j["cpu_s"] for j in jobs) / len(jobs), 1),

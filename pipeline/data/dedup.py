@@ -1,11 +1,13 @@
 """Dedup stage: exact and MinHash-LSH near-duplicate clusters across every shard of every source.
 
-Two CLIs, one per Snakemake rule (the hashing maths is in `pipeline.data.minhash`):
+Three CLIs, one per Snakemake rule (the hashing maths is in `pipeline.data.minhash`):
 
-    python -m pipeline.data.dedup signatures --params JSON --source S --inputs D/S/{shard}.parquet ... \\
+    python -m pipeline.data.dedup signatures --params JSON --source S --inputs D/S/{shard}.parquet ... \
         --tokens R/tokens/S/{shard}.json ... --outputs R/dedup/sig/S/{shard}.parquet ... [--manifest M]
-    python -m pipeline.data.dedup clusters --params JSON --inputs R/dedup/sig/*/*.parquet \\
-        --outdir R/dedup --report R/dedup/report.json
+    python -m pipeline.data.dedup candidates --params JSON --inputs R/dedup/sig/*/*.parquet \
+        --part P --out R/dedup/pairs/P.parquet                                  (P = 0 .. partitions - 1)
+    python -m pipeline.data.dedup clusters --params JSON --inputs R/dedup/sig/*/*.parquet \
+        [--pairs R/dedup/pairs/*.parquet] --outdir R/dedup --report R/dedup/report.json
 
 **signatures** (each shard of a group, in one process). The documents are the tokenized ones:
 document `doc` is raw row `doc_rows[doc]` of the shard (from the tokenize stage's `.json`), its text
@@ -13,20 +15,28 @@ the `text_column`, or for chat sources the message contents joined by newlines (
 The signature file (columns, metadata): docs/data-contract.md ("Dedup signatures"); `clusters`
 checks that every file's hashing parameters agree with its own.
 
-**clusters** (all shards at once).
+**candidates** and **clusters**: clustering is split into `partitions` candidate jobs, each holding a
+bounded slice of the band keys, and one merge job (`clusters`), so no process holds the band keys of
+the whole corpus (memory model and measurements: BENCHMARKS.md, "Dedup at scale"). `clusters`
+without `--pairs` runs the candidate slices itself, one after the other.
 
 - Document key: every document gets the globally unique int64
   `key = source_index << 56 | shard_index << 32 | doc`, where `source_index` is the position of the
   source among the inputs' source names sorted, and `shard_index` the position of the shard among
   that source's shard names sorted (limits: 127 sources, 2^24 shards per source, 2^32 documents
   per shard). Key order is (source, shard, doc) order.
-- Candidates: every (band, band key) and, with `exact`, every exact hash (as band -1) is spilled to
-  `partitions` parquet files by `key mod partitions` in a temporary directory under `outdir`
-  (memory: one shard at a time). Each partition is grouped by (band, key) with polars; a group of
-  k >= 2 documents yields the k - 1 edges member -> the group's smallest document key.
-- Confirmation: an exact-hash edge holds as is; a band edge holds when the estimated Jaccard
-  similarity (fraction of equal signature positions) of the two documents is >= `threshold`.
-  Only the signatures of documents on candidate edges are loaded (4 * num_perm bytes each).
+- Candidates, job p of P: every shard's (band, band key) rows and, with `exact`, its exact hashes (as
+  band -1) whose key mod P == p, read one shard at a time; a (band, band key) group therefore lies
+  whole in one job. Grouped one band at a time (sort), a group of k >= 2 documents yields the k - 1
+  edges member -> the group's smallest document key; a pair from several groups is kept once,
+  `exact` when an exact-hash group gave it.
+- Confirmation, in the candidate job: an exact-hash edge holds as is; a band edge holds when the
+  estimated Jaccard similarity (fraction of equal signature positions) of the two documents is
+  >= `threshold`. Only the signatures of documents on the job's edges are loaded (4 * num_perm bytes
+  each). The job writes its edges (docs/data-contract.md, "Dedup candidate pairs").
+- Merge: the union of the jobs' edges, each distinct pair once (`exact`/confirmed if any job says so),
+  is the candidate set one process grouping every band key would find, so clusters, keepers and
+  statistics do not depend on P (tested).
 - Clusters: connected components of the confirmed edges. The cluster id is the smallest document
   key in the cluster, and that document is its keeper (deterministic, independent of input order).
   A document on no confirmed edge is its own cluster (id = its key), kept.
@@ -44,7 +54,6 @@ import ctypes
 import ctypes.util
 import json
 import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +85,7 @@ HASH_PARAMS = ("ngram", "num_perm", "bands", "rows", "seed")
 BATCH_BYTES = 1 << 19  # text hashed per vectorised batch: its arrays stay in a core's cache
 SOURCE_SHIFT, SHARD_SHIFT = 56, 32
 MAX_SOURCES, MAX_SHARDS, MAX_DOCS = 1 << 7, 1 << 24, 1 << 32
-EXACT_BAND = -1  # the pseudo-band of exact-hash groups in the spill files
+EXACT_BAND = -1  # the pseudo-band of exact-hash groups
 
 
 # ============================================================================= signatures
@@ -227,66 +236,6 @@ def _doc_keys(shard: ShardSig, table: pa.Table) -> np.ndarray:
     return shard.base + doc.astype(np.int64)
 
 
-SPILL_SCHEMA = pa.schema([("band", pa.int16()), ("bkey", pa.uint64()), ("key", pa.int64())])
-
-
-def _band_rows(shard: ShardSig, dd: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(band, band key, document key) rows of one shard: one per band with `near`, plus
-    (EXACT_BAND, exact hash, key) with `exact`."""
-    t = shard.read(["doc", "exact", "bands"])
-    keys = _doc_keys(shard, t)
-    band, bkey, key = [], [], []
-    if dd["near"]:
-        b = _fixed_list(t, "bands")
-        band.append(np.tile(np.arange(b.shape[1], dtype=np.int16), len(keys)))
-        bkey.append(b.reshape(-1))
-        key.append(np.repeat(keys, b.shape[1]))
-    if dd["exact"]:
-        band.append(np.full(len(keys), EXACT_BAND, np.int16))
-        bkey.append(t.column("exact").to_numpy())
-        key.append(keys)
-    return np.concatenate(band), np.concatenate(bkey), np.concatenate(key)
-
-
-def spill_band_rows(shards: list[ShardSig], dd: dict, tmpdir: Path) -> list[Path]:
-    """Spill every shard's band rows to `partitions` parquet files by band key mod partitions (one
-    shard in memory at a time). Returns the partition files that received rows."""
-    n_parts = dd["partitions"]
-    writers: dict[int, pq.ParquetWriter] = {}
-    try:
-        for shard in progress(shards, desc="dedup spill", unit="shard"):
-            band, bkey, key = _band_rows(shard, dd)
-            part = (bkey % np.uint64(n_parts)).astype(np.int64)
-            order = np.argsort(part, kind="stable")
-            bounds = np.searchsorted(part[order], np.arange(n_parts + 1))
-            for p in np.flatnonzero(np.diff(bounds)):
-                sel = order[bounds[p]:bounds[p + 1]]
-                if p not in writers:
-                    writers[p] = pq.ParquetWriter(tmpdir / f"part-{p:05d}.parquet", SPILL_SCHEMA, use_dictionary=False)
-                writers[p].write_table(pa.table([band[sel], bkey[sel], key[sel]], schema=SPILL_SCHEMA))
-    finally:
-        for w in writers.values():
-            w.close()
-    return [tmpdir / f"part-{p:05d}.parquet" for p in sorted(writers)]
-
-
-def candidate_edges(partitions: list[Path]):
-    """A polars DataFrame of edges (key, rep, exact) from every (band, band key) group of >= 2 documents: each member to
-    the group's smallest key (k - 1 edges for k members). `exact` is true when some exact-hash group
-    gave the edge. Sorted by (key, rep); each pair once."""
-    import polars as pl  # clustering only: the signatures CLI (one process per group of shards) never loads it
-
-    groups = ["band", "bkey"]
-    parts = []
-    for path in partitions:
-        rows = pl.scan_parquet(path)
-        reps = rows.group_by(groups).agg(rep=pl.col("key").min(), n=pl.len()).filter(pl.col("n") > 1)
-        parts.append(rows.join(reps, on=groups).filter(pl.col("key") != pl.col("rep"))
-                     .select("key", "rep", exact=pl.col("band") == EXACT_BAND).collect(engine="streaming"))
-    edges = pl.concat(parts) if parts else pl.DataFrame(schema={"key": pl.Int64, "rep": pl.Int64, "exact": pl.Boolean})
-    return edges.group_by(["key", "rep"]).agg(pl.col("exact").any()).sort(["key", "rep"])
-
-
 def load_nodes(shards: list[ShardSig], nodes: np.ndarray, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact hashes (len(nodes),) and signatures (len(nodes), num_perm) of the documents whose keys
     are `nodes` (sorted), reading only the shards that hold some of them."""
@@ -349,25 +298,127 @@ class Clusters:
         return cluster, reason
 
 
-def find_clusters(shards: list[ShardSig], dd: dict, workdir: Path) -> Clusters:
-    """Candidate edges -> confirmed edges -> components (see the module docstring)."""
-    empty = np.zeros(0, np.int64)
-    if not dd["enabled"] or not (dd["exact"] or dd["near"]):
-        return Clusters(empty, empty, np.zeros(0, bool), {"candidate_pairs": 0, "confirmed_pairs": 0})
-    with tempfile.TemporaryDirectory(prefix=".spill-", dir=workdir) as tmp:
-        edges = candidate_edges(spill_band_rows(shards, dd, Path(tmp)))
-    key, rep, by_exact = (edges[c].to_numpy() for c in ("key", "rep", "exact"))
+PAIR_SCHEMA = pa.schema([("key", pa.int64()), ("rep", pa.int64()), ("exact", pa.bool_()), ("ok", pa.bool_()),
+                         ("key_hash", pa.uint64()), ("rep_hash", pa.uint64())])
+JACCARD_CHUNK = 1 << 18  # edges whose signatures are compared at once (2 × 480 B each at num_perm 120)
+
+
+def partition_rows(shards: list[ShardSig], dd: dict, part: int, parts: int) -> dict[int, tuple]:
+    """{band: (band keys, document keys)} of every shard's rows whose band key mod `parts` == `part`;
+    band EXACT_BAND holds the exact hashes. One shard's columns in memory at a time besides the result."""
+    chunks: dict[int, list] = {}
+    for shard in shards:
+        t = shard.read(["doc", "exact", "bands"])
+        keys = _doc_keys(shard, t)
+        cols = []
+        if dd["near"]:
+            bands = _fixed_list(t, "bands")
+            cols += [(b, bands[:, b]) for b in range(bands.shape[1])]
+        if dd["exact"]:
+            cols.append((EXACT_BAND, t.column("exact").to_numpy()))
+        del t
+        for band, bkey in cols:
+            sel = (bkey % np.uint64(parts)) == np.uint64(part) if parts > 1 else slice(None)
+            chunks.setdefault(band, []).append((bkey[sel], keys[sel]))
+    return chunks
+
+
+def group_edges(chunks: dict[int, list]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct edges (key, rep, exact), sorted by (key, rep): each member of a (band, band key) group
+    of >= 2 documents to the group's smallest key; `exact` when some exact-hash group gave the pair.
+    Consumes `chunks` band by band, so only one band's rows are sorted at a time."""
+    e_key, e_rep, e_exact = [], [], []
+    for band in sorted(chunks):
+        parts = chunks.pop(band)
+        bkey = np.concatenate([c[0] for c in parts])
+        key = np.concatenate([c[1] for c in parts])
+        del parts
+        order = np.lexsort((key, bkey))
+        bkey, key = bkey[order], key[order]
+        del order
+        first = np.ones(len(key), bool)
+        first[1:] = bkey[1:] != bkey[:-1]
+        del bkey
+        start = np.flatnonzero(first)
+        rep = np.repeat(key[start], np.diff(np.append(start, len(key))))
+        member = ~first
+        e_key.append(key[member])
+        e_rep.append(rep[member])
+        e_exact.append(np.full(int(member.sum()), band == EXACT_BAND))
+        del key, rep, member, first, start
+    if not e_key:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool)
+    e_key, e_rep, e_exact = np.concatenate(e_key), np.concatenate(e_rep), np.concatenate(e_exact)
+    order = np.lexsort((e_rep, e_key))
+    e_key, e_rep, e_exact = e_key[order], e_rep[order], e_exact[order]
+    new = np.ones(len(e_key), bool)
+    new[1:] = (e_key[1:] != e_key[:-1]) | (e_rep[1:] != e_rep[:-1])
+    starts = np.flatnonzero(new)
+    exact = np.logical_or.reduceat(e_exact, starts) if len(starts) else np.zeros(0, bool)
+    return e_key[starts], e_rep[starts], exact
+
+
+def confirm(shards: list[ShardSig], dd: dict, key: np.ndarray, rep: np.ndarray,
+            exact: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ok, key_hash, rep_hash) of the edges: ok = exact or estimated Jaccard >= threshold."""
     ends = np.unique(np.concatenate([key, rep]))
-    exact_hash, sig = load_nodes(shards, ends, dd["num_perm"])
+    if not len(ends):
+        return np.zeros(0, bool), np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    hashes, sig = load_nodes(shards, ends, dd["num_perm"])
     ki, ri = np.searchsorted(ends, key), np.searchsorted(ends, rep)
-    jaccard = minhash.estimated_jaccard(sig[ki], sig[ri]) if len(key) else np.zeros(0)
-    ok = by_exact | (jaccard >= dd["threshold"])
-    stats = {"candidate_pairs": len(key), "exact_pairs": int(by_exact.sum()), "band_pairs": int((~by_exact).sum()),
+    ok = exact.copy()
+    for lo in range(0, len(key), JACCARD_CHUNK):
+        hi = min(lo + JACCARD_CHUNK, len(key))
+        ok[lo:hi] |= minhash.estimated_jaccard(sig[ki[lo:hi]], sig[ri[lo:hi]]) >= dd["threshold"]
+    return ok, hashes[ki], hashes[ri]
+
+
+def candidates(shards: list[ShardSig], dd: dict, part: int, parts: int) -> pa.Table:
+    """Candidate job `part` of `parts`: its confirmed-or-not edges as a PAIR_SCHEMA table."""
+    if not 0 <= part < parts:
+        raise ValueError(f"partition {part} is not in 0..{parts - 1}")
+    if not dd["enabled"] or not (dd["exact"] or dd["near"]):
+        return PAIR_SCHEMA.empty_table()
+    key, rep, exact = group_edges(partition_rows(shards, dd, part, parts))
+    ok, key_hash, rep_hash = confirm(shards, dd, key, rep, exact)
+    return pa.table([key, rep, exact, ok, key_hash, rep_hash], schema=PAIR_SCHEMA)
+
+
+def merge_pairs(tables: list[pa.Table], dd: dict) -> Clusters:
+    """Clusters from every candidate job's pairs (see the module docstring)."""
+    if not dd["enabled"] or not (dd["exact"] or dd["near"]):
+        empty = np.zeros(0, np.int64)
+        return Clusters(empty, empty, np.zeros(0, bool), {"candidate_pairs": 0, "confirmed_pairs": 0})
+    pairs = pa.concat_tables([t.select(PAIR_SCHEMA.names).cast(PAIR_SCHEMA) for t in tables]) if tables \
+        else PAIR_SCHEMA.empty_table()
+    key, rep = (pairs.column(c).to_numpy() for c in ("key", "rep"))
+    exact, ok = (pairs.column(c).to_numpy(zero_copy_only=False) for c in ("exact", "ok"))
+    key_hash, rep_hash = (pairs.column(c).to_numpy() for c in ("key_hash", "rep_hash"))
+    del pairs
+    order = np.lexsort((rep, key))
+    key, rep, exact, ok = key[order], rep[order], exact[order], ok[order]
+    key_hash, rep_hash = key_hash[order], rep_hash[order]
+    new = np.ones(len(key), bool)
+    new[1:] = (key[1:] != key[:-1]) | (rep[1:] != rep[:-1])
+    starts = np.flatnonzero(new)
+    if len(starts):
+        exact, ok = np.logical_or.reduceat(exact, starts), np.logical_or.reduceat(ok, starts)
+    key, rep, key_hash, rep_hash = key[starts], rep[starts], key_hash[starts], rep_hash[starts]
+    stats = {"candidate_pairs": len(key), "exact_pairs": int(exact.sum()), "band_pairs": int((~exact).sum()),
              "confirmed_pairs": int(ok.sum()), "rejected_pairs": int((~ok).sum())}
     nodes, root = connected_components(key[ok], rep[ok])
-    node_hash = exact_hash[np.searchsorted(ends, nodes)]
+    ends = np.concatenate([key[ok], rep[ok]])
+    end_hash = np.concatenate([key_hash[ok], rep_hash[ok]])
+    node_hash = np.zeros(len(nodes), np.uint64)
+    node_hash[np.searchsorted(nodes, ends)] = end_hash
     same_text = node_hash == node_hash[np.searchsorted(nodes, root)]
     return Clusters(nodes, root, same_text, stats)
+
+
+def find_clusters(shards: list[ShardSig], dd: dict) -> Clusters:
+    """Every candidate slice in this process, one after the other, then the merge: what the
+    `candidates` jobs and the `clusters` job compute between them."""
+    return merge_pairs([candidates(shards, dd, p, dd["partitions"]) for p in range(dd["partitions"])], dd)
 
 
 def _spanning(root: np.ndarray, ids: np.ndarray) -> int:
@@ -405,15 +456,59 @@ def cluster_report(clusters: Clusters, per_source: dict, shards: list[ShardSig],
     }
 
 
-def run_clusters(sig_paths: list[str | os.PathLike], outdir, report_path, params: dict) -> dict:
-    """The `clusters` CLI: keep lists for every input shard plus the report; returns the report."""
+def write_candidates(sig_paths: list[str | os.PathLike], part: int, out, params: dict) -> dict:
+    """The `candidates` CLI: candidate job `part` of `dedup.partitions`; returns the file's metadata."""
+    dd = params["dedup"]
+    if not sig_paths:
+        raise PipelineError("no signature files given (--inputs); run dedup_signatures first")
+    if not 0 <= part < dd["partitions"]:
+        raise PipelineError(f"--part {part} is not in 0..{dd['partitions'] - 1} (dedup.partitions = {dd['partitions']})")
+    shards = catalogue(sig_paths, dd)
+    table = candidates(shards, dd, part, dd["partitions"])
+    meta = provenance("dedup_candidates", params, [s.path for s in shards], part=part, parts=dd["partitions"],
+                      n_shards=len(shards), shards=[s.name for s in shards])
+    write_parquet(out, table, meta)
+    log.info("partition %d/%d: %d candidate pairs, %d confirmed", part, dd["partitions"], table.num_rows,
+             pc.sum(table.column("ok")).as_py() or 0)
+    return meta
+
+
+def read_candidates(pair_paths: list[str | os.PathLike], shards: list[ShardSig], dd: dict) -> list[pa.Table]:
+    """Every candidate job's pairs, checked to be partitions 0..P-1 of the current P over these shards."""
+    tables, parts = {}, dd["partitions"]
+    names = [s.name for s in shards]
+    for p in pair_paths:
+        try:
+            meta = read_parquet_meta(p)
+            table = pq.read_table(p)
+        except (OSError, pa.ArrowException) as e:
+            raise PipelineError(f"{p}: not a readable candidate-pairs file ({e}); rerun dedup_candidates") from None
+        if meta.get("parts") != parts or meta.get("part") in tables or meta.get("shards") != names:
+            raise PipelineError(f"{p}: candidate pairs of partition {meta.get('part')}/{meta.get('parts')} over "
+                                f"{len(meta.get('shards') or [])} shard(s), but this merge is over {parts} partition(s) "
+                                f"of {len(names)} shard(s); rerun dedup_candidates")
+        tables[meta["part"]] = table
+    if sorted(tables) != list(range(parts)):
+        missing = sorted(set(range(parts)) - set(tables))
+        raise PipelineError(f"candidate pairs of partition(s) {missing} of {parts} are missing (--pairs); "
+                            "run every dedup_candidates job")
+    return [tables[p] for p in range(parts)]
+
+
+def run_clusters(sig_paths: list[str | os.PathLike], outdir, report_path, params: dict,
+                 pair_paths: list[str | os.PathLike] | None = None) -> dict:
+    """The `clusters` CLI: keep lists for every input shard plus the report; returns the report. With
+    `pair_paths` (the candidate jobs' outputs) it merges them, else it computes the candidates itself."""
     dd = params["dedup"]
     if not sig_paths:
         raise PipelineError("no signature files given (--inputs); run dedup_signatures first")
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     shards = catalogue(sig_paths, dd)
-    clusters = find_clusters(shards, dd, outdir)
+    if pair_paths is None:
+        clusters = find_clusters(shards, dd)
+    else:
+        clusters = merge_pairs(read_candidates(pair_paths, shards, dd), dd)
     tables, per_source = [], {}
     for shard in shards:
         t = shard.read(["doc", "tokens"])
@@ -452,9 +547,16 @@ def main(argv=None) -> None:
     sig.add_argument("--source", required=True)
     add_group_args(sig, "raw shards D/{source}/{shard}.parquet", "R/dedup/sig/{source}/{shard}.parquet, one per input")
     sig.add_argument("--tokens", nargs="+", required=True, help="R/tokens/{source}/{shard}.json, one per input")
+    cand = sub.add_parser("candidates", help="candidate pairs of one band-key partition")
+    add_config_args(cand)
+    cand.add_argument("--inputs", nargs="+", required=True, help="R/dedup/sig/*/*.parquet")
+    cand.add_argument("--part", type=int, required=True, help="0 .. dedup.partitions - 1")
+    cand.add_argument("--out", required=True, help="R/dedup/pairs/{part}.parquet")
     clu = sub.add_parser("clusters", help="cluster all shards' signatures")
     add_config_args(clu)
     clu.add_argument("--inputs", nargs="+", required=True, help="R/dedup/sig/*/*.parquet")
+    clu.add_argument("--pairs", nargs="+", help="R/dedup/pairs/*.parquet: every candidates job's output "
+                     "(without: computed here)")
     clu.add_argument("--outdir", required=True, help="R/dedup (keep lists go to OUTDIR/keep/{source}/{shard}.parquet)")
     clu.add_argument("--report", required=True, help="R/dedup/report.json")
     args = ap.parse_args(argv)
@@ -465,8 +567,10 @@ def main(argv=None) -> None:
             raise PipelineError(f"{len(args.inputs)} --inputs but {len(args.tokens)} --tokens; pass one per shard")
         run_group("dedup_signatures", list(zip(args.inputs, args.tokens, strict=True)), args.outputs, args.manifest,
                   lambda inp, out: write_signatures(inp[0], inp[1], args.source, shard_name(inp[0]), params, out))
+    elif args.command == "candidates":
+        write_candidates(args.inputs, args.part, args.out, params_from_args(args, "dedup"))
     else:
-        run_clusters(args.inputs, args.outdir, args.report, params_from_args(args, "dedup"))
+        run_clusters(args.inputs, args.outdir, args.report, params_from_args(args, "dedup"), args.pairs)
 
 
 if __name__ == "__main__":
