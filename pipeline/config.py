@@ -307,6 +307,9 @@ PLAN_TRAIN_KEYS = (
 )
 
 
+RESOURCE_KEYS = ("cpus_per_task",)  # hardware keys that size jobs and change no output
+
+
 def stage_params(cfg: dict, stage: str, source: str | None = None) -> dict:
     """The config slice a stage depends on. Rules declare it as `params:` (so an edit to it reruns
     the rule and its downstream) and pass it to the stage CLI as --params JSON. For the per-shard
@@ -346,6 +349,8 @@ def stage_params(cfg: dict, stage: str, source: str | None = None) -> dict:
     # The plan rule reads measured counts of every source, so the planner's per-shard estimate is an
     # input of no rule: editing it reruns nothing (it serves dry runs and `python -m pipeline.plan`).
     sources = _sources_without(cfg, cfg["sources"], ("tokens_per_shard_estimate",))
+    # How big a job is, not what it computes: editing these reruns nothing (they reach rules as threads).
+    cfg = {**cfg, "hardware": {k: v for k, v in cfg["hardware"].items() if k not in RESOURCE_KEYS}}
     if stage == "plan":  # budget, batch layout and memory only: an lr edit reruns train, not the data stages
         keep = ("run_name", "seed", "tokenizer", "split", "mixes", "model", "hardware")
         return {**{k: cfg[k] for k in keep}, "sources": sources,

@@ -1,9 +1,11 @@
 """The token-budget planner: parameters, tokens, steps, gradient accumulation, shards, memory, time.
 
-    python -m pipeline.plan --configfile FILE [--counts R/counts/counts.parquet] [--json] [--no-check]
+    python -m pipeline.plan --configfile FILE [--counts R/counts/counts.parquet] [--json] [--no-check] [--data-cpus N]
     python -m pipeline.plan --params JSON --counts R/counts/counts.parquet --out R/plan.json --out-md R/plan.md
 
-With --configfile and no --counts, the run's `R/counts/counts.parquet` is used when it exists.
+With --configfile and no --counts, the run's `R/counts/counts.parquet` is used when it exists, and the
+plan is followed by the data stages' cost on a cluster: jobs, CPU-hours per stage (from the measured
+per-core throughputs in `pipeline.cluster.THROUGHPUT`) and the wall time on --data-cpus cores.
 
 The Snakefile imports this module at parse time (every invocation, dry runs included, prints the plan
 and refuses an infeasible one), so it must stay import-light: no torch, pyarrow only when a counts
@@ -413,6 +415,8 @@ def main(argv=None) -> None:
     ap.add_argument("--measured-step", metavar="SECONDS|BENCH_JSON",
                     help="a step measured with python -m pipeline.bench on this config (seconds, or its --json "
                          "output file): the hours use it instead of the prediction")
+    ap.add_argument("--data-cpus", type=int, default=256,
+                    help="CPU cores for the data stages' jobs: the wall time of the data-stage estimate (--configfile)")
     args = ap.parse_args(argv)
     if (args.no_check or args.logits != "ours") and (args.out or args.out_md):
         ap.error("--no-check and --logits are for display only; they cannot be combined with --out/--out-md")
@@ -433,7 +437,15 @@ def main(argv=None) -> None:
     if args.out_md:
         with atomic_write(args.out_md, encoding="utf-8") as f:
             f.write(format_plan_md(plan))
-    print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+    if args.json:
+        print(json.dumps(plan, indent=2))
+        return
+    print(format_plan(plan))
+    if args.configfile:  # the data stages' cost on a cluster (pipeline/cluster.py)
+        from pipeline import cluster
+
+        documents, tokens = cluster.measured_sizes(found)
+        print("\n" + cluster.format_costs(cluster.data_costs(params, documents, tokens, args.data_cpus)))
 
 
 if __name__ == "__main__":

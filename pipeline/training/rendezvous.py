@@ -1,7 +1,10 @@
 """Launch the trainer on this node or on every node of a SLURM allocation (the train rule's command).
 
-    python -m pipeline.training.rendezvous --nodes N --nproc-per-node G --cpus-per-node C \\
-        [--gpus-per-node G] [--nccl-env JSON] [--plan R/plan.json] -- -m pipeline.training.train ARGS...
+    python -m pipeline.training.rendezvous --params JSON --cpus-per-node C [--plan R/plan.json] \\
+        -- -m pipeline.training.train ARGS...
+
+`--params` is the train stage's config slice; its `hardware` says the launch: `nodes` N,
+`nproc_per_node` G, `device` (cuda: G GPUs per node), `nccl_env`.
 
 * ``--nodes 1``: ``torchrun --standalone --nproc_per_node G …`` here (no SLURM needed).
 * ``--nodes N > 1`` (inside the SLURM job the train rule got: N nodes, one task per node): reads the
@@ -26,7 +29,9 @@ import socket
 import subprocess
 import sys
 
-from pipeline.io import PipelineError, get_logger, run_cli
+from pipeline.config import add_config_args, params_from_args
+from pipeline.errors import PipelineError
+from pipeline.io import get_logger, run_cli
 
 log = get_logger(__name__)
 
@@ -128,23 +133,22 @@ def launch_command(nodes: int, nproc: int, cpus: int, gpus: int, train_args: lis
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m pipeline.training.rendezvous", description=__doc__.split("\n")[0])
-    ap.add_argument("--nodes", type=int, required=True)
-    ap.add_argument("--nproc-per-node", type=int, required=True)
+    add_config_args(ap)
     ap.add_argument("--cpus-per-node", type=int, default=1, help="CPUs for the torchrun agent and its workers")
-    ap.add_argument("--gpus-per-node", type=int, default=0)
-    ap.add_argument("--nccl-env", default='"default"', help="hardware.nccl_env as JSON (preset name or mapping)")
     ap.add_argument("--plan", help="R/plan.json: the launch must match its world_size")
     ap.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then torchrun's script arguments (-m MODULE ...)")
     args = ap.parse_args(argv)
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     if not train_args:
         ap.error("give the trainer after --, e.g. -- -m pipeline.training.train ...")
-    check_world(args.nodes, args.nproc_per_node, args.plan)
-    env = dict(os.environ, **nccl_env(json.loads(args.nccl_env), args.nodes))
-    env["OMP_NUM_THREADS"] = str(max(1, args.cpus_per_node // args.nproc_per_node))
-    cmd = launch_command(args.nodes, args.nproc_per_node, args.cpus_per_node, args.gpus_per_node, train_args,
+    hw = params_from_args(args, "train")["hardware"]
+    nodes, nproc = hw["nodes"], hw["nproc_per_node"]
+    check_world(nodes, nproc, args.plan)
+    env = dict(os.environ, **nccl_env(hw["nccl_env"], nodes))
+    env["OMP_NUM_THREADS"] = str(max(1, args.cpus_per_node // nproc))
+    cmd = launch_command(nodes, nproc, args.cpus_per_node, nproc if hw["device"] == "cuda" else 0, train_args,
                          os.environ.get("SLURM_JOB_ID"))
-    log.info("launching %d node(s) × %d process(es): %s", args.nodes, args.nproc_per_node, " ".join(cmd))
+    log.info("launching %d node(s) × %d process(es): %s", nodes, nproc, " ".join(cmd))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(cmd[0], cmd, env)

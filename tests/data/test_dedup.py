@@ -270,7 +270,7 @@ def test_keepers_are_deterministic(planted, tmp_path):
 
 def test_partition_count_does_not_change_clusters(planted, tmp_path):
     sigs = sorted((planted["root"] / "dedup" / "sig").glob("*/*.parquet"))
-    report = dedup.run_clusters(sigs, tmp_path, tmp_path / "r.json", stage_params(make_config(partitions=1), "dedup"))
+    report = dedup.run_clusters(sigs, tmp_path, tmp_path / "r.json", stage_params(make_config(partitions=5), "dedup"))
     for source, shard in planted["keep"]:
         t = pq.read_table(tmp_path / "keep" / source / f"{shard}.parquet").to_pydict()
         assert t == planted["keep"][(source, shard)]

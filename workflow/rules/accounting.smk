@@ -16,6 +16,9 @@ rule accounting:
         run_dir=lambda w, output: Path(output.json).parent,
     log:
         f"{LOG_DIR}/accounting.log",
+    threads: job_threads("accounting")
+    resources:
+        **job_resources("accounting"),
     conda:
         "../../envs/data.yaml"
     shell:

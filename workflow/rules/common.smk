@@ -1,5 +1,6 @@
 # Configuration and the helpers every rule uses. Rules are thin shells around `python -m pipeline.…`;
 # all logic lives in the `pipeline` package (file formats: docs/data-contract.md).
+import json
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ min_version("9.0")
 
 BASE = Path(workflow.basedir)
 sys.path.insert(0, str(BASE))
+from pipeline import cluster as tfcl  # noqa: E402
 from pipeline import config as tfc  # noqa: E402
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.plan import format_plan, make_plan  # noqa: E402
@@ -57,8 +59,25 @@ try:
 except ConfigError as _e:
     stop(_e)
 TOKENIZER = f"{RUN_DIR}/tokenizer/tokenizer.json"
-ALL_CORES = 256  # "as many threads as allowed": Snakemake caps a job's threads at --cores
 TRAIN_MIX = config["train"]["mix"]
+
+# Job sizes (pipeline/cluster.py): every rule's threads and resources (cpus_per_task, mem_mb, runtime,
+# gpu, nodes) from the config and the corpus size (the measured counts once they exist, else the
+# sources' estimates). A cluster executor turns them into its job requests; locally, --cores caps threads.
+CORPUS_DOCS, CORPUS_TOKENS, _ = tfcl.corpus(config, *tfcl.measured_sizes(Path(RUN_DIR) / "counts" / "counts.parquet"))
+
+
+def job_threads(rule):
+    return tfcl.job_resources(config, rule, CORPUS_DOCS, CORPUS_TOKENS)["threads"]
+
+
+def job_resources(rule):
+    return tfcl.job_resources(config, rule, CORPUS_DOCS, CORPUS_TOKENS)["resources"]
+
+
+if workflow.is_main_process and workflow.non_local_exec and not config["hardware"]["cpus_per_task"]:
+    stop("hardware.cpus_per_task is 0 (all cores), which a cluster job cannot request: set it to the cores "
+         "one job may use, e.g. hardware: {cpus_per_task: 16}")
 
 
 def stage_params(stage):
@@ -121,6 +140,7 @@ wildcard_constraints:
     group=r"[A-Za-z0-9_.\-]+",
     mix="|".join(config["mixes"]),
     split="train|val",
+    part=r"\d+",
 
 
 # The plan, up front: computed at parse time from the config and, once they exist, the measured token

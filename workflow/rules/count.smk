@@ -13,6 +13,9 @@ rule count_shards:
         files=group_files(f"{RUN_DIR}/counts/{{source}}/{{shard}}.json"),
     log:
         f"{LOG_DIR}/count/{{source}}/{{group}}.log",
+    threads: job_threads("count")
+    resources:
+        **job_resources("count"),
     conda:
         "../../envs/data.yaml"
     shell:
@@ -32,6 +35,9 @@ rule count:
         files=shard_files(f"{RUN_DIR}/counts/{{source}}/{{shard}}.json"),
     log:
         f"{LOG_DIR}/count/aggregate.log",
+    threads: job_threads("plan")
+    resources:
+        **job_resources("plan"),
     conda:
         "../../envs/data.yaml"
     shell:

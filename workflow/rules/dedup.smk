@@ -1,6 +1,7 @@
 # MinHash dedup across all shards and sources: signatures per group of shards (one process each), then
-# one global clustering job that writes RUN_DIR/dedup/keep/{source}/{shard}.parquet for every shard
-# and, last, the report (its declared output).
+# dedup.partitions candidate jobs (each a bounded slice of the band keys, see pipeline/data/dedup.py),
+# then one merge job that writes RUN_DIR/dedup/keep/{source}/{shard}.parquet for every shard and, last,
+# the report (its declared output).
 rule dedup_signatures:
     input:
         download=f"{DATA_DIR}/{{source}}/_manifest/{{group}}.json",
@@ -15,6 +16,9 @@ rule dedup_signatures:
         files=group_files(f"{RUN_DIR}/dedup/sig/{{source}}/{{shard}}.parquet"),
     log:
         f"{LOG_DIR}/dedup/sig/{{source}}/{{group}}.log",
+    threads: job_threads("dedup_signatures")
+    resources:
+        **job_resources("dedup_signatures"),
     conda:
         "../../envs/data.yaml"
     shell:
@@ -23,9 +27,31 @@ rule dedup_signatures:
         "2>&1 | tee {log:q}"
 
 
-rule dedup:
+rule dedup_candidates:
     input:
         group_manifests(f"{RUN_DIR}/dedup/sig"),
+    output:
+        f"{RUN_DIR}/dedup/pairs/{{part}}.parquet",
+    params:
+        p=stage_params("dedup"),
+        code=code_version("data.dedup", "data.minhash"),
+        files=shard_files(f"{RUN_DIR}/dedup/sig/{{source}}/{{shard}}.parquet"),
+    log:
+        f"{LOG_DIR}/dedup/candidates/{{part}}.log",
+    threads: job_threads("dedup_candidates")
+    resources:
+        **job_resources("dedup_candidates"),
+    conda:
+        "../../envs/data.yaml"
+    shell:
+        "python -m pipeline.data.dedup candidates --params {params.p:q} --inputs {params.files:q} "
+        "--part {wildcards.part} --out {output:q} 2>&1 | tee {log:q}"
+
+
+rule dedup:
+    input:
+        sig=group_manifests(f"{RUN_DIR}/dedup/sig"),
+        pairs=[f"{RUN_DIR}/dedup/pairs/{p}.parquet" for p in range(config["dedup"]["partitions"])],
     output:
         report=f"{RUN_DIR}/dedup/report.json",
     params:
@@ -35,9 +61,11 @@ rule dedup:
         outdir=lambda w, output: Path(output.report).parent,
     log:
         f"{LOG_DIR}/dedup/clusters.log",
-    threads: ALL_CORES
+    threads: job_threads("dedup")
+    resources:
+        **job_resources("dedup"),
     conda:
         "../../envs/data.yaml"
     shell:
-        "POLARS_MAX_THREADS={threads} python -m pipeline.data.dedup clusters --params {params.p:q} "
-        "--inputs {params.files:q} --outdir {params.outdir:q} --report {output.report:q} 2>&1 | tee {log:q}"
+        "python -m pipeline.data.dedup clusters --params {params.p:q} --inputs {params.files:q} "
+        "--pairs {input.pairs:q} --outdir {params.outdir:q} --report {output.report:q} 2>&1 | tee {log:q}"

@@ -13,8 +13,10 @@ rule download:
         files=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
     log:
         f"{LOG_DIR}/download/{{source}}/{{group}}.log",
+    threads: job_threads("download")
     resources:
         downloads=1,
+        **job_resources("download"),
     conda:
         "../../envs/data.yaml"
     shell:

@@ -22,7 +22,9 @@ rule evaluate:
         metrics=lambda w, input: Path(input.ckpt).parent / "metrics.jsonl",  # train's, complete with final.pt
     log:
         f"{LOG_DIR}/evaluate.log",
-    threads: ALL_CORES
+    threads: job_threads("evaluate")
+    resources:
+        **job_resources("evaluate"),
     conda:
         "../../envs/train.yaml"
     shell:

@@ -13,6 +13,9 @@ rule mix:
         outdir=lambda w, output: Path(output.report).parent,
     log:
         f"{LOG_DIR}/mix/{{mix}}.log",
+    threads: job_threads("mix")
+    resources:
+        **job_resources("mix"),
     conda:
         "../../envs/data.yaml"
     shell:

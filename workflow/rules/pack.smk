@@ -13,6 +13,9 @@ rule pack:
         tokens_dir=f"{RUN_DIR}/tokens",
     log:
         f"{LOG_DIR}/pack/{{mix}}/{{split}}.log",
+    threads: job_threads("pack")
+    resources:
+        **job_resources("pack"),
     conda:
         "../../envs/data.yaml"
     shell:

@@ -10,6 +10,9 @@ rule plan:
         code=code_version("plan", "budget", "training.model"),
     log:
         f"{LOG_DIR}/plan.log",
+    threads: job_threads("plan")
+    resources:
+        **job_resources("plan"),
     conda:
         "../../envs/data.yaml"
     shell:

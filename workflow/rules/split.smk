@@ -17,6 +17,9 @@ rule split:
         outdir=lambda w, output: Path(output.report).parent,
     log:
         f"{LOG_DIR}/split.log",
+    threads: job_threads("split")
+    resources:
+        **job_resources("split"),
     conda:
         "../../envs/data.yaml"
     shell:

@@ -13,6 +13,9 @@ rule tokenize:
         files=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
     log:
         f"{LOG_DIR}/tokenize/{{source}}/{{group}}.log",
+    threads: job_threads("tokenize")
+    resources:
+        **job_resources("tokenize"),
     conda:
         "../../envs/data.yaml"
     shell:

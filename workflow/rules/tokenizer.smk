@@ -10,7 +10,9 @@ rule tokenizer:
         files=shard_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet", tfc.tokenizer_sources(config)),
     log:
         f"{LOG_DIR}/tokenizer.log",
-    threads: ALL_CORES
+    threads: job_threads("tokenizer")
+    resources:
+        **job_resources("tokenizer"),
     conda:
         "../../envs/data.yaml"
     shell:
