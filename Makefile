@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.tokenfarm-installed
 SNAKE   := PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/snakemake
 PYTEST_ARGS ?=
 
-.PHONY: run test lint dryrun plan report clean install
+.PHONY: run test test-slurm lint dryrun plan report clean install
 
 install: $(STAMP)
 
@@ -37,6 +37,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(SNAKE) --lint
 	for c in configs/*.yaml; do $(SNAKE) --lint --configfile $$c || exit 1; done
+
+# The tiny DAG on a real single-host SLURM cluster (tests/slurm/cluster.sh: installs slurm-wlm + munge
+# with apt and starts the daemons; needs root). CI runs it after `make test`.
+test-slurm: $(STAMP)
+	TOKENFARM_SLURM_TESTS=1 timeout -s KILL 1200 $(PY) -m pytest -q tests/slurm $(PYTEST_ARGS)
 
 dryrun: $(STAMP)
 	$(SNAKE) -n --configfile configs/llama3-1b-fineweb.yaml

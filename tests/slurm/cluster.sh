@@ -21,7 +21,7 @@ NODES=(tf1 tf2)
 ADDRS=(127.0.0.1 127.0.0.2)
 PORTS=(6818 6819)
 CPUS=${TF_SLURM_CPUS:-2}      # per node: the host's cores are shared by both "nodes"
-MEM_MB=${TF_SLURM_MEM_MB:-6000}
+MEM_MB=${TF_SLURM_MEM_MB:-20000}  # per node, more than the host has: nothing enforces it (no cgroups)
 
 STARTING=
 die() { echo "cluster.sh: $*" >&2; [ -z "$STARTING" ] || stop quiet; exit 1; }
@@ -76,7 +76,7 @@ write_conf() {
       echo "NodeName=${NODES[$i]} NodeHostname=$host NodeAddr=${ADDRS[$i]} Port=${PORTS[$i]} CPUs=$CPUS" \
            "RealMemory=$MEM_MB Gres=gpu:2 State=UNKNOWN"
     done
-    echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=60 State=UP"
+    echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP"
   } > "$CONF/slurm.conf"
   : > "$CONF/gres.conf"
   for i in "${!NODES[@]}"; do

@@ -1,0 +1,148 @@
+"""The tiny DAG on a real SLURM cluster through Snakemake's executor plugin (run by `make test-slurm`).
+
+tests/slurm/cluster.sh installs Debian's slurm-wlm and munge and starts munged, slurmctld and two
+slurmd "nodes" on this host (2 CPUs and 2 fake GPUs each). The DAG then runs with the shipped profile
+(workflow/profiles/slurm): every rule an sbatch job sized by its declared resources, the train rule
+one 2-node allocation in which `srun` starts a torchrun agent per node and the agents meet at a c10d
+rendezvous (world 2, gloo). A second run with a broken config must fail, naming the failed job's
+SLURM log. Needs root (apt, /etc/slurm); skipped elsewhere, and outside `make test-slurm`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tests"))
+from test_workflow import TINY, make_project  # noqa: E402
+
+CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+RUN_TIMEOUT = 420  # s, the whole DAG; everything is also under `timeout -s KILL`
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.environ.get("TOKENFARM_SLURM_TESTS") != "1",
+                       reason="starts a SLURM cluster as root: run by `make test-slurm`"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="installing and starting SLURM needs root"),
+    pytest.mark.skipif(shutil.which("sbatch") is None and shutil.which("apt-get") is None,
+                       reason="neither SLURM nor apt-get to install it"),
+]
+
+SLURM_CONFIG = {
+    **TINY,
+    "shards_per_job": 4,
+    "dedup": {"partitions": 2},
+    # 2 nodes × 1 process: the plan's world size is 2, global batch 1024 = 16 rows × 32 tokens × 2
+    "hardware": {"nodes": 2, "nproc_per_node": 1, "cpus_per_task": 1, "nccl_env": "socket"},
+}
+
+
+def run_snakemake(path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", WANDB_MODE="offline")
+    cmd = ["timeout", "-s", "KILL", str(RUN_TIMEOUT), SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(path),
+           "--configfile", str(path / "config.yaml"), "--workflow-profile", str(ROOT / "workflow/profiles/slurm"),
+           # this cluster has no accounting: no account; jobs here take seconds, so poll every 2 s
+           "--slurm-no-account", "--slurm-init-seconds-before-status-checks", "2", "--jobs", "4",
+           "--latency-wait", "5", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=path)
+
+
+def scontrol_job(job_id: str) -> str:
+    return subprocess.run(["timeout", "-s", "KILL", "30", "scontrol", "show", "job", "-o", job_id],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def slurm_job_ids(output: str, rule: str) -> list[str]:
+    """SLURM job ids Snakemake reported for `rule` ("... submitted with SLURM jobid N (log: …/rule_R/…")."""
+    return re.findall(rf"SLURM jobid (\d+) \(log: \S*/rule_{rule}/", output)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    start = subprocess.run(["timeout", "-s", "KILL", "900", "bash", str(CLUSTER), "start"], capture_output=True, text=True)
+    assert start.returncode == 0, start.stdout + start.stderr
+    yield
+    subprocess.run(["timeout", "-s", "KILL", "60", "bash", str(CLUSTER), "stop"], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def dag(cluster, tmp_path_factory):
+    path = make_project(tmp_path_factory.mktemp("slurm-dag"), SLURM_CONFIG)
+    proc = run_snakemake(path, "--set-resources", "train:gres='gpu:1'")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    return path, out
+
+
+def test_the_dag_runs_end_to_end_as_slurm_jobs(dag):
+    path, out = dag
+    report = json.loads((path / "results/t/eval/report.json").read_text())
+    assert report["val_loss"] < report["unigram_baseline"]
+    # every job went through sbatch: no local rule ran but the target
+    submitted = re.findall(r"SLURM jobid \d+ \(log: \S*/rule_(\w+)/", out)
+    assert {"download", "tokenizer", "count_shards", "tokenize", "dedup_signatures", "dedup_candidates", "dedup",
+            "split", "mix", "pack", "plan", "accounting", "train", "evaluate"} <= set(submitted)
+    assert submitted.count("dedup_candidates") == 2
+    assert not re.findall(r"^localrule (?!all)", out, flags=re.M)
+
+
+def test_parse_time_plan_prints_only_in_the_main_process(dag):
+    path, out = dag
+    assert out.count("token-budget plan (memory and time are estimates)") == 1
+    logs = list((path / ".snakemake/slurm_logs").rglob("*.log"))
+    assert len(logs) >= 14
+    for log in logs:  # every job re-parsed the Snakefile on its "node" and printed no plan
+        text = log.read_text()
+        assert "token-budget plan" not in text, log
+        assert "Finished" in text or "finished" in text, log
+
+
+def test_jobs_request_the_resources_their_rules_declare(dag):
+    _, out = dag
+    cand = scontrol_job(slurm_job_ids(out, "dedup_candidates")[0])
+    assert "NumNodes=1 " in cand and "NumCPUs=1 " in cand
+    # pipeline.cluster.dedup_job_mb(documents / 2 partitions): a few hundred documents -> the fixed part
+    assert re.search(r"MinMemoryNode=45[0-9]M", cand), cand
+
+
+def test_train_is_one_two_node_allocation_with_a_torchrun_rendezvous(dag):
+    path, out = dag
+    (train_id,) = slurm_job_ids(out, "train")
+    job = scontrol_job(train_id)
+    assert "NumNodes=2 " in job and re.search(r"NodeList=tf\[1-2\]", job), job
+    assert "gres/gpu=2" in job or "gpu:1" in job, job  # one fake GPU on each node
+    log = (path / "logs/t/train.log").read_text()
+    launch = re.search(r"launching 2 node\(s\) × 1 process\(es\): (srun .*)", log)
+    assert launch, log[-3000:]
+    cmd = launch.group(1)
+    assert "--nodes=2" in cmd and "--ntasks-per-node=1" in cmd
+    assert re.search(r"torchrun --nnodes 2 --nproc_per_node 1 --rdzv-backend c10d --rdzv-endpoint 127\.0\.0\.1:\d+", cmd)
+    # the launched world is the plan's: each rank logs it, and the trainer checked it against plan.json
+    plan = json.loads((path / "results/t/plan.json").read_text())
+    assert plan["world_size"] == 2
+    assert re.search(r"× world 2\b", log), log[-3000:]
+    assert "trained" in log
+
+
+def test_a_failing_job_fails_the_run_and_names_its_slurm_log(cluster, tmp_path):
+    config = {**SLURM_CONFIG, "sources": {
+        "web": {"type": "local", "glob": "src/web/*.parquet", "text_column": "body"},
+        "chat": SLURM_CONFIG["sources"]["chat"]}}
+    path = make_project(tmp_path, config)
+    proc = run_snakemake(path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode not in (0, 124, 137), out[-4000:]  # failed, not killed by the timeout
+    logs = re.findall(r"(\S*/\.snakemake/slurm_logs/rule_\w+/\S*?\d+\.log)", out)
+    failed = [Path(p) for p in logs if Path(p).exists() and "no column 'body'" in Path(p).read_text()]
+    assert failed, out[-4000:]
+    assert "Error in rule" in out
+    assert not (path / "results/t/eval/report.json").exists()

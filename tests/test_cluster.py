@@ -1,0 +1,119 @@
+"""Job sizes for a cluster (pipeline.cluster), the data-stage cost in the plan CLI, and the launcher's
+multi-node command (pipeline.training.rendezvous) — without a cluster (tests/slurm runs a real one)."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from pipeline import cluster
+from pipeline.config import resolve_config
+from pipeline.errors import PipelineError
+from pipeline.training import rendezvous
+
+PRESET = yaml.safe_load((ROOT / "configs/llama3-1b-fineweb.yaml").read_text())
+
+
+def preset(**hardware) -> dict:
+    """The 1.2B preset on hardware.nodes nodes (micro-batch 64 / nodes: the same 2^20-token global batch)."""
+    micro = PRESET["train"]["micro_batch"] // hardware.get("nodes", 1)
+    return resolve_config({**PRESET, "hardware": {**PRESET["hardware"], **hardware},
+                           "train": {**PRESET["train"], "micro_batch": micro}})
+
+
+def test_train_job_is_one_allocation_of_n_nodes_with_gpus_per_node():
+    cfg = preset(nodes=4, cpus_per_task=32)
+    r = cluster.job_resources(cfg, "train")
+    assert r["threads"] == 32
+    res = r["resources"]
+    assert res["nodes"] == 4 and res["tasks"] == 4 and res["mpi"] == "srun"
+    assert res["gres"] == "gpu:8" and "gpu" not in res  # per node, not a total spread over nodes
+    assert res["cpus_per_task"] == 32 and res["runtime"] > 60
+    one = cluster.job_resources(preset(cpus_per_task=32), "train")["resources"]
+    assert one["gpu"] == 8 and one["nodes"] == 1 and "gres" not in one and "mpi" not in one
+    # 4× the world: the planned hours (and the requested runtime) shrink
+    assert res["runtime"] < one["runtime"]
+    cpu = cluster.job_resources(resolve_config({}), "train")
+    assert cpu["threads"] == 256 and "gpu" not in cpu["resources"]  # 0 = all cores: --cores caps it locally
+
+
+def test_dedup_candidate_jobs_stay_under_1gb_on_the_preset_and_grow_with_fewer_partitions():
+    cfg = preset()
+    docs, tokens, shards = cluster.corpus(cfg)
+    assert shards == 1823 and 90e6 < docs < 110e6
+    mem = cluster.job_resources(cfg, "dedup_candidates", docs, tokens)["resources"]["mem_mb"]
+    assert mem <= 1000
+    fewer = resolve_config({**PRESET, "dedup": {"partitions": 20}})
+    assert cluster.job_resources(fewer, "dedup_candidates", docs, tokens)["resources"]["mem_mb"] > 3 * mem
+
+
+def test_every_rule_has_resources():
+    cfg = resolve_config({})
+    for rule in ("download", "count", "tokenize", "dedup_signatures", "dedup_candidates", "dedup", "tokenizer",
+                 "plan", "accounting", "split", "mix", "pack", "train", "evaluate"):
+        r = cluster.job_resources(cfg, rule, 1000, 10**6)
+        assert r["threads"] >= 1 and r["resources"]["mem_mb"] > 0 and r["resources"]["runtime"] >= 10, rule
+
+
+def test_data_costs_scale_with_cores_and_partitions():
+    cfg = preset()
+    small, big = cluster.data_costs(cfg, data_cpus=64), cluster.data_costs(cfg, data_cpus=1024)
+    assert small["cpu_hours"] == pytest.approx(big["cpu_hours"]) and big["wall_hours"] < small["wall_hours"]
+    assert small["stages"]["dedup_candidates"]["jobs"] == 200 and small["stages"]["tokenize"]["jobs"] == 114
+    # tokenize: 100B tokens / 5.35M tokens per CPU-second
+    assert small["stages"]["tokenize"]["cpu_hours"] == pytest.approx(1823 * 54854635 / 5.35e6 / 3600)
+    more = cluster.data_costs(resolve_config({**PRESET, "dedup": {"partitions": 400}}), data_cpus=64)
+    assert more["stages"]["dedup_candidates"]["cpu_hours"] == pytest.approx(
+        2 * small["stages"]["dedup_candidates"]["cpu_hours"])
+
+
+def test_plan_cli_prints_the_data_stage_cost():
+    out = subprocess.run([sys.executable, "-m", "pipeline.plan", "--configfile", "configs/llama3-1b-fineweb.yaml",
+                          "--data-cpus", "128"], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert "data stages on 128 CPU cores" in out
+    row = re.search(r"dedup_candidates\s+200\s+([\d.,]+)\s+([\d.,]+)\s+0\.\dGB", out)
+    assert row, out
+    assert re.search(r"total\s+\d{3},?\d*\s+[\d.,]+\s+[\d.,]+", out)
+
+
+def test_dry_run_shows_the_train_job_as_one_n_node_allocation(tmp_path):
+    cfg = {**PRESET, "hardware": {**PRESET["hardware"], "nodes": 2, "cpus_per_task": 16},
+           "train": {**PRESET["train"], "micro_batch": 32}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "train", "-s", str(ROOT / "Snakefile"),
+                          "-d", str(tmp_path), "-n", "--configfile", str(tmp_path / "c.yaml")],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    block = out.stdout[out.stdout.index("rule train:"):]
+    res = re.search(r"resources: (.*)", block).group(1)
+    assert "nodes=2" in res and "tasks=2" in res and "gres=gpu:8" in res and "mpi=srun" in res, res
+    assert "cpus_per_task=16" in res, res
+
+
+def test_launcher_runs_torchrun_standalone_on_one_node_and_refuses_n_nodes_without_slurm(tmp_path):
+    cmd = rendezvous.launch_command(1, 4, 8, 0, ["-m", "pipeline.training.train"])
+    assert cmd[1:5] == ["--standalone", "--nproc_per_node", "4", "-m"]
+    with pytest.raises(PipelineError, match="one SLURM job of 2 nodes.*workflow/profiles/slurm"):
+        rendezvous.launch_command(2, 4, 8, 4, ["-m", "x"], job_id=None)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"world_size": 8}))
+    rendezvous.check_world(2, 4, plan)
+    with pytest.raises(PipelineError, match="world_size 8, but this launch is 1 node"):
+        rendezvous.check_world(1, 4, plan)
+
+
+def test_nccl_presets_and_mappings():
+    assert rendezvous.nccl_env("default") == {}
+    sock = rendezvous.nccl_env("socket", nodes=4)
+    assert sock["NCCL_P2P_DISABLE"] == "1" and sock["NCCL_IB_DISABLE"] == "1" and "NCCL_SOCKET_IFNAME" not in sock
+    assert rendezvous.nccl_env({"NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": 1}) == {"NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": "1"}
+    with pytest.raises(PipelineError, match="loopback"):
+        rendezvous.nccl_env("socket-lo", nodes=2)
+    with pytest.raises(Exception, match="nccl_env"):
+        resolve_config({"hardware": {"nccl_env": {"OMP_NUM_THREADS": 1}}})
