@@ -236,21 +236,28 @@ def _doc_keys(shard: ShardSig, table: pa.Table) -> np.ndarray:
     return shard.base + doc.astype(np.int64)
 
 
-def load_nodes(shards: list[ShardSig], nodes: np.ndarray, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
-    """Exact hashes (len(nodes),) and signatures (len(nodes), num_perm) of the documents whose keys
-    are `nodes` (sorted), reading only the shards that hold some of them."""
+def load_nodes(shards: list[ShardSig], nodes: np.ndarray, sig_nodes: np.ndarray,
+               num_perm: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact hashes (len(nodes),) of the documents whose keys are `nodes` (sorted), and signatures
+    (len(sig_nodes), num_perm) of those in `sig_nodes` (sorted, a subset), reading only the shards
+    that hold some of them."""
     exact = np.zeros(len(nodes), np.uint64)
-    sig = np.zeros((len(nodes), num_perm), np.uint32)
+    sig = np.zeros((len(sig_nodes), num_perm), np.uint32)
     wanted = set((np.unique(nodes >> SHARD_SHIFT)).tolist())
     for shard in shards:
         if shard.base >> SHARD_SHIFT not in wanted:
             continue
-        t = shard.read(["doc", "exact", "sig"])
+        t = shard.read(["doc", "exact", "sig"] if len(sig_nodes) else ["doc", "exact"])
         keys = _doc_keys(shard, t)
         pos = np.minimum(np.searchsorted(nodes, keys), len(nodes) - 1)
         hit = nodes[pos] == keys
         exact[pos[hit]] = t.column("exact").to_numpy()[hit]
-        sig[pos[hit]] = _fixed_list(t, "sig")[hit]
+        if len(sig_nodes):
+            pos = np.minimum(np.searchsorted(sig_nodes, keys), len(sig_nodes) - 1)
+            hit = sig_nodes[pos] == keys
+            if hit.any():
+                sig[pos[hit]] = _fixed_list(t, "sig")[hit]
+        del t
     return exact, sig
 
 
@@ -300,7 +307,7 @@ class Clusters:
 
 PAIR_SCHEMA = pa.schema([("key", pa.int64()), ("rep", pa.int64()), ("exact", pa.bool_()), ("ok", pa.bool_()),
                          ("key_hash", pa.uint64()), ("rep_hash", pa.uint64())])
-JACCARD_CHUNK = 1 << 18  # edges whose signatures are compared at once (2 × 480 B each at num_perm 120)
+JACCARD_CHUNK = 1 << 15  # band edges whose signatures are compared at once (2 × 480 B each at num_perm 120)
 
 
 def partition_rows(shards: list[ShardSig], dd: dict, part: int, parts: int) -> dict[int, tuple]:
@@ -360,17 +367,20 @@ def group_edges(chunks: dict[int, list]) -> tuple[np.ndarray, np.ndarray, np.nda
 
 def confirm(shards: list[ShardSig], dd: dict, key: np.ndarray, rep: np.ndarray,
             exact: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ok, key_hash, rep_hash) of the edges: ok = exact or estimated Jaccard >= threshold."""
+    """(ok, key_hash, rep_hash) of the edges: ok = exact or estimated Jaccard >= threshold. Signatures
+    are loaded for the ends of band edges only (an exact edge holds without them)."""
     ends = np.unique(np.concatenate([key, rep]))
     if not len(ends):
         return np.zeros(0, bool), np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-    hashes, sig = load_nodes(shards, ends, dd["num_perm"])
-    ki, ri = np.searchsorted(ends, key), np.searchsorted(ends, rep)
+    near = np.flatnonzero(~exact)
+    sig_ends = np.unique(np.concatenate([key[near], rep[near]]))
+    hashes, sig = load_nodes(shards, ends, sig_ends, dd["num_perm"])
     ok = exact.copy()
-    for lo in range(0, len(key), JACCARD_CHUNK):
-        hi = min(lo + JACCARD_CHUNK, len(key))
-        ok[lo:hi] |= minhash.estimated_jaccard(sig[ki[lo:hi]], sig[ri[lo:hi]]) >= dd["threshold"]
-    return ok, hashes[ki], hashes[ri]
+    for lo in range(0, len(near), JACCARD_CHUNK):
+        edges = near[lo:lo + JACCARD_CHUNK]
+        a, b = np.searchsorted(sig_ends, key[edges]), np.searchsorted(sig_ends, rep[edges])
+        ok[edges] = minhash.estimated_jaccard(sig[a], sig[b]) >= dd["threshold"]
+    return ok, hashes[np.searchsorted(ends, key)], hashes[np.searchsorted(ends, rep)]
 
 
 def candidates(shards: list[ShardSig], dd: dict, part: int, parts: int) -> pa.Table:
