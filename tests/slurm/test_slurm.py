@@ -100,10 +100,11 @@ def test_parse_time_plan_prints_only_in_the_main_process(dag):
     assert out.count("token-budget plan (memory and time are estimates)") == 1
     logs = list((path / ".snakemake/slurm_logs").rglob("*.log"))
     assert len(logs) >= 14
-    for log in logs:  # every job re-parsed the Snakefile on its "node" and printed no plan
+    for log in logs:  # every job re-parsed the Snakefile on its "node" and printed no plan ...
         text = log.read_text()
-        assert "token-budget plan" not in text, log
-        assert "Finished" in text or "finished" in text, log
+        assert "Finished jobid" in text, log
+        # ... but the plan rule's own CLI, which prints it once
+        assert text.count("token-budget plan") == (1 if log.parent.name == "rule_plan" else 0), log
 
 
 def test_jobs_request_the_resources_their_rules_declare(dag):
