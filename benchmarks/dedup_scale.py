@@ -7,7 +7,8 @@ default hashing parameters: 120 permutations, 20 bands of 6 rows) in shards of -
 --dup-rate of the documents copies of a pool of templates, perturbed in 0 (exact), a few (near) or
 half (a rejected candidate) of their signature positions. Then it runs, each in its own process
 (`python -m pipeline.data.dedup candidates`), candidate job 0 of P = ceil(N / docs-per-job) — the jobs are
-alike by construction (band keys are uniform hashes), so one is measured — and the merge job (`clusters --pairs`: union-find, keep lists, report) over
+alike by construction (band keys are uniform hashes), so one is measured — and the merge job
+(`clusters --pairs`: union-find, keep lists, report) over
 all P jobs' pairs (the other P - 1 candidate jobs are run too when --all-jobs). Peak memory is the
 child's ru_maxrss (resource.getrusage(RUSAGE_CHILDREN) after it exits), CPU is its user+sys time.
 """
@@ -105,10 +106,11 @@ def main() -> None:
         parts = max(1, math.ceil(n / args.docs_per_job))
         k = args.merge_jobs or parts
 
-        def run(command: str, **extra) -> dict:
-            params = json.dumps(stage_params(resolve_config({"dedup": {"partitions": extra.pop("partitions")}}), "dedup"))
-            return measured([sys.executable, "-m", "pipeline.data.dedup", command, "--params", params,
-                             "--inputs", *map(str, sigs), *[a for kv in extra.items() for a in (f"--{kv[0]}", *kv[1])]])
+        def run(command: str, sigs=sigs, **extra) -> dict:
+            cfg = resolve_config({"dedup": {"partitions": extra.pop("partitions")}})
+            flags = [a for kv in extra.items() for a in (f"--{kv[0]}", *kv[1])]
+            return measured([sys.executable, "-m", "pipeline.data.dedup", command, "--params",
+                             json.dumps(stage_params(cfg, "dedup")), "--inputs", *map(str, sigs), *flags])
 
         jobs = [run("candidates", partitions=parts, part=[str(p)], out=[str(work / f"pairs-{p}.parquet")])
                 for p in range(parts if args.all_jobs else 1)]
@@ -126,7 +128,8 @@ def main() -> None:
                "candidate_peak_mb": round(max(j["peak_mb"] for j in jobs)),
                "candidate_cpu_s": round(sum(j["cpu_s"] for j in jobs) / len(jobs), 1),
                "candidate_wall_s": round(sum(j["wall_s"] for j in jobs) / len(jobs), 1),
-               "merge_inputs": k, "merge_peak_mb": round(merge["peak_mb"]), "merge_cpu_s": round(merge["cpu_s"], 1), **stats}
+               "merge_inputs": k, "merge_peak_mb": round(merge["peak_mb"]), "merge_cpu_s": round(merge["cpu_s"], 1),
+               **stats}
         rows.append(row)
         print(json.dumps(row), flush=True)
         if not args.keep:

@@ -131,7 +131,8 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0)
         return {**one, "resources": {"mem_mb": UNMEASURED_MB, "runtime": _minutes(cpu, safety=10)}}
     if rule == "train":
         nodes, nproc = hw["nodes"], hw["nproc_per_node"]
-        hours = flops_per_token(cfg) * trained_tokens(cfg) / (world_size(cfg) * peak_flops(cfg) * hw["assumed_mfu"]) / 3600
+        flops = flops_per_token(cfg) * trained_tokens(cfg)
+        hours = flops / (world_size(cfg) * peak_flops(cfg) * hw["assumed_mfu"]) / 3600  # the plan's est_hours
         res = {"cpus_per_task": many, "nodes": nodes, "runtime": math.ceil(90 * hours) + 30,
                "mem_mb": nproc * (32_000 if cuda else 4_000)}
         if nodes > 1:  # one task (a torchrun agent) per node; the rule's shell runs srun itself

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT
+
 from pipeline import cluster
 from pipeline.config import resolve_config
 from pipeline.errors import PipelineError

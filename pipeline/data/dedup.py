@@ -472,7 +472,8 @@ def write_candidates(sig_paths: list[str | os.PathLike], part: int, out, params:
     if not sig_paths:
         raise PipelineError("no signature files given (--inputs); run dedup_signatures first")
     if not 0 <= part < dd["partitions"]:
-        raise PipelineError(f"--part {part} is not in 0..{dd['partitions'] - 1} (dedup.partitions = {dd['partitions']})")
+        raise PipelineError(f"--part {part} is not in 0..{dd['partitions'] - 1} "
+                            f"(dedup.partitions = {dd['partitions']})")
     shards = catalogue(sig_paths, dd)
     table = candidates(shards, dd, part, dd["partitions"])
     meta = provenance("dedup_candidates", params, [s.path for s in shards], part=part, parts=dd["partitions"],
@@ -495,8 +496,8 @@ def read_candidates(pair_paths: list[str | os.PathLike], shards: list[ShardSig],
             raise PipelineError(f"{p}: not a readable candidate-pairs file ({e}); rerun dedup_candidates") from None
         if meta.get("parts") != parts or meta.get("part") in tables or meta.get("shards") != names:
             raise PipelineError(f"{p}: candidate pairs of partition {meta.get('part')}/{meta.get('parts')} over "
-                                f"{len(meta.get('shards') or [])} shard(s), but this merge is over {parts} partition(s) "
-                                f"of {len(names)} shard(s); rerun dedup_candidates")
+                                f"{len(meta.get('shards') or [])} shard(s), but this merge is over {parts} "
+                                f"partition(s) of {len(names)} shard(s); rerun dedup_candidates")
         tables[meta["part"]] = table
     if sorted(tables) != list(range(parts)):
         missing = sorted(set(range(parts)) - set(tables))

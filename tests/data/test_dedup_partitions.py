@@ -6,19 +6,17 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
-from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import ROOT
+
 from pipeline.config import resolve_config, stage_params
 from pipeline.data import dedup, minhash
 from pipeline.errors import PipelineError
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from dedup_scale import write_synthetic  # noqa: E402
+from dedup_scale import write_synthetic
 
 
 def dedup_params(**overrides) -> dict:

@@ -18,11 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "tests"))
-from test_workflow import TINY, make_project  # noqa: E402
+from test_workflow import TINY, make_project
 
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -68,7 +67,8 @@ def slurm_job_ids(output: str, rule: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    start = subprocess.run(["timeout", "-s", "KILL", "900", "bash", str(CLUSTER), "start"], capture_output=True, text=True)
+    start = subprocess.run(["timeout", "-s", "KILL", "900", "bash", str(CLUSTER), "start"], capture_output=True,
+                           text=True)
     assert start.returncode == 0, start.stdout + start.stderr
     yield
     subprocess.run(["timeout", "-s", "KILL", "60", "bash", str(CLUSTER), "stop"], capture_output=True, text=True)
@@ -126,7 +126,8 @@ def test_train_is_one_two_node_allocation_with_a_torchrun_rendezvous(dag):
     assert launch, log[-3000:]
     cmd = launch.group(1)
     assert "--nodes=2" in cmd and "--ntasks-per-node=1" in cmd
-    assert re.search(r"torchrun --nnodes 2 --nproc_per_node 1 --rdzv-backend c10d --rdzv-endpoint 127\.0\.0\.1:\d+", cmd)
+    assert re.search(r"torchrun --nnodes 2 --nproc_per_node 1 --rdzv-backend c10d "
+                     r"--rdzv-endpoint 127\.0\.0\.1:\d+", cmd)
     # the launched world is the plan's: each rank logs it, and the trainer checked it against plan.json
     plan = json.loads((path / "results/t/plan.json").read_text())
     assert plan["world_size"] == 2
