@@ -284,15 +284,25 @@ def test_edited_local_shard_reruns_its_download_and_what_follows(project):
         shard.write_bytes(original)
 
 
-def test_multi_node_train_job_says_how_to_launch(tmp_path):
-    """The data stages run for a 2-node config; the train job, one node only, fails with the launch."""
+def test_multi_node_train_job_needs_slurm(tmp_path):
+    """A 2-node config: the train job is the multi-node launcher, which outside a SLURM allocation
+    stops with one message naming the SLURM profile (tests/slurm runs it inside one)."""
     cfg = json.loads(json.dumps(TINY))
     cfg["hardware"] = {"nodes": 2}
     make_project(tmp_path, cfg)
     out = snakemake(tmp_path, "-n", "-p").stdout
     train = out[out.index("rule train:"):]
+    resources = re.search(r"resources: (.*)", train).group(1).split(", ")
+    assert {"nodes=2", "tasks=2", "mpi=srun"} <= set(resources), resources
     command = train[train.index("Shell command:"):].splitlines()[0]
-    assert "hardware.nodes is 2" in command and "--nnodes 2" in command and command.endswith("exit 1")
+    assert "python -m pipeline.training.rendezvous --params" in command and '"nodes":2' in command
+    params = re.search(r"--params '([^']*)'", command).group(1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.run([sys.executable, "-m", "pipeline.training.rendezvous", "--params", params, "--",
+                           "-m", "pipeline.training.train"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert proc.returncode == 1
+    assert "one SLURM job of 2 nodes" in proc.stderr and "workflow/profiles/slurm" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_config_typo_is_one_clear_error(tmp_path):
