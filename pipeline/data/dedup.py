@@ -4,9 +4,10 @@ Three CLIs, one per Snakemake rule (the hashing maths is in `pipeline.data.minha
 
     python -m pipeline.data.dedup signatures --params JSON --source S --inputs D/S/{shard}.parquet ... \
         --tokens R/tokens/S/{shard}.json ... --outputs R/dedup/sig/S/{shard}.parquet ... [--manifest M]
-    python -m pipeline.data.dedup candidates --params JSON --inputs R/dedup/sig/*/*.parquet \
+    python -m pipeline.data.dedup index --manifests R/dedup/sig/*/_manifest/*.json --out R/dedup/sig/index.json
+    python -m pipeline.data.dedup candidates --params JSON (--index R/dedup/sig/index.json | --inputs SIG...) \
         --part P --out R/dedup/pairs/P.parquet                                  (P = 0 .. partitions - 1)
-    python -m pipeline.data.dedup clusters --params JSON --inputs R/dedup/sig/*/*.parquet \
+    python -m pipeline.data.dedup clusters --params JSON (--index R/dedup/sig/index.json | --inputs SIG...) \
         [--pairs R/dedup/pairs/*.parquet] --outdir R/dedup --report R/dedup/report.json
 
 **signatures** (each shard of a group, in one process). The documents are the tokenized ones:
@@ -65,7 +66,14 @@ import pyarrow.parquet as pq
 
 from pipeline.config import add_config_args, params_from_args
 from pipeline.data import minhash
-from pipeline.data.contract import add_group_args, document_texts, load_doc_tokens, run_group, shard_name
+from pipeline.data.contract import (
+    add_group_args,
+    document_texts,
+    load_doc_tokens,
+    run_group,
+    shard_name,
+    write_manifest,
+)
 from pipeline.errors import PipelineError
 from pipeline.io import (
     META_KEY,
@@ -466,6 +474,29 @@ def cluster_report(clusters: Clusters, per_source: dict, shards: list[ShardSig],
     }
 
 
+def write_index(manifests: list[str | os.PathLike], out) -> list[str]:
+    """The `index` CLI: one manifest listing every signature file of the run (from the group
+    manifests), so the candidate and merge jobs each depend on one file, not on every group."""
+    files = []
+    for m in manifests:
+        try:
+            files += [f["path"] for f in json.loads(Path(m).read_text())["files"]]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise PipelineError(f"{m}: not a group manifest ({e}); rerun dedup_signatures") from None
+    write_manifest("dedup_signatures", out, files)
+    return files
+
+
+def signature_files(args) -> list[str]:
+    """--inputs, or the files listed by --index (a `write_index` manifest)."""
+    if args.inputs:
+        return args.inputs
+    try:
+        return [f["path"] for f in json.loads(Path(args.index).read_text())["files"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise PipelineError(f"{args.index}: not a signature index ({e}); rerun dedup_index") from None
+
+
 def write_candidates(sig_paths: list[str | os.PathLike], part: int, out, params: dict) -> dict:
     """The `candidates` CLI: candidate job `part` of `dedup.partitions`; returns the file's metadata."""
     dd = params["dedup"]
@@ -558,14 +589,23 @@ def main(argv=None) -> None:
     sig.add_argument("--source", required=True)
     add_group_args(sig, "raw shards D/{source}/{shard}.parquet", "R/dedup/sig/{source}/{shard}.parquet, one per input")
     sig.add_argument("--tokens", nargs="+", required=True, help="R/tokens/{source}/{shard}.json, one per input")
+    idx = sub.add_parser("index", help="list every signature file of the run in one manifest")
+    idx.add_argument("--manifests", nargs="+", required=True, help="R/dedup/sig/{source}/_manifest/{group}.json")
+    idx.add_argument("--out", required=True, help="R/dedup/sig/index.json")
+
+    def add_signature_inputs(p) -> None:
+        g = p.add_mutually_exclusive_group(required=True)
+        g.add_argument("--inputs", nargs="+", help="R/dedup/sig/*/*.parquet")
+        g.add_argument("--index", help="R/dedup/sig/index.json (what the rules pass)")
+
     cand = sub.add_parser("candidates", help="candidate pairs of one band-key partition")
     add_config_args(cand)
-    cand.add_argument("--inputs", nargs="+", required=True, help="R/dedup/sig/*/*.parquet")
+    add_signature_inputs(cand)
     cand.add_argument("--part", type=int, required=True, help="0 .. dedup.partitions - 1")
     cand.add_argument("--out", required=True, help="R/dedup/pairs/{part}.parquet")
     clu = sub.add_parser("clusters", help="cluster all shards' signatures")
     add_config_args(clu)
-    clu.add_argument("--inputs", nargs="+", required=True, help="R/dedup/sig/*/*.parquet")
+    add_signature_inputs(clu)
     clu.add_argument("--pairs", nargs="+", help="R/dedup/pairs/*.parquet: every candidates job's output "
                      "(without: computed here)")
     clu.add_argument("--outdir", required=True, help="R/dedup (keep lists go to OUTDIR/keep/{source}/{shard}.parquet)")
@@ -578,10 +618,12 @@ def main(argv=None) -> None:
             raise PipelineError(f"{len(args.inputs)} --inputs but {len(args.tokens)} --tokens; pass one per shard")
         run_group("dedup_signatures", list(zip(args.inputs, args.tokens, strict=True)), args.outputs, args.manifest,
                   lambda inp, out: write_signatures(inp[0], inp[1], args.source, shard_name(inp[0]), params, out))
+    elif args.command == "index":
+        write_index(args.manifests, args.out)
     elif args.command == "candidates":
-        write_candidates(args.inputs, args.part, args.out, params_from_args(args, "dedup"))
+        write_candidates(signature_files(args), args.part, args.out, params_from_args(args, "dedup"))
     else:
-        run_clusters(args.inputs, args.outdir, args.report, params_from_args(args, "dedup"), args.pairs)
+        run_clusters(signature_files(args), args.outdir, args.report, params_from_args(args, "dedup"), args.pairs)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,13 @@ def test_partitioned_clusters_equal_the_reference_for_every_partition_count(sigs
 def test_candidate_jobs_and_merge_through_the_cli_equal_one_process(sigs, tmp_path):
     params = dedup_params(partitions=3)
     py = [sys.executable, "-m", "pipeline.data.dedup"]
-    args = ["--params", json.dumps(params), "--inputs", *map(str, sigs)]
+    manifests = []  # as dedup_signatures writes them: one per group of shards
+    for i, group in enumerate((sigs[:2], sigs[2:])):
+        manifests.append(tmp_path / f"m{i}.json")
+        manifests[-1].write_text(json.dumps({"files": [{"path": str(p)} for p in group]}))
+    subprocess.run([*py, "index", "--manifests", *map(str, manifests), "--out", str(tmp_path / "index.json")],
+                   check=True, cwd=ROOT)
+    args = ["--params", json.dumps(params), "--index", str(tmp_path / "index.json")]
     pairs = [tmp_path / f"pairs/{p}.parquet" for p in range(3)]
     for p, out in enumerate(pairs):
         subprocess.run([*py, "candidates", *args, "--part", str(p), "--out", str(out)], check=True, cwd=ROOT)
