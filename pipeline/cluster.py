@@ -25,14 +25,15 @@ THROUGHPUT = {
     "count": 5.83e6,            # tokens / cpu-s ("count end to end")
     "tokenize": 5.35e6,         # tokens / cpu-s ("tokenize end to end")
     "dedup_signatures": 3_351,  # documents / cpu-s (a per-shard job through its CLI, 1,596-word documents)
-    "dedup_scan": 310_000,      # documents / cpu-s each candidate job reads (it reads every shard's band keys)
+    "dedup_scan": 450_000,      # documents / cpu-s a candidate job reads (each reads every shard's band keys)
     "pack": 167e6,              # tokens / cpu-s ("pack (concat)")
 }
 # A dedup candidate job's peak memory (BENCHMARKS.md, "Dedup at scale"): a fixed part (interpreter,
 # libraries, one shard being read) plus a part per document of its slice, which includes the
 # signatures of its slice's duplicate candidates at a 10 % duplicate rate.
-DEDUP_JOB_BASE_MB = 450
+DEDUP_JOB_BASE_MB = 500       # 802 MB measured at 0.5M documents per job (20M documents, 40 jobs)
 DEDUP_JOB_BYTES_PER_DOC = 700
+DEDUP_MERGE_BYTES_PER_DOC = 60  # 976 MB measured at 20M documents (2.0M candidate pairs)
 # Where no measured counts give the number of documents: FineWeb-Edu's order of magnitude (an
 # assumption, used for job sizes and the cost estimate only; the count stage measures it).
 TOKENS_PER_DOCUMENT = 1_000
@@ -118,7 +119,7 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0)
         cpu = documents / THROUGHPUT["dedup_scan"]
         return {**one, "resources": {"mem_mb": dedup_job_mb(documents / parts), "runtime": _minutes(cpu)}}
     if rule == "dedup":  # the merge: candidate pairs of the whole corpus, then one shard's keep list at a time
-        return {**one, "resources": {"mem_mb": 1000 + math.ceil(120 * documents / 2**20),
+        return {**one, "resources": {"mem_mb": 1000 + math.ceil(DEDUP_MERGE_BYTES_PER_DOC * documents / 2**20),
                                      "runtime": _minutes(documents / THROUGHPUT["dedup_scan"])}}
     if rule == "tokenizer":
         chars = cfg["tokenizer"]["train_chars"]

@@ -3,7 +3,7 @@
 #
 #   tests/slurm/cluster.sh install   apt-get the packages (root; idempotent)
 #   tests/slurm/cluster.sh start     write /etc/slurm/{slurm,gres}.conf, start munged, slurmctld and two slurmd
-#   tests/slurm/cluster.sh stop      stop the daemons this script started, by PID
+#   tests/slurm/cluster.sh stop      stop the daemons this script started, by PID; remove its config
 #   tests/slurm/cluster.sh status    sinfo
 #
 # Two "nodes" on one host: tf1 (127.0.0.1:6818) and tf2 (127.0.0.2:6819), each a slurmd started with
@@ -37,7 +37,10 @@ install() {
   DEBIAN_FRONTEND=noninteractive timeout -s KILL 600 apt-get install -y -qq slurm-wlm munge >/dev/null
 }
 
+ours() { [ ! -e "$CONF/slurm.conf" ] || grep -q "^# written by tokenfarm" "$CONF/slurm.conf"; }
+
 write_conf() {
+  ours || die "$CONF/slurm.conf exists and was not written by this script: not touching a real cluster's config"
   mkdir -p "$CONF" "$STATE"/{ctld,log}
   for n in "${NODES[@]}"; do mkdir -p "$STATE/spool-$n"; done
   local host; host=$(hostname -s)
@@ -134,6 +137,9 @@ stop() {
     fi
     rm -f "$f"
   done
+  # Our config goes too: with a slurm.conf naming a controller that is down, every SLURM client
+  # (and so Snakemake's SLURM plugin, which runs `scontrol show config` when it loads) waits ~9 s.
+  if [ -e "$CONF/slurm.conf" ] && ours; then rm -f "$CONF/slurm.conf" "$CONF/gres.conf"; fi
   [ "${1:-}" = quiet ] || echo "cluster.sh: stopped"
 }
 
