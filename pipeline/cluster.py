@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline.budget import flops_per_token, peak_flops, trained_tokens, world_size
+from pipeline.budget import count_params, flops_per_token, peak_flops, trained_tokens, world_size
 
 # Per-core throughputs measured in BENCHMARKS.md (2-core development VM, one single-threaded process,
 # end to end through the stage's code). The cost model below and nothing else uses them.
@@ -143,6 +143,9 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0)
         elif cuda:
             res["gpu"] = nproc
         return {"threads": many, "resources": res}
+    if rule == "export":  # the fp32 model, its state dict and the safetensors copy in memory at once
+        params = count_params(cfg["model"])[0]
+        return {**one, "resources": {"mem_mb": 4000 + math.ceil(12 * params / 2**20), "runtime": 60}}
     if rule == "evaluate":
         res = {"cpus_per_task": many, "mem_mb": 16_000 if cuda else 4_000, "runtime": 120}
         if cuda:

@@ -12,6 +12,9 @@ rule export:
         code=code_version("evaluation.export", "training.model", "training.checkpoint", "data.encoding"),
     log:
         f"{LOG_DIR}/export.log",
+    threads: job_threads("export")
+    resources:
+        **job_resources("export"),
     conda:
         "../../envs/train.yaml"
     shell:
