@@ -37,7 +37,6 @@ DEDUP_MERGE_BYTES_PER_DOC = 60  # 976 MB measured at 20M documents (2.0M candida
 # Where no measured counts give the number of documents: FineWeb-Edu's order of magnitude (an
 # assumption, used for job sizes and the cost estimate only; the count stage measures it).
 TOKENS_PER_DOCUMENT = 1_000
-PER_SHARD_RULES = ("download", "count", "tokenize", "dedup_signatures")
 MIN_RUNTIME = 10  # minutes: scheduling slack for the smallest job
 UNMEASURED_MB = 16_000  # jobs whose memory at scale is not measured yet (split, mix, pack): a generous default
 

@@ -151,3 +151,13 @@ def test_a_failing_job_fails_the_run_and_names_its_slurm_log(slurm, tmp_path):
     assert failed, out[-4000:]
     assert "Error in rule" in out
     assert not (path / "results/t/eval/report.json").exists()
+
+
+def test_a_cluster_run_must_size_its_multithreaded_jobs(slurm, tmp_path):
+    """hardware.cpus_per_task 0 means "all cores", which an sbatch request cannot say: one line, no job."""
+    config = {**SLURM_CONFIG, "hardware": {**SLURM_CONFIG["hardware"], "cpus_per_task": 0}}
+    path = make_project(tmp_path, config)
+    proc = run_snakemake(path)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "hardware.cpus_per_task is 0" in proc.stderr and "Traceback" not in proc.stderr
+    assert "submitted with SLURM jobid" not in proc.stdout + proc.stderr
