@@ -75,7 +75,17 @@ def job_resources(rule):
     return tfcl.job_resources(config, rule, CORPUS_DOCS, CORPUS_TOKENS)["resources"]
 
 
-if workflow.is_main_process and workflow.non_local_exec and not config["hardware"]["cpus_per_task"]:
+def cluster_run():
+    """A run through a cluster executor: only there does Snakemake know no core count at parse time (a
+    local run's --cores and every dry run give one; the executor plugin itself is set up after parsing)."""
+    try:
+        workflow.cores
+    except WorkflowError:
+        return True
+    return False
+
+
+if workflow.is_main_process and cluster_run() and not config["hardware"]["cpus_per_task"]:
     stop("hardware.cpus_per_task is 0 (all cores), which a cluster job cannot request: set it to the cores "
          "one job may use, e.g. hardware: {cpus_per_task: 16}")
 
