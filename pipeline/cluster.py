@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline.budget import count_params, flops_per_token, peak_flops, trained_tokens, world_size
+from pipeline.budget import count_params, trained_tokens
 
 # Per-core throughputs measured in BENCHMARKS.md (2-core development VM, one single-threaded process,
 # end to end through the stage's code). The cost model below and nothing else uses them.
@@ -124,15 +124,21 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0)
         chars = cfg["tokenizer"]["train_chars"]
         return {"threads": many, "resources": {"cpus_per_task": many, "mem_mb": 4000 + math.ceil(12 * chars / 2**20),
                                                "runtime": 60 + math.ceil(chars / 2e6)}}
-    if rule in ("plan", "accounting"):
+    if rule == "decontaminate":  # every document's word n-grams, one process: not measured at scale;
+        # assumed as fast as the MinHash signatures (a similar per-word hashing pass)
+        cpu = documents / THROUGHPUT["dedup_signatures"]
+        return {**one, "resources": {"mem_mb": UNMEASURED_MB, "runtime": _minutes(cpu)}}
+    if rule in ("plan", "accounting", "eval_data"):
         return {**one, "resources": {"mem_mb": 2000, "runtime": MIN_RUNTIME}}
     if rule in ("split", "mix", "pack"):  # not measured at scale: generous defaults (profile's set-resources)
         cpu = tokens / THROUGHPUT["pack"] * (10 if rule != "pack" else 1)
         return {**one, "resources": {"mem_mb": UNMEASURED_MB, "runtime": _minutes(cpu, safety=10)}}
     if rule == "train":
         nodes, nproc = hw["nodes"], hw["nproc_per_node"]
-        flops = flops_per_token(cfg) * trained_tokens(cfg)
-        hours = flops / (world_size(cfg) * peak_flops(cfg) * hw["assumed_mfu"]) / 3600  # the plan's est_hours
+        from pipeline.plan import performance  # the plan's step time: measured, assumed MFU or predicted
+
+        steps = trained_tokens(cfg) // cfg["train"]["global_batch_tokens"]
+        hours = steps * performance(cfg)["step_time_s"] / 3600  # the plan's est_hours
         res = {"cpus_per_task": many, "nodes": nodes, "runtime": math.ceil(90 * hours) + 30,
                "mem_mb": nproc * (32_000 if cuda else 4_000)}
         if nodes > 1:  # one task (a torchrun agent) per node; the rule's shell runs srun itself

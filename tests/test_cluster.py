@@ -56,7 +56,8 @@ def test_dedup_candidate_jobs_stay_under_1gb_on_the_preset_and_grow_with_fewer_p
 def test_every_rule_has_resources():
     cfg = resolve_config({})
     for rule in ("download", "count", "tokenize", "dedup_signatures", "dedup_candidates", "dedup", "tokenizer",
-                 "plan", "accounting", "split", "mix", "pack", "train", "evaluate", "export"):
+                 "plan", "accounting", "split", "mix", "pack", "train", "evaluate", "export", "decontaminate",
+                 "eval_data"):
         r = cluster.job_resources(cfg, rule, 1000, 10**6)
         assert r["threads"] >= 1 and r["resources"]["mem_mb"] > 0 and r["resources"]["runtime"] >= 10, rule
 

@@ -16,6 +16,9 @@ rule decontaminate:
         outdir=lambda w, output: Path(output.report).parent,
     log:
         f"{LOG_DIR}/decontaminate.log",
+    threads: job_threads("decontaminate")
+    resources:
+        **job_resources("decontaminate"),
     conda:
         "../../envs/data.yaml"
     shell:

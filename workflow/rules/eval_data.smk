@@ -9,6 +9,9 @@ rule eval_data:
         outdir=lambda w, output: Path(output[0]).parent,
     log:
         f"{LOG_DIR}/eval_data.log",
+    threads: job_threads("eval_data")
+    resources:
+        **job_resources("eval_data"),
     conda:
         "../../envs/data.yaml"
     shell:
