@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline.budget import count_params, trained_tokens
+from pipeline.budget import count_params
 
 # Per-core throughputs measured in BENCHMARKS.md (2-core development VM, one single-threaded process,
 # end to end through the stage's code). The cost model below and nothing else uses them.
@@ -95,8 +95,9 @@ def dedup_job_mb(docs_per_job: float) -> int:
     return math.ceil(DEDUP_JOB_BASE_MB + DEDUP_JOB_BYTES_PER_DOC * docs_per_job / 2**20)
 
 
-def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0) -> dict:
-    """{"threads": int, "resources": {...}} of `rule`; `documents`/`tokens`: the corpus (see `corpus`)."""
+def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0, train_hours: float = 0) -> dict:
+    """{"threads": int, "resources": {...}} of `rule`; `documents`/`tokens`: the corpus (see `corpus`);
+    `train_hours`: the plan's estimate (`pipeline.plan.train_hours`), the train job's runtime × 1.5."""
     hw = cfg["hardware"]
     many = threads(cfg)
     cuda = hw["device"] == "cuda"
@@ -135,11 +136,7 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0)
         return {**one, "resources": {"mem_mb": UNMEASURED_MB, "runtime": _minutes(cpu, safety=10)}}
     if rule == "train":
         nodes, nproc = hw["nodes"], hw["nproc_per_node"]
-        from pipeline.plan import performance  # the plan's step time: measured, assumed MFU or predicted
-
-        steps = trained_tokens(cfg) // cfg["train"]["global_batch_tokens"]
-        hours = steps * performance(cfg)["step_time_s"] / 3600  # the plan's est_hours
-        res = {"cpus_per_task": many, "nodes": nodes, "runtime": math.ceil(90 * hours) + 30,
+        res = {"cpus_per_task": many, "nodes": nodes, "runtime": math.ceil(90 * train_hours) + 30,
                "mem_mb": nproc * (32_000 if cuda else 4_000)}
         if nodes > 1:  # one task (a torchrun agent) per node; the rule's shell runs srun itself
             res.update(tasks=nodes, mpi="srun")

@@ -254,6 +254,11 @@ def performance(cfg: dict, logits: str = "ours", measured_step: dict | None = No
             "step_time_basis": basis, "predicted_step": predicted, "mfu": predicted_mfu(setup, seconds)}
 
 
+def train_hours(cfg: dict) -> float:
+    """The plan's ``est_hours`` without the data side: num_steps × the step time of `performance`."""
+    return trained_tokens(cfg) // cfg["train"]["global_batch_tokens"] * performance(cfg)["step_time_s"] / 3600
+
+
 # ----------------------------------------------------------------------------- the plan
 
 def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = False,

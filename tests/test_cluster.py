@@ -3,6 +3,7 @@ multi-node command (pipeline.training.rendezvous) — without a cluster (tests/s
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from conftest import ROOT
 from pipeline import cluster
 from pipeline.config import resolve_config
 from pipeline.errors import PipelineError
+from pipeline.plan import train_hours
 from pipeline.training import rendezvous
 
 PRESET = yaml.safe_load((ROOT / "configs/llama3-1b-fineweb.yaml").read_text())
@@ -29,13 +31,15 @@ def preset(**hardware) -> dict:
 
 def test_train_job_is_one_allocation_of_n_nodes_with_gpus_per_node():
     cfg = preset(nodes=4, cpus_per_task=32)
-    r = cluster.job_resources(cfg, "train")
+    r = cluster.job_resources(cfg, "train", train_hours=train_hours(cfg))
     assert r["threads"] == 32
     res = r["resources"]
     assert res["nodes"] == 4 and res["tasks"] == 4 and res["mpi"] == "srun"
     assert res["gres"] == "gpu:8" and "gpu" not in res  # per node, not a total spread over nodes
     assert res["cpus_per_task"] == 32 and res["runtime"] > 60
-    one = cluster.job_resources(preset(cpus_per_task=32), "train")["resources"]
+    one_node = preset(cpus_per_task=32)
+    one = cluster.job_resources(one_node, "train", train_hours=train_hours(one_node))["resources"]
+    assert one["runtime"] == math.ceil(90 * train_hours(one_node)) + 30 and one["runtime"] > 10 * 60
     assert one["gpu"] == 8 and one["nodes"] == 1 and "gres" not in one and "mpi" not in one
     # 4× the world: the planned hours (and the requested runtime) shrink
     assert res["runtime"] < one["runtime"]

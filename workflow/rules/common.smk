@@ -16,7 +16,7 @@ sys.path.insert(0, str(BASE))
 from pipeline import cluster as tfcl  # noqa: E402
 from pipeline import config as tfc  # noqa: E402
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
-from pipeline.plan import format_plan, make_plan  # noqa: E402
+from pipeline.plan import format_plan, make_plan, train_hours  # noqa: E402
 
 
 def stop(message):
@@ -67,12 +67,15 @@ TRAIN_MIX = config["train"]["mix"]
 CORPUS_DOCS, CORPUS_TOKENS, _ = tfcl.corpus(config, *tfcl.measured_sizes(Path(RUN_DIR) / "counts" / "counts.parquet"))
 
 
+TRAIN_HOURS = train_hours(config)
+
+
 def job_threads(rule):
-    return tfcl.job_resources(config, rule, CORPUS_DOCS, CORPUS_TOKENS)["threads"]
+    return tfcl.job_resources(config, rule, CORPUS_DOCS, CORPUS_TOKENS, TRAIN_HOURS)["threads"]
 
 
 def job_resources(rule):
-    return tfcl.job_resources(config, rule, CORPUS_DOCS, CORPUS_TOKENS)["resources"]
+    return tfcl.job_resources(config, rule, CORPUS_DOCS, CORPUS_TOKENS, TRAIN_HOURS)["resources"]
 
 
 def cluster_run():
