@@ -173,15 +173,16 @@ def data_costs(cfg: dict, documents: dict | None = None, tokens: dict | None = N
     }
     out = {"documents": round(docs), "tokens": round(toks), "shards": shards, "data_cpus": data_cpus,
            "documents_basis": "measured counts" if documents else f"estimate ({TOKENS_PER_DOCUMENT:,} tokens/document)",
-           "stages": {}, "not_costed": ["download (network-bound)", "tokenizer", "dedup merge", "split", "mix",
-                                        "accounting"]}
+           "stages": {}, "not_costed": ["download (network-bound)", "tokenizer", "decontaminate", "dedup merge",
+                                        "split", "mix", "accounting"]}
     for name, (jobs, cpu_s) in stages.items():
         waves = math.ceil(jobs / max(1, data_cpus))
         out["stages"][name] = {"jobs": jobs, "cpu_hours": cpu_s / 3600, "wall_hours": waves * cpu_s / jobs / 3600,
                                "job_mem_mb": job_resources(cfg, name if name != "pack" else "pack", docs, toks)
                                ["resources"]["mem_mb"]}
     out["jobs"] = {"download": groups, **{k: v["jobs"] for k, v in out["stages"].items()},
-                   "dedup (merge)": 1, "tokenizer": 1, "split": 1, "mix": len(cfg["mixes"]), "accounting": 1}
+                   "dedup (merge)": 1, "tokenizer": 1, "decontaminate": 1, "split": 1, "mix": len(cfg["mixes"]),
+                   "accounting": 1}
     out["cpu_hours"] = sum(v["cpu_hours"] for v in out["stages"].values())
     out["wall_hours"] = sum(v["wall_hours"] for v in out["stages"].values())
     return out
