@@ -90,3 +90,10 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy():
     logits = torch.tensor([[0.0, 5.0, 4.0, -1.0]])
     draws = {int(sample_next(logits, 1.0, 2, torch.Generator().manual_seed(s))) for s in range(50)}
     assert draws == {1, 2}
+
+
+def test_benchmark_checks_both_paths_agree():
+    from pipeline.training.engine import benchmark
+
+    out = benchmark(tiny(), batch=2, prompt_len=4, new_tokens=5)
+    assert out["engine_tokens_per_s"] > 0 and out["no_cache_tokens_per_s"] > 0 and out["batch"] == 2
