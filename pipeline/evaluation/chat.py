@@ -3,9 +3,10 @@
     python -m pipeline.evaluation.chat --ckpt R/train/<stage>/final.pt            # interactive
     python -m pipeline.evaluation.chat --ckpt R/train/sft/final.pt --prompt "Hi"   # one answer, then exit
 
-The conversation is rendered with the run's chat template (the tokenizer's ``render_prompt``: the
-same layout the SFT data was tokenized with, ending in ``<|assistant_start|>``) and answered by the
-KV-cache engine (pipeline/training/engine.py). An answer ends at ``<|assistant_end|>``; also at a
+The conversation is rendered with the run's chat template (``Tokenizer.render_prompt``,
+pipeline/data/encoding.py: the layout the SFT data was tokenized with, ending in
+``<|assistant_start|>``) and answered by the KV-cache engine (pipeline/training/engine.py). An answer
+ends at ``<|assistant_end|>``; also at a
 token that cannot occur inside an answer (``<|bos|>``, ``<|eos|>``, ``<|user_start|>``,
 ``<|assistant_start|>``: a model that starts the user's turn has finished its own), after
 ``--max-new-tokens``, or when the context (``train.seq_len``) is full.
@@ -25,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import sys
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from pipeline.io import PipelineError, get_logger, run_cli
+from pipeline.errors import PipelineError
+from pipeline.io import get_logger, run_cli
 
 log = get_logger(__name__)
 
@@ -50,8 +51,8 @@ def find_tokenizer(ckpt_path: str | Path) -> Path:
 
 def load_model(ckpt_path: str | Path, device: torch.device):
     """The trained Transformer of a ``final.pt`` (or a step checkpoint), in eval mode on ``device``."""
-    from pipeline.checkpoint import load_checkpoint
-    from pipeline.model import ModelConfig, Transformer
+    from pipeline.training.checkpoint import load_checkpoint
+    from pipeline.training.model import ModelConfig, Transformer
 
     state = load_checkpoint(ckpt_path)
     if "model" not in state or "params" not in state:
@@ -61,20 +62,12 @@ def load_model(ckpt_path: str | Path, device: torch.device):
     return model.to(device).eval()
 
 
-def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids that ask the model for the next assistant turn of ``messages``: the conversation as
-    the tokenize stage renders it (delimiter head, ``render_chat``), then ``<|assistant_start|>``."""
-    from pipeline.tokenizer import ASSISTANT_START
-
-    head = tokenizer.delimit([])[: 1 if tokenizer.delimiter in ("bos", "both") else 0]
-    return head + tokenizer.render_chat(messages)[0] + [tokenizer.special[ASSISTANT_START]]
-
-
 def stop_ids(tokenizer) -> list[int]:
     """Tokens that end an answer (module docstring)."""
-    from pipeline.tokenizer import ASSISTANT_END, ASSISTANT_START, BOS, EOS, USER_START
+    from pipeline.data.encoding import ASSISTANT_END, ASSISTANT_START, BOS, EOS, USER_START
 
-    return [tokenizer.special[t] for t in (ASSISTANT_END, BOS, EOS, USER_START, ASSISTANT_START) if t in tokenizer.special]
+    names = (ASSISTANT_END, BOS, EOS, USER_START, ASSISTANT_START)
+    return [tokenizer.special[t] for t in names if t in tokenizer.special]
 
 
 class ChatSession:
@@ -96,7 +89,7 @@ class ChatSession:
     def fit(self, messages: list[dict]) -> tuple[list[dict], list[int]]:
         """Drop the oldest turns until the prompt leaves room for the answer (module docstring)."""
         while True:
-            ids = render_prompt(self.tokenizer, messages)
+            ids = self.tokenizer.render_prompt(messages)
             if len(ids) + self.max_new_tokens <= self.context or len(messages) == 1:
                 break
             messages = messages[2:] if len(messages) > 2 else messages[-1:]
@@ -126,7 +119,7 @@ class ChatSession:
     def rendered_history(self) -> str:
         if not self.history:
             return "(empty)"
-        return self.tokenizer.decode(render_prompt(self.tokenizer, self.history)[:-1])
+        return self.tokenizer.decode(self.tokenizer.render_prompt(self.history)[:-1])
 
 
 def interactive(session: ChatSession, banner: str) -> None:
@@ -169,7 +162,7 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     args = p.parse_args(argv)
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.data.encoding import load_tokenizer
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise PipelineError("--device cuda but no CUDA device is visible; use --device cpu")

@@ -25,7 +25,8 @@ import json
 from pathlib import Path
 
 from pipeline.config import add_config_args, params_from_args
-from pipeline.io import PipelineError, atomic_path, atomic_write, get_logger, provenance, read_json, run_cli, write_json
+from pipeline.errors import PipelineError
+from pipeline.io import atomic_path, atomic_write, get_logger, provenance, read_json, run_cli, write_json
 from pipeline.stages import stage_list
 
 log = get_logger(__name__)
@@ -40,8 +41,9 @@ def reconcile(name: str, summary: dict) -> None:
     """One stage's token accounting (module docstring); a PipelineError names what does not add up."""
     expected = summary["num_steps"] * summary["tokens_per_step"]
     if summary["tokens_trained"] != expected or summary["tokens_trained"] != summary["tokens_planned"]:
-        raise PipelineError(f"stage '{name}': trained {summary['tokens_trained']} tokens but num_steps × tokens_per_step "
-                            f"= {expected} and {summary['tokens_planned']} were planned; rerun its train rule")
+        raise PipelineError(f"stage '{name}': trained {summary['tokens_trained']} tokens but num_steps × "
+                            f"tokens_per_step = {expected} and {summary['tokens_planned']} were planned; "
+                            "rerun its train rule")
     if not 0 < summary["loss_tokens"] <= summary["tokens_trained"]:
         raise PipelineError(f"stage '{name}': {summary['loss_tokens']} loss tokens of {summary['tokens_trained']} "
                             "trained is impossible; rerun its train rule")

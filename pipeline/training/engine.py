@@ -30,7 +30,7 @@ from typing import Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
-from pipeline.model import Transformer, apply_rope
+from pipeline.training.model import Transformer, apply_rope
 
 __all__ = ["Engine", "Generation", "KVCache", "sample_next"]
 
@@ -44,7 +44,7 @@ class KVCache:
     pos: torch.Tensor  # int64 [B]: tokens cached per row (= position of the row's next token)
 
     @classmethod
-    def empty(cls, model: Transformer, batch: int, max_len: int, dtype: torch.dtype) -> "KVCache":
+    def empty(cls, model: Transformer, batch: int, max_len: int, dtype: torch.dtype) -> KVCache:
         c = model.cfg
         shape = (c.n_layers, batch, max_len, c.n_kv_heads, c.head_dim)
         device = model.tok_embeddings.weight.device
@@ -233,7 +233,7 @@ def main(argv=None) -> None:
     import json
 
     from pipeline.config import load_config
-    from pipeline.model import ModelConfig
+    from pipeline.training.model import ModelConfig
 
     p = argparse.ArgumentParser(prog="python -m pipeline.training.engine",
                                 description="Benchmark KV-cache decoding against the cache-less forward (CPU).")

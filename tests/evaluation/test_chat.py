@@ -11,14 +11,15 @@ import time
 
 import pytest
 import torch
-
 from conftest import ROOT, write_text_shard
-from pipeline.checkpoint import save_checkpoint
+
 from pipeline.config import resolve_config
-from pipeline.evaluation.chat import ChatSession, load_model, render_prompt
-from pipeline.io import PipelineError
-from pipeline.model import ModelConfig, Transformer
-from pipeline.tokenizer import build_tokenizer, load_tokenizer
+from pipeline.data.encoding import load_tokenizer
+from pipeline.data.tokenizer import build_tokenizer
+from pipeline.errors import PipelineError
+from pipeline.evaluation.chat import ChatSession, load_model
+from pipeline.training.checkpoint import save_checkpoint
+from pipeline.training.model import ModelConfig, Transformer
 
 WORDS = "the river stone light garden mountain winter hello there how are you fine thanks what is a".split()
 
@@ -79,7 +80,7 @@ class Pty:
                 try:
                     self.buf += os.read(self.master, 4096).decode("utf-8", "replace").replace("\r\n", "\n")
                 except OSError:  # the child closed the terminal
-                    assert False, f"process ended before {pattern!r}; got {self.buf!r}"
+                    raise AssertionError(f"process ended before {pattern!r}; got {self.buf!r}") from None
         before, self.buf = self.buf[:m.start()], self.buf[m.end():]
         return before
 
@@ -122,8 +123,9 @@ def test_interactive_chat_through_a_pty_keeps_history(run):
 
 def test_render_prompt_is_the_tokenized_conversation_then_assistant_start(run):
     tok = load_tokenizer(run.parents[2] / "tokenizer" / "tokenizer.json")
-    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "x"}]
-    ids = render_prompt(tok, msgs)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "x"}]
+    ids = tok.render_prompt(msgs)
     assert ids == [tok.bos_id] + tok.render_chat(msgs)[0] + [tok.special["<|assistant_start|>"]]
     assert tok.decode(ids) == ("<|bos|><|user_start|>hi<|user_end|><|assistant_start|>hello<|assistant_end|>"
                                "<|user_start|>x<|user_end|><|assistant_start|>")

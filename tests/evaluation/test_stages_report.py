@@ -6,8 +6,9 @@ import json
 import pytest
 
 from pipeline.config import resolve_config
+from pipeline.errors import PipelineError
 from pipeline.evaluation.stages import stages_report
-from pipeline.io import PipelineError, write_json
+from pipeline.io import write_json
 
 SOURCES = {"web": {"type": "local", "glob": "data/sample/web/*.parquet"},
            "chat": {"type": "local", "glob": "data/sample/chat/*.parquet", "format": "chat"}}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.model import ModelConfig, Transformer
 from pipeline.training.engine import Engine, sample_next
+from pipeline.training.model import ModelConfig, Transformer
 
 CFG = dict(vocab_size=97, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=64, rope_theta=10000.0, max_seq_len=32)
 
@@ -83,7 +83,8 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy():
     greedy = engine.generate(rows, 6)
 
     def sampled(seed, **kw):
-        return [g.tokens for g in engine.generate(rows, 6, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw)]
+        gen = torch.Generator().manual_seed(seed)
+        return [g.tokens for g in engine.generate(rows, 6, temperature=1.0, generator=gen, **kw)]
 
     assert sampled(3) == sampled(3)
     assert sampled(3, top_k=1) == [g.tokens for g in greedy]
