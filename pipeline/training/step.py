@@ -63,7 +63,8 @@ class LossModel(nn.Module):
     """What DDP wraps and torch.compile compiles: the body under autocast, then the fp32 chunked CE
     (which always runs eagerly, a graph break; see pipeline/training/losses.py).
 
-    forward(inputs, targets, mask=None) -> (loss_sum, count).
+    forward(inputs, targets, mask=None, doc_ids=None) -> (loss_sum, count); with `doc_ids` [B, T]
+    attention stays within each packed document (`model.hidden(..., doc_mask=doc_ids)`).
     """
 
     def __init__(self, model: Transformer, body_dtype: torch.dtype | None, ce_chunk: int):
@@ -72,10 +73,10 @@ class LossModel(nn.Module):
         self.body_dtype = body_dtype
         self.ce_chunk = ce_chunk
 
-    def forward(self, inputs, targets, mask=None):
+    def forward(self, inputs, targets, mask=None, doc_ids=None):
         dtype, on = self.body_dtype or torch.float32, self.body_dtype is not None
         with torch.autocast(inputs.device.type, dtype=dtype, enabled=on):
-            hidden = self.model.hidden(inputs)
+            hidden = self.model.hidden(inputs, doc_ids)
         return chunked_cross_entropy(hidden, self.model.lm_head_weight, targets, mask, chunk=self.ce_chunk)
 
 
@@ -91,21 +92,18 @@ def wrap(loss_model: LossModel, dist: Dist, compile_model: bool) -> tuple[nn.Mod
 
 
 def next_micro_batches(it, n: int, device: torch.device) -> list[tuple]:
-    """The next `n` (inputs, targets, mask-or-None) micro-batches, on `device`."""
-    out = []
-    for _ in range(n):
-        x, y, m = next(it)
-        nb = device.type == "cuda"
-        out.append((x.to(device, non_blocking=nb), y.to(device, non_blocking=nb),
-                    None if m is None else m.to(device, non_blocking=nb)))
-    return out
+    """The next `n` (inputs, targets, mask-or-None, doc-ids-or-None) micro-batches, on `device` (a
+    loader without doc ids yields 3-tuples)."""
+    nb = device.type == "cuda"
+    return [tuple(None if t is None else t.to(device, non_blocking=nb) for t in (*next(it), None)[:4])
+            for _ in range(n)]
 
 
 def count_tokens(batches: list[tuple], dist: Dist) -> torch.Tensor:
     """Global [target tokens, input tokens] of one step's micro-batches (one all-reduce)."""
     device = batches[0][0].device
-    targets = sum(int(y.numel()) if m is None else m.sum() for _, y, m in batches)
-    inputs = sum(int(x.numel()) for x, _, _ in batches)
+    targets = sum(int(y.numel()) if m is None else m.sum() for _, y, m, *_ in batches)
+    inputs = sum(int(x.numel()) for x, *_ in batches)
     counts = torch.stack([torch.as_tensor(targets, device=device, dtype=torch.int64),
                           torch.tensor(inputs, device=device, dtype=torch.int64)])
     return all_reduce_sum(counts, dist)
@@ -117,11 +115,11 @@ def accumulate_gradients(ddp: nn.Module, fwd: nn.Module, batches: list[tuple], n
     those of (global loss sum) / n_targets. Returns this rank's loss sum (detached)."""
     scale = world_size / n_targets.clamp(min=1).to(torch.float32)
     local_sum = torch.zeros((), device=batches[0][0].device)
-    for i, (x, y, m) in enumerate(batches):
+    for i, batch in enumerate(batches):
         last = i == len(batches) - 1
         sync = contextlib.nullcontext() if last or not isinstance(ddp, DDP) else ddp.no_sync()
         with sync:
-            loss_sum, _ = fwd(x, y, m)
+            loss_sum, _ = fwd(*batch)
             (loss_sum * scale).backward()
         local_sum += loss_sum.detach()
     return local_sum
