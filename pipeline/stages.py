@@ -79,7 +79,7 @@ def stage_list(cfg: dict) -> list[dict]:
                                   f"use a mix of chat sources with packing: bestfit, or loss: all")
         if budget["kind"] == "epochs" and cfg["mixes"][mix]["tokens"] == "plan":
             raise ConfigError(f"config key 'mixes.{mix}.tokens': stage '{name}' counts epochs over mix '{mix}', so "
-                              "the mix needs a fixed size: set mixes.{mix}.tokens to an integer")
+                              f"the mix needs a fixed size: set mixes.{mix}.tokens to an integer")
         if st.get("carry_optimizer") and init is None:
             raise ConfigError(f"config key '{key}.carry_optimizer': stage '{name}' starts from scratch; "
                               "carry_optimizer needs init_from")
@@ -105,12 +105,14 @@ def get_stage(cfg: dict, name: str) -> dict:
 
 
 def stage_config(cfg: dict, name: str) -> dict:
-    """`cfg` as one stage sees it: `train` replaced by the stage's effective train section and the
-    resolved stage (without its train section) under ``stage``. What the trainer and the evaluation
-    of that stage receive."""
+    """`cfg` as one stage sees it: `train` replaced by the stage's effective train section, `mixes`
+    narrowed to the stage's own mix, and the resolved stage (without its train section) under
+    ``stage``. What the trainer and the evaluation of that stage receive, so an edit to another
+    stage or another mix leaves this stage's params (and Snakemake's rerun decision) unchanged."""
     st = get_stage(cfg, name)
     out = {k: v for k, v in cfg.items() if k != "train"}
     out["train"] = st["train"]
+    out["mixes"] = {st["mix"]: cfg["mixes"][st["mix"]]}
     out["stage"] = {k: v for k, v in st.items() if k != "train"}
     return out
 
