@@ -18,8 +18,9 @@ Packing modes (the mix's `packing`):
   still fits it, or a new row. A document longer than C is split (not truncated) into full rows
   of C tokens plus a remainder that is packed like any document, so no token is lost and
   `truncated_tokens` is always 0; such documents (e.g. conversations longer than seq_len, whose
-  later turns then train without the earlier ones in context) are counted in `split_docs`. Leftover room is padded with `pad_id` = the `<|bos|>` id, masked
-  out of the loss (mask 0), and counted in `pad_tokens`.
+  later turns then train without the earlier ones in context) are counted in `split_docs`.
+  Leftover room is padded with `pad_id` = the `<|bos|>` id, masked out of the loss (mask 0), and
+  counted in `pad_tokens`.
 """
 from __future__ import annotations
 
