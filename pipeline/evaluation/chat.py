@@ -122,6 +122,23 @@ class ChatSession:
         return self.tokenizer.decode(self.tokenizer.render_prompt(self.history)[:-1])
 
 
+def answer_questions(model, tokenizer, questions: list[str], max_new_tokens: int) -> list[dict]:
+    """Greedy single-turn answers to `questions`, one batch through the engine (the stage report's
+    sample answers): ``[{"question", "answer", "ended"}]``, `ended` = why the answer stopped."""
+    from pipeline.training.engine import Engine
+
+    if not questions:
+        return []
+    room = model.cfg.max_seq_len - max(len(tokenizer.render_prompt([{"role": "user", "content": q}]))
+                                       for q in questions)
+    if room < 1:
+        raise PipelineError(f"a chat question does not fit the model's context of {model.cfg.max_seq_len} tokens; "
+                            "shorten eval.chat_questions")
+    prompts = [tokenizer.render_prompt([{"role": "user", "content": q}]) for q in questions]
+    out = Engine(model).generate(prompts, min(max_new_tokens, room), stop_ids=stop_ids(tokenizer))
+    return [{"question": q, "answer": tokenizer.decode(g.tokens), "ended": g.reason} for q, g in zip(questions, out)]
+
+
 def interactive(session: ChatSession, banner: str) -> None:
     print(banner, flush=True)
     while True:

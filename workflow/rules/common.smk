@@ -15,6 +15,7 @@ sys.path.insert(0, str(BASE))
 from pipeline import config as tfc  # noqa: E402
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.plan import format_plan, make_plan  # noqa: E402
+from pipeline.stages import stage_config, stage_list  # noqa: E402
 
 
 def stop(message):
@@ -58,12 +59,36 @@ except ConfigError as _e:
     stop(_e)
 TOKENIZER = f"{RUN_DIR}/tokenizer/tokenizer.json"
 ALL_CORES = 256  # "as many threads as allowed": Snakemake caps a job's threads at --cores
-TRAIN_MIX = config["train"]["mix"]
+# Training stages in order (train.stages; pipeline/stages.py): R/train/{stage}/final.pt of one is the
+# input of the stages that init from it.
+STAGES = {s["name"]: s for s in stage_list(config)}
 
 
 def stage_params(stage):
     """A stage's config slice as canonical JSON: declared as params so that editing it reruns the rule."""
     return tfc.params_json(tfc.stage_params(config, stage))
+
+
+def mix_params(stage):
+    """Param function of mix/pack: the slice of the job's own mix only."""
+    return lambda w: tfc.params_json(tfc.stage_params(config, stage, mix=w.mix))
+
+
+def training_stage_params(rule_stage):
+    """Param function of train/evaluate: the config as the job's training stage sees it (its own
+    train section and mix): an edit to another stage reruns nothing of this one."""
+    return lambda w: tfc.params_json(stage_config(tfc.stage_params(config, rule_stage), w.stage))
+
+
+def stage_pack(split):
+    """Input function: the packed rows of the job's training stage's mix."""
+    return lambda w: f"{RUN_DIR}/pack/{STAGES[w.stage]['mix']}/{split}.json"
+
+
+def stage_init(w):
+    """Input function: the final.pt of the stage the job's training stage starts from (none for scratch)."""
+    init = STAGES[w.stage]["init_from"]
+    return [f"{RUN_DIR}/train/{init}/final.pt"] if init else []
 
 
 def source_params(stage):
@@ -121,6 +146,7 @@ wildcard_constraints:
     group=r"[A-Za-z0-9_.\-]+",
     mix="|".join(config["mixes"]),
     split="train|val",
+    stage="|".join(STAGES),
 
 
 # The plan, up front: computed at parse time from the config and, once they exist, the measured token
