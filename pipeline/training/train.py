@@ -3,7 +3,7 @@
 Launch (the `train` rule; `--nproc_per_node` = `hardware.nproc_per_node`)::
 
     python -m pipeline.training.launch -- \\
-    torchrun --standalone --nproc_per_node N -m pipeline.training.train --params JSON --plan R/plan.json \\
+    torchrun --standalone --nproc_per_node N -m pipeline.training.train --params JSON [--plan R/plan.json] \\
         --train R/pack/M/train.json --val R/pack/M/val.json --tokenizer R/tokenizer/tokenizer.json \\
         --outdir R/train/STAGE [--stage STAGE] [--init R/train/PREV/final.pt] [--resume auto|require|never] \\
         [--max-steps K] [--keep-ckpts 2]
@@ -72,7 +72,7 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 
-from pipeline.budget import peak_flops
+from pipeline.budget import batch_layout, flops_per_token, peak_flops
 from pipeline.config import add_config_args, params_from_args
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, provenance, read_json, run_cli, sha256_file, write_json
@@ -214,6 +214,12 @@ def val_loader(val_meta: str, cfg: dict, plan: dict, dist: Dist):
     st = cfg["stage"]
     return PackedLoader(val_meta, plan["micro_batch"], rank=dist.rank, world_size=dist.world_size,
                         seed=cfg["seed"], shuffle=False, loss=st["loss"], with_doc_ids=st["doc_mask"])
+
+
+def batch_plan(params: dict) -> dict:
+    """The plan figures the trainer uses, from the params by the planner's own functions
+    (pipeline.budget): the batch layout and FLOPs per token (num_steps comes from the stage)."""
+    return {**batch_layout(params), "flops_per_token": flops_per_token(params), "num_steps": None}
 
 
 def stage_steps(params: dict, plan: dict, train_meta: str) -> tuple[int, int | None]:
@@ -522,7 +528,8 @@ def main(argv=None) -> None:
     die_with_parent()  # first: a worker whose launcher is killed must not train on, orphaned
     p = argparse.ArgumentParser(prog="python -m pipeline.training.train", description=__doc__.split("\n\n")[0])
     add_config_args(p)
-    p.add_argument("--plan", required=True, help="R/plan.json")
+    p.add_argument("--plan", default=None, help="R/plan.json (default: the batch layout and FLOPs per token of "
+                                                 "the params, pipeline.budget: what the plan computes)")
     p.add_argument("--train", required=True, help="packed train rows metadata, R/pack/{mix}/train.json")
     p.add_argument("--val", required=True, help="packed validation rows metadata, R/pack/{mix}/val.json")
     p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
@@ -541,7 +548,8 @@ def main(argv=None) -> None:
     params = params_from_args(args, "train")
     if "stage" not in params:
         params = stage_config(params, args.stage or stage_names(params)[0])
-    train(params, read_json(args.plan), args.train, args.val, args.tokenizer, args.outdir,
+    plan = read_json(args.plan) if args.plan is not None else batch_plan(params)
+    train(params, plan, args.train, args.val, args.tokenizer, args.outdir,
           resume=args.resume, max_steps=args.max_steps, keep_ckpts=args.keep_ckpts, init=args.init)
 
 
