@@ -255,7 +255,7 @@ def main(argv=None) -> None:
     p.add_argument("--val", required=True, help="packed validation rows metadata, R/pack/{mix}/val.json")
     p.add_argument("--train", required=True, help="packed train rows metadata (for the unigram baseline)")
     p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
-    p.add_argument("--metrics", required=True, help="R/train/metrics.jsonl (for the loss curve)")
+    p.add_argument("--metrics", required=True, help="R/train/{stage}/metrics.jsonl (for the loss curve)")
     p.add_argument("--outdir", required=True, help="R/eval")
     p.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help="validation rows per forward pass")
     args = p.parse_args(argv)
