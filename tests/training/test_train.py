@@ -288,6 +288,21 @@ def test_a_stage_starts_from_the_previous_stages_weights(data, tmp_path):
         run_inprocess(data, tmp_path / "more2", more, init=str(other), resume="require")
 
 
+def test_carry_optimizer_continues_the_previous_stages_optimizer_state(data, tmp_path):
+    stages = [{"name": "base"}, {"name": "more", "steps": 3, "lr": 1e-3, "carry_optimizer": True}]
+    run_inprocess(data, tmp_path / "base", stage_params_of("base", stages))
+    more = stage_params_of("more", stages)
+    run_inprocess(data, tmp_path / "more", more, init=str(tmp_path / "base" / "final.pt"))
+    state = torch.load(tmp_path / "more" / "ckpt" / "step_000003.pt", weights_only=True)["optimizer"]
+    steps = {float(s["step"]) for s in state["state"].values()}
+    assert steps == {8 + 3}  # AdamW's step count went on from the base stage's 8 steps
+    assert {g["base_lr"] for g in state["param_groups"]} == {1e-3}  # with this stage's learning rate
+    fresh = stage_params_of("more", [stages[0], {**stages[1], "carry_optimizer": False}])
+    run_inprocess(data, tmp_path / "fresh", fresh, init=str(tmp_path / "base" / "final.pt"))
+    state = torch.load(tmp_path / "fresh" / "ckpt" / "step_000003.pt", weights_only=True)["optimizer"]
+    assert {float(s["step"]) for s in state["state"].values()} == {3}
+
+
 def test_init_from_another_model_shape_is_one_clear_error(data, tmp_path):
     run_inprocess(data, tmp_path / "base", stage_params_of("base", STAGES))
     wider = stage_params_of("more", STAGES)
