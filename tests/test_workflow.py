@@ -161,7 +161,7 @@ def test_export_target_writes_a_model_transformers_and_lm_eval_load(project):
     out = project / "results/t/export/hf"
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
         p.name for p in out.iterdir()}
-    final = load_checkpoint(project / "results/t/train/final.pt")
+    final = load_checkpoint(project / "results/t/train/sft/final.pt")  # the last stage's model
     ours = Transformer(ModelConfig.from_config(final["params"]))
     ours.load_state_dict(final["model"])
     hf = LlamaForCausalLM.from_pretrained(out, local_files_only=True).eval()
