@@ -378,6 +378,9 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
     if st["init_from"] and init is None:
         raise PipelineError(f"stage '{st['name']}' starts from stage '{st['init_from']}': pass --init "
                             f"R/train/{st['init_from']}/final.pt")
+    if init is not None and not st["init_from"]:
+        raise PipelineError(f"stage '{st['name']}' starts from scratch (init_from: none) but --init {init} was "
+                            "given; drop --init or set the stage's init_from")
     if init is not None:  # the init's identity: a checkpoint from an older init is never resumed
         params = {**params, "stage": {**st, "init_sha256": sha256_file(init)}}
     t = params["train"]

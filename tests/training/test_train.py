@@ -270,6 +270,8 @@ def test_a_stage_starts_from_the_previous_stages_weights(data, tmp_path):
     assert more["stage"]["init_from"] == "base" and more["train"]["schedule"] == "decay"
     with pytest.raises(PipelineError, match="starts from stage 'base': pass --init R/train/base/final.pt"):
         run_inprocess(data, tmp_path / "more", more)
+    with pytest.raises(PipelineError, match="stage 'base' starts from scratch .* but --init"):
+        run_inprocess(data, tmp_path / "base2", base, init=str(tmp_path / "base" / "final.pt"))
     summary = run_inprocess(data, tmp_path / "more", more, init=str(tmp_path / "base" / "final.pt"))
     assert summary["num_steps"] == 3 and summary["tokens_trained"] == 3 * 256 and summary["init_from"] == "base"
     recs, base_recs = read_metrics(tmp_path / "more"), read_metrics(tmp_path / "base")
