@@ -265,7 +265,8 @@ def test_nested_config_overrides_reach_any_key_with_its_type(project):
     jobs = planned_jobs(proc)
     assert "51.2 K (from train.target_tokens)" in proc.stderr, proc.stderr[-2000:]
     assert "50 → 51.2 K tokens trained" in proc.stderr
-    assert jobs["mix"] == 2 and jobs["train"] == 1  # both mixes: pretrain's budget, midtrain's weights
+    # both mixes (pretrain's budget, midtrain's weights); every stage retrains (each starts from the one before)
+    assert jobs["mix"] == 2 and jobs["train"] == 3
     assert not {"download", "tokenize", "dedup", "split"} & set(jobs)
     bad = snakemake(project, "-n", "--config", "train={micro_batch: eight}", check=False)
     assert bad.returncode != 0 and "train.micro_batch' has value 'eight'; expected integer" in bad.stderr
@@ -389,7 +390,7 @@ def test_killed_runs_lose_nothing(project, tmp_path):
     get exactly the uninterrupted run (`project`): same data files, same model tensors, every metric step
     exactly once, no stray process, no temp file."""
     path = make_project(tmp_path, TINY)
-    train, ref = path / "results/t/train", project / "results/t"
+    train, ref = path / "results/t/train/pretrain", project / "results/t"  # killed while pretraining
 
     run = start_snakemake(path)
     wait_for(lambda: any((path / "results/t/tokens").rglob("*.bin*")), run, "tokenize wrote a file")
@@ -413,13 +414,15 @@ def test_killed_runs_lose_nothing(project, tmp_path):
 
     import torch
 
-    ours, theirs = (torch.load(d / "train/final.pt", weights_only=True)["model"] for d in (path / "results/t", ref))
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    assert logged_steps(train) == logged_steps(ref / "train")  # each step once, in order, the whole run
+    for stage in ("pretrain", "midtrain", "sft"):  # every stage equals the uninterrupted run's
+        ours, theirs = (torch.load(d / f"train/{stage}/final.pt", weights_only=True)["model"]
+                        for d in (path / "results/t", ref))
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), stage
+    assert logged_steps(train) == logged_steps(ref / "train/pretrain")  # each step once, in order, the whole run
     def losses(d: Path) -> list[tuple]:
         return [(r["step"], r["loss"], r.get("val_loss")) for r in map(json.loads, d.read_text().splitlines())]
 
-    assert losses(train / "metrics.jsonl") == losses(ref / "train/metrics.jsonl")
+    assert losses(train / "metrics.jsonl") == losses(ref / "train/pretrain/metrics.jsonl")
     data = sorted(p.relative_to(ref) for p in ref.rglob("*") if p.suffix in (".bin", ".npy"))
     assert len(data) > 10 and [p for p in data if "pack" in p.parts]
     for rel in data:
