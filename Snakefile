@@ -25,4 +25,5 @@ rule all:
     input:
         f"{RUN_DIR}/plan.json",
         f"{RUN_DIR}/accounting.json",
-        f"{RUN_DIR}/eval/report.json",
+        expand(f"{RUN_DIR}/eval/{{stage}}/report.json", stage=list(STAGES)),
+        f"{RUN_DIR}/eval/stages.json",

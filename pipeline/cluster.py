@@ -129,7 +129,7 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0,
         # assumed as fast as the MinHash signatures (a similar per-word hashing pass)
         cpu = documents / THROUGHPUT["dedup_signatures"]
         return {**one, "resources": {"mem_mb": UNMEASURED_MB, "runtime": _minutes(cpu)}}
-    if rule in ("plan", "accounting", "eval_data"):
+    if rule in ("plan", "accounting", "eval_data", "stages_report"):
         return {**one, "resources": {"mem_mb": 2000, "runtime": MIN_RUNTIME}}
     if rule in ("split", "mix", "pack"):  # not measured at scale: generous defaults (profile's set-resources)
         cpu = tokens / THROUGHPUT["pack"] * (10 if rule != "pack" else 1)

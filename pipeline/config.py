@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.budget import trained_tokens, world_size
+from pipeline.budget import world_size
 from pipeline.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,6 +223,9 @@ def check_consistency(cfg: dict) -> None:
     if t["ce_matmul"] == "tf32" and (t["precision"] != "bf16" or cfg["hardware"]["device"] != "cuda"):
         fail("train.ce_matmul", "tf32 sets torch's float32 matmul precision for the whole step, so it needs "
                                 "train.precision: bf16 on hardware.device: cuda; use fp32 or bf16")
+    from pipeline.stages import stage_list  # stages imports budget and errors only
+
+    stage_list(cfg)  # train.stages: one ConfigError per bad stage
 
 
 # ----------------------------------------------------------------------------- derived values
@@ -310,11 +313,12 @@ PLAN_TRAIN_KEYS = (
 RESOURCE_KEYS = ("cpus_per_task",)  # hardware keys that size jobs and change no output
 
 
-def stage_params(cfg: dict, stage: str, source: str | None = None) -> dict:
+def stage_params(cfg: dict, stage: str, source: str | None = None, mix: str | None = None) -> dict:
     """The config slice a stage depends on. Rules declare it as `params:` (so an edit to it reruns
     the rule and its downstream) and pass it to the stage CLI as --params JSON. For the per-shard
     stages (download, count, tokenize, dedup_sig) `source` narrows it to the job's own source, so
-    editing one source reruns no job of another."""
+    editing one source reruns no job of another; for mix and pack `mix` narrows it to the job's own
+    mix, so editing one mix (or a training stage on another mix) reruns no job of another."""
     names = list(cfg["sources"]) if source is None else [source]
     if stage == "download":
         return {"sources": _sources_without(cfg, names, NOT_DOWNLOAD_KEYS), "download": cfg["download"]}
@@ -337,12 +341,17 @@ def stage_params(cfg: dict, stage: str, source: str | None = None) -> dict:
         return {"decontaminate": cfg["decontaminate"], "eval_tasks": cfg["eval"]["tasks"],
                 "sources": _source_slice(cfg, names, ("type", "format", "text_column", "messages_column"))}
     if stage in ("mix", "pack"):
-        p = {"mixes": cfg["mixes"], "seq_len": cfg["train"]["seq_len"], "seed": cfg["seed"]}
-        if stage == "mix" and any(m["tokens"] == "plan" for m in cfg["mixes"].values()):
-            # `tokens: plan` resolved here rather than read from plan.json: the figure depends on the
-            # budget, model and global batch only, so a micro-batch or hardware edit (which rewrites
-            # plan.json) reruns no data stage, while a budget edit reruns the mix.
-            p["trained_tokens"] = trained_tokens(cfg)
+        mixes = cfg["mixes"] if mix is None else {mix: cfg["mixes"][mix]}
+        p = {"mixes": mixes, "seq_len": cfg["train"]["seq_len"], "seed": cfg["seed"]}
+        plan_mixes = [m for m, v in mixes.items() if v["tokens"] == "plan"]
+        if stage == "mix" and plan_mixes:
+            # `tokens: plan` resolved here rather than read from plan.json: the figure (the most any
+            # training stage on the mix consumes, pipeline.stages.mix_targets) depends on the budgets,
+            # model and global batch only, so a micro-batch or hardware edit (which rewrites plan.json)
+            # reruns no data stage, while a budget edit reruns the mix.
+            from pipeline.stages import mix_targets
+
+            p["trained_tokens"] = {m: mix_targets(cfg, m) for m in plan_mixes}
         return p
     if stage == "export":  # what an exported model directory depends on (the checkpoint brings the weights)
         return {"model": cfg["model"], "tokenizer": cfg["tokenizer"], "train": {"seq_len": cfg["train"]["seq_len"]}}
@@ -354,7 +363,7 @@ def stage_params(cfg: dict, stage: str, source: str | None = None) -> dict:
     if stage == "plan":  # budget, batch layout and memory only: an lr edit reruns train, not the data stages
         keep = ("run_name", "seed", "tokenizer", "split", "mixes", "model", "hardware")
         return {**{k: cfg[k] for k in keep}, "sources": sources,
-                "train": {k: cfg["train"][k] for k in PLAN_TRAIN_KEYS}}
+                "train": {k: cfg["train"][k] for k in (*PLAN_TRAIN_KEYS, "stages")}}
     if stage in ("train", "evaluate", "accounting"):
         # These depend on (almost) the whole run description. Accounting reads no eval.* key, and
         # training's CORE subset has its own item cap: an edit of the final evaluation's cap reruns

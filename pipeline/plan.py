@@ -61,6 +61,10 @@ d_kv = n_kv_heads × d / n_heads):
   world_size > 1), the one ``hardware.assumed_mfu`` implies (flops_per_token × tokens per step /
   (world_size × peak × MFU), peak from `pipeline.budget.peak_flops`), else the predicted one.
   ``est_gpu_hours`` = est_hours × world_size. The plan says which (``step_time_basis``).
+* **Stages** (`train.stages`, pipeline/stages.py): the figures above are the run budget's (the
+  first stage's unless it sets its own budget). ``stages`` lists every stage's steps, trained tokens,
+  FLOPs and time at the plan's step time (an epochs budget estimated from its mix's ``tokens`` as rows
+  of seq_len targets, flagged ``estimate``); ``stages_total`` sums them.
 """
 from __future__ import annotations
 
@@ -93,7 +97,7 @@ REQUIRED_KEYS = (
 EXTRA_KEYS = (
     "n_params_embedding", "n_params_lm_head", "target_basis", "trained_tokens", "seq_len", "data_tokens_needed",
     "tokens_available", "shards_per_source", "memory_gb", "step_time_s", "step_time_basis", "mfu", "hardware",
-    "notes",
+    "stages", "stages_total", "notes",
 )
 PLAN_KEYS = REQUIRED_KEYS + EXTRA_KEYS  # plan.json adds "meta"
 
@@ -307,6 +311,12 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     notes = [f"{s}: tokens per shard {r['tokens_per_shard_basis']}" for s, r in per_source.items()]
     notes += [f"{s}: SHORT — needs {r['shards_needed']} shards, {r['shards_available']} configured"
               for s, r in per_source.items() if r["enough"] is False]
+    # every stage trains with the run's batch layout: the plan's step time prices each stage's steps
+    stage_rate = fpt * batch["tokens_per_step"] / (batch["world_size"] * perf["step_time_s"])
+    stages, stages_total = plan_stages(cfg, fpt, batch, stage_rate)
+    if any(s["estimate"] for s in stages):
+        notes.append("epochs stages: steps estimated from the mix's tokens as if packed without padding; the "
+                     "trainer counts the packed rows")
     notes.append("memory and step time are predictions of pipeline.perf, not measurements"
                  + ("" if measured_step is None else f"; the hours use the {perf['step_time_basis']} step"))
     if logits != "ours":
@@ -342,8 +352,34 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "mfu": perf["mfu"],
         "hardware": {"gpu_type": hw["gpu_type"], "gpu_memory_gb": hw["gpu_memory_gb"],
                      "capacity_gb": round(perf["capacity_gb"], 3), "peak_flops": peak, "logits": logits},
+        "stages": stages,
+        "stages_total": stages_total,
         "notes": notes,
     }
+
+
+def plan_stages(cfg: dict, fpt: int, batch: dict, flops_per_s_per_gpu: float) -> tuple[list[dict], dict]:
+    """Every training stage's steps, tokens, FLOPs and (estimated) time, and their sums. An epochs
+    budget is estimated from its mix's integer `tokens` (rows of seq_len targets, no padding: a lower
+    bound; the trainer counts the packed rows), flagged ``estimate``."""
+    from pipeline.stages import stage_budget, stage_list
+
+    rows_per_step = batch["tokens_per_step"] // cfg["train"]["seq_len"]
+    out = []
+    for st in stage_list(cfg):
+        b = stage_budget(cfg, st)
+        steps = b["num_steps"]
+        estimate = steps is None
+        if estimate:
+            rows = -(-int(cfg["mixes"][st["mix"]]["tokens"]) // cfg["train"]["seq_len"])
+            steps = -(-math.ceil(st["budget"]["value"] * rows) // rows_per_step)
+        tokens = steps * batch["tokens_per_step"]
+        hours = fpt * tokens / (batch["world_size"] * flops_per_s_per_gpu) / 3600
+        out.append({"name": st["name"], "mix": st["mix"], "loss": st["loss"], "init_from": st["init_from"],
+                    "basis": b["basis"], "num_steps": steps, "trained_tokens": tokens, "total_flops": fpt * tokens,
+                    "est_hours": hours, "est_gpu_hours": hours * batch["world_size"], "estimate": estimate})
+    keys = ("num_steps", "trained_tokens", "total_flops", "est_hours", "est_gpu_hours")
+    return out, {k: sum(s[k] for s in out) for k in keys}
 
 
 # ----------------------------------------------------------------------------- display
@@ -383,6 +419,13 @@ def _rows(plan: dict) -> list[tuple[str, str]]:
                                    f"(peak {mem['peak']:.1f} at the {mem['peak_at']}: {breakdown})"),
         ("step time", f"{plan['step_time_s']:.3g} s per optimizer step ({plan['step_time_basis']})"),
         ("time", f"{plan['est_hours']:.2f} hours on {gpu}, {plan['est_gpu_hours']:.1f} GPU-hours"),
+        *[(f"stage {i + 1}: {s['name']}",
+           f"{'~' if s['estimate'] else ''}{s['num_steps']:,} steps, {_num(s['trained_tokens'])} tokens, "
+           f"{s['est_gpu_hours']:.3g} GPU-hours (pred.); mix {s['mix']}, loss {s['loss']}, "
+           f"from {s['init_from'] or 'scratch'} ({s['basis']})")
+          for i, s in enumerate(plan["stages"])],
+        ("all stages", f"{plan['stages_total']['num_steps']:,} steps, {_num(plan['stages_total']['trained_tokens'])} "
+                       f"tokens, {plan['stages_total']['est_gpu_hours']:.3g} GPU-hours (pred.)"),
     ]
 
 

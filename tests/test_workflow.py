@@ -34,16 +34,23 @@ TINY = {
     "mixes": {
         "pretrain": {"weights": {"web": 1.0}, "tokens": "plan", "max_epochs": 4},
         "midtrain": {"weights": {"web": 0.5, "chat": 0.5}, "tokens": 8000, "max_epochs": 4, "packing": "bestfit"},
+        "sft": {"weights": {"chat": 1.0}, "tokens": 6000, "max_epochs": 2, "packing": "bestfit"},
     },
     "model": {"vocab_size": 512, "dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 96},
     "train": {
         "seq_len": 32, "global_batch_tokens": 1024, "micro_batch": 16, "target_tokens": 102400,
         "precision": "fp32", "compile": False, "warmup_steps": 3, "val_interval": 10, "val_batches": 2,
         "ckpt_interval": 10, "log_interval": 5, "lr": 3e-2,
+        "stages": [
+            {"name": "pretrain"},
+            {"name": "midtrain", "mix": "midtrain", "tokens": 5120, "lr": 1e-2, "warmup_steps": 0, "schedule": "decay"},
+            {"name": "sft", "mix": "sft", "epochs": 1, "loss": "assistant", "lr": 5e-3, "warmup_steps": 0},
+        ],
     },
     "wandb": {"mode": "offline"},
     "eval": {"max_new_tokens": 8, "tasks": ["copa", "winogrande", "lambada"], "core_max_items": 8,
-             "core_interval": 50, "core_interval_items": 4},
+             "core_interval": 50, "core_interval_items": 4,
+             "chat_questions": ["Hi! How are you?", "What do you like?"]},
 }
 
 
@@ -118,14 +125,30 @@ def project(tmp_path_factory):
 def test_end_to_end(project):
     R = project / "results/t"
     for rel in ["tokenizer/tokenizer.json", "counts/counts.parquet", "plan.json", "accounting.json",
-                "pack/pretrain/train.json", "pack/midtrain/train.json", "train/final.pt", "eval/report.json",
-                "eval/loss.png"]:
+                "pack/pretrain/train.json", "pack/midtrain/train.json", "pack/sft/train.json",
+                *[f"train/{s}/final.pt" for s in ("pretrain", "midtrain", "sft")],
+                *[f"eval/{s}/{f}" for s in ("pretrain", "midtrain", "sft") for f in ("report.json", "loss.png")],
+                "eval/stages.json", "eval/stages.md", "eval/stages.png"]:
         assert (R / rel).exists(), rel
     plan = json.loads((R / "plan.json").read_text())
     assert plan["num_steps"] == 100 and plan["grad_accum_steps"] == 2
-    report = json.loads((R / "eval/report.json").read_text())
+    assert [s["name"] for s in plan["stages"]] == ["pretrain", "midtrain", "sft"]
+    assert [s["num_steps"] for s in plan["stages"][:2]] == [100, 5] and plan["stages"][2]["estimate"]
+    report = json.loads((R / "eval/pretrain/report.json").read_text())
     assert report["val_loss"] < report["unigram_baseline"] - 0.1  # learned more than token frequencies
-    assert (project / "logs/t/train.log").exists()
+    assert "chat_val_loss" not in report  # a text stage
+    stages = json.loads((R / "eval/stages.json").read_text())["stages"]
+    assert [(s["stage"], s["init_from"], s["loss"]) for s in stages] == [
+        ("pretrain", None, "all"), ("midtrain", "pretrain", "all"), ("sft", "midtrain", "assistant")]
+    summaries = {s: json.loads((R / f"train/{s}/summary.json").read_text()) for s in ("pretrain", "midtrain", "sft")}
+    assert [summaries[s]["num_steps"] for s in ("pretrain", "midtrain")] == [100, 5]
+    sft_rows = json.loads((R / "pack/sft/train.json").read_text())["n_rows"]
+    assert summaries["sft"]["num_steps"] == -(-sft_rows // 32)  # one epoch over every packed row, 32 rows a step
+    assert summaries["sft"]["empty_rows"] == summaries["sft"]["num_steps"] * 32 - sft_rows
+    sft = json.loads((R / "eval/sft/report.json").read_text())
+    assert sft["chat_val_loss"] == pytest.approx(sft["val_loss"])  # an assistant-only stage on a chat-only mix
+    assert [a["question"] for a in sft["answers"]] == TINY["eval"]["chat_questions"]
+    assert (project / "logs/t/train/sft.log").exists()
     assert (project / "data/raw/web/shard_00000.parquet").exists()
     # Every stage output carries metadata saying what made it.
     assert json.loads((R / "counts/web/shard_00000.json").read_text())["meta"]["stage"] == "count"
@@ -160,7 +183,8 @@ def test_leaked_benchmark_document_is_removed_before_the_split(project):
 def test_report_shows_the_evaluation(project):
     snakemake(project, "--report", str(project / "report.html"))
     html = (project / "report.html").read_text(errors="replace")
-    assert "loss.png" in html and "report.md" in html and "plan.md" in html and "core.png" in html
+    assert "loss.png" in html and "report.md" in html and "plan.md" in html and "stages.png" in html
+    assert "core.png" in html
 
 
 def test_export_target_writes_a_model_transformers_and_lm_eval_load(project):
@@ -177,7 +201,7 @@ def test_export_target_writes_a_model_transformers_and_lm_eval_load(project):
     out = project / "results/t/export/hf"
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
         p.name for p in out.iterdir()}
-    final = load_checkpoint(project / "results/t/train/final.pt")
+    final = load_checkpoint(project / "results/t/train/sft/final.pt")  # the last stage's model
     ours = Transformer(ModelConfig.from_config(final["params"]))
     ours.load_state_dict(final["model"])
     hf = LlamaForCausalLM.from_pretrained(out, local_files_only=True).eval()
@@ -247,6 +271,36 @@ def test_source_edit_reruns_only_that_sources_jobs(project):
     assert planned_after_edit(project, estimate) == {}
 
 
+def test_chat_cli_answers_from_the_sft_checkpoint(project):
+    out = subprocess.run([sys.executable, "-m", "pipeline.evaluation.chat", "--ckpt",
+                          str(project / "results/t/train/sft/final.pt"), "--prompt", "Hi! How are you?",
+                          "--temperature", "0", "--max-new-tokens", "8"],
+                         cwd=project, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    answers = json.loads((project / "results/t/eval/sft/report.json").read_text())["answers"]
+    assert out.stdout == answers[0]["answer"] + "\n"  # the same greedy answer as the stage report's
+
+
+def test_sft_edit_reruns_sft_and_its_evaluation_not_pretraining(project):
+    def sft_lr(cfg):
+        cfg["train"]["stages"][2]["lr"] = 1e-3
+    jobs = planned_after_edit(project, sft_lr)
+    # sft's train and evaluate only (plan and accounting report every stage: cheap, not a training input)
+    assert jobs == {"train": 1, "evaluate": 1, "stages_report": 1, "plan": 1, "accounting": 1, "all": 1}, jobs
+
+    def sft_mix(cfg):
+        cfg["mixes"]["sft"]["tokens"] = 5000
+    jobs = planned_after_edit(project, sft_mix)
+    assert jobs == {"mix": 1, "pack": 2, "accounting": 1, "train": 1, "evaluate": 1, "stages_report": 1,
+                    "all": 1, "plan": 1}, jobs
+
+    def midtrain_tokens(cfg):  # an earlier stage: it and every later stage rerun
+        cfg["train"]["stages"][1]["tokens"] = 6144
+    jobs = planned_after_edit(project, midtrain_tokens)
+    assert jobs["train"] == 2 and jobs["evaluate"] == 2
+
+
 def test_micro_batch_edit_reruns_plan_and_training_not_the_data(project):
     def micro_batch(cfg):
         cfg["train"]["micro_batch"] //= 2  # more accumulation steps, same global batch and budget
@@ -263,7 +317,8 @@ def test_nested_config_overrides_reach_any_key_with_its_type(project):
     jobs = planned_jobs(proc)
     assert "51.2 K (from train.target_tokens)" in proc.stderr, proc.stderr[-2000:]
     assert "50 → 51.2 K tokens trained" in proc.stderr
-    assert jobs["mix"] == 2 and jobs["train"] == 1  # both mixes: pretrain's budget, midtrain's weights
+    # both mixes (pretrain's budget, midtrain's weights); every stage retrains (each starts from the one before)
+    assert jobs["mix"] == 2 and jobs["train"] == 3
     assert not {"download", "tokenize", "dedup", "split"} & set(jobs)
     bad = snakemake(project, "-n", "--config", "train={micro_batch: eight}", check=False)
     assert bad.returncode != 0 and "train.micro_batch' has value 'eight'; expected integer" in bad.stderr
@@ -401,7 +456,7 @@ def test_killed_runs_lose_nothing(project, tmp_path):
     get exactly the uninterrupted run (`project`): same data files, same model tensors, every metric step
     exactly once, no stray process, no temp file."""
     path = make_project(tmp_path, TINY)
-    train, ref = path / "results/t/train", project / "results/t"
+    train, ref = path / "results/t/train/pretrain", project / "results/t"  # killed while pretraining
 
     run = start_snakemake(path)
     wait_for(lambda: any((path / "results/t/tokens").rglob("*.bin*")), run, "tokenize wrote a file")
@@ -425,13 +480,15 @@ def test_killed_runs_lose_nothing(project, tmp_path):
 
     import torch
 
-    ours, theirs = (torch.load(d / "train/final.pt", weights_only=True)["model"] for d in (path / "results/t", ref))
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    assert logged_steps(train) == logged_steps(ref / "train")  # each step once, in order, the whole run
+    for stage in ("pretrain", "midtrain", "sft"):  # every stage equals the uninterrupted run's
+        ours, theirs = (torch.load(d / f"train/{stage}/final.pt", weights_only=True)["model"]
+                        for d in (path / "results/t", ref))
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), stage
+    assert logged_steps(train) == logged_steps(ref / "train/pretrain")  # each step once, in order, the whole run
     def losses(d: Path) -> list[tuple]:
         return [(r["step"], r["loss"], r.get("val_loss")) for r in map(json.loads, d.read_text().splitlines())]
 
-    assert losses(train / "metrics.jsonl") == losses(ref / "train/metrics.jsonl")
+    assert losses(train / "metrics.jsonl") == losses(ref / "train/pretrain/metrics.jsonl")
     data = sorted(p.relative_to(ref) for p in ref.rglob("*") if p.suffix in (".bin", ".npy"))
     assert len(data) > 10 and [p for p in data if "pack" in p.parts]
     for rel in data:

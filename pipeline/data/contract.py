@@ -335,6 +335,12 @@ def rank_by_hash(shard_names: list[str], shard: np.ndarray, doc: np.ndarray, see
 
 SCHEDULE_COLUMNS = ("source", "shard", "doc", "tokens", "epoch")
 
+# Bits of a bestfit pack's `.mask.bin` (one uint8 per token): MASK_ASSISTANT marks an assistant
+# target of a chat source (its content and <|assistant_end|>, from the tokenized chat mask), MASK_REAL
+# every real token (not padding). The loader turns them into a stage's loss mask: loss `assistant`
+# counts MASK_ASSISTANT targets, loss `all` MASK_REAL targets.
+MASK_ASSISTANT, MASK_REAL = 1, 2
+
 
 def read_schedule(path: str | os.PathLike):
     """The mix schedule as a pyarrow table, checked for the contract's columns and non-empty."""

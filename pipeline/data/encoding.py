@@ -100,12 +100,36 @@ class Tokenizer:
         return 2 if self.delimiter == "both" else 1
 
     def render_chat(self, messages: list[dict]) -> tuple[list[int], list[int]]:
-        """Ids and 0/1 loss mask of a conversation.
+        """Ids and 0/1 loss mask of a conversation under the chat template: the one definition used by
+        count and tokenize (mid-training and SFT data), the chat CLI and the evaluation.
 
-        Layout: `<|user_start|> u <|user_end|> <|assistant_start|> a <|assistant_end|> ...`. The mask
-        is 1 on assistant content tokens and on `<|assistant_end|>` (the model learns to stop), 0
-        elsewhere. The delimiter policy is not applied here (the tokenize stage applies `delimit`).
+        Template (each `<|...|>` is one reserved special id; content is ordinary text)::
+
+            <|user_start|> user text <|user_end|> <|assistant_start|> answer <|assistant_end|>   (repeated)
+
+        Turns may alternate for any number of rounds (multi-turn); roles are `user` and `assistant`.
+        The mask is 1 on exactly the assistant's content tokens and its `<|assistant_end|>` (so the
+        model learns to stop), 0 on the user turns and on `<|assistant_start|>`. No delimiter is
+        added: the tokenize stage applies `delimit` to the result (a stored conversation is
+        `<|bos|>` + this under the bos policy) and `render_prompt` adds the same head.
+
+        ValueError (the caller names the file and row): a role other than user/assistant, or a
+        conversation with no assistant turn (nothing to learn under the assistant-only loss).
+        Conversations without any content are not rendered: the reader counts them as empty.
         """
+        rendered = self._render_turns(messages)
+        if not any(m["role"] == "assistant" for m in messages):
+            raise ValueError("conversation has no assistant turn")
+        return rendered
+
+    def render_prompt(self, messages: list[dict]) -> list[int]:
+        """Ids that ask the model for the next assistant turn after `messages` (ending with a user
+        turn): the delimiter head a stored conversation starts with, the rendered turns, then
+        `<|assistant_start|>`. The engine generates until `<|assistant_end|>`."""
+        head = [self.bos_id] if self.delimiter in ("bos", "both") else []
+        return head + self._render_turns(messages)[0] + [self.special[ASSISTANT_START]]
+
+    def _render_turns(self, messages: list[dict]) -> tuple[list[int], list[int]]:
         ids: list[int] = []
         mask: list[int] = []
         for m in messages:

@@ -5,7 +5,10 @@
 
     inputs  = rows[:, :-1]   int64 [micro_batch, seq_len]
     targets = rows[:, 1:]    int64 [micro_batch, seq_len]
-    mask    = loss mask of the targets, bool [micro_batch, seq_len] (bestfit packs), else None
+    mask    = loss mask of the targets, bool [micro_batch, seq_len] (bestfit packs, and every batch in
+              rows mode), else None. `loss="all"` marks every real target (padding never),
+              `loss="assistant"` the assistant targets of chat sources only (the pack's mask bits,
+              pipeline.data.contract MASK_*; a pack without a mask has no assistant tokens: refused)
     doc_ids = int64 [micro_batch, seq_len], only with `with_doc_ids=True`: per input position the
               index of its document within the row (0 for the row's first document), so that
               attention can be restricted to `doc_ids[q] == doc_ids[k]`.
@@ -24,6 +27,12 @@ Epochs. After `max_epochs` epochs the loader raises `DataExhausted` naming what 
 what was asked, and the config knobs to change; `steps_available(global_batch_rows)` lets the
 trainer check its plan up front.
 
+Rows mode (`total_rows=N`, for an SFT stage's epochs over its examples): the loader serves the first
+N rows of the stream epoch 0's permutation, epoch 1's, ... — every row of an epoch is used, none
+dropped — as global row g = (micro-step × W + rank) × B + i. Past N it serves empty rows (pad
+tokens, mask all False, doc id 0) of the same shape, so the last step is padded instead of
+shrunk: no recompilation, and the empty rows add no loss and no gradient.
+
 Resumption. `state_dict()` is `{epoch, position, seed, shuffle, world_size, micro_batch, n_rows,
 seq_len, data_sha256}`; after `load_state_dict(state)` the loader yields exactly the batches an
 uninterrupted loader would have yielded next. A state made for another world size, micro-batch,
@@ -36,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.contract import span_index
+from pipeline.data.contract import MASK_ASSISTANT, MASK_REAL, span_index
 from pipeline.errors import PipelineError
 from pipeline.io import read_json
 
@@ -45,7 +54,8 @@ class DataExhausted(PipelineError):
     """The packed data cannot supply the requested number of steps."""
 
 
-STATE_KEYS = ("seed", "shuffle", "world_size", "micro_batch", "n_rows", "seq_len", "data_sha256")
+STATE_KEYS = ("seed", "shuffle", "world_size", "micro_batch", "n_rows", "seq_len", "data_sha256", "total_rows")
+LOSSES = {"all": MASK_REAL, "assistant": MASK_ASSISTANT}
 
 
 def epoch_permutation(n_rows: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
@@ -88,6 +98,8 @@ class PackedLoader:
         shuffle: bool = True,
         max_epochs: int = 1,
         with_doc_ids: bool = False,
+        loss: str = "all",
+        total_rows: int | None = None,
     ):
         if not 0 <= rank < world_size:
             raise PipelineError(f"rank {rank} is not in [0, world_size={world_size})")
@@ -98,11 +110,20 @@ class PackedLoader:
         self.micro_batch, self.rank, self.world_size = micro_batch, rank, world_size
         self.seed, self.shuffle, self.max_epochs = seed, shuffle, max_epochs
         self.with_doc_ids = with_doc_ids
+        if loss not in LOSSES:
+            raise PipelineError(f"loss {loss!r} is not one of {', '.join(LOSSES)}")
+        if loss == "assistant" and self._mask is None:
+            raise PipelineError(f"{self.path}: loss 'assistant' needs a bestfit pack of chat sources (this one has no "
+                                "loss mask); give the stage a bestfit chat mix or use loss: all")
+        self.loss, self.total_rows = loss, total_rows
         self.n_rows = self.meta["n_rows"]
         self.seq_len = self.meta["seq_len"]
+        self.pad_id = int(self.meta.get("pad_id") or 0)
         self.rows_per_step = micro_batch * world_size
         self.steps_per_epoch = self.n_rows // self.rows_per_step
-        if self.steps_per_epoch == 0:
+        if total_rows is not None and (total_rows < 1 or self.n_rows < 1):
+            raise PipelineError(f"{self.path}: rows mode needs total_rows >= 1 and a non-empty pack")
+        if self.steps_per_epoch == 0 and total_rows is None:
             raise DataExhausted(
                 f"{self.path} holds {self.n_rows} rows, fewer than one micro-step of micro_batch × world_size = "
                 f"{self.rows_per_step} rows; give the mix more tokens or lower train.micro_batch"
@@ -130,6 +151,11 @@ class PackedLoader:
         return self
 
     def __next__(self):
+        if self.total_rows is not None:
+            lo = (self.position * self.world_size + self.rank) * self.micro_batch
+            self.position += 1
+            self.epoch = lo // self.n_rows
+            return self.batch(self._stream_rows(np.arange(lo, lo + self.micro_batch)))
         epoch, position = (self.epoch + 1, 0) if self.position == self.steps_per_epoch else (self.epoch, self.position)
         if epoch >= self.max_epochs:
             raise DataExhausted(self._exhausted_message())
@@ -137,21 +163,42 @@ class PackedLoader:
         lo = (position * self.world_size + self.rank) * self.micro_batch
         return self.batch(self._permutation()[lo : lo + self.micro_batch])
 
-    def _permutation(self) -> np.ndarray:
-        if self._perm_epoch != self.epoch:
-            self._perm = epoch_permutation(self.n_rows, self.seed, self.epoch, self.shuffle)
-            self._perm_epoch = self.epoch
+    def _permutation(self, epoch: int | None = None) -> np.ndarray:
+        epoch = self.epoch if epoch is None else epoch
+        if self._perm_epoch != epoch:
+            self._perm = epoch_permutation(self.n_rows, self.seed, epoch, self.shuffle)
+            self._perm_epoch = epoch
         return self._perm
 
+    def _stream_rows(self, g: np.ndarray) -> np.ndarray:
+        """Row indices of global stream positions `g` in rows mode; -1 (an empty row) past total_rows."""
+        out = np.full(len(g), -1, np.int64)
+        for i, pos in enumerate(g.tolist()):
+            if pos < self.total_rows:
+                out[i] = self._permutation(pos // self.n_rows)[pos % self.n_rows]
+        return out
+
     def batch(self, idx: np.ndarray) -> tuple:
-        """The (inputs, targets, mask[, doc_ids]) tensors for the given row indices."""
+        """The (inputs, targets, mask[, doc_ids]) tensors for the given row indices (-1: an empty row)."""
         import torch
 
-        x = torch.from_numpy(self._rows[idx].astype(np.int64))
-        mask = None if self._mask is None else torch.from_numpy(self._mask[idx].astype(bool))[:, 1:]
+        idx = np.asarray(idx, np.int64)
+        real = idx >= 0
+        rows = self._rows[np.where(real, idx, 0)].astype(np.int64)
+        rows[~real] = self.pad_id
+        x = torch.from_numpy(rows)
+        mask = None
+        if self._mask is not None:
+            bits = self._mask[np.where(real, idx, 0)] & LOSSES[self.loss]
+            bits[~real] = 0
+            mask = torch.from_numpy(bits[:, 1:] != 0)
+        elif self.total_rows is not None:  # rows mode always masks, so empty rows never count
+            mask = torch.from_numpy(np.repeat(real[:, None], self.seq_len, axis=1))
         out = (x[:, :-1], x[:, 1:], mask)
         if self.with_doc_ids:
-            out += (torch.from_numpy(self.doc_ids(idx)),)
+            docs = self.doc_ids(np.where(real, idx, 0))
+            docs[~real] = 0
+            out += (torch.from_numpy(docs),)
         return out
 
     def doc_ids(self, idx: np.ndarray) -> np.ndarray:
@@ -189,6 +236,7 @@ class PackedLoader:
             "n_rows": self.n_rows,
             "seq_len": self.seq_len,
             "data_sha256": self.meta["sha256"],
+            "total_rows": self.total_rows,
         }
 
     def state_dict(self) -> dict:
@@ -202,7 +250,8 @@ class PackedLoader:
                 f"cannot resume {self.path}: the loader state was saved for different settings ({'; '.join(diff)}); "
                 "resume with the same world size, micro_batch, seed and packed data, or start a fresh run"
             )
-        if not (0 <= state["position"] <= self.steps_per_epoch and state["epoch"] >= 0):
+        limit = self.steps_per_epoch if self.total_rows is None else float("inf")
+        if not (0 <= state["position"] <= limit and state["epoch"] >= 0):
             raise PipelineError(f"cannot resume {self.path}: position {state['position']} of epoch {state['epoch']} "
                                 "is out of range")
         self.epoch, self.position = state["epoch"], state["position"]

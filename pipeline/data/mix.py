@@ -70,10 +70,13 @@ def target_tokens(mix_name: str, params: dict) -> int:
     tokens = params["mixes"][mix_name]["tokens"]
     if tokens != "plan":
         return int(tokens)
-    if not isinstance(params.get("trained_tokens"), int):
+    trained = params.get("trained_tokens")
+    if isinstance(trained, dict):  # per mix: what the stages training on it consume
+        trained = trained.get(mix_name)
+    if not isinstance(trained, int):
         raise PipelineError(f"mixes.{mix_name}.tokens is 'plan' but the params carry no integer 'trained_tokens'; "
                             "pass --configfile, or params made by pipeline.config.stage_params(cfg, 'mix')")
-    return params["trained_tokens"]
+    return trained
 
 
 # ----------------------------------------------------------------------------- inputs

@@ -17,8 +17,10 @@ Packing modes (the mix's `packing`):
   of C tokens: documents are taken longest first, each into the open row with the least room that
   still fits it, or a new row. A document longer than C is split (not truncated) into full rows
   of C tokens plus a remainder that is packed like any document, so no token is lost and
-  `truncated_tokens` is always 0. Leftover room is padded with `pad_id` = the `<|bos|>` id, masked
-  out of the loss (mask 0), and counted in `pad_tokens`.
+  `truncated_tokens` is always 0; such documents (e.g. conversations longer than seq_len, whose
+  later turns then train without the earlier ones in context) are counted in `split_docs`.
+  Leftover room is padded with `pad_id` = the `<|bos|>` id, masked out of the loss (mask 0), and
+  counted in `pad_tokens`.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import numpy as np
 
 from pipeline.config import add_config_args, params_from_args
 from pipeline.data.contract import (
+    MASK_REAL,
     open_tokens,
     pack_paths,
     read_schedule,
@@ -114,13 +117,17 @@ def schedule_spans(table, shards: list[Shard], shard_id: np.ndarray, path) -> Sp
 def gather(shards: list[Shard], spans: Spans, dest: np.ndarray, out: np.ndarray, field: str = "tokens") -> None:
     """Copy each span into `out[dest[i]:dest[i] + length[i]]`, one fancy-indexed copy per shard.
 
-    `field="mask"` copies loss masks instead; spans of shards without one (text) get 1.
+    `field="mask"` writes the mask bits instead (contract MASK_*): MASK_REAL on every span token, plus
+    MASK_ASSISTANT where a chat shard's tokenized mask is 1 (text shards have no assistant tokens).
     """
     for k in np.unique(spans.shard):
         sel = spans.shard == k
         dst = span_index(dest[sel], spans.length[sel])
         src = getattr(shards[k], field)
-        out[dst] = 1 if src is None else src[span_index(spans.start[sel], spans.length[sel])]
+        if field == "mask":
+            out[dst] = MASK_REAL if src is None else MASK_REAL | src[span_index(spans.start[sel], spans.length[sel])]
+        else:
+            out[dst] = src[span_index(spans.start[sel], spans.length[sel])]
 
 
 def subset(spans: Spans, sel) -> Spans:
@@ -245,6 +252,7 @@ def pack_bestfit(shards, spans: Spans, row_len: int, dtype, pad_id: int, writer:
         "dropped_tail_tokens": 0,
         "pad_tokens": n_rows * row_len - tokens,
         "truncated_tokens": 0,
+        "split_docs": int((spans.length > row_len).sum()),
         "doc_starts": row * row_len + off,
     }
 

@@ -1,8 +1,8 @@
 """Evaluate stage: validation loss, bits per byte, a unigram baseline, CORE-style benchmarks, generations, curves.
 
-    python -m pipeline.evaluation.evaluate --params JSON --ckpt R/train/final.pt --val R/pack/M/val.json \\
+    python -m pipeline.evaluation.evaluate --params JSON --ckpt R/train/S/final.pt --val R/pack/M/val.json \\
         --train R/pack/M/train.json --tokenizer R/tokenizer/tokenizer.json \\
-        --metrics R/train/metrics.jsonl --outdir R/eval [--eval-data R/eval_data] [--batch-rows 8]
+        --metrics R/train/S/metrics.jsonl --outdir R/eval/S [--eval-data R/eval_data] [--batch-rows 8]
 
 Definitions (every counted target token of every validation row; a bestfit pack's loss mask
 decides what is counted, exactly as in training):
@@ -22,6 +22,11 @@ decides what is counted, exactly as in training):
   centered accuracy, ``core_<n>``, truncated requests, items per second.
 * generations: each prompt of ``eval.prompts`` (BOS first) continued for ``eval.max_new_tokens``
   tokens at ``eval.temperature`` (0 = greedy; otherwise sampled with a generator seeded by `seed`).
+* per training stage (``--params`` from the rule are the stage's view, pipeline/stages.py): the
+  loss mask is the stage's (``all`` / ``assistant``) and attention is document-masked when the stage
+  trains that way. A chat stage (mix with a chat source, bestfit) adds ``chat_val_loss`` (assistant
+  tokens of the held-out conversations only) and ``answers`` to ``eval.chat_questions``
+  (`chat_evaluation`).
 
 Outputs (atomic): ``report.json`` (the numbers, the generations, the training summary, `meta`),
 ``report.md`` (the same for humans; the `evaluate` rule marks it for `snakemake --report`) and
@@ -40,6 +45,7 @@ import torch
 
 from pipeline.config import add_config_args, params_from_args
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_cli, write_json
+from pipeline.stages import stage_config, stage_names
 from pipeline.training.sampling import generate_texts
 
 log = get_logger(__name__)
@@ -80,8 +86,8 @@ def evaluate_rows(model, loader, device: torch.device, rows: int, chunk: int, by
 
     model.eval()
     nats, tokens, n_bytes = 0.0, 0, 0
-    for x, y, m in iter_rows(loader, rows):
-        hidden = model.hidden(x.to(device))
+    for x, y, m, *docs in iter_rows(loader, rows):
+        hidden = model.hidden(x.to(device), docs[0].to(device) if docs else None)
         loss_sum, count = chunked_cross_entropy(hidden, model.lm_head_weight, y.to(device),
                                                 None if m is None else m.to(device), chunk=chunk)
         nats += float(loss_sum)
@@ -102,7 +108,7 @@ def unigram_baseline(train_counts: np.ndarray, val_loader, n_vocab: int, byte_le
     """Σ nats of the validation targets under add-one-smoothed train unigram frequencies."""
     logp = np.log(train_counts[:n_vocab] + 1.0) - math.log(train_counts.sum() + n_vocab)
     nats, tokens, n_bytes = 0.0, 0, 0
-    for _, y, m in iter_rows(val_loader, ROWS_PER_READ):
+    for _, y, m, *_ in iter_rows(val_loader, ROWS_PER_READ):
         t = counted_targets(y, m)
         nats -= float(logp[t].sum())
         tokens += t.size
@@ -165,7 +171,32 @@ def markdown_report(report: dict) -> str:
     lines += ["## Generations", ""]
     for g in report["generations"]:
         lines += [f"**{g['prompt']}**", "", "```", g["prompt"] + g["completion"], "```", ""]
+    if "answers" in report:
+        chat = "–" if report["chat_val_loss"] is None else f"{report['chat_val_loss']:.4f}"
+        lines += ["## Chat", "", f"Chat-format validation loss (assistant tokens only, nats/token): {chat} over "
+                  f"{report['chat_val_tokens']:,} tokens.", ""]
+        for a in report["answers"]:
+            lines += [f"**{a['question']}**", "", "```", a["answer"], "```", ""]
     return "\n".join(lines)
+
+
+def chat_evaluation(model, tokenizer, params: dict, val_meta: str, device, batch_rows: int,
+                    byte_lengths: np.ndarray) -> dict:
+    """For a chat stage (its mix has a chat source and a bestfit pack): ``chat_val_loss``, the mean
+    CE over the assistant tokens (content and <|assistant_end|>) of the held-out conversations, and
+    ``answers`` to ``eval.chat_questions`` (greedy, chat template, KV-cache engine). Empty otherwise."""
+    from pipeline.data.loader import PackedLoader
+    from pipeline.evaluation.chat import answer_questions
+
+    mix = params["mixes"][params["stage"]["mix"]]
+    if mix.get("packing") != "bestfit" or all(params["sources"][s].get("format") != "chat" for s in mix["weights"]):
+        return {}
+    val = PackedLoader(val_meta, 1, shuffle=False, loss="assistant", with_doc_ids=params["stage"]["doc_mask"])
+    sums = evaluate_rows(model, val, device, batch_rows, params["train"]["ce_chunk_tokens"], byte_lengths)
+    e = params["eval"]
+    return {"chat_val_loss": sums["nats"] / sums["tokens"] if sums["tokens"] else None,
+            "chat_val_tokens": sums["tokens"],
+            "answers": answer_questions(model, tokenizer, e["chat_questions"], e["max_new_tokens"])}
 
 
 def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, tokenizer_path: str, metrics_path: str,
@@ -186,11 +217,15 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
     tokenizer = load_tokenizer(tokenizer_path)
     vocab = model.cfg.vocab_size
     byte_lengths = token_byte_lengths(tokenizer, vocab)
-    val = PackedLoader(val_meta, 1, shuffle=False)
-    train = PackedLoader(train_meta, 1, shuffle=False)
+    if "stage" not in params:  # a whole run config: its first stage
+        params = stage_config(params, stage_names(params)[0])
+    st = params["stage"]
+    val = PackedLoader(val_meta, 1, shuffle=False, loss=st["loss"], with_doc_ids=st["doc_mask"])
+    train = PackedLoader(train_meta, 1, shuffle=False, loss=st["loss"])
 
     t = params["train"]
     val_sums = evaluate_rows(model, val, device, batch_rows, t["ce_chunk_tokens"], byte_lengths)
+    chat = chat_evaluation(model, tokenizer, params, val_meta, device, batch_rows, byte_lengths)
     uni_sums = unigram_baseline(unigram_counts(train, vocab), val, tokenizer.n_vocab, byte_lengths)
     val_loss, val_bpb = per_token_and_bpb(val_sums)
     uni_loss, uni_bpb = per_token_and_bpb(uni_sums)
@@ -207,6 +242,8 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
         "beats_unigram": val_loss < uni_loss,
         "generations": generate_texts(model, tokenizer, e["prompts"], e["max_new_tokens"], e["temperature"],
                                       params["seed"], device),
+        **chat,
+        "stage": st["name"],
         "summary": final.get("summary", {}),
         "core": None,
         "meta": provenance("evaluate", params, [ckpt_path, val_meta, train_meta, tokenizer_path, metrics_path]),
@@ -231,11 +268,11 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.evaluate", description=__doc__.split("\n\n")[0])
     add_config_args(p)
-    p.add_argument("--ckpt", required=True, help="R/train/final.pt")
+    p.add_argument("--ckpt", required=True, help="R/train/{stage}/final.pt")
     p.add_argument("--val", required=True, help="packed validation rows metadata, R/pack/{mix}/val.json")
     p.add_argument("--train", required=True, help="packed train rows metadata (for the unigram baseline)")
     p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
-    p.add_argument("--metrics", required=True, help="R/train/metrics.jsonl (for the loss curve)")
+    p.add_argument("--metrics", required=True, help="R/train/{stage}/metrics.jsonl (for the loss curve)")
     p.add_argument("--outdir", required=True, help="R/eval")
     p.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help="validation rows per forward pass")
     p.add_argument("--eval-data", help="R/eval_data: score the CORE-style tasks (eval.tasks) too")

@@ -1,6 +1,6 @@
 """Export a trained checkpoint as a Hugging Face ``transformers`` Llama directory, and import one back.
 
-    python -m pipeline.evaluation.export --ckpt R/train/final.pt --tokenizer R/tokenizer/tokenizer.json \\
+    python -m pipeline.evaluation.export --ckpt R/train/{stage}/final.pt --tokenizer R/tokenizer/tokenizer.json \\
         --out R/export/hf [--params JSON | --configfile FILE] [--force]
     python -m pipeline.evaluation.export --from-hf DIR --out CKPT.pt [--params JSON | --configfile FILE] [--force]
 
@@ -429,7 +429,8 @@ def export(ckpt_path: str | os.PathLike, tokenizer_path: str | os.PathLike, out:
     _claim(out, force)
     final = load_checkpoint(ckpt_path)
     if not isinstance(final, dict) or "model" not in final or "params" not in final:
-        raise PipelineError(f"{ckpt_path}: not a training checkpoint (no 'model'/'params'); pass R/train/final.pt")
+        raise PipelineError(f"{ckpt_path}: not a training checkpoint (no 'model'/'params'); "
+                            "pass R/train/<stage>/final.pt")
     params, state = final["params"], final["model"]
     check_exportable(params, state, str(ckpt_path))
     if config_params is not None:
@@ -557,7 +558,7 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, config_params: 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m pipeline.evaluation.export", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ckpt", help="checkpoint to export (R/train/final.pt)")
+    ap.add_argument("--ckpt", help="checkpoint to export (R/train/{stage}/final.pt)")
     ap.add_argument("--tokenizer", help="its tokenizer (R/tokenizer/tokenizer.json)")
     ap.add_argument("--from-hf", metavar="DIR", help="import this Hugging Face Llama directory instead")
     ap.add_argument("--out", required=True, help="export: the directory to write; --from-hf: the checkpoint file")

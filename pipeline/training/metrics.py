@@ -1,6 +1,6 @@
 """Training metrics: the JSONL + wandb logger, MFU, norms of watched parameter groups, memory.
 
-`R/train/metrics.jsonl` holds one JSON object per logged step (rank 0 writes it). Keys:
+`R/train/{stage}/metrics.jsonl` holds one JSON object per logged step (rank 0 writes it). Keys:
 
 * always: ``step`` (optimizer steps done), ``tokens`` (global input tokens trained so far);
 * every log step: ``loss`` (mean fp32 CE per target token over the global batch of that step),

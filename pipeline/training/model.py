@@ -13,7 +13,8 @@ a final RMSNorm, and an output projection that is the token embedding when
 - SwiGLU MLP ``down(silu(gate(x)) * up(x))`` with hidden size ``ffn_dim``; no biases anywhere.
 - Optional intra-document masking: ``doc_mask`` is a [B, T] tensor of document ids; a token attends
   only to earlier tokens (and itself) carrying the same id. Because RoPE is relative, a document
-  then gets exactly the outputs it would get alone.
+  then gets exactly the outputs it would get alone. The kernel (SDPA with a boolean mask on CPU,
+  compiled flex_attention with a block mask on CUDA) is chosen in pipeline/training/attention.py.
 - Activation checkpointing (``torch.utils.checkpoint``, non-reentrant): ``mlp`` / ``attention``
   recompute that sub-layer (norm included) of every block, ``block`` whole blocks, ``every_n`` every
   ``checkpoint_every_n``-th block (0, n, 2n, ...). The choice is fixed at construction, so ``forward``
@@ -36,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from pipeline.training.attention import attend, document_mask
 
 CHECKPOINT_MODES = ("none", "mlp", "attention", "block", "every_n")
 
@@ -107,14 +110,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
 
 
-def document_causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:
-    """[B, T] document ids -> [B, 1, T, T] boolean mask (True = may attend): causal and same document."""
-    T = doc_ids.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
-    same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]
-    return (same_doc & causal)[:, None]
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -131,10 +126,7 @@ class Attention(nn.Module):
         k = apply_rope(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim), cos, sin)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        y = attend(q, k, v, mask)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, D))
 
 
@@ -232,7 +224,7 @@ class Transformer(nn.Module):
         if T > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.cfg.max_seq_len}")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        mask = None if doc_mask is None else document_causal_mask(doc_mask)
+        mask = document_mask(doc_mask)
         x = self.tok_embeddings(idx)
         for layer, use_checkpoint in zip(self.layers, self.checkpoint_blocks):
             x = _run(layer, use_checkpoint, x, cos, sin, mask)

@@ -144,6 +144,8 @@ def lr_factor(step: int, num_steps: int, tcfg: dict) -> float:
       factor is 1 at step W and exactly r at the last step.
     * ``wsd`` (warmup-stable-decay): 1 until the last ``n_d = round(decay_frac·num_steps)`` steps,
       then linear ``1 − (1 − r)·k / n_d`` for the k-th decay step (k = 1..n_d): r at the last step.
+    * ``decay``: linear ``1 − (1 − r)·p`` with p as for cosine: WSD's decay phase as a training stage
+      of its own (e.g. a mid-training stage after a stable pretraining stage).
     """
     w = tcfg["warmup_steps"]
     if step < w:
@@ -156,7 +158,9 @@ def lr_factor(step: int, num_steps: int, tcfg: dict) -> float:
         n_decay = round(tcfg["decay_frac"] * num_steps)
         k = step - (num_steps - n_decay) + 1
         return 1.0 if k <= 0 else 1 - (1 - r) * min(k, n_decay) / n_decay
-    raise PipelineError(f"train.schedule: unknown schedule {tcfg['schedule']!r} (cosine, wsd)")
+    if tcfg["schedule"] == "decay":  # WSD's decay phase as a stage of its own
+        return 1 - (1 - r) * min(1.0, (step - w) / max(1, num_steps - w - 1))
+    raise PipelineError(f"train.schedule: unknown schedule {tcfg['schedule']!r} (cosine, wsd, decay)")
 
 
 def set_lr(optimizer, factor: float) -> None:

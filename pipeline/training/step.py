@@ -73,7 +73,8 @@ class LossModel(nn.Module):
     outside autocast, its logit matmuls at `ce_matmul` precision (pipeline/training/losses.py). The
     whole of it traces into one graph (no graph break: tested with torch._dynamo.explain).
 
-    forward(inputs, targets, mask=None) -> (loss_sum, count).
+    forward(inputs, targets, mask=None, doc_ids=None) -> (loss_sum, count); with `doc_ids` [B, T]
+    attention stays within each packed document (`model.hidden(..., doc_mask=doc_ids)`).
     """
 
     def __init__(self, model: Transformer, body_dtype: torch.dtype | None, ce_chunk: int, ce_matmul: str = "fp32"):
@@ -83,10 +84,10 @@ class LossModel(nn.Module):
         self.ce_chunk = ce_chunk
         self.ce_matmul = ce_matmul
 
-    def forward(self, inputs, targets, mask=None):
+    def forward(self, inputs, targets, mask=None, doc_ids=None):
         dtype, on = self.body_dtype or torch.float32, self.body_dtype is not None
         with torch.autocast(inputs.device.type, dtype=dtype, enabled=on):
-            hidden = self.model.hidden(inputs)
+            hidden = self.model.hidden(inputs, doc_ids)
         return chunked_cross_entropy(hidden, self.model.lm_head_weight, targets, mask, chunk=self.ce_chunk,
                                      matmul=self.ce_matmul)
 
@@ -172,15 +173,16 @@ class StepBatches:
 
 
 def next_micro_batches(it, n: int, device: torch.device) -> list[tuple]:
-    """The next `n` (inputs, targets, mask-or-None) micro-batches of `it`, on `device` (validation)."""
-    return [to_device(next(it), device) for _ in range(n)]
+    """The next `n` (inputs, targets, mask-or-None, doc-ids-or-None) micro-batches of `it`, on `device`
+    (validation; a loader without doc ids yields 3-tuples)."""
+    return [to_device((*next(it), None)[:4], device) for _ in range(n)]
 
 
 def count_tokens(batches: list[tuple], dist: Dist) -> torch.Tensor:
     """Global [target tokens, input tokens] of *host* micro-batches: summed on the host (masks
     included), one pinned non-blocking copy, one all-reduce — no device-to-host sync in the step."""
-    targets = sum(y.numel() if m is None else int(m.sum()) for _, y, m in batches)
-    local = torch.tensor([targets, sum(x.numel() for x, _, _ in batches)], dtype=torch.int64)
+    targets = sum(y.numel() if m is None else int(m.sum()) for _, y, m, *_ in batches)
+    local = torch.tensor([targets, sum(x.numel() for x, *_ in batches)], dtype=torch.int64)
     return all_reduce_sum(to_device((local,), dist.device)[0], dist)
 
 
@@ -190,11 +192,11 @@ def accumulate_gradients(ddp: nn.Module, fwd: nn.Module, batches: list[tuple], n
     those of (global loss sum) / n_targets. Returns this rank's loss sum (detached)."""
     scale = world_size / n_targets.clamp(min=1).to(torch.float32)
     local_sum = torch.zeros((), device=batches[0][0].device)
-    for i, (x, y, m) in enumerate(batches):
+    for i, batch in enumerate(batches):
         last = i == len(batches) - 1
         sync = contextlib.nullcontext() if last or not isinstance(ddp, DDP) else ddp.no_sync()
         with sync:
-            loss_sum, _ = fwd(x, y, m)
+            loss_sum, _ = fwd(*batch)
             (loss_sum * scale).backward()
         local_sum += loss_sum.detach()
     return local_sum
@@ -214,21 +216,22 @@ class _PlainHidden(nn.Module):
         with torch.device("meta"):
             self.model = Transformer(cfg)
 
-    def forward(self, x):
-        return self.model.hidden(x)
+    def forward(self, x, doc_ids=None):
+        return self.model.hidden(x, doc_ids)
 
 
-def plain_hidden(model: Transformer, x: torch.Tensor) -> torch.Tensor:
+def plain_hidden(model: Transformer, x: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
     """``model.hidden(x)`` with every linear that fp8 conversion replaced (torchao's Float8Linear
     subclasses nn.Linear and keeps its high-precision ``weight``) run as a plain nn.Linear: the
     model's own tensors through a plain skeleton built on the meta device (`torch.func.functional_call`),
     so the trained model — and the compiled graph's guards on it — is never modified."""
     if all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear)):
-        return model.hidden(x)
+        return model.hidden(x, doc_ids)
     skeleton = _PlainHidden(model.cfg)
     names = {k for k, _ in (*skeleton.named_parameters(), *skeleton.named_buffers())}
     tensors = {f"model.{k}": v for k, v in (*model.named_parameters(), *model.named_buffers())}
-    return torch.func.functional_call(skeleton, {k: v for k, v in tensors.items() if k in names}, (x,), strict=True)
+    return torch.func.functional_call(skeleton, {k: v for k, v in tensors.items() if k in names}, (x, doc_ids),
+                                     strict=True)
 
 
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:

@@ -3,12 +3,25 @@
 Launch (the `train` rule; `--nproc_per_node` = `hardware.nproc_per_node`)::
 
     python -m pipeline.training.launch -- \\
-    torchrun --standalone --nproc_per_node N -m pipeline.training.train --params JSON --plan R/plan.json \\
+    torchrun --standalone --nproc_per_node N -m pipeline.training.train --params JSON [--plan R/plan.json] \\
         --train R/pack/M/train.json --val R/pack/M/val.json --tokenizer R/tokenizer/tokenizer.json \\
-        --outdir R/train [--resume auto|require|never] [--max-steps K] [--keep-ckpts 2]
+        --outdir R/train/STAGE [--stage STAGE] [--init R/train/PREV/final.pt] [--resume auto|require|never] \\
+        [--max-steps K] [--keep-ckpts 2]
 
 The launcher owns the job's processes and each worker dies with its parent (pipeline/training/launch.py);
 rank 0 holds a lock on `outdir` for the whole run, so a second trainer on it fails at once.
+
+**Stages** (pipeline/stages.py): one launch trains one stage of `train.stages`; the rule passes the
+stage's view of the config (`stage_config`: its effective `train` section and the resolved stage
+under `stage`). The stage decides the number of steps (its tokens / steps budget, the run budget,
+or for ``epochs`` ``pipeline.stages.epoch_steps`` over the packed rows, the loader in rows mode so
+the last step is padded with empty rows), the loss (``all`` / ``assistant``: the loader's mask),
+document-masked attention (``doc_mask``: the loader's doc ids into ``model.hidden``) and the
+initial weights: on a fresh start, a stage with ``init_from`` loads ``--init`` (the earlier stage's
+final.pt; another model shape is refused, naming both) and, with ``carry_optimizer``, the optimizer
+state of that stage's last checkpoint (the new stage's learning rates kept). The init file's sha256
+is part of the stage's identity, so a checkpoint of a stage trained from an older init is never
+resumed.
 
 Without torchrun it runs as a single process (world size 1, no process group). Under torchrun the
 process group is gloo on CPU and nccl on CUDA (one GPU per local rank).
@@ -69,11 +82,12 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 
-from pipeline.budget import peak_flops
+from pipeline.budget import batch_layout, flops_per_token, peak_flops
 from pipeline.config import add_config_args, params_from_args
 from pipeline.errors import PipelineError
 from pipeline.evaluation import core
-from pipeline.io import get_logger, provenance, read_json, run_cli, write_json
+from pipeline.io import get_logger, provenance, read_json, run_cli, sha256_file, write_json
+from pipeline.stages import epoch_steps, stage_budget, stage_config, stage_names
 from pipeline.training import checkpoint as ckpt
 from pipeline.training.distributed import (
     Dist,
@@ -162,15 +176,17 @@ def fixed_batch_stats(model: Transformer, batch: tuple, chunk: int) -> dict:
     good in lower precision. fp8 linears run as plain linears here (`plain_hidden`), so an fp8 run's
     reference is fp32 too. (Few rows: fp32 attention may fall back to a kernel that materialises the
     T×T scores.)"""
-    x, y, m = (None if t is None else t[:FIXED_BATCH_ROWS] for t in batch)
+    x, y, m, d = (None if t is None else t[:FIXED_BATCH_ROWS] for t in batch)
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
         with torch.autocast(x.device.type, enabled=False):
-            hidden = plain_hidden(model, x)
+            hidden = plain_hidden(model, x, d)
         s = chunked_eval_stats(hidden, model.lm_head_weight, y, m, chunk=chunk)
     finally:
         torch.set_float32_matmul_precision(precision)
+    if not s["count"]:  # every target of these rows masked out (an assistant-only loss, empty rows)
+        return {}
     return {"ce_fp32": s["loss_sum"] / s["count"], "top1_acc": s["correct"] / s["count"]}
 
 
@@ -206,11 +222,57 @@ def check_data(loader, plan: dict, cfg: dict, train_meta: str) -> None:
 
 
 def val_loader(val_meta: str, cfg: dict, plan: dict, dist: Dist):
-    """A fresh, unshuffled loader over the validation rows (the same rows every time)."""
+    """A fresh, unshuffled loader over the validation rows (the same rows every time), with the
+    stage's loss mask and doc ids."""
     from pipeline.data.loader import PackedLoader
 
+    st = cfg["stage"]
     return PackedLoader(val_meta, plan["micro_batch"], rank=dist.rank, world_size=dist.world_size,
-                        seed=cfg["seed"], shuffle=False)
+                        seed=cfg["seed"], shuffle=False, loss=st["loss"], with_doc_ids=st["doc_mask"])
+
+
+def batch_plan(params: dict) -> dict:
+    """The plan figures the trainer uses, from the params by the planner's own functions
+    (pipeline.budget): the batch layout and FLOPs per token (num_steps comes from the stage)."""
+    return {**batch_layout(params), "flops_per_token": flops_per_token(params), "num_steps": None}
+
+
+def stage_steps(params: dict, plan: dict, train_meta: str) -> tuple[int, int | None]:
+    """(optimizer steps, rows to read or None) of this stage: an epochs budget counts the packed
+    rows (rows mode), any other budget is known from the config (pipeline/stages.py)."""
+    st = params["stage"]
+    if st["budget"]["kind"] == "epochs":
+        rows_per_step = plan["micro_batch"] * plan["world_size"] * plan["grad_accum_steps"]
+        return epoch_steps(st["budget"]["value"], read_json(train_meta)["n_rows"], rows_per_step)
+    return stage_budget(params, {**st, "train": params["train"]})["num_steps"], None
+
+
+def load_init(model: Transformer, optimizer, path: str, params: dict) -> None:
+    """Start a stage from an earlier stage's final.pt (and, with carry_optimizer, that stage's last
+    optimizer state, keeping this stage's learning rates and weight decay)."""
+    st = params["stage"]
+    state = ckpt.load_checkpoint(path)
+    mine, theirs = model.state_dict(), state.get("model", {})
+    differ = sorted(set(mine) ^ set(theirs))
+    shapes = [f"{k} {tuple(theirs[k].shape)} vs {tuple(v.shape)}" for k, v in mine.items()
+              if k in theirs and theirs[k].shape != v.shape]
+    if differ or shapes:
+        what = ", ".join(shapes[:3]) or f"parameters {', '.join(differ[:3])}"
+        raise PipelineError(f"stage '{st['name']}' cannot start from {path}: it holds another model shape ({what}); "
+                            f"every stage trains the same model config: retrain '{st['init_from']}' with this "
+                            f"model or set init_from: none")
+    model.load_state_dict(theirs)
+    log.info("stage %s starts from %s", st["name"], path)
+    if st["carry_optimizer"]:
+        latest = ckpt.latest_checkpoint(Path(path).parent / "ckpt")
+        if latest is None:
+            raise PipelineError(f"stage '{st['name']}' carries the optimizer of '{st['init_from']}' but "
+                                f"{Path(path).parent / 'ckpt'} holds no checkpoint; rerun that stage or set "
+                                "carry_optimizer: false")
+        keep = [{k: g[k] for k in ("lr", "base_lr", "weight_decay") if k in g} for g in optimizer.param_groups]
+        optimizer.load_state_dict(ckpt.load_checkpoint(latest)["optimizer"])
+        for g, k in zip(optimizer.param_groups, keep, strict=True):
+            g.update(k)
 
 
 def trajectory_params(params: dict) -> dict:
@@ -270,10 +332,16 @@ def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, lo
 
 
 def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dict, tokens_trained: int,
-           loss_tokens: int, best_val_loss: float, last_val_loss: float) -> dict:
-    """Check the token count against the plan, then write summary.json and (last) final.pt."""
+           loss_tokens: int, best_val_loss: float, last_val_loss: float, total_rows: int | None = None) -> dict:
+    """Check the token count against the plan, then write summary.json and (last) final.pt. In rows
+    mode (an epochs budget) the count includes the last step's empty rows (`empty_rows`)."""
     planned = plan["num_steps"] * plan["tokens_per_step"]
+    rows_read = plan["num_steps"] * plan["micro_batch"] * plan["world_size"] * plan["grad_accum_steps"]
     summary = {
+        "stage": params["stage"]["name"],
+        "init_from": params["stage"]["init_from"],
+        "loss": params["stage"]["loss"],
+        "empty_rows": 0 if total_rows is None else rows_read - total_rows,
         "tokens_trained": tokens_trained,
         "tokens_planned": planned,
         "loss_tokens": loss_tokens,
@@ -297,8 +365,9 @@ def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dic
 
 def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
           resume: str | None = None, max_steps: int | None = None, keep_ckpts: int = 2,
-          eval_data: str | None = None) -> dict | None:
-    """Run (or resume) training. Returns the run summary, or None when stopped early by `max_steps`.
+          eval_data: str | None = None, init: str | None = None) -> dict | None:
+    """Run (or resume) one training stage (`params` from `stage_config`; a whole run config trains its
+    first stage). Returns the run summary, or None when stopped early by `max_steps`.
 
     `resume` (auto | require | never) defaults to `train.resume`. The process that writes the outputs
     (rank 0) holds `RunLock(outdir)` throughout: a second trainer on `outdir` fails at once.
@@ -307,23 +376,37 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
     lock = RunLock(outdir).acquire() if rank == 0 else None
     try:
         return _train(params, plan, train_meta, val_meta, tokenizer_path, outdir,
-                      resume or params["train"]["resume"], max_steps, keep_ckpts, eval_data)
+                      resume or params["train"]["resume"], max_steps, keep_ckpts, eval_data, init)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
-           resume: str, max_steps: int | None, keep_ckpts: int, eval_data: str | None) -> dict | None:
+           resume: str, max_steps: int | None, keep_ckpts: int, eval_data: str | None,
+           init: str | None) -> dict | None:
     from pipeline.data.encoding import load_tokenizer
     from pipeline.data.loader import PackedLoader
 
+    if "stage" not in params:  # a whole run config: its first stage
+        params = stage_config(params, stage_names(params)[0])
+    st = params["stage"]
+    if st["init_from"] and init is None:
+        raise PipelineError(f"stage '{st['name']}' starts from stage '{st['init_from']}': pass --init "
+                            f"R/train/{st['init_from']}/final.pt")
+    if init is not None and not st["init_from"]:
+        raise PipelineError(f"stage '{st['name']}' starts from scratch (init_from: none) but --init {init} was "
+                            "given; drop --init or set the stage's init_from")
+    if init is not None:  # the init's identity: a checkpoint from an older init is never resumed
+        params = {**params, "stage": {**st, "init_sha256": sha256_file(init)}}
     t = params["train"]
     dist = init_distributed(params["hardware"]["device"])
     outdir, peak = Path(outdir), peak_flops(params)
     ckpt_dir = outdir / "ckpt"
     check_plan(plan, params, dist)
-    num_steps, accum = plan["num_steps"], plan["grad_accum_steps"]
+    num_steps, total_rows = stage_steps(params, plan, train_meta)
+    plan = {**plan, "num_steps": num_steps, "stage": st["name"]}
+    accum = plan["grad_accum_steps"]
     stop_at = num_steps if max_steps is None else min(max_steps, num_steps)
     body_dtype = autocast_dtype(params, dist.device)
     set_matmul_precision(ce_matmul(params))
@@ -332,8 +415,10 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
     model = build_model(params, dist.device)
     optimizer = build_optimizer(model, t, dist.device.type)
     loader = PackedLoader(train_meta, plan["micro_batch"], rank=dist.rank, world_size=dist.world_size,
-                          seed=params["seed"], shuffle=True)
-    check_data(loader, plan, params, train_meta)
+                          seed=params["seed"], shuffle=True, loss=st["loss"], with_doc_ids=st["doc_mask"],
+                          total_rows=total_rows)
+    if total_rows is None:
+        check_data(loader, plan, params, train_meta)
     val_loader(val_meta, params, plan, dist)  # fails now, not at the first validation, if val is too small
     tokenizer = load_tokenizer(tokenizer_path)
     if tokenizer.n_vocab > params["model"]["vocab_size"]:
@@ -369,10 +454,13 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
         best_val, last_val, wandb_id = state["best_val_loss"], state["last_val_loss"], state["wandb_id"]
         log.info("resumed from %s at step %d (%d tokens)", latest, start, tokens_seen)
         del state
-    elif dist.is_main:
-        if stale:
-            log.warning("stale checkpoints moved to %s", ckpt.archive_checkpoints(ckpt_dir))
-        ckpt.clear_checkpoints(ckpt_dir)
+    else:
+        if init is not None:
+            load_init(model, optimizer, init, params)
+        if dist.is_main:
+            if stale:
+                log.warning("stale checkpoints moved to %s", ckpt.archive_checkpoints(ckpt_dir))
+            ckpt.clear_checkpoints(ckpt_dir)
     metrics = None
     if dist.is_main:
         metrics = MetricsLogger(outdir / "metrics.jsonl", params["wandb"], outdir, params, params["run_name"],
@@ -450,7 +538,8 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
                             "another process?); rerun with train.resume: never to train again from scratch")
     summary = None
     if stop_at == num_steps:
-        summary = finish(outdir, dist, model, params, plan, tokens_seen, loss_tokens, best_val, last_val)
+        summary = finish(outdir, dist, model, params, plan, tokens_seen, loss_tokens, best_val, last_val,
+                         total_rows)
     else:
         log.info("stopped after step %d of %d (--max-steps); rerun with --resume auto to continue", stop_at, num_steps)
     if metrics:
@@ -465,11 +554,15 @@ def main(argv=None) -> None:
     die_with_parent()  # first: a worker whose launcher is killed must not train on, orphaned
     p = argparse.ArgumentParser(prog="python -m pipeline.training.train", description=__doc__.split("\n\n")[0])
     add_config_args(p)
-    p.add_argument("--plan", required=True, help="R/plan.json")
+    p.add_argument("--plan", default=None, help="R/plan.json (default: the batch layout and FLOPs per token of "
+                                                 "the params, pipeline.budget: what the plan computes)")
     p.add_argument("--train", required=True, help="packed train rows metadata, R/pack/{mix}/train.json")
     p.add_argument("--val", required=True, help="packed validation rows metadata, R/pack/{mix}/val.json")
     p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
-    p.add_argument("--outdir", required=True, help="R/train")
+    p.add_argument("--outdir", required=True, help="R/train/{stage}")
+    p.add_argument("--stage", default=None, help="with --configfile: the stage of train.stages to train (default "
+                                                   "the first); --params from the rule already name it")
+    p.add_argument("--init", default=None, help="R/train/{init_from}/final.pt for a stage with init_from")
     p.add_argument("--resume", choices=("auto", "require", "never"), default=None,
                    help="default train.resume. auto: continue from the newest readable checkpoint in outdir/ckpt "
                         "when it matches this run's config and world size, else move it aside and start over; "
@@ -480,8 +573,12 @@ def main(argv=None) -> None:
     p.add_argument("--eval-data", help="R/eval_data: score a CORE subset every eval.core_interval steps")
     args = p.parse_args(argv)
     params = params_from_args(args, "train")
-    train(params, read_json(args.plan), args.train, args.val, args.tokenizer, args.outdir,
-          resume=args.resume, max_steps=args.max_steps, keep_ckpts=args.keep_ckpts, eval_data=args.eval_data)
+    if "stage" not in params:
+        params = stage_config(params, args.stage or stage_names(params)[0])
+    plan = read_json(args.plan) if args.plan is not None else batch_plan(params)
+    train(params, plan, args.train, args.val, args.tokenizer, args.outdir,
+          resume=args.resume, max_steps=args.max_steps, keep_ckpts=args.keep_ckpts, eval_data=args.eval_data,
+          init=args.init)
 
 
 if __name__ == "__main__":

@@ -144,9 +144,12 @@ def test_chat_counts_rendered_conversations(tmp_path, tok_path, reference_encodi
 
 
 def test_chat_with_unknown_role_names_file_and_row(tmp_path, tok_path):
-    shard = write_chat_shard(tmp_path / "chat" / "c.parquet", [[{"role": "user", "content": "a"}],
-                                                             [{"role": "system", "content": "b"}]])
+    good = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "c"}]
+    shard = write_chat_shard(tmp_path / "chat" / "c.parquet", [good, [{"role": "system", "content": "b"}]])
     with pytest.raises(PipelineError, match=r"c\.parquet: row 1: .*'system'"):
+        count_shard(shard, load_tokenizer(tok_path), CHAT, batch_size=8)
+    shard = write_chat_shard(tmp_path / "chat" / "d.parquet", [good, [{"role": "user", "content": "a"}]])
+    with pytest.raises(PipelineError, match=r"d\.parquet: row 1: conversation has no assistant turn"):
         count_shard(shard, load_tokenizer(tok_path), CHAT, batch_size=8)
 
 

@@ -19,17 +19,20 @@ SEQ = 8
 C = SEQ + 1
 
 
-def write_pack(path, n_rows, with_mask=False, doc_len=5, salt=0):
+def write_pack(path, n_rows, with_mask=False, doc_len=5, salt=0, pad=0):
     """A packed split in pack's format whose flat stream is 0, 1, 2, ... (+ salt): every token
     tells its own position, so a batch shows which rows it holds. Documents start every
-    `doc_len` tokens; the mask is a fixed pseudo-random pattern."""
+    `doc_len` tokens; the mask bits: every token real (MASK_REAL), a fixed pseudo-random pattern of
+    assistant targets (MASK_ASSISTANT), and the last `pad` tokens of each row padding (0)."""
     flat = (np.arange(n_rows * C) + salt).astype(np.uint16)
     paths = output_paths(path)
     paths["bin"].parent.mkdir(parents=True, exist_ok=True)
     flat.tofile(paths["bin"])
     np.save(paths["docs"], np.arange(0, n_rows * C, doc_len, dtype=np.int64))
     if with_mask:
-        (np.arange(n_rows * C) * 7 % 3 > 0).astype(np.uint8).tofile(paths["mask"])
+        bits = (np.arange(n_rows * C) * 7 % 3 > 0).astype(np.uint8) | 2
+        bits[(np.arange(n_rows * C) % C) >= C - pad] = 0
+        bits.tofile(paths["mask"])
     write_json(path, {"mix": "m", "split": "train", "seq_len": SEQ, "n_rows": n_rows, "dtype": "uint16",
                       "has_mask": with_mask, "sha256": hashlib.sha256(flat.tobytes()).hexdigest()})
     return path
@@ -128,11 +131,13 @@ def test_data_exhausted(tmp_path):
 
 def test_mask_and_doc_ids(tmp_path):
     meta = write_pack(tmp_path / "p.json", n_rows=12, with_mask=True, doc_len=4)
-    loader = PackedLoader(meta, 3, seed=2, with_doc_ids=True)
+    loader = PackedLoader(meta, 3, seed=2, with_doc_ids=True, loss="assistant")
     x, y, m, d = next(loader)
     assert m.dtype == torch.bool and m.shape == d.shape == (3, SEQ) and d.dtype == torch.int64
     pos = x.numpy()  # synthetic tokens are their flat positions
-    assert np.array_equal(m.numpy(), (pos + 1) * 7 % 3 > 0)  # the mask of the targets
+    assert np.array_equal(m.numpy(), (pos + 1) * 7 % 3 > 0)  # the assistant bit of the targets
+    x, y, m, d = next(PackedLoader(meta, 3, seed=2, with_doc_ids=True))  # loss "all": every real target
+    assert m.all()
     expect = pos // 4 - pos[:, :1] // 4  # docs start every 4 tokens; ids count from the row's first doc
     assert np.array_equal(d.numpy(), expect)
 
@@ -150,3 +155,39 @@ def test_real_pack_doc_ids_follow_documents(data, tmp_path):  # noqa: F811
         # with the bos policy a new document id starts exactly at each <|bos|> after position 0
         step = (d[:, 1:] - d[:, :-1]).numpy()
         assert np.array_equal(step == 1, x[:, 1:].numpy() == bos) and (step >= 0).all() and (d[:, 0] == 0).all()
+
+
+def test_loss_all_skips_padding_and_assistant_needs_a_mask(tmp_path):
+    meta = write_pack(tmp_path / "p.json", n_rows=4, with_mask=True, pad=3)
+    _, _, m = next(PackedLoader(meta, 2, shuffle=False))
+    assert m[:, :SEQ - 3].all() and not m[:, SEQ - 3:].any()  # targets at the 3 padded positions: not counted
+    plain = write_pack(tmp_path / "q.json", n_rows=4)
+    with pytest.raises(PipelineError, match="loss 'assistant' needs a bestfit pack"):
+        PackedLoader(plain, 2, loss="assistant")
+
+
+def test_rows_mode_uses_every_row_of_each_epoch_then_pads_the_last_step(tmp_path):
+    meta = write_pack(tmp_path / "p.json", n_rows=5, with_mask=True)
+    # 2 epochs of 5 rows = 10 rows; micro-batch 2 on 2 ranks: 3 micro-steps, the last with 2 empty rows
+    loaders = [PackedLoader(meta, 2, rank=r, world_size=2, seed=1, total_rows=10, with_doc_ids=True)
+               for r in range(2)]
+    seen = []
+    for _ in range(3):
+        for ld in loaders:
+            x, y, m, d = next(ld)
+            for row in range(2):
+                if m[row].any():
+                    seen.append(int(x[row, 0]) // C)
+                else:  # an empty row: pad tokens, nothing counted, one document
+                    assert (x[row] == 0).all() and not d[row].any()
+    assert len(seen) == 10 and sorted(seen[:5]) == sorted(seen[5:]) == [0, 1, 2, 3, 4]
+    assert seen[:5] != seen[5:]  # each epoch reshuffled
+    # exact resume in rows mode
+    a = PackedLoader(meta, 2, seed=1, total_rows=7)
+    next(a)
+    b = PackedLoader(meta, 2, seed=1, total_rows=7)
+    b.load_state_dict(a.state_dict())
+    for _ in range(4):
+        assert all(torch.equal(u, v) for u, v in zip(next(a), next(b)))
+    with pytest.raises(PipelineError, match="total_rows: saved 7, now 8"):
+        PackedLoader(meta, 2, seed=1, total_rows=8).load_state_dict(a.state_dict())

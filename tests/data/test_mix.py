@@ -151,9 +151,9 @@ def test_tokens_plan_is_the_plans_trained_tokens(tmp_path, split_dir):
     # 49,000 target tokens at 5,000 per step are 10 steps, 50,000 tokens.
     cfg = load_config(ROOT / "config.yaml", {"train": {"target_tokens": 49_000, "global_batch_tokens": 5_000,
                                                        "seq_len": 50, "micro_batch": 100}})
-    p = stage_params(cfg, "mix")
-    assert p["trained_tokens"] == plan_module.make_plan(cfg)["trained_tokens"] == 50_000
-    p = {**params(tokens="plan"), "trained_tokens": p["trained_tokens"]}
+    p = stage_params(cfg, "mix", mix="pretrain")
+    assert p["trained_tokens"] == {"pretrain": plan_module.make_plan(cfg)["trained_tokens"]} == {"pretrain": 50_000}
+    p = {**params(tokens="plan"), "trained_tokens": p["trained_tokens"]["pretrain"]}
     train, _, report = run(tmp_path, p)
     assert report["target"]["tokens"] == 50_000 and report["target"]["from"] == "plan"
     assert sum(train["tokens"]) >= mix.schedule_target(50_000, SEQ_LEN)
@@ -172,7 +172,8 @@ def test_mix_params_ignore_micro_batch_and_hardware(tmp_path):
         assert stage_params(load_config(ROOT / "config.yaml", edit), "mix") == stage_params(base, "mix")
     budget = load_config(ROOT / "config.yaml",
                          {"train": {"target_tokens": 2 * plan_module.make_plan(base)["trained_tokens"]}})
-    assert stage_params(budget, "mix")["trained_tokens"] == 2 * stage_params(base, "mix")["trained_tokens"]
+    assert (stage_params(budget, "mix")["trained_tokens"]["pretrain"]
+            == 2 * stage_params(base, "mix")["trained_tokens"]["pretrain"])
 
 
 def test_val_holds_every_val_document(tmp_path, split_dir):

@@ -15,7 +15,7 @@ from conftest import write_chat_shard, write_text_shard
 from test_tokenize import corpus, make_tokenizer
 
 from pipeline.data import pack as pack_mod
-from pipeline.data.contract import open_tokens
+from pipeline.data.contract import MASK_REAL, open_tokens
 from pipeline.data.contract import pack_paths as output_paths
 from pipeline.data.pack import best_fit_decreasing, main, pack
 from pipeline.data.tokenize import tokenize_shard
@@ -48,7 +48,8 @@ def data(tmp_path_factory):
 
 def spans_of(data, source, shard):
     meta, tokens, off, mask = open_tokens(data / f"tokens/{source}/{shard}.json")
-    m = np.ones(len(tokens), np.uint8) if mask is None else np.asarray(mask)
+    # the mask bits a bestfit pack writes: MASK_REAL on every token, MASK_ASSISTANT on chat assistant targets
+    m = np.full(len(tokens), MASK_REAL, np.uint8) | (0 if mask is None else np.asarray(mask))
     return [(np.asarray(tokens[a:b]), m[a:b]) for a, b in zip(off[:-1], off[1:])]
 
 
@@ -140,6 +141,7 @@ def test_bestfit_rows_hold_every_piece_once(data, tmp_path):
     assert meta["tokens_in"] == meta["tokens_packed"] == tokens_in and meta["truncated_tokens"] == 0
     assert meta["n_rows"] * C == tokens_in + meta["pad_tokens"] and meta["dropped_tail_tokens"] == 0
     assert int(mask.sum()) == sum(int(np.sum(m)) for _, m in expect)
+    assert meta["split_docs"] == sum(len(spans_of(data, s, sh)[d][0]) > C for s, sh, d, _ in rows) > 0
     assert meta["n_rows"] < tokens_in / C * 1.3  # best-fit leaves little padding on these lengths
 
 

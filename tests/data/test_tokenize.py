@@ -187,6 +187,22 @@ def test_chat_mask(tmp_path, toks, delimiter):
         assert int((span[m == 1] == end).sum()) == sum(c["role"] == "assistant" for c in conv)
 
 
+@pytest.mark.parametrize("bad, match", [
+    ([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+      {"role": "assistant", "content": "hello"}], "row 1: chat role 'system' is not 'user' or 'assistant'"),
+    ([{"role": "user", "content": "anyone there?"}], "row 1: conversation has no assistant turn"),
+])
+def test_bad_conversation_is_one_error_naming_the_row_and_nothing_left(tmp_path, toks, bad, match):
+    good = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    shard = write_chat_shard(tmp_path / "raw" / "c" / "c0.parquet", [good, bad])
+    out = tmp_path / "tokens" / "c" / "c0.json"
+    p = {"sources": {"c": {"type": "local", "format": "chat", "messages_column": "messages"}},
+         "count": {"batch_size": 2}}
+    with pytest.raises(PipelineError, match=f"c0.parquet: {match}; fix or drop that row"):
+        tokenize_shard(toks["bos"], shard, out, "c", "c0", p)
+    assert not list(out.parent.glob("*"))
+
+
 def _truncated(d):
     data = write_text_shard(d / "good.parquet", corpus(50, seed=4)).read_bytes()
     (d / "raw/s/trunc.parquet").write_bytes(data[: len(data) // 2])

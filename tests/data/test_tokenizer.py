@@ -169,6 +169,49 @@ def test_render_chat_ids_and_mask(built):
         tok.render_chat([{"role": "system", "content": "x"}])
 
 
+def test_render_decode_and_mask_token_by_token(built):
+    """A multi-turn conversation rendered, decoded back to the template, and its mask checked token by
+    token: 1 exactly inside an assistant turn (content and <|assistant_end|>), 0 everywhere else."""
+    msgs = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! How can I help?"},
+            {"role": "user", "content": "Name a river."}, {"role": "assistant", "content": "The Nile."},
+            {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Amazon"}]
+    for policy, tok in built.items():
+        ids, mask = tok.render_chat(msgs)
+        assert tok.decode(ids) == ("<|user_start|>Hi there<|user_end|><|assistant_start|>Hello! How can I help?"
+                                   "<|assistant_end|><|user_start|>Name a river.<|user_end|><|assistant_start|>"
+                                   "The Nile.<|assistant_end|><|user_start|>Another?<|user_end|>"
+                                   "<|assistant_start|>Amazon<|assistant_end|>")
+        names = {v: k for k, v in tok.special.items()}
+        inside = False
+        for i, (t, m) in enumerate(zip(ids, mask)):
+            name = names.get(t)
+            if name == "<|assistant_start|>":
+                assert m == 0, (policy, i)
+                inside = True
+            elif name == "<|assistant_end|>":
+                assert m == 1 and inside, (policy, i)
+                inside = False
+            else:
+                assert m == int(inside) and (name is None or name in ("<|user_start|>", "<|user_end|>")), (policy, i)
+        assert sum(mask) == sum(len(tok.encode(m["content"])) + 1 for m in msgs if m["role"] == "assistant")
+        # the prompt for the next turn: the stored layout's head, the turns, then <|assistant_start|>
+        prompt = tok.render_prompt(msgs[:3])
+        stored = tok.delimit(tok.render_chat(msgs[:2])[0])  # how the tokenize stage stores the first round
+        n = len(stored) - (1 if policy in ("eos", "both") else 0)
+        assert prompt[:n] == stored[:n]
+        head = "<|bos|>" if policy in ("bos", "both") else ""
+        assert tok.decode(prompt) == (head + "<|user_start|>Hi there<|user_end|><|assistant_start|>Hello! How can I "
+                                      "help?<|assistant_end|><|user_start|>Name a river.<|user_end|>"
+                                      "<|assistant_start|>")
+
+
+def test_conversation_without_assistant_turn_is_refused(built):
+    with pytest.raises(ValueError, match="no assistant turn"):
+        built["bos"].render_chat([{"role": "user", "content": "anyone?"}])
+    assert built["bos"].render_prompt([{"role": "user", "content": "anyone?"}])[-1] == \
+        built["bos"].special["<|assistant_start|>"]
+
+
 def test_determinism_same_inputs_same_sha(shards, tmp_path):
     a = build_tokenizer(tok_params(train_chars=20_000), shards, tmp_path / "a" / "tokenizer.json")
     b = build_tokenizer(tok_params(train_chars=20_000), shards, tmp_path / "b" / "tokenizer.json")

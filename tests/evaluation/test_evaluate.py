@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from test_train import SEQ, data, make_params, one_thread, run_inprocess  # noqa: F401 (fixtures)
 
+from pipeline.data.contract import MASK_REAL
 from pipeline.data.encoding import load_tokenizer
 from pipeline.data.loader import PackedLoader
 from pipeline.evaluation.evaluate import (
@@ -62,7 +63,7 @@ def test_token_byte_lengths(data):  # noqa: F811
 
 
 def masked_pack(path, tok, seq_len=8):
-    """Two rows with a loss mask (bestfit-style), hand-made."""
+    """Two rows with a loss mask (bestfit-style, the real-token bit: what loss "all" counts), hand-made."""
     ids = tok.delimit(tok.encode("The old king sees a red bird. The cat"))[: 2 * (seq_len + 1)]
     rows = np.asarray(ids, np.uint16).reshape(2, seq_len + 1)
     mask = np.ones_like(rows, dtype=np.uint8)
@@ -70,7 +71,7 @@ def masked_pack(path, tok, seq_len=8):
     mask[1, :4] = 0
     stem = path.parent / path.stem
     rows.tofile(f"{stem}.bin")
-    mask.tofile(f"{stem}.mask.bin")
+    (mask * MASK_REAL).tofile(f"{stem}.mask.bin")
     np.save(f"{stem}.docs.npy", np.asarray([0], np.int64))
     write_json(path, {"seq_len": seq_len, "n_rows": 2, "dtype": "uint16", "packing": "bestfit", "has_mask": True,
                       "tokens_packed": rows.size, "sha256": "x", "mix": "m"})

@@ -222,7 +222,7 @@ def test_chat_template_renders_like_training(tmp_path, tokenizers_):
         ids = hf_tok.apply_chat_template(conv, tokenize=True, return_dict=False)
         assert ids == [tok.bos_id] + tok.render_chat(conv)[0]
     prompt = hf_tok.apply_chat_template(conv[:1], tokenize=True, add_generation_prompt=True, return_dict=False)
-    assert prompt == [tok.bos_id] + tok.render_chat(conv[:1])[0] + [tok.special["<|assistant_start|>"]]
+    assert prompt == tok.render_prompt(conv[:1])  # the prompt the engine and chat CLI use
 
 
 def test_stock_tiktoken_encoding_is_exported_exactly(tmp_path):

@@ -212,3 +212,49 @@ def test_torch_compile_fullgraph_matches_eager():
         torch.testing.assert_close(h, model.hidden(idx, d), rtol=1e-4, atol=1e-4)
         h.square().mean().backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_packed_row_equals_each_document_alone_forward_and_backward():
+    """Document-masked attention: the logits of a packed row equal each document run alone, and the
+    gradients of the row's summed loss equal the sum of the documents' separate gradients (fp32)."""
+    torch.set_float32_matmul_precision("highest")
+    model = tiny()
+    lengths = [5, 9, 3, 7]  # one row of 24 = max_seq_len tokens
+    idx = tokens(1, sum(lengths), seed=3)
+    docs = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    packed = model(idx, doc_mask=docs)
+    for s, n in zip(starts, lengths):
+        torch.testing.assert_close(packed[0, s:s + n], model(idx[:, s:s + n])[0], rtol=0, atol=1e-5)
+
+    def grads(loss_fn):
+        model.zero_grad(set_to_none=True)
+        loss_fn().backward()
+        return {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    def doc_loss(logits, ids):  # next-token loss inside one document, as a share of the row's mean
+        return F.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="sum") / (sum(lengths) - len(lengths))
+
+    together = grads(lambda: sum(doc_loss(model(idx, doc_mask=docs)[:, s:s + n], idx[:, s:s + n])
+                                 for s, n in zip(starts, lengths)))
+    alone = grads(lambda: sum(doc_loss(model(idx[:, s:s + n]), idx[:, s:s + n]) for s, n in zip(starts, lengths)))
+    for k in together:
+        torch.testing.assert_close(together[k], alone[k], rtol=0, atol=1e-5)
+
+
+def test_flex_block_mask_computes_the_same_attention_as_the_sdpa_mask():
+    """The CUDA kernel's mask (flex_attention BlockMask) and the CPU one (boolean SDPA mask) encode the
+    same predicate; flex_attention's eager forward runs on CPU, so the two are compared here."""
+    import warnings
+
+    from pipeline.training.attention import attend, document_mask
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 4, 20, 8, generator=g), torch.randn(2, 2, 20, 8, generator=g), torch.randn(2, 2, 20, 8,
+                                                                                                         generator=g)
+    docs = torch.tensor([[0] * 4 + [1] * 11 + [2] * 5, [0] * 20])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "flex_attention called without torch.compile": the eager reference
+        flex = attend(q, k, v, document_mask(docs, kernel="flex"))
+    torch.testing.assert_close(flex, attend(q, k, v, document_mask(docs, kernel="sdpa")), rtol=0, atol=1e-5)
+    assert type(document_mask(docs)).__name__ == "Tensor" and document_mask(None) is None  # CPU default: sdpa

@@ -27,6 +27,7 @@ from pipeline.data.encoding import load_tokenizer
 from pipeline.data.tokenizer import build_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.io import write_json
+from pipeline.stages import stage_config
 
 SEQ = 32
 WORDS = {
@@ -70,8 +71,10 @@ def write_packed(out_json: Path, tokenizer, docs: list[str], seq_len: int = SEQ,
     return meta
 
 
-def make_params(nproc: int = 1, steps: int = 12, **train) -> dict:
-    """The train stage's params for the tiny run (global batch 256 tokens = 8 rows of 32)."""
+def make_params(nproc: int = 1, steps: int = 12, stage: str = "pretrain", mixes: dict | None = None,
+                **train) -> dict:
+    """The train stage's params for the tiny run (global batch 256 tokens = 8 rows of 32): the view of
+    `stage` (a single stage named after the mix unless train.stages is given)."""
     cfg = resolve_config({
         "run_name": "t",
         "seed": 7,
@@ -84,8 +87,9 @@ def make_params(nproc: int = 1, steps: int = 12, **train) -> dict:
         "hardware": {"nproc_per_node": nproc},
         "wandb": {"mode": "disabled"},
         "eval": {"prompts": ["The old king"], "max_new_tokens": 4},
+        **({"mixes": mixes} if mixes else {}),
     })
-    return stage_params(cfg, "train")
+    return stage_config(stage_params(cfg, "train"), stage)
 
 
 def make_plan(params: dict) -> dict:
@@ -245,6 +249,84 @@ def test_tokenizer_larger_than_the_model_vocab_is_refused(data, tmp_path):
     with pytest.raises(PipelineError, match=r"has 300 token ids but model.vocab_size is 256.*at least 300"):
         run_inprocess(data, tmp_path, params)
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+# ----------------------------------------------------------------------------- stages
+
+def stage_params_of(name: str, stages: list[dict]) -> dict:
+    """The params the train rule passes for stage `name` of a tiny run with these stages."""
+    mixes = {"pretrain": {"weights": {"web": 1.0}, "tokens": 100_000}}  # fixed size: an epochs stage counts it
+    return make_params(steps=8, stages=stages, stage=name, mixes=mixes)
+
+
+STAGES = [{"name": "base"}, {"name": "more", "steps": 3, "lr": 1e-3, "warmup_steps": 0, "schedule": "decay"},
+          {"name": "again", "epochs": 1.5, "init_from": "base"}]
+
+
+def test_a_stage_starts_from_the_previous_stages_weights(data, tmp_path):
+    base = stage_params_of("base", STAGES)
+    first = run_inprocess(data, tmp_path / "base", base)
+    more = stage_params_of("more", STAGES)
+    assert more["stage"]["init_from"] == "base" and more["train"]["schedule"] == "decay"
+    with pytest.raises(PipelineError, match="starts from stage 'base': pass --init R/train/base/final.pt"):
+        run_inprocess(data, tmp_path / "more", more)
+    with pytest.raises(PipelineError, match="stage 'base' starts from scratch .* but --init"):
+        run_inprocess(data, tmp_path / "base2", base, init=str(tmp_path / "base" / "final.pt"))
+    summary = run_inprocess(data, tmp_path / "more", more, init=str(tmp_path / "base" / "final.pt"))
+    assert summary["num_steps"] == 3 and summary["tokens_trained"] == 3 * 256 and summary["init_from"] == "base"
+    recs, base_recs = read_metrics(tmp_path / "more"), read_metrics(tmp_path / "base")
+    assert recs[0]["loss"] < base_recs[0]["loss"] - 1.0  # it starts trained, not from scratch
+    assert abs(recs[0]["loss"] - base_recs[-1]["loss"]) < 0.5
+    assert recs[-1]["lr/matrix"] == pytest.approx(1e-3 * more["train"]["min_lr_ratio"])  # the decay schedule's end
+    final = torch.load(tmp_path / "more" / "final.pt", weights_only=True)
+    assert len(final["params"]["stage"]["init_sha256"]) == 64 and first["num_steps"] == 8
+    # a checkpoint of this stage made from another init is never resumed
+    run_inprocess(data, tmp_path / "more2", more, init=str(tmp_path / "base" / "final.pt"), max_steps=1)
+    other = tmp_path / "other.pt"
+    state = torch.load(tmp_path / "base" / "final.pt", weights_only=True)
+    state["model"] = {k: v + 0.01 for k, v in state["model"].items()}
+    torch.save(state, other)
+    with pytest.raises(PipelineError, match="different config .*stage"):
+        run_inprocess(data, tmp_path / "more2", more, init=str(other), resume="require")
+
+
+def test_carry_optimizer_continues_the_previous_stages_optimizer_state(data, tmp_path):
+    stages = [{"name": "base"}, {"name": "more", "steps": 3, "lr": 1e-3, "carry_optimizer": True}]
+    run_inprocess(data, tmp_path / "base", stage_params_of("base", stages))
+    more = stage_params_of("more", stages)
+    run_inprocess(data, tmp_path / "more", more, init=str(tmp_path / "base" / "final.pt"))
+    state = torch.load(tmp_path / "more" / "ckpt" / "step_000003.pt", weights_only=True)["optimizer"]
+    steps = {float(s["step"]) for s in state["state"].values()}
+    assert steps == {8 + 3}  # AdamW's step count went on from the base stage's 8 steps
+    assert {g["base_lr"] for g in state["param_groups"]} == {1e-3}  # with this stage's learning rate
+    fresh = stage_params_of("more", [stages[0], {**stages[1], "carry_optimizer": False}])
+    run_inprocess(data, tmp_path / "fresh", fresh, init=str(tmp_path / "base" / "final.pt"))
+    state = torch.load(tmp_path / "fresh" / "ckpt" / "step_000003.pt", weights_only=True)["optimizer"]
+    assert {float(s["step"]) for s in state["state"].values()} == {3}
+
+
+def test_init_from_another_model_shape_is_one_clear_error(data, tmp_path):
+    run_inprocess(data, tmp_path / "base", stage_params_of("base", STAGES))
+    wider = stage_params_of("more", STAGES)
+    wider["model"] = {**wider["model"], "dim": 64, "ffn_dim": 128}
+    with pytest.raises(PipelineError, match=r"stage 'more' cannot start from .*base/final.pt: it holds another model "
+                                            r"shape \(tok_embeddings.weight \(320, 32\) vs \(320, 64\)"):
+        run_inprocess(data, tmp_path / "more", wider, init=str(tmp_path / "base" / "final.pt"))
+    assert not (tmp_path / "more" / "metrics.jsonl").exists()
+
+
+def test_epochs_budget_reads_every_row_and_pads_the_last_step(data, tmp_path):
+    from pipeline.data.loader import PackedLoader
+
+    again = stage_params_of("again", STAGES)
+    n_rows = PackedLoader(data["train"], 1).n_rows
+    rows = -(-3 * n_rows // 2)  # 1.5 epochs, rounded up
+    run_inprocess(data, tmp_path / "base", stage_params_of("base", STAGES))
+    summary = run_inprocess(data, tmp_path / "again", again, init=str(tmp_path / "base" / "final.pt"))
+    steps = -(-rows // 8)  # 8 rows per step
+    assert summary["num_steps"] == steps and summary["empty_rows"] == steps * 8 - rows
+    assert summary["tokens_trained"] == steps * 256  # the empty rows' inputs are processed (fixed shapes) ...
+    assert summary["loss_tokens"] == rows * SEQ  # ... but never counted by the loss
 
 
 # ----------------------------------------------------------------------------- loss normalisation

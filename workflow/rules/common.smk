@@ -17,6 +17,7 @@ from pipeline import cluster as tfcl  # noqa: E402
 from pipeline import config as tfc  # noqa: E402
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.plan import format_plan, make_plan, train_hours  # noqa: E402
+from pipeline.stages import stage_config, stage_list  # noqa: E402
 
 
 def stop(message):
@@ -59,7 +60,9 @@ try:
 except ConfigError as _e:
     stop(_e)
 TOKENIZER = f"{RUN_DIR}/tokenizer/tokenizer.json"
-TRAIN_MIX = config["train"]["mix"]
+# Training stages in order (train.stages; pipeline/stages.py): R/train/{stage}/final.pt of one is the
+# input of the stages that init from it.
+STAGES = {s["name"]: s for s in stage_list(config)}
 
 # Job sizes (pipeline/cluster.py): every rule's threads and resources (cpus_per_task, mem_mb, runtime,
 # gpu, nodes) from the config and the corpus size (the measured counts once they exist, else the
@@ -96,6 +99,28 @@ if workflow.is_main_process and cluster_run() and not config["hardware"]["cpus_p
 def stage_params(stage):
     """A stage's config slice as canonical JSON: declared as params so that editing it reruns the rule."""
     return tfc.params_json(tfc.stage_params(config, stage))
+
+
+def mix_params(stage):
+    """Param function of mix/pack: the slice of the job's own mix only."""
+    return lambda w: tfc.params_json(tfc.stage_params(config, stage, mix=w.mix))
+
+
+def training_stage_params(rule_stage):
+    """Param function of train/evaluate: the config as the job's training stage sees it (its own
+    train section and mix): an edit to another stage reruns nothing of this one."""
+    return lambda w: tfc.params_json(stage_config(tfc.stage_params(config, rule_stage), w.stage))
+
+
+def stage_pack(split):
+    """Input function: the packed rows of the job's training stage's mix."""
+    return lambda w: f"{RUN_DIR}/pack/{STAGES[w.stage]['mix']}/{split}.json"
+
+
+def stage_init(w):
+    """Input function: the final.pt of the stage the job's training stage starts from (none for scratch)."""
+    init = STAGES[w.stage]["init_from"]
+    return [f"{RUN_DIR}/train/{init}/final.pt"] if init else []
 
 
 def source_params(stage):
@@ -154,6 +179,7 @@ wildcard_constraints:
     mix="|".join(config["mixes"]),
     split="train|val",
     part=r"\d+",
+    stage="|".join(STAGES),
 
 
 # The plan, up front: computed at parse time from the config and, once they exist, the measured token

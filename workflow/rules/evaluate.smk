@@ -1,27 +1,34 @@
-# Validation loss, bits per byte, unigram baseline, CORE-style per-task table, generations, loss and CORE curves.
+# Per training stage: validation loss, bits per byte, unigram baseline, CORE-style per-task table,
+# generations, loss and CORE curves; chat stages also a chat-format validation loss and answers to fixed
+# questions. Then all stages side by side (token reconciliation per stage, loss curves on one plot).
+# metrics.jsonl and summary.json are the train job's, complete once its final.pt exists.
 rule evaluate:
     input:
-        ckpt=f"{RUN_DIR}/train/final.pt",
-        val=f"{RUN_DIR}/pack/{TRAIN_MIX}/val.json",
-        train=f"{RUN_DIR}/pack/{TRAIN_MIX}/train.json",
+        ckpt=f"{RUN_DIR}/train/{{stage}}/final.pt",
+        val=stage_pack("val"),
+        train=stage_pack("train"),
         tokenizer=TOKENIZER,
         tasks=f"{RUN_DIR}/eval_data/tasks.json",
     output:
-        json=f"{RUN_DIR}/eval/report.json",
-        md=report(f"{RUN_DIR}/eval/report.md", category="Evaluation", caption="../report/eval.rst"),
-        png=report(f"{RUN_DIR}/eval/loss.png", category="Evaluation", caption="../report/loss.rst"),
-        core=report(f"{RUN_DIR}/eval/core.png", category="Evaluation", caption="../report/core.rst"),
+        json=f"{RUN_DIR}/eval/{{stage}}/report.json",
+        md=report(f"{RUN_DIR}/eval/{{stage}}/report.md", category="Evaluation", subcategory="{stage}",
+                  caption="../report/eval.rst"),
+        png=report(f"{RUN_DIR}/eval/{{stage}}/loss.png", category="Evaluation", subcategory="{stage}",
+                   caption="../report/loss.rst"),
+        core=report(f"{RUN_DIR}/eval/{{stage}}/core.png", category="Evaluation", subcategory="{stage}",
+                    caption="../report/core.rst"),
     params:
-        p=stage_params("evaluate"),
+        p=training_stage_params("evaluate"),
         code=code_version(
-            "evaluation.evaluate", "training.model", "training.losses", "data.loader", "training.checkpoint",
-            "training.sampling", "data.encoding", "evaluation.core", "evaluation.tasks",
+            "evaluation.evaluate", "evaluation.chat", "training.engine", "training.model", "training.attention",
+            "training.losses", "data.loader", "training.checkpoint", "training.sampling", "data.encoding",
+            "evaluation.core", "evaluation.tasks",
         ),
         eval_data=lambda w, input: Path(input.tasks).parent,
         outdir=lambda w, output: Path(output.json).parent,
         metrics=lambda w, input: Path(input.ckpt).parent / "metrics.jsonl",  # train's, complete with final.pt
     log:
-        f"{LOG_DIR}/evaluate.log",
+        f"{LOG_DIR}/evaluate/{{stage}}.log",
     threads: job_threads("evaluate")
     resources:
         **job_resources("evaluate"),
@@ -31,3 +38,27 @@ rule evaluate:
         "OMP_NUM_THREADS={threads} python -m pipeline.evaluation.evaluate --params {params.p:q} --ckpt {input.ckpt:q} "
         "--val {input.val:q} --train {input.train:q} --tokenizer {input.tokenizer:q} "
         "--metrics {params.metrics:q} --eval-data {params.eval_data:q} --outdir {params.outdir:q} 2>&1 | tee {log:q}"
+
+
+rule stages_report:
+    input:
+        finals=expand(f"{RUN_DIR}/train/{{stage}}/final.pt", stage=list(STAGES)),
+        reports=expand(f"{RUN_DIR}/eval/{{stage}}/report.json", stage=list(STAGES)),
+    output:
+        json=f"{RUN_DIR}/eval/stages.json",
+        md=report(f"{RUN_DIR}/eval/stages.md", category="Evaluation", caption="../report/stages.rst"),
+        png=report(f"{RUN_DIR}/eval/stages.png", category="Evaluation", caption="../report/stages.rst"),
+    params:
+        p=stage_params("evaluate"),
+        code=code_version("evaluation.stages", "stages"),
+        run_dir=lambda w, output: Path(output.json).parent.parent,
+    log:
+        f"{LOG_DIR}/evaluate/stages.log",
+    threads: job_threads("stages_report")
+    resources:
+        **job_resources("stages_report"),
+    conda:
+        "../../envs/train.yaml"
+    shell:
+        "python -m pipeline.evaluation.stages --params {params.p:q} --run-dir {params.run_dir:q} "
+        "--out-json {output.json:q} --out-md {output.md:q} --out-png {output.png:q} 2>&1 | tee {log:q}"

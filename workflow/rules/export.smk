@@ -1,9 +1,10 @@
-# The trained model as a Hugging Face transformers Llama directory (`snakemake export`): config.json,
+# The trained model (the last stage of train.stages) as a Hugging Face transformers Llama directory
+# (`snakemake export`): config.json,
 # model.safetensors, tokenizer.json / tokenizer_config.json (with the chat template), generation_config.json,
 # tokenfarm.json. transformers and lm-eval load it offline (README, "Export to Hugging Face").
 rule export:
     input:
-        ckpt=f"{RUN_DIR}/train/final.pt",
+        ckpt=f"{RUN_DIR}/train/{list(STAGES)[-1]}/final.pt",
         tokenizer=TOKENIZER,
     output:
         directory(f"{RUN_DIR}/export/hf"),

@@ -7,7 +7,7 @@ rule mix:
         val=f"{RUN_DIR}/mix/{{mix}}/val.parquet",
         report=f"{RUN_DIR}/mix/{{mix}}/report.json",
     params:
-        p=stage_params("mix"),
+        p=mix_params("mix"),
         code=code_version("data.mix"),
         split_dir=lambda w, input: Path(input.split).parent,
         outdir=lambda w, output: Path(output.report).parent,

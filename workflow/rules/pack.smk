@@ -8,7 +8,7 @@ rule pack:
         docs=f"{RUN_DIR}/pack/{{mix}}/{{split}}.docs.npy",
         meta=f"{RUN_DIR}/pack/{{mix}}/{{split}}.json",
     params:
-        p=stage_params("pack"),
+        p=mix_params("pack"),
         code=code_version("data.pack"),
         tokens_dir=f"{RUN_DIR}/tokens",
     log:

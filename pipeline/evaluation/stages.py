@@ -1,0 +1,144 @@
+"""Stages report: every training stage of the run side by side, and their loss curves on one plot.
+
+    python -m pipeline.evaluation.stages --params JSON --run-dir R --out-json R/eval/stages.json \\
+        --out-md R/eval/stages.md --out-png R/eval/stages.png
+
+Reads, per stage of `train.stages` (pipeline/stages.py), ``R/train/{stage}/summary.json`` and
+``metrics.jsonl`` (written by the trainer) and ``R/eval/{stage}/report.json`` (the stage's
+evaluation). Per stage it reconciles the tokens: ``tokens_trained`` must equal ``num_steps ×
+tokens_per_step`` (what the plan, or for an epochs budget the packed rows, asked for) and the loss
+tokens can be no more than the trained tokens; a stage that does not reconcile fails the rule,
+naming the stage.
+
+The plot puts every stage on one x-axis of cumulative tokens trained (stage k starts where stage
+k−1 ended; dashed lines mark the boundaries): train loss per logged step and validation loss, one
+colour per stage. Stages differ in what their loss counts (all tokens vs the assistant's only), so
+the curves are comparable within a stage; the table says which loss each stage uses.
+
+Outputs (atomic): ``stages.json`` (the table, `meta`), ``stages.md`` and ``stages.png`` (both in the
+`snakemake --report`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pipeline.config import add_config_args, params_from_args
+from pipeline.errors import PipelineError
+from pipeline.io import atomic_path, atomic_write, get_logger, provenance, read_json, run_cli, write_json
+from pipeline.stages import stage_list
+
+log = get_logger(__name__)
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def reconcile(name: str, summary: dict) -> None:
+    """One stage's token accounting (module docstring); a PipelineError names what does not add up."""
+    expected = summary["num_steps"] * summary["tokens_per_step"]
+    if summary["tokens_trained"] != expected or summary["tokens_trained"] != summary["tokens_planned"]:
+        raise PipelineError(f"stage '{name}': trained {summary['tokens_trained']} tokens but num_steps × "
+                            f"tokens_per_step = {expected} and {summary['tokens_planned']} were planned; "
+                            "rerun its train rule")
+    if not 0 < summary["loss_tokens"] <= summary["tokens_trained"]:
+        raise PipelineError(f"stage '{name}': {summary['loss_tokens']} loss tokens of {summary['tokens_trained']} "
+                            "trained is impossible; rerun its train rule")
+
+
+def stage_rows(params: dict, run_dir: Path) -> tuple[list[dict], dict[str, list[dict]]]:
+    rows, curves = [], {}
+    for st in stage_list(params):
+        name = st["name"]
+        train_dir, report_path = run_dir / "train" / name, run_dir / "eval" / name / "report.json"
+        summary = read_json(train_dir / "summary.json")
+        reconcile(name, summary)
+        report = read_json(report_path)
+        curves[name] = read_metrics(train_dir / "metrics.jsonl")
+        rows.append({
+            "stage": name, "mix": st["mix"], "loss": st["loss"], "init_from": st["init_from"],
+            "budget": st["budget"], "num_steps": summary["num_steps"], "tokens_trained": summary["tokens_trained"],
+            "loss_tokens": summary["loss_tokens"], "val_loss": report["val_loss"],
+            "chat_val_loss": report.get("chat_val_loss"), "answers": report.get("answers", []),
+        })
+    return rows, curves
+
+
+def plot_stages(curves: dict[str, list[dict]], out_png: str | Path) -> None:
+    """Loss curves of all stages on one cumulative-token axis (module docstring)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4), dpi=120)
+    offset = 0
+    for i, (name, records) in enumerate(curves.items()):
+        color = f"C{i}"
+        train = [r for r in records if "loss" in r]
+        val = [r for r in records if "val_loss" in r]
+        ax.plot([offset + r["tokens"] for r in train], [r["loss"] for r in train], color=color, lw=1,
+                label=f"{name} train")
+        ax.plot([offset + r["tokens"] for r in val], [r["val_loss"] for r in val], "o--", color=color, ms=3,
+                label=f"{name} val")
+        if i:
+            ax.axvline(offset, color="gray", ls=":", lw=1)
+        offset += max((r["tokens"] for r in records if "tokens" in r), default=0)
+    ax.set_xlabel("tokens trained (all stages)")
+    ax.set_ylabel("cross-entropy (nats / target token)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["# Training stages", "", "![loss curves of all stages](stages.png)", "",
+             "| stage | mix | loss | init from | steps | tokens trained | loss tokens | val loss | chat val loss |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        chat = "–" if r["chat_val_loss"] is None else f"{r['chat_val_loss']:.4f}"
+        lines.append(f"| {r['stage']} | {r['mix']} | {r['loss']} | {r['init_from'] or 'scratch'} | {r['num_steps']:,} "
+                     f"| {r['tokens_trained']:,} | {r['loss_tokens']:,} | {r['val_loss']:.4f} | {chat} |")
+    lines.append(f"| **total** | | | | {sum(r['num_steps'] for r in rows):,} "
+                 f"| {sum(r['tokens_trained'] for r in rows):,} | {sum(r['loss_tokens'] for r in rows):,} | | |")
+    for r in rows:
+        if r["answers"]:
+            lines += ["", f"## {r['stage']}: answers to the fixed questions", ""]
+            for a in r["answers"]:
+                lines += [f"**{a['question']}**", "", "```", a["answer"], "```", ""]
+    return "\n".join(lines) + "\n"
+
+
+def stages_report(params: dict, run_dir: str | Path, out_json, out_md, out_png) -> dict:
+    run_dir = Path(run_dir)
+    rows, curves = stage_rows(params, run_dir)
+    plot_stages(curves, out_png)
+    with atomic_write(out_md, encoding="utf-8") as f:
+        f.write(markdown(rows))
+    inputs = [run_dir / "train" / r["stage"] / "summary.json" for r in rows]
+    report = {"stages": rows, "total_steps": sum(r["num_steps"] for r in rows),
+              "total_tokens": sum(r["tokens_trained"] for r in rows), "meta": provenance("stages", params, inputs)}
+    write_json(out_json, report)
+    log.info("%d stage(s), %d tokens trained in all", len(rows), report["total_tokens"])
+    return report
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.stages", description=__doc__.split("\n\n")[0])
+    add_config_args(p)
+    p.add_argument("--run-dir", required=True, help="R (the run's results directory)")
+    p.add_argument("--out-json", required=True)
+    p.add_argument("--out-md", required=True)
+    p.add_argument("--out-png", required=True)
+    args = p.parse_args(argv)
+    stages_report(params_from_args(args, "evaluate"), args.run_dir, args.out_json, args.out_md, args.out_png)
+
+
+if __name__ == "__main__":
+    run_cli(main)

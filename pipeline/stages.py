@@ -1,0 +1,160 @@
+"""Training stages: pretrain → midtrain → SFT (or any ordered list) from `train.stages`.
+
+Each entry of `train.stages` (workflow/schemas/config.schema.yaml) names a stage and may set:
+
+* ``mix``: the mix it trains on (default `train.mix`);
+* its budget, at most one of ``tokens`` (training targets, rounded up to whole steps), ``steps``
+  (optimizer steps) or ``epochs`` (passes over the packed rows of its mix: every conversation of
+  an SFT mix once per epoch, in a fresh seeded order; the steps follow from the packed rows at train
+  time, the last step padded with empty rows). Without one, the run budget (`train.target_tokens` /
+  `target_flops` / `tokens_per_param`, see pipeline/plan.py) applies;
+* ``loss``: ``all`` (every real token is a target; padding never) or ``assistant`` (only the
+  assistant's content and end token of chat data; needs a mix of chat sources only);
+* ``init_from``: ``previous`` (default; the previous stage's `final.pt`), ``none`` (random init; the
+  default of the first stage) or a stage name listed before it. Only the weights are carried; with
+  ``carry_optimizer: true`` the optimizer state of that stage's last checkpoint is loaded too;
+* ``doc_mask``: attention restricted to each row's own document (default: on for best-fit packed
+  mixes, whose rows hold unrelated conversations; off for concat packing);
+* overrides of the optimizer and schedule keys (`STAGE_TRAIN_KEYS`): a stage gets a fresh warmup and
+  decay (``schedule: cosine|wsd``) or, with ``schedule: decay``, only the linear decay (WSD's decay
+  phase as a stage of its own).
+
+`train.stages: []` (the schema default) is one stage named after `train.mix` with the run budget:
+the single-stage run of before. Stage outputs: ``R/train/{stage}/final.pt``, ``metrics.jsonl``,
+``ckpt/`` and ``R/eval/{stage}/``; each stage's final.pt is the input of the stages that init from it.
+"""
+from __future__ import annotations
+
+import copy
+
+from pipeline.errors import ConfigError
+
+STAGE_TRAIN_KEYS = ("mix", "optimizer", "lr", "embed_lr", "lm_head_lr", "weight_decay", "betas", "grad_clip",
+                    "schedule", "warmup_steps", "min_lr_ratio", "decay_frac")
+BUDGET_KEYS = ("tokens", "steps", "epochs")
+LOSSES = ("all", "assistant")
+
+
+def stage_list(cfg: dict) -> list[dict]:
+    """The run's stages in order, resolved: ``name``, ``index``, ``mix``, ``budget`` (``{"kind":
+    tokens|steps|epochs|run, "value"}``), ``loss``, ``init_from`` (a stage name or None),
+    ``carry_optimizer``, ``doc_mask`` and ``train`` (the stage's effective `train` section)."""
+    raw = cfg["train"].get("stages") or [{"name": cfg["train"]["mix"]}]
+    out: list[dict] = []
+    for i, st in enumerate(raw):
+        key = f"train.stages[{i}]"
+        name = st["name"]
+        if any(s["name"] == name for s in out):
+            raise ConfigError(f"config key '{key}.name': stage '{name}' is listed twice; stage names must be unique")
+        train = {k: v for k, v in cfg["train"].items() if k != "stages"}
+        train.update({k: copy.deepcopy(st[k]) for k in STAGE_TRAIN_KEYS if k in st})
+        mix = train["mix"]
+        if mix not in cfg["mixes"]:
+            raise ConfigError(f"config key '{key}.mix': unknown mix '{mix}' (mixes: {', '.join(cfg['mixes'])})")
+        budgets = [k for k in BUDGET_KEYS if st.get(k) is not None]
+        if len(budgets) > 1:
+            raise ConfigError(f"config key '{key}': set at most one of tokens, steps, epochs (stage '{name}' sets "
+                              f"{' and '.join(budgets)})")
+        budget = {"kind": budgets[0], "value": st[budgets[0]]} if budgets else {"kind": "run", "value": None}
+        init = st.get("init_from", "previous" if out else "none")
+        if init == "previous":
+            if not out:
+                raise ConfigError(f"config key '{key}.init_from': the first stage '{name}' has no previous stage; "
+                                  "use none")
+            init = out[-1]["name"]
+        elif init == "none":
+            init = None
+        elif init not in [s["name"] for s in out]:
+            raise ConfigError(f"config key '{key}.init_from': '{init}' is not a stage listed before '{name}' "
+                              f"(earlier stages: {', '.join(s['name'] for s in out) or 'none'}); use previous, "
+                              "none or one of them")
+        loss = st.get("loss", "all")
+        packing = cfg["mixes"][mix].get("packing", "concat")
+        if loss == "assistant":
+            text = [s for s in cfg["mixes"][mix]["weights"] if cfg["sources"][s].get("format", "text") != "chat"]
+            if text or packing != "bestfit":
+                why = (f"its mix '{mix}' includes text source(s) {', '.join(text)}, which have no assistant turns"
+                       if text else f"its mix '{mix}' uses packing: {packing}, which keeps no loss mask")
+                raise ConfigError(f"config key '{key}.loss': stage '{name}' trains on assistant tokens only but {why}; "
+                                  f"use a mix of chat sources with packing: bestfit, or loss: all")
+        if budget["kind"] == "epochs" and cfg["mixes"][mix]["tokens"] == "plan":
+            raise ConfigError(f"config key 'mixes.{mix}.tokens': stage '{name}' counts epochs over mix '{mix}', so "
+                              f"the mix needs a fixed size: set mixes.{mix}.tokens to an integer")
+        if st.get("carry_optimizer") and init is None:
+            raise ConfigError(f"config key '{key}.carry_optimizer': stage '{name}' starts from scratch; "
+                              "carry_optimizer needs init_from")
+        doc_mask = st.get("doc_mask")
+        out.append({
+            "name": name, "index": i, "mix": mix, "budget": budget, "loss": loss, "init_from": init,
+            "carry_optimizer": bool(st.get("carry_optimizer", False)),
+            "doc_mask": packing == "bestfit" if doc_mask is None else bool(doc_mask),
+            "train": train,
+        })
+    return out
+
+
+def stage_names(cfg: dict) -> list[str]:
+    return [s["name"] for s in stage_list(cfg)]
+
+
+def get_stage(cfg: dict, name: str) -> dict:
+    for s in stage_list(cfg):
+        if s["name"] == name:
+            return s
+    raise ConfigError(f"unknown stage '{name}' (train.stages: {', '.join(stage_names(cfg))})")
+
+
+def stage_config(cfg: dict, name: str) -> dict:
+    """`cfg` as one stage sees it: `train` replaced by the stage's effective train section, `mixes`
+    narrowed to the stage's own mix, and the resolved stage (without its train section) under
+    ``stage``. What the trainer and the evaluation of that stage receive, so an edit to another
+    stage or another mix leaves this stage's params (and Snakemake's rerun decision) unchanged."""
+    st = get_stage(cfg, name)
+    out = {k: v for k, v in cfg.items() if k != "train"}
+    out["train"] = st["train"]
+    out["mixes"] = {st["mix"]: cfg["mixes"][st["mix"]]}
+    out["stage"] = {k: v for k, v in st.items() if k != "train"}
+    return out
+
+
+# ----------------------------------------------------------------------------- budgets
+
+def stage_budget(cfg: dict, stage: dict) -> dict:
+    """A stage's steps and trained tokens from the config alone: ``num_steps``, ``trained_tokens``
+    (= num_steps × tokens_per_step) and ``basis``; both None for an epochs budget (known from the
+    packed rows only; `epoch_steps`)."""
+    from pipeline.budget import count_params, flops_per_token, token_target
+
+    step = stage["train"]["global_batch_tokens"]
+    kind, value = stage["budget"]["kind"], stage["budget"]["value"]
+    key = f"train.stages[{stage['index']}].{kind}" if cfg["train"].get("stages") else f"train.{kind}"
+    if kind == "epochs":
+        return {"num_steps": None, "trained_tokens": None, "basis": key}
+    if kind == "steps":
+        steps = int(value)
+    else:
+        if kind == "tokens":
+            target = int(value)
+        else:
+            n_params, _ = count_params(cfg["model"])
+            target, key = token_target(stage["train"], n_params, flops_per_token(cfg))
+        steps = -(-target // step)
+    return {"num_steps": steps, "trained_tokens": steps * step, "basis": key}
+
+
+def epoch_steps(epochs: float, n_rows: int, rows_per_step: int) -> tuple[int, int]:
+    """(optimizer steps, rows read) of `epochs` passes over `n_rows` packed rows at `rows_per_step`
+    rows per step (all ranks and micro-steps): rows = ceil(epochs × n_rows), steps = ceil(rows /
+    rows_per_step); the last step's missing rows are empty (fully masked) rows of the same shape."""
+    rows = -(-round(epochs * n_rows * 1_000_000) // 1_000_000)
+    return -(-rows // rows_per_step), rows
+
+
+def mix_targets(cfg: dict, mix: str) -> int:
+    """Training targets a mix with ``tokens: plan`` must supply: the most any stage training on it
+    consumes (each stage reads its mix from the start); the run budget when no stage uses it."""
+    from pipeline.budget import trained_tokens
+
+    used = [stage_budget(cfg, s)["trained_tokens"] for s in stage_list(cfg) if s["mix"] == mix]
+    used = [t for t in used if t is not None]
+    return max(used) if used else trained_tokens(cfg)
