@@ -91,7 +91,9 @@ def test_dry_run_shows_the_train_job_as_one_n_node_allocation(tmp_path):
     cfg = {**PRESET, "hardware": {**PRESET["hardware"], "nodes": 2, "cpus_per_task": 16},
            "train": {**PRESET["train"], "micro_batch": 32}}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    out = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "train", "-s", str(ROOT / "Snakefile"),
+    first = resolve_config(cfg)["train"]["stages"][0]["name"] if cfg["train"].get("stages") else "pretrain"
+    target = f"{cfg.get('results_dir', 'results')}/{cfg['run_name']}/train/{first}/final.pt"  # a stage's train job
+    out = subprocess.run([str(Path(sys.executable).parent / "snakemake"), target, "-s", str(ROOT / "Snakefile"),
                           "-d", str(tmp_path), "-n", "--configfile", str(tmp_path / "c.yaml")],
                          capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -176,7 +176,7 @@ def fixed_batch_stats(model: Transformer, batch: tuple, chunk: int) -> dict:
     good in lower precision. fp8 linears run as plain linears here (`plain_hidden`), so an fp8 run's
     reference is fp32 too. (Few rows: fp32 attention may fall back to a kernel that materialises the
     T×T scores.)"""
-    x, y, m, d = (None if t is None else t[:FIXED_BATCH_ROWS] for t in batch)
+    x, y, m, d = (None if t is None else t[:FIXED_BATCH_ROWS] for t in (*batch, None)[:4])
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
