@@ -156,12 +156,12 @@ def test_end_to_end(project):
 
 def test_core_table_in_the_report_and_curve_during_training(project):
     R = project / "results/t"
-    core = json.loads((R / "eval/report.json").read_text())["core"]
+    core = json.loads((R / "eval/pretrain/report.json").read_text())["core"]
     assert core["score_name"] == "core_3" and set(core["tasks"]) == {"copa", "winogrande", "lambada"}
     assert all(t["items"] == 8 for t in core["tasks"].values())
-    assert "| winogrande | schema | 0 | 8 |" in (R / "eval/report.md").read_text()
-    assert (R / "eval/core.png").stat().st_size > 0
-    records = [json.loads(ln) for ln in (R / "train/metrics.jsonl").read_text().splitlines()]
+    assert "| winogrande | schema | 0 | 8 |" in (R / "eval/pretrain/report.md").read_text()
+    assert (R / "eval/pretrain/core.png").stat().st_size > 0
+    records = [json.loads(ln) for ln in (R / "train/pretrain/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "core_3" in r] == [50, 100]
     assert all(set(r) >= {"core/copa", "core/lambada"} for r in records if "core_3" in r)
     assert json.loads((R / "eval_data/tasks.json").read_text())["tasks"]["copa"]["licence"] == "BSD-2-Clause"
@@ -256,7 +256,8 @@ def test_task_list_edit_reruns_decontamination_and_after_not_tokenize(project):
 
     def cap(cfg):
         cfg["eval"]["core_max_items"] = 6  # the final evaluation's item cap: evaluate only
-    assert planned_after_edit(project, cap) == {"evaluate": 1, "all": 1}
+    # every stage's evaluation, and the stages report that reads them
+    assert planned_after_edit(project, cap) == {"evaluate": 3, "stages_report": 1, "all": 1}
 
 
 def test_source_edit_reruns_only_that_sources_jobs(project):

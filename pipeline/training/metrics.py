@@ -163,8 +163,12 @@ class MetricsLogger:
                 run = wandb.init(**kwargs)
                 break
             except Exception as e:
-                if not wandb_id or "in use" not in str(e) or attempt == RESUME_ATTEMPTS - 1:
+                if not wandb_id or "in use" not in str(e):
                     raise
+                if attempt == RESUME_ATTEMPTS - 1:  # metrics.jsonl stays complete: the history is not lost
+                    log.warning("wandb run %s is still held by another process (%s): this run logs to %s only",
+                                wandb_id, e, outdir / "metrics.jsonl")
+                    return None
                 log.warning("wandb run %s is still held by a stopped trainer's service; retrying in %d s",
                             wandb_id, RESUME_WAIT_S)
                 time.sleep(RESUME_WAIT_S)
