@@ -87,7 +87,8 @@ def dag(slurm, tmp_path_factory):
 
 def test_the_dag_runs_end_to_end_as_slurm_jobs(dag):
     path, out = dag
-    report = json.loads((path / "results/t/eval/report.json").read_text())
+    report = json.loads((path / "results/t/eval/pretrain/report.json").read_text())
+    assert (path / "results/t/eval/stages.json").exists()  # every stage trained and evaluated
     assert report["val_loss"] < report["unigram_baseline"]
     # every job went through sbatch: no local rule ran but the target and the signature index
     submitted = re.findall(r"SLURM jobid \d+ \(log: \S*/rule_(\w+)/", out)
@@ -120,11 +121,13 @@ def test_jobs_request_the_resources_their_rules_declare(dag):
 
 def test_train_is_one_two_node_allocation_with_a_torchrun_rendezvous(dag):
     path, out = dag
-    (train_id,) = slurm_job_ids(out, "train")
-    job = scontrol_job(train_id)
-    assert "NumNodes=2 " in job and re.search(r"NodeList=tf\[1-2\]", job), job
-    assert "gres/gpu=2" in job or "gpu:1" in job, job  # one fake GPU on each node
-    log = (path / "logs/t/train.log").read_text()
+    train_ids = slurm_job_ids(out, "train")
+    assert len(train_ids) == 3  # one job per training stage (pretrain, midtrain, sft)
+    for train_id in train_ids:
+        job = scontrol_job(train_id)
+        assert "NumNodes=2 " in job and re.search(r"NodeList=tf\[1-2\]", job), job
+        assert "gres/gpu=2" in job or "gpu:1" in job, job  # one fake GPU on each node
+    log = (path / "logs/t/train/pretrain.log").read_text()
     launch = re.search(r"launching 2 node\(s\) × 1 process\(es\): (srun .*)", log)
     assert launch, log[-3000:]
     cmd = launch.group(1)
@@ -150,7 +153,7 @@ def test_a_failing_job_fails_the_run_and_names_its_slurm_log(slurm, tmp_path):
     failed = [Path(p) for p in logs if Path(p).exists() and "no column 'body'" in Path(p).read_text()]
     assert failed, out[-4000:]
     assert "Error in rule" in out
-    assert not (path / "results/t/eval/report.json").exists()
+    assert not (path / "results/t/eval/pretrain/report.json").exists()
 
 
 def test_a_cluster_run_must_size_its_multithreaded_jobs(slurm, tmp_path):
