@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import difflib
 import glob
-import hashlib
 import json
 import os
 from functools import cache, lru_cache
@@ -270,18 +269,6 @@ def tokenizer_sources(cfg: dict) -> list[str]:
     if tok.get("train_sources"):
         return list(tok["train_sources"])
     return [n for n, s in cfg["sources"].items() if s["format"] == "text"] or list(cfg["sources"])
-
-
-def code_version(*modules: str) -> str:
-    """Short hash of the given pipeline modules' source (dotted names under `pipeline`, e.g.
-    "data.tokenize"); declared as a rule param so code edits rerun it."""
-    h = hashlib.sha256()
-    for m in modules:
-        p = ROOT / "pipeline" / f"{m.replace('.', '/')}.py"
-        if not p.exists():
-            p = ROOT / "pipeline" / m.replace(".", "/") / "__init__.py"
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def params_json(obj: Any) -> str:

@@ -6,36 +6,18 @@ import re
 
 from conftest import ROOT
 
+from pipeline.codehash import imported_modules, module_name, package_modules
+
 PACKAGE = ROOT / "pipeline"
-
-
-def module_name(path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def modules() -> dict[str, ast.Module]:
     return {module_name(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")}
 
 
-def imports(tree: ast.Module, known: set[str], top_level_only: bool = False) -> set[str]:
-    """Package modules imported by `tree` (anywhere in it, or only at module level)."""
-    nodes = tree.body if top_level_only else ast.walk(tree)
-    out = set()
-    for node in nodes:
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        else:
-            continue
-        out |= {n for n in names if n in known}
-    return out
-
-
 def graph(top_level_only: bool = False) -> dict[str, set[str]]:
-    mods = modules()
-    return {m: imports(t, set(mods), top_level_only) - {m} for m, t in mods.items()}
+    """Package module -> the package modules it imports (the walk the rules' code hashes use)."""
+    return {m: imported_modules(m, top_level_only=top_level_only) for m in package_modules()}
 
 
 def stages() -> set[str]:

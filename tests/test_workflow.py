@@ -19,6 +19,8 @@ import pytest
 import yaml
 from conftest import ROOT, write_chat_shard, write_text_shard
 
+from pipeline.codehash import import_closure, package_modules
+
 pytestmark = pytest.mark.slow
 
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -95,9 +97,10 @@ def write_config(path: Path, config: dict) -> None:
     (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def snakemake(path: Path, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
+def snakemake(path: Path, *args: str, check: bool = True, timeout: int = 900,
+              snakefile: Path = ROOT / "Snakefile") -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", WANDB_MODE="offline")
-    cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(path), "--configfile", str(path / "config.yaml"),
+    cmd = [SNAKEMAKE, "-s", str(snakefile), "-d", str(path), "--configfile", str(path / "config.yaml"),
            "--cores", "2", *args]
     proc = subprocess.run(cmd, cwd=path, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -217,6 +220,116 @@ def test_export_target_writes_a_model_transformers_and_lm_eval_load(project):
 
 def test_nothing_to_do_after_a_run(project):
     assert planned_jobs(snakemake(project, "-n")) == {}
+
+
+# ----------------------------------------------------------------------------- code edits
+
+def rule_blocks(rules_dir: Path) -> dict[str, str]:
+    """{rule: its text}, train's command (TRAIN_ARGS, defined beside the rule) included."""
+    train_args = (rules_dir / "train.smk").read_text()
+    return {b.split()[1].rstrip(":"): b.replace("{TRAIN_ARGS}", train_args)
+            for smk in sorted(rules_dir.glob("*.smk")) for b in re.split(r"(?m)^(?=rule \w+:)", smk.read_text())[1:]}
+
+
+def rule_entries(rules_dir: Path) -> dict[str, list[str]]:
+    """Each rule of the workflow that runs code: the `python -m pipeline.…` modules of its shell command."""
+    found = {r: re.findall(r"-m (pipeline(?:\.\w+)+)", b) for r, b in rule_blocks(rules_dir).items()}
+    return {r: list(dict.fromkeys(mods)) for r, mods in found.items() if mods}
+
+
+def scheduled_for_code(proc: subprocess.CompletedProcess) -> dict[str, set[str]]:
+    """{rule: reasons} of the jobs a dry run lists."""
+    out: dict[str, set[str]] = {}
+    for m in re.finditer(r"^(?:local)?rule (\w+):\n(.*?)(?:\n\n|\Z)", proc.stdout + proc.stderr, re.S | re.M):
+        reason = re.search(r"reason: (.*)", m.group(2))
+        out.setdefault(m.group(1), set()).add(reason.group(1) if reason else "")
+    return out
+
+
+@pytest.fixture(scope="module")
+def code_copy(project, tmp_path_factory):
+    """A copy of the workflow and the package whose modules a test may edit (the finished `project` run
+    recorded the same code, so its dry run plans nothing until an edit)."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("code")
+    for rel in ("workflow", "pipeline"):
+        shutil.copytree(ROOT / rel, path / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel in ("Snakefile", "config.yaml"):
+        shutil.copy2(ROOT / rel, path / rel)
+    return path
+
+
+ENTRIES = rule_entries(ROOT / "workflow/rules")
+
+
+def test_every_rule_hashes_the_modules_its_command_runs():
+    """Each rule's code param names exactly the `python -m` modules of its shell command; the modules
+    hashed are their import closure (pipeline/codehash.py), never a hand-kept list."""
+    blocks = rule_blocks(ROOT / "workflow/rules")
+    assert len(ENTRIES) >= 19
+    for rule, mods in ENTRIES.items():
+        declared = re.search(r"code=code_version\(([^)]*)\)", blocks[rule])
+        assert declared and re.findall(r'"([\w.]+)"', declared.group(1)) == mods, rule
+
+
+def closures() -> dict[str, set[str]]:
+    return {r: set(import_closure(*m)) for r, m in ENTRIES.items()}
+
+
+def test_closures_hold_what_the_hand_kept_lists_missed():
+    c = closures()
+    assert {"pipeline.perf", "pipeline.stages"} <= c["plan"] and "pipeline.perf" in c["train"]
+    assert all("pipeline.data.contract" in c[r] for r in ("split", "mix", "count", "tokenize", "dedup", "dedup_index"))
+    assert "pipeline.training.distributed" in c["evaluate"]
+    assert {"pipeline.evaluation.core", "pipeline.training.rendezvous"} <= c["train"]  # imported inside functions
+
+
+@pytest.fixture(scope="module")
+def outputs_by_rule(project) -> dict[str, list[str]]:
+    """Every output of the finished run (export included) by the rule that wrote it: `snakemake --summary`."""
+    snakemake(project, "export")  # export is built on request only
+    rows = [ln.split("\t") for ln in snakemake(project, "--summary", "export", "all").stdout.splitlines()[1:]]
+    out: dict[str, list[str]] = {}
+    for row in rows:
+        if len(row) > 2:
+            out.setdefault(row[2], []).append(row[0])
+    return out
+
+
+def dry_run_after_editing(project: Path, code_copy: Path, module: str, *args: str) -> dict[str, set[str]]:
+    """{rule: reasons} of a dry run of the workflow copy after appending a comment to `module`."""
+    path = code_copy / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = code_copy / module.replace(".", "/") / "__init__.py"
+    source = path.read_text()
+    path.write_text(source + "\n# an edit\n")
+    try:
+        return scheduled_for_code(snakemake(project, "-n", *args, snakefile=code_copy / "Snakefile"))
+    finally:
+        path.write_text(source)
+
+
+@pytest.mark.parametrize("rule", sorted(ENTRIES))
+def test_a_code_edit_reruns_the_rules_that_run_it(project, code_copy, outputs_by_rule, rule):
+    """A comment appended to a module of the rule's import closure makes its own params (the code hash)
+    differ: the rule alone allowed (so that no upstream rerun hides its own check), its outputs are
+    scheduled for "params changed". A module outside its closure does not."""
+    c = closures()
+    inside = sorted(c[rule] - set(ENTRIES[rule]))  # an import, not the entry module itself
+    edit = min(inside, key=lambda m: (sum(m in other for other in c.values()), -m.count("."), m))
+    outside = max(sorted(set().union(*c.values()) - c[rule]), key=lambda m: sum(m in other for other in c.values()),
+                  default="pipeline.bench.suite")
+    only = ["--allowed-rules", rule, "--", *outputs_by_rule[rule]]
+    plan = dry_run_after_editing(project, code_copy, edit, *only)
+    assert set(plan) == {rule} and all("Params have changed" in r for r in plan[rule]), (edit, plan)
+    assert dry_run_after_editing(project, code_copy, outside, *only) == {}, outside
+
+
+def test_an_edit_to_a_module_no_rule_runs_reruns_nothing(project, code_copy):
+    unused = sorted(set(package_modules()) - set().union(*closures().values()))
+    assert "pipeline.bench.suite" in unused
+    assert dry_run_after_editing(project, code_copy, "pipeline.bench.suite") == {}
 
 
 def planned_after_edit(project, edit) -> dict[str, int]:

@@ -12,7 +12,7 @@ rule accounting:
         md=report(f"{RUN_DIR}/accounting.md", category="Data", caption="../report/accounting.rst"),
     params:
         p=stage_params("accounting"),
-        code=code_version("data.accounting"),
+        code=code_version("pipeline.data.accounting"),
         run_dir=lambda w, output: Path(output.json).parent,
     log:
         f"{LOG_DIR}/accounting.log",

@@ -15,6 +15,7 @@ BASE = Path(workflow.basedir)
 sys.path.insert(0, str(BASE))
 from pipeline import cluster as tfcl  # noqa: E402
 from pipeline import config as tfc  # noqa: E402
+from pipeline.codehash import code_version as code_hash  # noqa: E402
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.plan import format_plan, make_plan, train_hours  # noqa: E402
 from pipeline.stages import stage_config, stage_list  # noqa: E402
@@ -81,19 +82,13 @@ def job_resources(rule):
     return tfcl.job_resources(config, rule, CORPUS_DOCS, CORPUS_TOKENS, TRAIN_HOURS)["resources"]
 
 
-def cluster_run():
-    """A run through a cluster executor: only there does Snakemake know no core count at parse time (a
-    local run's --cores and every dry run give one; the executor plugin itself is set up after parsing)."""
-    try:
-        workflow.cores
-    except WorkflowError:
-        return True
-    return False
-
-
-if workflow.is_main_process and cluster_run() and not config["hardware"]["cpus_per_task"]:
-    stop("hardware.cpus_per_task is 0 (all cores), which a cluster job cannot request: set it to the cores "
-         "one job may use, e.g. hardware: {cpus_per_task: 16}")
+# A cluster executor cannot request "all cores" (hardware.cpus_per_task 0) for a job. Snakemake sets its
+# executor up only after parsing, so this is checked when jobs are really about to be submitted
+# (onstart: not in a dry run, nor in --unlock, --summary, --dag, --report, … which run no job).
+onstart:
+    if not workflow.local_exec and not config["hardware"]["cpus_per_task"]:
+        sys.exit("tokenfarm: hardware.cpus_per_task is 0 (all cores), which a cluster job cannot request: set "
+                 "it to the cores one job may use, e.g. --config hardware='{cpus_per_task: 16}'")
 
 
 def stage_params(stage):
@@ -128,10 +123,10 @@ def source_params(stage):
     return lambda w: tfc.params_json(tfc.stage_params(config, stage, w.source))
 
 
-def code_version(*modules):
-    """Hash of the stage's modules (dotted names under pipeline): declared as params so that code
-    edits rerun the rule."""
-    return tfc.code_version(*modules)
+def code_version(*entries):
+    """Param of every rule: a hash of the code its shell command runs (the `python -m` modules and
+    their import closure in pipeline, pipeline/codehash.py), so that editing any of it reruns the rule."""
+    return code_hash(*entries)
 
 
 # Per-shard stages run one job per group of `shards_per_job` shards, one process per job: the stage

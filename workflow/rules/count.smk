@@ -8,7 +8,7 @@ rule count_shards:
         f"{RUN_DIR}/counts/{{source}}/_manifest/{{group}}.json",
     params:
         p=source_params("count"),
-        code=code_version("data.count", "data.encoding"),
+        code=code_version("pipeline.data.count"),
         inputs=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
         files=group_files(f"{RUN_DIR}/counts/{{source}}/{{shard}}.json"),
     log:
@@ -31,7 +31,7 @@ rule count:
         table=f"{RUN_DIR}/counts/counts.parquet",
         summary=f"{RUN_DIR}/counts/summary.json",
     params:
-        code=code_version("data.count"),
+        code=code_version("pipeline.data.count"),
         files=shard_files(f"{RUN_DIR}/counts/{{source}}/{{shard}}.json"),
     log:
         f"{LOG_DIR}/count/aggregate.log",

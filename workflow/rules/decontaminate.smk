@@ -9,7 +9,7 @@ rule decontaminate:
         report=f"{RUN_DIR}/decontam/report.json",
     params:
         p=stage_params("decontaminate"),
-        code=code_version("data.decontaminate", "data.minhash", "data.contract", "evaluation.tasks"),
+        code=code_version("pipeline.data.decontaminate"),
         raw=shard_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
         tokens=shard_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
         eval_data=lambda w, input: Path(input.tasks).parent,

@@ -10,7 +10,7 @@ rule dedup_signatures:
         f"{RUN_DIR}/dedup/sig/{{source}}/_manifest/{{group}}.json",
     params:
         p=source_params("dedup_sig"),
-        code=code_version("data.dedup", "data.minhash"),
+        code=code_version("pipeline.data.dedup"),
         inputs=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
         tokens=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
         files=group_files(f"{RUN_DIR}/dedup/sig/{{source}}/{{shard}}.parquet"),
@@ -38,6 +38,8 @@ rule dedup_index:
         group_manifests(f"{RUN_DIR}/dedup/sig"),
     output:
         f"{RUN_DIR}/dedup/sig/index.json",
+    params:
+        code=code_version("pipeline.data.dedup"),
     log:
         f"{LOG_DIR}/dedup/index.log",
     conda:
@@ -53,7 +55,7 @@ rule dedup_candidates:
         f"{RUN_DIR}/dedup/pairs/{{part}}.parquet",
     params:
         p=stage_params("dedup"),
-        code=code_version("data.dedup", "data.minhash"),
+        code=code_version("pipeline.data.dedup"),
     log:
         f"{LOG_DIR}/dedup/candidates/{{part}}.log",
     threads: job_threads("dedup_candidates")
@@ -74,7 +76,7 @@ rule dedup:
         report=f"{RUN_DIR}/dedup/report.json",
     params:
         p=stage_params("dedup"),
-        code=code_version("data.dedup", "data.minhash"),
+        code=code_version("pipeline.data.dedup"),
         outdir=lambda w, output: Path(output.report).parent,
     log:
         f"{LOG_DIR}/dedup/clusters.log",

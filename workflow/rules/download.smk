@@ -8,7 +8,7 @@ rule download:
         # local sources: each shard file's sha256, so an edited shard reruns its download and what follows,
         # while a file only touched (same content, new mtime) reruns nothing
         content=lambda w: tfc.local_shard_hashes(config, w.source, GROUPS[w.source][w.group]),
-        code=code_version("data.download"),
+        code=code_version("pipeline.data.download"),
         shards=group_shards,
         files=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
     log:

@@ -5,7 +5,7 @@ rule eval_data:
         f"{RUN_DIR}/eval_data/tasks.json",
     params:
         p=stage_params("eval_data"),
-        code=code_version("evaluation.eval_data", "evaluation.tasks"),
+        code=code_version("pipeline.evaluation.eval_data"),
         outdir=lambda w, output: Path(output[0]).parent,
     log:
         f"{LOG_DIR}/eval_data.log",

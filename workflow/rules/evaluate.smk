@@ -19,11 +19,7 @@ rule evaluate:
                     caption="../report/core.rst"),
     params:
         p=training_stage_params("evaluate"),
-        code=code_version(
-            "evaluation.evaluate", "evaluation.chat", "training.engine", "training.model", "training.attention",
-            "training.losses", "data.loader", "training.checkpoint", "training.sampling", "data.encoding",
-            "evaluation.core", "evaluation.tasks",
-        ),
+        code=code_version("pipeline.evaluation.evaluate"),
         eval_data=lambda w, input: Path(input.tasks).parent,
         outdir=lambda w, output: Path(output.json).parent,
         metrics=lambda w, input: Path(input.ckpt).parent / "metrics.jsonl",  # train's, complete with final.pt
@@ -50,7 +46,7 @@ rule stages_report:
         png=report(f"{RUN_DIR}/eval/stages.png", category="Evaluation", caption="../report/stages.rst"),
     params:
         p=stage_params("evaluate"),
-        code=code_version("evaluation.stages", "stages"),
+        code=code_version("pipeline.evaluation.stages"),
         run_dir=lambda w, output: Path(output.json).parent.parent,
     log:
         f"{LOG_DIR}/evaluate/stages.log",

@@ -10,7 +10,7 @@ rule export:
         directory(f"{RUN_DIR}/export/hf"),
     params:
         p=stage_params("export"),
-        code=code_version("evaluation.export", "training.model", "training.checkpoint", "data.encoding"),
+        code=code_version("pipeline.evaluation.export"),
     log:
         f"{LOG_DIR}/export.log",
     threads: job_threads("export")

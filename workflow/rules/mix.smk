@@ -8,7 +8,7 @@ rule mix:
         report=f"{RUN_DIR}/mix/{{mix}}/report.json",
     params:
         p=mix_params("mix"),
-        code=code_version("data.mix"),
+        code=code_version("pipeline.data.mix"),
         split_dir=lambda w, input: Path(input.split).parent,
         outdir=lambda w, output: Path(output.report).parent,
     log:

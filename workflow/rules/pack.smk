@@ -9,7 +9,7 @@ rule pack:
         meta=f"{RUN_DIR}/pack/{{mix}}/{{split}}.json",
     params:
         p=mix_params("pack"),
-        code=code_version("data.pack"),
+        code=code_version("pipeline.data.pack"),
         tokens_dir=f"{RUN_DIR}/tokens",
     log:
         f"{LOG_DIR}/pack/{{mix}}/{{split}}.log",

@@ -7,7 +7,7 @@ rule plan:
         md=report(f"{RUN_DIR}/plan.md", category="Plan", caption="../report/plan.rst"),
     params:
         p=stage_params("plan"),
-        code=code_version("plan", "budget", "training.model"),
+        code=code_version("pipeline.plan"),
     log:
         f"{LOG_DIR}/plan.log",
     threads: job_threads("plan")

@@ -10,7 +10,7 @@ rule split:
         report=f"{RUN_DIR}/split/report.json",
     params:
         p=stage_params("split"),
-        code=code_version("data.split"),
+        code=code_version("pipeline.data.split"),
         keep=shard_files(f"{RUN_DIR}/dedup/keep/{{source}}/{{shard}}.parquet"),
         tokens=shard_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
         decontam=shard_files(f"{RUN_DIR}/decontam/{{source}}/{{shard}}.parquet"),

@@ -8,7 +8,7 @@ rule tokenize:
         f"{RUN_DIR}/tokens/{{source}}/_manifest/{{group}}.json",
     params:
         p=source_params("tokenize"),
-        code=code_version("data.tokenize", "data.encoding"),
+        code=code_version("pipeline.data.tokenize"),
         inputs=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
         files=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
     log:

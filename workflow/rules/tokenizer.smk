@@ -6,7 +6,7 @@ rule tokenizer:
         TOKENIZER,
     params:
         p=stage_params("tokenizer"),
-        code=code_version("data.tokenizer", "data.encoding"),
+        code=code_version("pipeline.data.tokenizer"),
         files=shard_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet", tfc.tokenizer_sources(config)),
     log:
         f"{LOG_DIR}/tokenizer.log",

@@ -35,12 +35,7 @@ rule train:
         final=f"{RUN_DIR}/train/{{stage}}/final.pt",
     params:
         p=training_stage_params("train"),
-        code=code_version(
-            "training.train", "training.launch", "training.processes", "training.step", "training.distributed",
-            "training.model", "training.attention", "training.optim", "training.losses", "training.checkpoint",
-            "training.metrics", "training.sampling", "training.rendezvous", "data.loader", "budget", "stages",
-            "data.encoding", "evaluation.core", "evaluation.tasks",
-        ),
+        code=code_version("pipeline.training.launch", "pipeline.training.rendezvous", "pipeline.training.train"),
         outdir=lambda w, output: Path(output.final).parent,
         init=lambda w, input: f"--init {shlex.quote(str(input.init[0]))}" if input.init else "",
         core=lambda w, input: f"--eval-data {Path(input.tasks[0]).parent}" if input.tasks else "",

@@ -1,0 +1,87 @@
+"""The code a rule runs, as a hash: its entry modules and everything in `pipeline` they import.
+
+A rule declares `code=code_version("pipeline.data.tokenize")` (the modules its shell command runs
+with `python -m`) as a param, so Snakemake reruns the rule when that code changes. The modules hashed
+are the import closure, found with `ast` over the package's source (never by importing it): every
+package-internal import, transitively, wherever it is written (module level or inside a function,
+absolute or relative), plus the `__init__` of every package on the way, which Python runs too.
+Nothing outside `pipeline` is hashed (installed libraries are pinned by the environment).
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+from functools import cache
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+PACKAGE_NAME = PACKAGE.name
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_path(name: str) -> Path:
+    base = PACKAGE.parent.joinpath(*name.split("."))
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+@cache
+def package_modules(root: Path = PACKAGE) -> frozenset[str]:
+    return frozenset(module_name(p) for p in root.rglob("*.py"))
+
+
+def imported_modules(name: str, source: str | None = None, top_level_only: bool = False) -> set[str]:
+    """The package modules that module `name` imports (anywhere in it, or at module level only)."""
+    known = package_modules()
+    tree = ast.parse(module_path(name).read_text() if source is None else source)
+    package = name if module_path(name).name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in (tree.body if top_level_only else ast.walk(tree)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: `from . import x`, `from ..data import y`
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n in known}
+    return out - {name}
+
+
+def with_parents(name: str) -> set[str]:
+    """`a.b.c` and the packages Python initialises to import it: `a`, `a.b`."""
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
+
+def import_closure(*entries: str) -> list[str]:
+    """Every package module that running `entries` can execute, sorted."""
+    known = package_modules()
+    missing = [e for e in entries if e not in known]
+    if missing:
+        raise ValueError(f"not modules of {PACKAGE_NAME}: {missing}")
+    seen: set[str] = set()
+    todo = [m for e in entries for m in with_parents(e)]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        for n in imported_modules(m):
+            todo += sorted(with_parents(n) - seen)
+    return sorted(seen)
+
+
+def code_version(*entries: str) -> str:
+    """Short hash of the source of every module in the import closure of `entries` (dotted names,
+    e.g. "pipeline.data.tokenize"): a change to any of them changes it, to any other module does not."""
+    h = hashlib.sha256()
+    for m in import_closure(*entries):
+        h.update(m.encode() + b"\0" + module_path(m).read_bytes() + b"\0")
+    return h.hexdigest()[:16]
