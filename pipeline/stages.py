@@ -106,13 +106,16 @@ def get_stage(cfg: dict, name: str) -> dict:
 
 def stage_config(cfg: dict, name: str) -> dict:
     """`cfg` as one stage sees it: `train` replaced by the stage's effective train section, `mixes`
-    narrowed to the stage's own mix, and the resolved stage (without its train section) under
-    ``stage``. What the trainer and the evaluation of that stage receive, so an edit to another
-    stage or another mix leaves this stage's params (and Snakemake's rerun decision) unchanged."""
+    and `sources` narrowed to the stage's own mix and the sources it reads, and the resolved stage
+    (without its train section) under ``stage``. What the trainer and the evaluation of that stage
+    receive, so an edit to another stage, mix or source leaves this stage's params (and Snakemake's
+    rerun decision, and its checkpoints' resume check) unchanged."""
     st = get_stage(cfg, name)
     out = {k: v for k, v in cfg.items() if k != "train"}
     out["train"] = st["train"]
     out["mixes"] = {st["mix"]: cfg["mixes"][st["mix"]]}
+    if "sources" in cfg:  # the sources its mix reads: an edit of another source is not this stage's
+        out["sources"] = {s: v for s, v in cfg["sources"].items() if s in cfg["mixes"][st["mix"]]["weights"]}
     out["stage"] = {k: v for k, v in st.items() if k != "train"}
     return out
 

@@ -1,7 +1,10 @@
-"""Shared test helpers: tiny parquet shards and a resolved default config."""
+"""Shared test helpers: tiny parquet shards, and watching a run's processes and metrics."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -35,3 +38,29 @@ def write_chat_shard(path, conversations, ids=None) -> Path:
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+def wait_for(cond, proc: subprocess.Popen, what: str, timeout: float = 300):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert proc.poll() is None, f"snakemake ended (rc {proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def processes_in(path: Path) -> list[str]:
+    """Processes whose working directory is the project (every job of the run's): 'pid cmdline'."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") == str(path):
+                out.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ').decode()}")
+        except OSError:
+            pass
+    return out
+
+
+def logged_steps(train_dir: Path) -> list[int]:
+    path = train_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(ln)["step"] for ln in lines if ln.endswith("}")]

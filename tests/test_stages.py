@@ -34,6 +34,20 @@ def test_stages_resolve_in_order_with_overrides_and_init_chain():
     assert sc["train"]["warmup_steps"] == 0 and sc["stage"]["name"] == "sft" and "train" not in sc["stage"]
 
 
+def test_a_stage_sees_only_the_sources_its_mix_reads():
+    """A chat-only source edit is no part of the pretraining's identity (params, resume check)."""
+    from pipeline.config import stage_params
+
+    edited = {**SOURCES, "chat": {**SOURCES["chat"], "min_chars": 1, "glob": "elsewhere/*.parquet"}}
+    before, after = cfg(), resolve_config({**cfg(), "sources": edited})
+    assert set(stage_config(before, "pretrain")["sources"]) == {"web"}
+    assert set(stage_config(before, "mid")["sources"]) == {"web", "chat"}
+    for stage in ("train", "evaluate"):
+        assert (stage_config(stage_params(before, stage), "pretrain")
+                == stage_config(stage_params(after, stage), "pretrain"))
+        assert stage_config(stage_params(before, stage), "sft") != stage_config(stage_params(after, stage), "sft")
+
+
 def test_budgets_tokens_steps_run_and_epochs():
     c = cfg()
     pre, mid, sft = stage_list(c)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import ROOT, write_chat_shard, write_text_shard
+from conftest import ROOT, logged_steps, processes_in, wait_for, write_chat_shard, write_text_shard
 
 from pipeline.codehash import import_closure, package_modules
 
@@ -528,26 +528,6 @@ def start_snakemake(path: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def wait_for(cond, proc: subprocess.Popen, what: str, timeout: float = 300):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert proc.poll() is None, f"snakemake ended (rc {proc.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
-def processes_in(path: Path) -> list[str]:
-    """Processes whose working directory is the project (every job of the run's): 'pid cmdline'."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.readlink(f"/proc/{pid}/cwd") == str(path):
-                out.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ').decode()}")
-        except OSError:
-            pass
-    return out
-
-
 def kill_group(proc: subprocess.Popen, path: Path) -> None:
     """kill -9 the run's process group; within seconds no process of the run may be left."""
     os.killpg(proc.pid, signal.SIGKILL)
@@ -556,12 +536,6 @@ def kill_group(proc: subprocess.Popen, path: Path) -> None:
     while (left := processes_in(path)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == [], f"processes survived the kill: {left}"
-
-
-def logged_steps(train_dir: Path) -> list[int]:
-    path = train_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(ln)["step"] for ln in lines if ln.endswith("}")]
 
 
 def test_killed_runs_lose_nothing(project, tmp_path):

@@ -178,7 +178,8 @@ def eval_grams(tasks: dict[str, dict], ngram: int, min_words: int) -> EvalGrams:
         h, t = np.concatenate(hashes[L]), np.concatenate(owners[L])
         order = np.argsort(h, kind="stable")
         h, t = h[order], t[order]
-        first = np.concatenate([[True], h[1:] != h[:-1]])  # one owner per hash: the first configured task
+        first = np.ones(len(h), bool)  # one owner per hash: the first configured task
+        first[1:] = h[1:] != h[:-1]
         out_h[L], out_t[L] = h[first], t[first]
     return EvalGrams(names, out_h, out_t, counts)
 

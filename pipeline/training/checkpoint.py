@@ -34,6 +34,7 @@ from __future__ import annotations
 import platform
 import random
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -189,8 +190,12 @@ def prune_checkpoints(ckpt_dir: str | Path, keep: int) -> None:
 
 
 def archive_checkpoints(ckpt_dir: str | Path) -> Path:
-    """Move a run's step checkpoints and `latest` pointer aside to `ckpt_dir/stale-<time>/`."""
+    """Move a run's step checkpoints and `latest` pointer aside to `ckpt_dir/stale-<time>/`, the one
+    such directory kept: an earlier one is removed (each can hold a whole run's checkpoints)."""
     ckpt_dir = Path(ckpt_dir)
+    for old in ckpt_dir.glob("stale-*"):
+        shutil.rmtree(old, ignore_errors=True)
+        log.info("removed older stale checkpoints %s", old)
     dest = ckpt_dir / time.strftime("stale-%Y%m%dT%H%M%S")
     dest.mkdir(parents=True, exist_ok=True)
     for p in ckpt_dir.iterdir():

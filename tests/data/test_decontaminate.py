@@ -142,3 +142,12 @@ def test_cli_and_mismatched_inputs(planted, tmp_path):
     cmd[cmd.index("--tokens") + 1] = str(root / "tokens/web/b.json")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "must name the same shards" in r.stderr and "web/a" in r.stderr
+
+
+def test_an_ngram_longer_than_every_benchmark_text_works(planted):
+    """ngram 40 over COPA (every item shorter): no long grams, the short items match whole, no IndexError."""
+    root = planted[0]
+    tasks = {"copa": load_task(root / "eval_data" / "copa.json")}
+    grams = dc.eval_grams(tasks, ngram=40, min_words=8)
+    assert grams.counts["copa"]["texts_long"] == 0 and len(grams.hashes[40]) == 0
+    assert grams.counts["copa"]["texts_short"] > 0

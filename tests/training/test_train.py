@@ -221,6 +221,9 @@ def test_checkpoint_from_another_config_is_never_resumed(data, tmp_path):
     assert rerun == run_inprocess(data, tmp_path / "fresh", changed)
     stale = list(tmp_path.glob("ckpt/stale-*/step_*.pt"))
     assert [p.name for p in stale] == ["step_000002.pt"]
+    run_inprocess(data, tmp_path, make_params(steps=4, lr=2e-3), max_steps=1)  # another edit: one stale dir kept
+    assert len(list(tmp_path.glob("ckpt/stale-*"))) == 1
+    assert "step_000002.pt" not in [p.name for p in tmp_path.glob("ckpt/stale-*/step_*.pt")]  # the older run's
     logging_only = make_params(steps=4, log_interval=2, val_interval=2)  # observability keys may change
     run_inprocess(data, tmp_path / "obs", params, max_steps=2)
     assert run_inprocess(data, tmp_path / "obs", logging_only, resume="require")["tokens_trained"] == 4 * 256
