@@ -33,10 +33,15 @@ def package_modules(root: Path = PACKAGE) -> frozenset[str]:
     return frozenset(module_name(p) for p in root.rglob("*.py"))
 
 
-def imported_modules(name: str, source: str | None = None, top_level_only: bool = False) -> set[str]:
+def imported_modules(name: str, top_level_only: bool = False) -> set[str]:
     """The package modules that module `name` imports (anywhere in it, or at module level only)."""
+    return set(_imports(name, module_path(name).read_text(), top_level_only))
+
+
+@cache
+def _imports(name: str, source: str, top_level_only: bool) -> frozenset[str]:
     known = package_modules()
-    tree = ast.parse(module_path(name).read_text() if source is None else source)
+    tree = ast.parse(source)
     package = name if module_path(name).name == "__init__.py" else name.rpartition(".")[0]
     out = set()
     for node in (tree.body if top_level_only else ast.walk(tree)):
@@ -51,7 +56,7 @@ def imported_modules(name: str, source: str | None = None, top_level_only: bool 
         else:
             continue
         out |= {n for n in names if n in known}
-    return out - {name}
+    return frozenset(out - {name})
 
 
 def with_parents(name: str) -> set[str]:

@@ -211,9 +211,9 @@ def check_consistency(cfg: dict) -> None:
     if t["global_batch_tokens"] % per_micro:
         fail(
             "train.global_batch_tokens",
-            f"{t['global_batch_tokens']} is not divisible by micro_batch × seq_len × world_size = "
-            f"{t['micro_batch']} × {t['seq_len']} × {world_size(cfg)} = {per_micro}; "
-            "change global_batch_tokens or micro_batch",
+            f"{t['global_batch_tokens']} is not divisible by micro_batch × seq_len × world_size "
+            f"(hardware.nodes × hardware.nproc_per_node) = {t['micro_batch']} × {t['seq_len']} × {world_size(cfg)} "
+            f"= {per_micro}; change global_batch_tokens, micro_batch or the hardware",
         )
     if t["target_tokens"] is not None and t["target_flops"] is not None:
         fail("train.target_flops", "set at most one of train.target_tokens and train.target_flops")
