@@ -1,0 +1,279 @@
+"""What a user types, run as typed, in a fresh copy of the project: every command of README's code blocks
+and every Makefile target, in README order, on the default config (`user_run`); then Snakemake's own
+subcommands on the default config (after that real run) and on every preset and overlay.
+
+A command that needs a GPU node, a cluster or this test suite itself runs in its dry-run form, listed
+below with the reason; any README command or Makefile target missing from these tables fails the suite.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, logged_steps, processes_in, wait_for
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class Step:
+    """How the test runs one README command: as typed (`run` None), or as `run` instead, for `reason`."""
+
+    run: str | None = None
+    reason: str = ""
+    stdin: str | None = None
+
+
+PRESET = "configs/llama3-1b-fineweb.yaml"
+RETRAINS = ("retrains the default model's stages (minutes each on CPU): its dry run here; test_workflow runs "
+            "the same kind of rerun for real on the tiny config")
+# README's commands in README order. Keys are the commands exactly as README writes them (continuations
+# joined, comments dropped).
+README = {
+    "make run": Step(reason="run as typed, killed with SIGKILL during training, then README's recovery "
+                            "commands (see test_readme_commands_in_order)"),
+    "make test": Step("make test PYTEST_ARGS='--collect-only -q'", "this test suite itself: collected, not rerun"),
+    "python -m pipeline.evaluation.chat --ckpt results/tiny/train/sft/final.pt": Step(stdin="Hi!\nHow are you?\n"),
+    'python -m pipeline.evaluation.chat --ckpt results/tiny/train/sft/final.pt --prompt "Hi!"': Step(),
+    f"snakemake --cores all --configfile {PRESET}": Step(
+        f"snakemake -n --configfile {PRESET}", "8×H100 and 1,823 downloaded shards: its dry run"),
+    "snakemake --cores all -R dedup": Step("snakemake --cores all -R dedup -n", RETRAINS),
+    "snakemake --cores all --until count": Step(),
+    "snakemake -n": Step(),
+    f"python -m pipeline.plan --configfile {PRESET}": Step(),
+    f"python -m pipeline.plan --configfile {PRESET} --json": Step(),
+    f"snakemake -n --configfile {PRESET}": Step(),
+    "snakemake --cores all plan": Step(),
+    "make dryrun": Step(),
+    "snakemake --cores all --config seed=7 train='{target_tokens: 300000, lr: 1e-2, betas: [0.9, 0.99]}'": Step(
+        "snakemake --cores all -n --config seed=7 train='{target_tokens: 300000, lr: 1e-2, betas: [0.9, 0.99]}'",
+        RETRAINS),
+    "snakemake --cores all --config mixes='{midtrain: {weights: {web: 0.25, chat: 0.75}}}'": Step(
+        "snakemake --cores all -n --config mixes='{midtrain: {weights: {web: 0.25, chat: 0.75}}}'", RETRAINS),
+    "python -m pipeline.evaluation.export --ckpt results/tiny/train/sft/final.pt "
+    "--tokenizer results/tiny/tokenizer/tokenizer.json --out my-model": Step(),
+    "python -m pipeline.evaluation.export --from-hf my-model --out imported.pt": Step(),
+    "python -c \"from transformers import AutoTokenizer, LlamaForCausalLM as L; "
+    "t = AutoTokenizer.from_pretrained('my-model'); m = L.from_pretrained('my-model'); "
+    "print(t.decode(m.generate(**t('The history of', return_tensors='pt'), max_new_tokens=20)[0]))\"": Step(),
+    "python -c \"from pipeline.evaluation.lmeval_harness import LocalTask, write_tasks; "
+    "write_tasks('my_tasks', [LocalTask('my_task', 'multiple_choice', "
+    "[{'context': 'The cat sat on the', 'choices': ['mat', 'sky'], 'gold': 0}])])\"": Step(),
+    "HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 lm_eval --model hf --model_args pretrained=my-model,dtype=float32 "
+    "--include_path my_tasks/ --tasks my_task --device cpu --batch_size 8 --log_samples --output_path lmeval-out":
+        Step(),
+    "snakemake --unlock": Step(),
+    "snakemake --cores all --rerun-incomplete": Step(),
+    "snakemake --cores all --config train='{resume: never}'": Step(
+        "snakemake --cores all -n --config train='{resume: never}'", RETRAINS),
+    f"python -m pipeline.plan --configfile {PRESET} --data-cpus 512": Step(),
+    "snakemake --workflow-profile workflow/profiles/slurm --configfile configs/llama3-1b-fineweb.yaml "
+    "--config hardware='{cpus_per_task: 32}'": Step(
+        "snakemake --workflow-profile workflow/profiles/slurm --configfile configs/llama3-1b-fineweb.yaml "
+        "--config hardware='{cpus_per_task: 32}' -n", "a SLURM cluster with 8-GPU nodes: its dry run"),
+    "snakemake --workflow-profile workflow/profiles/slurm "
+    "--configfile configs/llama3-1b-fineweb.yaml configs/overlays/llama3-1b-4nodes.yaml": Step(
+        "snakemake --workflow-profile workflow/profiles/slurm "
+        "--configfile configs/llama3-1b-fineweb.yaml configs/overlays/llama3-1b-4nodes.yaml -n",
+        "4 SLURM nodes of 8 GPUs: its dry run"),
+}
+# Every Makefile target: None where README's sequence runs it already, else how it runs, after README's.
+MAKE_TARGETS = {
+    "run": None, "test": None, "dryrun": None,
+    "install": Step(),
+    "plan": Step(),
+    "report": Step(),
+    "lint": Step(),
+    "test-slurm": Step("make -n test-slurm", "installs and starts SLURM daemons as root (CI runs it: .ci/run)"),
+    "clean": Step(),  # last: it removes the run
+}
+RECOVERY = ["snakemake --unlock", "snakemake --cores all --rerun-incomplete"]
+
+
+def readme_commands(text: str) -> list[str]:
+    """The commands of README's ```bash blocks: continuation lines joined, comments and blank lines dropped."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+", " ", strip_comment(line)).strip()
+            if line:
+                out.append(line)
+    return out
+
+
+def strip_comment(line: str) -> str:
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
+def make_targets(text: str) -> list[str]:
+    return re.findall(r"(?m)^([a-z][\w-]*):", text)
+
+
+def test_every_readme_command_and_make_target_is_in_the_tables():
+    assert readme_commands((ROOT / "README.md").read_text()) == list(README), "README changed: update README here"
+    assert sorted(make_targets((ROOT / "Makefile").read_text())) == sorted(MAKE_TARGETS)
+    assert all(c in README for c in RECOVERY)
+
+
+def fresh_copy(path: Path) -> Path:
+    """The project as a clone has it (tracked and new files, nothing ignored), using this venv."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        if (ROOT / rel).is_file():
+            (path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (path / rel).write_bytes((ROOT / rel).read_bytes())
+    (path / ".venv").symlink_to(Path(sys.prefix))
+    for rel in ("pyproject.toml", "Makefile"):  # older than the venv's install stamp: `make` installs nothing
+        os.utime(path / rel, (0, 0))
+    return path
+
+
+def env() -> dict:
+    return dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", WANDB_MODE="offline")
+
+
+def sh(path: Path, command: str, stdin: str | None = None, timeout: int = 1200) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["bash", "-c", command], cwd=path, env=env(), input=stdin, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"`{command}` ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
+
+
+def kill_during_training(path: Path, command: str) -> None:
+    """Start `command` as from a terminal, SIGKILL its process group once pretraining has logged a step
+    past a checkpoint (a step the resume redoes), and check that no process of it is left."""
+    train = path / "results/tiny/train/pretrain"
+    log = open(path / "killed-run.log", "w")
+    run = subprocess.Popen(["bash", "-c", command], cwd=path, env=env(), stdout=log, stderr=subprocess.STDOUT,
+                           start_new_session=True)
+
+    def past_checkpoint() -> bool:
+        latest = train / "ckpt/latest"
+        return latest.exists() and any(s > int(latest.read_text().strip()[5:11]) for s in logged_steps(train))
+
+    wait_for(past_checkpoint, run, "pretraining logged a step after a checkpoint", timeout=900)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    deadline = time.monotonic() + 10
+    while (left := processes_in(path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], f"processes survived the kill: {left}"
+    assert not (train / "final.pt").exists()
+
+
+@pytest.fixture(scope="module")
+def user_run(tmp_path_factory) -> Path:
+    """README's commands and the Makefile's targets, in order, in one fresh copy; the copy, finished."""
+    path = fresh_copy(tmp_path_factory.mktemp("user"))
+    ran: dict[str, subprocess.CompletedProcess] = {}
+    for command, step in README.items():
+        if command == "make run":
+            kill_during_training(path, command)
+            for c in RECOVERY:  # README "When a run is interrupted", as written
+                ran[c] = sh(path, c)
+            steps = logged_steps(path / "results/tiny/train/pretrain")
+            assert steps == sorted(set(steps)) and steps, "every step logged exactly once"
+        ran[command] = sh(path, step.run or command, step.stdin)
+    for target, step in MAKE_TARGETS.items():
+        if step is not None and target != "clean":
+            ran[f"make {target}"] = sh(path, step.run or f"make {target}")
+    path.joinpath("ran.json").write_text(json.dumps({c: p.stdout[-2000:] + p.stderr[-2000:] for c, p in ran.items()}))
+    return path
+
+
+def test_readme_commands_in_order(user_run):
+    ran = json.loads((user_run / "ran.json").read_text())
+    R = user_run / "results/tiny"
+    assert all((R / f"eval/{s}/report.json").exists() for s in ("pretrain", "midtrain", "sft"))
+    assert "Nothing to be done" in ran["snakemake -n"]
+    assert json.loads((R / "plan.json").read_text())["num_steps"] > 0
+    assert "you> " in ran["python -m pipeline.evaluation.chat --ckpt results/tiny/train/sft/final.pt"]
+    assert (user_run / "my-model/model.safetensors").exists() and (user_run / "imported.pt").exists()
+    assert list((user_run / "lmeval-out").rglob("*.json"))
+    assert "1,823" in ran[f"python -m pipeline.plan --configfile {PRESET}"]
+
+
+def test_make_report_has_the_loss_and_core_plots(user_run):
+    html = (user_run / "results/report.html").read_text(errors="replace")
+    assert "loss.png" in html and "core.png" in html and "stages.png" in html
+
+
+# ----------------------------------------------------------------------------- Snakemake's subcommands
+
+CONFIGS = {
+    "config.yaml": "",
+    "llama3-1b": f"--configfile {PRESET}",
+    "gpt-500m": "--configfile configs/gpt-500m-fineweb.yaml",
+    "llama3-1b+4nodes": f"--configfile {PRESET} configs/overlays/llama3-1b-4nodes.yaml",
+}
+# subcommand -> what its usual output holds
+SUBCOMMANDS = {
+    "-n": r"Job stats|Nothing to be done",
+    "--unlock": r"Unlock",
+    "--summary": r"output_file\tdate\trule",
+    "--detailed-summary": r"output_file\tdate\trule\tlog-file\(s\)\tinput-file\(s\)\tshellcmd",
+    "--dag": r"digraph snakemake_dag",
+    "--rulegraph": r"digraph snakemake_dag",
+    "--list-rules": r"\btrain\b",
+    "--lint": r"Congratulations|^$",
+    "--touch -n": r"Job stats|Nothing to be done",
+    "--delete-all-output -n": r"Would delete|Nothing to be done|^$",
+    "--rerun-incomplete -n": r"Job stats|Nothing to be done",
+    "--workflow-profile workflow/profiles/slurm -n": r"Job stats|Nothing to be done",
+}
+# after a real run only (they read what it wrote): the default config's finished run
+AFTER_A_RUN = {
+    "--report results/report-2.html": r"Report created",
+    "--cleanup-metadata results/tiny/plan.md": r"",
+}
+
+
+@pytest.fixture(scope="module")
+def preset_copy(tmp_path_factory) -> Path:
+    return fresh_copy(tmp_path_factory.mktemp("presets"))
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("sub", [*SUBCOMMANDS, *AFTER_A_RUN])
+def test_snakemake_subcommands(config, sub, request):
+    if sub in AFTER_A_RUN and config != "config.yaml":
+        pytest.skip("reads a finished run's files: the default config's")
+    path = request.getfixturevalue("user_run" if config == "config.yaml" else "preset_copy")
+    proc = subprocess.run(["bash", "-c", f"snakemake {sub} {CONFIGS[config]}"], cwd=path, env=env(),
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out, out[-4000:]
+    assert re.search({**SUBCOMMANDS, **AFTER_A_RUN}[sub], out, re.M), out[-3000:]
+
+
+def test_a_cluster_run_of_all_cores_jobs_is_refused_before_submitting(preset_copy):
+    """hardware.cpus_per_task 0 (all cores) cannot be an sbatch request: a real SLURM run stops with one
+    line before any job is submitted, while its dry run (and every subcommand above) goes through."""
+    proc = subprocess.run(["bash", "-c", "snakemake --executor slurm --jobs 1"], cwd=preset_copy, env=env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1 and "hardware.cpus_per_task is 0" in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "sbatch" not in proc.stdout + proc.stderr
+
+
+def test_make_clean_last(user_run):
+    sh(user_run, "make clean")
+    assert not (user_run / "results").exists() and not (user_run / ".snakemake").exists()
