@@ -16,6 +16,7 @@ import platform
 import re
 import shutil
 import signal
+import stat
 import sys
 import time
 from pathlib import Path
@@ -92,6 +93,32 @@ def sweep_stale_temps(directory: str | os.PathLike) -> list[Path]:
     return removed
 
 
+@functools.cache
+def _umask() -> int:
+    """This process's umask (read without changing it where /proc allows)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _usual_mode(path: Path) -> None:
+    """Give a finished output the permissions a plain `open()` would have: 0666 less the umask (plus
+    the execute bits it has). Some writers create their file 0600 (safetensors writes through a
+    private temp file), which would leave one output of a directory unreadable to the group."""
+    st = path.lstat()
+    if stat.S_ISREG(st.st_mode):
+        want = (0o666 | (st.st_mode & 0o111)) & ~_umask()
+        if stat.S_IMODE(st.st_mode) != want:
+            os.chmod(path, want)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success fsync and rename it onto `path`.
@@ -112,6 +139,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         if tmp.exists():
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
+            _usual_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -125,7 +153,8 @@ def atomic_dir(path: str | os.PathLike, replace: bool = False) -> Iterator[Path]
 
     A `path` that exists is an error unless `replace`: then it is renamed aside to a temp name and
     removed after the new directory is in place. On any exception the temporary directory is removed
-    and `path` is left untouched; what a SIGKILL leaves is swept like `atomic_path`'s temps.
+    and `path` is left untouched; what a SIGKILL leaves is swept like `atomic_path`'s temps. Its
+    files get the usual permissions (0666 less the umask), whatever mode their writer chose.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -138,6 +167,9 @@ def atomic_dir(path: str | os.PathLike, replace: bool = False) -> Iterator[Path]
     tmp.mkdir()
     try:
         yield tmp
+        for root, _, files in os.walk(tmp):
+            for name in files:
+                _usual_mode(Path(root, name))
         if path.exists() or path.is_symlink():
             if not replace:
                 raise FileExistsError(f"{path} exists")

@@ -134,3 +134,28 @@ def test_atomic_dir_is_whole_or_absent_and_a_dead_writers_temp_dir_is_swept(tmp_
     with atomic_dir(tmp_path / "next") as d:
         (d / "c").write_text("x")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model", "next", live.name])
+
+
+def test_outputs_get_the_usual_permissions_whatever_mode_their_writer_chose(tmp_path):
+    # safetensors (0.8) creates its file 0600; every output of a stage must be readable like the others
+    import os
+    import stat
+
+    import torch
+    from safetensors.torch import save_file
+
+    from pipeline.io import atomic_dir, atomic_path
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    with atomic_path(tmp_path / "private.bin") as tmp:
+        os.close(os.open(tmp, os.O_CREAT | os.O_WRONLY, 0o600))
+    with atomic_dir(tmp_path / "hf") as d:
+        save_file({"w": torch.zeros(2)}, d / "model.safetensors")
+        (d / "config.json").write_text("{}")
+        (d / "run.sh").write_text("")
+        os.chmod(d / "run.sh", 0o700)
+    usual = 0o666 & ~umask
+    mode = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [tmp_path / "private.bin", *(tmp_path / "hf").iterdir()]}
+    assert mode == {"private.bin": usual, "model.safetensors": usual, "config.json": usual,
+                    "run.sh": usual | 0o100}  # the execute bit its writer gave it is kept
