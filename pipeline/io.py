@@ -7,6 +7,7 @@ metadata saying what made it (stage, parameters, inputs, versions, time). See do
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -317,12 +318,42 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def filesystem_error_message(e: OSError) -> str | None:
+    """One line for an OSError that says a file or directory cannot be written (permissions, an
+    immutable or read-only directory, a full disk), naming the directory; None for any other error.
+
+    Outputs are written through `atomic_path` / `atomic_dir`, so the failing name is usually one of
+    their temps (`.<name>.tmp-<host>-<pid>`), which means nothing to a user: the directory is named."""
+    if e.errno not in _UNWRITABLE + _FULL or not e.filename:
+        return None
+    path = Path(os.fsdecode(e.filename))
+    why = e.strerror or os.strerror(e.errno)
+    if e.errno in _FULL:
+        return f"cannot write into {path.parent}: {why}; free space there (or point results_dir elsewhere) and rerun"
+    if path.exists() and not _TEMP_RE.match(path.name):
+        return (f"{path}: {why}; check its permissions and attributes (ls -l, lsattr; chmod u+rw, chattr -i) "
+                "and rerun")
+    return (f"cannot write into directory {path.parent}: {why} (read-only, immutable or not owned by you); make it "
+            "writable (chmod u+w, chattr -i) or point results_dir elsewhere, and rerun")
+
+
 def run_cli(main_fn, argv=None) -> None:
-    """Run a stage's main(argv); a PipelineError (or ConfigError) becomes one 'error:' line and exit 1."""
+    """Run a stage's main(argv); a PipelineError (or ConfigError), or an output that cannot be written
+    (`filesystem_error_message`), becomes one 'error:' line and exit 1."""
     setup_logging()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         main_fn(argv)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except OSError as e:
+        message = filesystem_error_message(e)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         raise SystemExit(1) from None
