@@ -562,15 +562,29 @@ def model_params_from_hf(cfg: dict, where: str) -> tuple[dict, int]:
     return model, int(cfg["max_position_embeddings"])
 
 
+def is_hf_dir(path: str | os.PathLike) -> bool:
+    """Whether `path` is a Hugging Face model directory (what `export` writes, or transformers saves)."""
+    return Path(path).is_dir() and (Path(path) / "config.json").exists()
+
+
 def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, config_params: dict | None = None,
               force: bool = False) -> dict:
-    """Read a transformers Llama directory into our checkpoint format at `out` (fp32 weights).
-    Params come from its tokenfarm.json when it is one of our exports, else from config.json
-    (`model` and `train.seq_len` = max_position_embeddings). Returns the checkpoint dict."""
-
-    hf_dir, out = Path(hf_dir), Path(out)
+    """Read a transformers Llama directory into our checkpoint format at `out` (fp32 weights), as
+    `read_hf` does. Returns the checkpoint dict."""
+    out = Path(out)
     if out.exists() and not force:
         raise PipelineError(f"{out} exists; choose another --out or pass --force to replace it")
+    final = read_hf(hf_dir, config_params)
+    save_checkpoint(out, final)
+    log.info("imported %s (%d parameters) to %s", hf_dir, sum(t.numel() for t in final["model"].values()), out)
+    return final
+
+
+def read_hf(hf_dir: str | os.PathLike, config_params: dict | None = None) -> dict:
+    """A transformers Llama directory as a checkpoint dict of the final.pt format (fp32 weights), in
+    memory. Params come from its tokenfarm.json when it is one of our exports, else from config.json
+    (`model` and `train.seq_len` = max_position_embeddings)."""
+    hf_dir = Path(hf_dir)
     if not (hf_dir / "config.json").exists():
         raise PipelineError(f"{hf_dir}: no config.json; pass a Hugging Face model directory to --from-hf")
     cfg = read_hf_json(hf_dir / "config.json", *HF_CONFIG_KEYS)
@@ -604,11 +618,8 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, config_params: 
         target.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise PipelineError(f"{hf_dir}: its weights do not fit its config.json ({e})") from None
-    final = {"model": state, "params": params, "plan": plan, "summary": summary or {"imported_from": str(hf_dir)},
-             "versions": versions()}
-    save_checkpoint(out, final)
-    log.info("imported %s (%d parameters) to %s", hf_dir, sum(t.numel() for t in state.values()), out)
-    return final
+    return {"model": state, "params": params, "plan": plan, "summary": summary or {"imported_from": str(hf_dir)},
+            "versions": versions()}
 
 
 # ----------------------------------------------------------------------------- CLI
