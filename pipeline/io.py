@@ -37,6 +37,8 @@ __all__ = [
     "read_parquet_meta",
     "provenance",
     "sha256_file",
+    "verify_sha256",
+    "HashingFile",
     "progress",
     "get_logger",
     "run_cli",
@@ -240,6 +242,39 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+_verified: dict[tuple, str] = {}
+
+
+def verify_sha256(path: str | os.PathLike, expected: str, recorded_in: str, fix: str) -> None:
+    """Check that `path` still has the sha256 recorded (in `recorded_in`) when it was written, or raise
+    one PipelineError: "<path> is corrupt (sha256 mismatch with <recorded_in>); <fix>".
+
+    For the large artifacts a job consumes (packed rows, checkpoints), streamed (1 MiB at a time) and
+    once per process: a second check of the same unchanged file (device, inode, size, mtime) is free,
+    so every reader may call it where it opens the file."""
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _verified:
+        _verified[key] = sha256_file(path)
+    if _verified[key] != expected:
+        raise PipelineError(f"{path} is corrupt (sha256 mismatch with {recorded_in}); {fix}")
+
+
+class HashingFile:
+    """A binary file object's `write` that also hashes what is written (`sha256.hexdigest()`), for
+    writers that stream into a file (torch.save, pack's rows): the checksum costs no second read."""
+
+    def __init__(self, f):
+        self.f, self.sha256 = f, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 @functools.cache

@@ -37,6 +37,11 @@ Resumption. `state_dict()` is `{epoch, position, seed, shuffle, world_size, micr
 seq_len, data_sha256}`; after `load_state_dict(state)` the loader yields exactly the batches an
 uninterrupted loader would have yielded next. A state made for another world size, micro-batch,
 seed or data file (the packed .bin's sha256 from its metadata) is refused.
+
+Integrity. Opening a pack checks the `.bin` (and `.mask.bin`) against the sha256 its metadata
+recorded when pack wrote it, streamed and once per process (`pipeline.io.verify_sha256`): a file
+damaged in place (same size) is one error naming it and the rule that rewrites it, instead of an
+IndexError in the embedding or silent training on wrong ids.
 """
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ import numpy as np
 
 from pipeline.data.contract import MASK_ASSISTANT, MASK_REAL, span_index
 from pipeline.errors import PipelineError
-from pipeline.io import read_json
+from pipeline.io import read_json, verify_sha256
 
 
 class DataExhausted(PipelineError):
@@ -77,10 +82,18 @@ def _open_pack(meta_path: Path) -> tuple[dict, np.ndarray, np.ndarray | None, np
     expect = meta["n_rows"] * row_len * np.dtype(meta["dtype"]).itemsize
     if not bin_path.exists() or bin_path.stat().st_size != expect:
         raise PipelineError(f"{bin_path}: missing or not {expect} bytes as {meta_path} says; rerun the pack stage")
+    fix = (f"delete {bin_path} and rerun: the pack rule rewrites it (`snakemake -R pack` repacks every mix)")
+    verify_sha256(bin_path, meta["sha256"], meta_path.name, fix)
     rows = np.memmap(bin_path, dtype=meta["dtype"], mode="r", shape=(meta["n_rows"], row_len))
     mask = None
     if meta.get("has_mask"):
-        mask = np.memmap(Path(f"{stem}.mask.bin"), dtype=np.uint8, mode="r", shape=(meta["n_rows"], row_len))
+        mask_path = Path(f"{stem}.mask.bin")
+        if not mask_path.exists() or mask_path.stat().st_size != meta["n_rows"] * row_len:
+            raise PipelineError(f"{mask_path}: missing or not {meta['n_rows'] * row_len} bytes as {meta_path} says; "
+                                f"{fix}")
+        if meta.get("mask_sha256"):  # (packs written before it was recorded have none)
+            verify_sha256(mask_path, meta["mask_sha256"], meta_path.name, fix)
+        mask = np.memmap(mask_path, dtype=np.uint8, mode="r", shape=(meta["n_rows"], row_len))
     docs = np.load(Path(f"{stem}.docs.npy"), mmap_mode="r")
     return meta, rows, mask, docs
 
