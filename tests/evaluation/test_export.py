@@ -362,7 +362,7 @@ def test_existing_target_is_refused_unless_force(tmp_path, tokenizers_):
     assert (target / "keep.txt").read_text() == "user data"
     ex.export(tmp_path / "final.pt", tokenizers_["bos"], target, force=True)
     assert (target / "config.json").exists() and not (target / "keep.txt").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["final.pt", "hf"]  # no temporary left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final.pt", "final.pt.sha256", "hf"]  # no temporary left
     with pytest.raises(PipelineError, match="exists"):
         ex.import_hf(target, tmp_path / "final.pt")
 
