@@ -320,14 +320,27 @@ def tokenizer_json(tok) -> dict:
 
 def chat_template() -> str:
     """Jinja rendering of `Tokenizer.render_chat` after <|bos|>: user and assistant turns between
-    their markers, no separators; add_generation_prompt opens an assistant turn."""
+    their markers, no separators; a system turn's text opens the next user turn (a blank line
+    between), or is a user turn of its own when an assistant turn or the end comes first;
+    add_generation_prompt opens an assistant turn."""
+
+    def user(text: str) -> str:
+        return f"{USER_START}{{{{ {text} }}}}{USER_END}"
 
     return (
-        "{{ bos_token }}{% for message in messages %}"
-        f"{{% if message['role'] == 'user' %}}{USER_START}{{{{ message['content'] }}}}{USER_END}"
-        f"{{% elif message['role'] == 'assistant' %}}{ASSISTANT_START}{{{{ message['content'] }}}}{ASSISTANT_END}"
-        "{% else %}{{ raise_exception('chat role ' + message['role'] + ' is not user or assistant') }}"
-        f"{{% endif %}}{{% endfor %}}{{% if add_generation_prompt %}}{ASSISTANT_START}{{% endif %}}"
+        "{{ bos_token }}{% set ns = namespace(system='') %}{% for message in messages %}"
+        "{% if message['role'] == 'system' %}"
+        "{% set ns.system = ns.system + '\\n\\n' + message['content'] if ns.system else message['content'] %}"
+        "{% elif message['role'] == 'user' %}"
+        + user("ns.system + '\\n\\n' + message['content'] if ns.system else message['content']")
+        + "{% set ns.system = '' %}"
+        "{% elif message['role'] == 'assistant' %}"
+        "{% if ns.system %}" + user("ns.system") + "{% set ns.system = '' %}{% endif %}"
+        f"{ASSISTANT_START}{{{{ message['content'] }}}}{ASSISTANT_END}"
+        "{% else %}{{ raise_exception('chat role ' + message['role'] + ' is not system, user or assistant') }}"
+        "{% endif %}{% endfor %}"
+        "{% if ns.system %}" + user("ns.system") + "{% endif %}"
+        f"{{% if add_generation_prompt %}}{ASSISTANT_START}{{% endif %}}"
     )
 
 

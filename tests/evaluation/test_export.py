@@ -223,6 +223,15 @@ def test_chat_template_renders_like_training(tmp_path, tokenizers_):
         assert ids == [tok.bos_id] + tok.render_chat(conv)[0]
     prompt = hf_tok.apply_chat_template(conv[:1], tokenize=True, add_generation_prompt=True, return_dict=False)
     assert prompt == tok.render_prompt(conv[:1])  # the prompt the engine and chat CLI use
+    # system turns: joined to the next user turn, or a user turn of their own before an assistant turn / the end
+    sys_, user, bot = ({"role": r, "content": c} for r, c in [("system", "Be brief."), ("user", "hi there"),
+                                                               ("assistant", "hello")])
+    for conv in ([sys_, user, bot], [sys_, {**sys_, "content": "Be kind."}, user, bot, sys_, bot],
+                 [user, bot, sys_], [sys_, bot], [{**sys_, "content": ""}, user, bot]):
+        ids = hf_tok.apply_chat_template(conv, tokenize=True, return_dict=False)
+        assert ids == [tok.bos_id] + tok.render_chat(conv)[0], conv
+        prompt = hf_tok.apply_chat_template(conv, tokenize=True, add_generation_prompt=True, return_dict=False)
+        assert prompt == tok.render_prompt(conv)
 
 
 def test_stock_tiktoken_encoding_is_exported_exactly(tmp_path):
