@@ -156,13 +156,14 @@ def verify_checkpoint(path: str | Path) -> None:
     verify_sha256(path, expected, sidecar.name, _fix(path))
 
 
-def load_checkpoint(path: str | Path) -> dict:
+def load_checkpoint(path: str | Path, verify: bool = True) -> dict:
     """Load a checkpoint with ``weights_only=True``, its tensors memory-mapped from the file
     (``mmap=True``, on CPU): nothing is read into host memory until used, so each rank of a resumed
     job pages in only what it copies (model and optimizer into its own device, its own loader/RNG
     entry) and the page cache is shared between ranks, instead of every rank holding a private copy
     of the whole checkpoint. The file is first verified against its sidecar sha256
-    (`verify_checkpoint`). A missing, unreadable or corrupt file is a PipelineError."""
+    (`verify_checkpoint`; `verify=False` where another process of the job just did, e.g. the other
+    ranks of a resume). A missing, unreadable or corrupt file is a PipelineError."""
     path = Path(path)
     if path.is_dir():
         raise PipelineError(f"{path} is a directory, not a checkpoint file; pass R/train/<stage>/final.pt (an exported "
@@ -170,7 +171,8 @@ def load_checkpoint(path: str | Path) -> dict:
                             f"{path} --out CKPT.pt)")
     if not path.exists():
         raise PipelineError(f"checkpoint {path} does not exist")
-    verify_checkpoint(path)
+    if verify:
+        verify_checkpoint(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # truncated / corrupt / not a torch file

@@ -215,3 +215,4 @@ def test_a_same_size_corruption_of_a_real_pack_is_one_error_naming_the_file(data
         PackedLoader(out, 2)
     assert str(e.value).startswith(f"{target} is corrupt (sha256 mismatch with train.json); delete ")
     assert "the pack rule rewrites it" in str(e.value)
+    PackedLoader(out, 2, rank=1, world_size=2)  # only rank 0 reads the whole file: once per job, not per rank
