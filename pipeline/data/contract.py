@@ -143,7 +143,7 @@ def _decode_text_rows(values: list[bytes | None], start: int) -> DocBatch:
 def _decode_chat_rows(values: list[list[dict] | None], start: int) -> DocBatch:
     batch = DocBatch(n_rows=len(values))
     for row, conv in enumerate(values, start):
-        if any(m["content"] is None for m in conv or ()):
+        if any(m is None or m["content"] is None for m in conv or ()):  # (a null message: the same)
             batch.null_content += 1
             continue
         try:

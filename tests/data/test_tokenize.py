@@ -223,13 +223,13 @@ def test_bad_sft_data_is_dropped_and_counted_not_trained_on(tmp_path, toks):
     huge = [{"role": "user", "content": "tell me"}, {"role": "assistant", "content": "stone " * 3000}]
     null = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]
     no_answer = [{"role": "user", "content": "anyone there?"}]
-    convs = [ok, huge, null, system, no_answer, ok]
+    convs = [ok, huge, null, system, no_answer, ok, [None, *ok]]
     shard = write_chat_shard(tmp_path / "raw" / "c" / "c0.parquet", convs)
     src = {"type": "local", "format": "chat", "messages_column": "messages", "max_conversation_tokens": 500}
     out = tmp_path / "tokens" / "c" / "c0.json"
     meta = tokenize_shard(tok, shard, out, "c", "c0", {"sources": {"c": src}, "count": {"batch_size": 4}})
     assert meta["doc_rows"] == [0, 3, 5]
-    assert meta["dropped"] == {"empty": 0, "invalid_utf8": 0, "short": 0, "null_content": 1, "no_assistant": 1,
+    assert meta["dropped"] == {"empty": 0, "invalid_utf8": 0, "short": 0, "null_content": 2, "no_assistant": 1,
                                "long": 1}
     assert meta["dropped_tokens"]["long"] == len(tok.render_chat(huge)[0]) > 500
     _, docs, mask, off = spans(out)
@@ -238,7 +238,7 @@ def test_bad_sft_data_is_dropped_and_counted_not_trained_on(tmp_path, toks):
     assert tok.decode([t for t, b in zip(ids, m) if not b]).startswith("<|user_start|>Answer in one line.\n\nhello")
     assert tok.decode([t for t, b in zip(ids, m) if b]) == "the river of stone<|assistant_end|>"  # targets: the answer
     counts = count_shard(shard, tok, src, batch_size=4)
-    assert (counts["null_content_documents"], counts["no_assistant_documents"], counts["long_documents"]) == (1, 1, 1)
+    assert (counts["null_content_documents"], counts["no_assistant_documents"], counts["long_documents"]) == (2, 1, 1)
     assert counts["long_tokens"] == meta["dropped_tokens"]["long"]
     assert counts["tokens"] == meta["n_doc_tokens"] + meta["dropped_tokens"]["long"]
     assert counts["delimiter_tokens"] == (meta["n_docs"] + 1) * tok.n_delimiters()  # the long one is a document
