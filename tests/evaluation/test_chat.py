@@ -174,3 +174,23 @@ def test_an_exported_hugging_face_directory_is_chatted_with_as_its_checkpoint(ru
     assert out.returncode == 1, out.stderr
     assert out.stderr.splitlines()[-1].startswith("error: no tokenizer/tokenizer.json"), out.stderr
     assert "pass --tokenizer R/tokenizer/tokenizer.json" in out.stderr
+
+
+def test_a_damaged_final_pt_is_refused_not_chatted_with(run, tmp_path):
+    # 4 KB zeroed inside the weights of a final.pt: it would load (and answer) without its checksum
+    import shutil
+
+    from pipeline.training.checkpoint import checksum_path
+
+    ckpt = tmp_path / "final.pt"
+    shutil.copy(run, ckpt)
+    shutil.copy(checksum_path(run), checksum_path(ckpt))
+    with open(ckpt, "r+b") as f:
+        f.seek(ckpt.stat().st_size // 2)
+        f.write(bytes(4096))
+    out = subprocess.run(cli(ckpt, "--tokenizer", str(run.parents[2] / "tokenizer" / "tokenizer.json"),
+                             "--prompt", "hi"), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: {ckpt} is corrupt (sha256 mismatch with final.pt.sha256); delete it and rerun snakemake: the train "
+        "rule rewrites it (and reruns what was made from it; `snakemake -R train` retrains every stage)")
