@@ -278,7 +278,8 @@ def params_json(obj: Any) -> str:
 
 # ----------------------------------------------------------------------------- per-stage params
 
-def _source_slice(cfg: dict, names, keep=("type", "format", "text_column", "messages_column", "min_chars")) -> dict:
+def _source_slice(cfg: dict, names, keep=("type", "format", "text_column", "messages_column", "min_chars",
+                                          "max_conversation_tokens")) -> dict:
     return {n: {k: cfg["sources"][n][k] for k in keep if k in cfg["sources"][n]} for n in names}
 
 
@@ -287,7 +288,7 @@ def _sources_without(cfg: dict, names, drop: tuple[str, ...]) -> dict:
 
 
 # What the download stage does not depend on: an edit to these reruns no download.
-NOT_DOWNLOAD_KEYS = ("min_chars", "tokens_per_shard_estimate")
+NOT_DOWNLOAD_KEYS = ("min_chars", "max_conversation_tokens", "tokens_per_shard_estimate")
 
 
 PLAN_TRAIN_KEYS = (
@@ -309,7 +310,7 @@ def stage_params(cfg: dict, stage: str, source: str | None = None, mix: str | No
     names = list(cfg["sources"]) if source is None else [source]
     if stage == "download":
         return {"sources": _sources_without(cfg, names, NOT_DOWNLOAD_KEYS), "download": cfg["download"]}
-    if stage == "tokenizer":  # sampling reads text only: min_chars applies at tokenize time
+    if stage == "tokenizer":  # sampling reads text only: min_chars (and the chat cap) apply at tokenize time
         sources = _source_slice(cfg, tokenizer_sources(cfg), ("type", "format", "text_column", "messages_column"))
         return {"tokenizer": cfg["tokenizer"], "sources": sources, "seed": cfg["seed"]}
     if stage in ("count", "tokenize", "dedup_sig"):

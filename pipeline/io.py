@@ -7,6 +7,7 @@ metadata saying what made it (stage, parameters, inputs, versions, time). See do
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -16,6 +17,7 @@ import platform
 import re
 import shutil
 import signal
+import stat
 import sys
 import time
 from pathlib import Path
@@ -35,6 +37,8 @@ __all__ = [
     "read_parquet_meta",
     "provenance",
     "sha256_file",
+    "verify_sha256",
+    "HashingFile",
     "progress",
     "get_logger",
     "run_cli",
@@ -92,6 +96,32 @@ def sweep_stale_temps(directory: str | os.PathLike) -> list[Path]:
     return removed
 
 
+@functools.cache
+def _umask() -> int:
+    """This process's umask (read without changing it where /proc allows)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _usual_mode(path: Path) -> None:
+    """Give a finished output the permissions a plain `open()` would have: 0666 less the umask (plus
+    the execute bits it has). Some writers create their file 0600 (safetensors writes through a
+    private temp file), which would leave one output of a directory unreadable to the group."""
+    st = path.lstat()
+    if stat.S_ISREG(st.st_mode):
+        want = (0o666 | (st.st_mode & 0o111)) & ~_umask()
+        if stat.S_IMODE(st.st_mode) != want:
+            os.chmod(path, want)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success fsync and rename it onto `path`.
@@ -112,6 +142,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         if tmp.exists():
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
+            _usual_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -125,7 +156,8 @@ def atomic_dir(path: str | os.PathLike, replace: bool = False) -> Iterator[Path]
 
     A `path` that exists is an error unless `replace`: then it is renamed aside to a temp name and
     removed after the new directory is in place. On any exception the temporary directory is removed
-    and `path` is left untouched; what a SIGKILL leaves is swept like `atomic_path`'s temps.
+    and `path` is left untouched; what a SIGKILL leaves is swept like `atomic_path`'s temps. Its
+    files get the usual permissions (0666 less the umask), whatever mode their writer chose.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -138,6 +170,9 @@ def atomic_dir(path: str | os.PathLike, replace: bool = False) -> Iterator[Path]
     tmp.mkdir()
     try:
         yield tmp
+        for root, _, files in os.walk(tmp):
+            for name in files:
+                _usual_mode(Path(root, name))
         if path.exists() or path.is_symlink():
             if not replace:
                 raise FileExistsError(f"{path} exists")
@@ -207,6 +242,39 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+_verified: dict[tuple, str] = {}
+
+
+def verify_sha256(path: str | os.PathLike, expected: str, recorded_in: str, fix: str) -> None:
+    """Check that `path` still has the sha256 recorded (in `recorded_in`) when it was written, or raise
+    one PipelineError: "<path> is corrupt (sha256 mismatch with <recorded_in>); <fix>".
+
+    For the large artifacts a job consumes (packed rows, checkpoints), streamed (1 MiB at a time) and
+    once per process: a second check of the same unchanged file (device, inode, size, mtime) is free,
+    so every reader may call it where it opens the file."""
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _verified:
+        _verified[key] = sha256_file(path)
+    if _verified[key] != expected:
+        raise PipelineError(f"{path} is corrupt (sha256 mismatch with {recorded_in}); {fix}")
+
+
+class HashingFile:
+    """A binary file object's `write` that also hashes what is written (`sha256.hexdigest()`), for
+    writers that stream into a file (torch.save, pack's rows): the checksum costs no second read."""
+
+    def __init__(self, f):
+        self.f, self.sha256 = f, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 @functools.cache
@@ -285,12 +353,42 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def filesystem_error_message(e: OSError) -> str | None:
+    """One line for an OSError that says a file or directory cannot be written (permissions, an
+    immutable or read-only directory, a full disk), naming the directory; None for any other error.
+
+    Outputs are written through `atomic_path` / `atomic_dir`, so the failing name is usually one of
+    their temps (`.<name>.tmp-<host>-<pid>`), which means nothing to a user: the directory is named."""
+    if e.errno not in _UNWRITABLE + _FULL or not e.filename:
+        return None
+    path = Path(os.fsdecode(e.filename))
+    why = e.strerror or os.strerror(e.errno)
+    if e.errno in _FULL:
+        return f"cannot write into {path.parent}: {why}; free space there (or point results_dir elsewhere) and rerun"
+    if path.exists() and not _TEMP_RE.match(path.name):
+        return (f"{path}: {why}; check its permissions and attributes (ls -l, lsattr; chmod u+rw, chattr -i) "
+                "and rerun")
+    return (f"cannot write into directory {path.parent}: {why} (read-only, immutable or not owned by you); make it "
+            "writable (chmod u+w, chattr -i) or point results_dir elsewhere, and rerun")
+
+
 def run_cli(main_fn, argv=None) -> None:
-    """Run a stage's main(argv); a PipelineError (or ConfigError) becomes one 'error:' line and exit 1."""
+    """Run a stage's main(argv); a PipelineError (or ConfigError), or an output that cannot be written
+    (`filesystem_error_message`), becomes one 'error:' line and exit 1."""
     setup_logging()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         main_fn(argv)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except OSError as e:
+        message = filesystem_error_message(e)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         raise SystemExit(1) from None

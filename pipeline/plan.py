@@ -44,7 +44,8 @@ d_kv = n_kv_heads × d / n_heads):
   ceil(tokens needed / tokens per shard) (+ the
   source's ``split.val_shards`` for the shards split). Tokens per shard come from the measured counts
   (mean over the source's counted shards of tokens + delimiter_tokens − short_tokens −
-  short_documents × delimiters per document, i.e. what the tokenize stage keeps), else from
+  short_documents × delimiters per document, the same for long_*, i.e. what the tokenize stage
+  keeps), else from
   ``sources.<s>.tokens_per_shard_estimate``; without either (and no counts file) the shard check is
   deferred until the count stage has run. Deduplication removes an unknown share later (the plan
   runs before dedup); the mix stage fails loudly if the deduplicated train split falls short.
@@ -116,7 +117,8 @@ PLAN_KEYS = REQUIRED_KEYS + EXTRA_KEYS  # plan.json adds "meta"
 def read_counts(path: str | Path, delimiters_per_doc: int) -> dict[str, tuple[int, int]]:
     """source -> (usable tokens summed over its counted shards, number of counted shards) from the
     count stage's counts.parquet. Usable = tokens + delimiter_tokens − short_tokens −
-    short_documents × delimiters_per_doc, using whichever of the optional columns exist."""
+    short_documents × delimiters_per_doc − long_tokens − long_documents × delimiters_per_doc (what
+    tokenize keeps), using whichever of the optional columns exist."""
     import pyarrow.parquet as pq
 
     try:
@@ -129,9 +131,10 @@ def read_counts(path: str | Path, delimiters_per_doc: int) -> dict[str, tuple[in
     cols = table.to_pydict()
     zeros = [0] * table.num_rows
     usable = [
-        tok + dlm - short - n_short * delimiters_per_doc
-        for tok, dlm, short, n_short in zip(cols["tokens"], cols.get("delimiter_tokens", zeros),
-                                            cols.get("short_tokens", zeros), cols.get("short_documents", zeros))
+        tok + dlm - short - n_short * delimiters_per_doc - long - n_long * delimiters_per_doc
+        for tok, dlm, short, n_short, long, n_long in zip(
+            cols["tokens"], cols.get("delimiter_tokens", zeros), cols.get("short_tokens", zeros),
+            cols.get("short_documents", zeros), cols.get("long_tokens", zeros), cols.get("long_documents", zeros))
     ]
     out: dict[str, tuple[int, int]] = {}
     for source, n in zip(cols["source"], usable):

@@ -134,3 +134,68 @@ def test_atomic_dir_is_whole_or_absent_and_a_dead_writers_temp_dir_is_swept(tmp_
     with atomic_dir(tmp_path / "next") as d:
         (d / "c").write_text("x")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model", "next", live.name])
+
+
+def test_outputs_get_the_usual_permissions_whatever_mode_their_writer_chose(tmp_path):
+    # safetensors (0.8) creates its file 0600; every output of a stage must be readable like the others
+    import os
+    import stat
+
+    import torch
+    from safetensors.torch import save_file
+
+    from pipeline.io import atomic_dir, atomic_path
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    with atomic_path(tmp_path / "private.bin") as tmp:
+        os.close(os.open(tmp, os.O_CREAT | os.O_WRONLY, 0o600))
+    with atomic_dir(tmp_path / "hf") as d:
+        save_file({"w": torch.zeros(2)}, d / "model.safetensors")
+        (d / "config.json").write_text("{}")
+        (d / "run.sh").write_text("")
+        os.chmod(d / "run.sh", 0o700)
+    usual = 0o666 & ~umask
+    mode = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [tmp_path / "private.bin", *(tmp_path / "hf").iterdir()]}
+    assert mode == {"private.bin": usual, "model.safetensors": usual, "config.json": usual,
+                    "run.sh": usual | 0o100}  # the execute bit its writer gave it is kept
+
+
+PLOTTER = """
+import sys
+from pipeline.evaluation.evaluate import plot_loss
+from pipeline.io import run_cli
+run_cli(lambda argv: plot_loss([{"step": 1, "loss": 3.0}, {"step": 1, "val_loss": 3.1}], sys.argv[1], 2.5))
+"""
+
+
+def _lock(directory):
+    """Make `directory` unwritable for this process: immutable (chattr +i) as root, read-only else."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        return lambda: directory.chmod(0o755)
+    if subprocess.run(["chattr", "+i", str(directory)], capture_output=True).returncode:
+        pytest.skip("chattr +i is not supported here")
+    return lambda: subprocess.run(["chattr", "-i", str(directory)], check=True)
+
+
+def test_an_unwritable_output_directory_is_one_line_naming_it(tmp_path):
+    # the evaluation's plot (PIL opens the atomic temp) in a directory made immutable: one error line
+    import subprocess
+
+    out = tmp_path / "eval"
+    out.mkdir()
+    unlock = _lock(out)
+    try:
+        proc = subprocess.run([sys.executable, "-c", PLOTTER, str(out / "loss.png")], capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        unlock()
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    [line] = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert line.startswith(f"error: cannot write into directory {out}: ") and "chattr -i" in line, line
+    assert list(out.iterdir()) == []

@@ -156,6 +156,16 @@ def test_counts_file_overrides_the_estimate(tmp_path):
     assert "measured" in plan["shards_per_source"]["fineweb"]["tokens_per_shard_basis"]
 
 
+def test_usable_tokens_leave_out_what_tokenize_drops_as_long(tmp_path):
+    # conversations over max_conversation_tokens are inside `tokens` but dropped by tokenize, like short ones
+    from pipeline.plan import read_counts
+
+    cols = ("source", "shard", "tokens", "delimiter_tokens", "short_tokens", "short_documents", "long_tokens",
+            "long_documents")
+    counts = write_counts(tmp_path / "counts.parquet", [("chat", "s0", 10_000, 100, 50, 5, 3_000, 2)], columns=cols)
+    assert read_counts(counts, delimiters_per_doc=1) == {"chat": (10_000 + 100 - 50 - 5 - 3_000 - 2, 1)}
+
+
 def test_counts_file_problems_are_named(tmp_path):
     cfg = fineweb_cfg()
     del cfg["sources"]["fineweb"]["tokens_per_shard_estimate"]

@@ -28,3 +28,13 @@ def test_snakemake_lint_reports_nothing(configfile):
 
 def test_presets_exist():
     assert PRESETS, "configs/ has no preset to lint"
+
+
+def test_the_train_log_is_appended_to_not_truncated():
+    # A rerun started beside an orphaned trainer (still writing its log) must not truncate the log the
+    # orphan's lines go to: the train rule tees with -a (its log holds one run after another).
+    import re
+
+    shell = (ROOT / "workflow/rules/train.smk").read_text(encoding="utf-8")
+    tees = re.findall(r"\|\s*tee\b([^{]*)\{", shell)
+    assert tees and all("-a" in opts.split() for opts in tees), tees

@@ -256,6 +256,8 @@ def bench_loader(args) -> dict[str, Timing]:
             return run
 
         raw()  # warm the page cache and torch
+        for p in metas:  # the integrity check of each pack (once per process, then cached): not timed
+            PackedLoader(f"{tmp}/pack/{p}/train.json", args.micro_batch)
         timings = measure({"raw memmap rows": raw, "loader concat": loader("concat"),
                            "loader bestfit": loader("bestfit"), "loader concat +doc_ids": loader("concat", True)},
                           args.repeat)

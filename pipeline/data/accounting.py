@@ -4,7 +4,8 @@ The flow, per shard, summed per source and over the run:
 
     counted (R/counts/counts.parquet)
       → tokenized (R/tokens/*/*.json + .idx.npy): document tokens + delimiters; empty / invalid-UTF-8 /
-        short documents dropped and counted
+        short documents, and conversations with a null content, no assistant turn or over
+        max_conversation_tokens, dropped and counted
       → dedup (R/dedup/keep/*/*.parquet; all kept when dedup is disabled and no keep file exists)
       → decontaminate (R/decontam/*/*.parquet and its report; nothing flagged when disabled and absent)
       → split (R/split/*/*.parquet): train + val + dup + contam
@@ -20,9 +21,12 @@ unbalanced line with both numbers. Nothing is written then.
 
 Balance lines (`lhs == rhs`):
 
-    count → tokenize   counted rows == tokenized docs + dropped empty + invalid UTF-8 + short;
-                       counted empty / invalid / short documents == dropped ones;
-                       counted document tokens == tokenized document tokens + short documents' tokens
+    count → tokenize   counted rows == tokenized docs + dropped empty + invalid UTF-8 + short + null
+                       content + no assistant + long;
+                       counted empty / invalid / short / null-content / no-assistant / long documents
+                       == dropped ones;
+                       counted document tokens == tokenized document tokens + short and long
+                       documents' tokens
     tokenize           document tokens + delimiter tokens == tokens == offsets[-1];
                        delimiter tokens == docs × delimiters per doc
     tokenize → dedup   keep-file rows == distinct documents == tokenized docs;
@@ -51,7 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import add_config_args, params_from_args
-from pipeline.data.contract import shard_keys, token_column_mismatches
+from pipeline.data.contract import DROP_REASONS, shard_keys, token_column_mismatches
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_write, get_logger, provenance, read_json, run_cli, write_json
 
@@ -85,11 +89,17 @@ class Line:
 SHARD_EQUATIONS = [
     ("count → tokenize", "rows", ["counted_rows"], ["tokenized_rows"]),
     ("count → tokenize", "documents", ["counted_rows"],
-     ["tokenized_docs", "dropped_empty", "dropped_invalid_utf8", "dropped_short"]),
+     ["tokenized_docs", "dropped_empty", "dropped_invalid_utf8", "dropped_short", "dropped_null_content",
+      "dropped_no_assistant", "dropped_long"]),
     ("count → tokenize", "empty documents", ["counted_empty"], ["dropped_empty"]),
     ("count → tokenize", "invalid-UTF-8 documents", ["counted_invalid_utf8"], ["dropped_invalid_utf8"]),
     ("count → tokenize", "short documents", ["counted_short"], ["dropped_short"]),
-    ("count → tokenize", "document tokens", ["counted_tokens"], ["tokenized_doc_tokens", "dropped_short_tokens"]),
+    ("count → tokenize", "conversations with a null content", ["counted_null_content"], ["dropped_null_content"]),
+    ("count → tokenize", "conversations without an assistant turn", ["counted_no_assistant"],
+     ["dropped_no_assistant"]),
+    ("count → tokenize", "conversations over max_conversation_tokens", ["counted_long"], ["dropped_long"]),
+    ("count → tokenize", "document tokens", ["counted_tokens"],
+     ["tokenized_doc_tokens", "dropped_short_tokens", "dropped_long_tokens"]),
     ("tokenize", "tokens", ["tokenized_doc_tokens", "tokenized_delimiter_tokens"], ["tokenized_tokens"]),
     ("tokenize", "tokens in the token file", ["tokenized_tokens"], ["span_tokens"]),
     ("tokenize", "delimiter tokens", ["expected_delimiter_tokens"], ["tokenized_delimiter_tokens"]),
@@ -189,11 +199,15 @@ def shard_quantities(run: Path, count: dict, dedup_enabled: bool, decontam_enabl
         "counted_empty": count["empty_documents"],
         "counted_invalid_utf8": count["invalid_utf8_documents"],
         "counted_short": count["short_documents"],
+        "counted_null_content": count["null_content_documents"],
+        "counted_no_assistant": count["no_assistant_documents"],
+        "counted_long": count["long_documents"],
         "counted_tokens": count["tokens"],
         "tokenized_rows": tok["n_rows"],
         "tokenized_docs": n,
-        **{f"dropped_{k}": v for k, v in tok["dropped"].items()},
+        **{f"dropped_{k}": tok["dropped"][k] for k in DROP_REASONS},
         "dropped_short_tokens": tok["dropped_tokens"]["short"],
+        "dropped_long_tokens": tok["dropped_tokens"]["long"],
         "tokenized_doc_tokens": tok["n_doc_tokens"],
         "tokenized_delimiter_tokens": tok["n_delimiter_tokens"],
         "expected_delimiter_tokens": n * tok["delimiters_per_doc"],
@@ -338,7 +352,8 @@ def pack_flow(run: Path, mix: str, split: str, flow: dict, ledger: Ledger) -> di
 def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
     """Reconcile the run's token flow; returns the report, raises PipelineError if unbalanced."""
     run = Path(run_dir)
-    columns = ["source", "shard", "documents", "empty_documents", "invalid_utf8_documents", "short_documents", "tokens"]
+    columns = ["source", "shard", "documents", "empty_documents", "invalid_utf8_documents", "short_documents",
+               "null_content_documents", "no_assistant_documents", "long_documents", "tokens"]
     counts = _read_table(run / "counts" / "counts.parquet", columns, "run the count stage").to_pylist()
     missing = sorted(set(params["sources"]) - {c["source"] for c in counts})
     if missing:
@@ -390,13 +405,16 @@ def markdown(report: dict) -> str:
     out = ["# Token accounting", "",
            "Every number is exact; token counts from *tokenized* on include document delimiters.", "",
            "## Sources", "",
-           "| source | counted rows | counted doc tokens | dropped empty / invalid / short | tokenized docs "
+           "| source | counted rows | counted doc tokens | dropped empty / invalid / short "
+           "| dropped null content / no assistant / long | tokenized docs "
            "| tokenized tokens (doc + delim) | dup removed | benchmark-contaminated removed | train | val |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, q in [*report["sources"].items(), ("**all**", report["total"])]:
         out.append(f"| {name} | {q['counted_rows']:,} | {q['counted_tokens']:,} | {q['dropped_empty']:,} / "
                    f"{q['dropped_invalid_utf8']:,} / "
-                   f"{q['dropped_short']:,} ({q['dropped_short_tokens']:,} tok) | {q['tokenized_docs']:,} | "
+                   f"{q['dropped_short']:,} ({q['dropped_short_tokens']:,} tok) | {q['dropped_null_content']:,} / "
+                   f"{q['dropped_no_assistant']:,} / {q['dropped_long']:,} ({q['dropped_long_tokens']:,} tok) | "
+                   f"{q['tokenized_docs']:,} | "
                    f"{q['tokenized_tokens']:,} "
                    f"({q['tokenized_doc_tokens']:,} + {q['tokenized_delimiter_tokens']:,}) | {q['dup_tokens']:,} | "
                    f"{q['contam_tokens']:,} | "

@@ -4,9 +4,10 @@ Every data stage reads and writes through these helpers instead of importing ano
 format has exactly one reader and one writer here (the formats themselves: docs/data-contract.md):
 
 * raw shards: `iter_documents` / `DocBatch` — which rows are documents (shared by tokenizer
-  training, count and tokenize), `open_parquet`, `doc_text`, `document_texts` (the text of each tokenized
-  document: dedup and decontaminate);
-* tokenized shards: `token_dtype`, `token_paths`, `load_shard_meta`, `open_tokens`, `load_doc_tokens`;
+  training, count and tokenize), `token_cap` (the longest kept document), `raw_label` (a shard as
+  errors name it: the user's file), `open_parquet`, `doc_text`, `document_texts` (the text of each
+  tokenized document: dedup and decontaminate);
+* tokenized shards: `DROP_REASONS`, `token_dtype`, `token_paths`, `load_shard_meta`, `open_tokens`, `load_doc_tokens`;
 * group manifests, the declared output of a per-shard job: `write_manifest`, `run_group`;
 * ranking: `salt`, `rank_by_hash` (split and mix order documents by the same seeded hash);
 * schedules and packed rows: `SCHEDULE_COLUMNS`, `read_schedule`, `shard_keys`,
@@ -39,9 +40,11 @@ class DocBatch:
 
     `docs[i]` is the document of shard row `rows[i]`: a `str` for text sources, a list of
     `{"role", "content"}` dicts for chat sources. Rows that are not documents are only counted:
-    `empty` (null, empty or whitespace-only text; a conversation with no non-blank content) and
-    `invalid_utf8` (bytes that are not UTF-8). `n_bytes[i]`/`n_chars[i]` measure document i's text
-    (for chat: the message contents).
+    `empty` (null, empty or whitespace-only text; a conversation with no non-blank content),
+    `invalid_utf8` (bytes that are not UTF-8), and for chat `null_content` (a message whose content
+    is null: the row is broken, not an empty answer to learn) and `no_assistant` (no assistant turn:
+    nothing to learn under the assistant-only loss). `n_bytes[i]`/`n_chars[i]` measure document i's
+    text (for chat: the message contents).
     """
 
     n_rows: int
@@ -51,6 +54,8 @@ class DocBatch:
     n_chars: list[int] = field(default_factory=list)
     empty: int = 0
     invalid_utf8: int = 0
+    null_content: int = 0
+    no_assistant: int = 0
 
 
 def iter_documents(path: str | os.PathLike, source: dict, batch_size: int,
@@ -138,14 +143,20 @@ def _decode_text_rows(values: list[bytes | None], start: int) -> DocBatch:
 def _decode_chat_rows(values: list[list[dict] | None], start: int) -> DocBatch:
     batch = DocBatch(n_rows=len(values))
     for row, conv in enumerate(values, start):
+        if any(m is None or m["content"] is None for m in conv or ()):  # (a null message: the same)
+            batch.null_content += 1
+            continue
         try:
-            messages = [{"role": (m["role"] or b"").decode("utf-8"), "content": (m["content"] or b"").decode("utf-8")}
+            messages = [{"role": (m["role"] or b"").decode("utf-8"), "content": m["content"].decode("utf-8")}
                         for m in conv or ()]
         except UnicodeDecodeError:
             batch.invalid_utf8 += 1
             continue
         if all(not m["content"] or m["content"].isspace() for m in messages):
             batch.empty += 1
+            continue
+        if not any(m["role"] == "assistant" for m in messages):
+            batch.no_assistant += 1
             continue
         batch.rows.append(row)
         batch.docs.append(messages)
@@ -154,12 +165,34 @@ def _decode_chat_rows(values: list[list[dict] | None], start: int) -> DocBatch:
     return batch
 
 
+def token_cap(source: dict) -> float:
+    """The most tokens a document of `source` may have (more: dropped at tokenize time and counted as
+    `long`, by count and tokenize alike): `max_conversation_tokens` for a chat source, its rendered
+    conversation without delimiters (null: no cap); no cap for text (a long text spans rows)."""
+    cap = source.get("max_conversation_tokens") if source.get("format", "text") == "chat" else None
+    return float("inf") if cap is None else cap
+
+
+def raw_label(path: str | os.PathLike) -> str:
+    """How an error names a raw shard: the user's file it was placed from (`origin` in its download
+    sidecar `{path}.json`; the copy is byte-identical, so row numbers hold there), then the copy."""
+    try:
+        origin = read_json(f"{path}.json").get("origin")
+    except (OSError, ValueError, AttributeError):
+        origin = None
+    return f"{origin} (placed as {path})" if origin and origin != str(Path(path).resolve()) else str(path)
+
+
 def doc_text(doc: str | list[dict]) -> str:
     """Plain text of a document (a conversation's contents joined by newlines), for BPE training."""
     return doc if isinstance(doc, str) else "\n".join(m["content"] for m in doc)
 
 
 # ----------------------------------------------------------------------------- tokenized shards
+
+
+# Why a raw row is not in a tokenized shard (its `dropped` counts, by reason; docs/data-contract.md).
+DROP_REASONS = ("empty", "invalid_utf8", "short", "null_content", "no_assistant", "long")
 
 
 def token_dtype(n_vocab: int) -> np.dtype:

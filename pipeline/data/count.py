@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from pipeline.config import add_config_args, params_from_args
-from pipeline.data.contract import DocBatch, add_group_args, iter_documents, run_group, shard_name
+from pipeline.data.contract import DocBatch, add_group_args, iter_documents, raw_label, run_group, shard_name, token_cap
 from pipeline.data.encoding import Tokenizer, load_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, progress, provenance, read_json, run_cli, write_json, write_parquet
@@ -35,6 +35,10 @@ COUNT_FIELDS = (
     "chars",
     "short_documents",
     "short_tokens",
+    "null_content_documents",
+    "no_assistant_documents",
+    "long_documents",
+    "long_tokens",
 )
 
 
@@ -46,26 +50,40 @@ def count_shard(path: str | os.PathLike, tokenizer: Tokenizer, source: dict, bat
     at a time, so memory holds one batch's token lists, never the shard's."""
     counts = dict.fromkeys(COUNT_FIELDS, 0)
     min_chars = source.get("min_chars", 0)
+    chat = source.get("format", "text") == "chat"
+    cap = token_cap(source)
     for batch in progress(iter_documents(path, source, batch_size), desc=f"count {Path(path).name}", unit="batch"):
-        lengths = _token_lengths(tokenizer, batch, source.get("format", "text") == "chat", num_threads, path)
+        lengths = _token_lengths(tokenizer, batch, chat, num_threads, path)
         counts["documents"] += batch.n_rows
         counts["empty_documents"] += batch.empty
         counts["invalid_utf8_documents"] += batch.invalid_utf8
+        counts["null_content_documents"] += batch.null_content
+        counts["no_assistant_documents"] += batch.no_assistant
         counts["tokens"] += sum(lengths)
         counts["bytes"] += sum(batch.n_bytes)
         counts["chars"] += sum(batch.n_chars)
-        if min_chars:
-            short = [n for n, chars in zip(lengths, batch.n_chars) if chars < min_chars]
-            counts["short_documents"] += len(short)
-            counts["short_tokens"] += sum(short)
-    kept = counts["documents"] - counts["empty_documents"] - counts["invalid_utf8_documents"]
+        short = [chars < min_chars for chars in batch.n_chars]
+        counts["short_documents"] += sum(short)
+        counts["short_tokens"] += sum(n for n, s in zip(lengths, short) if s)
+        long = [n for n, s in zip(lengths, short) if not s and n > cap]  # (tokenize drops short ones first)
+        counts["long_documents"] += len(long)
+        counts["long_tokens"] += sum(long)
+    kept = counts["documents"] - sum(counts[f] for f in NOT_DOCUMENTS)
     counts["delimiter_tokens"] = kept * tokenizer.n_delimiters()
     if counts["documents"] == 0:
         log.warning("%s has no rows; counted as 0 documents", path)
-    if counts["empty_documents"] or counts["invalid_utf8_documents"]:
-        log.warning("%s: %d empty and %d invalid-UTF-8 documents (counted, skipped downstream)",
-                    path, counts["empty_documents"], counts["invalid_utf8_documents"])
+    if any(counts[f] for f in NOT_DOCUMENTS):
+        log.warning("%s: %s (counted, skipped downstream)", path,
+                    ", ".join(f"{counts[f]} {f.removesuffix('_documents')}" for f in NOT_DOCUMENTS if counts[f]))
+    if counts["long_documents"]:
+        log.warning("%s: %d conversations over max_conversation_tokens = %d (%d tokens; counted, dropped at tokenize)",
+                    path, counts["long_documents"], cap, counts["long_tokens"])
     return counts
+
+
+# Rows the reader does not pass on as documents (`DocBatch`): they have no tokens and no delimiters.
+NOT_DOCUMENTS = ("empty_documents", "invalid_utf8_documents", "null_content_documents", "no_assistant_documents")
+
 
 
 def _token_lengths(tokenizer: Tokenizer, batch: DocBatch, chat: bool, num_threads: int, path) -> list[int]:
@@ -77,7 +95,7 @@ def _token_lengths(tokenizer: Tokenizer, batch: DocBatch, chat: bool, num_thread
         try:
             lengths.append(len(tokenizer.render_chat(messages)[0]))
         except ValueError as e:
-            raise PipelineError(f"{path}: row {row}: {e}; fix or drop that row") from None
+            raise PipelineError(f"{raw_label(path)}: row {row}: {e}; fix or drop that row") from None
     return lengths
 
 

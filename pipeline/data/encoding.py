@@ -27,6 +27,7 @@ ASSISTANT_START, ASSISTANT_END = "<|assistant_start|>", "<|assistant_end|>"
 
 
 CHAT_TOKENS = (USER_START, USER_END, ASSISTANT_START, ASSISTANT_END)
+CHAT_ROLES = ("system", "user", "assistant")
 
 
 DELIMITERS = ("bos", "eos", "both")
@@ -107,15 +108,22 @@ class Tokenizer:
 
             <|user_start|> user text <|user_end|> <|assistant_start|> answer <|assistant_end|>   (repeated)
 
-        Turns may alternate for any number of rounds (multi-turn); roles are `user` and `assistant`.
-        The mask is 1 on exactly the assistant's content tokens and its `<|assistant_end|>` (so the
-        model learns to stop), 0 on the user turns and on `<|assistant_start|>`. No delimiter is
-        added: the tokenize stage applies `delimit` to the result (a stored conversation is
-        `<|bos|>` + this under the bos policy) and `render_prompt` adds the same head.
+        Turns may alternate for any number of rounds (multi-turn); roles are `system`, `user` and
+        `assistant`. A `system` turn has no markers of its own (no reserved ids, so every tokenizer
+        keeps its vocabulary): its content opens the next user turn, followed by a blank line
+        (`<|user_start|> system text \n\n user text <|user_end|>`; several system turns join with
+        blank lines); with no user turn before the next assistant turn (or the end) it is a user turn
+        of its own. So it is rendered and never a loss target. The mask is 1 on exactly the
+        assistant's content tokens and its `<|assistant_end|>` (so the model learns to stop), 0 on
+        the user and system text and on `<|assistant_start|>`. No delimiter is added: the tokenize
+        stage applies `delimit` to the result (a stored conversation is `<|bos|>` + this under the
+        bos policy) and `render_prompt` adds the same head. The Hugging Face export's Jinja
+        `chat_template` (pipeline/evaluation/export.py) renders exactly this.
 
-        ValueError (the caller names the file and row): a role other than user/assistant, or a
-        conversation with no assistant turn (nothing to learn under the assistant-only loss).
-        Conversations without any content are not rendered: the reader counts them as empty.
+        ValueError (the caller names the file and row): a role other than system/user/assistant, or
+        a conversation with no assistant turn (nothing to learn under the assistant-only loss; the
+        reader counts those as `no_assistant` and never passes them here). Conversations without any
+        content are not rendered: the reader counts them as empty.
         """
         rendered = self._render_turns(messages)
         if not any(m["role"] == "assistant" for m in messages):
@@ -132,17 +140,30 @@ class Tokenizer:
     def _render_turns(self, messages: list[dict]) -> tuple[list[int], list[int]]:
         ids: list[int] = []
         mask: list[int] = []
+        system = ""  # system text waiting for the next user turn
+
+        def user_turn(text: str) -> None:
+            part = [self.special[USER_START], *self.encode(text), self.special[USER_END]]
+            ids.extend(part)
+            mask.extend([0] * len(part))
+
         for m in messages:
-            content = self.encode(m["content"])
-            if m["role"] == "user":
-                part = [self.special[USER_START], *content, self.special[USER_END]]
-                ids += part
-                mask += [0] * len(part)
+            if m["role"] == "system":
+                system = f"{system}\n\n{m['content']}" if system else m["content"]
+            elif m["role"] == "user":
+                user_turn(f"{system}\n\n{m['content']}" if system else m["content"])
+                system = ""
             elif m["role"] == "assistant":
+                if system:
+                    user_turn(system)
+                    system = ""
+                content = self.encode(m["content"])
                 ids += [self.special[ASSISTANT_START], *content, self.special[ASSISTANT_END]]
                 mask += [0] + [1] * (len(content) + 1)
             else:
-                raise ValueError(f"chat role {m['role']!r} is not 'user' or 'assistant'")
+                raise ValueError(f"chat role {m['role']!r} is not one of {', '.join(map(repr, CHAT_ROLES))}")
+        if system:
+            user_turn(system)
         return ids, mask
 
 

@@ -37,6 +37,13 @@ Resumption. `state_dict()` is `{epoch, position, seed, shuffle, world_size, micr
 seq_len, data_sha256}`; after `load_state_dict(state)` the loader yields exactly the batches an
 uninterrupted loader would have yielded next. A state made for another world size, micro-batch,
 seed or data file (the packed .bin's sha256 from its metadata) is refused.
+
+Integrity. Opening a pack on rank 0 checks the `.bin` (and `.mask.bin`) against the sha256 its
+metadata recorded when pack wrote it, streamed and once per process (`pipeline.io.verify_sha256`):
+a file damaged in place (same size) is one error naming it and the rule that rewrites it, instead
+of an IndexError in the embedding or silent training on wrong ids. Only rank 0 reads the whole file
+for it (the ranks share it; an error there ends the job before a step completes), so a large pack
+is read once per job, not once per rank.
 """
 from __future__ import annotations
 
@@ -47,7 +54,7 @@ import numpy as np
 
 from pipeline.data.contract import MASK_ASSISTANT, MASK_REAL, span_index
 from pipeline.errors import PipelineError
-from pipeline.io import read_json
+from pipeline.io import read_json, verify_sha256
 
 
 class DataExhausted(PipelineError):
@@ -66,8 +73,9 @@ def epoch_permutation(n_rows: int, seed: int, epoch: int, shuffle: bool = True) 
     return rng.permutation(n_rows).astype(np.int64)
 
 
-def _open_pack(meta_path: Path) -> tuple[dict, np.ndarray, np.ndarray | None, np.ndarray]:
-    """Memory-map a packed split: (metadata, rows [n_rows, C], mask rows or None, doc starts)."""
+def _open_pack(meta_path: Path, verify: bool = True) -> tuple[dict, np.ndarray, np.ndarray | None, np.ndarray]:
+    """Memory-map a packed split: (metadata, rows [n_rows, C], mask rows or None, doc starts); with
+    `verify`, its files are first checked against their recorded sha256 (module docstring)."""
     if not meta_path.exists():
         raise PipelineError(f"{meta_path}: packed data not found; run the pack stage for this mix and split")
     meta = read_json(meta_path)
@@ -77,10 +85,19 @@ def _open_pack(meta_path: Path) -> tuple[dict, np.ndarray, np.ndarray | None, np
     expect = meta["n_rows"] * row_len * np.dtype(meta["dtype"]).itemsize
     if not bin_path.exists() or bin_path.stat().st_size != expect:
         raise PipelineError(f"{bin_path}: missing or not {expect} bytes as {meta_path} says; rerun the pack stage")
+    fix = (f"delete {bin_path} and rerun: the pack rule rewrites it (`snakemake -R pack` repacks every mix)")
+    if verify:
+        verify_sha256(bin_path, meta["sha256"], meta_path.name, fix)
     rows = np.memmap(bin_path, dtype=meta["dtype"], mode="r", shape=(meta["n_rows"], row_len))
     mask = None
     if meta.get("has_mask"):
-        mask = np.memmap(Path(f"{stem}.mask.bin"), dtype=np.uint8, mode="r", shape=(meta["n_rows"], row_len))
+        mask_path = Path(f"{stem}.mask.bin")
+        if not mask_path.exists() or mask_path.stat().st_size != meta["n_rows"] * row_len:
+            raise PipelineError(f"{mask_path}: missing or not {meta['n_rows'] * row_len} bytes as {meta_path} says; "
+                                f"{fix}")
+        if verify and meta.get("mask_sha256"):  # (packs written before it was recorded have none)
+            verify_sha256(mask_path, meta["mask_sha256"], meta_path.name, fix)
+        mask = np.memmap(mask_path, dtype=np.uint8, mode="r", shape=(meta["n_rows"], row_len))
     docs = np.load(Path(f"{stem}.docs.npy"), mmap_mode="r")
     return meta, rows, mask, docs
 
@@ -106,7 +123,7 @@ class PackedLoader:
         if micro_batch < 1 or max_epochs < 1:
             raise PipelineError(f"micro_batch ({micro_batch}) and max_epochs ({max_epochs}) must be >= 1")
         self.path = Path(meta_path)
-        self.meta, self._rows, self._mask, self._docs = _open_pack(self.path)
+        self.meta, self._rows, self._mask, self._docs = _open_pack(self.path, verify=rank == 0)
         self.micro_batch, self.rank, self.world_size = micro_batch, rank, world_size
         self.seed, self.shuffle, self.max_epochs = seed, shuffle, max_epochs
         self.with_doc_ids = with_doc_ids

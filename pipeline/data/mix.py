@@ -129,10 +129,20 @@ def load_source(paths: list[Path], source: str) -> dict[str, Pool]:
 
 def short_message(mix_name: str, source: str, mix: dict, available: int, share: int, weight_frac: float,
                   target: int) -> str:
+    epochs = _over(share / max(available, 1), mix["max_epochs"])
     return (f"mix '{mix_name}': source '{source}' has {available:,} train tokens but its share "
-            f"{weight_frac:.4g} × {target:,} = {share:,} tokens needs {share / max(available, 1):.3g} epochs, "
+            f"{weight_frac:.4g} × {target:,} = {share:,} tokens needs {epochs} epochs, "
             f"over max_epochs {mix['max_epochs']}; raise mixes.{mix_name}.max_epochs, lower its weight "
             f"(mixes.{mix_name}.weights.{source}) or mixes.{mix_name}.tokens, or add shards to source '{source}'")
+
+
+def _over(value: float, cap: float) -> str:
+    """`value` with the fewest significant digits (at least 4) that still show it exceeds `cap`
+    (1.004 epochs over a cap of 1.0 must not print as 1)."""
+    for digits in range(4, 18):
+        if float(text := f"{value:.{digits}g}") > cap:
+            return text
+    return repr(value)
 
 
 class Stream:

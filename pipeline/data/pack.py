@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +42,7 @@ from pipeline.data.contract import (
     token_column_mismatches,
 )
 from pipeline.errors import PipelineError
-from pipeline.io import atomic_path, get_logger, progress, provenance, run_cli, write_json
+from pipeline.io import HashingFile, atomic_path, get_logger, progress, provenance, run_cli, write_json
 
 log = get_logger(__name__)
 
@@ -134,18 +133,6 @@ def subset(spans: Spans, sel) -> Spans:
     return Spans(spans.shard[sel], spans.start[sel], spans.length[sel])
 
 
-class HashingWriter:
-    """Append arrays to a binary file while hashing the bytes (the .bin's sha256 for the loader)."""
-
-    def __init__(self, f):
-        self.f, self.sha = f, hashlib.sha256()
-
-    def write(self, arr: np.ndarray) -> None:
-        data = np.ascontiguousarray(arr).data
-        self.sha.update(data)
-        self.f.write(data)
-
-
 # ----------------------------------------------------------------------------- concat
 
 def chunk_bounds(lengths: np.ndarray, chunk_tokens: int) -> list[tuple[int, int]]:
@@ -156,7 +143,7 @@ def chunk_bounds(lengths: np.ndarray, chunk_tokens: int) -> list[tuple[int, int]
     return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
 
 
-def pack_concat(shards, spans: Spans, row_len: int, dtype, writer: HashingWriter) -> dict:
+def pack_concat(shards, spans: Spans, row_len: int, dtype, writer: HashingFile) -> dict:
     """Concatenate spans in schedule order and write full rows; returns counts and doc starts."""
     starts_flat = np.cumsum(spans.length) - spans.length
     total = int(spans.length.sum())
@@ -169,7 +156,7 @@ def pack_concat(shards, spans: Spans, row_len: int, dtype, writer: HashingWriter
         buf[: len(carry)] = carry
         gather(shards, part, starts_flat[lo:hi] - starts_flat[lo] + len(carry), buf)
         full = len(buf) // row_len * row_len
-        writer.write(buf[:full])
+        writer.write(np.ascontiguousarray(buf[:full]).data)
         carry = buf[full:]
     return {
         "n_rows": n_rows,
@@ -226,7 +213,7 @@ def best_fit_decreasing(lengths: np.ndarray, row_len: int) -> tuple[np.ndarray, 
     return row, off
 
 
-def pack_bestfit(shards, spans: Spans, row_len: int, dtype, pad_id: int, writer: HashingWriter, mask_f,
+def pack_bestfit(shards, spans: Spans, row_len: int, dtype, pad_id: int, writer: HashingFile, mask_f,
                  rows_per_chunk: int) -> dict:
     """Best-fit-decreasing rows with padding and a loss mask; returns counts and piece starts."""
     pieces = split_long(spans, row_len)
@@ -243,7 +230,7 @@ def pack_bestfit(shards, spans: Spans, row_len: int, dtype, pad_id: int, writer:
         mask = np.zeros(rows_here * row_len, np.uint8)
         gather(shards, part, dest, buf)
         gather(shards, part, dest, mask, field="mask")
-        writer.write(buf)
+        writer.write(buf.data)
         mask_f.write(mask.data)
     tokens = int(pieces.length.sum())
     return {
@@ -275,9 +262,10 @@ def pack(params: dict, mix: str, split: str, schedule_path, tokens_dir, out_json
     if packing == "concat" and any(s.mask is not None for s in shards):
         log.warning("mix %s packs chat sources with concat: their loss masks are not used (use packing: bestfit)", mix)
     with contextlib.ExitStack() as stack:
-        writer = HashingWriter(stack.enter_context(open(stack.enter_context(atomic_path(paths["bin"])), "wb")))
+        writer = HashingFile(stack.enter_context(open(stack.enter_context(atomic_path(paths["bin"])), "wb")))
+        mask_f = None
         if packing == "bestfit":
-            mask_f = stack.enter_context(open(stack.enter_context(atomic_path(paths["mask"])), "wb"))
+            mask_f = HashingFile(stack.enter_context(open(stack.enter_context(atomic_path(paths["mask"])), "wb")))
             stats = pack_bestfit(shards, spans, row_len, dtype, pad_id, writer, mask_f, rows_per_chunk)
         else:
             stats = pack_concat(shards, spans, row_len, dtype, writer)
@@ -300,7 +288,8 @@ def pack(params: dict, mix: str, split: str, schedule_path, tokens_dir, out_json
         **stats,
         "pad_id": pad_id if packing == "bestfit" else None,
         "has_mask": packing == "bestfit",
-        "sha256": writer.sha.hexdigest(),
+        "sha256": writer.sha256.hexdigest(),
+        "mask_sha256": mask_f.sha256.hexdigest() if mask_f is not None else None,
         "tokens_by_source": tokens_by_source(table, spans),
         "tokenizer_sha256": shards[0].meta["tokenizer_sha256"],
         "meta": provenance("pack", params, [schedule_path] + [Path(tokens_dir) / f"{s.name}.json" for s in shards]),

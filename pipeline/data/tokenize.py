@@ -22,11 +22,14 @@ import numpy as np
 
 from pipeline.config import add_config_args, params_from_args
 from pipeline.data.contract import (
+    DROP_REASONS,
     DocBatch,
     add_group_args,
     iter_documents,
+    raw_label,
     run_group,
     shard_name,
+    token_cap,
     token_dtype,
     token_paths,
 )
@@ -35,8 +38,6 @@ from pipeline.errors import PipelineError
 from pipeline.io import atomic_path, get_logger, progress, provenance, run_cli, write_json
 
 log = get_logger(__name__)
-
-DROP_REASONS = ("empty", "invalid_utf8", "short")
 
 
 # ----------------------------------------------------------------------------- encoding
@@ -51,6 +52,7 @@ class ShardStats:
     n_doc_tokens: int = 0
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
     dropped_short_tokens: int = 0
+    dropped_long_tokens: int = 0
 
     def offsets(self) -> np.ndarray:
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
@@ -66,7 +68,7 @@ def encode_docs(tok: Tokenizer, batch: DocBatch, chat: bool, num_threads: int, p
         try:
             i, m = tok.render_chat(messages)
         except ValueError as e:
-            raise PipelineError(f"{path}: row {row}: {e}; fix or drop that row") from None
+            raise PipelineError(f"{raw_label(path)}: row {row}: {e}; fix or drop that row") from None
         ids.append(i)
         masks.append(m)
     return ids, masks
@@ -105,6 +107,17 @@ def drop_short(batch: DocBatch, ids: list, masks: list | None, min_chars: int, s
     return _kept(batch.rows, keep), _kept(ids, keep), None if masks is None else _kept(masks, keep)
 
 
+def drop_long(rows: list, ids: list, masks: list | None, cap: float, stats: ShardStats):
+    """Count and remove documents of more than `cap` tokens (`contract.token_cap`: chat conversations
+    over max_conversation_tokens); returns (rows, ids, masks)."""
+    keep = [len(x) <= cap for x in ids]
+    if all(keep):
+        return rows, ids, masks
+    stats.dropped["long"] += keep.count(False)
+    stats.dropped_long_tokens += sum(len(x) for x, k in zip(ids, keep) if not k)
+    return _kept(rows, keep), _kept(ids, keep), None if masks is None else _kept(masks, keep)
+
+
 def _kept(items: list, keep: list[bool]) -> list:
     return [x for x, k in zip(items, keep) if k]
 
@@ -140,6 +153,7 @@ def tokenize_shard(
     src = params["sources"][source]
     chat = src.get("format", "text") == "chat"
     min_chars = src.get("min_chars", 0)
+    cap = token_cap(src)
     dtype = token_dtype(tok.n_vocab)
     paths = token_paths(out_json)
     paths["json"].unlink(missing_ok=True)  # the done-marker of an earlier run no longer holds
@@ -154,8 +168,11 @@ def tokenize_shard(
             stats.n_rows += batch.n_rows
             stats.dropped["empty"] += batch.empty
             stats.dropped["invalid_utf8"] += batch.invalid_utf8
+            stats.dropped["null_content"] += batch.null_content
+            stats.dropped["no_assistant"] += batch.no_assistant
             ids, masks = encode_docs(tok, batch, chat, num_threads, input_path)
             rows, ids, masks = drop_short(batch, ids, masks, min_chars, stats)
+            rows, ids, masks = drop_long(rows, ids, masks, cap, stats)
             stats.doc_rows.extend(rows)
             write_batch(layout, ids, masks, dtype, bin_f, mask_f, stats)
         with open(idx_tmp, "wb") as f:
@@ -189,7 +206,7 @@ def shard_metadata(tok: Tokenizer, stats: ShardStats, dtype, source: str, shard:
         "bos_id": tok.bos_id,
         "has_mask": chat,
         "dropped": stats.dropped,
-        "dropped_tokens": {"short": stats.dropped_short_tokens},
+        "dropped_tokens": {"short": stats.dropped_short_tokens, "long": stats.dropped_long_tokens},
         "tokenizer_sha256": tok.sha256,
         "doc_rows": stats.doc_rows,
         "meta": meta,

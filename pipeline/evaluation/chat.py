@@ -2,6 +2,7 @@
 
     python -m pipeline.evaluation.chat --ckpt R/train/<stage>/final.pt            # interactive
     python -m pipeline.evaluation.chat --ckpt R/train/sft/final.pt --prompt "Hi"   # one answer, then exit
+    python -m pipeline.evaluation.chat --ckpt R/export/hf                         # an exported directory
 
 The conversation is rendered with the run's chat template (``Tokenizer.render_prompt``,
 pipeline/data/encoding.py: the layout the SFT data was tokenized with, ending in
@@ -19,8 +20,10 @@ conversation as the model sees it), ``/quit`` (or Ctrl-D).
 
 The tokenizer defaults to ``R/tokenizer/tokenizer.json`` of the run the checkpoint belongs to (the
 first ``tokenizer/tokenizer.json`` found in a parent directory of the checkpoint); ``--tokenizer``
-overrides it. Sampling: ``--temperature`` (0 = greedy), ``--top-k``, ``--seed`` (same seed, same
-answers).
+overrides it. ``--ckpt`` may also be a Hugging Face directory written by the export
+(``R/export/hf``, or a copy of it): it is read as ``--from-hf`` imports it, and its tokenizer must
+be the one named in its ``tokenfarm.json`` (a copy outside the run needs ``--tokenizer``).
+Sampling: ``--temperature`` (0 = greedy), ``--top-k``, ``--seed`` (same seed, same answers).
 """
 from __future__ import annotations
 
@@ -50,16 +53,33 @@ def find_tokenizer(ckpt_path: str | Path) -> Path:
 
 
 def load_model(ckpt_path: str | Path, device: torch.device):
-    """The trained Transformer of a ``final.pt`` (or a step checkpoint), in eval mode on ``device``."""
+    """The trained Transformer of a ``final.pt`` (or a step checkpoint, or an exported Hugging Face
+    directory, read through the import of ``python -m pipeline.evaluation.export --from-hf``), in eval
+    mode on ``device``."""
+    from pipeline.evaluation.export import is_hf_dir, read_hf
     from pipeline.training.checkpoint import load_checkpoint
     from pipeline.training.model import ModelConfig, Transformer
 
-    state = load_checkpoint(ckpt_path)
+    state = read_hf(ckpt_path) if is_hf_dir(ckpt_path) else load_checkpoint(ckpt_path)
     if "model" not in state or "params" not in state:
         raise PipelineError(f"{ckpt_path} is not a tokenfarm training checkpoint (no model weights and params)")
     model = Transformer(ModelConfig.from_config(state["params"]))
     model.load_state_dict(state["model"])
     return model.to(device).eval()
+
+
+def check_exported_tokenizer(ckpt_path: str | Path, tokenizer) -> None:
+    """An exported directory names the tokenizer it was exported with (tokenfarm.json): refuse another.
+    (Its own tokenizer.json is the Hugging Face rendering of ours; chat needs ours.)"""
+    from pipeline.evaluation.export import PROVENANCE, is_hf_dir, read_hf_json
+
+    if not is_hf_dir(ckpt_path) or not (Path(ckpt_path) / PROVENANCE).exists():
+        return
+    want = read_hf_json(Path(ckpt_path) / PROVENANCE).get("tokenizer_sha256")
+    if want and want != tokenizer.sha256:
+        raise PipelineError(f"{tokenizer.path} is not the tokenizer {ckpt_path} was exported with (sha256 {want[:12]}… "
+                            "in its tokenfarm.json); pass --tokenizer R/tokenizer/tokenizer.json of the run that "
+                            "trained it")
 
 
 def stop_ids(tokenizer) -> list[int]:
@@ -170,7 +190,7 @@ def interactive(session: ChatSession, banner: str) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.chat", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ckpt", required=True, help="R/train/<stage>/final.pt")
+    p.add_argument("--ckpt", required=True, help="R/train/<stage>/final.pt, or an exported Hugging Face directory")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the run's, found from --ckpt)")
     p.add_argument("--prompt", default=None, help="answer this one message on stdout and exit (for scripts)")
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -186,6 +206,7 @@ def main(argv=None) -> None:
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if use_cuda else "cpu")
     tokenizer = load_tokenizer(args.tokenizer or find_tokenizer(args.ckpt))
+    check_exported_tokenizer(args.ckpt, tokenizer)
     model = load_model(args.ckpt, device)
     if tokenizer.n_vocab > model.cfg.vocab_size:
         raise PipelineError(f"{tokenizer.path} has {tokenizer.n_vocab} ids but the model of {args.ckpt} only "

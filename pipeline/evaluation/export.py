@@ -320,14 +320,27 @@ def tokenizer_json(tok) -> dict:
 
 def chat_template() -> str:
     """Jinja rendering of `Tokenizer.render_chat` after <|bos|>: user and assistant turns between
-    their markers, no separators; add_generation_prompt opens an assistant turn."""
+    their markers, no separators; a system turn's text opens the next user turn (a blank line
+    between), or is a user turn of its own when an assistant turn or the end comes first;
+    add_generation_prompt opens an assistant turn."""
+
+    def user(text: str) -> str:
+        return f"{USER_START}{{{{ {text} }}}}{USER_END}"
 
     return (
-        "{{ bos_token }}{% for message in messages %}"
-        f"{{% if message['role'] == 'user' %}}{USER_START}{{{{ message['content'] }}}}{USER_END}"
-        f"{{% elif message['role'] == 'assistant' %}}{ASSISTANT_START}{{{{ message['content'] }}}}{ASSISTANT_END}"
-        "{% else %}{{ raise_exception('chat role ' + message['role'] + ' is not user or assistant') }}"
-        f"{{% endif %}}{{% endfor %}}{{% if add_generation_prompt %}}{ASSISTANT_START}{{% endif %}}"
+        "{{ bos_token }}{% set ns = namespace(system='') %}{% for message in messages %}"
+        "{% if message['role'] == 'system' %}"
+        "{% set ns.system = ns.system + '\\n\\n' + message['content'] if ns.system else message['content'] %}"
+        "{% elif message['role'] == 'user' %}"
+        + user("ns.system + '\\n\\n' + message['content'] if ns.system else message['content']")
+        + "{% set ns.system = '' %}"
+        "{% elif message['role'] == 'assistant' %}"
+        "{% if ns.system %}" + user("ns.system") + "{% set ns.system = '' %}{% endif %}"
+        f"{ASSISTANT_START}{{{{ message['content'] }}}}{ASSISTANT_END}"
+        "{% else %}{{ raise_exception('chat role ' + message['role'] + ' is not system, user or assistant') }}"
+        "{% endif %}{% endfor %}"
+        "{% if ns.system %}" + user("ns.system") + "{% endif %}"
+        f"{{% if add_generation_prompt %}}{ASSISTANT_START}{{% endif %}}"
     )
 
 
@@ -398,15 +411,34 @@ def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     if (hf_dir / WEIGHTS_INDEX).exists():
-        files = sorted(set(read_json(hf_dir / WEIGHTS_INDEX)["weight_map"].values()))
+        files = sorted(set(read_hf_json(hf_dir / WEIGHTS_INDEX, "weight_map")["weight_map"].values()))
     elif (hf_dir / WEIGHTS).exists():
         files = [WEIGHTS]
     else:
         raise PipelineError(f"{hf_dir}: no {WEIGHTS} or {WEIGHTS_INDEX}; export a model with safetensors weights")
     state = {}
     for f in files:
-        state.update(load_file(hf_dir / f))
+        try:
+            state.update(load_file(hf_dir / f))
+        except Exception as e:  # missing, truncated or not safetensors
+            raise PipelineError(f"{hf_dir / f}: cannot read its weights ({type(e).__name__}: {e}); re-export the "
+                                "model") from None
     return state
+
+
+def read_hf_json(path: Path, *required: str) -> dict:
+    """A JSON object file of a Hugging Face directory that has the `required` keys, or one
+    PipelineError naming the file (and the missing key)."""
+    try:
+        obj = read_json(path)
+    except (OSError, ValueError) as e:
+        raise PipelineError(f"{path}: not readable JSON ({e}); fix the file or re-export the model") from None
+    if not isinstance(obj, dict):
+        raise PipelineError(f"{path}: holds a JSON {type(obj).__name__}, not an object; fix the file or re-export")
+    missing = [k for k in required if k not in obj]
+    if missing:
+        raise PipelineError(f"{path}: no {', '.join(map(repr, missing))} key; fix the file or re-export the model")
+    return obj
 
 
 # ----------------------------------------------------------------------------- directories
@@ -476,6 +508,39 @@ def _rope_theta(cfg: dict) -> float:
     return float(theta if theta is not None else 10000.0)
 
 
+HF_CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "max_position_embeddings")
+
+
+def check_config_fits_weights(cfg: dict, shapes: dict[str, tuple], where: str) -> None:
+    """Refuse a config.json whose sizes disagree with its weights, naming the key that is wrong and
+    the tensor that shows it (before the sizes are derived from each other: a wrong hidden_size
+    would otherwise surface as an inexpressible head_dim)."""
+    layers = {int(m.group(1)) for n in shapes if (m := re.match(r"model\.layers\.(\d+)\.", n))}
+    emb, gate = "model.embed_tokens.weight", "model.layers.0.mlp.gate_proj.weight"
+    q, k = "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"
+    checks = []
+    if emb in shapes:
+        checks += [("vocab_size", shapes[emb][0], f"{emb} has {shapes[emb][0]} rows"),
+                   ("hidden_size", shapes[emb][1], f"{emb} has {shapes[emb][1]} columns")]
+    if gate in shapes:
+        checks.append(("intermediate_size", shapes[gate][0], f"{gate} has {shapes[gate][0]} rows"))
+    if layers:
+        checks.append(("num_hidden_layers", len(layers), f"the weights hold {len(layers)} layers"))
+    if "head_dim" in cfg and q in shapes and cfg["head_dim"]:
+        checks.append(("num_attention_heads", shapes[q][0] // cfg["head_dim"],
+                       f"{q} has {shapes[q][0]} rows = num_attention_heads × head_dim {cfg['head_dim']}"))
+    for key, value, why in checks:
+        if cfg[key] != value:
+            raise PipelineError(f"{where}: {key} = {cfg[key]!r} does not fit the weights ({why}); set {key} to "
+                                f"{value} or re-export the model")
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    if k in shapes and kv * head_dim != shapes[k][0]:
+        raise PipelineError(f"{where}: num_key_value_heads = {kv!r} does not fit the weights ({k} has {shapes[k][0]} "
+                            f"rows = num_key_value_heads × head_dim {head_dim}); fix num_key_value_heads or re-export")
+
+
 def model_params_from_hf(cfg: dict, where: str) -> tuple[dict, int]:
     """Our `model` config slice and seq_len from a config.json; refuses what our model cannot express."""
     unsupported = [
@@ -484,11 +549,14 @@ def model_params_from_hf(cfg: dict, where: str) -> tuple[dict, int]:
         ("attention_bias", bool(cfg.get("attention_bias"))),
         ("mlp_bias", bool(cfg.get("mlp_bias"))),
         ("pretraining_tp", cfg.get("pretraining_tp", 1) not in (None, 1)),
-        ("head_dim", cfg.get("head_dim") not in (None, cfg["hidden_size"] // cfg["num_attention_heads"])),
     ]
     for key, bad in unsupported:
         if bad:
             raise PipelineError(f"{where}: {key} = {cfg.get(key)!r} is a feature our model cannot express")
+    if cfg.get("head_dim") not in (None, cfg["hidden_size"] // cfg["num_attention_heads"]):
+        raise PipelineError(f"{where}: head_dim = {cfg['head_dim']!r} is not hidden_size / num_attention_heads = "
+                            f"{cfg['hidden_size']} / {cfg['num_attention_heads']}: a head size decoupled from the "
+                            "width is a feature our model cannot express")
     try:
         theta = _rope_theta(cfg)
     except PipelineError as e:
@@ -507,19 +575,36 @@ def model_params_from_hf(cfg: dict, where: str) -> tuple[dict, int]:
     return model, int(cfg["max_position_embeddings"])
 
 
+def is_hf_dir(path: str | os.PathLike) -> bool:
+    """Whether `path` is a Hugging Face model directory (what `export` writes, or transformers saves)."""
+    return Path(path).is_dir() and (Path(path) / "config.json").exists()
+
+
 def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, config_params: dict | None = None,
               force: bool = False) -> dict:
-    """Read a transformers Llama directory into our checkpoint format at `out` (fp32 weights).
-    Params come from its tokenfarm.json when it is one of our exports, else from config.json
-    (`model` and `train.seq_len` = max_position_embeddings). Returns the checkpoint dict."""
-
-    hf_dir, out = Path(hf_dir), Path(out)
+    """Read a transformers Llama directory into our checkpoint format at `out` (fp32 weights), as
+    `read_hf` does. Returns the checkpoint dict."""
+    out = Path(out)
     if out.exists() and not force:
         raise PipelineError(f"{out} exists; choose another --out or pass --force to replace it")
+    final = read_hf(hf_dir, config_params)
+    save_checkpoint(out, final)
+    log.info("imported %s (%d parameters) to %s", hf_dir, sum(t.numel() for t in final["model"].values()), out)
+    return final
+
+
+def read_hf(hf_dir: str | os.PathLike, config_params: dict | None = None) -> dict:
+    """A transformers Llama directory as a checkpoint dict of the final.pt format (fp32 weights), in
+    memory. Params come from its tokenfarm.json when it is one of our exports, else from config.json
+    (`model` and `train.seq_len` = max_position_embeddings)."""
+    hf_dir = Path(hf_dir)
     if not (hf_dir / "config.json").exists():
         raise PipelineError(f"{hf_dir}: no config.json; pass a Hugging Face model directory to --from-hf")
-    model, seq_len = model_params_from_hf(read_json(hf_dir / "config.json"), str(hf_dir / "config.json"))
-    ours = read_json(hf_dir / PROVENANCE) if (hf_dir / PROVENANCE).exists() else None
+    cfg = read_hf_json(hf_dir / "config.json", *HF_CONFIG_KEYS)
+    hf_state = read_weights(hf_dir)
+    check_config_fits_weights(cfg, {n: tuple(t.shape) for n, t in hf_state.items()}, str(hf_dir / "config.json"))
+    model, seq_len = model_params_from_hf(cfg, str(hf_dir / "config.json"))
+    ours = read_hf_json(hf_dir / PROVENANCE, "params") if (hf_dir / PROVENANCE).exists() else None
     if ours is not None:
         params, plan, summary = ours["params"], ours.get("plan"), ours.get("summary")
         diffs = _differences({k: params["model"].get(k) for k in MODEL_KEYS}, model)
@@ -531,7 +616,6 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, config_params: 
     if config_params is not None:
         check_same_config(params, config_params, str(hf_dir))
 
-    hf_state = read_weights(hf_dir)
     if model["tie_embeddings"]:
         hf_state.pop("lm_head.weight", None)  # a tied checkpoint may store the shared tensor twice
     state = {}
@@ -547,11 +631,8 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, config_params: 
         target.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise PipelineError(f"{hf_dir}: its weights do not fit its config.json ({e})") from None
-    final = {"model": state, "params": params, "plan": plan, "summary": summary or {"imported_from": str(hf_dir)},
-             "versions": versions()}
-    save_checkpoint(out, final)
-    log.info("imported %s (%d parameters) to %s", hf_dir, sum(t.numel() for t in state.values()), out)
-    return final
+    return {"model": state, "params": params, "plan": plan, "summary": summary or {"imported_from": str(hf_dir)},
+            "versions": versions()}
 
 
 # ----------------------------------------------------------------------------- CLI

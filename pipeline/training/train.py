@@ -433,7 +433,7 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
     latest, state = ckpt.newest_readable(ckpt_dir) if resume != "never" and dist.is_main else (None, None)
     latest = gather_objects(latest, dist)[0]
     if latest is not None and state is None:
-        state = ckpt.load_checkpoint(latest)
+        state = ckpt.load_checkpoint(latest, verify=False)  # rank 0's newest_readable verified it
     stale = resume_mismatch(state, params, dist) if state is not None else None
     if stale:
         if resume == "require":

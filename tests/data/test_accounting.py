@@ -22,12 +22,22 @@ from pipeline.errors import PipelineError
 from pipeline.io import read_json, write_json
 
 SHARDS = [("web", "a"), ("web", "b"), ("chat", "c")]
+# SFT rows that are dropped and counted (null content, no assistant turn, over max_conversation_tokens),
+# and one with a system turn, which is kept
+BAD_CHATS = [
+    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}],
+    [{"role": "user", "content": "anyone?"}],
+    [{"role": "user", "content": "go on"}, {"role": "assistant", "content": "stone river " * 400}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+     {"role": "assistant", "content": "hello"}],
+]
 
 
 def config(tmp, dedup=True):
     return resolve_config({
         "sources": {"web": {"type": "local", "glob": f"{tmp}/raw/web/*.parquet", "min_chars": 12},
-                    "chat": {"type": "local", "glob": f"{tmp}/raw/chat/*.parquet", "format": "chat"}},
+                    "chat": {"type": "local", "glob": f"{tmp}/raw/chat/*.parquet", "format": "chat",
+                             "max_conversation_tokens": 400}},
         "dedup": {"enabled": dedup},
         "mixes": {"pre": {"weights": {"web": 1.0}},
                   "mid": {"weights": {"web": 0.3, "chat": 0.7}, "packing": "bestfit", "max_epochs": 2}},
@@ -95,7 +105,7 @@ def build_run(tmp, dedup=True):
     tok = make_tokenizer(tmp, "bos")
     write_web_shard(tmp / "raw/web/a.parquet", corpus(40, seed=20))
     write_web_shard(tmp / "raw/web/b.parquet", corpus(25, seed=21))
-    write_chat_shard(tmp / "raw/chat/c.parquet", CHATS)
+    write_chat_shard(tmp / "raw/chat/c.parquet", CHATS + BAD_CHATS)
     flagged = {}
     for source, shard in SHARDS:
         raw = tmp / f"raw/{source}/{shard}.parquet"
@@ -134,6 +144,9 @@ def test_balanced_run(built, tmp_path):
     short = sum(len(t) < 12 for t in corpus(40, seed=20) + corpus(25, seed=21)) + 2  # + one "tiny" per shard
     assert (web["dropped_empty"], web["dropped_invalid_utf8"], web["dropped_short"]) == (4, 2, short)
     assert web["dropped_short_tokens"] > 0
+    chat = rep["sources"]["chat"]
+    assert (chat["dropped_null_content"], chat["dropped_no_assistant"], chat["dropped_long"]) == (1, 1, 1)
+    assert chat["counted_long"] == 1 and chat["dropped_long_tokens"] > 400
     assert t["dup_tokens"] > 0 and t["contam_tokens"] > 0
     assert t["train_tokens"] + t["val_tokens"] + t["dup_tokens"] + t["contam_tokens"] == t["tokenized_tokens"]
     assert t["counted_tokens"] == read_json(run / "counts/summary.json")["total"]["tokens"]
@@ -142,6 +155,7 @@ def test_balanced_run(built, tmp_path):
     assert mid["pack"]["pad_tokens"] > 0 and rep["mixes"]["pre"]["train"]["pack"]["dropped_tail_tokens"] >= 0
     text = md.read_text()
     assert "| web |" in text and "| mid/train | bestfit |" in text and "✗" not in text
+    assert f"| 1 / 1 / 1 ({chat['dropped_long_tokens']:,} tok) |" in text
 
 
 def test_dedup_disabled_without_keep_files(tmp_path):

@@ -191,3 +191,28 @@ def test_rows_mode_uses_every_row_of_each_epoch_then_pads_the_last_step(tmp_path
         assert all(torch.equal(u, v) for u, v in zip(next(a), next(b)))
     with pytest.raises(PipelineError, match="total_rows: saved 7, now 8"):
         PackedLoader(meta, 2, seed=1, total_rows=8).load_state_dict(a.state_dict())
+
+
+def _damage(path, at: int, n: int = 16):
+    """Zero `n` bytes of `path` at offset `at` in place: same size (and a later mtime)."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(bytes(n))
+
+
+@pytest.mark.parametrize("part", ["bin", "mask"])
+def test_a_same_size_corruption_of_a_real_pack_is_one_error_naming_the_file(data, tmp_path, part):  # noqa: F811
+    # The size check passes; the sha256 pack recorded in train.json does not (streamed, once per process)
+    rows = schedule_rows(data, [("web", "a")], epochs=1)
+    sched = write_schedule(tmp_path / "s.parquet", rows, true_tokens(data, rows))
+    out = tmp_path / "pack/m/train.json"
+    meta = pack(params("bestfit", seq_len=SEQ), "m", "train", sched, data / "tokens", out)
+    assert meta["mask_sha256"] == hashlib.sha256(output_paths(out)["mask"].read_bytes()).hexdigest()
+    PackedLoader(out, 2)  # intact: opens
+    target = output_paths(out)[part]
+    _damage(target, target.stat().st_size // 2)
+    with pytest.raises(PipelineError) as e:
+        PackedLoader(out, 2)
+    assert str(e.value).startswith(f"{target} is corrupt (sha256 mismatch with train.json); delete ")
+    assert "the pack rule rewrites it" in str(e.value)
+    PackedLoader(out, 2, rank=1, world_size=2)  # only rank 0 reads the whole file: once per job, not per rank

@@ -237,3 +237,13 @@ def test_cli(tmp_path, split_dir):
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert report["meta"]["stage"] == "mix" and report["mix"] == "m"
     assert np.isclose(sum(v["realized_proportion"] for v in report["per_source"].values()), 1.0)
+
+
+def test_beyond_cap_message_shows_the_unrounded_epochs():
+    # 1004 tokens of 1000 available is 1.004 epochs: over max_epochs 1.0, so it must not print as "1"
+    msg = mix.short_message("m", "chat", {"max_epochs": 1.0}, available=1000, share=1004, weight_frac=1.0,
+                            target=1004)
+    assert "needs 1.004 epochs, over max_epochs 1.0" in msg
+    msg = mix.short_message("m", "chat", {"max_epochs": 1.0}, available=10**6, share=10**6 + 3, weight_frac=1.0,
+                            target=10**6 + 3)
+    assert "needs 1.000003 epochs" in msg

@@ -102,7 +102,8 @@ def test_accounting_roundtrip_and_delimiters(tmp_path, toks, delimiter):
     short = [i for i, t in enumerate(texts) if t and not t.isspace() and len(t) < 5]
     assert meta["doc_rows"] == kept
     assert meta["n_rows"] == len(raw)
-    assert meta["dropped"] == {"empty": 3, "invalid_utf8": 1, "short": len(short)}
+    assert meta["dropped"] == {"empty": 3, "invalid_utf8": 1, "short": len(short), "null_content": 0,
+                               "no_assistant": 0, "long": 0}
     assert meta["dropped_tokens"]["short"] == sum(len(tok.encode(texts[i])) for i in short)
 
     meta2, docs, _, off = spans(out)
@@ -187,20 +188,63 @@ def test_chat_mask(tmp_path, toks, delimiter):
         assert int((span[m == 1] == end).sum()) == sum(c["role"] == "assistant" for c in conv)
 
 
-@pytest.mark.parametrize("bad, match", [
-    ([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
-      {"role": "assistant", "content": "hello"}], "row 1: chat role 'system' is not 'user' or 'assistant'"),
-    ([{"role": "user", "content": "anyone there?"}], "row 1: conversation has no assistant turn"),
-])
-def test_bad_conversation_is_one_error_naming_the_row_and_nothing_left(tmp_path, toks, bad, match):
+def test_unknown_role_is_one_error_naming_the_users_file_and_row_and_nothing_left(tmp_path, toks):
+    # the placed copy under data/raw is not the file the user can fix: the error names the origin its
+    # download sidecar records (the same bytes, so the same row numbers), then the copy
     good = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
-    shard = write_chat_shard(tmp_path / "raw" / "c" / "c0.parquet", [good, bad])
+    bad = [{"role": "tool", "content": "42"}, {"role": "assistant", "content": "hello"}]
+    mine = write_chat_shard(tmp_path / "my data" / "chats-07.parquet", [good, bad])
+    shard = tmp_path / "raw" / "c" / "c0.parquet"
+    shard.parent.mkdir(parents=True)
+    shard.write_bytes(mine.read_bytes())
+    (tmp_path / "raw" / "c" / "c0.parquet.json").write_text(json.dumps({"origin": str(mine.resolve())}))
     out = tmp_path / "tokens" / "c" / "c0.json"
     p = {"sources": {"c": {"type": "local", "format": "chat", "messages_column": "messages"}},
          "count": {"batch_size": 2}}
-    with pytest.raises(PipelineError, match=f"c0.parquet: {match}; fix or drop that row"):
+    message = (f"{mine.resolve()} (placed as {shard}): row 1: chat role 'tool' is not one of 'system', 'user', "
+               "'assistant'; fix or drop that row")
+    with pytest.raises(PipelineError) as e:
         tokenize_shard(toks["bos"], shard, out, "c", "c0", p)
+    assert str(e.value) == message
     assert not list(out.parent.glob("*"))
+    with pytest.raises(PipelineError) as e:
+        count_shard(shard, toks["bos"], p["sources"]["c"], batch_size=2)
+    assert str(e.value) == message
+
+
+def test_bad_sft_data_is_dropped_and_counted_not_trained_on(tmp_path, toks):
+    """A huge conversation (over max_conversation_tokens), a null content and a conversation with no
+    assistant turn are dropped and counted — by count and tokenize alike, so the accounting balances —
+    instead of becoming a large share of the loss targets, an empty answer, or a stopped run. A system
+    turn is rendered (into the next user turn) and never a loss target."""
+    tok = toks["bos"]
+    ok = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "the river of stone"}]
+    system = [{"role": "system", "content": "Answer in one line."}, *ok]
+    huge = [{"role": "user", "content": "tell me"}, {"role": "assistant", "content": "stone " * 3000}]
+    null = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]
+    no_answer = [{"role": "user", "content": "anyone there?"}]
+    convs = [ok, huge, null, system, no_answer, ok, [None, *ok]]
+    shard = write_chat_shard(tmp_path / "raw" / "c" / "c0.parquet", convs)
+    src = {"type": "local", "format": "chat", "messages_column": "messages", "max_conversation_tokens": 500}
+    out = tmp_path / "tokens" / "c" / "c0.json"
+    meta = tokenize_shard(tok, shard, out, "c", "c0", {"sources": {"c": src}, "count": {"batch_size": 4}})
+    assert meta["doc_rows"] == [0, 3, 5]
+    assert meta["dropped"] == {"empty": 0, "invalid_utf8": 0, "short": 0, "null_content": 2, "no_assistant": 1,
+                               "long": 1}
+    assert meta["dropped_tokens"]["long"] == len(tok.render_chat(huge)[0]) > 500
+    _, docs, mask, off = spans(out)
+    ids, m = tok.render_chat(system)
+    assert strip(tok, docs[1]).tolist() == ids and strip(tok, np.asarray(mask[off[1]:off[2]])).tolist() == m
+    assert tok.decode([t for t, b in zip(ids, m) if not b]).startswith("<|user_start|>Answer in one line.\n\nhello")
+    assert tok.decode([t for t, b in zip(ids, m) if b]) == "the river of stone<|assistant_end|>"  # targets: the answer
+    counts = count_shard(shard, tok, src, batch_size=4)
+    assert (counts["null_content_documents"], counts["no_assistant_documents"], counts["long_documents"]) == (2, 1, 1)
+    assert counts["long_tokens"] == meta["dropped_tokens"]["long"]
+    assert counts["tokens"] == meta["n_doc_tokens"] + meta["dropped_tokens"]["long"]
+    assert counts["delimiter_tokens"] == (meta["n_docs"] + 1) * tok.n_delimiters()  # the long one is a document
+    no_cap = tokenize_shard(tok, shard, out, "c", "c0",
+                            {"sources": {"c": {**src, "max_conversation_tokens": None}}, "count": {"batch_size": 4}})
+    assert no_cap["doc_rows"] == [0, 1, 3, 5] and no_cap["dropped"]["long"] == 0
 
 
 def _truncated(d):

@@ -165,8 +165,15 @@ def test_render_chat_ids_and_mask(built):
     assert (tok.decode([i for i, m in zip(ids, mask) if m])
             == "It is 4.<|assistant_end|>You're welcome.<|assistant_end|>")
     assert tok.bos_id not in ids
-    with pytest.raises(ValueError, match="system"):
-        tok.render_chat([{"role": "system", "content": "x"}])
+    with pytest.raises(ValueError, match="no assistant turn"):
+        tok.render_chat([{"role": "system", "content": "x"}, {"role": "user", "content": "y"}])
+    with pytest.raises(ValueError, match="chat role 'tool' is not one of 'system', 'user', 'assistant'"):
+        tok.render_chat([{"role": "tool", "content": "x"}, *msgs])
+    # a system turn opens the next user turn (a blank line between) and is never a target
+    ids, mask = tok.render_chat([{"role": "system", "content": "Be brief."}, *msgs])
+    at, was = ids.index(s["<|user_end|>"]), expected_ids.index(s["<|user_end|>"])
+    assert ids[at:] == expected_ids[was:] and mask[at:] == expected_mask[was:] and not any(mask[:at])
+    assert tok.decode(ids).startswith("<|user_start|>Be brief.\n\nWhat is 2+2?<|user_end|>")
 
 
 def test_render_decode_and_mask_token_by_token(built):

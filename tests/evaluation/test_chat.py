@@ -151,3 +151,46 @@ def test_bad_checkpoint_is_one_clear_error(run, tmp_path):
     out = subprocess.run(cli(tmp_path / "nope.pt", "--prompt", "x"), cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 1 and "pass --tokenizer" in out.stderr
+
+
+def test_an_exported_hugging_face_directory_is_chatted_with_as_its_checkpoint(run, tmp_path):
+    # `--ckpt R/export/hf` (the export rule's output) is read through the --from-hf import: the same
+    # answer as its final.pt, with the run's tokenizer found from the directory as for a checkpoint
+    from pipeline.evaluation.export import export
+    from pipeline.training.checkpoint import load_checkpoint
+
+    state = load_checkpoint(run)  # (the fixture's params are not its tokenizer's run: keep model and train only)
+    save_checkpoint(tmp_path / "final.pt", {"model": state["model"],
+                                            "params": {k: state["params"][k] for k in ("model", "train")}})
+    tok = run.parents[2] / "tokenizer" / "tokenizer.json"
+    hf = export(tmp_path / "final.pt", tok, run.parents[2] / "export" / "hf", force=True)
+    out = subprocess.run(cli(hf, "--prompt", "hello there"), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == session(run).reply("hello there") + "\n"
+    import shutil  # a copy outside the run: the tokenizer to pass is named
+    shutil.copytree(hf, tmp_path / "my-model")
+    out = subprocess.run(cli(tmp_path / "my-model", "--prompt", "hi"), cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.splitlines()[-1].startswith("error: no tokenizer/tokenizer.json"), out.stderr
+    assert "pass --tokenizer R/tokenizer/tokenizer.json" in out.stderr
+
+
+def test_a_damaged_final_pt_is_refused_not_chatted_with(run, tmp_path):
+    # 4 KB zeroed inside the weights of a final.pt: it would load (and answer) without its checksum
+    import shutil
+
+    from pipeline.training.checkpoint import checksum_path
+
+    ckpt = tmp_path / "final.pt"
+    shutil.copy(run, ckpt)
+    shutil.copy(checksum_path(run), checksum_path(ckpt))
+    with open(ckpt, "r+b") as f:
+        f.seek(ckpt.stat().st_size // 2)
+        f.write(bytes(4096))
+    out = subprocess.run(cli(ckpt, "--tokenizer", str(run.parents[2] / "tokenizer" / "tokenizer.json"),
+                             "--prompt", "hi"), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: {ckpt} is corrupt (sha256 mismatch with final.pt.sha256); delete it and rerun snakemake: the train "
+        "rule rewrites it (and reruns what was made from it; `snakemake -R train` retrains every stage)")

@@ -1,6 +1,7 @@
 """pipeline.evaluation.evaluate: val loss and bits per byte over all rows, the unigram baseline, the reports."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -74,7 +75,7 @@ def masked_pack(path, tok, seq_len=8):
     (mask * MASK_REAL).tofile(f"{stem}.mask.bin")
     np.save(f"{stem}.docs.npy", np.asarray([0], np.int64))
     write_json(path, {"seq_len": seq_len, "n_rows": 2, "dtype": "uint16", "packing": "bestfit", "has_mask": True,
-                      "tokens_packed": rows.size, "sha256": "x", "mix": "m"})
+                      "tokens_packed": rows.size, "sha256": hashlib.sha256(rows.tobytes()).hexdigest(), "mix": "m"})
     return rows, mask
 
 

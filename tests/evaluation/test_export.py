@@ -223,6 +223,15 @@ def test_chat_template_renders_like_training(tmp_path, tokenizers_):
         assert ids == [tok.bos_id] + tok.render_chat(conv)[0]
     prompt = hf_tok.apply_chat_template(conv[:1], tokenize=True, add_generation_prompt=True, return_dict=False)
     assert prompt == tok.render_prompt(conv[:1])  # the prompt the engine and chat CLI use
+    # system turns: joined to the next user turn, or a user turn of their own before an assistant turn / the end
+    sys_, user, bot = ({"role": r, "content": c} for r, c in [("system", "Be brief."), ("user", "hi there"),
+                                                               ("assistant", "hello")])
+    for conv in ([sys_, user, bot], [sys_, {**sys_, "content": "Be kind."}, user, bot, sys_, bot],
+                 [user, bot, sys_], [sys_, bot], [{**sys_, "content": ""}, user, bot]):
+        ids = hf_tok.apply_chat_template(conv, tokenize=True, return_dict=False)
+        assert ids == [tok.bos_id] + tok.render_chat(conv)[0], conv
+        prompt = hf_tok.apply_chat_template(conv, tokenize=True, add_generation_prompt=True, return_dict=False)
+        assert prompt == tok.render_prompt(conv)
 
 
 def test_stock_tiktoken_encoding_is_exported_exactly(tmp_path):
@@ -362,7 +371,7 @@ def test_existing_target_is_refused_unless_force(tmp_path, tokenizers_):
     assert (target / "keep.txt").read_text() == "user data"
     ex.export(tmp_path / "final.pt", tokenizers_["bos"], target, force=True)
     assert (target / "config.json").exists() and not (target / "keep.txt").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["final.pt", "hf"]  # no temporary left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final.pt", "final.pt.sha256", "hf"]  # no temporary left
     with pytest.raises(PipelineError, match="exists"):
         ex.import_hf(target, tmp_path / "final.pt")
 
@@ -415,3 +424,27 @@ def test_cli_reports_one_error_line_and_writes_nothing(tmp_path, tokenizers_):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "error:" in proc.stderr and "model.dim is 64 but the config says 32" in proc.stderr
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("edit,named", [
+    (lambda cfg: "{not json", "config.json: not readable JSON"),
+    (lambda cfg: {**cfg, "hidden_size": 256}, "config.json: hidden_size = 256 does not fit the weights "
+                                              "(model.embed_tokens.weight has 64 columns); set hidden_size to 64"),
+    (lambda cfg: {**cfg, "intermediate_size": 7}, "config.json: intermediate_size = 7 does not fit the weights"),
+    (lambda cfg: {**cfg, "num_hidden_layers": 9}, "config.json: num_hidden_layers = 9 does not fit the weights"),
+    (lambda cfg: {k: v for k, v in cfg.items() if k != "vocab_size"}, "config.json: no 'vocab_size' key"),
+    (lambda cfg: {**cfg, "head_dim": 8}, "config.json: num_attention_heads = 4 does not fit the weights"),
+])
+def test_import_names_the_wrong_config_key(tmp_path, tokenizers_, edit, named):
+    """A config.json that is not JSON, lacks a key, or has a size its weights contradict: one error line
+    (through the CLI) naming the file and that key, not a traceback or another key's problem."""
+    make_checkpoint(tmp_path / "final.pt", run_config(), None)
+    out = ex.export(tmp_path / "final.pt", tokenizers_["bos"], tmp_path / "hf")
+    new = edit(json.loads((out / "config.json").read_text()))
+    (out / "config.json").write_text(new if isinstance(new, str) else json.dumps(new))
+    cmd = [sys.executable, "-m", "pipeline.evaluation.export", "--from-hf", str(out), "--out", str(tmp_path / "b.pt")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert named in line, line
+    assert not (tmp_path / "b.pt").exists()

@@ -11,9 +11,11 @@ import torch
 from pipeline.errors import PipelineError
 from pipeline.training.checkpoint import (
     checkpoint_name,
+    checksum_path,
     clear_checkpoints,
     latest_checkpoint,
     load_checkpoint,
+    newest_readable,
     prune_checkpoints,
     rng_state,
     save_checkpoint,
@@ -79,10 +81,52 @@ def test_latest_pointer_prune_and_clear(tmp_path):
     write_latest(tmp_path, checkpoint_name(3))
     assert latest_checkpoint(tmp_path) == tmp_path / "step_000003.pt"
     prune_checkpoints(tmp_path, keep=1)  # keeps the newest (4) and the one `latest` names (3)
-    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000003.pt", "step_000004.pt"]
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000003.pt", "step_000003.pt.sha256",
+                                                                "step_000004.pt", "step_000004.pt.sha256"]
     (tmp_path / "step_000003.pt").unlink()
     with pytest.raises(PipelineError, match="not an existing checkpoint"):
         latest_checkpoint(tmp_path)
     (tmp_path / "other.txt").write_text("kept")
     clear_checkpoints(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.txt"]
+
+
+def _zero(path, at: int, n: int = 4096) -> None:
+    """Zero `n` bytes of `path` at `at`, in place (the same size)."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(bytes(n))
+
+
+def test_a_checkpoint_damaged_on_disk_does_not_load(tmp_path):
+    # final.pt with 4 KB zeroed used to load (torch does not check its zip CRCs) and pass the damage on
+    # to evaluation and the next stage; its sha256, recorded as it was written, now refuses it
+    import hashlib
+
+    torch.manual_seed(0)
+    path = tmp_path / "train" / "sft" / "final.pt"
+    save_checkpoint(path, {"model": torch.nn.Linear(256, 256).state_dict(), "params": {}})
+    digest, name = checksum_path(path).read_text().split()
+    assert (digest, name) == (hashlib.sha256(path.read_bytes()).hexdigest(), "final.pt")  # `sha256sum -c` format
+    assert torch.equal(load_checkpoint(path)["model"]["bias"], torch.load(path, weights_only=True)["model"]["bias"])
+    _zero(path, path.stat().st_size // 2)
+    with pytest.raises(PipelineError) as e:
+        load_checkpoint(path)
+    assert str(e.value) == (f"{path} is corrupt (sha256 mismatch with final.pt.sha256); delete it and rerun snakemake: "
+                            "the train rule rewrites it (and reruns what was made from it; `snakemake -R train` "
+                            "retrains every stage)")
+    with pytest.raises(PipelineError, match="is a directory, not a checkpoint file.*--from-hf"):
+        load_checkpoint(tmp_path / "train")
+
+
+def test_a_step_checkpoint_not_matching_its_checksum_is_moved_aside_and_the_previous_one_taken(tmp_path, caplog):
+    for s in (1, 2):
+        save_checkpoint(tmp_path / checkpoint_name(s), {"step": s, "w": torch.ones(4096)})
+    write_latest(tmp_path, checkpoint_name(2))
+    _zero(tmp_path / "step_000002.pt", 2048, 64)  # inside the tensor's bytes: it would load
+    with caplog.at_level("WARNING"):
+        path, state = newest_readable(tmp_path)
+    assert (path.name, state["step"]) == ("step_000001.pt", 1)
+    assert "step_000002.pt is corrupt (sha256 mismatch" in caplog.text and "moved it aside" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "unreadable").iterdir()) == ["step_000002.pt", "step_000002.pt.sha256"]
+    assert latest_checkpoint(tmp_path) == path

@@ -697,7 +697,7 @@ def test_unreadable_newest_checkpoint_is_moved_aside_and_the_previous_one_resume
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated
     with caplog.at_level("WARNING"):
         run_inprocess(data, tmp_path, params)
-    assert "step_000005.pt cannot be read" in caplog.text and "moved it aside" in caplog.text
+    assert "step_000005.pt is corrupt (sha256 mismatch" in caplog.text and "moved it aside" in caplog.text
     assert (tmp_path / "ckpt" / "unreadable" / "step_000005.pt").exists()
     a, b = final_state(out_full), final_state(tmp_path)
     assert all(torch.equal(a[k], b[k]) for k in a)

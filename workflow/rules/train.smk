@@ -48,4 +48,4 @@ rule train:
         "../../envs/train.yaml"
     shell:
         "python -m pipeline.training.launch -- python -m pipeline.training.rendezvous --params {params.p:q} "
-        f"--cpus-per-node {{threads}} -- {TRAIN_ARGS} 2>&1 | tee {{log:q}}"
+        f"--cpus-per-node {{threads}} -- {TRAIN_ARGS} 2>&1 | tee -a {{log:q}}"
