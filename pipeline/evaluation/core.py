@@ -316,7 +316,7 @@ def main(argv=None) -> None:
     params = params_from_args(args, "evaluate")
     from pipeline.data.encoding import load_tokenizer
 
-    dist = init_distributed(params["hardware"]["device"])
+    dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
     try:
         tasks = load_tasks(args.tasks_dir, params["eval"]["tasks"])
         result = evaluate_tasks(load_model(args.ckpt, dist.device), load_tokenizer(args.tokenizer), tasks,

@@ -94,11 +94,15 @@ class LossModel(nn.Module):
 
 def wrap(loss_model: LossModel, dist: Dist, compile_model: bool) -> tuple[nn.Module, nn.Module]:
     """(ddp, fwd): DDP around the loss model when a process group exists, then torch.compile
-    around that. `fwd` is what to call; `ddp` owns `no_sync`."""
+    around that. `fwd` is what to call; `ddp` owns `no_sync`. No buffer broadcast per forward
+    (``forward_sync_buffers=False``, torch 2.13's name for ``broadcast_buffers=False``, which it
+    deprecates): the only buffers are the RoPE cos/sin tables, computed identically on every rank
+    from the config, so DDP's default (broadcast them from rank 0 before every forward) is a wasted
+    collective per micro-step. DDP still syncs them once at construction."""
     ddp = loss_model
     if dist.distributed:
         ids = [dist.local_rank] if dist.device.type == "cuda" else None
-        ddp = DDP(loss_model, device_ids=ids, gradient_as_bucket_view=True)
+        ddp = DDP(loss_model, device_ids=ids, gradient_as_bucket_view=True, forward_sync_buffers=False)
     fwd = torch.compile(ddp) if compile_model else ddp
     return ddp, fwd
 

@@ -128,7 +128,7 @@ FIXED_BATCH_ROWS = 8  # rows of the fixed validation batch behind ce_fp32 / top1
 OBSERVABILITY_KEYS = {
     "wandb": None,
     "eval": None,
-    "hardware": ("assumed_mfu", "gpu_memory_gb"),
+    "hardware": ("assumed_mfu", "gpu_memory_gb", "process_group_timeout_min"),
     "train": ("log_interval", "val_interval", "val_batches", "ckpt_interval", "resume"),
 }
 
@@ -400,7 +400,7 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
     if init is not None:  # the init's identity: a checkpoint from an older init is never resumed
         params = {**params, "stage": {**st, "init_sha256": sha256_file(init)}}
     t = params["train"]
-    dist = init_distributed(params["hardware"]["device"])
+    dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
     outdir, peak = Path(outdir), peak_flops(params)
     ckpt_dir = outdir / "ckpt"
     check_plan(plan, params, dist)
