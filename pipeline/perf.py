@@ -34,7 +34,8 @@ Memory (bytes; GB = 1e9, as torch reports) — n = micro_batch × seq_len tokens
   fp32 SDPA on CUDA cannot use flash attention and falls back to the math kernel, which stores the
   [heads, T, T] fp32 probabilities (the reference measured this); bf16 uses flash (no T² term).
 * logits / CE: ``ours`` holds one chunk's fp32 logits 4·c·V (+ 2·c·V and 2·V·d for the bf16 copies
-  of the probabilities and the weight under ``ce_matmul: bf16``) and, from forward to backward,
+  of the probabilities and the weight under ``ce_matmul: bf16``, + 4·V·d on CUDA there: the chunk's
+  fp32 d(W) product, which fp32 operands accumulate in place) and, from forward to backward,
   the fp32 gradients w.r.t. hidden (4nd) and the output weight (4Vd), scaled in place by backward
   (+ 2nd: the hidden gradient's bf16 copy for a bf16 body). ``bf16-materialized``: 2nV
   compiled; eager 12nV at the loss backward (bf16 logits, fp32 log-softmax, its gradient, the input
@@ -239,7 +240,10 @@ def logits_bytes(s: StepSetup) -> float:
     if s.logits == "bf16-materialized":
         return (2 if s.compile else 12) * n * V + 2 * n * d
     c = min(s.ce_chunk, n)
-    chunk = 4 * c * V + (2 * c * V + 2 * V * d if s.ce_matmul == "bf16" else 0)
+    # bf16 operands: their copies (2cV probabilities, 2Vd weight) and, on CUDA, d(W)'s per-chunk fp32
+    # product (4Vd: torch cannot accumulate bf16 products into an fp32 tensor in place; losses._mm_into)
+    bf16_extra = 2 * c * V + 2 * V * d + (4 * V * d if s.device == "cuda" else 0)
+    chunk = 4 * c * V + (bf16_extra if s.ce_matmul == "bf16" else 0)
     return chunk + 4 * n * d + 4 * V * d + (2 * n * d if s.bf16 else 0)
 
 

@@ -23,6 +23,10 @@ into chunks of ``chunk`` rows; only one chunk's [chunk, vocab] logits exist at a
 is fused into the forward (custom autograd function): while a chunk's softmax is in hand, its
 gradients d(hidden) = (softmax − onehot)·W and d(W) += (softmax − onehot)ᵀ·hidden are computed, so
 backward keeps only d(hidden) [tokens, dim] and d(W) [vocab, dim] alive and recomputes nothing.
+Both are written in place (``mm(out=)`` into d(hidden)'s rows, ``addmm_`` into d(W)): no chunk
+allocates a [vocab, dim] fp32 product beside d(W) (1.07 GB at the 1.2B preset), except with bf16
+operands on CUDA, where torch has no fp32 in-place accumulate of bf16 products (`_mm_into`; counted
+by pipeline.perf).
 Under ``torch.no_grad`` (validation) no gradient work is done at all.
 
 Compiled: the function is traceable (no graph break), so under the trainer's torch.compile the
@@ -61,6 +65,27 @@ def _mm(a: torch.Tensor, b: torch.Tensor, bf16: bool) -> torch.Tensor:
     return a.float() @ b.float()
 
 
+def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bf16: bool, accumulate: bool) -> None:
+    """out (fp32) = a @ b, or out += a @ b when `accumulate`, without a temporary of out's size where
+    torch allows it: fp32 operands (fp32/tf32, and bf16-rounded operands on CPU, upcast exactly) go
+    through ``addmm_`` / ``mm(out=)``. bf16 operands on CUDA cannot: torch's fp32-output
+    ``addmm(out_dtype=)`` requires the accumulator in the operands' dtype, so their product is
+    formed in fp32 and added (a [rows(a), cols(b)] fp32 temporary; for d(W) the 4·V·d bytes that
+    pipeline.perf's memory model counts under ``ce_matmul: bf16``)."""
+    if bf16 and a.device.type == "cuda":
+        if accumulate:
+            out += torch.mm(a, b, out_dtype=torch.float32)
+        else:
+            torch.mm(a, b, out_dtype=torch.float32, out=out)
+        return
+    if bf16:
+        a, b = a.float(), b.float()
+    if accumulate:
+        out.addmm_(a, b)
+    else:
+        torch.mm(a, b, out=out)
+
+
 class _FusedChunkedCE(torch.autograd.Function):
     """Sum of per-token CE over chunks; gradients are computed in the forward pass, chunk by chunk."""
 
@@ -84,8 +109,8 @@ class _FusedChunkedCE(torch.autograd.Function):
                 probs.mul_(m_c[:, None])
             loss = loss + tok_loss.sum()
             p = _operand(probs, bf16)
-            grad_h[s:s + chunk] = _mm(p, w, bf16)
-            grad_w += _mm(p.T, h_c, bf16)
+            _mm_into(grad_h[s:s + chunk], p, w, bf16, accumulate=False)  # rows of grad_h: contiguous
+            _mm_into(grad_w, p.T, h_c, bf16, accumulate=True)  # in place: no [vocab, dim] temporary
         ctx.save_for_backward(grad_h, grad_w)
         ctx.h_dtype, ctx.w_dtype = h.dtype, weight.dtype
         return loss
