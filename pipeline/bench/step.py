@@ -179,17 +179,18 @@ def main_suite(args) -> None:
     name = device_name(torch.device(device))
     cfg = deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(name, cfg["hardware"]["gpu_type"])}})  # predict for it
 
-    def progress(row: dict) -> None:
+    title = f"Reference suite on {name}: {configfile}, {args.steps} timed steps after {args.warmup} warm-up"
+    header = {"device": name, "configfile": str(configfile)}
+
+    def progress(row: dict, rows: list[dict]) -> None:
+        if args.out:  # rewritten after every row: a crash or kill keeps the finished rows
+            write_suite(args.out, format_suite(rows, title), header, rows)
         if not args.json:
             m = row["measured"]
             print(f"{row['name']}: {row['skipped'] or format(m['step_time_s'], '.3f') + ' s'}", flush=True)
 
     rows = run_suite(cfg, args.steps, args.warmup, run_bench, on_row=progress)
-    text = format_suite(rows, f"Reference suite on {name}: {configfile}, {args.steps} timed steps after "
-                              f"{args.warmup} warm-up")
-    header = {"device": name, "configfile": str(configfile)}
-    if args.out:
-        write_suite(args.out, text, header, rows)
+    text = format_suite(rows, title)
     print(json.dumps({**header, "rows": rows}) if args.json else text)
 
 
