@@ -17,7 +17,8 @@ Inputs are uniform random token ids of the model's vocabulary, [micro_batch, seq
 The first `--warmup` steps (compilation, allocator growth) are excluded; each timed step ends with
 a device synchronize. Reported: median and mean step time, tokens/s (micro_batch × seq_len /
 median step time), MFU (`pipeline.budget.flops_per_token` × tokens/s / `pipeline.budget.peak_flops` of
-the device actually used — its GPU type read from the CUDA device name — and the run's precision)
+the device actually used — its GPU type from the CUDA device's exact name, pipeline.budget.GPU_SPECS;
+an unknown GPU is refused — and the run's precision)
 and, on CUDA, memory allocated / peak allocated / reserved in GB (peak over
 the timed steps). Unset flags keep the config's values.
 """
@@ -50,15 +51,16 @@ def bench_config(cfg: dict, micro_batch: int | None = None, compile_model: bool 
 
 
 def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    """"cpu", or the CUDA device's exact name (`torch.cuda.get_device_properties`)."""
+    return torch.cuda.get_device_properties(device).name if device.type == "cuda" else "cpu"
 
 
-def gpu_type(name: str, configured: str) -> str:
-    """The planner's GPU type (its PEAK_FLOPS key) of the device actually used: "cpu" on CPU, the
-    H100/H200/A100 named in a CUDA device's name, else the configured `hardware.gpu_type`."""
-    if name == "cpu":
-        return "cpu"
-    return next((g for g in ("H200", "H100", "A100") if g in name), configured)
+def gpu_type(name: str) -> str:
+    """The GPU type (pipeline.budget.GPU_SPECS key) of the device actually used, by its exact name;
+    an unknown GPU is refused with the list of known ones (`pipeline.budget.gpu_type_of`)."""
+    from pipeline.budget import gpu_type_of
+
+    return gpu_type_of(name)
 
 
 def _sync(device: torch.device) -> None:
@@ -123,7 +125,7 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
     step_time = statistics.median(times)
     tokens_per_s = B * T / step_time
     fpt, name = flops_per_token(cfg), device_name(device)
-    peak = peak_flops(deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(name, cfg["hardware"]["gpu_type"])}}))
+    peak = peak_flops(deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(name)}}))
     return {
         "device": name,
         "n_params": sum(p.numel() for p in model.parameters()),
@@ -177,7 +179,7 @@ def main_suite(args) -> None:
     cfg = bench_config(load_config(configfile), compile_model=args.compile, precision=args.precision, device=device,
                        ce_matmul=args.ce_matmul)
     name = device_name(torch.device(device))
-    cfg = deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(name, cfg["hardware"]["gpu_type"])}})  # predict for it
+    cfg = deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(name)}})  # predict for the GPU actually used
 
     title = f"Reference suite on {name}: {configfile}, {args.steps} timed steps after {args.warmup} warm-up"
     header = {"device": name, "configfile": str(configfile)}

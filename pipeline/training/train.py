@@ -382,6 +382,23 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
             lock.release()
 
 
+def check_gpu_type(params: dict, device: torch.device) -> None:
+    """Warn when the GPU in use is not `hardware.gpu_type` (by its exact device name,
+    pipeline.budget.GPU_SPECS): the logged MFU and the plan's predictions use the configured type."""
+    from pipeline.budget import canonical_gpu_type, gpu_type_of
+
+    configured = params["hardware"]["gpu_type"]
+    name = torch.cuda.get_device_properties(device).name
+    try:
+        actual = gpu_type_of(name)
+    except PipelineError as e:
+        log.warning("%s; MFU is computed against hardware.gpu_type %s", e, configured)
+        return
+    if canonical_gpu_type(actual) != canonical_gpu_type(configured):
+        log.warning("this GPU is %r (%s) but hardware.gpu_type is %s: MFU and the plan use %s's peak; set "
+                    "hardware.gpu_type: %s", name, actual, configured, configured, actual)
+
+
 def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
            resume: str, max_steps: int | None, keep_ckpts: int, eval_data: str | None,
            init: str | None) -> dict | None:
@@ -404,6 +421,8 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
     outdir, peak = Path(outdir), peak_flops(params)
     ckpt_dir = outdir / "ckpt"
     check_plan(plan, params, dist)
+    if dist.device.type == "cuda" and dist.is_main:
+        check_gpu_type(params, dist.device)
     num_steps, total_rows = stage_steps(params, plan, train_meta)
     plan = {**plan, "num_steps": num_steps, "stage": st["name"]}
     accum = plan["grad_accum_steps"]
