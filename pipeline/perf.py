@@ -365,6 +365,70 @@ def capacity_gb(gpu_memory_gb: float, device: str) -> float:
     return gpu_memory_gb * GIB / GB if device == "cuda" else gpu_memory_gb
 
 
+# ----------------------------------------------------------------------------- evaluation (CORE scoring)
+
+EVAL_MAX_BATCH_TOKENS = 131072  # cap of the default scoring batch: a no-grad forward gains little beyond it
+
+
+def eval_memory(s: StepSetup, batch_tokens: int, in_loop: bool) -> dict[str, float]:
+    """Predicted per-GPU memory in GB of CORE scoring (pipeline/evaluation/core.py `score_requests`)
+    over batches of `batch_tokens` padded tokens: ``in_loop`` beside the training state (training's
+    quick subset every ``eval.core_interval`` steps: fp32 weights, optimizer state and the gradients,
+    which zero_grad keeps allocated; the step's activations are freed by then), else standalone (the
+    evaluate stage: the fp32 weights only). On CUDA the body runs under bf16 autocast whatever the
+    training precision (flash attention: no [heads, T, T] scores), which caches bf16 copies of the
+    block matrices for the forward; the logits are fp32, ``ce_chunk`` continuation positions at a time.
+    The peak is the larger of two moments of a batch: inside a block's MLP (the fp32 residual and
+    norm output 8d, and silu(gate), up and their product 3·a·f per token, a = 2 bf16 / 4 fp32) and
+    the LM head (the fp32 final hidden states 4nd and one chunk's fp32 logits with log-sum-exp's
+    same-sized temporary, 8·c·V)."""
+    P, V, d, f, n = s.params, s.vocab, s.dim, s.ffn_dim, batch_tokens
+    bf16 = s.device == "cuda"
+    a = 2 if bf16 else 4
+    c = min(s.ce_chunk, n)
+    parts = {
+        "weights": 4 * P,
+        "optimizer": optimizer_bytes(s) if in_loop else 0,
+        "gradients": 4 * P if in_loop else 0,
+        "autocast_copies": 2 * s.matrix_params if bf16 else 0,
+        "forward": n * (8 * d + 3 * a * f),
+        "logits": 4 * n * d + 8 * c * V,
+    }
+    state = parts["weights"] + parts["optimizer"] + parts["gradients"] + parts["autocast_copies"]
+    moments = {"block forward": state + parts["forward"], "lm head": state + parts["logits"]}
+    where = max(moments, key=moments.get)
+    out = {k: v / GB for k, v in parts.items()}
+    out.update(peak=moments[where] / GB, reserved=moments[where] * (1 + ALLOCATOR_SLACK) / GB)
+    out["total"] = out["reserved"] + (CUDA_CONTEXT_GB if s.device == "cuda" else 0)
+    out = {k: round(v, 3) for k, v in out.items()}
+    out["peak_at"] = where
+    out["batch_tokens"] = batch_tokens
+    return out
+
+
+def default_eval_batch_tokens(s: StepSetup, capacity: float) -> int:
+    """``eval.core_batch_tokens: null``: the most padded tokens per scoring batch — a multiple of
+    seq_len (one full-length request per row), at most `EVAL_MAX_BATCH_TOKENS` — whose in-loop
+    scoring (`eval_memory`, beside the training state) fits `capacity` GB; seq_len when none does (the
+    plan then reports that it does not fit). Memory, not the training micro-batch, bounds it."""
+    best = s.seq_len
+    for rows in range(1, max(1, EVAL_MAX_BATCH_TOKENS // s.seq_len) + 1):
+        if eval_memory(s, rows * s.seq_len, in_loop=True)["total"] > capacity:
+            break
+        best = rows * s.seq_len
+    return best
+
+
+def eval_batch_tokens(cfg: dict) -> int:
+    """The scoring batch of a resolved config: ``eval.core_batch_tokens``, or when null
+    `default_eval_batch_tokens` for its model, optimizer and ``hardware.gpu_memory_gb``."""
+    explicit = cfg["eval"]["core_batch_tokens"]
+    if explicit is not None:
+        return explicit
+    hw = cfg["hardware"]
+    return default_eval_batch_tokens(StepSetup.from_config(cfg), capacity_gb(hw["gpu_memory_gb"], hw["device"]))
+
+
 # ----------------------------------------------------------------------------- time
 
 def body_flops(s: StepSetup) -> dict[str, float]:
