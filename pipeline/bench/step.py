@@ -5,6 +5,7 @@
         [--fp8 none|tensorwise|rowwise] [--precision bf16|fp32] [--optimizer adamw|adamw8bit|muon] \\
         [--ce-matmul auto|bf16|tf32|fp32] [--steps 10] [--warmup 3] [--json]
     python -m pipeline.bench --suite reference [...]   (the reference's rows: pipeline.bench.suite)
+    python -m pipeline.bench --gpu-check [--out results/gpu-check]   (make gpu-check: pipeline.bench.gpu_check)
 
 One step is exactly what the trainer does per micro-step plus the optimizer: forward under the
 training precision, chunked fp32 cross-entropy (logit matmuls at `train.ce_matmul`), backward,
@@ -202,7 +203,12 @@ def main(argv=None) -> None:
                                          f"is {SUITE_CONFIG}")
     p.add_argument("--micro-batch", type=int, help="rows per step (required without --suite)")
     p.add_argument("--suite", choices=("reference",), help="run the reference's rows (pipeline.bench.suite)")
-    p.add_argument("--out", help="--suite: also write the table here (markdown) and its rows beside it (.json)")
+    p.add_argument("--gpu-check", action="store_true",
+                   help="the GPU acceptance check (pipeline.bench.gpu_check; `make gpu-check`): smoke steps vs the "
+                        "CPU fp32 reference, the reference suite, measured vs predicted; --out is its directory")
+    p.add_argument("--smoke-steps", type=int, default=5, help="--gpu-check: optimizer steps per smoke row")
+    p.add_argument("--out", help="--suite: also write the table here (markdown) and its rows beside it (.json); "
+                                 "--gpu-check: the output directory (default results/gpu-check)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the step (default: train.compile of the config)")
     p.add_argument("--checkpoint", choices=("none", "mlp", "attention", "block", "every_n"),
@@ -216,6 +222,14 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
+    if args.gpu_check:
+        from pipeline.bench.gpu_check import run_gpu_check
+
+        if args.smoke_steps < 2:
+            p.error("--smoke-steps must be >= 2 (the first step is compilation, not timed)")
+        run_gpu_check(args.out or "results/gpu-check", args.device, args.smoke_steps, args.steps, args.warmup,
+                      args.configfile)
+        return None
     if args.suite:
         return main_suite(args)
     if args.configfile is None or args.micro_batch is None:
