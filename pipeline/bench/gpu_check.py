@@ -260,19 +260,20 @@ def format_check(smoke: list[dict], suite: list[dict], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_gpu_check(out: str | Path, device: str | None = None, steps: int = 5, suite_steps: int = 10,
-                  suite_warmup: int = 3, configfile: str | None = None) -> dict:
-    """The three parts (module docstring); returns {device, smoke, suite, passed}."""
-    from pipeline.bench.step import SUITE_CONFIG, bench_config, device_name, gpu_type, run_bench
+def run_gpu_check(out: str | Path, bench, configfile: str, device: str | None = None, steps: int = 5,
+                  suite_steps: int = 10, suite_warmup: int = 3) -> dict:
+    """The three parts (module docstring), the suite's rows timed by ``bench(cfg, steps, warmup)``
+    (`pipeline.bench.step.run_bench`) on `configfile` (CUDA only); returns {device, smoke, suite, passed}."""
     from pipeline.bench.suite import format_suite, run_suite, write_suite
+    from pipeline.budget import gpu_type_of
     from pipeline.config import load_config
 
     cuda = torch.cuda.is_available() if device is None else device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise PipelineError("--device cuda: no CUDA device is visible")
     out = Path(out)
-    name = device_name(torch.device("cuda", 0)) if cuda else "cpu"
-    gpu = gpu_type(name)  # an unknown GPU is refused here, before any work
+    name = torch.cuda.get_device_properties(0).name if cuda else "cpu"
+    gpu = gpu_type_of(name)  # an unknown GPU is refused here, before any work
     header = {"device": name, "gpu_type": gpu}
 
     def smoke_progress(row: dict, rows: list[dict]) -> None:
@@ -281,9 +282,7 @@ def run_gpu_check(out: str | Path, device: str | None = None, steps: int = 5, su
 
     smoke = run_smoke(steps, cuda, on_row=smoke_progress, gpu=gpu if cuda else "H100")
     if cuda:
-        configfile = configfile or SUITE_CONFIG
-        suite_cfg = bench_config(load_config(configfile), device="cuda")
-        suite_cfg = deep_merge(suite_cfg, {"hardware": {"gpu_type": gpu}})
+        suite_cfg = deep_merge(load_config(configfile), {"hardware": {"device": "cuda", "gpu_type": gpu}})
         title = f"Reference suite on {name}: {configfile}"
     else:  # the plumbing on a tiny model
         suite_cfg = resolve_config({"tokenizer": {"vocab_size": CPU_SUITE_MODEL["vocab_size"]},
@@ -293,14 +292,14 @@ def run_gpu_check(out: str | Path, device: str | None = None, steps: int = 5, su
                                     "hardware": {"device": "cpu", "gpu_type": "cpu"}})
         suite_steps, suite_warmup = 1, 0
         title = "Reference suite on cpu: a tiny model (the plumbing, not the GPU)"
-    suite_header = {**header, "configfile": configfile}
+    suite_header = {**header, "configfile": configfile if cuda else None}
 
     def suite_progress(row: dict, rows: list[dict]) -> None:
         write_suite(out / "reference.md", format_suite(rows, title), suite_header, rows)
         m = row["measured"]
         print(f"suite {row['name']}: {row['skipped'] or format(m['step_time_s'], '.3f') + ' s'}", flush=True)
 
-    suite = run_suite(suite_cfg, suite_steps, suite_warmup, run_bench, on_row=suite_progress)
+    suite = run_suite(suite_cfg, suite_steps, suite_warmup, bench, on_row=suite_progress)
     passed = all(r["passed"] is not False for r in smoke)
     result = {**header, "passed": passed, "smoke": smoke, "suite": suite}
     text = format_check(smoke, suite, f"make gpu-check on {name} ({gpu})")

@@ -227,8 +227,8 @@ def main(argv=None) -> None:
 
         if args.smoke_steps < 2:
             p.error("--smoke-steps must be >= 2 (the first step is compilation, not timed)")
-        run_gpu_check(args.out or "results/gpu-check", args.device, args.smoke_steps, args.steps, args.warmup,
-                      args.configfile)
+        run_gpu_check(args.out or "results/gpu-check", run_bench, args.configfile or SUITE_CONFIG, args.device,
+                      args.smoke_steps, args.steps, args.warmup)
         return None
     if args.suite:
         return main_suite(args)

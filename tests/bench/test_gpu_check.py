@@ -51,7 +51,7 @@ def test_a_row_outside_its_tolerance_fails_the_check_after_writing(tmp_path, mon
 
     monkeypatch.setattr(suite, "REFERENCE_SUITE", [])
     with pytest.raises(PipelineError, match="cpu fp32 chunked CE"):
-        gpu_check.run_gpu_check(tmp_path, "cpu", steps=3)
+        gpu_check.run_gpu_check(tmp_path, None, "unused.yaml", "cpu", steps=3)
     assert "| FAIL |" in (tmp_path / "gpu-check.md").read_text()
 
 
