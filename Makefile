@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.tokenfarm-installed
 SNAKE   := PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/snakemake
 PYTEST_ARGS ?=
 
-.PHONY: run test test-slurm lint dryrun plan report clean install
+.PHONY: run test test-slurm lint dryrun plan report clean install gpu-check
 
 install: $(STAMP)
 
@@ -42,6 +42,12 @@ lint: $(STAMP)
 # with apt and starts the daemons; needs root). CI runs it after `make test`.
 test-slurm: $(STAMP)
 	TOKENFARM_SLURM_TESTS=1 timeout -s KILL 1200 $(PY) -m pytest -q tests/slurm $(PYTEST_ARGS)
+
+# The acceptance check of a GPU node (pipeline/bench/gpu_check.py): smoke steps of compile, bf16, chunked CE,
+# flex doc masking and fp8 against the CPU fp32 reference, the reference suite, measured vs predicted memory and
+# step time, all in results/gpu-check/. On a machine without CUDA the CUDA rows are listed as skipped.
+gpu-check: $(STAMP)
+	$(PY) -m pipeline.bench --gpu-check --out results/gpu-check
 
 dryrun: $(STAMP)
 	$(SNAKE) -n --configfile configs/llama3-1b-fineweb.yaml

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline.errors import PlanError
+from pipeline.errors import PipelineError, PlanError
 
 
 def world_size(cfg: dict) -> int:
@@ -16,16 +16,65 @@ def world_size(cfg: dict) -> int:
     return hw["nproc_per_node"] * hw["nodes"]
 
 
-# Dense peak FLOP/s per GPU (NVIDIA datasheets, SXM parts, no sparsity). "fp32" is true fp32 (CUDA
-# cores: what an fp32 run gets, since it sets `highest` matmul precision); "tf32" is tensor-core fp32
-# math with inputs rounded to 10 mantissa bits. "cpu" is a nominal 1 TFLOP/s, not a measurement.
-PEAK_FLOPS = {
-    "H100": {"bf16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 66.9e12},
-    "H200": {"bf16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 66.9e12},
-    "A100": {"bf16": 312e12, "fp8": 312e12, "tf32": 156e12, "fp32": 19.5e12},
-    "cpu": {"bf16": 1e12, "fp8": 1e12, "tf32": 1e12, "fp32": 1e12},
+# GPU types: dense peak FLOP/s (NVIDIA datasheets, no sparsity: the datasheets' "with sparsity"
+# figures halved), memory bandwidth in bytes/s, and the exact device names that identify them
+# (`torch.cuda.get_device_properties(i).name`; matched exactly, never by substring: "GH200" contains
+# "H200", and "H100 PCIe" has 76 % of an H100 SXM's bf16 rate and 60 % of its bandwidth). "fp32" is
+# true fp32 (CUDA cores: what an fp32 run gets, since it sets `highest` matmul precision); "tf32" is
+# tensor-core fp32 math with inputs rounded to 10 mantissa bits; "fp8" of a GPU without fp8 (A100)
+# is its bf16 rate. Datasheets: H100 (SXM 80 GB / PCIe 80 GB / NVL 94 GB), H200 (SXM / NVL 141 GB),
+# GH200 Grace Hopper Superchip (96 GB HBM3, 144 GB HBM3e), A100 (40 / 80 GB), L40S (48 GB GDDR6).
+GPU_SPECS = {
+    "H100-SXM": {"bf16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 66.9e12, "hbm": 3.35e12,
+                 "names": ("NVIDIA H100 80GB HBM3",)},
+    "H100-PCIe": {"bf16": 756e12, "fp8": 1513e12, "tf32": 378e12, "fp32": 51.2e12, "hbm": 2.0e12,
+                  "names": ("NVIDIA H100 PCIe",)},
+    "H100-NVL": {"bf16": 835.5e12, "fp8": 1670.5e12, "tf32": 417.5e12, "fp32": 60e12, "hbm": 3.9e12,
+                 "names": ("NVIDIA H100 NVL",)},
+    "H200": {"bf16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 66.9e12, "hbm": 4.8e12,
+             "names": ("NVIDIA H200",)},
+    "H200-NVL": {"bf16": 835.5e12, "fp8": 1670.5e12, "tf32": 417.5e12, "fp32": 60e12, "hbm": 4.8e12,
+                 "names": ("NVIDIA H200 NVL",)},
+    "GH200": {"bf16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 66.9e12, "hbm": 4.0e12,
+              "names": ("NVIDIA GH200 480GB",)},
+    "GH200-144GB": {"bf16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 66.9e12, "hbm": 4.9e12,
+                    "names": ("NVIDIA GH200 144G HBM3e",)},
+    "A100-40GB": {"bf16": 312e12, "fp8": 312e12, "tf32": 156e12, "fp32": 19.5e12, "hbm": 1.555e12,
+                  "names": ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB")},
+    "A100-80GB": {"bf16": 312e12, "fp8": 312e12, "tf32": 156e12, "fp32": 19.5e12, "hbm": 2.039e12,
+                  "names": ("NVIDIA A100-SXM4-80GB",)},
+    "A100-80GB-PCIe": {"bf16": 312e12, "fp8": 312e12, "tf32": 156e12, "fp32": 19.5e12, "hbm": 1.935e12,
+                       "names": ("NVIDIA A100 80GB PCIe",)},
+    "L40S": {"bf16": 362.05e12, "fp8": 733e12, "tf32": 183e12, "fp32": 91.6e12, "hbm": 0.864e12,
+             "names": ("NVIDIA L40S",)},
 }
-HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.04e12, "cpu": 20e9}  # datasheets; cpu nominal
+# Config values of earlier versions, kept: "H100" is the SXM part, "A100" the 80 GB SXM part.
+GPU_TYPE_ALIASES = {"H100": "H100-SXM", "A100": "A100-80GB"}
+_CPU = {"bf16": 1e12, "fp8": 1e12, "tf32": 1e12, "fp32": 1e12, "hbm": 20e9}  # nominal, not a measurement
+_ALL = {**GPU_SPECS, **{a: GPU_SPECS[t] for a, t in GPU_TYPE_ALIASES.items()}, "cpu": _CPU}
+PEAK_FLOPS = {g: {k: v[k] for k in ("bf16", "fp8", "tf32", "fp32")} for g, v in _ALL.items()}
+HBM_BYTES_PER_S = {g: v["hbm"] for g, v in _ALL.items()}
+GPU_NAMES = {name: g for g, v in GPU_SPECS.items() for name in v["names"]}
+
+
+def gpu_type_of(device_name: str) -> str:
+    """The GPU type (a `GPU_SPECS` key) of a CUDA device name, matched exactly ("cpu" for the CPU);
+    an unknown name is refused with the known ones (a wrong peak would silently skew MFU and the
+    planner's predictions)."""
+    if device_name == "cpu":
+        return "cpu"
+    try:
+        return GPU_NAMES[device_name.strip()]
+    except KeyError:
+        known = ", ".join(f"{n!r} ({g})" for n, g in GPU_NAMES.items())
+        raise PipelineError(f"unknown GPU {device_name!r}: its peak FLOP/s and bandwidth are not in "
+                            f"pipeline.budget.GPU_SPECS (known devices: {known}); add a row with its "
+                            "datasheet figures and exact torch.cuda.get_device_properties(...).name") from None
+
+
+def canonical_gpu_type(gpu_type: str) -> str:
+    """`hardware.gpu_type` with the aliases resolved ("H100" → "H100-SXM")."""
+    return GPU_TYPE_ALIASES.get(gpu_type, gpu_type)
 
 
 def param_parts(model_cfg: dict) -> dict[str, int]:

@@ -351,7 +351,8 @@ def stage_params(cfg: dict, stage: str, source: str | None = None, mix: str | No
     if stage == "plan":  # budget, batch layout and memory only: an lr edit reruns train, not the data stages
         keep = ("run_name", "seed", "tokenizer", "split", "mixes", "model", "hardware")
         return {**{k: cfg[k] for k in keep}, "sources": sources,
-                "train": {k: cfg["train"][k] for k in (*PLAN_TRAIN_KEYS, "stages")}}
+                "train": {k: cfg["train"][k] for k in (*PLAN_TRAIN_KEYS, "stages")},
+                "eval": {"core_batch_tokens": cfg["eval"]["core_batch_tokens"]}}  # the evaluation memory
     if stage in ("train", "evaluate", "accounting"):
         # These depend on (almost) the whole run description. Accounting reads no eval.* key, and
         # training's CORE subset has its own item cap: an edit of the final evaluation's cap reruns

@@ -34,7 +34,8 @@ Memory (bytes; GB = 1e9, as torch reports) — n = micro_batch × seq_len tokens
   fp32 SDPA on CUDA cannot use flash attention and falls back to the math kernel, which stores the
   [heads, T, T] fp32 probabilities (the reference measured this); bf16 uses flash (no T² term).
 * logits / CE: ``ours`` holds one chunk's fp32 logits 4·c·V (+ 2·c·V and 2·V·d for the bf16 copies
-  of the probabilities and the weight under ``ce_matmul: bf16``) and, from forward to backward,
+  of the probabilities and the weight under ``ce_matmul: bf16``, + 4·V·d on CUDA there: the chunk's
+  fp32 d(W) product, which fp32 operands accumulate in place) and, from forward to backward,
   the fp32 gradients w.r.t. hidden (4nd) and the output weight (4Vd), scaled in place by backward
   (+ 2nd: the hidden gradient's bf16 copy for a bf16 body). ``bf16-materialized``: 2nV
   compiled; eager 12nV at the loss backward (bf16 logits, fp32 log-softmax, its gradient, the input
@@ -55,8 +56,10 @@ Step time of one optimizer step on one GPU = grad_accum × micro-step + optimize
   forward, which runs faster per FLOP). FLOPs: 6·(block matrices) per token + causal attention
   6·L·T·d (flash computes half the square; the math kernel all of it: 12·L·T·d) + the logit matmuls
   6·V·d; recomputation adds each rebuilt region's forward.
-* fp8 linears divide their matmul time by `FP8_SPEEDUP` (fitted: the cast/scale overhead eats most
-  of the 2× tensor-core rate on a 2048-wide model).
+* fp8 linears divide their matmul time by `FP8_SPEEDUP` (fitted on the reference, which converted
+  every block linear: the cast/scale overhead eats most of the 2× tensor-core rate on a 2048-wide
+  model). Which linears are fp8 is `fp8_converts`, the trainer's own filter (torchao's H100
+  thresholds): the others keep the bf16 time and store bf16 inputs.
 * logits: ``bf16-materialized`` runs its matmuls with the body; ``ours`` runs them at ``ce_matmul``'s
   peak (bf16 989, TF32 494.5, fp32 67 TFLOP/s on an H100) × ETA, plus the chunked softmax's memory
   traffic (`CE_BYTES_PER_LOGIT` per logit: eager vs compiled) at the HBM bandwidth × `ETA["memory"]`.
@@ -80,6 +83,40 @@ from pipeline.budget import HBM_BYTES_PER_S, PEAK_FLOPS, flops_per_token
 GB = 1e9
 GIB = 2 ** 30
 LOGITS_MODES = ("ours", "bf16-materialized")
+
+# ---- which linears fp8 converts: torchao's own H100 thresholds (one function, the trainer's and the model's)
+
+FP8_RECIPES = ("tensorwise", "rowwise")
+FP8_FILTERS = ("torchao", "all")
+
+
+def fp8_converts(recipe: str, out_features: int, in_features: int, fp8_filter: str = "torchao") -> bool:
+    """Whether fp8 training converts an nn.Linear of weight [out_features, in_features] (N, K).
+
+    ``torchao`` (what the trainer does, `pipeline.training.step.apply_fp8`): torchao's
+    ``_auto_filter_for_recipe`` (torchao 0.18.0, torchao/float8/float8_linear_utils.py,
+    ``_auto_filter_for_tensorwise`` / ``_auto_filter_for_rowwise``), reproduced here because the
+    planner imports no torch (tests/training/test_fp8_filter.py checks it against torchao's own
+    function when torchao is installed). Both need N and K multiples of 16; then, from torchao's
+    H100 benchmarks of fp8 vs bf16 linears ("dims below these thresholds may result in worse
+    performance"), tensorwise keeps in bf16 a linear with K ≤ 4096 and N ≤ 1024, rowwise one with
+    N ≤ 2048, or K ≤ 1024, or N ≤ 4096 and K ≤ 2048. On the 1.2B preset (d 2048, d_kv 512, f 8192)
+    rowwise converts gate/up only (q/k/v/o/down stay bf16); tensorwise converts all but k/v.
+    ``all``: every linear with both dims multiples of 16 (the reference's conversion, which the
+    `FP8_SPEEDUP` fit describes)."""
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"fp8 recipe must be one of {FP8_RECIPES}, got {recipe!r}")
+    if fp8_filter not in FP8_FILTERS:
+        raise ValueError(f"fp8_filter must be one of {FP8_FILTERS}, got {fp8_filter!r}")
+    N, K = out_features, in_features
+    if N % 16 or K % 16:
+        return False
+    if fp8_filter == "all":
+        return True
+    if recipe == "tensorwise":
+        return not (K <= 4096 and N <= 1024)
+    return not (N <= 2048 or K <= 1024 or (N <= 4096 and K <= 2048))
+
 
 # ---- fitted to the reference's measured rows (tests/test_perf.py: REFERENCE_ROWS) — one place.
 ETA = {
@@ -121,6 +158,7 @@ class StepSetup:
     optimizer: str = "adamw"           # adamw | adamw8bit | muon
     adamw_kernel: str = "fused"        # fused | foreach (the reference's first rows: torch's default)
     fp8: str = "none"                  # none | tensorwise | rowwise
+    fp8_filter: str = "torchao"        # which linears fp8 converts (`fp8_converts`): torchao | all (the reference)
     logits: str = "ours"               # ours | bf16-materialized
     ce_chunk: int = 8192
     ce_matmul: str = "tf32"            # bf16 | tf32 | fp32 (ours only)
@@ -146,6 +184,7 @@ class StepSetup:
             compile=cuda if t["compile"] == "auto" else bool(t["compile"]),
             checkpoint=t["activation_checkpointing"], every_n=t["checkpoint_every_n"], optimizer=t["optimizer"],
             adamw_kernel="fused" if cuda else "foreach", fp8=t["fp8"], logits=logits,
+            fp8_filter="torchao" if logits == "ours" else "all",
             ce_chunk=t["ce_chunk_tokens"], ce_matmul=ce_matmul_precision(cfg),
             grads_persistent=logits == "ours",
         )
@@ -180,6 +219,16 @@ class StepSetup:
         vocab = self.vocab * self.dim * (1 if self.tied else 2)
         return vocab + self.matrix_params + self.n_layers * 2 * self.dim + self.dim
 
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """One block's linears: name -> (out_features, in_features)."""
+        d, kv, f = self.dim, self.d_kv, self.ffn_dim
+        return {"q": (d, d), "k": (kv, d), "v": (kv, d), "o": (d, d), "gate": (f, d), "up": (f, d), "down": (d, f)}
+
+    def fp8_linears(self) -> dict[str, bool]:
+        """Which of a block's linears run in fp8 (`fp8_converts`; none without fp8 or a bf16 body)."""
+        on = self.fp8 != "none" and self.bf16
+        return {k: on and fp8_converts(self.fp8, *shape, self.fp8_filter) for k, shape in self.linear_shapes().items()}
+
     @property
     def math_attention(self) -> bool:
         """fp32 SDPA on CUDA: no flash kernel for fp32, the math kernel materialises [heads, T, T]."""
@@ -201,10 +250,17 @@ def ce_matmul_precision(cfg: dict) -> str:
 def _region_bytes(s: StepSetup) -> dict[str, float]:
     """Bytes per token of one layer's attention and mlp regions when stored, and a region's input."""
     a = 2 if s.bf16 else 4
-    lin = 1 if s.fp8 != "none" and s.bf16 else a  # fp8: the linears' saved inputs are fp8
+    conv = s.fp8_linears()
+
+    def saved(names: tuple[str, ...]) -> int:  # bytes per element of one input shared by `names`:
+        fp8 = any(conv[n] for n in names)  # fp8 linears save an fp8 copy, the others the bf16 input
+        return (1 if fp8 else 0) + (a if not all(conv[n] for n in names) else 0)
+
     d, f = s.dim, s.ffn_dim
-    attention = 4 * d + lin * 2 * d + a * (d + 2 * s.d_kv)  # norm input; q/k/v and o inputs; q, k, v
-    mlp = 4 * d + lin * (d + f) + a * (2 if s.compile else 3) * f  # norm input; gate/up and down inputs; gate, up
+    # norm input; the q/k/v and o_proj inputs; q, k, v
+    attention = 4 * d + (saved(("q", "k", "v")) + saved(("o",))) * d + a * (d + 2 * s.d_kv)
+    # norm input; the gate/up and down inputs; gate, up (+ silu's output eager)
+    mlp = 4 * d + saved(("gate", "up")) * d + saved(("down",)) * f + a * (2 if s.compile else 3) * f
     if not s.compile:
         attention += a * 3 * d
     if s.math_attention:
@@ -239,7 +295,10 @@ def logits_bytes(s: StepSetup) -> float:
     if s.logits == "bf16-materialized":
         return (2 if s.compile else 12) * n * V + 2 * n * d
     c = min(s.ce_chunk, n)
-    chunk = 4 * c * V + (2 * c * V + 2 * V * d if s.ce_matmul == "bf16" else 0)
+    # bf16 operands: their copies (2cV probabilities, 2Vd weight) and, on CUDA, d(W)'s per-chunk fp32
+    # product (4Vd: torch cannot accumulate bf16 products into an fp32 tensor in place; losses._mm_into)
+    bf16_extra = 2 * c * V + 2 * V * d + (4 * V * d if s.device == "cuda" else 0)
+    chunk = 4 * c * V + (bf16_extra if s.ce_matmul == "bf16" else 0)
     return chunk + 4 * n * d + 4 * V * d + (2 * n * d if s.bf16 else 0)
 
 
@@ -306,6 +365,70 @@ def capacity_gb(gpu_memory_gb: float, device: str) -> float:
     return gpu_memory_gb * GIB / GB if device == "cuda" else gpu_memory_gb
 
 
+# ----------------------------------------------------------------------------- evaluation (CORE scoring)
+
+EVAL_MAX_BATCH_TOKENS = 131072  # cap of the default scoring batch: a no-grad forward gains little beyond it
+
+
+def eval_memory(s: StepSetup, batch_tokens: int, in_loop: bool) -> dict[str, float]:
+    """Predicted per-GPU memory in GB of CORE scoring (pipeline/evaluation/core.py `score_requests`)
+    over batches of `batch_tokens` padded tokens: ``in_loop`` beside the training state (training's
+    quick subset every ``eval.core_interval`` steps: fp32 weights, optimizer state and the gradients,
+    which zero_grad keeps allocated; the step's activations are freed by then), else standalone (the
+    evaluate stage: the fp32 weights only). On CUDA the body runs under bf16 autocast whatever the
+    training precision (flash attention: no [heads, T, T] scores), which caches bf16 copies of the
+    block matrices for the forward; the logits are fp32, ``ce_chunk`` continuation positions at a time.
+    The peak is the larger of two moments of a batch: inside a block's MLP (the fp32 residual and
+    norm output 8d, and silu(gate), up and their product 3·a·f per token, a = 2 bf16 / 4 fp32) and
+    the LM head (the fp32 final hidden states 4nd and one chunk's fp32 logits with log-sum-exp's
+    same-sized temporary, 8·c·V)."""
+    P, V, d, f, n = s.params, s.vocab, s.dim, s.ffn_dim, batch_tokens
+    bf16 = s.device == "cuda"
+    a = 2 if bf16 else 4
+    c = min(s.ce_chunk, n)
+    parts = {
+        "weights": 4 * P,
+        "optimizer": optimizer_bytes(s) if in_loop else 0,
+        "gradients": 4 * P if in_loop else 0,
+        "autocast_copies": 2 * s.matrix_params if bf16 else 0,
+        "forward": n * (8 * d + 3 * a * f),
+        "logits": 4 * n * d + 8 * c * V,
+    }
+    state = parts["weights"] + parts["optimizer"] + parts["gradients"] + parts["autocast_copies"]
+    moments = {"block forward": state + parts["forward"], "lm head": state + parts["logits"]}
+    where = max(moments, key=moments.get)
+    out = {k: v / GB for k, v in parts.items()}
+    out.update(peak=moments[where] / GB, reserved=moments[where] * (1 + ALLOCATOR_SLACK) / GB)
+    out["total"] = out["reserved"] + (CUDA_CONTEXT_GB if s.device == "cuda" else 0)
+    out = {k: round(v, 3) for k, v in out.items()}
+    out["peak_at"] = where
+    out["batch_tokens"] = batch_tokens
+    return out
+
+
+def default_eval_batch_tokens(s: StepSetup, capacity: float) -> int:
+    """``eval.core_batch_tokens: null``: the most padded tokens per scoring batch — a multiple of
+    seq_len (one full-length request per row), at most `EVAL_MAX_BATCH_TOKENS` — whose in-loop
+    scoring (`eval_memory`, beside the training state) fits `capacity` GB; seq_len when none does (the
+    plan then reports that it does not fit). Memory, not the training micro-batch, bounds it."""
+    best = s.seq_len
+    for rows in range(1, max(1, EVAL_MAX_BATCH_TOKENS // s.seq_len) + 1):
+        if eval_memory(s, rows * s.seq_len, in_loop=True)["total"] > capacity:
+            break
+        best = rows * s.seq_len
+    return best
+
+
+def eval_batch_tokens(cfg: dict) -> int:
+    """The scoring batch of a resolved config: ``eval.core_batch_tokens``, or when null
+    `default_eval_batch_tokens` for its model, optimizer and ``hardware.gpu_memory_gb``."""
+    explicit = cfg["eval"]["core_batch_tokens"]
+    if explicit is not None:
+        return explicit
+    hw = cfg["hardware"]
+    return default_eval_batch_tokens(StepSetup.from_config(cfg), capacity_gb(hw["gpu_memory_gb"], hw["device"]))
+
+
 # ----------------------------------------------------------------------------- time
 
 def body_flops(s: StepSetup) -> dict[str, float]:
@@ -339,8 +462,10 @@ def step_time(s: StepSetup) -> dict[str, float]:
     f = body_flops(s)
     rate = peak * ETA["train"][body_precision]
     linear = n * f["linear"] / rate
-    if s.fp8 != "none" and s.bf16:
-        linear /= FP8_SPEEDUP[s.fp8]
+    if s.fp8 != "none" and s.bf16:  # only the converted linears' matmuls (`fp8_converts`) speed up
+        conv, shapes = s.fp8_linears(), s.linear_shapes()
+        share = sum(o * i for k, (o, i) in shapes.items() if conv[k]) / sum(o * i for o, i in shapes.values())
+        linear *= 1 - share + share / FP8_SPEEDUP[s.fp8]
     body = linear + n * f["sdpa"] / rate + n * f["recompute"] / (peak * ETA["recompute"])
     lm_flops = 6 * V * d * n
     if s.logits == "bf16-materialized":

@@ -56,6 +56,11 @@ d_kv = n_kv_heads × d / n_heads):
   of one optimizer step and the MFU it implies. ``--logits bf16-materialized`` describes a trainer
   that materialises bf16 [tokens, vocab] logits (the reference's) instead of ours — for comparing
   with the reference's rows; display only.
+* **Evaluation memory** (``eval_memory_gb``, ``fits_eval_memory``): CORE scoring's predicted peak
+  (`pipeline.perf.eval_memory`) at the scoring batch (``eval.core_batch_tokens``, or when null the
+  most that fits beside the training state, `pipeline.perf.eval_batch_tokens`), ``in_loop`` (training's
+  quick subset: fp32 weights, optimizer state and gradients resident) and ``standalone`` (the
+  evaluate stage), each checked against the same capacity as training.
 * **Time**: ``est_hours`` = num_steps × step time / 3600, the step time being, first that applies:
   a measured one (``--measured-step SECONDS`` of one `pipeline.bench` micro-step on one GPU, or the
   ``pipeline.bench --json`` file itself: × grad_accum_steps, with the predicted DDP overhead when
@@ -86,7 +91,17 @@ from pipeline.budget import (
 from pipeline.config import add_config_args, load_config, params_from_args, parse_overrides, run_dir, source_files
 from pipeline.errors import ConfigError, PlanError
 from pipeline.io import atomic_write, get_logger, provenance, run_cli, write_json
-from pipeline.perf import LOGITS_MODES, StepSetup, capacity_gb, measured_step_seconds, memory, predicted_mfu, step_time
+from pipeline.perf import (
+    LOGITS_MODES,
+    StepSetup,
+    capacity_gb,
+    eval_batch_tokens,
+    eval_memory,
+    measured_step_seconds,
+    memory,
+    predicted_mfu,
+    step_time,
+)
 
 log = get_logger(__name__)
 
@@ -98,7 +113,7 @@ REQUIRED_KEYS = (
 EXTRA_KEYS = (
     "n_params_embedding", "n_params_lm_head", "target_basis", "trained_tokens", "seq_len", "data_tokens_needed",
     "tokens_available", "shards_per_source", "memory_gb", "step_time_s", "step_time_basis", "mfu", "hardware",
-    "stages", "stages_total", "notes",
+    "stages", "stages_total", "eval_memory_gb", "fits_eval_memory", "notes",
 )
 PLAN_KEYS = REQUIRED_KEYS + EXTRA_KEYS  # plan.json adds "meta"
 
@@ -257,8 +272,12 @@ def performance(cfg: dict, logits: str = "ours", measured_step: dict | None = No
         basis = "hardware.assumed_mfu"
     else:
         seconds, basis = predicted["total"], "predicted (pipeline.perf)"
+    n_eval = eval_batch_tokens(cfg)
+    evaluation = {"in_loop": eval_memory(setup, n_eval, in_loop=True),
+                  "standalone": eval_memory(setup, n_eval, in_loop=False)}
     return {"memory": mem, "capacity_gb": capacity_gb(hw["gpu_memory_gb"], hw["device"]), "step_time_s": seconds,
-            "step_time_basis": basis, "predicted_step": predicted, "mfu": predicted_mfu(setup, seconds)}
+            "step_time_basis": basis, "predicted_step": predicted, "mfu": predicted_mfu(setup, seconds),
+            "eval_memory": evaluation}
 
 
 def train_hours(cfg: dict) -> float:
@@ -357,6 +376,8 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
                      "capacity_gb": round(perf["capacity_gb"], 3), "peak_flops": peak, "logits": logits},
         "stages": stages,
         "stages_total": stages_total,
+        "eval_memory_gb": perf["eval_memory"],
+        "fits_eval_memory": all(m["total"] <= perf["capacity_gb"] for m in perf["eval_memory"].values()),
         "notes": notes,
     }
 
@@ -420,6 +441,7 @@ def _rows(plan: dict) -> list[tuple[str, str]]:
         ("memory per GPU (pred.)", f"{plan['est_memory_gb']:.1f} GB of {hw['capacity_gb']:.1f} GB{nominal}: "
                                    f"{'fits' if plan['fits_memory'] else 'DOES NOT FIT'} "
                                    f"(peak {mem['peak']:.1f} at the {mem['peak_at']}: {breakdown})"),
+        ("evaluation memory (pred.)", _eval_row(plan)),
         ("step time", f"{plan['step_time_s']:.3g} s per optimizer step ({plan['step_time_basis']})"),
         ("time", f"{plan['est_hours']:.2f} hours on {gpu}, {plan['est_gpu_hours']:.1f} GPU-hours"),
         *[(f"stage {i + 1}: {s['name']}",
@@ -430,6 +452,15 @@ def _rows(plan: dict) -> list[tuple[str, str]]:
         ("all stages", f"{plan['stages_total']['num_steps']:,} steps, {_num(plan['stages_total']['trained_tokens'])} "
                        f"tokens, {plan['stages_total']['est_gpu_hours']:.3g} GPU-hours (pred.)"),
     ]
+
+
+def _eval_row(plan: dict) -> str:
+    """CORE scoring's predicted peak, in the training loop and standalone, against the GPU."""
+    ev, cap = plan["eval_memory_gb"], plan["hardware"]["capacity_gb"]
+    loop, alone = ev["in_loop"], ev["standalone"]
+    return (f"CORE scoring at {loop['batch_tokens']:,} tokens/batch: in the training loop {loop['total']:.1f} GB "
+            f"(beside weights, optimizer and gradients; peak at the {loop['peak_at']}), standalone "
+            f"{alone['total']:.1f} GB, of {cap:.1f} GB: {'fits' if plan['fits_eval_memory'] else 'DOES NOT FIT'}")
 
 
 def format_plan(plan: dict) -> str:

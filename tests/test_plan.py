@@ -370,3 +370,47 @@ def test_cli_failure_is_one_error_line(tmp_path):
 def test_module_is_import_light():
     code = "import sys, pipeline.plan; assert 'torch' not in sys.modules and 'pyarrow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# ----------------------------------------------------------------------------- issue 18 item 1: evaluation memory
+
+def test_llama_1b_plan_shows_the_evaluation_peak_and_it_fits():
+    """The plan predicts CORE scoring's peak in the training loop (beside weights, AdamW state and
+    gradients) and standalone, and says it fits an 80 GB H100."""
+    plan = make_plan(load_config(LLAMA_1B))
+    ev = plan["eval_memory_gb"]
+    loop, alone = ev["in_loop"], ev["standalone"]
+    cap = plan["hardware"]["capacity_gb"]
+    assert plan["fits_eval_memory"] and loop["total"] <= cap and alone["total"] < loop["total"]
+    assert loop["optimizer"] == plan["memory_gb"]["optimizer"] and alone["optimizer"] == 0
+    assert loop["batch_tokens"] == alone["batch_tokens"] >= 64 * 2048  # what the scorer will use
+    row = dict(_rows_of(plan))["evaluation memory (pred.)"]
+    assert f"in the training loop {loop['total']:.1f} GB" in row and row.endswith(": fits")
+    assert "evaluation memory (pred.)" in format_plan(plan)
+
+
+def _rows_of(plan):
+    from pipeline.plan import _rows
+
+    return _rows(plan)
+
+
+def test_an_explicit_scoring_batch_that_cannot_fit_is_reported():
+    cfg = load_config(LLAMA_1B)
+    cfg["eval"]["core_batch_tokens"] = 64 * 131072  # 8.4M tokens: the forward alone is ~550 GB
+    plan = make_plan(cfg)
+    assert not plan["fits_eval_memory"] and plan["eval_memory_gb"]["in_loop"]["batch_tokens"] == 64 * 131072
+    assert "DOES NOT FIT" in dict(_rows_of(plan))["evaluation memory (pred.)"]
+    assert plan["fits_memory"]  # the training step itself still fits
+
+
+def test_the_plan_rules_params_carry_the_scoring_batch():
+    """The plan rule plans from its params slice (pipeline.config.stage_params 'plan'): it carries
+    eval.core_batch_tokens, which the evaluation memory depends on, and nothing else of eval."""
+    from pipeline.config import stage_params
+
+    cfg = load_config(LLAMA_1B)
+    cfg["eval"]["core_batch_tokens"] = 4096
+    params = stage_params(cfg, "plan")
+    assert params["eval"] == {"core_batch_tokens": 4096}
+    assert make_plan(params)["eval_memory_gb"]["in_loop"]["batch_tokens"] == 4096

@@ -5,6 +5,7 @@
         [--fp8 none|tensorwise|rowwise] [--precision bf16|fp32] [--optimizer adamw|adamw8bit|muon] \\
         [--ce-matmul auto|bf16|tf32|fp32] [--steps 10] [--warmup 3] [--json]
     python -m pipeline.bench --suite reference [...]   (the reference's rows: pipeline.bench.suite)
+    python -m pipeline.bench --gpu-check [--out results/gpu-check]   (make gpu-check: pipeline.bench.gpu_check)
 
 One step is exactly what the trainer does per micro-step plus the optimizer: forward under the
 training precision, chunked fp32 cross-entropy (logit matmuls at `train.ce_matmul`), backward,
@@ -17,7 +18,8 @@ Inputs are uniform random token ids of the model's vocabulary, [micro_batch, seq
 The first `--warmup` steps (compilation, allocator growth) are excluded; each timed step ends with
 a device synchronize. Reported: median and mean step time, tokens/s (micro_batch × seq_len /
 median step time), MFU (`pipeline.budget.flops_per_token` × tokens/s / `pipeline.budget.peak_flops` of
-the device actually used — its GPU type read from the CUDA device name — and the run's precision)
+the device actually used — its GPU type from the CUDA device's exact name, pipeline.budget.GPU_SPECS;
+an unknown GPU is refused — and the run's precision)
 and, on CUDA, memory allocated / peak allocated / reserved in GB (peak over
 the timed steps). Unset flags keep the config's values.
 """
@@ -50,15 +52,16 @@ def bench_config(cfg: dict, micro_batch: int | None = None, compile_model: bool 
 
 
 def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    """"cpu", or the CUDA device's exact name (`torch.cuda.get_device_properties`)."""
+    return torch.cuda.get_device_properties(device).name if device.type == "cuda" else "cpu"
 
 
-def gpu_type(name: str, configured: str) -> str:
-    """The planner's GPU type (its PEAK_FLOPS key) of the device actually used: "cpu" on CPU, the
-    H100/H200/A100 named in a CUDA device's name, else the configured `hardware.gpu_type`."""
-    if name == "cpu":
-        return "cpu"
-    return next((g for g in ("H200", "H100", "A100") if g in name), configured)
+def gpu_type(name: str) -> str:
+    """The GPU type (pipeline.budget.GPU_SPECS key) of the device actually used, by its exact name;
+    an unknown GPU is refused with the list of known ones (`pipeline.budget.gpu_type_of`)."""
+    from pipeline.budget import gpu_type_of
+
+    return gpu_type_of(name)
 
 
 def _sync(device: torch.device) -> None:
@@ -123,7 +126,7 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
     step_time = statistics.median(times)
     tokens_per_s = B * T / step_time
     fpt, name = flops_per_token(cfg), device_name(device)
-    peak = peak_flops(deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(name, cfg["hardware"]["gpu_type"])}}))
+    peak = peak_flops(deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(name)}}))
     return {
         "device": name,
         "n_params": sum(p.numel() for p in model.parameters()),
@@ -177,19 +180,20 @@ def main_suite(args) -> None:
     cfg = bench_config(load_config(configfile), compile_model=args.compile, precision=args.precision, device=device,
                        ce_matmul=args.ce_matmul)
     name = device_name(torch.device(device))
-    cfg = deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(name, cfg["hardware"]["gpu_type"])}})  # predict for it
+    cfg = deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(name)}})  # predict for the GPU actually used
 
-    def progress(row: dict) -> None:
+    title = f"Reference suite on {name}: {configfile}, {args.steps} timed steps after {args.warmup} warm-up"
+    header = {"device": name, "configfile": str(configfile)}
+
+    def progress(row: dict, rows: list[dict]) -> None:
+        if args.out:  # rewritten after every row: a crash or kill keeps the finished rows
+            write_suite(args.out, format_suite(rows, title), header, rows)
         if not args.json:
             m = row["measured"]
             print(f"{row['name']}: {row['skipped'] or format(m['step_time_s'], '.3f') + ' s'}", flush=True)
 
     rows = run_suite(cfg, args.steps, args.warmup, run_bench, on_row=progress)
-    text = format_suite(rows, f"Reference suite on {name}: {configfile}, {args.steps} timed steps after "
-                              f"{args.warmup} warm-up")
-    header = {"device": name, "configfile": str(configfile)}
-    if args.out:
-        write_suite(args.out, text, header, rows)
+    text = format_suite(rows, title)
     print(json.dumps({**header, "rows": rows}) if args.json else text)
 
 
@@ -199,7 +203,12 @@ def main(argv=None) -> None:
                                          f"is {SUITE_CONFIG}")
     p.add_argument("--micro-batch", type=int, help="rows per step (required without --suite)")
     p.add_argument("--suite", choices=("reference",), help="run the reference's rows (pipeline.bench.suite)")
-    p.add_argument("--out", help="--suite: also write the table here (markdown) and its rows beside it (.json)")
+    p.add_argument("--gpu-check", action="store_true",
+                   help="the GPU acceptance check (pipeline.bench.gpu_check; `make gpu-check`): smoke steps vs the "
+                        "CPU fp32 reference, the reference suite, measured vs predicted; --out is its directory")
+    p.add_argument("--smoke-steps", type=int, default=5, help="--gpu-check: optimizer steps per smoke row")
+    p.add_argument("--out", help="--suite: also write the table here (markdown) and its rows beside it (.json); "
+                                 "--gpu-check: the output directory (default results/gpu-check)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the step (default: train.compile of the config)")
     p.add_argument("--checkpoint", choices=("none", "mlp", "attention", "block", "every_n"),
@@ -213,6 +222,14 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
+    if args.gpu_check:
+        from pipeline.bench.gpu_check import run_gpu_check
+
+        if args.smoke_steps < 2:
+            p.error("--smoke-steps must be >= 2 (the first step is compilation, not timed)")
+        run_gpu_check(args.out or "results/gpu-check", run_bench, args.configfile or SUITE_CONFIG, args.device,
+                      args.smoke_steps, args.steps, args.warmup)
+        return None
     if args.suite:
         return main_suite(args)
     if args.configfile is None or args.micro_batch is None:

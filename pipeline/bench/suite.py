@@ -10,14 +10,19 @@ table: measured step time, tokens/s, MFU, peak allocated and reserved memory, be
 `pipeline.perf`'s prediction for the same setting (our loss, ``logits: ours``) and the ratio
 measured / predicted. A row that needs CUDA (fp8, 8-bit AdamW) on a CPU device is listed as skipped;
 a row that runs out of GPU memory is listed as "OOM" (itself a measurement: the model then
-over-predicts what fits). With ``--out`` the markdown table is written there (and the rows as JSON
-beside it, ``.json``), atomically.
+over-predicts what fits); a row that fails any other way (a compile error, a missing package, a
+kernel the GPU lacks) is listed as skipped with its exception, and the suite goes on to the next
+row. Between rows the compiled graphs are dropped, the row's model and optimizer collected
+(``gc.collect()``) and only then the CUDA cache emptied, so the next row starts from an empty GPU.
+With ``--out`` the markdown table is written there (and the rows as JSON beside it, ``.json``),
+atomically, and rewritten after every row: a suite killed halfway keeps the rows it finished.
 
 On CPU (the CI path, a tiny config) the measured columns are real CPU timings and the predictions
 use the nominal CPU peak: the table checks the plumbing, not the model.
 """
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import torch
@@ -62,13 +67,33 @@ def predict(cfg: dict) -> dict:
             "peak_gb": mem["peak"], "reserved_gb": mem["reserved"]}
 
 
-def run_suite(cfg: dict, steps: int, warmup: int, bench, on_row=None) -> list[dict]:
-    """Every REFERENCE_SUITE row on cfg's device, each timed by ``bench(cfg, steps, warmup)``
-    (`pipeline.bench.step.run_bench`): {name, settings, predicted, measured (or None), skipped (None,
-    a reason, or "OOM")}. `on_row(row)` is called after each row."""
+def skip_reason(e: BaseException) -> str:
+    """A failed row's reason: "OOM", or the exception's type and first line (kept short for the table)."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return "OOM"
+    first = (str(e).strip().splitlines() or [""])[0].replace("|", "/")  # a markdown table cell
+    first = first if len(first) <= 200 else first[:197] + "..."
+    return f"failed: {type(e).__name__}" + (f": {first}" if first else "")
+
+
+def release_device(device: str) -> None:
+    """After a row: drop compiled graphs, collect the row's model/optimizer (reference cycles hold
+    them), then return the freed blocks to the driver (only collected tensors can be)."""
+    torch._dynamo.reset()
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_suite(cfg: dict, steps: int, warmup: int, bench, on_row=None, suite=None) -> list[dict]:
+    """Every row of `suite` (default REFERENCE_SUITE) on cfg's device, each timed by
+    ``bench(cfg, steps, warmup)`` (`pipeline.bench.step.run_bench`): {name, settings, predicted,
+    measured (or None), skipped (None, a reason, "OOM", or "failed: <exception>")}. Any exception of
+    a row is recorded in its row (`skip_reason`), never raised. `on_row(row, rows)` is called after
+    each row with the rows so far (to write them as they finish)."""
     device = cfg["hardware"]["device"]
     rows = []
-    for name, mb, ckpt, fp8, opt in REFERENCE_SUITE:
+    for name, mb, ckpt, fp8, opt in suite or REFERENCE_SUITE:
         row_cfg = suite_config(cfg, mb, ckpt, fp8, opt)
         row = {"name": name, "micro_batch": mb, "activation_checkpointing": ckpt, "fp8": fp8, "optimizer": opt,
                "predicted": predict(row_cfg), "measured": None, "skipped": None}
@@ -80,15 +105,15 @@ def run_suite(cfg: dict, steps: int, warmup: int, bench, on_row=None) -> list[di
                 row["measured"] = {"step_time_s": r["step_time_s"], "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"],
                                    "peak_gb": r.get("mem/peak_gb"), "reserved_gb": r.get("mem/reserved_gb"),
                                    "device": r["device"]}
-            except torch.OutOfMemoryError:
-                row["skipped"] = "OOM"
+            except Exception as e:  # one row's failure is that row's result
+                row["skipped"] = skip_reason(e)
+                log.warning("suite row %r: %s", name, row["skipped"])
+                del e  # its traceback holds the row's frames (model, optimizer) alive
             finally:  # free this row's model, optimizer and compiled graphs before the next
-                torch._dynamo.reset()
-                if device == "cuda":
-                    torch.cuda.empty_cache()
-        if on_row:
-            on_row(row)
+                release_device(device)
         rows.append(row)
+        if on_row:
+            on_row(row, rows)
     return rows
 
 

@@ -4,8 +4,8 @@ a thin CLI.
     [torchrun --nproc_per_node N] python -m pipeline.evaluation.core --params JSON --ckpt R/train/final.pt \\
         --tokenizer R/tokenizer/tokenizer.json --tasks-dir R/eval_data --out R/eval/core.json
 
-Params: `{"eval": {"tasks", "core_shots", "core_max_items", "core_batch_tokens"}, "train": {"micro_batch",
-"seq_len"}, "seed", "hardware": {"device"}}` (schema keys; the evaluate stage's params).
+Params: the evaluate stage's (schema keys): `eval` (tasks, core_shots, core_max_items, core_batch_tokens),
+`seed`, and the `model`, `train` and `hardware` sections (the default batch is sized from them).
 
 Prompt. For an item with k shots: k examples drawn from the task's few-shot pool by an RNG seeded with
 (seed, task, item id) — the pool is disjoint from the scored items, so an item never sees itself — each
@@ -34,10 +34,17 @@ language_modeling items are correct when the greedy decode reproduces the contin
 Score. accuracy per task; centered accuracy = (acc - b) / (1 - b) with b the task's random baseline
 (pipeline/evaluation/tasks.py); `core_<n>` = mean centered accuracy over the n scored tasks.
 
+Precision. On CUDA the body runs under bf16 autocast whatever the training precision (`scoring_dtype`:
+fp32 attention with GQA has only the math SDPA kernel there, which materialises the [rows, heads, W, W]
+scores — ~69 GB for a 131K-token batch at W ≈ 2048); the LM head, log-sum-exp and log-probabilities
+are fp32. On CPU everything is fp32.
+
 Batching and sharding. Items are sharded across ranks (item i on rank i mod world); a rank's requests
 are sorted by length and packed into batches of at most `core_batch_tokens` padded tokens (by tokens,
-not items, so memory is bounded whatever the prompt lengths); right padding is safe under the causal
-mask. Only continuation positions go through the LM head, so no [batch, seq, vocab] tensor is formed.
+not items, so memory is bounded whatever the prompt lengths; null = the most that fits beside the
+training state, `pipeline.perf.eval_batch_tokens`, whose `eval_memory` the plan shows); right padding
+is safe under the causal mask. Only continuation positions go through the LM head, `ce_chunk_tokens`
+of them at a time, so no [batch, seq, vocab] tensor is formed.
 Per-item results are gathered to every rank, which all compute the same table; rank 0 writes it.
 """
 from __future__ import annotations
@@ -129,11 +136,22 @@ def truncate(ctx: list[int], cont: list[int], max_len: int) -> tuple[list[int], 
     return ids[-(max_len + 1):], min(len(cont), max_len), len(ids) > max_len + 1
 
 
+def scoring_dtype(device: torch.device) -> torch.dtype | None:
+    """The body's autocast dtype when scoring: bf16 on CUDA, whatever the training precision (fp32
+    SDPA with GQA has only the math kernel there, whose [rows, heads, W, W] fp32 scores and softmax
+    are ~69 GB at 131K tokens of W ≈ 2048; bf16 runs flash attention). None (fp32) on CPU."""
+    return torch.bfloat16 if device.type == "cuda" else None
+
+
 @torch.no_grad()
 def score_requests(model, pairs: list[tuple[list[int], list[int]]], max_len: int, batch_tokens: int,
-                   device: torch.device) -> list[Scored]:
+                   device: torch.device, dtype: torch.dtype | None = None, head_chunk: int = 8192) -> list[Scored]:
     """Score (context ids, continuation ids) pairs in length-sorted batches of <= batch_tokens padded
-    tokens (a single longer request still gets its own batch). fp32 log-softmax."""
+    tokens (a single longer request still gets its own batch). The body runs under `dtype` autocast
+    (None: fp32); the LM head and log-softmax in fp32, over at most `head_chunk` continuation
+    positions at a time (one [head_chunk, vocab] fp32 logits tensor, not one per batch)."""
+    if head_chunk < 1:
+        raise ValueError(f"head_chunk must be >= 1, got {head_chunk}")
     prepared = [truncate(c, x, max_len) for c, x in pairs]
     order = sorted(range(len(pairs)), key=lambda i: -len(prepared[i][0]))
     out: list[Scored | None] = [None] * len(pairs)
@@ -153,12 +171,19 @@ def score_requests(model, pairs: list[tuple[list[int], list[int]]], max_len: int
             pos_rows += [r] * n_cont
             pos_cols += range(len(ids) - 1 - n_cont, len(ids) - 1)
             targets += ids[-n_cont:]
-        hidden = model.hidden(inputs.to(device))
-        h = hidden[torch.tensor(pos_rows, device=device), torch.tensor(pos_cols, device=device)]
-        logp = F.log_softmax(F.linear(h, weight).float(), dim=-1)
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            hidden = model.hidden(inputs.to(device))
+        h = hidden[torch.tensor(pos_rows, device=device), torch.tensor(pos_cols, device=device)].float()
+        del hidden
         tgt = torch.tensor(targets, device=device)
-        tok_lp = logp.gather(1, tgt[:, None])[:, 0].double().cpu()
-        hit = (logp.argmax(dim=-1) == tgt).cpu()
+        lps, hits = [], []
+        for a in range(0, len(targets), head_chunk):
+            logits = F.linear(h[a:a + head_chunk], weight.float())  # fp32 logits, outside autocast
+            t = tgt[a:a + head_chunk]
+            lps.append((logits.gather(1, t[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)).double().cpu())
+            hits.append((logits.argmax(dim=-1) == t).cpu())
+            del logits
+        tok_lp, hit = torch.cat(lps), torch.cat(hits)
         at = 0
         for i in batch:
             n = prepared[i][1]
@@ -187,11 +212,14 @@ def task_shots(task: dict, shots: int | None) -> int:
 # ----------------------------------------------------------------------------- the suite
 
 def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch_tokens: int,
-                   shots: int | None = None, max_items: int | None = None, dist: Dist | None = None) -> dict:
+                   shots: int | None = None, max_items: int | None = None, dist: Dist | None = None,
+                   head_chunk: int = 8192) -> dict:
     """Score the first `max_items` items (all when None) of every task on this rank's share, gather,
     and return the table: per task accuracy, centered accuracy, items, truncated requests; and
-    `core_<n>`. With a distributed `dist` it is a collective: every rank must call it."""
+    `core_<n>`. The body runs at `scoring_dtype` of the model's device (bf16 autocast on CUDA). With
+    a distributed `dist` it is a collective: every rank must call it."""
     device = next(model.parameters()).device
+    dtype = scoring_dtype(device)
     max_len = model.cfg.max_seq_len
     rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
     was_training = model.training
@@ -210,7 +238,7 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
             spans.append((len(pairs), len(pairs) + len(reqs)))
             pairs += reqs
         try:
-            scored = score_requests(model, pairs, max_len, batch_tokens, device)
+            scored = score_requests(model, pairs, max_len, batch_tokens, device, dtype, head_chunk)
         except PipelineError as e:
             raise PipelineError(f"task {name!r}: {e}") from None
         for i, (a, b) in zip(mine, spans):
@@ -285,11 +313,16 @@ def plot_core(records: list[dict], final: dict, out_png: str | Path, final_step:
 
 
 def core_settings(params: dict, items_key: str = "core_max_items") -> dict:
-    """The scorer's keyword arguments from a stage's params (eval.* keys and seed); `items_key` names
-    the item cap (training's quick subset: core_interval_items)."""
-    e, t = params["eval"], params["train"]
-    return {"seed": params["seed"], "batch_tokens": e["core_batch_tokens"] or t["micro_batch"] * t["seq_len"],
-            "shots": e["core_shots"], "max_items": e[items_key]}
+    """The scorer's keyword arguments from a stage's params (eval.* keys, seed, and for the default
+    batch the model, train and hardware sections); `items_key` names the item cap (training's quick
+    subset: core_interval_items). ``eval.core_batch_tokens: null`` is bounded by memory
+    (`pipeline.perf.eval_batch_tokens`: what fits beside the training state on the configured GPU),
+    not by the training micro-batch; the LM head takes ``train.ce_chunk_tokens`` positions at a time."""
+    from pipeline.perf import eval_batch_tokens
+
+    e = params["eval"]
+    return {"seed": params["seed"], "batch_tokens": eval_batch_tokens(params), "shots": e["core_shots"],
+            "max_items": e[items_key], "head_chunk": params["train"]["ce_chunk_tokens"]}
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -316,7 +349,7 @@ def main(argv=None) -> None:
     params = params_from_args(args, "evaluate")
     from pipeline.data.encoding import load_tokenizer
 
-    dist = init_distributed(params["hardware"]["device"])
+    dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
     try:
         tasks = load_tasks(args.tasks_dir, params["eval"]["tasks"])
         result = evaluate_tasks(load_model(args.ckpt, dist.device), load_tokenizer(args.tokenizer), tasks,

@@ -7,6 +7,7 @@ import os
 import random
 import weakref
 from dataclasses import dataclass
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -16,6 +17,11 @@ from pipeline.errors import PipelineError
 from pipeline.io import get_logger
 
 log = get_logger(__name__)
+
+# hardware.process_group_timeout_min's default. Rank 0 alone writes a checkpoint (~15 GB on the 1.2B
+# preset, minutes on a network filesystem) while the other ranks already wait in the next step's
+# collectives; torch's default (10 min for NCCL) would kill such a job at its first checkpoint.
+DEFAULT_TIMEOUT_MIN = 60
 
 
 @dataclass(frozen=True)
@@ -37,9 +43,11 @@ class Dist:
         return torch_dist.is_available() and torch_dist.is_initialized()
 
 
-def init_distributed(device_type: str) -> Dist:
+def init_distributed(device_type: str, timeout_min: float = DEFAULT_TIMEOUT_MIN) -> Dist:
     """Join the torchrun job (gloo on CPU, nccl on CUDA; one GPU per local rank), use a process
-    group the caller already initialised, or run alone (world size 1, no process group)."""
+    group the caller already initialised, or run alone (world size 1, no process group).
+    `timeout_min` (``hardware.process_group_timeout_min``) bounds how long a collective waits for the
+    other ranks before the job is aborted (`DEFAULT_TIMEOUT_MIN`)."""
     if device_type == "cuda" and not torch.cuda.is_available():
         raise PipelineError("hardware.device is cuda but no CUDA device is visible; set hardware.device: cpu")
     joined = torch_dist.is_initialized()
@@ -52,7 +60,8 @@ def init_distributed(device_type: str) -> Dist:
         device = torch.device("cuda", local_rank)
     if not joined:
         backend = "nccl" if device_type == "cuda" else "gloo"
-        torch_dist.init_process_group(backend=backend, device_id=device if device_type == "cuda" else None)
+        torch_dist.init_process_group(backend=backend, device_id=device if device_type == "cuda" else None,
+                                      timeout=timedelta(minutes=timeout_min))
     return Dist(torch_dist.get_rank(), local_rank, torch_dist.get_world_size(), device, owns_group=not joined)
 
 

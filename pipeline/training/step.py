@@ -41,19 +41,28 @@ def use_compile(cfg: dict, device: torch.device) -> bool:
     return device.type == "cuda" if setting == "auto" else bool(setting)
 
 
+def fp8_filter(recipe: str):
+    """The module filter of `apply_fp8`: an nn.Linear that torchao's H100 thresholds for `recipe` say
+    is faster in fp8 (`pipeline.perf.fp8_converts`, the function the planner's fp8 speed-up uses)."""
+    from pipeline.perf import fp8_converts
+
+    def converts(module: nn.Module, fqn: str) -> bool:
+        return isinstance(module, nn.Linear) and fp8_converts(recipe, *module.weight.shape)
+
+    return converts
+
+
 def apply_fp8(model: Transformer, recipe: str) -> None:
-    """Swap the blocks' linears for torchao Float8Linear (`tensorwise` or `rowwise` scaling).
-    Master weights stay fp32; linears whose dims are not multiples of 16 are left alone."""
+    """Swap the blocks' linears that `fp8_filter` selects for torchao Float8Linear (`tensorwise` or
+    `rowwise` scaling); the others stay bf16 (on the 1.2B preset rowwise converts gate/up only).
+    Master weights stay fp32."""
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
         raise PipelineError("train.fp8 needs the torchao package: pip install torchao "
                             "(or set train.fp8: none)") from None
-
-    def fits(module: nn.Module, fqn: str) -> bool:
-        return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
-
-    convert_to_float8_training(model.layers, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=fits)
+    convert_to_float8_training(model.layers, config=Float8LinearConfig.from_recipe_name(recipe),
+                               module_filter_fn=fp8_filter(recipe))
 
 
 def build_model(cfg: dict, device: torch.device) -> Transformer:
@@ -94,11 +103,15 @@ class LossModel(nn.Module):
 
 def wrap(loss_model: LossModel, dist: Dist, compile_model: bool) -> tuple[nn.Module, nn.Module]:
     """(ddp, fwd): DDP around the loss model when a process group exists, then torch.compile
-    around that. `fwd` is what to call; `ddp` owns `no_sync`."""
+    around that. `fwd` is what to call; `ddp` owns `no_sync`. No buffer broadcast per forward
+    (``forward_sync_buffers=False``, torch 2.13's name for ``broadcast_buffers=False``, which it
+    deprecates): the only buffers are the RoPE cos/sin tables, computed identically on every rank
+    from the config, so DDP's default (broadcast them from rank 0 before every forward) is a wasted
+    collective per micro-step. DDP still syncs them once at construction."""
     ddp = loss_model
     if dist.distributed:
         ids = [dist.local_rank] if dist.device.type == "cuda" else None
-        ddp = DDP(loss_model, device_ids=ids, gradient_as_bucket_view=True)
+        ddp = DDP(loss_model, device_ids=ids, gradient_as_bucket_view=True, forward_sync_buffers=False)
     fwd = torch.compile(ddp) if compile_model else ddp
     return ddp, fwd
 

@@ -128,7 +128,7 @@ FIXED_BATCH_ROWS = 8  # rows of the fixed validation batch behind ce_fp32 / top1
 OBSERVABILITY_KEYS = {
     "wandb": None,
     "eval": None,
-    "hardware": ("assumed_mfu", "gpu_memory_gb"),
+    "hardware": ("assumed_mfu", "gpu_memory_gb", "process_group_timeout_min"),
     "train": ("log_interval", "val_interval", "val_batches", "ckpt_interval", "resume"),
 }
 
@@ -382,6 +382,23 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
             lock.release()
 
 
+def check_gpu_type(params: dict, device: torch.device) -> None:
+    """Warn when the GPU in use is not `hardware.gpu_type` (by its exact device name,
+    pipeline.budget.GPU_SPECS): the logged MFU and the plan's predictions use the configured type."""
+    from pipeline.budget import canonical_gpu_type, gpu_type_of
+
+    configured = params["hardware"]["gpu_type"]
+    name = torch.cuda.get_device_properties(device).name
+    try:
+        actual = gpu_type_of(name)
+    except PipelineError as e:
+        log.warning("%s; MFU is computed against hardware.gpu_type %s", e, configured)
+        return
+    if canonical_gpu_type(actual) != canonical_gpu_type(configured):
+        log.warning("this GPU is %r (%s) but hardware.gpu_type is %s: MFU and the plan use %s's peak; set "
+                    "hardware.gpu_type: %s", name, actual, configured, configured, actual)
+
+
 def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
            resume: str, max_steps: int | None, keep_ckpts: int, eval_data: str | None,
            init: str | None) -> dict | None:
@@ -400,10 +417,12 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
     if init is not None:  # the init's identity: a checkpoint from an older init is never resumed
         params = {**params, "stage": {**st, "init_sha256": sha256_file(init)}}
     t = params["train"]
-    dist = init_distributed(params["hardware"]["device"])
+    dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
     outdir, peak = Path(outdir), peak_flops(params)
     ckpt_dir = outdir / "ckpt"
     check_plan(plan, params, dist)
+    if dist.device.type == "cuda" and dist.is_main:
+        check_gpu_type(params, dist.device)
     num_steps, total_rows = stage_steps(params, plan, train_meta)
     plan = {**plan, "num_steps": num_steps, "stage": st["name"]}
     accum = plan["grad_accum_steps"]
@@ -505,6 +524,7 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
                       **{f"lr/{g['name']}": g["lr"] for g in optimizer.param_groups}, **record,
                       **group_norms(watched, "param_norm"), **update.ratios(), "tokens_per_s": tps,
                       "mfu": mfu(plan["flops_per_token"], tps, dist.world_size, peak), **memory_stats(dist.device)}
+        update = None  # its snapshot (≈ 1.5 GB at 1.2B) is not held through validation and CORE scoring
         if is_val:
             model.eval()
             last_val, fixed = validate(model, val_meta, params, plan, dist)

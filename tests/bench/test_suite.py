@@ -55,3 +55,69 @@ def test_suite_without_a_gpu_needs_an_explicit_device(configfile, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(PipelineError, match="no CUDA device is visible; pass --device cpu"):
         main(["--suite", "reference", "--configfile", str(configfile)])
+
+
+# ----------------------------------------------------------------------------- issue 18, item 2
+
+def _fake_bench(fail_on: dict, seen_files: list, out):
+    """A `run_bench` stand-in: raises `fail_on[micro_batch, ckpt]` for that row, records what the
+    table file holds when each row starts."""
+    def bench(cfg, steps, warmup):
+        t = cfg["train"]
+        seen_files.append(json.loads(out.with_suffix(".json").read_text())["rows"] if out.with_suffix(
+            ".json").exists() else [])
+        err = fail_on.get((t["micro_batch"], t["activation_checkpointing"]))
+        if err is not None:
+            raise err
+        return {"step_time_s": 0.5, "tokens_per_s": 1000.0, "mfu": 0.3, "mem/peak_gb": 1.0, "mem/reserved_gb": 1.5,
+                "device": "fake"}
+    return bench
+
+
+def test_a_failing_row_is_recorded_and_the_table_written_after_every_row(configfile, tmp_path, monkeypatch):
+    """Before: only OutOfMemoryError was caught (any other exception lost every row) and the table
+    was written once at the end."""
+    import torch
+
+    from pipeline.bench import step
+
+    out = tmp_path / "reference.md"
+    seen: list = []
+    fail = {(16, "mlp"): RuntimeError("inductor: C++ compile failed | exit 1\nlong trace"),
+            (16, "attention"): torch.OutOfMemoryError("CUDA out of memory")}
+    monkeypatch.setattr(step, "run_bench", _fake_bench(fail, seen, out))
+    main(["--suite", "reference", "--configfile", str(configfile), "--device", "cpu", "--steps", "1",
+          "--warmup", "0", "--out", str(out)])
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [r["name"] for r in rows] == [name for name, *_ in REFERENCE_SUITE]
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["16 mlp"]["skipped"] == "failed: RuntimeError: inductor: C++ compile failed / exit 1"
+    assert by_name["16 attention"]["skipped"] == "OOM"
+    assert by_name["16 block"]["measured"]["step_time_s"] == 0.5  # rows after a failure still run
+    assert "| 16 mlp | failed: RuntimeError: inductor: C++ compile failed / exit 1; pred." in out.read_text()
+    # the table on disk grew row by row: each bench call saw the rows finished before it
+    measured_rows = [r for r in REFERENCE_SUITE if r[3] == "none" and r[4] == "adamw"]
+    assert [len(s) for s in seen] == [REFERENCE_SUITE.index(r) for r in measured_rows]
+
+
+def test_rows_release_the_gpu_with_gc_before_empty_cache(monkeypatch):
+    """The CUDA branch on CPU: after each row gc.collect() runs before torch.cuda.empty_cache()
+    (a model held by a reference cycle is only freed by the collector, and only freed blocks return)."""
+    import gc
+
+    import torch
+
+    from pipeline.bench import suite
+    from pipeline.config import resolve_config
+
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append("gc") or 0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    cfg = resolve_config({**TINY, "hardware": {"device": "cuda", "gpu_type": "H100"}})
+
+    def bench(cfg, steps, warmup):
+        raise ValueError("boom")
+
+    rows = suite.run_suite(cfg, 1, 0, bench, suite=REFERENCE_SUITE[:2])
+    assert [r["skipped"] for r in rows] == ["failed: ValueError: boom"] * 2
+    assert calls == ["gc", "empty_cache"] * 2

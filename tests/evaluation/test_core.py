@@ -250,7 +250,8 @@ def test_a_corrupted_task_file_is_refused(tasks_dir, tmp_path):
 @pytest.mark.slow
 def test_two_gloo_ranks_give_the_single_process_table(tokenizer, tasks_dir, tmp_path):
     model = tiny_model(max_seq_len=64)
-    params = {"seed": 3, "hardware": {"device": "cpu"}, "train": {"micro_batch": 4, "seq_len": 64},
+    params = {"seed": 3, "hardware": {"device": "cpu", "process_group_timeout_min": 60},
+              "train": {"micro_batch": 4, "seq_len": 64, "ce_chunk_tokens": 8192},
               "eval": {"tasks": ["copa", "winogrande", "lambada"], "core_shots": 1, "core_max_items": 7,
                        "core_batch_tokens": 256}}
     torch.save({"model": model.state_dict(), "params": {
@@ -273,12 +274,77 @@ def test_two_gloo_ranks_give_the_single_process_table(tokenizer, tasks_dir, tmp_
     assert ddp["score"] == pytest.approx(single["score"])
 
 
-def test_batch_tokens_default_to_a_training_micro_batch():
-    """null: the scorer's forward covers at most the tokens of a training micro-batch (no grad), so it
-    fits the memory the plan sized for training; an explicit value wins."""
-    params = {"seed": 0, "train": {"micro_batch": 16, "seq_len": 256},
-              "eval": {"core_batch_tokens": None, "core_shots": None, "core_max_items": 100, "core_interval_items": 10}}
-    assert core.core_settings(params)["batch_tokens"] == 4096 and core.core_settings(params)["max_items"] == 100
-    assert core.core_settings(params, "core_interval_items")["max_items"] == 10
-    params["eval"]["core_batch_tokens"] = 512
-    assert core.core_settings(params)["batch_tokens"] == 512
+def test_batch_tokens_default_is_bounded_by_memory_not_the_training_batch():
+    """Issue 18 item 1. null was micro_batch × seq_len (131,072 tokens on the preset, scored in fp32: an
+    OOM on an 80 GB H100 beside the training state). Now: the most tokens whose predicted scoring peak
+    (pipeline.perf.eval_memory, in the loop) fits the configured GPU; independent of the micro-batch."""
+    from pipeline.config import load_config
+    from pipeline.perf import StepSetup, capacity_gb, eval_memory
+
+    cfg = load_config(ROOT / "configs/llama3-1b-fineweb.yaml")
+    settings = core.core_settings(cfg)
+    assert settings["max_items"] is None and settings["head_chunk"] == cfg["train"]["ce_chunk_tokens"]
+    n = settings["batch_tokens"]
+    s = StepSetup.from_config(cfg)
+    assert n % 2048 == 0 and eval_memory(s, n, in_loop=True)["total"] <= capacity_gb(80, "cuda")
+    other_batch = {**cfg, "train": {**cfg["train"], "micro_batch": 4}}
+    assert core.core_settings(other_batch)["batch_tokens"] == n  # not the training micro-batch
+    small_gpu = {**cfg, "hardware": {**cfg["hardware"], "gpu_memory_gb": 24}}
+    n_small = core.core_settings(small_gpu)["batch_tokens"]
+    assert 2048 <= n_small < n
+    assert eval_memory(s, n_small, in_loop=True)["total"] <= capacity_gb(24, "cuda") < \
+        eval_memory(s, n_small + 2048, in_loop=True)["total"]
+    assert core.core_settings(cfg, "core_interval_items")["max_items"] == cfg["eval"]["core_interval_items"]
+    explicit = {**cfg, "eval": {**cfg["eval"], "core_batch_tokens": 512}}
+    assert core.core_settings(explicit)["batch_tokens"] == 512
+
+
+def test_scoring_dtype_is_bf16_on_cuda_only():
+    assert core.scoring_dtype(torch.device("cuda", 0)) is torch.bfloat16
+    assert core.scoring_dtype(torch.device("cpu")) is None
+
+
+def test_cuda_scoring_runs_the_body_under_bf16_autocast_with_fp32_logits(tokenizer, tasks_dir, monkeypatch):
+    """The CUDA branch forced on CPU (CPU autocast has bf16 too): before, evaluate_tasks called
+    model.hidden without autocast — fp32 on CUDA, where GQA attention only has the math kernel."""
+    model = tiny_model(max_seq_len=64)
+    seen = []
+    real_hidden, real_linear = model.hidden, F.linear
+
+    def spy_hidden(x, *a):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return real_hidden(x, *a)
+
+    heads = []
+
+    def spy_linear(x, w, *a):
+        out = real_linear(x, w, *a)
+        if w.shape == model.lm_head_weight.shape:  # the LM head, not the body's linears
+            heads.append(out.dtype)
+        return out
+
+    tasks = core.load_tasks(tasks_dir, ["copa", "lambada"])
+    fp32 = core.evaluate_tasks(model, tokenizer, tasks, seed=0, batch_tokens=256, shots=1, max_items=5)
+    monkeypatch.setattr(model, "hidden", spy_hidden)
+    monkeypatch.setattr(core, "scoring_dtype", lambda device: torch.bfloat16)
+    monkeypatch.setattr(core.F, "linear", spy_linear)
+    bf16 = core.evaluate_tasks(model, tokenizer, tasks, seed=0, batch_tokens=256, shots=1, max_items=5)
+    assert seen and all(s == (True, torch.bfloat16) for s in seen)
+    assert heads and all(d == torch.float32 for d in heads)  # the LM head (outside autocast) is fp32
+    assert bf16["items"] == fp32["items"] and abs(bf16["score"] - fp32["score"]) <= 0.5  # same table, bf16 noise
+
+
+def test_lm_head_chunks_give_the_same_scores(tokenizer):
+    """The LM head takes head_chunk continuation positions at a time: one [chunk, vocab] fp32 logits
+    tensor per step instead of one per batch; the scores do not depend on the chunk."""
+    model = tiny_model(max_seq_len=24)
+    rng = random.Random(2)
+    words = "the a man cat sees water because he".split()
+    pairs = [core.encode_pair(tokenizer, " ".join(rng.choice(words) for _ in range(rng.randint(1, 20))),
+                              " " + " ".join(rng.choice(words) for _ in range(rng.randint(1, 4))))
+             for _ in range(30)]
+    whole = core.score_requests(model, pairs, 24, 10_000, torch.device("cpu"), head_chunk=10_000)
+    for chunk in (1, 7):
+        got = core.score_requests(model, pairs, 24, 10_000, torch.device("cpu"), head_chunk=chunk)
+        assert [(g.n_tokens, g.greedy) for g in got] == [(w.n_tokens, w.greedy) for w in whole]
+        assert [g.logprob for g in got] == pytest.approx([w.logprob for w in whole], abs=1e-5)

@@ -1,0 +1,314 @@
+"""`make gpu-check` (`python -m pipeline.bench --gpu-check`): the acceptance check of a user's first GPU node.
+
+    python -m pipeline.bench --gpu-check [--out results/gpu-check] [--device cuda|cpu] [--steps 5]
+        [--suite-steps 10] [--suite-warmup 3] [--configfile configs/llama3-1b-fineweb.yaml]
+
+Three parts, each written to ``--out`` as it finishes (atomically; a crash keeps what was done):
+
+1. **Smoke steps** (`SMOKE_ROWS`): `--steps` optimizer steps of the trainer's own step (the model,
+   `LossModel`, optimizer and fp8 conversion of pipeline.training) on one fixed random batch of a small
+   model (`SMOKE_MODEL`: 2 layers, d 1536, f 4608 — wide enough that torchao's fp8 filter converts its
+   gate/up linears under both recipes), under each CUDA feature the 1.2B run uses: torch.compile, the
+   bf16 body, the chunked fp32 cross-entropy (chunks smaller than the batch), flex_attention document
+   masking, fp8 tensorwise / rowwise (when torchao is installed). Every row's per-step losses are
+   compared with a **reference**: the same steps on the CPU in fp32, eager, with an unchunked
+   ``F.cross_entropy`` over the full [tokens, vocab] logits of ``model.forward`` (the SDPA boolean mask
+   for the document-masked rows) — an independent oracle for the loss, the masking and the fused
+   backward. A row passes when every step's loss is within its tolerance (`TOLERANCE`: fp32 1e-3
+   nats, bf16 0.05, fp8 0.10). The CPU row (chunked CE, eager fp32) always runs; a CUDA row on a
+   machine without CUDA (CI) is listed as skipped with the reason, so the command runs everywhere.
+2. **The reference suite** (`pipeline.bench.suite`, the reference write-up's 1×H100 rows) on
+   ``--configfile`` (default the 1.2B preset); on CPU on a tiny model (`CPU_SUITE_MODEL`, 1 timed
+   step: the plumbing, not the GPU).
+3. **Measured vs predicted** (``gpu-check.md`` / ``.json``): for every smoke and suite row, the measured
+   step time and peak allocated memory (CUDA only) beside `pipeline.perf`'s prediction and the ratio
+   measured / predicted. The smoke rows' step time is the median of the steps after the first
+   (compilation).
+
+Files in ``--out``: ``smoke.json``, ``reference.md`` + ``reference.json`` (the suite, rewritten after
+every row), ``gpu-check.md`` + ``gpu-check.json`` (the combined table and every row). Exit status 1
+when a smoke row that ran is outside its tolerance (everything is written first).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.config import deep_merge, resolve_config
+from pipeline.errors import PipelineError
+from pipeline.io import atomic_write, get_logger, write_json
+
+log = get_logger(__name__)
+
+SMOKE_MODEL = {"vocab_size": 4096, "dim": 1536, "n_layers": 2, "n_heads": 12, "n_kv_heads": 4, "ffn_dim": 4608}
+# On a machine without CUDA no fp8 row runs, so the CPU path (CI) uses a smaller model of the same kind.
+CPU_SMOKE_MODEL = {"vocab_size": 512, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 192}
+CPU_SUITE_MODEL = {"vocab_size": 512, "dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64}
+SMOKE_BATCH, SMOKE_SEQ, SMOKE_DOCS = 4, 256, 3  # rows, tokens per row, documents per row (masked rows)
+TOLERANCE = {"fp32": 1e-3, "bf16": 0.05, "fp8": 0.10}  # max |loss − reference loss| over the steps (nats)
+
+# (name, device, train overrides, document masking, what it checks)
+SMOKE_ROWS = [
+    ("cpu fp32 chunked CE", "cpu", {"precision": "fp32", "compile": False}, False,
+     "the fused chunked fp32 CE and its backward vs full logits"),
+    ("cuda fp32 eager", "cuda", {"precision": "fp32", "compile": False}, False, "the CUDA kernels, fp32"),
+    ("cuda compile bf16 chunked CE", "cuda", {"precision": "bf16", "compile": True}, False,
+     "torch.compile + bf16 autocast body + chunked fp32 CE (bf16 logit matmuls)"),
+    ("cuda compile bf16 flex doc-mask", "cuda", {"precision": "bf16", "compile": True}, True,
+     "flex_attention document masking (block mask) vs the SDPA boolean mask"),
+    ("cuda compile bf16 fp8 tensorwise", "cuda", {"precision": "bf16", "compile": True, "fp8": "tensorwise"}, False,
+     "torchao fp8 (tensorwise) on the filtered linears"),
+    ("cuda compile bf16 fp8 rowwise", "cuda", {"precision": "bf16", "compile": True, "fp8": "rowwise"}, False,
+     "torchao fp8 (rowwise) on the filtered linears"),
+]
+
+
+def smoke_config(device: str, model: dict | None = None) -> dict:
+    """The resolved config every smoke row starts from (one GPU, no accumulation, AdamW at a constant 1e-3)."""
+    model = model or (SMOKE_MODEL if device == "cuda" else CPU_SMOKE_MODEL)
+    tokens = SMOKE_BATCH * SMOKE_SEQ
+    return resolve_config({
+        "tokenizer": {"vocab_size": model["vocab_size"]},
+        "model": model,
+        "train": {"seq_len": SMOKE_SEQ, "micro_batch": SMOKE_BATCH, "global_batch_tokens": tokens,
+                  "ce_chunk_tokens": tokens // 4, "lr": 1e-3, "warmup_steps": 0, "grad_clip": 1.0,
+                  "optimizer": "adamw", "activation_checkpointing": "none"},
+        "hardware": {"device": device, "gpu_type": "H100" if device == "cuda" else "cpu"},
+    })
+
+
+def smoke_batch(cfg: dict, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(inputs, targets, doc ids) of the fixed batch: uniform random ids; each row holds SMOKE_DOCS
+    documents of random lengths (ids 0, 1, 2 by position)."""
+    g = torch.Generator().manual_seed(seed)
+    B, T, V = cfg["train"]["micro_batch"], cfg["train"]["seq_len"], cfg["model"]["vocab_size"]
+    rows = torch.randint(0, V, (B, T + 1), generator=g)
+    doc_ids = torch.zeros(B, T, dtype=torch.int64)
+    for r in range(B):
+        cuts = sorted(torch.randint(1, T, (SMOKE_DOCS - 1,), generator=g).tolist())
+        for c in cuts:
+            doc_ids[r, c:] += 1
+    return rows[:, :-1], rows[:, 1:], doc_ids
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reference_losses(cfg: dict, steps: int, masked: bool) -> list[float]:
+    """The oracle: `steps` AdamW steps on the CPU in fp32, eager, unchunked CE over model.forward's logits."""
+    from pipeline.training.distributed import seed_everything
+    from pipeline.training.optim import build_optimizer
+    from pipeline.training.step import build_model, clip_gradients, set_matmul_precision, zero_gradients
+
+    cfg = deep_merge(cfg, {"hardware": {"device": "cpu"}, "train": {"precision": "fp32", "compile": False,
+                                                                     "fp8": "none"}})
+    set_matmul_precision("fp32")
+    seed_everything(cfg["seed"])
+    model = build_model(cfg, torch.device("cpu"))
+    optimizer = build_optimizer(model, cfg["train"], "cpu")
+    x, y, doc_ids = smoke_batch(cfg)
+    params = [p for p in model.parameters() if p.requires_grad]
+    losses = []
+    for _ in range(steps):
+        logits = model(x, doc_ids if masked else None)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        clip_gradients(params, cfg["train"]["grad_clip"])
+        optimizer.step()
+        zero_gradients(optimizer)
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def run_smoke_row(cfg: dict, steps: int, masked: bool) -> dict:
+    """`steps` optimizer steps of the trainer's step on the fixed batch on cfg's device: per-step losses,
+    the median step time after the first, and on CUDA the peak allocated memory (GB)."""
+    from pipeline.training.distributed import seed_everything
+    from pipeline.training.metrics import memory_stats
+    from pipeline.training.optim import build_optimizer
+    from pipeline.training.step import (
+        LossModel,
+        autocast_dtype,
+        build_model,
+        ce_matmul,
+        clip_gradients,
+        set_matmul_precision,
+        use_compile,
+        zero_gradients,
+    )
+
+    device = torch.device(cfg["hardware"]["device"])
+    t = cfg["train"]
+    set_matmul_precision(ce_matmul(cfg))
+    seed_everything(cfg["seed"])
+    model = build_model(cfg, device)  # initialised on the CPU from the seed: the reference's weights
+    optimizer = build_optimizer(model, t, device.type)
+    loss_model = LossModel(model, autocast_dtype(cfg, device), t["ce_chunk_tokens"], ce_matmul(cfg))
+    fwd = torch.compile(loss_model) if use_compile(cfg, device) else loss_model
+    x, y, doc_ids = (v.to(device) for v in smoke_batch(cfg))
+    params = [p for p in model.parameters() if p.requires_grad]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    losses, times = [], []
+    for _ in range(steps):
+        _sync(device)
+        start = time.perf_counter()
+        loss_sum, count = fwd(x, y, None, doc_ids if masked else None)
+        (loss_sum / count).backward()
+        clip_gradients(params, t["grad_clip"])
+        optimizer.step()
+        zero_gradients(optimizer)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+        losses.append(float(loss_sum.detach() / count))
+    mem = memory_stats(device)
+    return {"losses": losses, "step_time_s": statistics.median(times[1:] or times), "peak_gb": mem.get("mem/peak_gb"),
+            "reserved_gb": mem.get("mem/reserved_gb")}
+
+
+def _skip_reason(device: str, overrides: dict, cuda: bool) -> str | None:
+    if device == "cuda" and not cuda:
+        return "needs CUDA: no CUDA device is visible"
+    if overrides.get("fp8", "none") != "none":
+        try:
+            import torchao.float8  # noqa: F401
+        except ImportError:
+            return "needs torchao (pip install torchao) for fp8"
+    return None
+
+
+def run_smoke(steps: int, cuda: bool, on_row=None, gpu: str = "H100") -> list[dict]:
+    """Every SMOKE_ROWS row: {name, checks, device, precision, tolerance, losses, reference, max_abs_diff,
+    passed, step_time_s, peak_gb, predicted, skipped}. A row's exception is recorded (skipped), never raised."""
+    from pipeline.bench.suite import predict, release_device, skip_reason
+
+    references: dict[tuple[str, bool], list[float]] = {}
+    rows = []
+    for name, device, overrides, masked, checks in SMOKE_ROWS:
+        cfg = deep_merge(smoke_config("cuda" if cuda else "cpu"), {"hardware": {"device": device},
+                                                                  "train": overrides})
+        cfg = deep_merge(cfg, {"hardware": {"gpu_type": gpu if device == "cuda" else "cpu"}})  # predict for it
+        kind = "fp8" if overrides.get("fp8", "none") != "none" else overrides["precision"]
+        row = {"name": name, "checks": checks, "device": device, "precision": kind, "doc_mask": masked,
+               "tolerance": TOLERANCE[kind], "model": cfg["model"], "losses": None, "reference": None,
+               "max_abs_diff": None, "passed": None, "step_time_s": None, "peak_gb": None,
+               "predicted": predict(cfg), "skipped": _skip_reason(device, overrides, cuda)}
+        if row["skipped"] is None:
+            try:
+                key = (str(cfg["model"]), masked)
+                if key not in references:
+                    references[key] = reference_losses(cfg, steps, masked)
+                row["reference"] = references[key]
+                row.update(run_smoke_row(cfg, steps, masked))
+                row["max_abs_diff"] = max(abs(a - b) for a, b in zip(row["losses"], row["reference"]))
+                row["passed"] = row["max_abs_diff"] <= row["tolerance"]
+            except Exception as e:  # one row's failure is that row's result
+                row["skipped"] = skip_reason(e)
+                log.warning("smoke row %r: %s", name, row["skipped"])
+                del e
+            finally:
+                release_device(device)
+        rows.append(row)
+        if on_row:
+            on_row(row, rows)
+    return rows
+
+
+def _ratio(measured, predicted) -> str:
+    return "—" if measured is None or not predicted else f"{measured / predicted:.2f}"
+
+
+def _num(x, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def format_check(smoke: list[dict], suite: list[dict], title: str) -> str:
+    """Markdown: the smoke rows' loss check, then measured vs predicted step time and peak memory of
+    every row with the ratio measured / predicted."""
+    lines = [f"# {title}", "", "## Smoke steps vs the CPU fp32 reference", "",
+             "| row | checks | result | max abs loss diff (tolerance) | first / last loss (reference) |",
+             "|---|---|---|---|---|"]
+    for r in smoke:
+        if r["skipped"]:
+            result, diff, loss = f"skipped: {r['skipped']}", "—", "—"
+        else:
+            result = "pass" if r["passed"] else "FAIL"
+            diff = f"{r['max_abs_diff']:.2e} ({r['tolerance']:g})"
+            loss = (f"{r['losses'][0]:.4f} / {r['losses'][-1]:.4f} "
+                    f"({r['reference'][0]:.4f} / {r['reference'][-1]:.4f})")
+        lines.append(f"| {r['name']} | {r['checks']} | {result} | {diff} | {loss} |")
+    lines += ["", "## Measured vs predicted (pipeline.perf)", "",
+              "| row | step s (meas. / pred. / ratio) | peak allocated GB (meas. / pred. / ratio) |", "|---|---|---|"]
+    for r in [*smoke, *({**s, "step_time_s": (s["measured"] or {}).get("step_time_s"),
+                         "peak_gb": (s["measured"] or {}).get("peak_gb"), "name": f"suite: {s['name']}"}
+                        for s in suite)]:
+        p = r["predicted"]
+        if r["skipped"]:
+            lines.append(f"| {r['name']} | {r['skipped']}; pred. {p['step_time_s']:.3g} | — / {p['peak_gb']:.3g} / — |")
+            continue
+        lines.append(f"| {r['name']} | {_num(r['step_time_s'], '.3g')} / {p['step_time_s']:.3g} / "
+                     f"{_ratio(r['step_time_s'], p['step_time_s'])} | {_num(r['peak_gb'], '.3g')} / "
+                     f"{p['peak_gb']:.3g} / {_ratio(r['peak_gb'], p['peak_gb'])} |")
+    lines += ["", "Predicted: pipeline.perf (a model, not a measurement). Measured: this run. On CPU the "
+              "predictions use a nominal 1 TFLOP/s and no memory is measured: the table checks the plumbing."]
+    return "\n".join(lines) + "\n"
+
+
+def run_gpu_check(out: str | Path, bench, configfile: str, device: str | None = None, steps: int = 5,
+                  suite_steps: int = 10, suite_warmup: int = 3) -> dict:
+    """The three parts (module docstring), the suite's rows timed by ``bench(cfg, steps, warmup)``
+    (`pipeline.bench.step.run_bench`) on `configfile` (CUDA only); returns {device, smoke, suite, passed}."""
+    from pipeline.bench.suite import format_suite, run_suite, write_suite
+    from pipeline.budget import gpu_type_of
+    from pipeline.config import load_config
+
+    cuda = torch.cuda.is_available() if device is None else device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise PipelineError("--device cuda: no CUDA device is visible")
+    out = Path(out)
+    name = torch.cuda.get_device_properties(0).name if cuda else "cpu"
+    gpu = gpu_type_of(name)  # an unknown GPU is refused here, before any work
+    header = {"device": name, "gpu_type": gpu}
+
+    def smoke_progress(row: dict, rows: list[dict]) -> None:
+        write_json(out / "smoke.json", {**header, "rows": rows})
+        print(f"smoke {row['name']}: {row['skipped'] or ('pass' if row['passed'] else 'FAIL')}", flush=True)
+
+    smoke = run_smoke(steps, cuda, on_row=smoke_progress, gpu=gpu if cuda else "H100")
+    if cuda:
+        suite_cfg = deep_merge(load_config(configfile), {"hardware": {"device": "cuda", "gpu_type": gpu}})
+        title = f"Reference suite on {name}: {configfile}"
+    else:  # the plumbing on a tiny model
+        suite_cfg = resolve_config({"tokenizer": {"vocab_size": CPU_SUITE_MODEL["vocab_size"]},
+                                    "model": CPU_SUITE_MODEL,
+                                    "train": {"seq_len": 32, "micro_batch": 4, "global_batch_tokens": 128,
+                                              "precision": "fp32", "compile": False, "ce_chunk_tokens": 50},
+                                    "hardware": {"device": "cpu", "gpu_type": "cpu"}})
+        suite_steps, suite_warmup = 1, 0
+        title = "Reference suite on cpu: a tiny model (the plumbing, not the GPU)"
+    suite_header = {**header, "configfile": configfile if cuda else None}
+
+    def suite_progress(row: dict, rows: list[dict]) -> None:
+        write_suite(out / "reference.md", format_suite(rows, title), suite_header, rows)
+        m = row["measured"]
+        print(f"suite {row['name']}: {row['skipped'] or format(m['step_time_s'], '.3f') + ' s'}", flush=True)
+
+    suite = run_suite(suite_cfg, suite_steps, suite_warmup, bench, on_row=suite_progress)
+    passed = all(r["passed"] is not False for r in smoke)
+    result = {**header, "passed": passed, "smoke": smoke, "suite": suite}
+    text = format_check(smoke, suite, f"make gpu-check on {name} ({gpu})")
+    with atomic_write(out / "gpu-check.md", encoding="utf-8") as f:
+        f.write(text)
+    write_json(out / "gpu-check.json", result)
+    print(text)
+    if not passed:
+        failed = ", ".join(r["name"] for r in smoke if r["passed"] is False)
+        raise PipelineError(f"gpu-check: smoke row(s) outside their loss tolerance: {failed} "
+                            f"(see {out / 'gpu-check.md'})")
+    return result
