@@ -94,6 +94,7 @@ MAKE_TARGETS = {
     "plan": Step(),
     "report": Step(),
     "lint": Step(),
+    "gpu-check": Step(),  # on CPU: the CUDA rows skipped with their reason
     "test-slurm": Step("make -n test-slurm", "installs and starts SLURM daemons as root (CI runs it: .ci/run)"),
     "clean": Step(),  # last: it removes the run
 }
