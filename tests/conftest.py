@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -64,3 +65,19 @@ def logged_steps(train_dir: Path) -> list[int]:
     path = train_dir / "metrics.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
     return [json.loads(ln)["step"] for ln in lines if ln.endswith("}")]
+
+
+def past_checkpoint(train_dir: Path) -> bool:
+    """A checkpoint, and a step logged after it (one the resume redoes)."""
+    latest = train_dir / "ckpt/latest"
+    return latest.exists() and any(s > int(latest.read_text().strip()[5:11]) for s in logged_steps(train_dir))
+
+
+def kill_group(proc: subprocess.Popen, path: Path) -> None:
+    """kill -9 the run's process group; within seconds no process of the run may be left."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while (left := processes_in(path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], f"processes survived the kill: {left}"

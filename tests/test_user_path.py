@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, logged_steps, processes_in, wait_for
+from conftest import ROOT, kill_group, logged_steps, past_checkpoint, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -166,18 +164,8 @@ def kill_during_training(path: Path, command: str) -> None:
     log = open(path / "killed-run.log", "w")
     run = subprocess.Popen(["bash", "-c", command], cwd=path, env=env(), stdout=log, stderr=subprocess.STDOUT,
                            start_new_session=True)
-
-    def past_checkpoint() -> bool:
-        latest = train / "ckpt/latest"
-        return latest.exists() and any(s > int(latest.read_text().strip()[5:11]) for s in logged_steps(train))
-
-    wait_for(past_checkpoint, run, "pretraining logged a step after a checkpoint", timeout=900)
-    os.killpg(run.pid, signal.SIGKILL)
-    run.wait()
-    deadline = time.monotonic() + 10
-    while (left := processes_in(path)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert left == [], f"processes survived the kill: {left}"
+    wait_for(lambda: past_checkpoint(train), run, "pretraining logged a step after a checkpoint", timeout=900)
+    kill_group(run, path)
     assert not (train / "final.pt").exists()
 
 

@@ -8,16 +8,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import ROOT, logged_steps, processes_in, wait_for, write_chat_shard, write_text_shard
+from conftest import ROOT, kill_group, logged_steps, past_checkpoint, wait_for, write_chat_shard, write_text_shard
 
 from pipeline.codehash import import_closure, package_modules
 
@@ -528,16 +526,6 @@ def start_snakemake(path: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def kill_group(proc: subprocess.Popen, path: Path) -> None:
-    """kill -9 the run's process group; within seconds no process of the run may be left."""
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    deadline = time.monotonic() + 10
-    while (left := processes_in(path)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert left == [], f"processes survived the kill: {left}"
-
-
 def test_killed_runs_lose_nothing(project, tmp_path):
     """The README's recovery, end to end: kill -9 the Snakemake process group during a per-shard stage and
     during training (after a checkpoint, with steps logged past it), rerun the way the README says, and
@@ -550,16 +538,9 @@ def test_killed_runs_lose_nothing(project, tmp_path):
     wait_for(lambda: any((path / "results/t/tokens").rglob("*.bin*")), run, "tokenize wrote a file")
     kill_group(run, path)
 
-    def past_checkpoint() -> bool:  # a checkpoint, and a step logged after it (redone on resume)
-        latest = train / "ckpt/latest"
-        if not latest.exists():
-            return False
-        step = int(latest.read_text().strip()[5:11])
-        return any(s > step for s in logged_steps(train))
-
     assert snakemake(path, "--unlock").returncode == 0
     run = start_snakemake(path, "--rerun-incomplete")
-    wait_for(past_checkpoint, run, "training logged a step after a checkpoint")
+    wait_for(lambda: past_checkpoint(train), run, "training logged a step after a checkpoint")
     kill_group(run, path)
     assert not (train / "final.pt").exists()
 
