@@ -29,8 +29,9 @@ $(STAMP): pyproject.toml Makefile | $(PY)
 run: $(STAMP)
 	$(SNAKE) --cores all
 
+# Two workers, each test file on one (its module-scoped runs shared, its tests in file order).
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # ruff over the repo, and snakemake's linter on the default config and every preset (it exits 1 on any lint).
 lint: $(STAMP)

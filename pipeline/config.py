@@ -20,6 +20,7 @@ import yaml
 
 from pipeline.budget import world_size
 from pipeline.errors import ConfigError
+from pipeline.stages import tokenizer_sources
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -262,13 +263,6 @@ def shard_groups(cfg: dict, name: str) -> dict[str, list[str]]:
     shards = source_shards(cfg, name)
     n = cfg["shards_per_job"]
     return {shards[i]: shards[i:i + n] for i in range(0, len(shards), n)}
-
-
-def tokenizer_sources(cfg: dict) -> list[str]:
-    tok = cfg["tokenizer"]
-    if tok.get("train_sources"):
-        return list(tok["train_sources"])
-    return [n for n, s in cfg["sources"].items() if s["format"] == "text"] or list(cfg["sources"])
 
 
 def params_json(obj: Any) -> str:

@@ -104,18 +104,28 @@ def get_stage(cfg: dict, name: str) -> dict:
     raise ConfigError(f"unknown stage '{name}' (train.stages: {', '.join(stage_names(cfg))})")
 
 
+def tokenizer_sources(cfg: dict) -> list[str]:
+    """The sources the tokenizer is trained on: tokenizer.train_sources, else every text source."""
+    tok = cfg["tokenizer"]
+    if tok.get("train_sources"):
+        return list(tok["train_sources"])
+    return [n for n, s in cfg["sources"].items() if s["format"] == "text"] or list(cfg["sources"])
+
+
 def stage_config(cfg: dict, name: str) -> dict:
     """`cfg` as one stage sees it: `train` replaced by the stage's effective train section, `mixes`
-    and `sources` narrowed to the stage's own mix and the sources it reads, and the resolved stage
-    (without its train section) under ``stage``. What the trainer and the evaluation of that stage
-    receive, so an edit to another stage, mix or source leaves this stage's params (and Snakemake's
-    rerun decision, and its checkpoints' resume check) unchanged."""
+    and `sources` narrowed to the stage's own mix and the sources its data is made of (the mix's and
+    the tokenizer's), and the resolved stage (without its train section) under ``stage``. What the
+    trainer and the evaluation of that stage receive, so an edit to another stage, mix or source
+    leaves this stage's params (and Snakemake's rerun decision, and its checkpoints' resume check)
+    unchanged."""
     st = get_stage(cfg, name)
     out = {k: v for k, v in cfg.items() if k != "train"}
     out["train"] = st["train"]
     out["mixes"] = {st["mix"]: cfg["mixes"][st["mix"]]}
-    if "sources" in cfg:  # the sources its mix reads: an edit of another source is not this stage's
-        out["sources"] = {s: v for s, v in cfg["sources"].items() if s in cfg["mixes"][st["mix"]]["weights"]}
+    if "sources" in cfg:  # what its data is made of: its mix's sources and the tokenizer's
+        reads = set(cfg["mixes"][st["mix"]]["weights"]) | set(tokenizer_sources(cfg))
+        out["sources"] = {s: v for s, v in cfg["sources"].items() if s in reads}
     out["stage"] = {k: v for k, v in st.items() if k != "train"}
     return out
 

@@ -42,6 +42,8 @@ def test_a_stage_sees_only_the_sources_its_mix_reads():
     before, after = cfg(), resolve_config({**cfg(), "sources": edited})
     assert set(stage_config(before, "pretrain")["sources"]) == {"web"}
     assert set(stage_config(before, "mid")["sources"]) == {"web", "chat"}
+    assert set(stage_config(before, "sft")["sources"]) == {"web", "chat"}  # the tokenizer's source too
+    assert stage_params(stage_config(before, "sft"), "tokenizer") == stage_params(before, "tokenizer")
     for stage in ("train", "evaluate"):
         assert (stage_config(stage_params(before, stage), "pretrain")
                 == stage_config(stage_params(after, stage), "pretrain"))

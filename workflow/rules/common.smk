@@ -18,7 +18,7 @@ from pipeline import config as tfc  # noqa: E402
 from pipeline.codehash import code_version as code_hash  # noqa: E402
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.plan import format_plan, make_plan, train_hours  # noqa: E402
-from pipeline.stages import stage_config, stage_list  # noqa: E402
+from pipeline.stages import stage_config, stage_list, tokenizer_sources  # noqa: E402
 
 
 def stop(message):
