@@ -78,7 +78,7 @@ def canonical_gpu_type(gpu_type: str) -> str:
 
 
 def param_parts(model_cfg: dict) -> dict[str, int]:
-    """Parameter counts of `pipeline.training.model.Transformer` by part: embedding, lm_head (0 when tied),
+    """Parameter counts of `pipeline.model.model.Transformer` by part: embedding, lm_head (0 when tied),
     blocks (all L blocks, norms included), final_norm."""
     V, d, L, f = model_cfg["vocab_size"], model_cfg["dim"], model_cfg["n_layers"], model_cfg["ffn_dim"]
     d_kv = model_cfg["n_kv_heads"] * (d // model_cfg["n_heads"])

@@ -9,7 +9,7 @@ measures with `python -m pipeline.bench` (which `pipeline.plan --measured-step` 
 
 ``logits`` names the loss implementation being described:
 
-* ``ours`` (default): pipeline/training/losses.py — fp32 cross-entropy outside autocast, chunked over
+* ``ours`` (default): pipeline/model/losses.py — fp32 cross-entropy outside autocast, chunked over
   ``train.ce_chunk_tokens`` tokens with the backward fused into the forward, so no [tokens, vocab]
   tensor ever exists; the logit matmuls run at ``train.ce_matmul`` precision.
 * ``bf16-materialized``: the reference trainer — ``lm_head`` under autocast materialises bf16

@@ -14,7 +14,7 @@ file is read.
 Definitions and formulas (V = vocab_size, d = dim, L = n_layers, f = ffn_dim, T = seq_len,
 d_kv = n_kv_heads × d / n_heads):
 
-* **Parameters** (`count_params`), exactly those of `pipeline.training.model.Transformer`: token embedding
+* **Parameters** (`count_params`), exactly those of `pipeline.model.model.Transformer`: token embedding
   V·d; per block q, o: d·d each, k, v: d·d_kv each, SwiGLU 3·d·f, two RMSNorm gains 2·d; final norm
   d; untied lm_head V·d. ``n_params_non_embedding`` (Kaplan et al. 2020) excludes every
   vocabulary matrix: total − token embedding − untied lm_head, so it is the same for the tied and

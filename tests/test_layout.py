@@ -1,6 +1,7 @@
-"""The package's shape, checked with `ast` over pipeline/: no import circle, no stage importing another
-stage (a stage is a module a rule runs: `python -m pipeline.…` in workflow/rules/*.smk), a torch-free
-top level, and no snakemake import anywhere in the package."""
+"""The package's shape, checked with `ast` over pipeline/: no import circle, the floors (no package
+importing one above it: `model` and `data` below `evaluation`, below `training`, below `bench`), no
+stage importing another stage (a stage is a module a rule runs: `python -m pipeline.…` in
+workflow/rules/*.smk), a torch-free top level, and no snakemake import anywhere in the package."""
 import ast
 import re
 
@@ -48,6 +49,41 @@ def test_no_import_circle():
     for m in sorted(g):
         if m not in state:
             visit(m, [m])
+
+
+# The floors, bottom up: a module may import its own package and the packages of lower floors only.
+# The top-level modules (errors, io, config, budget, plan, perf, stages, distributed, …) are the ground
+# floor; `model` and `data` stand side by side on the next one and import nothing from each other.
+FLOORS = {"model": 1, "data": 1, "evaluation": 2, "training": 3, "bench": 4}
+
+
+def package_of(module: str) -> str:
+    """`model` for pipeline.model.engine; "" for a top-level module (pipeline.io, pipeline itself)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 else ""
+
+
+def test_floors_cover_every_package():
+    assert {package_of(m) for m in package_modules()} - {""} == set(FLOORS)
+
+
+def test_no_import_from_a_floor_above():
+    upward = sorted((m, n) for m, ns in graph().items() for n in ns
+                    if package_of(n) != package_of(m)
+                    and FLOORS.get(package_of(n), 0) >= FLOORS.get(package_of(m), 0))
+    assert not upward, f"imports from a package on the same or a higher floor: {upward}"
+
+
+def test_the_named_floors():
+    """The floors the layout is for, spelled out: the model layer stands alone, evaluation never reaches
+    into training, the data stages reach into neither."""
+    g = graph()
+    for pkg, forbidden in (("model", {"data", "training", "evaluation", "bench"}),
+                           ("evaluation", {"training", "bench"}),
+                           ("data", {"model", "training", "evaluation", "bench"}),
+                           ("", set(FLOORS))):
+        bad = sorted((m, n) for m, ns in g.items() if package_of(m) == pkg for n in ns if package_of(n) in forbidden)
+        assert not bad, f"pipeline.{pkg or '<top level>'} imports {sorted({package_of(n) for _, n in bad})}: {bad}"
 
 
 def test_no_stage_imports_another_stage():

@@ -15,9 +15,9 @@ from conftest import ROOT, write_text_shard
 from pipeline.budget import count_params, flops_per_token
 from pipeline.config import load_config, resolve_config
 from pipeline.errors import ConfigError, PlanError
+from pipeline.model.model import ModelConfig, Transformer
 from pipeline.perf import DDP_EFFICIENCY, StepSetup, memory, step_time
 from pipeline.plan import PLAN_KEYS, REQUIRED_KEYS, format_plan, main, make_plan, read_measured_step
-from pipeline.training.model import ModelConfig, Transformer
 
 LLAMA_1B = ROOT / "configs/llama3-1b-fineweb.yaml"
 GPT_500M = ROOT / "configs/gpt-500m-fineweb.yaml"

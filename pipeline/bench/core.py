@@ -32,7 +32,7 @@ MODELS = {
 
 def model_and_params(name: str, tokenizer) -> tuple[torch.nn.Module, dict]:
     from pipeline.config import load_config, resolve_config
-    from pipeline.training.model import ModelConfig, Transformer
+    from pipeline.model.model import ModelConfig, Transformer
 
     cfg = load_config("config.yaml") if name == "default" else resolve_config({})
     if name != "default":
@@ -57,8 +57,8 @@ def main(argv=None) -> Any:
     args = ap.parse_args(argv)
 
     from pipeline.data.encoding import load_tokenizer
+    from pipeline.data.eval_data import build_eval_data
     from pipeline.evaluation import core
-    from pipeline.evaluation.eval_data import build_eval_data
 
     torch.set_num_threads(args.threads)
     logging.getLogger("pipeline").setLevel(logging.ERROR)

@@ -351,8 +351,8 @@ def bench_decontam(args) -> dict[str, Timing]:
 
     from pipeline.config import resolve_config
     from pipeline.data import decontaminate, dedup
-    from pipeline.evaluation.eval_data import build_eval_data
-    from pipeline.evaluation.tasks import load_tasks
+    from pipeline.data.eval_data import build_eval_data
+    from pipeline.data.tasks import load_tasks
 
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)

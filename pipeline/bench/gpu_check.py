@@ -102,7 +102,7 @@ def _sync(device: torch.device) -> None:
 
 def reference_losses(cfg: dict, steps: int, masked: bool) -> list[float]:
     """The oracle: `steps` AdamW steps on the CPU in fp32, eager, unchunked CE over model.forward's logits."""
-    from pipeline.training.distributed import seed_everything
+    from pipeline.distributed import seed_everything
     from pipeline.training.optim import build_optimizer
     from pipeline.training.step import build_model, clip_gradients, set_matmul_precision, zero_gradients
 
@@ -129,7 +129,7 @@ def reference_losses(cfg: dict, steps: int, masked: bool) -> list[float]:
 def run_smoke_row(cfg: dict, steps: int, masked: bool) -> dict:
     """`steps` optimizer steps of the trainer's step on the fixed batch on cfg's device: per-step losses,
     the median step time after the first, and on CUDA the peak allocated memory (GB)."""
-    from pipeline.training.distributed import seed_everything
+    from pipeline.distributed import seed_everything
     from pipeline.training.metrics import memory_stats
     from pipeline.training.optim import build_optimizer
     from pipeline.training.step import (

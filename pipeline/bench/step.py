@@ -73,7 +73,7 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
     """Time `steps` training steps after `warmup` untimed ones; returns the result fields.
     `on_step(i, seconds, timed)` is called after every step (for progress lines)."""
     from pipeline.budget import flops_per_token, peak_flops
-    from pipeline.training.distributed import seed_everything
+    from pipeline.distributed import seed_everything
     from pipeline.training.metrics import memory_stats, mfu
     from pipeline.training.optim import build_optimizer
     from pipeline.training.step import (

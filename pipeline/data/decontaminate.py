@@ -48,8 +48,8 @@ import pyarrow.compute as pc
 from pipeline.config import add_config_args, params_from_args
 from pipeline.data.contract import document_texts, load_doc_tokens
 from pipeline.data.minhash import SHINGLE_MULT, SHINGLE_SEED, doc_word_hashes, normalize_text
+from pipeline.data.tasks import load_tasks
 from pipeline.errors import PipelineError
-from pipeline.evaluation.tasks import load_tasks
 from pipeline.io import get_logger, provenance, run_cli, write_json, write_parquet
 
 log = get_logger(__name__)

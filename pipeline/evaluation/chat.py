@@ -6,7 +6,7 @@
 
 The conversation is rendered with the run's chat template (``Tokenizer.render_prompt``,
 pipeline/data/encoding.py: the layout the SFT data was tokenized with, ending in
-``<|assistant_start|>``) and answered by the KV-cache engine (pipeline/training/engine.py). An answer
+``<|assistant_start|>``) and answered by the KV-cache engine (pipeline/model/engine.py). An answer
 ends at ``<|assistant_end|>``; also at a
 token that cannot occur inside an answer (``<|bos|>``, ``<|eos|>``, ``<|user_start|>``,
 ``<|assistant_start|>``: a model that starts the user's turn has finished its own), after
@@ -36,6 +36,9 @@ import torch
 
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, run_cli
+from pipeline.model.engine import Engine
+from pipeline.model.load import load_model
+from pipeline.model.state_dict_adapter import PROVENANCE, is_hf_dir, read_hf_json
 
 log = get_logger(__name__)
 
@@ -52,27 +55,9 @@ def find_tokenizer(ckpt_path: str | Path) -> Path:
                         "R/tokenizer/tokenizer.json of the run that trained it")
 
 
-def load_model(ckpt_path: str | Path, device: torch.device):
-    """The trained Transformer of a ``final.pt`` (or a step checkpoint, or an exported Hugging Face
-    directory, read through the import of ``python -m pipeline.evaluation.export --from-hf``), in eval
-    mode on ``device``."""
-    from pipeline.evaluation.export import is_hf_dir, read_hf
-    from pipeline.training.checkpoint import load_checkpoint
-    from pipeline.training.model import ModelConfig, Transformer
-
-    state = read_hf(ckpt_path) if is_hf_dir(ckpt_path) else load_checkpoint(ckpt_path)
-    if "model" not in state or "params" not in state:
-        raise PipelineError(f"{ckpt_path} is not a tokenfarm training checkpoint (no model weights and params)")
-    model = Transformer(ModelConfig.from_config(state["params"]))
-    model.load_state_dict(state["model"])
-    return model.to(device).eval()
-
-
 def check_exported_tokenizer(ckpt_path: str | Path, tokenizer) -> None:
     """An exported directory names the tokenizer it was exported with (tokenfarm.json): refuse another.
     (Its own tokenizer.json is the Hugging Face rendering of ours; chat needs ours.)"""
-    from pipeline.evaluation.export import PROVENANCE, is_hf_dir, read_hf_json
-
     if not is_hf_dir(ckpt_path) or not (Path(ckpt_path) / PROVENANCE).exists():
         return
     want = read_hf_json(Path(ckpt_path) / PROVENANCE).get("tokenizer_sha256")
@@ -95,8 +80,6 @@ class ChatSession:
 
     def __init__(self, model, tokenizer, max_new_tokens: int = 256, temperature: float = 0.8,
                  top_k: int | None = 50, seed: int = 0):
-        from pipeline.training.engine import Engine
-
         self.engine = Engine(model)
         self.tokenizer = tokenizer
         self.context = model.cfg.max_seq_len
@@ -145,8 +128,6 @@ class ChatSession:
 def answer_questions(model, tokenizer, questions: list[str], max_new_tokens: int) -> list[dict]:
     """Greedy single-turn answers to `questions`, one batch through the engine (the stage report's
     sample answers): ``[{"question", "answer", "ended"}]``, `ended` = why the answer stopped."""
-    from pipeline.training.engine import Engine
-
     if not questions:
         return []
     room = model.cfg.max_seq_len - max(len(tokenizer.render_prompt([{"role": "user", "content": q}]))

@@ -32,7 +32,7 @@ language_modeling items are correct when the greedy decode reproduces the contin
 (every continuation token is the argmax given the true prefix, which is the same thing).
 
 Score. accuracy per task; centered accuracy = (acc - b) / (1 - b) with b the task's random baseline
-(pipeline/evaluation/tasks.py); `core_<n>` = mean centered accuracy over the n scored tasks.
+(pipeline/data/tasks.py); `core_<n>` = mean centered accuracy over the n scored tasks.
 
 Precision. On CUDA the body runs under bf16 autocast whatever the training precision (`scoring_dtype`:
 fp32 attention with GQA has only the math SDPA kernel there, which materialises the [rows, heads, W, W]
@@ -61,10 +61,11 @@ import torch.distributed as torch_dist
 import torch.nn.functional as F
 
 from pipeline.config import add_config_args, params_from_args
+from pipeline.data.tasks import load_tasks, score_name, task_path
+from pipeline.distributed import Dist, gather_objects, init_distributed
 from pipeline.errors import PipelineError
-from pipeline.evaluation.tasks import load_tasks, score_name, task_path
 from pipeline.io import get_logger, provenance, run_cli, write_json
-from pipeline.training.distributed import Dist, gather_objects, init_distributed
+from pipeline.model.load import load_model
 
 log = get_logger(__name__)
 
@@ -326,17 +327,6 @@ def core_settings(params: dict, items_key: str = "core_max_items") -> dict:
 
 
 # ----------------------------------------------------------------------------- CLI
-
-def load_model(ckpt_path: str, device: torch.device):
-    """The checkpoint's model in fp32 eval mode."""
-    from pipeline.training.checkpoint import load_checkpoint
-    from pipeline.training.model import ModelConfig, Transformer
-
-    final = load_checkpoint(ckpt_path)
-    model = Transformer(ModelConfig.from_config(final["params"]))
-    model.load_state_dict(final["model"])
-    return model.to(device).eval()
-
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.core", description=__doc__.split("\n\n")[0])

@@ -8,7 +8,7 @@ Definitions (every counted target token of every validation row; a bestfit pack'
 decides what is counted, exactly as in training):
 
 * ``val_loss``: mean fp32 cross-entropy in nats per target token, the whole model in fp32 (no
-  autocast), chunked CE (pipeline/training/losses.py), over ALL validation rows (also the partial batch).
+  autocast), chunked CE (pipeline/model/losses.py), over ALL validation rows (also the partial batch).
 * ``val_bpb``: bits per byte = (Σ nats / ln 2) / (Σ UTF-8 bytes of the target tokens). A token's
   bytes are ``Encoding.decode_single_token_bytes(id)`` of the tokenizer's tiktoken encoding;
   special tokens (BOS, EOS, chat markers) count 0 bytes — they are not text — but their loss counts
@@ -45,8 +45,9 @@ import torch
 
 from pipeline.config import add_config_args, params_from_args
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_cli, write_json
+from pipeline.model.engine import generate_texts
+from pipeline.model.load import load_trained
 from pipeline.stages import stage_config, stage_names
-from pipeline.training.sampling import generate_texts
 
 log = get_logger(__name__)
 
@@ -82,7 +83,7 @@ def counted_targets(targets: torch.Tensor, mask: torch.Tensor | None) -> np.ndar
 @torch.no_grad()
 def evaluate_rows(model, loader, device: torch.device, rows: int, chunk: int, byte_lengths: np.ndarray) -> dict:
     """Σ fp32 CE (nats), counted target tokens and their UTF-8 bytes over all rows of `loader`."""
-    from pipeline.training.losses import chunked_cross_entropy
+    from pipeline.model.losses import chunked_cross_entropy
 
     model.eval()
     nats, tokens, n_bytes = 0.0, 0, 0
@@ -204,16 +205,11 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
     """Compute the report (module docstring) and write report.json, report.md and loss.png."""
     from pipeline.data.encoding import load_tokenizer
     from pipeline.data.loader import PackedLoader
-    from pipeline.training.checkpoint import load_checkpoint
-    from pipeline.training.model import ModelConfig, Transformer
 
     outdir = Path(outdir)
     want_cuda = params["hardware"]["device"] == "cuda" and torch.cuda.is_available()
     device = torch.device("cuda" if want_cuda else "cpu")
-    final = load_checkpoint(ckpt_path)
-    model = Transformer(ModelConfig.from_config(final["params"]))
-    model.load_state_dict(final["model"])
-    model.to(device).eval()
+    model, final = load_trained(ckpt_path, device)
     tokenizer = load_tokenizer(tokenizer_path)
     vocab = model.cfg.vocab_size
     byte_lengths = token_byte_lengths(tokenizer, vocab)

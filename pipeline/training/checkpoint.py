@@ -6,9 +6,9 @@ Layout under ``R/train/``::
     ckpt/latest           text: the file name of the newest complete checkpoint (written after it)
     final.pt              the trained model (no optimizer state), written last
 
-Each checkpoint file has a sidecar ``<file>.sha256`` (``sha256sum -c`` format), hashed as the file
-is written; every load verifies the file against it first (`verify_checkpoint`, streamed), so a
-checkpoint damaged on disk is an error naming it, not a model that loads with corrupt weights.
+Each checkpoint file is written, checksummed and loaded by pipeline/model/checkpoint.py (the file
+format the evaluation stages read too); this module keeps what only training needs: RNG state, the
+``latest`` pointer, the newest readable checkpoint of a resume, pruning.
 
 A resumable checkpoint is a dict of tensors and plain Python values only (so that
 ``torch.load(path, weights_only=True)`` can read it — no pickled objects):
@@ -36,9 +36,7 @@ leaves the previous checkpoint usable. A resume takes the newest checkpoint that
 """
 from __future__ import annotations
 
-import platform
 import random
-import re
 import shutil
 import time
 from pathlib import Path
@@ -47,17 +45,13 @@ import numpy as np
 import torch
 
 from pipeline.errors import PipelineError
-from pipeline.io import HashingFile, atomic_path, atomic_write, get_logger, verify_sha256
+from pipeline.io import atomic_write, get_logger
+from pipeline.model.checkpoint import NAME_RE, SUFFIX, checksum_path, load_checkpoint
 
 __all__ = [
     "rng_state",
     "set_rng_state",
-    "versions",
     "checkpoint_name",
-    "save_checkpoint",
-    "checksum_path",
-    "verify_checkpoint",
-    "load_checkpoint",
     "latest_checkpoint",
     "step_checkpoints",
     "newest_readable",
@@ -67,9 +61,7 @@ __all__ = [
 ]
 
 log = get_logger(__name__)
-NAME_RE = re.compile(r"^step_(\d{6,})\.pt$")
 LATEST = "latest"
-SUFFIX = ".sha256"
 
 
 def rng_state() -> dict:
@@ -97,86 +89,8 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def versions() -> dict:
-    return {
-        "torch": str(torch.__version__),
-        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-    }
-
-
 def checkpoint_name(step: int) -> str:
     return f"step_{step:06d}.pt"
-
-
-def checksum_path(path: str | Path) -> Path:
-    """The sidecar `<file>.sha256` (`sha256sum` format) that `save_checkpoint` writes next to a checkpoint."""
-    path = Path(path)
-    return path.with_name(path.name + SUFFIX)
-
-
-def save_checkpoint(path: str | Path, state: dict) -> None:
-    """torch.save `state` to `path` atomically (temp file + fsync + rename), then its sha256 (hashed as
-    it is written) to the sidecar `checksum_path(path)`. The old sidecar is removed before the rename,
-    so a crash at any moment leaves a file with its own checksum or none, never another file's. Call on
-    rank 0 only."""
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            hashing = HashingFile(f)
-            torch.save(state, hashing)
-        checksum_path(path).unlink(missing_ok=True)
-    with atomic_write(checksum_path(path)) as f:
-        f.write(f"{hashing.sha256.hexdigest()}  {path.name}\n")
-
-
-def _fix(path: Path) -> str:
-    """What to do about a damaged checkpoint, by what it is."""
-    if NAME_RE.match(path.name):
-        return "delete it (a resume takes the checkpoint before it), or start over with train.resume: never"
-    if path.name == "final.pt":
-        return ("delete it and rerun snakemake: the train rule rewrites it (and reruns what was made from it; "
-                "`snakemake -R train` retrains every stage)")
-    return "delete it and write it again"
-
-
-def verify_checkpoint(path: str | Path) -> None:
-    """Check a checkpoint against the sha256 its sidecar recorded when it was written (streamed, once
-    per process): a file damaged since (bytes zeroed, a bad copy) is a PipelineError naming it. A file
-    without a sidecar (written before checksums were recorded) is not checked."""
-    path = Path(path)
-    sidecar = checksum_path(path)
-    try:
-        expected = sidecar.read_text(encoding="utf-8").split()[0]
-    except FileNotFoundError:
-        return
-    except (OSError, UnicodeDecodeError, IndexError) as e:
-        raise PipelineError(f"{sidecar}: not a readable checksum ({e!r}); delete it, or {_fix(path)}") from None
-    verify_sha256(path, expected, sidecar.name, _fix(path))
-
-
-def load_checkpoint(path: str | Path, verify: bool = True) -> dict:
-    """Load a checkpoint with ``weights_only=True``, its tensors memory-mapped from the file
-    (``mmap=True``, on CPU): nothing is read into host memory until used, so each rank of a resumed
-    job pages in only what it copies (model and optimizer into its own device, its own loader/RNG
-    entry) and the page cache is shared between ranks, instead of every rank holding a private copy
-    of the whole checkpoint. The file is first verified against its sidecar sha256
-    (`verify_checkpoint`; `verify=False` where another process of the job just did, e.g. the other
-    ranks of a resume). A missing, unreadable or corrupt file is a PipelineError."""
-    path = Path(path)
-    if path.is_dir():
-        raise PipelineError(f"{path} is a directory, not a checkpoint file; pass R/train/<stage>/final.pt (an exported "
-                            f"Hugging Face directory becomes one with: python -m pipeline.evaluation.export --from-hf "
-                            f"{path} --out CKPT.pt)")
-    if not path.exists():
-        raise PipelineError(f"checkpoint {path} does not exist")
-    if verify:
-        verify_checkpoint(path)
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # truncated / corrupt / not a torch file
-        raise PipelineError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); {_fix(path)}") from None
 
 
 def write_latest(ckpt_dir: str | Path, name: str) -> None:

@@ -1,6 +1,6 @@
 """Optimizers and learning-rate schedules for training.
 
-Parameter groups (by parameter name of the unwrapped model, see pipeline/training/model.py):
+Parameter groups (by parameter name of the unwrapped model, see pipeline/model/model.py):
 
 | group       | parameters                                   | lr                      | weight decay |
 |-------------|----------------------------------------------|-------------------------|--------------|

@@ -10,10 +10,10 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from pipeline.distributed import Dist, all_reduce_sum
 from pipeline.errors import PipelineError
-from pipeline.training.distributed import Dist, all_reduce_sum
-from pipeline.training.losses import chunked_cross_entropy
-from pipeline.training.model import ModelConfig, Transformer
+from pipeline.model.losses import chunked_cross_entropy
+from pipeline.model.model import ModelConfig, Transformer
 
 
 def autocast_dtype(cfg: dict, device: torch.device) -> torch.dtype | None:
@@ -79,7 +79,7 @@ def build_model(cfg: dict, device: torch.device) -> Transformer:
 
 class LossModel(nn.Module):
     """What DDP wraps and torch.compile compiles: the body under autocast, then the fp32 chunked CE
-    outside autocast, its logit matmuls at `ce_matmul` precision (pipeline/training/losses.py). The
+    outside autocast, its logit matmuls at `ce_matmul` precision (pipeline/model/losses.py). The
     whole of it traces into one graph (no graph break: tested with torch._dynamo.explain).
 
     forward(inputs, targets, mask=None, doc_ids=None) -> (loss_sum, count); with `doc_ids` [B, T]

@@ -32,7 +32,7 @@ rank; `plan.num_steps` steps):
 * **Model**: `LossModel` = the transformer body (`Transformer.hidden`) under bf16 autocast on CUDA
   when `train.precision` is bf16 (CPU always runs fp32), followed by `chunked_cross_entropy`
   *outside* autocast: fp32 logits, chunked over `train.ce_chunk_tokens` tokens, their matmuls'
-  inputs at `train.ce_matmul` precision (pipeline/training/losses.py). DDP wraps `LossModel` first,
+  inputs at `train.ce_matmul` precision (pipeline/model/losses.py). DDP wraps `LossModel` first,
   then `torch.compile` wraps DDP (`train.compile`: auto = on for CUDA, off on CPU); the loss
   compiles with the body (no graph break). fp32 matmuls use TF32 only with `ce_matmul: tf32`.
 * **Batches** (`StepBatches`): a thread reads the next step's micro-batches and pins them while the
@@ -84,12 +84,7 @@ import torch.distributed as torch_dist
 
 from pipeline.budget import batch_layout, flops_per_token, peak_flops
 from pipeline.config import add_config_args, params_from_args
-from pipeline.errors import PipelineError
-from pipeline.evaluation import core
-from pipeline.io import get_logger, provenance, read_json, run_cli, sha256_file, write_json
-from pipeline.stages import epoch_steps, stage_budget, stage_config, stage_names
-from pipeline.training import checkpoint as ckpt
-from pipeline.training.distributed import (
+from pipeline.distributed import (
     Dist,
     all_reduce_sum,
     close_distributed,
@@ -97,12 +92,18 @@ from pipeline.training.distributed import (
     init_distributed,
     seed_everything,
 )
-from pipeline.training.losses import chunked_eval_stats
+from pipeline.errors import PipelineError
+from pipeline.evaluation import core
+from pipeline.io import get_logger, provenance, read_json, run_cli, sha256_file, write_json
+from pipeline.model.checkpoint import load_checkpoint, save_checkpoint, versions
+from pipeline.model.engine import greedy_sample
+from pipeline.model.losses import chunked_eval_stats
+from pipeline.model.model import Transformer
+from pipeline.stages import epoch_steps, stage_budget, stage_config, stage_names
+from pipeline.training import checkpoint as ckpt
 from pipeline.training.metrics import MetricsLogger, UpdateRatio, group_norms, memory_stats, mfu, watched_groups
-from pipeline.training.model import Transformer
 from pipeline.training.optim import build_optimizer, lr_factor, set_lr
 from pipeline.training.processes import RunLock, die_with_parent
-from pipeline.training.sampling import greedy_sample
 from pipeline.training.step import (
     LossModel,
     StepBatches,
@@ -251,7 +252,7 @@ def load_init(model: Transformer, optimizer, path: str, params: dict) -> None:
     """Start a stage from an earlier stage's final.pt (and, with carry_optimizer, that stage's last
     optimizer state, keeping this stage's learning rates and weight decay)."""
     st = params["stage"]
-    state = ckpt.load_checkpoint(path)
+    state = load_checkpoint(path)
     mine, theirs = model.state_dict(), state.get("model", {})
     differ = sorted(set(mine) ^ set(theirs))
     shapes = [f"{k} {tuple(theirs[k].shape)} vs {tuple(v.shape)}" for k, v in mine.items()
@@ -270,7 +271,7 @@ def load_init(model: Transformer, optimizer, path: str, params: dict) -> None:
                                 f"{Path(path).parent / 'ckpt'} holds no checkpoint; rerun that stage or set "
                                 "carry_optimizer: false")
         keep = [{k: g[k] for k in ("lr", "base_lr", "weight_decay") if k in g} for g in optimizer.param_groups]
-        optimizer.load_state_dict(ckpt.load_checkpoint(latest)["optimizer"])
+        optimizer.load_state_dict(load_checkpoint(latest)["optimizer"])
         for g, k in zip(optimizer.param_groups, keep, strict=True):
             g.update(k)
 
@@ -309,7 +310,7 @@ def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, lo
     if not dist.is_main:
         return
     name = ckpt.checkpoint_name(step)
-    ckpt.save_checkpoint(ckpt_dir / name, {
+    save_checkpoint(ckpt_dir / name, {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "schedule": {"step": step},
@@ -324,7 +325,7 @@ def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, lo
         "wandb_id": wandb_id,
         "params": params,
         "plan": plan,
-        "versions": ckpt.versions(),
+        "versions": versions(),
     })
     ckpt.write_latest(ckpt_dir, name)
     ckpt.prune_checkpoints(ckpt_dir, keep)
@@ -356,8 +357,8 @@ def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dic
                             f"{planned}; the loader or the plan is inconsistent — not writing final.pt")
     if dist.is_main:
         write_json(outdir / "summary.json", {**summary, "meta": provenance("train", params)})
-        ckpt.save_checkpoint(outdir / "final.pt", {"model": model.state_dict(), "params": params, "plan": plan,
-                                                   "summary": summary, "versions": ckpt.versions()})
+        save_checkpoint(outdir / "final.pt", {"model": model.state_dict(), "params": params, "plan": plan,
+                                                   "summary": summary, "versions": versions()})
         log.info("trained %d tokens in %d steps (= plan); final val loss %.4f", tokens_trained, plan["num_steps"],
                  last_val_loss)
     return summary
@@ -452,7 +453,7 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
     latest, state = ckpt.newest_readable(ckpt_dir) if resume != "never" and dist.is_main else (None, None)
     latest = gather_objects(latest, dist)[0]
     if latest is not None and state is None:
-        state = ckpt.load_checkpoint(latest, verify=False)  # rank 0's newest_readable verified it
+        state = load_checkpoint(latest, verify=False)  # rank 0's newest_readable verified it
     stale = resume_mismatch(state, params, dist) if state is not None else None
     if stale:
         if resume == "require":

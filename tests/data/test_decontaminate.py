@@ -15,9 +15,9 @@ import pytest
 from conftest import write_text_shard
 
 from pipeline.data import decontaminate as dc
+from pipeline.data.eval_data import build_eval_data
 from pipeline.data.minhash import doc_word_hashes, normalize_text
-from pipeline.evaluation.eval_data import build_eval_data
-from pipeline.evaluation.tasks import load_task
+from pipeline.data.tasks import load_task
 
 TASKS = ["copa", "boolq", "lambada"]
 FILLER = ("river stone lantern quietly orchard seven paper violet engine harbor candle meadow tunnel "

@@ -18,9 +18,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pipeline.data.eval_data import build_eval_data
 from pipeline.errors import PipelineError
 from pipeline.evaluation import core
-from pipeline.evaluation.eval_data import build_eval_data
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -143,7 +143,7 @@ def tokenizer(tmp_path_factory):
 
 
 def tiny_model(max_seq_len=64, seed=0):
-    from pipeline.training.model import ModelConfig, Transformer
+    from pipeline.model.model import ModelConfig, Transformer
 
     torch.manual_seed(seed)
     cfg = ModelConfig(vocab_size=320, dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=64, max_seq_len=max_seq_len)

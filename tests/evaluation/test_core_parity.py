@@ -19,13 +19,13 @@ from conftest import ROOT
 
 from pipeline.config import resolve_config, stage_params
 from pipeline.data.encoding import load_tokenizer
+from pipeline.data.eval_data import build_eval_data
 from pipeline.data.tokenizer import build_tokenizer
 from pipeline.evaluation import core
 from pipeline.evaluation import export as ex
-from pipeline.evaluation.eval_data import build_eval_data
 from pipeline.evaluation.lmeval_harness import LocalTask, run_lmeval, write_tasks  # lm-eval: the dev extra
-from pipeline.training.checkpoint import save_checkpoint, versions
-from pipeline.training.model import ModelConfig, Transformer
+from pipeline.model.checkpoint import save_checkpoint, versions
+from pipeline.model.model import ModelConfig, Transformer
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4

@@ -23,7 +23,7 @@ from pipeline.evaluation.evaluate import (
     unigram_counts,
 )
 from pipeline.io import write_json
-from pipeline.training.model import ModelConfig, Transformer
+from pipeline.model.model import ModelConfig, Transformer
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,9 @@ from pipeline.data.tokenizer import build_tokenizer, fill_tiktoken_cache
 from pipeline.errors import PipelineError
 from pipeline.evaluation import export as ex
 from pipeline.evaluation.lmeval_harness import LocalTask, loglikelihood, run_lmeval, split_pair, write_tasks
-from pipeline.training.checkpoint import load_checkpoint, save_checkpoint, versions
-from pipeline.training.model import ModelConfig, Transformer
+from pipeline.model import state_dict_adapter as sda
+from pipeline.model.checkpoint import load_checkpoint, save_checkpoint, versions
+from pipeline.model.model import ModelConfig, Transformer
 
 TOL = 1e-4
 SEQ = 64
@@ -120,10 +121,10 @@ def test_name_table_maps_every_parameter_both_ways(tokenizers_, tied):
     hf_cfg = transformers.LlamaConfig(**{k: v for k, v in ex.hf_config(ours.cfg, tok).items()
                                          if k not in ("architectures", "model_type")})
     theirs = set(LlamaForCausalLM(hf_cfg).state_dict())
-    mapped = {ex.hf_name(n) for n in ours.state_dict()}
+    mapped = {sda.hf_name(n) for n in ours.state_dict()}
     assert mapped == theirs - ({"lm_head.weight"} if tied else set())  # a tied lm_head is the embedding
-    assert all(ex.our_name(ex.hf_name(n)) == n for n in ours.state_dict())
-    assert ex.hf_name("layers.0.attention.q_norm.weight") is None
+    assert all(sda.our_name(sda.hf_name(n)) == n for n in ours.state_dict())
+    assert sda.hf_name("layers.0.attention.q_norm.weight") is None
 
 
 # ----------------------------------------------------------------------------- logits parity
@@ -182,9 +183,9 @@ def test_sharded_weights_load_the_same(tmp_path, tokenizers_, real_tokens):
     cfg = run_config(tie_embeddings=False)
     ours = make_checkpoint(tmp_path / "final.pt", cfg, real_tokens, steps=2)
     out = ex.export(tmp_path / "final.pt", tokenizers_["bos"], tmp_path / "hf", max_shard_bytes=100_000)
-    index = json.loads((out / ex.WEIGHTS_INDEX).read_text())
+    index = json.loads((out / sda.WEIGHTS_INDEX).read_text())
     shards = sorted(set(index["weight_map"].values()))
-    assert len(shards) > 2 and not (out / ex.WEIGHTS).exists()
+    assert len(shards) > 2 and not (out / sda.WEIGHTS).exists()
     assert all((out / s).exists() for s in shards) and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
     assert max_logit_diff(ours, load_hf(out), real_tokens[:, :SEQ]) < TOL
 

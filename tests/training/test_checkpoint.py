@@ -1,4 +1,5 @@
-"""pipeline.training.checkpoint: RNG capture, weights_only round trips, atomic writes, the latest pointer."""
+"""pipeline.model.checkpoint (the file format) and pipeline.training.checkpoint: RNG capture,
+weights_only round trips, atomic writes, the latest pointer."""
 from __future__ import annotations
 
 import pickle
@@ -9,18 +10,15 @@ import pytest
 import torch
 
 from pipeline.errors import PipelineError
+from pipeline.model.checkpoint import checksum_path, load_checkpoint, save_checkpoint, versions
 from pipeline.training.checkpoint import (
     checkpoint_name,
-    checksum_path,
     clear_checkpoints,
     latest_checkpoint,
-    load_checkpoint,
     newest_readable,
     prune_checkpoints,
     rng_state,
-    save_checkpoint,
     set_rng_state,
-    versions,
     write_latest,
 )
 

@@ -8,9 +8,9 @@ import pytest
 import torch.distributed as torch_dist
 from test_step import CPU, micro_batches, tiny_loss_model
 
+from pipeline import distributed
 from pipeline.config import resolve_config
 from pipeline.errors import ConfigError
-from pipeline.training import distributed
 from pipeline.training.step import accumulate_gradients, count_tokens, wrap
 
 

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from pipeline.config import load_config
+from pipeline.model.model import ModelConfig, Transformer
 from pipeline.perf import StepSetup, fp8_converts, memory, step_time
-from pipeline.training.model import ModelConfig, Transformer
 from pipeline.training.step import fp8_filter
 
 PRESET = "configs/llama3-1b-fineweb.yaml"

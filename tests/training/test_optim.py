@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipeline.errors import PipelineError
-from pipeline.training.model import ModelConfig, Transformer
+from pipeline.model.model import ModelConfig, Transformer
 from pipeline.training.optim import CombinedOptimizer, build_optimizer, lr_factor, param_groups, set_lr
 
 TRAIN = {"lr": 1e-2, "embed_lr": 3e-2, "lm_head_lr": 2e-3, "weight_decay": 0.1, "betas": [0.9, 0.95],

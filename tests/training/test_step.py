@@ -11,9 +11,9 @@ from test_loader import write_pack
 from pipeline.budget import PEAK_FLOPS, peak_flops
 from pipeline.config import resolve_config
 from pipeline.data.loader import DataExhausted, PackedLoader
-from pipeline.training.checkpoint import load_checkpoint, save_checkpoint
-from pipeline.training.distributed import Dist
-from pipeline.training.model import ModelConfig, Transformer
+from pipeline.distributed import Dist
+from pipeline.model.checkpoint import load_checkpoint, save_checkpoint
+from pipeline.model.model import ModelConfig, Transformer
 from pipeline.training.step import (
     LossModel,
     StepBatches,

@@ -335,7 +335,7 @@ def test_epochs_budget_reads_every_row_and_pads_the_last_step(data, tmp_path):
 # ----------------------------------------------------------------------------- loss normalisation
 
 def _tiny_loss_model(seed=0):
-    from pipeline.training.model import ModelConfig, Transformer
+    from pipeline.model.model import ModelConfig, Transformer
     from pipeline.training.step import LossModel
 
     torch.manual_seed(seed)
@@ -365,7 +365,7 @@ def _reference_grads(batches, seed=0):
 
 
 def test_accumulated_gradient_is_the_global_token_mean():
-    from pipeline.training.distributed import Dist
+    from pipeline.distributed import Dist
     from pipeline.training.step import accumulate_gradients, count_tokens
 
     batches = _micro_batches()
@@ -382,7 +382,7 @@ def test_accumulated_gradient_is_the_global_token_mean():
 def test_no_sync_on_all_but_the_last_micro_step(tmp_path, monkeypatch):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from pipeline.training.distributed import Dist
+    from pipeline.distributed import Dist
     from pipeline.training.step import accumulate_gradients, count_tokens, wrap
 
     entered = []
@@ -519,8 +519,8 @@ def test_metrics_logger_resume_truncation_and_offline_wandb(tmp_path, monkeypatc
 
 
 def test_mfu_norms_and_update_ratio():
+    from pipeline.model.model import ModelConfig, Transformer
     from pipeline.training.metrics import UpdateRatio, group_norms, mfu, watched_groups
-    from pipeline.training.model import ModelConfig, Transformer
 
     assert mfu(8.25e9, 4.0e5, 8, 989e12) == pytest.approx(8.25e9 * 4.0e5 / (8 * 989e12))
     model = Transformer(ModelConfig(vocab_size=64, dim=16, n_layers=3, n_heads=2, n_kv_heads=1, ffn_dim=32,
@@ -544,7 +544,7 @@ TEARDOWN_SCRIPT = """
 import sys, weakref
 import torch, torch.distributed as torch_dist, torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
-from pipeline.training.distributed import Dist, close_distributed
+from pipeline.distributed import Dist, close_distributed
 
 def worker(rank, store, n):
     torch.set_num_threads(1)

@@ -5,7 +5,7 @@ rule eval_data:
         f"{RUN_DIR}/eval_data/tasks.json",
     params:
         p=stage_params("eval_data"),
-        code=code_version("pipeline.evaluation.eval_data"),
+        code=code_version("pipeline.data.eval_data"),
         outdir=lambda w, output: Path(output[0]).parent,
     log:
         f"{LOG_DIR}/eval_data.log",
@@ -15,4 +15,4 @@ rule eval_data:
     conda:
         "../../envs/data.yaml"
     shell:
-        "python -m pipeline.evaluation.eval_data --params {params.p:q} --outdir {params.outdir:q} 2>&1 | tee {log:q}"
+        "python -m pipeline.data.eval_data --params {params.p:q} --outdir {params.outdir:q} 2>&1 | tee {log:q}"

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.training.model import Attention, ModelConfig, Transformer, apply_rope
+from pipeline.model.model import Attention, ModelConfig, Transformer, apply_rope
 
 TINY = dict(vocab_size=97, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=64, rope_theta=10000.0, max_seq_len=24)
 
@@ -247,7 +247,7 @@ def test_flex_block_mask_computes_the_same_attention_as_the_sdpa_mask():
     same predicate; flex_attention's eager forward runs on CPU, so the two are compared here."""
     import warnings
 
-    from pipeline.training.attention import attend, document_mask
+    from pipeline.model.attention import attend, document_mask
 
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(2, 4, 20, 8, generator=g), torch.randn(2, 2, 20, 8, generator=g), torch.randn(2, 2, 20, 8,

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.training.losses import chunked_cross_entropy, chunked_eval_stats
+from pipeline.model.losses import chunked_cross_entropy, chunked_eval_stats
 
 V, D, B, T = 300, 48, 3, 32
 
@@ -130,7 +130,7 @@ def test_training_step_never_materialises_the_full_logits():
     """Forward and backward of the trainer's LossModel (tiny body, vocab 4096, 4 × 64 tokens, CE
     chunks of 32 tokens): no tensor reaches half of [tokens, vocab]; the largest are one chunk's
     logits (32 × 4096) and the lm-head/embedding weight and its gradient (4096 × 64)."""
-    from pipeline.training.model import ModelConfig, Transformer
+    from pipeline.model.model import ModelConfig, Transformer
     from pipeline.training.step import LossModel
 
     vocab, dim, rows, seq = 4096, 64, 4, 64
@@ -216,7 +216,7 @@ def test_unknown_ce_matmul_is_refused():
 # ----------------------------------------------------------------------------- compiled
 
 def _tiny_loss_model(vocab=4096, dim=64, seq=64, matmul="bf16"):
-    from pipeline.training.model import ModelConfig, Transformer
+    from pipeline.model.model import ModelConfig, Transformer
     from pipeline.training.step import LossModel
 
     torch.manual_seed(0)

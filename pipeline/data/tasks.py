@@ -1,6 +1,6 @@
 """The CORE-style benchmark tasks: what each one is, where its data comes from, and our task-file format.
 
-A task file `R/eval_data/{task}.json` (written by `python -m pipeline.evaluation.eval_data`, format in
+A task file `R/eval_data/{task}.json` (written by `python -m pipeline.data.eval_data`, format in
 docs/data-contract.md) holds one task's items in one normalized shape, whatever the task type:
 
     {"id": str, "contexts": [str, ...], "continuations": [str, ...], "gold": int, "text": str}

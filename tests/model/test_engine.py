@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.training.engine import Engine, sample_next
-from pipeline.training.model import ModelConfig, Transformer
+from pipeline.model.engine import Engine, sample_next
+from pipeline.model.model import ModelConfig, Transformer
 
 CFG = dict(vocab_size=97, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=64, rope_theta=10000.0, max_seq_len=32)
 
@@ -94,7 +94,7 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy():
 
 
 def test_benchmark_checks_both_paths_agree():
-    from pipeline.training.engine import benchmark
+    from pipeline.model.engine import benchmark
 
     out = benchmark(tiny(), batch=2, prompt_len=4, new_tokens=5)
     assert out["engine_tokens_per_s"] > 0 and out["no_cache_tokens_per_s"] > 0 and out["batch"] == 2

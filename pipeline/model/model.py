@@ -14,7 +14,7 @@ a final RMSNorm, and an output projection that is the token embedding when
 - Optional intra-document masking: ``doc_mask`` is a [B, T] tensor of document ids; a token attends
   only to earlier tokens (and itself) carrying the same id. Because RoPE is relative, a document
   then gets exactly the outputs it would get alone. The kernel (SDPA with a boolean mask on CPU,
-  compiled flex_attention with a block mask on CUDA) is chosen in pipeline/training/attention.py.
+  compiled flex_attention with a block mask on CUDA) is chosen in pipeline/model/attention.py.
 - Activation checkpointing (``torch.utils.checkpoint``, non-reentrant): ``mlp`` / ``attention``
   recompute that sub-layer (norm included) of every block, ``block`` whole blocks, ``every_n`` every
   ``checkpoint_every_n``-th block (0, n, 2n, ...). The choice is fixed at construction, so ``forward``
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from pipeline.training.attention import attend, document_mask
+from pipeline.model.attention import attend, document_mask
 
 CHECKPOINT_MODES = ("none", "mlp", "attention", "block", "every_n")
 
@@ -150,6 +150,20 @@ def _run(fn, use_checkpoint: bool, *args):
     return fn(*args)
 
 
+def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Next token per row of fp32 ``logits`` [B, vocab] -> int64 [B]: greedy (arg-max) at temperature 0,
+    else softmax(logits / temperature) over the ``top_k`` most likely tokens, drawn with ``generator``.
+    The one sampling rule of ``Transformer.generate`` and the KV-cache engine (pipeline/model/engine.py)."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
+
+
 class TransformerBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, checkpoint_attention: bool = False, checkpoint_mlp: bool = False):
         super().__init__()
@@ -248,13 +262,5 @@ class Transformer(nn.Module):
         The context is cropped to the last ``max_seq_len`` tokens (no KV cache: eval-sized use)."""
         for _ in range(max_new_tokens):
             logits = self(idx[:, -self.cfg.max_seq_len:])[:, -1]
-            if temperature == 0.0:
-                nxt = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                nxt = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
-            idx = torch.cat((idx, nxt), dim=1)
+            idx = torch.cat((idx, sample_next(logits, temperature, top_k, generator)[:, None]), dim=1)
         return idx

@@ -21,6 +21,11 @@ seed, same tokens). A row stops at the first token in ``stop_ids`` (not included
 
 The engine is for inference (``torch.inference_mode``, model in eval mode); on CUDA pass
 ``autocast_dtype=torch.bfloat16`` to run the body in bf16 (the logits are always fp32).
+
+Cache-less sampling for monitoring and the report (``prompt_ids``: a prompt as the model saw
+documents start, BOS first; ``greedy_sample`` during training; ``generate_texts``, seeded, in the
+evaluation report) runs ``Transformer.generate``. Both paths draw each token with ``sample_next``
+(defined beside ``Transformer.generate`` in pipeline/model/model.py): one sampling rule.
 """
 from __future__ import annotations
 
@@ -30,9 +35,9 @@ from typing import Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
-from pipeline.training.model import Transformer, apply_rope
+from pipeline.model.model import Transformer, apply_rope, sample_next
 
-__all__ = ["Engine", "Generation", "KVCache", "sample_next"]
+__all__ = ["Engine", "Generation", "KVCache", "sample_next", "prompt_ids", "greedy_sample", "generate_texts"]
 
 
 @dataclass
@@ -64,17 +69,6 @@ class Generation:
     tokens: list[int] = field(default_factory=list)
     reason: str = ""
 
-
-def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
-                generator: torch.Generator | None = None) -> torch.Tensor:
-    """Next token per row of fp32 ``logits`` [B, vocab] -> int64 [B] (module docstring)."""
-    if temperature == 0.0:
-        return logits.argmax(dim=-1)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
 
 
 class Engine:
@@ -205,6 +199,33 @@ class Engine:
             last = self.decode(nxt, cache, active)
 
 
+# ----------------------------------------------------------------------------- cache-less sampling
+
+def prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """A prompt as the model saw documents start: BOS first (every delimiter policy reserves it)."""
+    return [tokenizer.bos_id] + tokenizer.encode(prompt)
+
+
+@torch.no_grad()
+def greedy_sample(model: Transformer, tokenizer, prompt: str, max_new_tokens: int, device: torch.device) -> str:
+    """A greedy continuation of `prompt` for training's monitoring samples (``Transformer.generate``)."""
+    ids = torch.tensor([prompt_ids(tokenizer, prompt)], device=device)
+    out = model.generate(ids, max_new_tokens, temperature=0.0)
+    return prompt + tokenizer.decode(out[0, ids.shape[1]:].tolist())
+
+
+def generate_texts(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float, seed: int,
+                   device: torch.device) -> list[dict]:
+    """Seeded generations of the evaluation report, one per prompt (``Transformer.generate``)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt_ids(tokenizer, prompt)], device=device)
+        new = model.generate(ids, max_new_tokens, temperature=temperature, generator=gen)[0, ids.shape[1]:]
+        out.append({"prompt": prompt, "completion": tokenizer.decode(new.tolist())})
+    return out
+
+
 # ----------------------------------------------------------------------------- benchmark
 
 def benchmark(model: Transformer, batch: int, prompt_len: int, new_tokens: int, seed: int = 0) -> dict:
@@ -233,9 +254,9 @@ def main(argv=None) -> None:
     import json
 
     from pipeline.config import load_config
-    from pipeline.training.model import ModelConfig
+    from pipeline.model.model import ModelConfig
 
-    p = argparse.ArgumentParser(prog="python -m pipeline.training.engine",
+    p = argparse.ArgumentParser(prog="python -m pipeline.model.engine",
                                 description="Benchmark KV-cache decoding against the cache-less forward (CPU).")
     p.add_argument("--configfile", default="config.yaml", help="the model of this config, randomly initialised")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
