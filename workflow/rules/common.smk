@@ -15,7 +15,7 @@ BASE = Path(workflow.basedir)
 sys.path.insert(0, str(BASE))
 from pipeline import cluster as tfcl  # noqa: E402
 from pipeline import config as tfc  # noqa: E402
-from pipeline.codehash import code_version as code_hash  # noqa: E402
+from pipeline.codehash import code_version  # noqa: E402 - every rule's code param (import closure)
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.plan import format_plan, make_plan, train_hours  # noqa: E402
 from pipeline.stages import stage_config, stage_list, tokenizer_sources  # noqa: E402
@@ -121,12 +121,6 @@ def stage_init(w):
 def source_params(stage):
     """Param function of a per-shard rule: the slice of the job's own source only."""
     return lambda w: tfc.params_json(tfc.stage_params(config, stage, w.source))
-
-
-def code_version(*entries):
-    """Param of every rule: a hash of the code its shell command runs (the `python -m` modules and
-    their import closure in pipeline, pipeline/codehash.py), so that editing any of it reruns the rule."""
-    return code_hash(*entries)
 
 
 # Per-shard stages run one job per group of `shards_per_job` shards, one process per job: the stage
