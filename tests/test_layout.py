@@ -5,7 +5,7 @@ workflow/rules/*.smk), a torch-free top level, and no snakemake import anywhere 
 import ast
 import re
 
-from conftest import ROOT
+from builders import ROOT
 
 from pipeline.codehash import imported_modules, module_name, package_modules
 

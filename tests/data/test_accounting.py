@@ -9,9 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_chat_shard
-from test_pack import CHATS
-from test_tokenize import corpus, make_tokenizer
+from builders import CHATS, corpus, make_tokenizer, write_chat_shard
 
 from pipeline.config import params_json, resolve_config, stage_params
 from pipeline.data.accounting import main, reconcile

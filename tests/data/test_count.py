@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import tiktoken
 import tiktoken.load
-from conftest import write_chat_shard, write_text_shard
+from builders import write_chat_shard, write_text_shard
 
 from pipeline.data.count import COUNT_FIELDS, count_shard, main
 from pipeline.data.encoding import load_tokenizer

@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_chat_shard, write_text_shard
+from builders import add_shard, make_config, run_dedup, write_text_shard, write_token_index
 from datasketch import MinHash
 
-from pipeline.config import resolve_config, stage_params
+from pipeline.config import stage_params
 from pipeline.data import dedup, minhash
 from pipeline.errors import PipelineError
 
@@ -20,54 +20,6 @@ NGRAM = 5
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def make_config(**dedup_overrides) -> dict:
-    return resolve_config({
-        "sources": {"web": {"type": "local", "glob": "unused/*.parquet"},
-                    "chat": {"type": "local", "glob": "unused/*.parquet", "format": "chat"}},
-        "dedup": dedup_overrides,
-    })
-
-
-def write_token_index(path, doc_rows: list[int], tokens: list[int], source: str, shard: str) -> None:
-    """A tokenized shard's `.json` + `.idx.npy` as the tokenize stage writes them (no `.bin`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    off = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
-    np.save(path.parent / f"{shard}.idx.npy", off)
-    meta = {"source": source, "shard": shard, "n_docs": len(doc_rows), "n_tokens": int(off[-1]),
-            "doc_rows": list(doc_rows), "delimiters_per_doc": 1}
-    path.write_text(json.dumps(meta))
-
-
-def add_shard(root, source: str, shard: str, docs: list[str], chat: bool = False) -> tuple:
-    """Raw shard (with one empty row first, dropped by 'tokenize') + token index; doc i = docs[i]."""
-    raw = root / "raw" / source / f"{shard}.parquet"
-    if chat:  # split each document over a user and an assistant message
-        convs = [[{"role": "user", "content": ""}]]
-        for d in docs:
-            w = d.split(" ")
-            convs.append([{"role": "user", "content": " ".join(w[:len(w) // 2])},
-                          {"role": "assistant", "content": " ".join(w[len(w) // 2:])}])
-        write_chat_shard(raw, convs)
-    else:
-        write_text_shard(raw, [""] + docs)
-    tok = root / "tokens" / source / f"{shard}.json"
-    write_token_index(tok, list(range(1, len(docs) + 1)), [len(d.split()) + 1 for d in docs], source, shard)
-    return raw, tok, source, shard
-
-
-def run_dedup(root, shards, cfg) -> tuple[dict, dict]:
-    """Signatures for each shard, then clusters; returns ({(source, shard): keep table}, report)."""
-    sig_params = stage_params(cfg, "dedup_sig")
-    sigs = []
-    for raw, tok, source, shard in shards:
-        out = root / "dedup" / "sig" / source / f"{shard}.parquet"
-        dedup.write_signatures(raw, tok, source, shard, sig_params, out)
-        sigs.append(out)
-    report = dedup.run_clusters(sigs, root / "dedup", root / "dedup" / "report.json", stage_params(cfg, "dedup"))
-    keep = {(s, sh): pq.read_table(root / "dedup" / "keep" / s / f"{sh}.parquet").to_pydict() for _, _, s, sh in shards}
-    return keep, report
-
 
 def shingles(text: str) -> set:
     w = minhash.normalize_text(text).split()

@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT
+from builders import ROOT
 
 from pipeline.config import resolve_config, stage_params
 from pipeline.data import dedup, minhash

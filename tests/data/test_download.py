@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, write_chat_shard, write_text_shard
+from builders import ROOT, write_chat_shard, write_text_shard
 from mockhub import MockHub
 
 from pipeline.config import resolve_config, stage_params

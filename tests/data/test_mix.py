@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT
+from builders import ROOT
 
 from pipeline import plan as plan_module
 from pipeline.config import load_config, stage_params

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_dedup import add_shard, make_config, run_dedup, write_token_index
+from builders import add_shard, make_config, run_dedup, write_token_index
 
 from pipeline.config import stage_params
 from pipeline.data import split

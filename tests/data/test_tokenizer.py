@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import tiktoken
 import tiktoken.load
-from conftest import write_text_shard
+from builders import write_text_shard
 
 from pipeline.config import STOCK_VOCAB, n_special_tokens
 from pipeline.data.encoding import BOS, CHAT_TOKENS, EOS, load_tokenizer, special_token_names

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, write_text_shard
+from builders import ROOT, write_text_shard
 
 from pipeline.config import resolve_config
 from pipeline.data.encoding import load_tokenizer

@@ -15,7 +15,7 @@ import glob
 
 import pytest
 import torch
-from conftest import ROOT
+from builders import ROOT
 
 from pipeline.config import resolve_config, stage_params
 from pipeline.data.encoding import load_tokenizer

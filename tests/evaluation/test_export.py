@@ -19,7 +19,7 @@ import pytest
 import torch
 import transformers
 import yaml
-from conftest import ROOT
+from builders import ROOT
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from pipeline.budget import count_params

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 import torch.distributed as torch_dist
-from test_step import CPU, micro_batches, tiny_loss_model
+from builders import CPU, micro_batches, tiny_loss_model
 
 from pipeline import distributed
 from pipeline.config import resolve_config
