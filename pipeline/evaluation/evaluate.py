@@ -249,7 +249,7 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
 
         report["core"] = evaluate_tasks(model, tokenizer, load_tasks(eval_data, e["tasks"]), **core_settings(params))
         plot_core(read_metrics(metrics_path), report["core"], outdir / "core.png", report["summary"].get("num_steps"))
-        log.info("%s = %.4f over %d items", report["core"]["score_name"], report["core"]["score"],
+        log.info("%s = %s over %d items", report["core"]["score_name"], report["core"]["score"],
                  report["core"]["items"])
     if not report["beats_unigram"]:
         log.warning("validation loss %.4f does not beat the unigram baseline %.4f", val_loss, uni_loss)
