@@ -49,7 +49,7 @@ TINY = {
     },
     "wandb": {"mode": "offline"},
     "eval": {"max_new_tokens": 8, "tasks": ["copa", "winogrande", "lambada"], "core_max_items": 8,
-             "core_interval": 50, "core_interval_items": 4,
+             "core_interval": 50, "core_interval_items": 4, "chat_max_items": 4,
              "chat_questions": ["Hi! How are you?", "What do you like?"]},
 }
 
@@ -149,6 +149,15 @@ def test_end_to_end(project):
     sft = json.loads((R / "eval/sft/report.json").read_text())
     assert sft["chat_val_loss"] == pytest.approx(sft["val_loss"])  # an assistant-only stage on a chat-only mix
     assert [a["question"] for a in sft["answers"]] == TINY["eval"]["chat_questions"]
+    # ChatCORE in every chat stage's report and in the stages report (issue 20); at seq_len 32 no prompt
+    # fits, so every item is counted as too long (never truncated) and no score is claimed
+    assert report["chat_core"] is None
+    for s in ("midtrain", "sft"):
+        cc = json.loads((R / f"eval/{s}/report.json").read_text())["chat_core"]
+        assert list(cc["tasks"]) == ["arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval"]
+        assert all(t["items"] + t["too_long"] == 4 for t in cc["tasks"].values())
+        assert "## ChatCORE" in (R / f"eval/{s}/report.md").read_text()
+    assert "## sft: ChatCORE" in (R / "eval/stages.md").read_text()
     assert (project / "logs/t/train/sft.log").exists()
     assert (project / "data/raw/web/shard_00000.parquet").exists()
     # Every stage output carries metadata saying what made it.

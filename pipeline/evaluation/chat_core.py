@@ -13,12 +13,14 @@ conversation rendered, ending in ``<|assistant_start|>``), and answered in one o
   prompts batched (``GEN_BATCH`` at a time, sorted by length), each row stopping at
   ``<|assistant_end|>`` (or another token that ends a turn, `chat.stop_ids`), after
   ``eval.chat_max_new_tokens`` tokens or at the model's context. Baseline 0.
-  GSM8K: the user turn is the question; the answer is the number after the last ``####`` if the
-  answer has one, else the last number in it (commas removed), compared numerically with the
-  task's final answer (`final_number`). HumanEval: the user turn is the task's prompt (signature +
-  docstring); the code is the first fenced block of the answer (``` or ```python) or else the whole
-  answer; the program is prompt + code + the task's tests + ``check(entry_point)`` — a body completes
-  the prompt's function, a whole ``def`` redefines it — run in the sandbox
+  GSM8K: the user turn is the question; the answer's number is read as lm-eval's gsm8k task reads
+  it (the first ``#### n`` if there is one — its strict match —, else the last number-like run — its
+  flexible extract —, then its exact-match normalisation) and must equal the task's final answer
+  (`final_number`; per-item parity with lm-eval's filters is tested).
+  HumanEval: the user turn is the task's prompt (signature + docstring); the code is the first
+  fenced block of the answer (``` or ```python) or else the whole answer; the program is prompt +
+  code + the task's tests + ``check(entry_point)`` — a body completes the prompt's function, a whole
+  ``def`` redefines it — run in the sandbox
   (pipeline/evaluation/sandbox.py); correct iff it exits 0 within the limits.
 
 Fit. An item whose prompt does not fit the model's context (categorical: ``max_seq_len`` tokens;
@@ -81,29 +83,35 @@ def letter_ids(tokenizer, n: int) -> list[int]:
 
 # ----------------------------------------------------------------------------- answers
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+# GSM8K's answer as lm-eval's gsm8k task reads it: its "strict-match" filter (the first "#### n") when the
+# answer has one, else its "flexible-extract" (the last number-like run), then its exact_match
+# normalisation (commas, dollar signs, a trailing full stop and everything up to "#### " removed).
+_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+_FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+_IGNORE = (",", r"\$", r"(?s).*#### ", r"\.$")
+
+
+def _normalise(s: str) -> str:
+    for pattern in _IGNORE:
+        s = re.sub(pattern, "", s)
+    return s.lower()
 
 
 def final_number(text: str) -> str | None:
-    """The answer's number: after the last '####' when there is one, else the last number (commas removed)."""
-    if "####" in text:
-        text = text.rsplit("####", 1)[1]
-        found = _NUMBER.search(text)
-        return found.group(0).replace(",", "") if found else None
-    found = _NUMBER.findall(text)
-    return found[-1].replace(",", "") if found else None
-
-
-def numbers_equal(a: str, b: str) -> bool:
-    try:
-        return float(a) == float(b)
-    except ValueError:
-        return a.strip() == b.strip()
+    """The answer's number (the comment above): None when the answer has none."""
+    strict = _STRICT.findall(text)
+    if strict:
+        return _normalise(strict[0].strip())
+    found = _FLEXIBLE.findall(text)
+    if not found:
+        return None
+    return _normalise(next(g for g in found[-1] if g).strip())
 
 
 def gsm8k_correct(answer: str, gold: str) -> bool:
+    """Exact match of the answer's number with the task's final answer (both normalised alike)."""
     n = final_number(answer)
-    return n is not None and numbers_equal(n, gold)
+    return n is not None and n == _normalise(gold)
 
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
@@ -253,9 +261,10 @@ def markdown_table(result: dict) -> str:
         acc, cen = ("–", "–") if t["accuracy"] is None else (f"{t['accuracy']:.4f}", f"{t['centered']:+.4f}")
         lines.append(f"| {name} | {t['kind']} | {t['items']} | {t['too_long']} | {t['correct']} | {acc} | "
                      f"{t['random_baseline']:.2f} | {cen} |")
-    if result.get("sandbox_isolation"):
+    ran = result["tasks"].get("humaneval", {}).get("sandbox")
+    if ran:
         lines += ["", f"HumanEval programs ran in the sandbox ({result['sandbox_isolation']} isolation): "
-                  + ", ".join(f"{k} {v}" for k, v in result["tasks"].get("humaneval", {}).get("sandbox", {}).items())]
+                  + ", ".join(f"{k} {v}" for k, v in ran.items())]
     return "\n".join(lines)
 
 

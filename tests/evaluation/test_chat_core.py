@@ -4,6 +4,7 @@ answers against the cache-less greedy decode, and the table's arithmetic."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,10 +77,52 @@ def test_chat_task_files_from_the_wheel(tmp_path, wheel):
 def test_gsm8k_final_number_by_hand():
     assert C.final_number("She makes 9 * 2 = $18 every day.\n#### 1,018") == "1018"
     assert C.final_number("3 + 4 = 7, so the answer is 12.") == "12"
+    assert C.final_number("it costs $1,234.") == "1234"
     assert C.final_number("-3.5 degrees") == "-3.5"
-    assert C.final_number("no digits here") is None and C.final_number("#### none") is None
-    assert C.gsm8k_correct("so 18.0 dollars", "18") and not C.gsm8k_correct("so 18 then 19", "18")
+    assert C.final_number("no digits here") is None
+    assert C.gsm8k_correct("so 18 dollars", "18") and not C.gsm8k_correct("so 18 then 19", "18")
+    assert not C.gsm8k_correct("so 18.0 dollars", "18")  # a string match, as lm-eval's
     assert C.gsm8k_correct("#### 18\nthen 7", "18")  # the marked answer wins over later numbers
+
+
+def gsm8k_answers(items):
+    """Answers in the shapes a model gives: the upstream solution ("#### n"), the number in a sentence,
+    a wrong number, money, no number."""
+    for it in items:
+        body = it["solution"].split("####")[0]
+        n = it["answer"]
+        yield it, it["solution"]
+        yield it, f"{body}So the answer is {n}."
+        yield it, f"{body}So the answer is {int(float(n)) + 1}."
+        yield it, f"That is ${int(float(n)):,}."
+        yield it, "I do not know."
+
+
+def test_gsm8k_parity_with_lm_eval_filters(tmp_path, wheel):
+    """Issue 20 item 3: per item, our GSM8K correctness equals lm-eval's gsm8k metric on the same answer
+    (its strict-match filter when it matches, else its flexible-extract; exact_match with the task's
+    normalisation, against the upstream answer as its target)."""
+    import lm_eval
+    import yaml
+    from lm_eval.api.metrics import exact_match_hf_evaluate
+    from lm_eval.filters.extraction import RegexFilter
+
+    cfg = yaml.safe_load((Path(lm_eval.__file__).parent / "tasks/gsm8k/gsm8k.yaml").read_text())
+    metric = cfg["metric_list"][0]
+    filters = {f["name"]: f["filter"][0] for f in cfg["filter_list"]}
+    strict = RegexFilter(filters["strict-match"]["regex_pattern"])
+    flexible = RegexFilter(filters["flexible-extract"]["regex_pattern"], filters["flexible-extract"]["group_select"])
+    task = build_chat_task(chat_task_spec("gsm8k"), *wheel, seed=0)
+    n = agree = 0
+    for it, answer in gsm8k_answers(task["items"][:200]):
+        [[s]], [[f]] = strict.apply([[answer]], [None]), flexible.apply([[answer]], [None])
+        pred = s if s != "[invalid]" else f
+        theirs = exact_match_hf_evaluate([pred], [it["solution"]], regexes_to_ignore=metric["regexes_to_ignore"],
+                                         ignore_case=metric["ignore_case"],
+                                         ignore_punctuation=metric["ignore_punctuation"])["exact_match"] == 1.0
+        agree += C.gsm8k_correct(answer, it["answer"]) == theirs
+        n += 1
+    assert agree == n == 1000
 
 
 def test_mc_question_and_letters(tokenizer):
