@@ -241,13 +241,22 @@ def evaluate_chat(model, tokenizer, tasks: dict[str, dict], *, max_items: int | 
             "sandbox_isolation": isolation() if "humaneval" in {t["kind"] for t in tasks.values()} else None}
 
 
-def chat_settings(params: dict) -> dict:
-    """evaluate_chat's keyword arguments from a stage's params (eval.chat_* keys; the scoring batch as CORE's)."""
+def chat_settings(params: dict, items_key: str = "chat_max_items") -> dict:
+    """evaluate_chat's keyword arguments from a stage's params (eval.chat_* keys; the scoring batch as
+    CORE's); `items_key` names the item cap (training's quick subset: core_interval_items)."""
     from pipeline.perf import eval_batch_tokens
 
     e = params["eval"]
-    return {"max_items": e["chat_max_items"], "max_new_tokens": e["chat_max_new_tokens"],
+    return {"max_items": e[items_key], "max_new_tokens": e["chat_max_new_tokens"],
             "batch_tokens": eval_batch_tokens(params)}
+
+
+def chat_record(result: dict) -> dict:
+    """A result as metrics-record keys: `chat_core_<n>` and `chat_core/<task>` (centered accuracies)."""
+    if result["score"] is None:
+        return {}
+    return {result["score_name"]: result["score"],
+            **{f"chat_core/{n}": t["centered"] for n, t in result["tasks"].items() if t["centered"] is not None}}
 
 
 def markdown_table(result: dict) -> str:

@@ -48,7 +48,7 @@ from pipeline.config import add_config_args, params_from_args
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_cli, write_json
 from pipeline.model.engine import generate_texts
 from pipeline.model.load import load_trained
-from pipeline.stages import stage_config, stage_names
+from pipeline.stages import is_chat_stage, stage_config, stage_names
 
 log = get_logger(__name__)
 
@@ -194,8 +194,7 @@ def chat_evaluation(model, tokenizer, params: dict, val_meta: str, device, batch
     from pipeline.data.loader import PackedLoader
     from pipeline.evaluation.chat import answer_questions
 
-    mix = params["mixes"][params["stage"]["mix"]]
-    if mix.get("packing") != "bestfit" or all(params["sources"][s].get("format") != "chat" for s in mix["weights"]):
+    if not is_chat_stage(params):
         return {}
     val = PackedLoader(val_meta, 1, shuffle=False, loss="assistant", with_doc_ids=params["stage"]["doc_mask"])
     sums = evaluate_rows(model, val, device, batch_rows, params["train"]["ce_chunk_tokens"], byte_lengths)

@@ -218,6 +218,8 @@ def test_suite_matches_the_full_forward_and_cacheless_greedy(tokenizer):
     assert r["score_name"] == "chat_core_2"
     assert r["score"] == pytest.approx((r["tasks"]["cat"]["centered"] + r["tasks"]["gsm"]["centered"]) / 2)
     assert "| cat | categorical | 6 | 0 |" in C.markdown_table(r)
+    assert C.chat_record(r) == {"chat_core_2": r["score"], "chat_core/cat": r["tasks"]["cat"]["centered"],
+                                "chat_core/gsm": r["tasks"]["gsm"]["centered"]}
 
 
 def test_suite_scores_right_answers_right_and_skips_what_does_not_fit(tokenizer, wheel, monkeypatch):
