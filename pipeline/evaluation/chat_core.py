@@ -282,8 +282,10 @@ def markdown_table(result: dict) -> str:
 def bench_generation(model, tokenizer, tasks: dict[str, dict], n_items: int, max_new_tokens: int) -> list[dict]:
     """Items/s of greedy generation for the first `n_items` fitting prompts of each generative task:
     the batched KV-cache engine against the cache-less ``Transformer.generate`` one item at a time.
-    No stop token (every row takes min(max_new_tokens, room) tokens), so both do the same work and
-    must produce the same tokens."""
+    No stop token (every row takes min(max_new_tokens, context − prompt + 1) tokens), so both do the same work;
+    `identical_rows` is the share of rows whose tokens agree exactly (a random model's logits have
+    near-ties that fp32 rounding of the padded batch vs the single row can flip; the engine's exact
+    equality with the cache-less forward is tested in tests/model/)."""
     device = next(model.parameters()).device
     max_len = model.cfg.max_seq_len
     rows = []
@@ -298,12 +300,13 @@ def bench_generation(model, tokenizer, tasks: dict[str, dict], n_items: int, max
         slow = []
         with torch.inference_mode():
             for p in prompts:
-                n = min(max_new_tokens, max_len - len(p))
+                n = min(max_new_tokens, max_len - len(p) + 1)  # the engine's last token sees a full context
                 slow.append(model.generate(torch.tensor([p], device=device), n)[0, len(p):].tolist())
         t2 = time.perf_counter()
-        if fast != slow:
-            raise RuntimeError(f"{name}: the engine and the cache-less forward generated different tokens")
+        if list(map(len, fast)) != list(map(len, slow)):
+            raise RuntimeError(f"{name}: the engine and the cache-less forward generated different numbers of tokens")
         rows.append({"task": name, "items": len(prompts), "new_tokens": sum(map(len, fast)),
+                     "identical_rows": sum(a == b for a, b in zip(fast, slow)) / len(prompts),
                      "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts),
                      "engine_items_per_s": len(prompts) / (t1 - t0), "no_cache_items_per_s": len(prompts) / (t2 - t1)})
     return rows
