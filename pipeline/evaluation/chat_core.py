@@ -45,7 +45,7 @@ from pipeline.data.tasks import chat_score_name
 from pipeline.distributed import Dist, gather_objects
 from pipeline.errors import PipelineError
 from pipeline.evaluation.chat import stop_ids
-from pipeline.evaluation.core import centered, scoring_dtype
+from pipeline.evaluation.core import accuracy_cells, centered, core_record, headline, scoring_dtype
 from pipeline.evaluation.sandbox import SandboxLimits, humaneval_program, isolation, run_program
 from pipeline.io import get_logger, run_cli
 from pipeline.model.engine import Engine
@@ -253,21 +253,16 @@ def chat_settings(params: dict, items_key: str = "chat_max_items") -> dict:
 
 def chat_record(result: dict) -> dict:
     """A result as metrics-record keys: `chat_core_<n>` and `chat_core/<task>` (centered accuracies)."""
-    if result["score"] is None:
-        return {}
-    return {result["score_name"]: result["score"],
-            **{f"chat_core/{n}": t["centered"] for n, t in result["tasks"].items() if t["centered"] is not None}}
+    return core_record(result, "chat_core")
 
 
 def markdown_table(result: dict) -> str:
     """The per-task table for reports."""
-    n = sum(1 for t in result["tasks"].values() if t["items"])
-    score = "–" if result["score"] is None else f"{result['score']:.4f}"
-    lines = [f"**{result['score_name']}** (ChatCORE: mean centered accuracy over {n} tasks): **{score}**", "",
+    lines = [headline(result, "ChatCORE: "), "",
              "| task | kind | items | too long | correct | accuracy | random | centered |",
              "|---|---|---|---|---|---|---|---|"]
     for name, t in result["tasks"].items():
-        acc, cen = ("–", "–") if t["accuracy"] is None else (f"{t['accuracy']:.4f}", f"{t['centered']:+.4f}")
+        acc, cen = accuracy_cells(t)
         lines.append(f"| {name} | {t['kind']} | {t['items']} | {t['too_long']} | {t['correct']} | {acc} | "
                      f"{t['random_baseline']:.2f} | {cen} |")
     ran = result["tasks"].get("humaneval", {}).get("sandbox")

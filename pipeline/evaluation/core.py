@@ -320,15 +320,25 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
             "seconds": seconds, "items_per_s": n_items / seconds if seconds > 0 else math.inf, "world_size": world}
 
 
-def markdown_table(result: dict) -> str:
-    """The per-task table for reports."""
+def headline(result: dict, what: str = "") -> str:
+    """The score line above a table: `**core_<n>** (mean centered accuracy over n tasks): **score**`."""
     scored = sum(1 for t in result["tasks"].values() if t["items"])
     score = "–" if result["score"] is None else f"{result['score']:.4f}"
-    lines = [f"**{result['score_name']}** (mean centered accuracy over {scored} tasks): **{score}**", "",
+    return f"**{result['score_name']}** ({what}mean centered accuracy over {scored} tasks): **{score}**"
+
+
+def accuracy_cells(t: dict) -> tuple[str, str]:
+    """A task row's accuracy and centered accuracy ("–" for a task with no scored item)."""
+    return ("–", "–") if t["accuracy"] is None else (f"{t['accuracy']:.4f}", f"{t['centered']:+.4f}")
+
+
+def markdown_table(result: dict) -> str:
+    """The per-task table for reports."""
+    lines = [headline(result), "",
              "| task | type | shots (asked) | items | accuracy | random | centered | fewer shots | too long |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, t in result["tasks"].items():
-        acc, cen = ("–", "–") if t["accuracy"] is None else (f"{t['accuracy']:.4f}", f"{t['centered']:+.4f}")
+        acc, cen = accuracy_cells(t)
         lines.append(f"| {name} | {t['type']} | {t['shots']} ({t['shots_asked']}) | {t['items']} | {acc} | "
                      f"{t['random_baseline']:.2f} | {cen} | {t['fewer_shots']} | {t['too_long']} |")
     lines += ["", f"Shots: per task the largest k ≤ the asked shots whose prompts fit the context for at least "
@@ -338,12 +348,13 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def core_record(result: dict) -> dict:
-    """A result as metrics-record keys: `core_<n>` and `core/<task>` (centered accuracies)."""
+def core_record(result: dict, prefix: str = "core") -> dict:
+    """A result as metrics-record keys: its score (`core_<n>`) and `{prefix}/<task>` (centered accuracies);
+    nothing when no task was scored. ChatCORE's records use the prefix `chat_core`."""
     if result["score"] is None:
         return {}
     return {result["score_name"]: result["score"],
-            **{f"core/{n}": t["centered"] for n, t in result["tasks"].items() if t["centered"] is not None}}
+            **{f"{prefix}/{n}": t["centered"] for n, t in result["tasks"].items() if t["centered"] is not None}}
 
 
 def plot_core(records: list[dict], final: dict, out_png: str | Path, final_step: int | None) -> None:
