@@ -318,7 +318,8 @@ def stage_params(cfg: dict, stage: str, source: str | None = None, mix: str | No
         return {"split": cfg["split"], "seed": cfg["seed"]}
     if stage == "eval_data":  # the task files depend on the task list and the pool only
         e = cfg["eval"]
-        return {"tasks": e["tasks"], "pool_size": e["core_pool_size"], "seed": cfg["seed"]}
+        return {"tasks": e["tasks"], "pool_size": e["core_pool_size"], "seed": cfg["seed"],
+                "chat_tasks": e["chat_tasks"]}
     if stage == "decontaminate":
         return {"decontaminate": cfg["decontaminate"], "eval_tasks": cfg["eval"]["tasks"],
                 "sources": _source_slice(cfg, names, ("type", "format", "text_column", "messages_column"))}

@@ -112,6 +112,14 @@ def tokenizer_sources(cfg: dict) -> list[str]:
     return [n for n, s in cfg["sources"].items() if s["format"] == "text"] or list(cfg["sources"])
 
 
+def is_chat_stage(params: dict) -> bool:
+    """A stage's view (`stage_config`) trains a chat model: its mix has a chat source and a bestfit pack
+    (its report adds the chat evaluation: assistant-only val loss, fixed answers, ChatCORE)."""
+    mix = params["mixes"][params["stage"]["mix"]]
+    return mix.get("packing") == "bestfit" and any(params["sources"][s].get("format") == "chat"
+                                                   for s in mix["weights"])
+
+
 def stage_config(cfg: dict, name: str) -> dict:
     """`cfg` as one stage sees it: `train` replaced by the stage's effective train section, `mixes`
     and `sources` narrowed to the stage's own mix and the sources its data is made of (the mix's and

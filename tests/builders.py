@@ -128,7 +128,7 @@ TINY = {
     },
     "wandb": {"mode": "offline"},
     "eval": {"max_new_tokens": 8, "tasks": ["copa", "winogrande", "lambada"], "core_max_items": 8,
-             "core_interval": 50, "core_interval_items": 4,
+             "core_interval": 50, "core_interval_items": 4, "chat_max_items": 4,
              "chat_questions": ["Hi! How are you?", "What do you like?"]},
 }
 

@@ -26,7 +26,8 @@ decides what is counted, exactly as in training):
   loss mask is the stage's (``all`` / ``assistant``) and attention is document-masked when the stage
   trains that way. A chat stage (mix with a chat source, bestfit) adds ``chat_val_loss`` (assistant
   tokens of the held-out conversations only) and ``answers`` to ``eval.chat_questions``
-  (`chat_evaluation`).
+  (`chat_evaluation`) and, with ``--eval-data``, ``chat_core``: the ChatCORE table on
+  ``eval.chat_tasks`` (pipeline/evaluation/chat_core.py; the first ``eval.chat_max_items`` items each).
 
 Outputs (atomic): ``report.json`` (the numbers, the generations, the training summary, `meta`),
 ``report.md`` (the same for humans; the `evaluate` rule marks it for `snakemake --report`) and
@@ -47,7 +48,7 @@ from pipeline.config import add_config_args, params_from_args
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_cli, write_json
 from pipeline.model.engine import generate_texts
 from pipeline.model.load import load_trained
-from pipeline.stages import stage_config, stage_names
+from pipeline.stages import is_chat_stage, stage_config, stage_names
 
 log = get_logger(__name__)
 
@@ -178,6 +179,10 @@ def markdown_report(report: dict) -> str:
                   f"{report['chat_val_tokens']:,} tokens.", ""]
         for a in report["answers"]:
             lines += [f"**{a['question']}**", "", "```", a["answer"], "```", ""]
+    if report.get("chat_core"):
+        from pipeline.evaluation.chat_core import markdown_table as chat_table
+
+        lines += ["## ChatCORE", "", chat_table(report["chat_core"]), ""]
     return "\n".join(lines)
 
 
@@ -189,8 +194,7 @@ def chat_evaluation(model, tokenizer, params: dict, val_meta: str, device, batch
     from pipeline.data.loader import PackedLoader
     from pipeline.evaluation.chat import answer_questions
 
-    mix = params["mixes"][params["stage"]["mix"]]
-    if mix.get("packing") != "bestfit" or all(params["sources"][s].get("format") != "chat" for s in mix["weights"]):
+    if not is_chat_stage(params):
         return {}
     val = PackedLoader(val_meta, 1, shuffle=False, loss="assistant", with_doc_ids=params["stage"]["doc_mask"])
     sums = evaluate_rows(model, val, device, batch_rows, params["train"]["ce_chunk_tokens"], byte_lengths)
@@ -242,6 +246,7 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
         "stage": st["name"],
         "summary": final.get("summary", {}),
         "core": None,
+        "chat_core": None,
         "meta": provenance("evaluate", params, [ckpt_path, val_meta, train_meta, tokenizer_path, metrics_path]),
     }
     if eval_data is not None:
@@ -249,8 +254,16 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
 
         report["core"] = evaluate_tasks(model, tokenizer, load_tasks(eval_data, e["tasks"]), **core_settings(params))
         plot_core(read_metrics(metrics_path), report["core"], outdir / "core.png", report["summary"].get("num_steps"))
-        log.info("%s = %.4f over %d items", report["core"]["score_name"], report["core"]["score"],
+        log.info("%s = %s over %d items", report["core"]["score_name"], report["core"]["score"],
                  report["core"]["items"])
+    if eval_data is not None and chat and e["chat_tasks"]:
+        from pipeline.data.tasks import load_tasks as load_task_files
+        from pipeline.evaluation.chat_core import chat_settings, evaluate_chat
+
+        report["chat_core"] = evaluate_chat(model, tokenizer, load_task_files(eval_data, e["chat_tasks"], chat=True),
+                                            **chat_settings(params))
+        log.info("%s = %s over %d items", report["chat_core"]["score_name"], report["chat_core"]["score"],
+                 report["chat_core"]["items"])
     if not report["beats_unigram"]:
         log.warning("validation loss %.4f does not beat the unigram baseline %.4f", val_loss, uni_loss)
     plot_loss(read_metrics(metrics_path), outdir / "loss.png", uni_loss)

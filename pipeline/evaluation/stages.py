@@ -63,6 +63,7 @@ def stage_rows(params: dict, run_dir: Path) -> tuple[list[dict], dict[str, list[
             "budget": st["budget"], "num_steps": summary["num_steps"], "tokens_trained": summary["tokens_trained"],
             "loss_tokens": summary["loss_tokens"], "val_loss": report["val_loss"],
             "chat_val_loss": report.get("chat_val_loss"), "answers": report.get("answers", []),
+            "chat_core": report.get("chat_core"),
         })
     return rows, curves
 
@@ -107,6 +108,11 @@ def markdown(rows: list[dict]) -> str:
                      f"| {r['tokens_trained']:,} | {r['loss_tokens']:,} | {r['val_loss']:.4f} | {chat} |")
     lines.append(f"| **total** | | | | {sum(r['num_steps'] for r in rows):,} "
                  f"| {sum(r['tokens_trained'] for r in rows):,} | {sum(r['loss_tokens'] for r in rows):,} | | |")
+    for r in rows:
+        if r.get("chat_core"):
+            from pipeline.evaluation.chat_core import markdown_table as chat_table
+
+            lines += ["", f"## {r['stage']}: ChatCORE", "", chat_table(r["chat_core"])]
     for r in rows:
         if r["answers"]:
             lines += ["", f"## {r['stage']}: answers to the fixed questions", ""]

@@ -64,7 +64,9 @@ rank; `plan.num_steps` steps):
   With `--eval-data` and `eval.core_interval` > 0, a quick CORE subset (the first
   `eval.core_interval_items` items of every `eval.tasks` task, sharded across the ranks,
   pipeline/evaluation/core.py) every `eval.core_interval` steps and at the end, logged as `core_<n>`
-  and `core/<task>` (centered accuracies).
+  and `core/<task>` (centered accuracies); a chat stage (`pipeline.stages.is_chat_stage`) adds a quick
+  ChatCORE subset at the same steps (the first `eval.core_interval_items` items of every
+  `eval.chat_tasks` task, pipeline/evaluation/chat_core.py), logged as `chat_core_<n>` and `chat_core/<task>`.
 
 Outputs: `outdir/final.pt` (written last: model state dict, params, plan, tokens trained, final
 validation loss; `torch.load(..., weights_only=True)`), `outdir/metrics.jsonl`, `outdir/ckpt/`,
@@ -99,7 +101,7 @@ from pipeline.model.checkpoint import load_checkpoint, save_checkpoint, versions
 from pipeline.model.engine import greedy_sample
 from pipeline.model.losses import chunked_eval_stats
 from pipeline.model.model import Transformer
-from pipeline.stages import epoch_steps, stage_budget, stage_config, stage_names
+from pipeline.stages import epoch_steps, is_chat_stage, stage_budget, stage_config, stage_names
 from pipeline.training import checkpoint as ckpt
 from pipeline.training.metrics import MetricsLogger, UpdateRatio, group_norms, memory_stats, mfu, watched_groups
 from pipeline.training.optim import build_optimizer, lr_factor, set_lr
@@ -446,6 +448,8 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
                             f"{params['model']['vocab_size']}: set model.vocab_size to at least {tokenizer.n_vocab}")
     core_every = params["eval"]["core_interval"] if eval_data is not None else 0
     core_tasks = core.load_tasks(eval_data, params["eval"]["tasks"]) if core_every else None
+    chat_tasks = (core.load_tasks(eval_data, params["eval"]["chat_tasks"], chat=True)
+                  if core_every and params["eval"]["chat_tasks"] and is_chat_stage(params) else None)
 
     # ---- fresh start, or exact resume from the newest readable checkpoint (rank 0 picks it, moving
     # unreadable ones aside; the others load the one it names)
@@ -539,6 +543,11 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
         if is_core:  # every rank scores its share of the items (evaluate_tasks restores train mode)
             record.update(core.core_record(core.evaluate_tasks(
                 model, tokenizer, core_tasks, dist=dist, **core.core_settings(params, "core_interval_items"))))
+            if chat_tasks:
+                from pipeline.evaluation import chat_core
+
+                record.update(chat_core.chat_record(chat_core.evaluate_chat(
+                    model, tokenizer, chat_tasks, dist=dist, **chat_core.chat_settings(params, "core_interval_items"))))
         if is_log and dist.is_main:
             metrics.log(record)
         if done % t["ckpt_interval"] == 0 or done == stop_at:
