@@ -125,7 +125,7 @@ def test_centered_accuracy():
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from conftest import write_text_shard
+    from builders import write_text_shard
 
     from pipeline.data.encoding import load_tokenizer
     from pipeline.data.tokenizer import build_tokenizer
