@@ -78,7 +78,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from pipeline.budget import HBM_BYTES_PER_S, PEAK_FLOPS, flops_per_token
+from pipeline.budget import HBM_BYTES_PER_S, PEAK_FLOPS, BatchLayout, flops_per_token
 
 GB = 1e9
 GIB = 2 ** 30
@@ -172,15 +172,13 @@ class StepSetup:
             raise ValueError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
         m, t, hw = cfg["model"], cfg["train"], cfg["hardware"]
         cuda = hw["device"] == "cuda"
-        ws = hw["nproc_per_node"] * hw["nodes"]
-        per_micro = t["micro_batch"] * t["seq_len"] * ws
+        batch = BatchLayout.from_config(cfg)
         bf16 = cuda and t["precision"] == "bf16"
         return cls(
             vocab=m["vocab_size"], dim=m["dim"], n_layers=m["n_layers"], n_heads=m["n_heads"],
             n_kv_heads=m["n_kv_heads"], ffn_dim=m["ffn_dim"], tied=m["tie_embeddings"],
-            micro_batch=t["micro_batch"], seq_len=t["seq_len"],
-            grad_accum=max(1, t["global_batch_tokens"] // per_micro),
-            world_size=ws, device=hw["device"], gpu_type=hw["gpu_type"] if cuda else "cpu", bf16=bf16,
+            micro_batch=batch.micro_batch, seq_len=batch.seq_len, grad_accum=batch.grad_accum_steps,
+            world_size=batch.world_size, device=hw["device"], gpu_type=hw["gpu_type"] if cuda else "cpu", bf16=bf16,
             compile=cuda if t["compile"] == "auto" else bool(t["compile"]),
             checkpoint=t["activation_checkpointing"], every_n=t["checkpoint_every_n"], optimizer=t["optimizer"],
             adamw_kernel="fused" if cuda else "foreach", fp8=t["fp8"], logits=logits,

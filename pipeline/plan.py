@@ -80,7 +80,7 @@ import math
 from pathlib import Path
 
 from pipeline.budget import (
-    batch_layout,
+    BatchLayout,
     count_params,
     flops_per_token,
     param_parts,
@@ -299,10 +299,10 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     parts = param_parts(m)
     n_params, non_embedding = count_params(m)
     fpt = flops_per_token(cfg)
-    batch = batch_layout(cfg)
+    batch = BatchLayout.from_config(cfg)
     target, basis = token_target(t, n_params, fpt)
     trained = trained_tokens(cfg)
-    num_steps = trained // batch["tokens_per_step"]
+    num_steps = trained // batch.tokens_per_step
     data_needed = trained // t["seq_len"] * (t["seq_len"] + 1)  # whole rows: tokens_per_step is a multiple of T
 
     mix_name = t["mix"]
@@ -311,7 +311,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     if mix_targets < trained:
         raise PlanError(
             f"mixes.{mix_name}.tokens = {mix_tokens} is less than the {trained} tokens training consumes "
-            f"({num_steps} steps × {batch['tokens_per_step']} tokens): set it to 'plan' or lower {basis}"
+            f"({num_steps} steps × {batch.tokens_per_step} tokens): set it to 'plan' or lower {basis}"
         )
     scheduled = math.ceil(mix_targets / t["seq_len"]) * (t["seq_len"] + 1)
     delimiters = 2 if cfg["tokenizer"]["delimiter"] == "both" else 1
@@ -334,7 +334,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     notes += [f"{s}: SHORT — needs {r['shards_needed']} shards, {r['shards_available']} configured"
               for s, r in per_source.items() if r["enough"] is False]
     # every stage trains with the run's batch layout: the plan's step time prices each stage's steps
-    stage_rate = fpt * batch["tokens_per_step"] / (batch["world_size"] * perf["step_time_s"])
+    stage_rate = fpt * batch.tokens_per_step / (batch.world_size * perf["step_time_s"])
     stages, stages_total = plan_stages(cfg, fpt, batch, stage_rate)
     if any(s["estimate"] for s in stages):
         notes.append("epochs stages: steps estimated from the mix's tokens as if packed without padding; the "
@@ -349,7 +349,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "n_params": n_params,
         "n_params_non_embedding": non_embedding,
         "target_tokens": target,
-        **batch,
+        **batch.plan_figures(),
         "num_steps": num_steps,
         "flops_per_token": fpt,
         "total_flops": total_flops,
@@ -359,7 +359,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "est_memory_gb": memory["total"],
         "fits_memory": memory["total"] <= perf["capacity_gb"],
         "est_hours": est_hours,
-        "est_gpu_hours": est_hours * batch["world_size"],
+        "est_gpu_hours": est_hours * batch.world_size,
         "n_params_embedding": parts["embedding"],
         "n_params_lm_head": parts["lm_head"],
         "target_basis": basis,
@@ -382,13 +382,12 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     }
 
 
-def plan_stages(cfg: dict, fpt: int, batch: dict, flops_per_s_per_gpu: float) -> tuple[list[dict], dict]:
+def plan_stages(cfg: dict, fpt: int, batch: BatchLayout, flops_per_s_per_gpu: float) -> tuple[list[dict], dict]:
     """Every training stage's steps, tokens, FLOPs and (estimated) time, and their sums. An epochs
     budget is estimated from its mix's integer `tokens` (rows of seq_len targets, no padding: a lower
     bound; the trainer counts the packed rows), flagged ``estimate``."""
     from pipeline.stages import stage_budget, stage_list
 
-    rows_per_step = batch["tokens_per_step"] // cfg["train"]["seq_len"]
     out = []
     for st in stage_list(cfg):
         b = stage_budget(cfg, st)
@@ -396,12 +395,12 @@ def plan_stages(cfg: dict, fpt: int, batch: dict, flops_per_s_per_gpu: float) ->
         estimate = steps is None
         if estimate:
             rows = -(-int(cfg["mixes"][st["mix"]]["tokens"]) // cfg["train"]["seq_len"])
-            steps = -(-math.ceil(st["budget"]["value"] * rows) // rows_per_step)
-        tokens = steps * batch["tokens_per_step"]
-        hours = fpt * tokens / (batch["world_size"] * flops_per_s_per_gpu) / 3600
+            steps = -(-math.ceil(st["budget"]["value"] * rows) // batch.rows_per_step)
+        tokens = steps * batch.tokens_per_step
+        hours = fpt * tokens / (batch.world_size * flops_per_s_per_gpu) / 3600
         out.append({"name": st["name"], "mix": st["mix"], "loss": st["loss"], "init_from": st["init_from"],
                     "basis": b["basis"], "num_steps": steps, "trained_tokens": tokens, "total_flops": fpt * tokens,
-                    "est_hours": hours, "est_gpu_hours": hours * batch["world_size"], "estimate": estimate})
+                    "est_hours": hours, "est_gpu_hours": hours * batch.world_size, "estimate": estimate})
     keys = ("num_steps", "trained_tokens", "total_flops", "est_hours", "est_gpu_hours")
     return out, {k: sum(s[k] for s in out) for k in keys}
 
