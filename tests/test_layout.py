@@ -52,15 +52,18 @@ def test_no_import_circle():
 
 
 # The floors, bottom up: a module may import its own package and the packages of lower floors only.
-# The top-level modules (errors, io, config, budget, plan, perf, stages, distributed, …) are the ground
-# floor; `model` and `data` stand side by side on the next one and import nothing from each other.
+# The top-level modules (errors, io, budget, plan, perf, stages, distributed, …) and the `config`
+# package are the ground floor; `model` and `data` stand side by side on the next one and import
+# nothing from each other.
 FLOORS = {"model": 1, "data": 1, "evaluation": 2, "training": 3, "bench": 4}
+GROUND = {"config"}  # packages whose modules are top-level ones for the floors (config is read by all)
 
 
 def package_of(module: str) -> str:
-    """`model` for pipeline.model.engine; "" for a top-level module (pipeline.io, pipeline itself)."""
+    """`model` for pipeline.model.engine; "" for a top-level module (pipeline.io, pipeline itself) and
+    for the modules of a ground-floor package (pipeline.config.resolve)."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 2 else ""
+    return parts[1] if len(parts) > 2 and parts[1] not in GROUND else ""
 
 
 def test_floors_cover_every_package():
