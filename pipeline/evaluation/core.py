@@ -2,7 +2,7 @@
 a thin CLI.
 
     [torchrun --nproc_per_node N] python -m pipeline.evaluation.core --params JSON --ckpt R/train/final.pt \\
-        --tokenizer R/tokenizer/tokenizer.json --tasks-dir R/eval_data --out R/eval/core.json
+        --tokenizer R/tokenizer/encoding.json --tasks-dir R/eval_data --out R/eval/core.json
 
 Params: the evaluate stage's (schema keys): `eval` (tasks, core_shots, core_max_items, core_batch_tokens),
 `seed`, and the `model`, `train` and `hardware` sections (the default batch is sized from them).
@@ -332,7 +332,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.core", description=__doc__.split("\n\n")[0])
     add_config_args(p)
     p.add_argument("--ckpt", required=True, help="R/train/final.pt")
-    p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
+    p.add_argument("--tokenizer", required=True, help="R/tokenizer/encoding.json")
     p.add_argument("--tasks-dir", required=True, help="R/eval_data (task files of the eval_data stage)")
     p.add_argument("--out", required=True, help="the table as JSON (written by rank 0)")
     args = p.parse_args(argv)

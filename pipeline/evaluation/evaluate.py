@@ -1,7 +1,7 @@
 """Evaluate stage: validation loss, bits per byte, a unigram baseline, CORE-style benchmarks, generations, curves.
 
     python -m pipeline.evaluation.evaluate --params JSON --ckpt R/train/S/final.pt --val R/pack/M/val.json \\
-        --train R/pack/M/train.json --tokenizer R/tokenizer/tokenizer.json \\
+        --train R/pack/M/train.json --tokenizer R/tokenizer/encoding.json \\
         --metrics R/train/S/metrics.jsonl --outdir R/eval/S [--eval-data R/eval_data] [--batch-rows 8]
 
 Definitions (every counted target token of every validation row; a bestfit pack's loss mask
@@ -267,7 +267,7 @@ def main(argv=None) -> None:
     p.add_argument("--ckpt", required=True, help="R/train/{stage}/final.pt")
     p.add_argument("--val", required=True, help="packed validation rows metadata, R/pack/{mix}/val.json")
     p.add_argument("--train", required=True, help="packed train rows metadata (for the unigram baseline)")
-    p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
+    p.add_argument("--tokenizer", required=True, help="R/tokenizer/encoding.json")
     p.add_argument("--metrics", required=True, help="R/train/{stage}/metrics.jsonl (for the loss curve)")
     p.add_argument("--outdir", required=True, help="R/eval")
     p.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help="validation rows per forward pass")

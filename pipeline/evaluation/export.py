@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import params_from_args, stage_params
+from pipeline.config import params_from_args, rule_params
 from pipeline.data.encoding import (
     ASSISTANT_END,
     ASSISTANT_START,
@@ -115,7 +115,7 @@ def check_tokenizer(ckpt_params: dict, tok, where: str) -> None:
     if made_with is None or not {"tokenizer", "sources", "seed"} <= set(ckpt_params):
         log.warning("cannot check that %s belongs to %s (one of them records no config)", tok.path, where)
         return
-    diffs = differences(stage_params(ckpt_params, "tokenizer"), made_with)
+    diffs = differences(rule_params(ckpt_params, "tokenizer"), made_with)
     if diffs:
         path, ours, theirs = diffs[0]
         raise PipelineError(f"{tok.path} was made with {path} = {theirs!r} but {where} was trained with {ours!r}: "

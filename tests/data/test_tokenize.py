@@ -45,7 +45,7 @@ def make_tokenizer(tmp_path, delimiter: str = "bos", vocab_size: int = 320) -> T
         "sources": {"web": {"format": "text"}},
         "seed": 0,
     }
-    out = tmp_path / f"tokenizer_{delimiter}" / "tokenizer.json"
+    out = tmp_path / f"tokenizer_{delimiter}" / "encoding.json"
     build_tokenizer(params, [str(shard)], out)
     return load_tokenizer(out)
 
@@ -147,7 +147,7 @@ def test_uint32_when_vocab_exceeds_uint16(tmp_path):
     ranks = {bytes([i]): i for i in range(256)}
     special = {name: 70_000 + i for i, name in enumerate(special_token_names("bos"))}
     enc = tiktoken.Encoding("wide", pat_str=r"\S+|\s+", mergeable_ranks=ranks, special_tokens=special)
-    tok = Tokenizer(enc, special, "bos", "f" * 64, str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer(enc, special, "bos", "f" * 64, str(tmp_path / "encoding.json"))
     assert tok.n_vocab > 65536 and token_dtype(tok.n_vocab) == np.uint32 and token_dtype(65536) == np.uint16
     texts = corpus(5, seed=3)
     shard = write_text_shard(tmp_path / "raw" / "s" / "w.parquet", texts)

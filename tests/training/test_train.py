@@ -22,7 +22,7 @@ import torch.distributed as torch_dist
 from conftest import ROOT, write_text_shard
 
 from pipeline import plan as plan_module
-from pipeline.config import resolve_config, stage_params
+from pipeline.config import resolve_config, rule_params
 from pipeline.data.encoding import load_tokenizer
 from pipeline.data.tokenizer import build_tokenizer
 from pipeline.errors import PipelineError
@@ -89,7 +89,7 @@ def make_params(nproc: int = 1, steps: int = 12, stage: str = "pretrain", mixes:
         "eval": {"prompts": ["The old king"], "max_new_tokens": 4},
         **({"mixes": mixes} if mixes else {}),
     })
-    return stage_config(stage_params(cfg, "train"), stage)
+    return stage_config(rule_params(cfg, "train"), stage)
 
 
 def make_plan(params: dict) -> dict:
@@ -110,7 +110,7 @@ def data(tmp_path_factory) -> dict:
     """Tokenizer + packed train/val rows shared by the train, evaluate and bench tests."""
     d = tmp_path_factory.mktemp("run")
     shard = write_text_shard(d / "raw" / "web" / "shard_00000.parquet", corpus(400, seed=1))
-    tok_path = d / "tokenizer" / "tokenizer.json"
+    tok_path = d / "tokenizer" / "encoding.json"
     build_tokenizer({"tokenizer": {"kind": "bpe", "vocab_size": 300, "train_chars": 20_000, "max_doc_chars": 2000,
                                    "delimiter": "bos"},
                      "sources": {"web": {"type": "local", "format": "text", "text_column": "text", "min_chars": 0}},
