@@ -79,6 +79,7 @@ import json
 import math
 from pathlib import Path
 
+from pipeline import cluster
 from pipeline.budget import (
     BatchLayout,
     count_params,
@@ -102,6 +103,7 @@ from pipeline.perf import (
     predicted_mfu,
     step_time,
 )
+from pipeline.stages import stage_budget, stage_list
 
 log = get_logger(__name__)
 
@@ -377,7 +379,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "stages": stages,
         "stages_total": stages_total,
         "eval_memory_gb": perf["eval_memory"],
-        "fits_eval_memory": all(m["total"] <= perf["capacity_gb"] for m in perf["eval_memory"].values()),
+        "fits_eval_memory": all(mem["total"] <= perf["capacity_gb"] for mem in perf["eval_memory"].values()),
         "notes": notes,
     }
 
@@ -386,8 +388,6 @@ def plan_stages(cfg: dict, fpt: int, batch: BatchLayout, flops_per_s_per_gpu: fl
     """Every training stage's steps, tokens, FLOPs and (estimated) time, and their sums. An epochs
     budget is estimated from its mix's integer `tokens` (rows of seq_len targets, no padding: a lower
     bound; the trainer counts the packed rows), flagged ``estimate``."""
-    from pipeline.stages import stage_budget, stage_list
-
     out = []
     for st in stage_list(cfg):
         b = stage_budget(cfg, st)
@@ -523,7 +523,6 @@ def main(argv=None) -> None:
         return
     print(format_plan(plan))
     if args.configfile:  # the data stages' cost on a cluster (pipeline/cluster.py)
-        from pipeline import cluster
 
         documents, tokens = cluster.measured_sizes(found)
         print("\n" + cluster.format_costs(cluster.data_costs(params, documents, tokens, args.data_cpus)))

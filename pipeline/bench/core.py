@@ -22,7 +22,12 @@ from typing import Any
 
 import torch
 
+from pipeline.config import load_config, resolve_config
+from pipeline.data.encoding import load_tokenizer
+from pipeline.data.eval_data import build_eval_data
+from pipeline.evaluation import core
 from pipeline.io import run_cli
+from pipeline.model.model import ModelConfig, Transformer
 
 MODELS = {
     "100m": {"vocab_size": 32768, "dim": 768, "n_layers": 12, "n_heads": 12, "n_kv_heads": 4, "ffn_dim": 2048,
@@ -31,9 +36,6 @@ MODELS = {
 
 
 def model_and_params(name: str, tokenizer) -> tuple[torch.nn.Module, dict]:
-    from pipeline.config import load_config, resolve_config
-    from pipeline.model.model import ModelConfig, Transformer
-
     cfg = load_config("config.yaml") if name == "default" else resolve_config({})
     if name != "default":
         spec = dict(MODELS[name])
@@ -56,9 +58,6 @@ def main(argv=None) -> Any:
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args(argv)
 
-    from pipeline.data.encoding import load_tokenizer
-    from pipeline.data.eval_data import build_eval_data
-    from pipeline.evaluation import core
 
     torch.set_num_threads(args.threads)
     logging.getLogger("pipeline").setLevel(logging.ERROR)

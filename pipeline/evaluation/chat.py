@@ -34,6 +34,7 @@ from typing import Callable
 
 import torch
 
+from pipeline.data.encoding import ASSISTANT_END, ASSISTANT_START, BOS, EOS, USER_START, load_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, run_cli
 from pipeline.model.engine import Engine
@@ -69,8 +70,6 @@ def check_exported_tokenizer(ckpt_path: str | Path, tokenizer) -> None:
 
 def stop_ids(tokenizer) -> list[int]:
     """Tokens that end an answer (module docstring)."""
-    from pipeline.data.encoding import ASSISTANT_END, ASSISTANT_START, BOS, EOS, USER_START
-
     names = (ASSISTANT_END, BOS, EOS, USER_START, ASSISTANT_START)
     return [tokenizer.special[t] for t in names if t in tokenizer.special]
 
@@ -180,7 +179,6 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     args = p.parse_args(argv)
-    from pipeline.data.encoding import load_tokenizer
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise PipelineError("--device cuda but no CUDA device is visible; use --device cpu")

@@ -61,11 +61,13 @@ import torch.distributed as torch_dist
 import torch.nn.functional as F
 
 from pipeline.config import add_config_args, params_from_args
+from pipeline.data.encoding import load_tokenizer
 from pipeline.data.tasks import load_tasks, score_name, task_path
 from pipeline.distributed import Dist, gather_objects, init_distributed
 from pipeline.errors import PipelineError
-from pipeline.io import get_logger, provenance, run_cli, write_json
+from pipeline.io import atomic_path, get_logger, provenance, run_cli, write_json
 from pipeline.model.load import load_model
+from pipeline.perf import eval_batch_tokens
 
 log = get_logger(__name__)
 
@@ -287,7 +289,6 @@ def plot_core(records: list[dict], final: dict, out_png: str | Path, final_step:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipeline.io import atomic_path
 
     name = final["score_name"]
     seen = [r for r in records if name in r]
@@ -319,8 +320,6 @@ def core_settings(params: dict, items_key: str = "core_max_items") -> dict:
     subset: core_interval_items). ``eval.core_batch_tokens: null`` is bounded by memory
     (`pipeline.perf.eval_batch_tokens`: what fits beside the training state on the configured GPU),
     not by the training micro-batch; the LM head takes ``train.ce_chunk_tokens`` positions at a time."""
-    from pipeline.perf import eval_batch_tokens
-
     e = params["eval"]
     return {"seed": params["seed"], "batch_tokens": eval_batch_tokens(params), "shots": e["core_shots"],
             "max_items": e[items_key], "head_chunk": params["train"]["ce_chunk_tokens"]}
@@ -337,7 +336,6 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True, help="the table as JSON (written by rank 0)")
     args = p.parse_args(argv)
     params = params_from_args(args, "evaluate")
-    from pipeline.data.encoding import load_tokenizer
 
     dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
     try:

@@ -44,9 +44,14 @@ import numpy as np
 import torch
 
 from pipeline.config import add_config_args, params_from_args
+from pipeline.data.encoding import load_tokenizer
+from pipeline.data.loader import PackedLoader
+from pipeline.evaluation.chat import answer_questions
+from pipeline.evaluation.core import core_settings, evaluate_tasks, load_tasks, markdown_table, plot_core
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_cli, write_json
 from pipeline.model.engine import generate_texts
 from pipeline.model.load import load_trained
+from pipeline.model.losses import chunked_cross_entropy
 from pipeline.stages import stage_config, stage_names
 
 log = get_logger(__name__)
@@ -83,8 +88,6 @@ def counted_targets(targets: torch.Tensor, mask: torch.Tensor | None) -> np.ndar
 @torch.no_grad()
 def evaluate_rows(model, loader, device: torch.device, rows: int, chunk: int, byte_lengths: np.ndarray) -> dict:
     """Σ fp32 CE (nats), counted target tokens and their UTF-8 bytes over all rows of `loader`."""
-    from pipeline.model.losses import chunked_cross_entropy
-
     model.eval()
     nats, tokens, n_bytes = 0.0, 0, 0
     for x, y, m, *docs in iter_rows(loader, rows):
@@ -166,8 +169,6 @@ def markdown_report(report: dict) -> str:
         "", "![loss curve](loss.png)", "",
     ]
     if report.get("core"):
-        from pipeline.evaluation.core import markdown_table
-
         lines += ["## CORE-style benchmarks", "", markdown_table(report["core"]), "", "![CORE vs step](core.png)", ""]
     lines += ["## Generations", ""]
     for g in report["generations"]:
@@ -186,9 +187,6 @@ def chat_evaluation(model, tokenizer, params: dict, val_meta: str, device, batch
     """For a chat stage (its mix has a chat source and a bestfit pack): ``chat_val_loss``, the mean
     CE over the assistant tokens (content and <|assistant_end|>) of the held-out conversations, and
     ``answers`` to ``eval.chat_questions`` (greedy, chat template, KV-cache engine). Empty otherwise."""
-    from pipeline.data.loader import PackedLoader
-    from pipeline.evaluation.chat import answer_questions
-
     mix = params["mixes"][params["stage"]["mix"]]
     if mix.get("packing") != "bestfit" or all(params["sources"][s].get("format") != "chat" for s in mix["weights"]):
         return {}
@@ -203,9 +201,6 @@ def chat_evaluation(model, tokenizer, params: dict, val_meta: str, device, batch
 def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, tokenizer_path: str, metrics_path: str,
              outdir: str, batch_rows: int = BATCH_ROWS, eval_data: str | None = None) -> dict:
     """Compute the report (module docstring) and write report.json, report.md and loss.png."""
-    from pipeline.data.encoding import load_tokenizer
-    from pipeline.data.loader import PackedLoader
-
     outdir = Path(outdir)
     want_cuda = params["hardware"]["device"] == "cuda" and torch.cuda.is_available()
     device = torch.device("cuda" if want_cuda else "cpu")
@@ -245,8 +240,6 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
         "meta": provenance("evaluate", params, [ckpt_path, val_meta, train_meta, tokenizer_path, metrics_path]),
     }
     if eval_data is not None:
-        from pipeline.evaluation.core import core_settings, evaluate_tasks, load_tasks, plot_core
-
         report["core"] = evaluate_tasks(model, tokenizer, load_tasks(eval_data, e["tasks"]), **core_settings(params))
         plot_core(read_metrics(metrics_path), report["core"], outdir / "core.png", report["summary"].get("num_steps"))
         log.info("%s = %.4f over %d items", report["core"]["score_name"], report["core"]["score"],
