@@ -103,9 +103,9 @@ def count_params(model_cfg: dict) -> tuple[int, int]:
 def flops_per_token(cfg: dict) -> int:
     """Training FLOPs per token of a run config (``model`` and ``train.seq_len``):
     6·(N_non_embedding + V·d) + 12·L·d·T (module docstring). The one formula MFU is computed with."""
-    m = cfg["model"]
-    _, non_embedding = count_params(m)
-    V, d, L = m["vocab_size"], m["dim"], m["n_layers"]
+    model = cfg["model"]
+    _, non_embedding = count_params(model)
+    V, d, L = model["vocab_size"], model["dim"], model["n_layers"]
     return 6 * (non_embedding + V * d) + 12 * L * d * cfg["train"]["seq_len"]
 
 

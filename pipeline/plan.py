@@ -249,9 +249,9 @@ def _measured_step_file(path: Path, cfg: dict) -> dict:
     except (ValueError, KeyError, TypeError) as e:
         raise PlanError(f"{path}: not a pipeline.bench --json result ({type(e).__name__}: {e}); "
                         "rerun python -m pipeline.bench ... --json > FILE") from None
-    t = cfg["train"]
-    want = {"micro_batch": t["micro_batch"], "seq_len": t["seq_len"], "n_params": count_params(cfg["model"])[0],
-            "activation_checkpointing": t["activation_checkpointing"], "fp8": t["fp8"], "optimizer": t["optimizer"]}
+    train = cfg["train"]
+    want = {"micro_batch": train["micro_batch"], "seq_len": train["seq_len"], "n_params": count_params(cfg["model"])[0],
+            **{k: train[k] for k in ("activation_checkpointing", "fp8", "optimizer")}}
     wrong = {k: (bench.get(k), v) for k, v in want.items() if k in bench and bench[k] != v}
     if wrong:
         diff = ", ".join(f"{k} {got} (config: {v})" for k, (got, v) in wrong.items())
@@ -297,17 +297,17 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     for display only). `strict_counts=False` treats a source the counts file lacks as not counted
     yet (the Snakefile's parse-time plan, which may see counts from an earlier config). `logits` and
     `measured_step` (`read_measured_step`): see `performance`. Keys: `PLAN_KEYS`."""
-    m, t, hw = cfg["model"], cfg["train"], cfg["hardware"]
-    parts = param_parts(m)
-    n_params, non_embedding = count_params(m)
+    model, train, hw = cfg["model"], cfg["train"], cfg["hardware"]
+    parts = param_parts(model)
+    n_params, non_embedding = count_params(model)
     fpt = flops_per_token(cfg)
     batch = BatchLayout.from_config(cfg)
-    target, basis = token_target(t, n_params, fpt)
+    target, basis = token_target(train, n_params, fpt)
     trained = trained_tokens(cfg)
     num_steps = trained // batch.tokens_per_step
-    data_needed = trained // t["seq_len"] * (t["seq_len"] + 1)  # whole rows: tokens_per_step is a multiple of T
+    data_needed = trained // train["seq_len"] * (train["seq_len"] + 1)  # whole rows: tokens_per_step is a multiple of T
 
-    mix_name = t["mix"]
+    mix_name = train["mix"]
     mix_tokens = cfg["mixes"][mix_name]["tokens"]
     mix_targets = trained if mix_tokens == "plan" else mix_tokens
     if mix_targets < trained:
@@ -315,7 +315,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
             f"mixes.{mix_name}.tokens = {mix_tokens} is less than the {trained} tokens training consumes "
             f"({num_steps} steps × {batch.tokens_per_step} tokens): set it to 'plan' or lower {basis}"
         )
-    scheduled = math.ceil(mix_targets / t["seq_len"]) * (t["seq_len"] + 1)
+    scheduled = math.ceil(mix_targets / train["seq_len"]) * (train["seq_len"] + 1)
     delimiters = 2 if cfg["tokenizer"]["delimiter"] == "both" else 1
     counted = None if counts is None else read_counts(counts, delimiters)
     try:
@@ -366,7 +366,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "n_params_lm_head": parts["lm_head"],
         "target_basis": basis,
         "trained_tokens": trained,
-        "seq_len": t["seq_len"],
+        "seq_len": train["seq_len"],
         "data_tokens_needed": data_needed,
         "tokens_available": tokens_available,
         "shards_per_source": per_source,

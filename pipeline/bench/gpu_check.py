@@ -141,12 +141,12 @@ def run_smoke_row(cfg: dict, steps: int, masked: bool) -> dict:
     """`steps` optimizer steps of the trainer's step on the fixed batch on cfg's device: per-step losses,
     the median step time after the first, and on CUDA the peak allocated memory (GB)."""
     device = torch.device(cfg["hardware"]["device"])
-    t = cfg["train"]
+    train = cfg["train"]
     set_matmul_precision(ce_matmul(cfg))
     seed_everything(cfg["seed"])
     model = build_model(cfg, device)  # initialised on the CPU from the seed: the reference's weights
-    optimizer = build_optimizer(model, t, device.type)
-    loss_model = LossModel(model, autocast_dtype(cfg, device), t["ce_chunk_tokens"], ce_matmul(cfg))
+    optimizer = build_optimizer(model, train, device.type)
+    loss_model = LossModel(model, autocast_dtype(cfg, device), train["ce_chunk_tokens"], ce_matmul(cfg))
     fwd = torch.compile(loss_model) if use_compile(cfg, device) else loss_model
     x, y, doc_ids = (v.to(device) for v in smoke_batch(cfg))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -158,7 +158,7 @@ def run_smoke_row(cfg: dict, steps: int, masked: bool) -> dict:
         start = time.perf_counter()
         loss_sum, count = fwd(x, y, None, doc_ids if masked else None)
         (loss_sum / count).backward()
-        clip_gradients(params, t["grad_clip"])
+        clip_gradients(params, train["grad_clip"])
         optimizer.step()
         zero_gradients(optimizer)
         _sync(device)

@@ -49,9 +49,10 @@ def check_consistency(cfg: dict) -> None:
         if s not in sources:
             fail("tokenizer.train_sources", f"unknown source '{s}' (sources: {', '.join(sources)})")
 
-    d = cfg["dedup"]
-    if d["bands"] * d["rows"] != d["num_perm"]:
-        fail("dedup.num_perm", f"bands × rows must equal num_perm ({d['bands']} × {d['rows']} != {d['num_perm']})")
+    dedup = cfg["dedup"]
+    if dedup["bands"] * dedup["rows"] != dedup["num_perm"]:
+        fail("dedup.num_perm",
+             f"bands × rows must equal num_perm ({dedup['bands']} × {dedup['rows']} != {dedup['num_perm']})")
 
     if cfg["split"]["method"] == "shards":
         for s, names in cfg["split"]["val_shards"].items():
@@ -69,28 +70,29 @@ def check_consistency(cfg: dict) -> None:
     if cfg["train"]["mix"] not in cfg["mixes"]:
         fail("train.mix", f"unknown mix '{cfg['train']['mix']}' (mixes: {', '.join(cfg['mixes'])})")
 
-    m = cfg["model"]
-    if m["dim"] % m["n_heads"]:
-        fail("model.n_heads", f"dim {m['dim']} is not divisible by n_heads {m['n_heads']}")
-    if (m["dim"] // m["n_heads"]) % 2:
+    model = cfg["model"]
+    if model["dim"] % model["n_heads"]:
+        fail("model.n_heads", f"dim {model['dim']} is not divisible by n_heads {model['n_heads']}")
+    if (model["dim"] // model["n_heads"]) % 2:
         fail("model.n_heads", "head dim (dim / n_heads) must be even for RoPE")
-    if m["n_heads"] % m["n_kv_heads"]:
-        fail("model.n_kv_heads", f"n_heads {m['n_heads']} is not divisible by n_kv_heads {m['n_kv_heads']}")
-    if tok["kind"] == "bpe" and m["vocab_size"] < tok["vocab_size"]:
-        fail("model.vocab_size", f"{m['vocab_size']} is smaller than tokenizer.vocab_size {tok['vocab_size']}")
+    if model["n_heads"] % model["n_kv_heads"]:
+        fail("model.n_kv_heads", f"n_heads {model['n_heads']} is not divisible by n_kv_heads {model['n_kv_heads']}")
+    if tok["kind"] == "bpe" and model["vocab_size"] < tok["vocab_size"]:
+        fail("model.vocab_size", f"{model['vocab_size']} is smaller than tokenizer.vocab_size {tok['vocab_size']}")
     if tok["kind"] == "tiktoken" and tok["encoding"] in STOCK_VOCAB:
         ids = STOCK_VOCAB[tok["encoding"]] + n_special_tokens(tok["delimiter"])
-        if m["vocab_size"] < ids:
-            fail("model.vocab_size", f"{m['vocab_size']} is smaller than the {ids} token ids of {tok['encoding']} "
+        if model["vocab_size"] < ids:
+            fail("model.vocab_size", f"{model['vocab_size']} is smaller than the {ids} token ids of {tok['encoding']} "
                                      f"with tokenfarm's {n_special_tokens(tok['delimiter'])} special tokens appended")
 
     BatchLayout.from_config(cfg)  # a global batch of whole micro-steps, or one error naming the hardware
-    t = cfg["train"]
-    if t["target_tokens"] is not None and t["target_flops"] is not None:
+    train = cfg["train"]
+    if train["target_tokens"] is not None and train["target_flops"] is not None:
         fail("train.target_flops", "set at most one of train.target_tokens and train.target_flops")
-    if cfg["hardware"]["device"] == "cpu" and (t["fp8"] != "none" or t["optimizer"] == "adamw8bit"):
-        fail("train.fp8" if t["fp8"] != "none" else "train.optimizer", "fp8 and adamw8bit need hardware.device: cuda")
-    if t["ce_matmul"] == "tf32" and (t["precision"] != "bf16" or cfg["hardware"]["device"] != "cuda"):
+    if cfg["hardware"]["device"] == "cpu" and (train["fp8"] != "none" or train["optimizer"] == "adamw8bit"):
+        fail("train.fp8" if train["fp8"] != "none" else "train.optimizer",
+             "fp8 and adamw8bit need hardware.device: cuda")
+    if train["ce_matmul"] == "tf32" and (train["precision"] != "bf16" or cfg["hardware"]["device"] != "cuda"):
         fail("train.ce_matmul", "tf32 sets torch's float32 matmul precision for the whole step, so it needs "
                                 "train.precision: bf16 on hardware.device: cuda; use fp32 or bf16")
     stage_list(cfg)  # train.stages: one ConfigError per bad stage

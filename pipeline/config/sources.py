@@ -40,8 +40,8 @@ def source_shards(cfg: dict, name: str) -> list[str]:
 def shard_groups(cfg: dict, name: str) -> dict[str, list[str]]:
     """Consecutive shards of a source in groups of `shards_per_job`, named by their first shard."""
     shards = source_shards(cfg, name)
-    n = cfg["shards_per_job"]
-    return {shards[i]: shards[i:i + n] for i in range(0, len(shards), n)}
+    per_job = cfg["shards_per_job"]
+    return {shards[i]: shards[i:i + per_job] for i in range(0, len(shards), per_job)}
 
 
 # ----------------------------------------------------------------------------- local source contents

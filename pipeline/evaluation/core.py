@@ -320,9 +320,9 @@ def core_settings(params: dict, items_key: str = "core_max_items") -> dict:
     subset: core_interval_items). ``eval.core_batch_tokens: null`` is bounded by memory
     (`pipeline.perf.eval_batch_tokens`: what fits beside the training state on the configured GPU),
     not by the training micro-batch; the LM head takes ``train.ce_chunk_tokens`` positions at a time."""
-    e = params["eval"]
-    return {"seed": params["seed"], "batch_tokens": eval_batch_tokens(params), "shots": e["core_shots"],
-            "max_items": e[items_key], "head_chunk": params["train"]["ce_chunk_tokens"]}
+    eval_cfg = params["eval"]
+    return {"seed": params["seed"], "batch_tokens": eval_batch_tokens(params), "shots": eval_cfg["core_shots"],
+            "max_items": eval_cfg[items_key], "head_chunk": params["train"]["ce_chunk_tokens"]}
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -192,10 +192,10 @@ def chat_evaluation(model, tokenizer, params: dict, val_meta: str, device, batch
         return {}
     val = PackedLoader(val_meta, 1, shuffle=False, loss="assistant", with_doc_ids=params["stage"]["doc_mask"])
     sums = evaluate_rows(model, val, device, batch_rows, params["train"]["ce_chunk_tokens"], byte_lengths)
-    e = params["eval"]
+    eval_cfg = params["eval"]
     return {"chat_val_loss": sums["nats"] / sums["tokens"] if sums["tokens"] else None,
             "chat_val_tokens": sums["tokens"],
-            "answers": answer_questions(model, tokenizer, e["chat_questions"], e["max_new_tokens"])}
+            "answers": answer_questions(model, tokenizer, eval_cfg["chat_questions"], eval_cfg["max_new_tokens"])}
 
 
 def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, tokenizer_path: str, metrics_path: str,
@@ -214,13 +214,13 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
     val = PackedLoader(val_meta, 1, shuffle=False, loss=st["loss"], with_doc_ids=st["doc_mask"])
     train = PackedLoader(train_meta, 1, shuffle=False, loss=st["loss"])
 
-    t = params["train"]
-    val_sums = evaluate_rows(model, val, device, batch_rows, t["ce_chunk_tokens"], byte_lengths)
+    train_cfg = params["train"]
+    val_sums = evaluate_rows(model, val, device, batch_rows, train_cfg["ce_chunk_tokens"], byte_lengths)
     chat = chat_evaluation(model, tokenizer, params, val_meta, device, batch_rows, byte_lengths)
     uni_sums = unigram_baseline(unigram_counts(train, vocab), val, tokenizer.n_vocab, byte_lengths)
     val_loss, val_bpb = per_token_and_bpb(val_sums)
     uni_loss, uni_bpb = per_token_and_bpb(uni_sums)
-    e = params["eval"]
+    eval_cfg = params["eval"]
     report = {
         "val_loss": val_loss,
         "val_perplexity": math.exp(val_loss),
@@ -231,7 +231,8 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
         "unigram_baseline": uni_loss,
         "unigram_baseline_bpb": uni_bpb,
         "beats_unigram": val_loss < uni_loss,
-        "generations": generate_texts(model, tokenizer, e["prompts"], e["max_new_tokens"], e["temperature"],
+        "generations": generate_texts(model, tokenizer, eval_cfg["prompts"], eval_cfg["max_new_tokens"],
+                                      eval_cfg["temperature"],
                                       params["seed"], device),
         **chat,
         "stage": st["name"],
@@ -240,7 +241,8 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
         "meta": provenance("evaluate", params, [ckpt_path, val_meta, train_meta, tokenizer_path, metrics_path]),
     }
     if eval_data is not None:
-        report["core"] = evaluate_tasks(model, tokenizer, load_tasks(eval_data, e["tasks"]), **core_settings(params))
+        tasks = load_tasks(eval_data, eval_cfg["tasks"])
+        report["core"] = evaluate_tasks(model, tokenizer, tasks, **core_settings(params))
         plot_core(read_metrics(metrics_path), report["core"], outdir / "core.png", report["summary"].get("num_steps"))
         log.info("%s = %.4f over %d items", report["core"]["score_name"], report["core"]["score"],
                  report["core"]["items"])

@@ -127,13 +127,13 @@ def validate(model: Transformer, val_meta: str, cfg: dict, layout: BatchLayout,
              dist: Dist) -> tuple[float, tuple | None]:
     """Mean CE over up to `train.val_batches` validation micro-batches per rank, the training
     precision (all ranks; one all-reduce). Also returns rank's first batch (the fixed batch)."""
-    t = cfg["train"]
-    loss_model = LossModel(model, autocast_dtype(cfg, dist.device), t["ce_chunk_tokens"], ce_matmul(cfg))
+    train_cfg = cfg["train"]
+    loss_model = LossModel(model, autocast_dtype(cfg, dist.device), train_cfg["ce_chunk_tokens"], ce_matmul(cfg))
     loader = val_loader(val_meta, cfg, layout, dist)
     totals = torch.zeros(2, device=dist.device, dtype=torch.float64)
     first = None
     it = iter(loader)
-    for _ in range(t["val_batches"]):
+    for _ in range(train_cfg["val_batches"]):
         try:
             (batch,) = next_micro_batches(it, 1, dist.device)
         except (StopIteration, DataExhausted):
@@ -361,10 +361,10 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
     """Train steps state.step + 1 .. stop_at, updating `state`: log, validate, score CORE and checkpoint
     on their intervals. Returns a weak reference to the DDP module (for `close_distributed`)."""
     params, plan, dist, model, optimizer = run.params, run.plan, run.dist, run.model, run.optimizer
-    t, num_steps, accum = params["train"], plan["num_steps"], run.layout.grad_accum_steps
+    train_cfg, num_steps, accum = params["train"], plan["num_steps"], run.layout.grad_accum_steps
     peak = peak_flops(params)
-    ddp, fwd = wrap(LossModel(model, autocast_dtype(params, dist.device), t["ce_chunk_tokens"], ce_matmul(params)),
-                    dist, use_compile(params, dist.device))
+    loss_model = LossModel(model, autocast_dtype(params, dist.device), train_cfg["ce_chunk_tokens"], ce_matmul(params))
+    ddp, fwd = wrap(loss_model, dist, use_compile(params, dist.device))
     trainable = [p for p in model.parameters() if p.requires_grad]
     watched = watched_groups(model)
     prompt = (params["eval"]["prompts"] or [""])[0]
@@ -374,21 +374,21 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
     mark_time, mark_tokens = time.perf_counter(), state.tokens_seen
     log.info("training steps %d..%d of %d: %d tokens/step = %d micro-steps × %d rows × %d tokens × world %d",
              state.step + 1, stop_at, num_steps, run.layout.tokens_per_step, accum, run.layout.micro_batch,
-             t["seq_len"], dist.world_size)
+             train_cfg["seq_len"], dist.world_size)
 
     model.train()
     for step in range(state.step, stop_at):
         done = step + 1
         batches, counts = steps.next_step()  # counts: global [target tokens, input tokens] of this step
-        set_lr(optimizer, lr_factor(step, num_steps, t))
+        set_lr(optimizer, lr_factor(step, num_steps, train_cfg))
         local_loss = accumulate_gradients(ddp, fwd, batches, counts[0], dist.world_size)
-        is_val = done % t["val_interval"] == 0 or done == num_steps
+        is_val = done % train_cfg["val_interval"] == 0 or done == num_steps
         is_core = bool(run.core_every) and (done % run.core_every == 0 or done == num_steps)
-        is_log = is_val or is_core or done % t["log_interval"] == 0 or done in (1, stop_at)
-        is_ckpt = done % t["ckpt_interval"] == 0 or done == stop_at
+        is_log = is_val or is_core or done % train_cfg["log_interval"] == 0 or done in (1, stop_at)
+        is_ckpt = done % train_cfg["ckpt_interval"] == 0 or done == stop_at
 
         record = group_norms(watched, "grad_norm", grads=True) if is_log else {}
-        grad_norm = clip_gradients(trainable, t["grad_clip"])
+        grad_norm = clip_gradients(trainable, train_cfg["grad_clip"])
         update = UpdateRatio(watched) if is_log else None
         optimizer.step()
         zero_gradients(optimizer)  # keeps DDP's bucket views (see zero_gradients)
@@ -411,7 +411,7 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
             state.best_val_loss = min(state.best_val_loss, state.last_val_loss)
             record["val_loss"] = state.last_val_loss
             if dist.is_main and fixed is not None:
-                record.update(fixed_batch_stats(model, fixed, t["ce_chunk_tokens"]))
+                record.update(fixed_batch_stats(model, fixed, train_cfg["ce_chunk_tokens"]))
                 record["sample"] = greedy_sample(model, run.tokenizer, prompt, params["eval"]["max_new_tokens"],
                                                  dist.device)
             model.train()
