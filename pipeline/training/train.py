@@ -54,7 +54,7 @@ rank; `plan.num_steps` steps):
   (pipeline/training/checkpoint.py); `train.resume: auto` (or `--resume auto`) continues from the newest
   readable checkpoint in `outdir/ckpt/` exactly: same per-step losses as an uninterrupted run (bitwise on
   CPU); an unreadable one is moved to `ckpt/unreadable/` and the one before it used. A checkpoint made with
-  a different config (other than the logging keys in `OBSERVABILITY_KEYS`) or world size is never resumed:
+  a different config (other than the logging keys in `checkpoint.OBSERVABILITY_KEYS`) or world size is never resumed:
   `auto` moves it aside to `ckpt/stale-<time>/` and starts over (a Snakemake rerun after a config
   edit), `require` fails instead, and `never` always starts over. Checkpoints load memory-mapped:
   a rank pages in what it copies, not a private copy of the whole file.
