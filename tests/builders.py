@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from pipeline import plan as plan_module
-from pipeline.config import resolve_config, stage_params
+from pipeline.config import resolve_config, rule_params
 from pipeline.data import dedup
 from pipeline.data.contract import MASK_REAL, open_tokens, pack_paths
 from pipeline.data.encoding import Tokenizer, load_tokenizer
@@ -277,13 +277,13 @@ def add_shard(root, source: str, shard: str, docs: list[str], chat: bool = False
 
 def run_dedup(root, shards, cfg) -> tuple[dict, dict]:
     """Signatures for each shard, then clusters; returns ({(source, shard): keep table}, report)."""
-    sig_params = stage_params(cfg, "dedup_sig")
+    sig_params = rule_params(cfg, "dedup_sig")
     sigs = []
     for raw, tok, source, shard in shards:
         out = root / "dedup" / "sig" / source / f"{shard}.parquet"
         dedup.write_signatures(raw, tok, source, shard, sig_params, out)
         sigs.append(out)
-    report = dedup.run_clusters(sigs, root / "dedup", root / "dedup" / "report.json", stage_params(cfg, "dedup"))
+    report = dedup.run_clusters(sigs, root / "dedup", root / "dedup" / "report.json", rule_params(cfg, "dedup"))
     keep = {(s, sh): pq.read_table(root / "dedup" / "keep" / s / f"{sh}.parquet").to_pydict() for _, _, s, sh in shards}
     return keep, report
 
@@ -309,7 +309,7 @@ def make_tokenizer(tmp_path, delimiter: str = "bos", vocab_size: int = 320) -> T
         "sources": {"web": {"format": "text"}},
         "seed": 0,
     }
-    out = tmp_path / f"tokenizer_{delimiter}" / "tokenizer.json"
+    out = tmp_path / f"tokenizer_{delimiter}" / "encoding.json"
     build_tokenizer(params, [str(shard)], out)
     return load_tokenizer(out)
 
@@ -448,7 +448,7 @@ def make_params(nproc: int = 1, steps: int = 12, stage: str = "pretrain", mixes:
         "eval": {"prompts": ["The old king"], "max_new_tokens": 4},
         **({"mixes": mixes} if mixes else {}),
     })
-    return stage_config(stage_params(cfg, "train"), stage)
+    return stage_config(rule_params(cfg, "train"), stage)
 
 
 def make_plan(params: dict) -> dict:
@@ -464,7 +464,7 @@ def run_inprocess(data, outdir, params, **kw):
 def trained_run_inputs(d: Path) -> dict:
     """Tokenizer + packed train/val rows under `d`, shared by the train, evaluate and bench tests."""
     shard = write_text_shard(d / "raw" / "web" / "shard_00000.parquet", sentences(400, seed=1))
-    tok_path = d / "tokenizer" / "tokenizer.json"
+    tok_path = d / "tokenizer" / "encoding.json"
     build_tokenizer({"tokenizer": {"kind": "bpe", "vocab_size": 300, "train_chars": 20_000, "max_doc_chars": 2000,
                                    "delimiter": "bos"},
                      "sources": {"web": {"type": "local", "format": "text", "text_column": "text", "min_chars": 0}},

@@ -59,7 +59,7 @@ README = {
     "snakemake --cores all --config mixes='{midtrain: {weights: {web: 0.25, chat: 0.75}}}'": Step(
         "snakemake --cores all -n --config mixes='{midtrain: {weights: {web: 0.25, chat: 0.75}}}'", RETRAINS),
     "python -m pipeline.evaluation.export --ckpt results/tiny/train/sft/final.pt "
-    "--tokenizer results/tiny/tokenizer/tokenizer.json --out my-model": Step(),
+    "--tokenizer results/tiny/tokenizer/encoding.json --out my-model": Step(),
     "python -m pipeline.evaluation.export --from-hf my-model --out imported.pt": Step(),
     "python -c \"from transformers import AutoTokenizer, LlamaForCausalLM as L; "
     "t = AutoTokenizer.from_pretrained('my-model'); m = L.from_pretrained('my-model'); "

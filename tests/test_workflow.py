@@ -43,7 +43,7 @@ def project(tmp_path_factory):
 
 def test_end_to_end(project):
     R = project / "results/t"
-    for rel in ["tokenizer/tokenizer.json", "counts/counts.parquet", "plan.json", "accounting.json",
+    for rel in ["tokenizer/encoding.json", "counts/counts.parquet", "plan.json", "accounting.json",
                 "pack/pretrain/train.json", "pack/midtrain/train.json", "pack/sft/train.json",
                 *[f"train/{s}/final.pt" for s in ("pretrain", "midtrain", "sft")],
                 *[f"eval/{s}/{f}" for s in ("pretrain", "midtrain", "sft") for f in ("report.json", "loss.png")],

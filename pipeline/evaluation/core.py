@@ -2,7 +2,7 @@
 a thin CLI.
 
     [torchrun --nproc_per_node N] python -m pipeline.evaluation.core --params JSON --ckpt R/train/final.pt \\
-        --tokenizer R/tokenizer/tokenizer.json --tasks-dir R/eval_data --out R/eval/core.json
+        --tokenizer R/tokenizer/encoding.json --tasks-dir R/eval_data --out R/eval/core.json
 
 Params: the evaluate stage's (schema keys): `eval` (tasks, core_shots, core_max_items, core_batch_tokens),
 `seed`, and the `model`, `train` and `hardware` sections (the default batch is sized from them).
@@ -69,11 +69,13 @@ import torch.distributed as torch_dist
 import torch.nn.functional as F
 
 from pipeline.config import add_config_args, params_from_args
+from pipeline.data.encoding import load_tokenizer
 from pipeline.data.tasks import load_tasks, score_name, task_path
 from pipeline.distributed import Dist, gather_objects, init_distributed
 from pipeline.errors import PipelineError
-from pipeline.io import get_logger, provenance, run_cli, write_json
+from pipeline.io import atomic_path, get_logger, provenance, run_cli, write_json
 from pipeline.model.load import load_model
+from pipeline.perf import eval_batch_tokens
 
 log = get_logger(__name__)
 
@@ -365,7 +367,6 @@ def plot_core(records: list[dict], final: dict, out_png: str | Path, final_step:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipeline.io import atomic_path
 
     name = final["score_name"]
     seen = [r for r in records if name in r]
@@ -398,11 +399,9 @@ def core_settings(params: dict, items_key: str = "core_max_items") -> dict:
     subset: core_interval_items). ``eval.core_batch_tokens: null`` is bounded by memory
     (`pipeline.perf.eval_batch_tokens`: what fits beside the training state on the configured GPU),
     not by the training micro-batch; the LM head takes ``train.ce_chunk_tokens`` positions at a time."""
-    from pipeline.perf import eval_batch_tokens
-
-    e = params["eval"]
-    return {"seed": params["seed"], "batch_tokens": eval_batch_tokens(params), "shots": e["core_shots"],
-            "max_items": e[items_key], "head_chunk": params["train"]["ce_chunk_tokens"]}
+    eval_cfg = params["eval"]
+    return {"seed": params["seed"], "batch_tokens": eval_batch_tokens(params), "shots": eval_cfg["core_shots"],
+            "max_items": eval_cfg[items_key], "head_chunk": params["train"]["ce_chunk_tokens"]}
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -411,12 +410,11 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.core", description=__doc__.split("\n\n")[0])
     add_config_args(p)
     p.add_argument("--ckpt", required=True, help="R/train/final.pt")
-    p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
+    p.add_argument("--tokenizer", required=True, help="R/tokenizer/encoding.json")
     p.add_argument("--tasks-dir", required=True, help="R/eval_data (task files of the eval_data stage)")
     p.add_argument("--out", required=True, help="the table as JSON (written by rank 0)")
     args = p.parse_args(argv)
     params = params_from_args(args, "evaluate")
-    from pipeline.data.encoding import load_tokenizer
 
     dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
     try:

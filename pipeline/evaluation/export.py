@@ -1,6 +1,6 @@
 """Export a trained checkpoint as a Hugging Face ``transformers`` Llama directory, and import one back.
 
-    python -m pipeline.evaluation.export --ckpt R/train/{stage}/final.pt --tokenizer R/tokenizer/tokenizer.json \\
+    python -m pipeline.evaluation.export --ckpt R/train/{stage}/final.pt --tokenizer R/tokenizer/encoding.json \\
         --out R/export/hf [--params JSON | --configfile FILE] [--force]
     python -m pipeline.evaluation.export --from-hf DIR --out CKPT.pt [--params JSON | --configfile FILE] [--force]
 
@@ -51,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import params_from_args, stage_params
+from pipeline.config import params_from_args, rule_params
 from pipeline.data.encoding import ASSISTANT_END, BOS, CHAT_TOKENS, EOS, chat_template, load_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_dir, get_logger, provenance, read_json, run_cli, write_json
@@ -107,7 +107,7 @@ def check_tokenizer(ckpt_params: dict, tok, where: str) -> None:
     if made_with is None or not {"tokenizer", "sources", "seed"} <= set(ckpt_params):
         log.warning("cannot check that %s belongs to %s (one of them records no config)", tok.path, where)
         return
-    diffs = differences(stage_params(ckpt_params, "tokenizer"), made_with)
+    diffs = differences(rule_params(ckpt_params, "tokenizer"), made_with)
     if diffs:
         path, ours, theirs = diffs[0]
         raise PipelineError(f"{tok.path} was made with {path} = {theirs!r} but {where} was trained with {ours!r}: "
@@ -325,7 +325,7 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, config_params: 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m pipeline.evaluation.export", description=__doc__.split("\n\n")[0])
     ap.add_argument("--ckpt", help="checkpoint to export (R/train/{stage}/final.pt)")
-    ap.add_argument("--tokenizer", help="its tokenizer (R/tokenizer/tokenizer.json)")
+    ap.add_argument("--tokenizer", help="its tokenizer (R/tokenizer/encoding.json)")
     ap.add_argument("--from-hf", metavar="DIR", help="import this Hugging Face Llama directory instead")
     ap.add_argument("--out", required=True, help="export: the directory to write; --from-hf: the checkpoint file")
     ap.add_argument("--force", action="store_true", help="replace --out if it exists")

@@ -12,7 +12,7 @@ import pytest
 from builders import add_shard, make_config, run_dedup, write_text_shard, write_token_index
 from datasketch import MinHash
 
-from pipeline.config import stage_params
+from pipeline.config import rule_params
 from pipeline.data import dedup, minhash
 from pipeline.errors import PipelineError
 
@@ -213,7 +213,7 @@ def test_report_counts_agree_with_keep_lists(planted):
 def test_keepers_are_deterministic(planted, tmp_path):
     root = planted["root"]
     sigs = sorted((root / "dedup" / "sig").glob("*/*.parquet"), reverse=True)  # another input order
-    params = stage_params(make_config(), "dedup")
+    params = rule_params(make_config(), "dedup")
     dedup.run_clusters(sigs, tmp_path, tmp_path / "report.json", params)
     for source, shard in planted["keep"]:
         again = pq.read_table(tmp_path / "keep" / source / f"{shard}.parquet").to_pydict()
@@ -222,7 +222,7 @@ def test_keepers_are_deterministic(planted, tmp_path):
 
 def test_partition_count_does_not_change_clusters(planted, tmp_path):
     sigs = sorted((planted["root"] / "dedup" / "sig").glob("*/*.parquet"))
-    report = dedup.run_clusters(sigs, tmp_path, tmp_path / "r.json", stage_params(make_config(partitions=5), "dedup"))
+    report = dedup.run_clusters(sigs, tmp_path, tmp_path / "r.json", rule_params(make_config(partitions=5), "dedup"))
     for source, shard in planted["keep"]:
         t = pq.read_table(tmp_path / "keep" / source / f"{shard}.parquet").to_pydict()
         assert t == planted["keep"][(source, shard)]
@@ -232,7 +232,7 @@ def test_partition_count_does_not_change_clusters(planted, tmp_path):
 def test_disabled_keeps_every_document(planted, tmp_path):
     root = planted["root"]
     sigs = sorted((root / "dedup" / "sig").glob("*/*.parquet"))
-    params = stage_params(make_config(enabled=False), "dedup")
+    params = rule_params(make_config(enabled=False), "dedup")
     report = dedup.run_clusters(sigs, tmp_path, tmp_path / "report.json", params)
     clusters = []
     for source, shard in planted["keep"]:
@@ -245,7 +245,7 @@ def test_disabled_keeps_every_document(planted, tmp_path):
 
 def test_exact_only_still_catches_variants_but_not_near(planted, tmp_path):
     sigs = sorted((planted["root"] / "dedup" / "sig").glob("*/*.parquet"))
-    report = dedup.run_clusters(sigs, tmp_path, tmp_path / "r.json", stage_params(make_config(near=False), "dedup"))
+    report = dedup.run_clusters(sigs, tmp_path, tmp_path / "r.json", rule_params(make_config(near=False), "dedup"))
     assert report["total"]["near"] == 0
     assert report["total"]["exact"] == planted["report"]["total"]["exact"]
 
@@ -257,7 +257,7 @@ def test_missing_text_column_fails_clearly(tmp_path):
     tok = tmp_path / "tokens" / "web" / "s.json"
     write_token_index(tok, [0], [4], "web", "s")
     with pytest.raises(PipelineError, match="no column 'text'.*text_column"):
-        dedup.write_signatures(raw, tok, "web", "s", stage_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
+        dedup.write_signatures(raw, tok, "web", "s", rule_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
     assert not (tmp_path / "out.parquet").exists()
 
 
@@ -266,7 +266,7 @@ def test_token_index_naming_missing_rows_fails(tmp_path):
     tok = tmp_path / "tokens" / "web" / "s.json"
     write_token_index(tok, [0, 5], [4, 4], "web", "s")
     with pytest.raises(PipelineError, match="rerun the tokenize stage"):
-        dedup.write_signatures(raw, tok, "web", "s", stage_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
+        dedup.write_signatures(raw, tok, "web", "s", rule_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
 
 
 def test_corrupt_shard_fails_clearly(tmp_path):
@@ -276,14 +276,14 @@ def test_corrupt_shard_fails_clearly(tmp_path):
     tok = tmp_path / "tokens" / "web" / "s.json"
     write_token_index(tok, [0], [4], "web", "s")
     with pytest.raises(PipelineError, match="s.parquet"):
-        dedup.write_signatures(raw, tok, "web", "s", stage_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
+        dedup.write_signatures(raw, tok, "web", "s", rule_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
 
 
 def test_stale_signatures_fail_clearly(tmp_path):
     shards = [add_shard(tmp_path, "web", "s", ["one two three four five six", "seven eight"])]
     run_dedup(tmp_path, shards, make_config())
     sig = tmp_path / "dedup" / "sig" / "web" / "s.parquet"
-    params = stage_params(make_config(num_perm=60, bands=10, rows=6), "dedup")
+    params = rule_params(make_config(num_perm=60, bands=10, rows=6), "dedup")
     with pytest.raises(PipelineError, match="rerun dedup_signatures"):
         dedup.run_clusters([sig], tmp_path / "o", tmp_path / "o" / "r.json", params)
     assert not (tmp_path / "o" / "keep").exists()
@@ -301,12 +301,12 @@ def test_cli_signatures_and_clusters(tmp_path):
     raw, tok, _, _ = add_shard(tmp_path, "web", "s", ["The same text.", "the SAME text", "other words here"])
     cfg = make_config()
     sig = tmp_path / "sig" / "web" / "s.parquet"
-    dedup.main(["signatures", "--params", json.dumps(stage_params(cfg, "dedup_sig")), "--inputs", str(raw),
+    dedup.main(["signatures", "--params", json.dumps(rule_params(cfg, "dedup_sig")), "--inputs", str(raw),
                 "--tokens", str(tok), "--source", "web", "--outputs", str(sig)])
     t = pq.read_table(sig)
     assert t.column_names == ["doc", "tokens", "exact", "bands", "sig"]
     assert t.schema.field("sig").type == pa.list_(pa.uint32(), 120)
-    dedup.main(["clusters", "--params", json.dumps(stage_params(cfg, "dedup")), "--inputs", str(sig),
+    dedup.main(["clusters", "--params", json.dumps(rule_params(cfg, "dedup")), "--inputs", str(sig),
                 "--outdir", str(tmp_path / "d"), "--report", str(tmp_path / "d" / "report.json")])
     keep = pq.read_table(tmp_path / "d" / "keep" / "web" / "s.parquet").to_pydict()
     assert keep["keep"] == [True, False, True] and keep["reason"] == ["keep", "exact", "keep"]

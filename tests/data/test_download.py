@@ -21,7 +21,7 @@ import pytest
 from builders import ROOT, write_chat_shard, write_text_shard
 from mockhub import MockHub
 
-from pipeline.config import resolve_config, stage_params
+from pipeline.config import resolve_config, rule_params
 from pipeline.data import download
 from pipeline.data.download import download_shard, main, sidecar_path
 from pipeline.errors import PipelineError
@@ -35,7 +35,7 @@ def params_for(source: dict, **download) -> dict:
     """The --params a rule would pass for a one-source config (schema defaults filled in)."""
     dl = {"retries": 2, "backoff_seconds": 0.01, "timeout_seconds": 10, **download}
     cfg = resolve_config({"sources": {"web": source}, "download": dl, "mixes": {"pretrain": {"weights": {"web": 1.0}}}})
-    return stage_params(cfg, "download")
+    return rule_params(cfg, "download")
 
 
 def hf_source(**over) -> dict:

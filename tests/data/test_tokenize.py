@@ -122,7 +122,7 @@ def test_uint32_when_vocab_exceeds_uint16(tmp_path):
     ranks = {bytes([i]): i for i in range(256)}
     special = {name: 70_000 + i for i, name in enumerate(special_token_names("bos"))}
     enc = tiktoken.Encoding("wide", pat_str=r"\S+|\s+", mergeable_ranks=ranks, special_tokens=special)
-    tok = Tokenizer(enc, special, "bos", "f" * 64, str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer(enc, special, "bos", "f" * 64, str(tmp_path / "encoding.json"))
     assert tok.n_vocab > 65536 and token_dtype(tok.n_vocab) == np.uint32 and token_dtype(65536) == np.uint16
     texts = corpus(5, seed=3)
     shard = write_text_shard(tmp_path / "raw" / "s" / "w.parquet", texts)

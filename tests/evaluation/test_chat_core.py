@@ -33,8 +33,8 @@ def tokenizer(tmp_path_factory):
     shard = write_text_shard(d / "web" / "s.parquet", texts)
     build_tokenizer({"tokenizer": {"kind": "bpe", "vocab_size": 300, "train_chars": 20_000, "max_doc_chars": 10_000,
                                    "delimiter": "bos"}, "sources": {"web": {"format": "text"}}, "seed": 0},
-                    [str(shard)], d / "tokenizer.json")
-    return load_tokenizer(d / "tokenizer.json")
+                    [str(shard)], d / "encoding.json")
+    return load_tokenizer(d / "encoding.json")
 
 
 def tiny_model(max_seq_len=512, seed=0):

@@ -138,8 +138,8 @@ def tokenizer(tmp_path_factory):
     build_tokenizer({"tokenizer": {"kind": "bpe", "vocab_size": 300, "train_chars": 20_000, "max_doc_chars": 2000,
                                    "delimiter": "bos"},
                      "sources": {"web": {"type": "local", "format": "text", "text_column": "text", "min_chars": 0}},
-                     "seed": 0}, [str(shard)], d / "tokenizer.json")
-    return load_tokenizer(d / "tokenizer.json")
+                     "seed": 0}, [str(shard)], d / "encoding.json")
+    return load_tokenizer(d / "encoding.json")
 
 
 def tiny_model(max_seq_len=64, seed=0):

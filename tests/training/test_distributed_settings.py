@@ -39,11 +39,11 @@ def test_init_process_group_gets_the_configured_timeout(monkeypatch, minutes):
 def test_train_passes_the_configured_timeout():
     import inspect
 
-    from pipeline.training import train
+    from pipeline.training import checkpoint, train
 
     assert 'init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])' in \
         inspect.getsource(train._train)
-    assert "process_group_timeout_min" in train.OBSERVABILITY_KEYS["hardware"]  # an edit still resumes
+    assert "process_group_timeout_min" in checkpoint.OBSERVABILITY_KEYS["hardware"]  # an edit still resumes
 
 
 def test_ddp_does_not_broadcast_the_rope_buffers(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ rule export:
     output:
         directory(f"{RUN_DIR}/export/hf"),
     params:
-        p=stage_params("export"),
+        p=rule_params("export"),
         code=code_version("pipeline.evaluation.export"),
     log:
         f"{LOG_DIR}/export.log",

@@ -1,6 +1,6 @@
 """Stages report: every training stage of the run side by side, and their loss curves on one plot.
 
-    python -m pipeline.evaluation.stages --params JSON --run-dir R --out-json R/eval/stages.json \\
+    python -m pipeline.evaluation.stages_report --params JSON --run-dir R --out-json R/eval/stages.json \\
         --out-md R/eval/stages.md --out-png R/eval/stages.png
 
 Reads, per stage of `train.stages` (pipeline/stages.py), ``R/train/{stage}/summary.json`` and
@@ -136,7 +136,8 @@ def stages_report(params: dict, run_dir: str | Path, out_json, out_md, out_png) 
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.stages", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.stages_report",
+                                description=__doc__.split("\n\n")[0])
     add_config_args(p)
     p.add_argument("--run-dir", required=True, help="R (the run's results directory)")
     p.add_argument("--out-json", required=True)
