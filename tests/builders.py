@@ -253,8 +253,9 @@ def write_token_index(path, doc_rows: list[int], tokens: list[int], source: str,
     path.parent.mkdir(parents=True, exist_ok=True)
     off = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
     np.save(path.parent / f"{shard}.idx.npy", off)
-    meta = {"source": source, "shard": shard, "n_docs": len(doc_rows), "n_tokens": int(off[-1]),
-            "doc_rows": list(doc_rows), "delimiters_per_doc": 1}
+    n_rows = max(doc_rows, default=-1) + 1  # the rows before the first document: dropped as empty
+    meta = {"source": source, "shard": shard, "n_rows": n_rows, "n_docs": len(doc_rows), "n_tokens": int(off[-1]),
+            "doc_rows": list(doc_rows), "delimiters_per_doc": 1, "dropped": {"empty": n_rows - len(doc_rows)}}
     path.write_text(json.dumps(meta))
 
 

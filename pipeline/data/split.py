@@ -17,7 +17,7 @@ counts clusters whose kept members sit on both sides and the stage fails unless 
   shard name and index in the shard (`rank_by_hash`: adding shards or sources keeps the relative
   order of the other documents, so val changes only by what the new documents displace); val is
   the prefix of that ranking whose token total is closest to the target
-  `min(val_tokens, source kept tokens // 2)`, never exceeding half the source's kept tokens (so
+  `min(val_tokens, source kept tokens // 2)` (at least one document), never exceeding half the source's kept tokens (so
   every source keeps at least half of its tokens for training; a source whose every document is
   longer than that half gets no val documents, with a warning). The rest is train.
 - `method: shards`: the keeper of every cluster that has a member (kept or removed) in a shard of
@@ -32,6 +32,7 @@ source per split, the val target per source, and the leak check.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ import pyarrow.parquet as pq
 from pipeline.config import add_config_args, params_from_args
 from pipeline.data.contract import load_doc_tokens, rank_by_hash
 from pipeline.errors import PipelineError
-from pipeline.io import get_logger, provenance, run_cli, write_json, write_parquet
+from pipeline.io import get_logger, provenance, read_json, run_cli, write_json, write_parquet
 
 log = get_logger(__name__)
 
@@ -124,14 +125,37 @@ def load_docs(keep_paths: list, token_paths: list, decontam_paths: list | None =
                 cluster.astype(np.int64), keep.astype(bool), contam.astype(bool), spans.astype(np.int64))
 
 
+def check_sources_kept_documents(token_paths: list) -> None:
+    """A source of whose rows tokenize kept none (every document too short, too long, empty) has nothing
+    to split: one error naming the source, what tokenize dropped, and the key that decides it."""
+    rows, docs, dropped = Counter(), Counter(), {}
+    for p in token_paths:
+        meta = read_json(p)
+        source = meta["source"]
+        rows[source] += meta["n_rows"]
+        docs[source] += meta["n_docs"]
+        dropped.setdefault(source, Counter()).update(meta.get("dropped", {}))
+    for source in sorted(rows):
+        if docs[source]:
+            continue
+        why = ", ".join(f"{n} {reason}" for reason, n in sorted(dropped[source].items()) if n) or "no rows"
+        fixes = {"short": f"lower sources.{source}.min_chars",
+                 "long": f"raise sources.{source}.max_conversation_tokens"}
+        fix = " or ".join(f for reason, f in fixes.items() if dropped[source][reason]) or \
+            f"check sources.{source}.glob and its {'messages' if dropped[source]['no_assistant'] else 'text'} column"
+        raise PipelineError(f"source '{source}': tokenize kept none of its {rows[source]} rows (dropped: {why}); {fix}")
+
+
 # ----------------------------------------------------------------------------- assignment
 
 def val_prefix(cum_tokens: np.ndarray, target: int, cap: int) -> int:
     """How many ranked clusters go to val: the prefix whose token total (`cum_tokens[k-1]`) is closest
-    to `target` without exceeding `cap`; ties go to the shorter prefix."""
+    to `target` without exceeding `cap`; ties go to the shorter prefix. A positive target gets at least
+    the first cluster where it fits under `cap` (a val set of no documents measures nothing)."""
     k = int(np.searchsorted(cum_tokens, target, side="right"))
     below = int(cum_tokens[k - 1]) if k else 0
-    if k < len(cum_tokens) and cum_tokens[k] <= cap and cum_tokens[k] - target < target - below:
+    closer = cum_tokens[k] - target < target - below if k < len(cum_tokens) else False
+    if k < len(cum_tokens) and cum_tokens[k] <= cap and (closer or (k == 0 and target > 0)):
         return k + 1
     return k
 
@@ -211,6 +235,7 @@ def run_split(params: dict, keep_paths: list, token_paths: list, outdir, report_
               decontam_paths: list | None = None) -> dict:
     """The stage: assign, check, write every shard's split file and the report; returns the report."""
     sp = params["split"]
+    check_sources_kept_documents(token_paths)
     docs = load_docs(keep_paths, token_paths, decontam_paths)
     targets = {}
     if sp["method"] == "hash":

@@ -110,7 +110,9 @@ def test_val_prefix_rule():
     assert split.val_prefix(cum, 24, cap=1000) == 2  # 20 is closer to 24 than 30
     assert split.val_prefix(cum, 26, cap=1000) == 3
     assert split.val_prefix(cum, 26, cap=29) == 2  # 30 would exceed the cap
-    assert split.val_prefix(cum, 5, cap=1000) == 0
+    assert split.val_prefix(cum, 5, cap=1000) == 1  # a positive target: at least one cluster, though 0 is closer
+    assert split.val_prefix(cum, 5, cap=9) == 0  # unless the first exceeds the cap
+    assert split.val_prefix(cum, 0, cap=1000) == 0
     assert split.val_prefix(cum, 10**6, cap=10**6) == 4
 
 
@@ -307,3 +309,17 @@ def test_decontaminated_keepers_leave_train_and_val(tmp_path, method):
     assert all(len(s) == 1 for s in sides_per_cluster(tables).values())
     with pytest.raises(PipelineError, match="decontamination files differ.*web/s0"):
         split.run_split(p, keep_paths, token_paths, tmp_path / "x", tmp_path / "x.json", flag_paths[1:])
+
+
+def test_a_source_tokenize_kept_nothing_of_is_one_error_naming_the_key(tmp_path):
+    """min_chars above every document's length: the split names the source, the drops and the key."""
+    keep_paths, token_paths = synthetic_run(tmp_path, shards={"web": ["s0"], "chat": ["c0"]})
+    empty = tmp_path / "tokens" / "web" / "s0.json"
+    write_token_index(empty, [], [], "web", "s0")
+    meta = json.loads(empty.read_text())
+    empty.write_text(json.dumps({**meta, "n_rows": 163, "dropped": {"empty": 0, "short": 163, "long": 0}}))
+    write_keep(keep_paths[0], [], [])
+    with pytest.raises(PipelineError, match=r"source 'web': tokenize kept none of its 163 rows \(dropped: 163 short\); "
+                                            r"lower sources\.web\.min_chars$"):
+        split.run_split(params(), keep_paths, token_paths, tmp_path / "out", tmp_path / "r.json")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "r.json").exists()
