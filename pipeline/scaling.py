@@ -6,7 +6,7 @@ the stage that runs `fit_sweep` and writes the report and plot). This module is 
 Snakefile, the planner and that stage share: torch-free, numpy imported where a fit is made.
 
 **Shape from depth** (`depth_model`; the one rule, every other model key is the run's):
-``n_heads = max(1, round(aspect × depth / head_dim))``, ``dim = n_heads × head_dim``,
+``n_heads = max(1, aspect × depth / head_dim rounded half up)``, ``dim = n_heads × head_dim``,
 ``n_layers = depth``, ``n_kv_heads`` = the largest divisor of n_heads that is ≤ max(1, n_heads // kv_group),
 ``ffn_dim = round(ffn_ratio × dim)``. `scaling.aspect` (dim per layer), `head_dim`, `kv_group`
 (query heads per kv head) and `ffn_ratio` default (null) to the run model's own proportions
@@ -25,8 +25,9 @@ The point's val loss and bits per byte are the evaluate stage's (every validatio
 
 **The fit** (`fit_sweep`): N = total parameters (what `train.tokens_per_param` multiplies), D = the
 tokens the point trained, C = the budget. Per budget, a parabola of val loss in ln N (and one in
-ln D) gives N*(C) and D*(C) at its vertex (a budget whose parabola opens downwards has no minimum
-and is left out; a vertex outside the sampled range is flagged as extrapolated). Across budgets,
+ln D) gives N*(C) and D*(C) at its vertex (a budget whose parabola opens downwards, or whose vertex
+lies farther outside the sampled range than that range is wide, has no minimum and is left out; a
+vertex outside the sampled range is flagged as extrapolated). Across budgets,
 least squares in log-log give N* = k_N·C^a and D* = k_D·C^b. Intervals (95 %) are a residual
 bootstrap: every point's loss is redrawn as its parabola's value plus a residual drawn from all
 points' residuals (inflated by sqrt(n / (n − 3·budgets)) for the parabolas' fitted coefficients), and
@@ -71,7 +72,7 @@ def depth_model(cfg: dict, depth: int) -> dict:
     head_dim = s["head_dim"] or m["dim"] // m["n_heads"]
     kv_group = s["kv_group"] or max(1, m["n_heads"] // m["n_kv_heads"])
     ffn_ratio = s["ffn_ratio"] or m["ffn_dim"] / m["dim"]
-    n_heads = max(1, round(aspect * depth / head_dim))
+    n_heads = max(1, math.floor(aspect * depth / head_dim + 0.5))  # half up (round() would go to even)
     dim = n_heads * head_dim
     n_kv = max(d for d in range(1, n_heads + 1) if n_heads % d == 0 and d <= max(1, n_heads // kv_group))
     return {**m, "dim": dim, "n_layers": int(depth), "n_heads": n_heads, "n_kv_heads": n_kv,
@@ -176,11 +177,16 @@ def _minima(flops, n, d, loss) -> dict:
 
     flops, n, d, loss = (np.asarray(v, float) for v in (flops, n, d, loss))
     rows = []
+    def near(x, xs):  # a vertex farther outside the sampled range than its width is no minimum
+        lo, hi = float(xs.min()), float(xs.max())
+        return x if lo - (hi - lo) <= x <= hi + (hi - lo) else math.nan
+
     for c in np.unique(flops):
         i = flops == c
         xn, cn = parabola_vertex(np.log(n[i]), loss[i])
         xd, _ = parabola_vertex(np.log(d[i]), loss[i])
         inside = bool(np.log(n[i]).min() <= xn <= np.log(n[i]).max()) if not math.isnan(xn) else False
+        xn, xd = near(xn, np.log(n[i])), near(xd, np.log(d[i]))
         rows.append({"flops": float(c), "n_opt": math.exp(xn) if not math.isnan(xn) else math.nan,
                      "d_opt": math.exp(xd) if not math.isnan(xd) else math.nan, "inside": inside,
                      "loss_opt": float(np.polyval(cn, xn)) if not math.isnan(xn) else math.nan, "coef": cn})
@@ -236,7 +242,9 @@ def fit_sweep(rows: list[dict], n_boot: int = 1000, seed: int = 0, run_n_params:
     draws_arr = np.asarray(draws, float)
     out = {
         "a": fit["a"], "b": fit["b"], "ln_kn": fit["ln_kn"], "ln_kd": fit["ln_kd"],
-        "a_ci": _interval(draws_arr[:, 0]), "b_ci": _interval(draws_arr[:, 2]),
+        # no interval around an estimate that does not exist (draws that happen to fit are no evidence)
+        "a_ci": _interval(draws_arr[:, 0]) if math.isfinite(fit["a"]) else [math.nan, math.nan],
+        "b_ci": _interval(draws_arr[:, 2]) if math.isfinite(fit["b"]) else [math.nan, math.nan],
         "minima": [{k: v for k, v in m.items() if k != "coef"} | {"parabola": m["coef"]} for m in fit["minima"]],
         "residual_sd": float(np.std(loss - yhat)),
         "bootstrap": {"draws": n_boot, "seed": seed, "valid": int(np.isfinite(draws_arr).all(axis=1).sum()),

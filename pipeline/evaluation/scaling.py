@@ -82,6 +82,12 @@ def markdown_report(rows: list[dict], fit: dict) -> str:
         lines.append(f"| {m['flops']:.3g} | {m['n_opt']:,.0f} | {m['d_opt']:,.0f} | {ratio:.2f} | "
                      f"{m['loss_opt']:.4f} | "
                      f"{'yes' if m['inside'] else 'NO (extrapolated or no minimum)'} |")
+    found = sum(math.isfinite(m["n_opt"]) for m in fit["minima"])
+    if found < 2:
+        lines += ["", f"**Not identifiable**: {found} budget(s) of {len(fit['minima'])} have a minimum on the depth "
+                      "ladder; the power laws need two. Where the losses fall towards the smallest model, the optimum "
+                      "lies below the ladder: lower scaling.aspect or the smallest depth, or raise the budgets (and "
+                      "the mix's tokens)."]
     lines += ["", f"- N* ∝ C^a: **a = {fit['a']:.3f}** {_ci(fit['a_ci'])} (95 % bootstrap)",
               f"- D* ∝ C^b: **b = {fit['b']:.3f}** {_ci(fit['b_ci'])}",
               f"- residual sd around the parabolas: {fit['residual_sd']:.4f} nats; "

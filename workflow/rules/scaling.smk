@@ -1,10 +1,11 @@
 # The IsoFLOP sweep, a target outside `all`: `snakemake --cores all scaling`. One job per point
 # {budget}/{depth} (scaling.budgets × scaling.depths; pipeline/scaling.py: the shape rule and the point's
-# budget, optimizer and schedule) trains through the same launcher and trainer as the train rule, on the
-# packed rows of the run's first stage's mix, then evaluates the point on the same validation rows as the
-# evaluate rule (val loss, bits per byte). A point's params are its own view of the config (no budget or
-# depth list in them): adding a budget adds its points and reruns none of the others. The fit (rule
-# scaling) writes R/scaling/fit.json (which `train.tokens_per_param: scaling` reads), report.md and the plot.
+# budget, optimizer and schedule) trains with the train rule's supervisor and trainer (one process: one GPU,
+# or one core, no torchrun) on the packed rows of the run's first stage's mix, then evaluates the point on
+# the same validation rows as the evaluate rule (val loss, bits per byte). A point's params are its own
+# view of the config (no budget or depth list in them): adding a budget adds its points and reruns none
+# of the others. The fit (rule scaling) writes R/scaling/fit.json (which `train.tokens_per_param: scaling`
+# reads), report.md and the plot.
 import math
 
 from pipeline import scaling as tfsc  # noqa: E402
@@ -37,8 +38,7 @@ rule scaling_point:
         p=lambda w: tfc.params_json(tfsc.point_params(config, float(w.budget), int(w.depth))),
         # what the job runs; pipeline.scaling only computes the params above (an edit of the fit or the
         # plot must not retrain the points)
-        code=code_version("pipeline.training.launch", "pipeline.training.rendezvous", "pipeline.training.train",
-                          "pipeline.evaluation.evaluate"),
+        code=code_version("pipeline.training.launch", "pipeline.training.train", "pipeline.evaluation.evaluate"),
         outdir=lambda w, output: Path(output.json).parent,
         ckpt=lambda w, output: Path(output.json).parent / "train" / "final.pt",
         metrics=lambda w, output: Path(output.json).parent / "train" / "metrics.jsonl",
@@ -56,9 +56,9 @@ rule scaling_point:
     conda:
         "../../envs/train.yaml"
     shell:
-        "python -m pipeline.training.launch -- python -m pipeline.training.rendezvous --params {params.p:q} "
-        "--cpus-per-node {threads} -- -m pipeline.training.train --params {params.p:q} --train {input.train:q} "
-        "--val {input.val:q} --tokenizer {input.tokenizer:q} --outdir {params.outdir:q}/train 2>&1 | tee {log:q}; "
+        "OMP_NUM_THREADS={threads} python -m pipeline.training.launch -- python -m pipeline.training.train "
+        "--params {params.p:q} --train {input.train:q} --val {input.val:q} --tokenizer {input.tokenizer:q} "
+        "--outdir {params.outdir:q}/train 2>&1 | tee {log:q}; "
         "OMP_NUM_THREADS={threads} python -m pipeline.evaluation.evaluate --params {params.p:q} --ckpt {params.ckpt:q} "
         "--val {input.val:q} --train {input.train:q} --tokenizer {input.tokenizer:q} --metrics {params.metrics:q} "
         "--outdir {params.outdir:q} 2>&1 | tee -a {log:q}"
