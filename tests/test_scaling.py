@@ -131,6 +131,10 @@ def test_tokens_per_param_scaling_reads_the_fit_or_names_the_command(cfg, tmp_pa
     plan = make_plan(resolved, allow_short=True, tokens_per_param_fit=info)
     assert plan["target_tokens"] == math.ceil(resolved["train"]["tokens_per_param"] * n)
     assert "train.tokens_per_param: scaling" in format_plan(plan) and str(path) in format_plan(plan)
+    # a sweep whose budgets have no minimum on the ladder has no exponent: refused, not used
+    path.write_text(json.dumps({**fit, "a": math.nan}))
+    with pytest.raises(PlanError, match="no compute-optimal size"):
+        sc.resolve_tokens_per_param(cfg)
     # the sweep's mix sized by the plan would change with the fit and rerun the sweep: refused
     with pytest.raises(Exception, match="fixed number of tokens"):
         sc.resolve_tokens_per_param({**cfg, "mixes": {**cfg["mixes"], "pretrain": {"weights": {"web": 1.0},
