@@ -89,7 +89,7 @@ from pipeline.budget import (
     trained_tokens,
 )
 from pipeline.config import add_config_args, load_config, params_from_args, parse_overrides, run_dir, source_files
-from pipeline.errors import ConfigError, PlanError
+from pipeline.errors import ConfigError, PipelineError, PlanError
 from pipeline.io import atomic_write, get_logger, provenance, run_cli, write_json
 from pipeline.perf import (
     LOGITS_MODES,
@@ -358,7 +358,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     if "scaling" in cfg:
         try:
             extra["scaling_sweep"] = sweep_cost(cfg)
-        except ConfigError as e:
+        except (PipelineError, ArithmeticError, ValueError) as e:  # the sweep's own rule names the key
             notes.append(f"scaling sweep not priced: {e}")
     return {
         "n_params": n_params,

@@ -74,7 +74,9 @@ def depth_model(cfg: dict, depth: int) -> dict:
     ffn_ratio = s["ffn_ratio"] or m["ffn_dim"] / m["dim"]
     n_heads = max(1, math.floor(aspect * depth / head_dim + 0.5))  # half up (round() would go to even)
     dim = n_heads * head_dim
-    n_kv = max(d for d in range(1, n_heads + 1) if n_heads % d == 0 and d <= max(1, n_heads // kv_group))
+    cap = max(1, n_heads // kv_group)
+    divisors = {d for i in range(1, math.isqrt(n_heads) + 1) if n_heads % i == 0 for d in (i, n_heads // i)}
+    n_kv = max(d for d in divisors if d <= cap)
     return {**m, "dim": dim, "n_layers": int(depth), "n_heads": n_heads, "n_kv_heads": n_kv,
             "ffn_dim": max(1, round(ffn_ratio * dim))}
 
@@ -274,8 +276,10 @@ def resolve_tokens_per_param(cfg: dict, required: bool = True) -> tuple[dict, di
     flops, n_params}; (cfg, None) when the run sets a number. Without a fit: PlanError naming the
     command to run when `required`, else `cfg` unchanged with {"missing": True, ...} (a Snakemake parse
     that builds only the sweep; anything sized by the run's budget fails in `token_target`)."""
-    if cfg["train"].get("tokens_per_param") != "scaling":
-        return cfg, None
+    t = cfg["train"]
+    if t.get("tokens_per_param") != "scaling" or t.get("target_tokens") is not None \
+            or t.get("target_flops") is not None:
+        return cfg, None  # a number, or an explicit budget that overrides the ratio
     mix = stage_list(cfg)[0]["mix"]
     if cfg["mixes"][mix]["tokens"] == "plan":
         raise ConfigError(f"config key 'mixes.{mix}.tokens': train.tokens_per_param: scaling sizes the run from the "
