@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.tokenfarm-installed
 SNAKE   := PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/snakemake
 PYTEST_ARGS ?=
 
-.PHONY: run test test-slurm lint dryrun plan report clean install gpu-check
+.PHONY: run test test-fast test-slurm lint dryrun plan report clean install gpu-check
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ run: $(STAMP)
 # Two workers, each test file on one (its module-scoped runs shared, its tests in file order).
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
+
+# The inner loop: everything but the tests marked slow (the DAG, user-path, parity and multi-process runs).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
 # ruff over the repo, and snakemake's linter on the default config and every preset (it exits 1 on any lint).
 lint: $(STAMP)

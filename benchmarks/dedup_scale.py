@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.config import resolve_config, stage_params  # noqa: E402
+from pipeline.config import resolve_config, rule_params  # noqa: E402
 from pipeline.data import dedup, minhash  # noqa: E402
 
 DD = {"ngram": 5, "num_perm": 120, "bands": 20, "rows": 6, "seed": 1}
@@ -110,7 +110,7 @@ def main() -> None:
             cfg = resolve_config({"dedup": {"partitions": extra.pop("partitions")}})
             flags = [a for kv in extra.items() for a in (f"--{kv[0]}", *kv[1])]
             return measured([sys.executable, "-m", "pipeline.data.dedup", command, "--params",
-                             json.dumps(stage_params(cfg, "dedup")), "--inputs", *map(str, sigs), *flags])
+                             json.dumps(rule_params(cfg, "dedup")), "--inputs", *map(str, sigs), *flags])
 
         jobs = [run("candidates", partitions=parts, part=[str(p)], out=[str(work / f"pairs-{p}.parquet")])
                 for p in range(parts if args.all_jobs else 1)]

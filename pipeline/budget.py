@@ -7,8 +7,9 @@ parse time through `pipeline.config` and `pipeline.plan`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from pipeline.errors import PipelineError, PlanError
+from pipeline.errors import ConfigError, PipelineError, PlanError
 
 
 def world_size(cfg: dict) -> int:
@@ -102,26 +103,64 @@ def count_params(model_cfg: dict) -> tuple[int, int]:
 def flops_per_token(cfg: dict) -> int:
     """Training FLOPs per token of a run config (``model`` and ``train.seq_len``):
     6·(N_non_embedding + V·d) + 12·L·d·T (module docstring). The one formula MFU is computed with."""
-    m = cfg["model"]
-    _, non_embedding = count_params(m)
-    V, d, L = m["vocab_size"], m["dim"], m["n_layers"]
+    model = cfg["model"]
+    _, non_embedding = count_params(model)
+    V, d, L = model["vocab_size"], model["dim"], model["n_layers"]
     return 6 * (non_embedding + V * d) + 12 * L * d * cfg["train"]["seq_len"]
 
 
-def batch_layout(cfg: dict) -> dict[str, int]:
-    """tokens_per_step, micro_batch, world_size, grad_accum_steps; refuses a non-integer accumulation."""
-    t = cfg["train"]
-    ws = world_size(cfg)
-    per_micro = t["micro_batch"] * t["seq_len"] * ws
-    if t["global_batch_tokens"] % per_micro:
-        raise PlanError(
-            f"train.global_batch_tokens = {t['global_batch_tokens']} is not a multiple of train.micro_batch × "
-            f"train.seq_len × world_size = {t['micro_batch']} × {t['seq_len']} × {ws} = {per_micro}, so gradient "
-            "accumulation would not be a whole number of micro-steps: "
-            "change train.global_batch_tokens or train.micro_batch"
-        )
-    return {"tokens_per_step": t["global_batch_tokens"], "micro_batch": t["micro_batch"], "world_size": ws,
-            "grad_accum_steps": t["global_batch_tokens"] // per_micro}
+class BatchLayoutError(ConfigError, PlanError):
+    """A global batch that is no whole number of micro-steps: a config error, raised by the config's
+    validation and by the planner (which may be handed an unvalidated config) with one message."""
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How one optimizer step is laid out: `grad_accum_steps` micro-steps of `micro_batch` rows of
+    `seq_len` tokens on each of `world_size` ranks, `tokens_per_step` (= train.global_batch_tokens)
+    tokens in all. The one place the layout is computed (config validation, the planner, the memory
+    and step-time model, the trainer)."""
+
+    micro_batch: int
+    seq_len: int
+    world_size: int
+    grad_accum_steps: int
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> BatchLayout:
+        """The layout of a run config (``train`` and ``hardware``); refuses a global batch that is not a
+        whole number of micro-steps (`BatchLayoutError`, naming the keys and the hardware)."""
+        train = cfg["train"]
+        micro_batch, seq_len, ws = train["micro_batch"], train["seq_len"], world_size(cfg)
+        per_micro = micro_batch * seq_len * ws
+        if train["global_batch_tokens"] % per_micro:
+            raise BatchLayoutError(
+                f"config key 'train.global_batch_tokens': {train['global_batch_tokens']} is not divisible by "
+                f"micro_batch × seq_len × world_size (hardware.nodes × hardware.nproc_per_node) = {micro_batch} × "
+                f"{seq_len} × {ws} = {per_micro}, so gradient accumulation would not be a whole number of "
+                "micro-steps; change train.global_batch_tokens, train.micro_batch or the hardware"
+            )
+        return cls(micro_batch, seq_len, ws, train["global_batch_tokens"] // per_micro)
+
+    @property
+    def rows_per_micro_step(self) -> int:
+        """Rows of one micro-step over all ranks."""
+        return self.micro_batch * self.world_size
+
+    @property
+    def rows_per_step(self) -> int:
+        """Rows of one optimizer step over all ranks and micro-steps."""
+        return self.rows_per_micro_step * self.grad_accum_steps
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Input tokens of one optimizer step (= train.global_batch_tokens)."""
+        return self.rows_per_step * self.seq_len
+
+    def plan_figures(self) -> dict[str, int]:
+        """The plan's batch keys: tokens_per_step, micro_batch, world_size, grad_accum_steps."""
+        return {"tokens_per_step": self.tokens_per_step, "micro_batch": self.micro_batch,
+                "world_size": self.world_size, "grad_accum_steps": self.grad_accum_steps}
 
 
 def token_target(train_cfg: dict, n_params: int, fpt: int) -> tuple[int, str]:

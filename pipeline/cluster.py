@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from pipeline.budget import count_params
+from pipeline.config import source_shards
 
 # Per-core throughputs measured in BENCHMARKS.md (2-core development VM, one single-threaded process,
 # end to end through the stage's code). The cost model below and nothing else uses them.
@@ -79,8 +80,6 @@ def shard_sizes(cfg: dict, documents: dict | None = None, tokens: dict | None = 
 
 
 def _n_shards(cfg: dict, source: str) -> int:
-    from pipeline.config import source_shards
-
     return len(source_shards(cfg, source))
 
 

@@ -78,7 +78,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from pipeline.budget import HBM_BYTES_PER_S, PEAK_FLOPS, flops_per_token
+from pipeline.budget import HBM_BYTES_PER_S, PEAK_FLOPS, BatchLayout, flops_per_token
 
 GB = 1e9
 GIB = 2 ** 30
@@ -170,22 +170,21 @@ class StepSetup:
         reference trainer instead (its loss, and gradients freed at every zero_grad)."""
         if logits not in LOGITS_MODES:
             raise ValueError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
-        m, t, hw = cfg["model"], cfg["train"], cfg["hardware"]
+        model, train, hw = cfg["model"], cfg["train"], cfg["hardware"]
         cuda = hw["device"] == "cuda"
-        ws = hw["nproc_per_node"] * hw["nodes"]
-        per_micro = t["micro_batch"] * t["seq_len"] * ws
-        bf16 = cuda and t["precision"] == "bf16"
+        batch = BatchLayout.from_config(cfg)
+        bf16 = cuda and train["precision"] == "bf16"
         return cls(
-            vocab=m["vocab_size"], dim=m["dim"], n_layers=m["n_layers"], n_heads=m["n_heads"],
-            n_kv_heads=m["n_kv_heads"], ffn_dim=m["ffn_dim"], tied=m["tie_embeddings"],
-            micro_batch=t["micro_batch"], seq_len=t["seq_len"],
-            grad_accum=max(1, t["global_batch_tokens"] // per_micro),
-            world_size=ws, device=hw["device"], gpu_type=hw["gpu_type"] if cuda else "cpu", bf16=bf16,
-            compile=cuda if t["compile"] == "auto" else bool(t["compile"]),
-            checkpoint=t["activation_checkpointing"], every_n=t["checkpoint_every_n"], optimizer=t["optimizer"],
-            adamw_kernel="fused" if cuda else "foreach", fp8=t["fp8"], logits=logits,
+            vocab=model["vocab_size"], dim=model["dim"], n_layers=model["n_layers"], n_heads=model["n_heads"],
+            n_kv_heads=model["n_kv_heads"], ffn_dim=model["ffn_dim"], tied=model["tie_embeddings"],
+            micro_batch=batch.micro_batch, seq_len=batch.seq_len, grad_accum=batch.grad_accum_steps,
+            world_size=batch.world_size, device=hw["device"], gpu_type=hw["gpu_type"] if cuda else "cpu", bf16=bf16,
+            compile=cuda if train["compile"] == "auto" else bool(train["compile"]),
+            checkpoint=train["activation_checkpointing"], every_n=train["checkpoint_every_n"],
+            optimizer=train["optimizer"],
+            adamw_kernel="fused" if cuda else "foreach", fp8=train["fp8"], logits=logits,
             fp8_filter="torchao" if logits == "ours" else "all",
-            ce_chunk=t["ce_chunk_tokens"], ce_matmul=ce_matmul_precision(cfg),
+            ce_chunk=train["ce_chunk_tokens"], ce_matmul=ce_matmul_precision(cfg),
             grads_persistent=logits == "ours",
         )
 
@@ -238,11 +237,11 @@ class StepSetup:
 def ce_matmul_precision(cfg: dict) -> str:
     """``train.ce_matmul`` resolved: ``auto`` is bf16 beside a bf16 body on CUDA, else fp32 (the one
     place the trainer and the model read it from)."""
-    t = cfg["train"]
-    setting = t.get("ce_matmul", "auto")
+    train = cfg["train"]
+    setting = train.get("ce_matmul", "auto")
     if setting != "auto":
         return setting
-    return "bf16" if cfg["hardware"]["device"] == "cuda" and t["precision"] == "bf16" else "fp32"
+    return "bf16" if cfg["hardware"]["device"] == "cuda" and train["precision"] == "bf16" else "fp32"
 
 
 # ----------------------------------------------------------------------------- memory

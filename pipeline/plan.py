@@ -79,8 +79,9 @@ import json
 import math
 from pathlib import Path
 
+from pipeline import cluster
 from pipeline.budget import (
-    batch_layout,
+    BatchLayout,
     count_params,
     flops_per_token,
     param_parts,
@@ -102,6 +103,7 @@ from pipeline.perf import (
     predicted_mfu,
     step_time,
 )
+from pipeline.stages import stage_budget, stage_list
 
 log = get_logger(__name__)
 
@@ -247,9 +249,9 @@ def _measured_step_file(path: Path, cfg: dict) -> dict:
     except (ValueError, KeyError, TypeError) as e:
         raise PlanError(f"{path}: not a pipeline.bench --json result ({type(e).__name__}: {e}); "
                         "rerun python -m pipeline.bench ... --json > FILE") from None
-    t = cfg["train"]
-    want = {"micro_batch": t["micro_batch"], "seq_len": t["seq_len"], "n_params": count_params(cfg["model"])[0],
-            "activation_checkpointing": t["activation_checkpointing"], "fp8": t["fp8"], "optimizer": t["optimizer"]}
+    train = cfg["train"]
+    want = {"micro_batch": train["micro_batch"], "seq_len": train["seq_len"], "n_params": count_params(cfg["model"])[0],
+            **{k: train[k] for k in ("activation_checkpointing", "fp8", "optimizer")}}
     wrong = {k: (bench.get(k), v) for k, v in want.items() if k in bench and bench[k] != v}
     if wrong:
         diff = ", ".join(f"{k} {got} (config: {v})" for k, (got, v) in wrong.items())
@@ -299,25 +301,25 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     `pipeline.scaling.resolve_tokens_per_param` says of a fitted ratio (shown as the target's basis).
     A config with a `scaling` section (the whole config, not the plan rule's slice) adds the sweep's
     price (`sweep_cost`). Keys: `PLAN_KEYS`."""
-    m, t, hw = cfg["model"], cfg["train"], cfg["hardware"]
-    parts = param_parts(m)
-    n_params, non_embedding = count_params(m)
+    model, train, hw = cfg["model"], cfg["train"], cfg["hardware"]
+    parts = param_parts(model)
+    n_params, non_embedding = count_params(model)
     fpt = flops_per_token(cfg)
-    batch = batch_layout(cfg)
-    target, basis = token_target(t, n_params, fpt)
+    batch = BatchLayout.from_config(cfg)
+    target, basis = token_target(train, n_params, fpt)
     trained = trained_tokens(cfg)
-    num_steps = trained // batch["tokens_per_step"]
-    data_needed = trained // t["seq_len"] * (t["seq_len"] + 1)  # whole rows: tokens_per_step is a multiple of T
+    num_steps = trained // batch.tokens_per_step
+    data_needed = trained // train["seq_len"] * (train["seq_len"] + 1)  # whole rows: tokens_per_step is a multiple of T
 
-    mix_name = t["mix"]
+    mix_name = train["mix"]
     mix_tokens = cfg["mixes"][mix_name]["tokens"]
     mix_targets = trained if mix_tokens == "plan" else mix_tokens
     if mix_targets < trained:
         raise PlanError(
             f"mixes.{mix_name}.tokens = {mix_tokens} is less than the {trained} tokens training consumes "
-            f"({num_steps} steps × {batch['tokens_per_step']} tokens): set it to 'plan' or lower {basis}"
+            f"({num_steps} steps × {batch.tokens_per_step} tokens): set it to 'plan' or lower {basis}"
         )
-    scheduled = math.ceil(mix_targets / t["seq_len"]) * (t["seq_len"] + 1)
+    scheduled = math.ceil(mix_targets / train["seq_len"]) * (train["seq_len"] + 1)
     delimiters = 2 if cfg["tokenizer"]["delimiter"] == "both" else 1
     counted = None if counts is None else read_counts(counts, delimiters)
     try:
@@ -338,7 +340,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     notes += [f"{s}: SHORT — needs {r['shards_needed']} shards, {r['shards_available']} configured"
               for s, r in per_source.items() if r["enough"] is False]
     # every stage trains with the run's batch layout: the plan's step time prices each stage's steps
-    stage_rate = fpt * batch["tokens_per_step"] / (batch["world_size"] * perf["step_time_s"])
+    stage_rate = fpt * batch.tokens_per_step / (batch.world_size * perf["step_time_s"])
     stages, stages_total = plan_stages(cfg, fpt, batch, stage_rate)
     if any(s["estimate"] for s in stages):
         notes.append("epochs stages: steps estimated from the mix's tokens as if packed without padding; the "
@@ -364,7 +366,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "n_params": n_params,
         "n_params_non_embedding": non_embedding,
         "target_tokens": target,
-        **batch,
+        **batch.plan_figures(),
         "num_steps": num_steps,
         "flops_per_token": fpt,
         "total_flops": total_flops,
@@ -374,12 +376,12 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "est_memory_gb": memory["total"],
         "fits_memory": memory["total"] <= perf["capacity_gb"],
         "est_hours": est_hours,
-        "est_gpu_hours": est_hours * batch["world_size"],
+        "est_gpu_hours": est_hours * batch.world_size,
         "n_params_embedding": parts["embedding"],
         "n_params_lm_head": parts["lm_head"],
         "target_basis": basis,
         "trained_tokens": trained,
-        "seq_len": t["seq_len"],
+        "seq_len": train["seq_len"],
         "data_tokens_needed": data_needed,
         "tokens_available": tokens_available,
         "shards_per_source": per_source,
@@ -392,7 +394,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "stages": stages,
         "stages_total": stages_total,
         "eval_memory_gb": perf["eval_memory"],
-        "fits_eval_memory": all(m["total"] <= perf["capacity_gb"] for m in perf["eval_memory"].values()),
+        "fits_eval_memory": all(mem["total"] <= perf["capacity_gb"] for mem in perf["eval_memory"].values()),
         "notes": notes,
         **extra,
     }
@@ -413,13 +415,10 @@ def sweep_cost(cfg: dict) -> dict:
             "budgets": len(cfg["scaling"]["budgets"]), "depths": len(cfg["scaling"]["depths"])}
 
 
-def plan_stages(cfg: dict, fpt: int, batch: dict, flops_per_s_per_gpu: float) -> tuple[list[dict], dict]:
+def plan_stages(cfg: dict, fpt: int, batch: BatchLayout, flops_per_s_per_gpu: float) -> tuple[list[dict], dict]:
     """Every training stage's steps, tokens, FLOPs and (estimated) time, and their sums. An epochs
     budget is estimated from its mix's integer `tokens` (rows of seq_len targets, no padding: a lower
     bound; the trainer counts the packed rows), flagged ``estimate``."""
-    from pipeline.stages import stage_budget, stage_list
-
-    rows_per_step = batch["tokens_per_step"] // cfg["train"]["seq_len"]
     out = []
     for st in stage_list(cfg):
         b = stage_budget(cfg, st)
@@ -427,12 +426,12 @@ def plan_stages(cfg: dict, fpt: int, batch: dict, flops_per_s_per_gpu: float) ->
         estimate = steps is None
         if estimate:
             rows = -(-int(cfg["mixes"][st["mix"]]["tokens"]) // cfg["train"]["seq_len"])
-            steps = -(-math.ceil(st["budget"]["value"] * rows) // rows_per_step)
-        tokens = steps * batch["tokens_per_step"]
-        hours = fpt * tokens / (batch["world_size"] * flops_per_s_per_gpu) / 3600
+            steps = -(-math.ceil(st["budget"]["value"] * rows) // batch.rows_per_step)
+        tokens = steps * batch.tokens_per_step
+        hours = fpt * tokens / (batch.world_size * flops_per_s_per_gpu) / 3600
         out.append({"name": st["name"], "mix": st["mix"], "loss": st["loss"], "init_from": st["init_from"],
                     "basis": b["basis"], "num_steps": steps, "trained_tokens": tokens, "total_flops": fpt * tokens,
-                    "est_hours": hours, "est_gpu_hours": hours * batch["world_size"], "estimate": estimate})
+                    "est_hours": hours, "est_gpu_hours": hours * batch.world_size, "estimate": estimate})
     keys = ("num_steps", "trained_tokens", "total_flops", "est_hours", "est_gpu_hours")
     return out, {k: sum(s[k] for s in out) for k in keys}
 
@@ -576,7 +575,6 @@ def main(argv=None) -> None:
         return
     print(format_plan(plan))
     if args.configfile:  # the data stages' cost on a cluster (pipeline/cluster.py)
-        from pipeline import cluster
 
         documents, tokens = cluster.measured_sizes(found)
         print("\n" + cluster.format_costs(cluster.data_costs(params, documents, tokens, args.data_cpus)))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 
+from pipeline.budget import count_params, flops_per_token, token_target, trained_tokens
 from pipeline.errors import ConfigError
 
 STAGE_TRAIN_KEYS = ("mix", "optimizer", "lr", "embed_lr", "lm_head_lr", "weight_decay", "betas", "grad_clip",
@@ -112,6 +113,14 @@ def tokenizer_sources(cfg: dict) -> list[str]:
     return [n for n, s in cfg["sources"].items() if s["format"] == "text"] or list(cfg["sources"])
 
 
+def is_chat_stage(params: dict) -> bool:
+    """A stage's view (`stage_config`) trains a chat model: its mix has a chat source and a bestfit pack
+    (its report adds the chat evaluation: assistant-only val loss, fixed answers, ChatCORE)."""
+    mix = params["mixes"][params["stage"]["mix"]]
+    return mix.get("packing") == "bestfit" and any(params["sources"][s].get("format") == "chat"
+                                                   for s in mix["weights"])
+
+
 def stage_config(cfg: dict, name: str) -> dict:
     """`cfg` as one stage sees it: `train` replaced by the stage's effective train section, `mixes`
     and `sources` narrowed to the stage's own mix and the sources its data is made of (the mix's and
@@ -136,8 +145,6 @@ def stage_budget(cfg: dict, stage: dict) -> dict:
     """A stage's steps and trained tokens from the config alone: ``num_steps``, ``trained_tokens``
     (= num_steps × tokens_per_step) and ``basis``; both None for an epochs budget (known from the
     packed rows only; `epoch_steps`)."""
-    from pipeline.budget import count_params, flops_per_token, token_target
-
     step = stage["train"]["global_batch_tokens"]
     kind, value = stage["budget"]["kind"], stage["budget"]["value"]
     key = f"train.stages[{stage['index']}].{kind}" if cfg["train"].get("stages") else f"train.{kind}"
@@ -166,8 +173,6 @@ def epoch_steps(epochs: float, n_rows: int, rows_per_step: int) -> tuple[int, in
 def mix_targets(cfg: dict, mix: str) -> int:
     """Training targets a mix with ``tokens: plan`` must supply: the most any stage training on it
     consumes (each stage reads its mix from the start); the run budget when no stage uses it."""
-    from pipeline.budget import trained_tokens
-
     used = [stage_budget(cfg, s)["trained_tokens"] for s in stage_list(cfg) if s["mix"] == mix]
     used = [t for t in used if t is not None]
     return max(used) if used else trained_tokens(cfg)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from builders import ROOT
 
 from pipeline import cluster
 from pipeline.config import resolve_config

@@ -2,7 +2,7 @@
 import pytest
 import yaml
 
-from pipeline.config import load_config, resolve_config, stage_params
+from pipeline.config import load_config, resolve_config, rule_params
 from pipeline.errors import ConfigError
 
 
@@ -77,20 +77,20 @@ def test_shipped_configs_validate(root, preset, monkeypatch):
 
 def test_stage_params_are_slices():
     cfg = resolve_config(_cfg())
-    assert stage_params(cfg, "dedup") == {"dedup": cfg["dedup"], "seed": cfg["seed"]}
-    assert "download" not in stage_params(cfg, "train")
+    assert rule_params(cfg, "dedup") == {"dedup": cfg["dedup"], "seed": cfg["seed"]}
+    assert "download" not in rule_params(cfg, "train")
     # Changing the tokenizer must not change what download depends on.
     other = resolve_config(_cfg(tokenizer={"vocab_size": 8192}, model={"vocab_size": 8192}))
-    assert stage_params(cfg, "download") == stage_params(other, "download")
-    assert stage_params(cfg, "tokenizer") != stage_params(other, "tokenizer")
+    assert rule_params(cfg, "download") == rule_params(other, "download")
+    assert rule_params(cfg, "tokenizer") != rule_params(other, "tokenizer")
 
 
 def test_plan_params_ignore_optimizer_hyperparameters():
     """An lr edit must rerun train and evaluate only, not the plan and the data stages after it."""
     cfg = resolve_config(_cfg())
     other = resolve_config(_cfg(train={"lr": 1e-2, "warmup_steps": 5}))
-    assert stage_params(cfg, "plan") == stage_params(other, "plan")
-    assert stage_params(cfg, "train") != stage_params(other, "train")
+    assert rule_params(cfg, "plan") == rule_params(other, "plan")
+    assert rule_params(cfg, "train") != rule_params(other, "train")
 
 
 # ----------------------------------------------------------------------------- command-line overrides

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from builders import ROOT
 
 # import name -> conda (or pip) package name
 PACKAGE = {

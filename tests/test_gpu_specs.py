@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 import yaml
-from conftest import ROOT
+from builders import ROOT
 
 from pipeline.budget import GPU_NAMES, GPU_SPECS, GPU_TYPE_ALIASES, HBM_BYTES_PER_S, PEAK_FLOPS, gpu_type_of
 from pipeline.errors import PipelineError

@@ -56,7 +56,7 @@ run_cli(main)
 def start_writer(tmp_path, how: str):
     import subprocess
 
-    from conftest import ROOT
+    from builders import ROOT
 
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path / "out" / "x.bin"), how],
                             stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})

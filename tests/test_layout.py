@@ -1,11 +1,11 @@
 """The package's shape, checked with `ast` over pipeline/: no import circle, the floors (no package
 importing one above it: `model` and `data` below `evaluation`, below `training`, below `bench`), no
-stage importing another stage (a stage is a module a rule runs: `python -m pipeline.…` in
+rule module importing another (a rule module is what a rule runs: `python -m pipeline.…` in
 workflow/rules/*.smk), a torch-free top level, and no snakemake import anywhere in the package."""
 import ast
 import re
 
-from conftest import ROOT
+from builders import ROOT
 
 from pipeline.codehash import imported_modules, module_name, package_modules
 
@@ -21,7 +21,7 @@ def graph(top_level_only: bool = False) -> dict[str, set[str]]:
     return {m: imported_modules(m, top_level_only=top_level_only) for m in package_modules()}
 
 
-def stages() -> set[str]:
+def rule_modules() -> set[str]:
     found = set()
     for smk in (ROOT / "workflow/rules").glob("*.smk"):
         found |= set(re.findall(r"-m (pipeline(?:\.\w+)+)", smk.read_text()))
@@ -30,7 +30,7 @@ def stages() -> set[str]:
 
 def test_rules_run_modules_that_exist():
     mods = set(modules())
-    assert stages() and stages() <= mods, sorted(stages() - mods)
+    assert rule_modules() and rule_modules() <= mods, sorted(rule_modules() - mods)
 
 
 def test_no_import_circle():
@@ -52,15 +52,18 @@ def test_no_import_circle():
 
 
 # The floors, bottom up: a module may import its own package and the packages of lower floors only.
-# The top-level modules (errors, io, config, budget, plan, perf, stages, distributed, …) are the ground
-# floor; `model` and `data` stand side by side on the next one and import nothing from each other.
+# The top-level modules (errors, io, budget, plan, perf, stages, distributed, …) and the `config`
+# package are the ground floor; `model` and `data` stand side by side on the next one and import
+# nothing from each other.
 FLOORS = {"model": 1, "data": 1, "evaluation": 2, "training": 3, "bench": 4}
+GROUND = {"config"}  # packages whose modules are top-level ones for the floors (config is read by all)
 
 
 def package_of(module: str) -> str:
-    """`model` for pipeline.model.engine; "" for a top-level module (pipeline.io, pipeline itself)."""
+    """`model` for pipeline.model.engine; "" for a top-level module (pipeline.io, pipeline itself) and
+    for the modules of a ground-floor package (pipeline.config.resolve)."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 2 else ""
+    return parts[1] if len(parts) > 2 and parts[1] not in GROUND else ""
 
 
 def test_floors_cover_every_package():
@@ -86,10 +89,10 @@ def test_the_named_floors():
         assert not bad, f"pipeline.{pkg or '<top level>'} imports {sorted({package_of(n) for _, n in bad})}: {bad}"
 
 
-def test_no_stage_imports_another_stage():
-    g, st = graph(), stages()
-    crossing = {(m, n) for m in st for n in g[m] if n in st}
-    assert not crossing, (f"stage modules import each other: {sorted(crossing)}; "
+def test_no_rule_module_imports_another():
+    g, rules = graph(), rule_modules()
+    crossing = {(m, n) for m in rules for n in g[m] if n in rules}
+    assert not crossing, (f"rule modules import each other: {sorted(crossing)}; "
                           "move what they share to a library module")
 
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from builders import ROOT
 
 from pipeline.perf import DDP_EFFICIENCY, StepSetup, capacity_gb, memory, predicted_mfu, step_time
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import ROOT, write_text_shard
+from builders import ROOT, write_text_shard
 
 from pipeline.budget import count_params, flops_per_token
 from pipeline.config import load_config, resolve_config
@@ -405,12 +405,12 @@ def test_an_explicit_scoring_batch_that_cannot_fit_is_reported():
 
 
 def test_the_plan_rules_params_carry_the_scoring_batch():
-    """The plan rule plans from its params slice (pipeline.config.stage_params 'plan'): it carries
+    """The plan rule plans from its params slice (pipeline.config.rule_params 'plan'): it carries
     eval.core_batch_tokens, which the evaluation memory depends on, and nothing else of eval."""
-    from pipeline.config import stage_params
+    from pipeline.config import rule_params
 
     cfg = load_config(LLAMA_1B)
     cfg["eval"]["core_batch_tokens"] = 4096
-    params = stage_params(cfg, "plan")
+    params = rule_params(cfg, "plan")
     assert params["eval"] == {"core_batch_tokens": 4096}
     assert make_plan(params)["eval_memory_gb"]["in_loop"]["batch_tokens"] == 4096

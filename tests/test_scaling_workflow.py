@@ -6,7 +6,7 @@ import copy
 import json
 
 import pytest
-from test_workflow import TINY, make_project, planned_jobs, snakemake, write_config
+from builders import TINY, make_project, planned_jobs, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from builders import ROOT
 
 SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
 DEFAULT = yaml.safe_load((ROOT / "config.yaml").read_text())

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import ConfigError, resolve_config
+from pipeline.config import resolve_config
+from pipeline.errors import ConfigError
 from pipeline.stages import epoch_steps, mix_targets, stage_budget, stage_config, stage_list
 
 SOURCES = {"web": {"type": "local", "glob": "data/sample/web/*.parquet"},
@@ -36,18 +37,18 @@ def test_stages_resolve_in_order_with_overrides_and_init_chain():
 
 def test_a_stage_sees_only_the_sources_its_mix_reads():
     """A chat-only source edit is no part of the pretraining's identity (params, resume check)."""
-    from pipeline.config import stage_params
+    from pipeline.config import rule_params
 
     edited = {**SOURCES, "chat": {**SOURCES["chat"], "min_chars": 1, "glob": "elsewhere/*.parquet"}}
     before, after = cfg(), resolve_config({**cfg(), "sources": edited})
     assert set(stage_config(before, "pretrain")["sources"]) == {"web"}
     assert set(stage_config(before, "mid")["sources"]) == {"web", "chat"}
     assert set(stage_config(before, "sft")["sources"]) == {"web", "chat"}  # the tokenizer's source too
-    assert stage_params(stage_config(before, "sft"), "tokenizer") == stage_params(before, "tokenizer")
+    assert rule_params(stage_config(before, "sft"), "tokenizer") == rule_params(before, "tokenizer")
     for stage in ("train", "evaluate"):
-        assert (stage_config(stage_params(before, stage), "pretrain")
-                == stage_config(stage_params(after, stage), "pretrain"))
-        assert stage_config(stage_params(before, stage), "sft") != stage_config(stage_params(after, stage), "sft")
+        assert (stage_config(rule_params(before, stage), "pretrain")
+                == stage_config(rule_params(after, stage), "pretrain"))
+        assert stage_config(rule_params(before, stage), "sft") != stage_config(rule_params(after, stage), "sft")
 
 
 def test_budgets_tokens_steps_run_and_epochs():

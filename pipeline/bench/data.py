@@ -1,6 +1,6 @@
 """Data-stage benchmarks: each subcommand times a stage end to end against its raw kernel, in one run.
 
-    python -m pipeline.bench.data count --tokenizer R/tokenizer/tokenizer.json \\
+    python -m pipeline.bench.data count --tokenizer R/tokenizer/encoding.json \\
         --input D/web/shard_00000.parquet [--repeat 3]
 
 `count`: (a) `pipeline.data.count.count_shard` — the function the `count shard` CLI runs: parquet read,
@@ -425,7 +425,7 @@ def bench_group(args) -> dict:
     import tempfile
     from pathlib import Path
 
-    from pipeline.config import params_json, resolve_config, stage_params
+    from pipeline.config import params_json, resolve_config, rule_params
     from pipeline.data.contract import iter_documents
     from pipeline.data.encoding import load_tokenizer
     from pipeline.io import read_json
@@ -440,9 +440,9 @@ def bench_group(args) -> dict:
                               "mixes": {"m": {"weights": {"bench": 1.0}, "tokens": 1}}, "train": {"mix": "m"}})
         py = [sys.executable, "-m"]
         stage = {"count": "count", "tokenize": "tokenize", "signatures": "dedup_sig"}[args.stage]
-        params = params_json(stage_params(cfg, stage, "bench"))
+        params = params_json(rule_params(cfg, stage, "bench"))
         tokens = [f"{tmp}/tokens/bench/shard_{i:05d}.json" for i in range(args.shards)]
-        tokenize_cmd = py + ["pipeline.data.tokenize", "--params", params_json(stage_params(cfg, "tokenize", "bench")),
+        tokenize_cmd = py + ["pipeline.data.tokenize", "--params", params_json(rule_params(cfg, "tokenize", "bench")),
                              "--tokenizer", args.tokenizer, "--source", "bench", "--inputs", *raw,
                              "--outputs", *tokens, "--manifest", f"{tmp}/tokens/manifest.json"]
         if args.stage == "count":
@@ -468,7 +468,7 @@ def bench_group(args) -> dict:
             from pipeline.data import dedup
 
             dedup.tune_allocator()
-            sig_params = stage_params(cfg, "dedup_sig", "bench")
+            sig_params = rule_params(cfg, "dedup_sig", "bench")
             one = {"in-process write_signatures": lambda: dedup.write_signatures(
                 raw[0], tokens[0], "bench", "shard_00000", sig_params, f"{tmp}/one.parquet")["n_docs"]}
             logging.getLogger("pipeline").setLevel(logging.ERROR)
@@ -485,7 +485,7 @@ def bench_group(args) -> dict:
 
 
 def _data_args(p, repeat: int = 3) -> None:
-    p.add_argument("--tokenizer", required=True, help="tokenizer.json")
+    p.add_argument("--tokenizer", required=True, help="the run's encoding.json (R/tokenizer/encoding.json)")
     p.add_argument("--input", nargs="+", required=True, help="raw shards (parquet) to tokenize and pack")
     p.add_argument("--format", choices=["text", "chat"], default="text")
     p.add_argument("--text-column", default="text")
@@ -500,14 +500,14 @@ def main(argv=None) -> Any:
     ap = argparse.ArgumentParser(prog="python -m pipeline.bench.data", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("count", help="count stage end to end vs raw tiktoken encode, tokens per core")
-    c.add_argument("--tokenizer", required=True, help="tokenizer.json")
+    c.add_argument("--tokenizer", required=True, help="the run's encoding.json (R/tokenizer/encoding.json)")
     c.add_argument("--input", required=True, help="a raw text shard (parquet)")
     c.add_argument("--text-column", default="text")
     c.add_argument("--batch-size", type=int, default=1024, help="count.batch_size (documents per batch)")
     c.add_argument("--repeat", type=int, default=3)
     c.set_defaults(func=bench_count)
     t = sub.add_parser("tokenize", help="tokenize stage end to end vs raw tiktoken encode, tokens per core")
-    t.add_argument("--tokenizer", required=True, help="tokenizer.json")
+    t.add_argument("--tokenizer", required=True, help="the run's encoding.json (R/tokenizer/encoding.json)")
     t.add_argument("--input", required=True, help="a raw text shard (parquet)")
     t.add_argument("--text-column", default="text")
     t.add_argument("--batch-size", type=int, default=1024, help="count.batch_size (documents per batch)")
@@ -537,7 +537,7 @@ def main(argv=None) -> Any:
     dc.set_defaults(func=bench_decontam)
     g = sub.add_parser("group", help="a per-shard job through its CLI (new process, group of shards) vs the kernel")
     g.add_argument("--stage", choices=GROUP_STAGES, required=True)
-    g.add_argument("--tokenizer", required=True, help="tokenizer.json")
+    g.add_argument("--tokenizer", required=True, help="the run's encoding.json (R/tokenizer/encoding.json)")
     g.add_argument("--input", required=True, help="a raw text shard (parquet), copied --shards times")
     g.add_argument("--shards", type=int, default=16, help="shards in the group (shards_per_job)")
     g.add_argument("--repeat", type=int, default=3)

@@ -38,9 +38,24 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from pipeline.config import deep_merge, resolve_config
+from pipeline.bench.suite import format_suite, predict, release_device, run_suite, skip_reason, write_suite
+from pipeline.budget import gpu_type_of
+from pipeline.config import deep_merge, load_config, resolve_config
+from pipeline.distributed import seed_everything
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_write, get_logger, write_json
+from pipeline.training.metrics import memory_stats
+from pipeline.training.optim import build_optimizer
+from pipeline.training.step import (
+    LossModel,
+    autocast_dtype,
+    build_model,
+    ce_matmul,
+    clip_gradients,
+    set_matmul_precision,
+    use_compile,
+    zero_gradients,
+)
 
 log = get_logger(__name__)
 
@@ -102,10 +117,6 @@ def _sync(device: torch.device) -> None:
 
 def reference_losses(cfg: dict, steps: int, masked: bool) -> list[float]:
     """The oracle: `steps` AdamW steps on the CPU in fp32, eager, unchunked CE over model.forward's logits."""
-    from pipeline.distributed import seed_everything
-    from pipeline.training.optim import build_optimizer
-    from pipeline.training.step import build_model, clip_gradients, set_matmul_precision, zero_gradients
-
     cfg = deep_merge(cfg, {"hardware": {"device": "cpu"}, "train": {"precision": "fp32", "compile": False,
                                                                      "fp8": "none"}})
     set_matmul_precision("fp32")
@@ -129,27 +140,13 @@ def reference_losses(cfg: dict, steps: int, masked: bool) -> list[float]:
 def run_smoke_row(cfg: dict, steps: int, masked: bool) -> dict:
     """`steps` optimizer steps of the trainer's step on the fixed batch on cfg's device: per-step losses,
     the median step time after the first, and on CUDA the peak allocated memory (GB)."""
-    from pipeline.distributed import seed_everything
-    from pipeline.training.metrics import memory_stats
-    from pipeline.training.optim import build_optimizer
-    from pipeline.training.step import (
-        LossModel,
-        autocast_dtype,
-        build_model,
-        ce_matmul,
-        clip_gradients,
-        set_matmul_precision,
-        use_compile,
-        zero_gradients,
-    )
-
     device = torch.device(cfg["hardware"]["device"])
-    t = cfg["train"]
+    train = cfg["train"]
     set_matmul_precision(ce_matmul(cfg))
     seed_everything(cfg["seed"])
     model = build_model(cfg, device)  # initialised on the CPU from the seed: the reference's weights
-    optimizer = build_optimizer(model, t, device.type)
-    loss_model = LossModel(model, autocast_dtype(cfg, device), t["ce_chunk_tokens"], ce_matmul(cfg))
+    optimizer = build_optimizer(model, train, device.type)
+    loss_model = LossModel(model, autocast_dtype(cfg, device), train["ce_chunk_tokens"], ce_matmul(cfg))
     fwd = torch.compile(loss_model) if use_compile(cfg, device) else loss_model
     x, y, doc_ids = (v.to(device) for v in smoke_batch(cfg))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -161,7 +158,7 @@ def run_smoke_row(cfg: dict, steps: int, masked: bool) -> dict:
         start = time.perf_counter()
         loss_sum, count = fwd(x, y, None, doc_ids if masked else None)
         (loss_sum / count).backward()
-        clip_gradients(params, t["grad_clip"])
+        clip_gradients(params, train["grad_clip"])
         optimizer.step()
         zero_gradients(optimizer)
         _sync(device)
@@ -186,8 +183,6 @@ def _skip_reason(device: str, overrides: dict, cuda: bool) -> str | None:
 def run_smoke(steps: int, cuda: bool, on_row=None, gpu: str = "H100") -> list[dict]:
     """Every SMOKE_ROWS row: {name, checks, device, precision, tolerance, losses, reference, max_abs_diff,
     passed, step_time_s, peak_gb, predicted, skipped}. A row's exception is recorded (skipped), never raised."""
-    from pipeline.bench.suite import predict, release_device, skip_reason
-
     references: dict[tuple[str, bool], list[float]] = {}
     rows = []
     for name, device, overrides, masked, checks in SMOKE_ROWS:
@@ -264,10 +259,6 @@ def run_gpu_check(out: str | Path, bench, configfile: str, device: str | None = 
                   suite_steps: int = 10, suite_warmup: int = 3) -> dict:
     """The three parts (module docstring), the suite's rows timed by ``bench(cfg, steps, warmup)``
     (`pipeline.bench.step.run_bench`) on `configfile` (CUDA only); returns {device, smoke, suite, passed}."""
-    from pipeline.bench.suite import format_suite, run_suite, write_suite
-    from pipeline.budget import gpu_type_of
-    from pipeline.config import load_config
-
     cuda = torch.cuda.is_available() if device is None else device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise PipelineError("--device cuda: no CUDA device is visible")

@@ -32,9 +32,25 @@ import time
 
 import torch
 
+from pipeline.bench.gpu_check import run_gpu_check
+from pipeline.bench.suite import format_suite, run_suite, write_suite
+from pipeline.budget import flops_per_token, gpu_type_of, peak_flops
 from pipeline.config import deep_merge, load_config
+from pipeline.distributed import seed_everything
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, run_cli
+from pipeline.training.metrics import memory_stats, mfu
+from pipeline.training.optim import build_optimizer
+from pipeline.training.step import (
+    LossModel,
+    autocast_dtype,
+    build_model,
+    ce_matmul,
+    clip_gradients,
+    set_matmul_precision,
+    use_compile,
+    zero_gradients,
+)
 
 log = get_logger(__name__)
 SUITE_CONFIG = "configs/llama3-1b-fineweb.yaml"
@@ -59,8 +75,6 @@ def device_name(device: torch.device) -> str:
 def gpu_type(name: str) -> str:
     """The GPU type (pipeline.budget.GPU_SPECS key) of the device actually used, by its exact name;
     an unknown GPU is refused with the list of known ones (`pipeline.budget.gpu_type_of`)."""
-    from pipeline.budget import gpu_type_of
-
     return gpu_type_of(name)
 
 
@@ -72,24 +86,9 @@ def _sync(device: torch.device) -> None:
 def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict:
     """Time `steps` training steps after `warmup` untimed ones; returns the result fields.
     `on_step(i, seconds, timed)` is called after every step (for progress lines)."""
-    from pipeline.budget import flops_per_token, peak_flops
-    from pipeline.distributed import seed_everything
-    from pipeline.training.metrics import memory_stats, mfu
-    from pipeline.training.optim import build_optimizer
-    from pipeline.training.step import (
-        LossModel,
-        autocast_dtype,
-        build_model,
-        ce_matmul,
-        clip_gradients,
-        set_matmul_precision,
-        use_compile,
-        zero_gradients,
-    )
-
     if steps < 1 or warmup < 0:
         raise PipelineError(f"--steps must be >= 1 and --warmup >= 0 (got {steps}, {warmup})")
-    t = cfg["train"]
+    train = cfg["train"]
     device = torch.device(cfg["hardware"]["device"])
     if device.type == "cuda" and not torch.cuda.is_available():
         raise PipelineError("--device cuda: no CUDA device is visible")
@@ -97,11 +96,11 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
     body_dtype = autocast_dtype(cfg, device)
     set_matmul_precision(ce_matmul(cfg))
     model = build_model(cfg, device)
-    optimizer = build_optimizer(model, t, device.type)
-    loss_model = LossModel(model, body_dtype, t["ce_chunk_tokens"], ce_matmul(cfg))
+    optimizer = build_optimizer(model, train, device.type)
+    loss_model = LossModel(model, body_dtype, train["ce_chunk_tokens"], ce_matmul(cfg))
     fwd = torch.compile(loss_model) if use_compile(cfg, device) else loss_model
     params = [p for p in model.parameters() if p.requires_grad]
-    B, T, V = t["micro_batch"], t["seq_len"], cfg["model"]["vocab_size"]
+    B, T, V = train["micro_batch"], train["seq_len"], cfg["model"]["vocab_size"]
     rows = torch.randint(0, V, (B, T + 1), device=device)
     x, y = rows[:, :-1], rows[:, 1:]
 
@@ -113,7 +112,7 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
         start = time.perf_counter()
         loss_sum, count = fwd(x, y)
         (loss_sum / count).backward()
-        clip_gradients(params, t["grad_clip"])
+        clip_gradients(params, train["grad_clip"])
         optimizer.step()
         zero_gradients(optimizer)
         _sync(device)
@@ -134,9 +133,9 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
         "seq_len": T,
         "compile": use_compile(cfg, device),
         "precision": "bf16" if body_dtype is not None else "fp32",
-        "activation_checkpointing": t["activation_checkpointing"],
-        "fp8": t["fp8"],
-        "optimizer": t["optimizer"],
+        "activation_checkpointing": train["activation_checkpointing"],
+        "fp8": train["fp8"],
+        "optimizer": train["optimizer"],
         "ce_matmul": ce_matmul(cfg),
         "steps": steps,
         "warmup": warmup,
@@ -170,8 +169,6 @@ def format_result(r: dict) -> str:
 
 def main_suite(args) -> None:
     """`--suite reference` (pipeline.bench.suite) on the visible GPU, or the device given."""
-    from pipeline.bench.suite import format_suite, run_suite, write_suite
-
     device = args.device or ("cuda" if torch.cuda.is_available() else None)
     if device is None:
         raise PipelineError("--suite reference: no CUDA device is visible; pass --device cpu with a small "
@@ -223,8 +220,6 @@ def main(argv=None) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
     if args.gpu_check:
-        from pipeline.bench.gpu_check import run_gpu_check
-
         if args.smoke_steps < 2:
             p.error("--smoke-steps must be >= 2 (the first step is compilation, not timed)")
         run_gpu_check(args.out or "results/gpu-check", run_bench, args.configfile or SUITE_CONFIG, args.device,

@@ -59,8 +59,12 @@ def suite_config(cfg: dict, micro_batch: int, checkpoint: str, fp8: str, optimiz
 
 
 def predict(cfg: dict) -> dict:
-    """pipeline.perf's prediction of one single-GPU bench step (no accumulation, no DDP)."""
-    s = StepSetup.from_config(cfg).replace(grad_accum=1, world_size=1)
+    """pipeline.perf's prediction of one single-GPU bench step (no accumulation, no DDP): `cfg` with a
+    global batch of one micro-batch on one GPU (a suite row's micro-batch need not divide the config's)."""
+    train = cfg["train"]
+    one_step = deep_merge(cfg, {"train": {"global_batch_tokens": train["micro_batch"] * train["seq_len"]},
+                                "hardware": {"nodes": 1, "nproc_per_node": 1}})
+    s = StepSetup.from_config(one_step)
     mem = memory(s)
     seconds = step_time(s)["total"]
     return {"step_time_s": seconds, "tokens_per_s": s.tokens / seconds, "mfu": predicted_mfu(s, seconds),

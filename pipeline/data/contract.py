@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.data.minhash import fmix64
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, provenance, read_json, write_json
 
@@ -356,8 +357,6 @@ def rank_by_hash(shard_names: list[str], shard: np.ndarray, doc: np.ndarray, see
     shuffle in which a document's hash depends on its own shard's name and its index only, so adding
     shards or sources, or listing them in another order, leaves the relative order of the others as
     it was."""
-    from pipeline.data.minhash import fmix64  # here, not at the top: the loader imports this module
-
     salts = np.array([salt(seed, *names, n) for n in shard_names], dtype=np.uint64)
     h = fmix64(doc.astype(np.int64).view(np.uint64) ^ salts[shard])
     return np.lexsort((doc, shard, h))

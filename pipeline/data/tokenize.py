@@ -221,7 +221,7 @@ def shard_metadata(tok: Tokenizer, stats: ShardStats, dtype, source: str, shard:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m pipeline.data.tokenize", description=__doc__.split("\n")[0])
     add_config_args(ap)
-    ap.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
+    ap.add_argument("--tokenizer", required=True, help="R/tokenizer/encoding.json")
     ap.add_argument("--source", required=True)
     add_group_args(ap, "raw shards D/{source}/{shard}.parquet",
                    "R/tokens/{source}/{shard}.json, one per input (siblings .bin, .idx.npy, .mask.bin)")

@@ -1,10 +1,10 @@
 """Tokenizer stage: train a byte-level BPE (rustbpe) or load a stock tiktoken encoding offline.
 
     python -m pipeline.data.tokenizer --params JSON --inputs D/{source}/{shard}.parquet ... \\
-        --out R/tokenizer/tokenizer.json
+        --out R/tokenizer/encoding.json
 
 Either way the result is a `tiktoken.Encoding` plus our special tokens, persisted as
-`R/tokenizer/tokenizer.json` and its ranks file `tokenizer.tiktoken` (docs/data-contract.md). Every
+`R/tokenizer/encoding.json` and its ranks file `tokenizer.tiktoken` (docs/data-contract.md). Every
 stage loads it with `pipeline.data.encoding.load_tokenizer`; special tokens: `pipeline.data.encoding`.
 
 Split pattern: GPT-4's cl100k pattern with numbers split into groups of at most two digits
@@ -206,9 +206,9 @@ def load_stock_encoding(encoding: str, cache_dir: str | os.PathLike | None) -> t
 # ----------------------------------------------------------------------------- the stage
 
 def build_tokenizer(params: dict, inputs: list[str], out: str | os.PathLike) -> dict:
-    """Train (bpe) or load (tiktoken) the tokenizer; write the ranks file, then tokenizer.json.
+    """Train (bpe) or load (tiktoken) the tokenizer; write the ranks file, then encoding.json.
 
-    Returns the tokenizer.json content. `inputs` are raw shards `{data_dir}/{source}/{shard}.parquet`;
+    Returns the encoding.json content. `inputs` are raw shards `{data_dir}/{source}/{shard}.parquet`;
     only those of sources in `params["sources"]` are sampled.
     """
     tok = params["tokenizer"]
@@ -252,7 +252,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m pipeline.data.tokenizer", description=__doc__.split("\n\n")[0])
     add_config_args(ap)
     ap.add_argument("--inputs", nargs="*", default=[], help="raw shards {data_dir}/{source}/{shard}.parquet")
-    ap.add_argument("--out", required=True, help="R/tokenizer/tokenizer.json (the ranks file goes next to it)")
+    ap.add_argument("--out", required=True, help="R/tokenizer/encoding.json (the ranks file goes next to it)")
     args = ap.parse_args(argv)
     build_tokenizer(params_from_args(args, "tokenizer"), args.inputs, args.out)
 

@@ -18,8 +18,8 @@ its answer, oldest first) until it fits; a single message that does not fit is r
 message and not added. Commands: ``/clear`` (forget the history), ``/history`` (print the rendered
 conversation as the model sees it), ``/quit`` (or Ctrl-D).
 
-The tokenizer defaults to ``R/tokenizer/tokenizer.json`` of the run the checkpoint belongs to (the
-first ``tokenizer/tokenizer.json`` found in a parent directory of the checkpoint); ``--tokenizer``
+The tokenizer defaults to ``R/tokenizer/encoding.json`` of the run the checkpoint belongs to (the
+first ``tokenizer/encoding.json`` found in a parent directory of the checkpoint); ``--tokenizer``
 overrides it. ``--ckpt`` may also be a Hugging Face directory written by the export
 (``R/export/hf``, or a copy of it): it is read as ``--from-hf`` imports it, and its tokenizer must
 be the one named in its ``tokenfarm.json`` (a copy outside the run needs ``--tokenizer``).
@@ -34,6 +34,7 @@ from typing import Callable
 
 import torch
 
+from pipeline.data.encoding import ASSISTANT_END, ASSISTANT_START, BOS, EOS, USER_START, load_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, run_cli
 from pipeline.model.engine import Engine
@@ -46,13 +47,13 @@ COMMANDS = ("/clear", "/history", "/quit")
 
 
 def find_tokenizer(ckpt_path: str | Path) -> Path:
-    """The run's tokenizer.json next to the checkpoint's run directory (module docstring)."""
+    """The run's encoding.json next to the checkpoint's run directory (module docstring)."""
     for parent in Path(ckpt_path).resolve().parents:
-        candidate = parent / "tokenizer" / "tokenizer.json"
+        candidate = parent / "tokenizer" / "encoding.json"
         if candidate.exists():
             return candidate
-    raise PipelineError(f"no tokenizer/tokenizer.json in any parent directory of {ckpt_path}; pass --tokenizer "
-                        "R/tokenizer/tokenizer.json of the run that trained it")
+    raise PipelineError(f"no tokenizer/encoding.json in any parent directory of {ckpt_path}; pass --tokenizer "
+                        "R/tokenizer/encoding.json of the run that trained it")
 
 
 def check_exported_tokenizer(ckpt_path: str | Path, tokenizer) -> None:
@@ -63,14 +64,12 @@ def check_exported_tokenizer(ckpt_path: str | Path, tokenizer) -> None:
     want = read_hf_json(Path(ckpt_path) / PROVENANCE).get("tokenizer_sha256")
     if want and want != tokenizer.sha256:
         raise PipelineError(f"{tokenizer.path} is not the tokenizer {ckpt_path} was exported with (sha256 {want[:12]}… "
-                            "in its tokenfarm.json); pass --tokenizer R/tokenizer/tokenizer.json of the run that "
+                            "in its tokenfarm.json); pass --tokenizer R/tokenizer/encoding.json of the run that "
                             "trained it")
 
 
 def stop_ids(tokenizer) -> list[int]:
     """Tokens that end an answer (module docstring)."""
-    from pipeline.data.encoding import ASSISTANT_END, ASSISTANT_START, BOS, EOS, USER_START
-
     names = (ASSISTANT_END, BOS, EOS, USER_START, ASSISTANT_START)
     return [tokenizer.special[t] for t in names if t in tokenizer.special]
 
@@ -172,7 +171,7 @@ def interactive(session: ChatSession, banner: str) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.chat", description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt", required=True, help="R/train/<stage>/final.pt, or an exported Hugging Face directory")
-    p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the run's, found from --ckpt)")
+    p.add_argument("--tokenizer", default=None, help="encoding.json (default: the run's, found from --ckpt)")
     p.add_argument("--prompt", default=None, help="answer this one message on stdout and exit (for scripts)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -180,7 +179,6 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     args = p.parse_args(argv)
-    from pipeline.data.encoding import load_tokenizer
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise PipelineError("--device cuda but no CUDA device is visible; use --device cpu")

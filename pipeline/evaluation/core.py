@@ -2,7 +2,7 @@
 a thin CLI.
 
     [torchrun --nproc_per_node N] python -m pipeline.evaluation.core --params JSON --ckpt R/train/final.pt \\
-        --tokenizer R/tokenizer/tokenizer.json --tasks-dir R/eval_data --out R/eval/core.json
+        --tokenizer R/tokenizer/encoding.json --tasks-dir R/eval_data --out R/eval/core.json
 
 Params: the evaluate stage's (schema keys): `eval` (tasks, core_shots, core_max_items, core_batch_tokens),
 `seed`, and the `model`, `train` and `hardware` sections (the default batch is sized from them).
@@ -18,10 +18,18 @@ Requests. multiple_choice: one (prompt + context, continuation_i) per choice; sc
 Tokenization at the boundary (as lm-eval's `_encode_pair`): trailing whitespace of the context moves to
 the front of the continuation; the whole string context + continuation is encoded once and split at the
 length of the encoded context, so a BPE merge across the boundary stays in the continuation and the
-request's ids are exactly the ids of the whole string. A request longer than the model's context
-(`max_seq_len` + 1 ids, the last of which is only a target) keeps its last `max_seq_len` + 1 ids: it is
-left-truncated, counted per task (`truncated`) and reported (a continuation longer than the whole
-window, possible only with toy context lengths, is scored on its last `max_seq_len` tokens).
+request's ids are exactly the ids of the whole string.
+
+Shots that fit (issue 20). The model sees at most `max_seq_len` + 1 ids per request (the last is only a
+target). Per item, the most shots j <= k_max (the task's shots, or eval.core_shots) with which every one
+of its requests fits is found (binary search; fewer shots are the first ones of the same seeded draw).
+The task's k is the largest k <= k_max such that at least FIT_FRACTION (90 %) of its scored items fit
+with k shots; an item that does not fit with k takes its own j < k shots (`fewer_shots`), and an item
+that does not fit even alone is not scored (`too_long`): no item text is ever truncated. A task none of
+whose items fit is reported with no accuracy and left out of the mean (`core_<n>` counts the scored
+tasks). On a 2048-token context the standard shots fit for most tasks; on the tiny default (256) the
+table shows the k used per task. (`score_requests` still left-truncates a request given to it that is
+too long, counted in `truncated`; the suite never gives it one.)
 
 Scoring. Per request: the sum and count of the continuation tokens' log-probabilities (fp32 log-softmax
 over the whole vocabulary) and whether each continuation token is the argmax at its position.
@@ -61,11 +69,13 @@ import torch.distributed as torch_dist
 import torch.nn.functional as F
 
 from pipeline.config import add_config_args, params_from_args
+from pipeline.data.encoding import load_tokenizer
 from pipeline.data.tasks import load_tasks, score_name, task_path
 from pipeline.distributed import Dist, gather_objects, init_distributed
 from pipeline.errors import PipelineError
-from pipeline.io import get_logger, provenance, run_cli, write_json
+from pipeline.io import atomic_path, get_logger, provenance, run_cli, write_json
 from pipeline.model.load import load_model
+from pipeline.perf import eval_batch_tokens
 
 log = get_logger(__name__)
 
@@ -82,21 +92,23 @@ def gold_example(item: dict, task_type: str) -> str:
     return item["contexts"][0] + item["continuations"][g if task_type == "multiple_choice" else 0]
 
 
-def fewshot_prefix(task: dict, item: dict, k: int, seed: int) -> str:
-    """k solved examples from the task's pool, drawn by an RNG seeded with (seed, task, item id)."""
+def fewshot_prefix(task: dict, item: dict, k: int, seed: int, k_max: int | None = None) -> str:
+    """k solved examples from the task's pool: the first k of the `k_max` (default k) drawn by an RNG
+    seeded with (seed, task, item id), so fewer shots are a prefix of the same draw."""
     if k == 0:
         return ""
+    k_max = k if k_max is None else max(k, k_max)
     pool = [ex for ex in task["pool"] if ex["id"] != item["id"]]
-    if len(pool) < k:
-        raise PipelineError(f"task {task['task']!r}: {k} shots asked but its few-shot pool has {len(pool)} "
+    if len(pool) < k_max:
+        raise PipelineError(f"task {task['task']!r}: {k_max} shots asked but its few-shot pool has {len(pool)} "
                             "examples; lower eval.core_shots or raise eval.core_pool_size")
     rng = random.Random(f"{seed}:{task['task']}:{item['id']}")
-    return "".join(gold_example(ex, task["type"]) + FEWSHOT_SEPARATOR for ex in rng.sample(pool, k))
+    return "".join(gold_example(ex, task["type"]) + FEWSHOT_SEPARATOR for ex in rng.sample(pool, k_max)[:k])
 
 
-def item_requests(task: dict, item: dict, k: int, seed: int) -> list[tuple[str, str]]:
+def item_requests(task: dict, item: dict, k: int, seed: int, k_max: int | None = None) -> list[tuple[str, str]]:
     """The (context, continuation) strings to score for one item, one per choice."""
-    prefix = fewshot_prefix(task, item, k, seed)
+    prefix = fewshot_prefix(task, item, k, seed, k_max)
     if task["type"] == "schema":
         return [(prefix + c, item["continuations"][0]) for c in item["contexts"]]
     return [(prefix + item["contexts"][0], c) for c in item["continuations"]]
@@ -115,6 +127,42 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], 
     whole = tokenizer.encode(context + continuation)
     n_ctx = len(tokenizer.encode(context))
     return [tokenizer.bos_id] + whole[:n_ctx], whole[n_ctx:]
+
+
+FIT_FRACTION = 0.9  # a task's k is the largest whose prompts fit the context for this share of its items
+
+
+def item_fit(tokenizer, task: dict, item: dict, k_max: int, seed: int, max_len: int
+             ) -> tuple[int, list[tuple[list[int], list[int]]] | None]:
+    """(the most shots j <= k_max with which every request of the item fits the context — at most
+    `max_len` + 1 ids —, those requests' ids); (-1, None) when even the item alone does not fit.
+    Binary search over j (a prompt grows with its shots)."""
+    def encoded(j):
+        reqs = [encode_pair(tokenizer, c, x) for c, x in item_requests(task, item, j, seed, k_max)]
+        return reqs if all(len(c) + len(x) <= max_len + 1 for c, x in reqs) else None
+
+    best = encoded(0)
+    if best is None:
+        return -1, None
+    lo, hi = 0, k_max
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        reqs = encoded(mid)
+        if reqs is None:
+            hi = mid - 1
+        else:
+            lo, best = mid, reqs
+    return lo, best
+
+
+def task_k(fits: list[int], k_max: int) -> int:
+    """The task's shots: the largest k <= k_max such that at least FIT_FRACTION of its items fit with k
+    shots (0 when fewer than that fit even alone)."""
+    need = math.ceil(FIT_FRACTION * len(fits))
+    for k in range(k_max, 0, -1):
+        if sum(f >= k for f in fits) >= need:
+            return k
+    return 0
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -226,16 +274,22 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
-    local = []  # (task, item index, correct, truncated requests)
+    local = []  # (task, item index, correct, truncated requests, requests)
+    fitted = {}  # task -> (k, items with fewer shots, items too long even alone); the same on every rank
     for name, task in tasks.items():
-        k = task_shots(task, shots)
+        k_max = task_shots(task, shots)
         items = task["items"][:max_items] if max_items is not None else task["items"]
         if not items:
             raise PipelineError(f"task {name!r}: no item to score; rerun eval_data or raise eval.core_max_items")
-        mine = list(range(rank, len(items), world))
+        fits = [item_fit(tokenizer, task, it, k_max, seed, max_len) for it in items]
+        k = task_k([f for f, _ in fits], k_max)
+        fitted[name] = (k, sum(0 <= f < k for f, _ in fits), sum(f < 0 for f, _ in fits))
         pairs, spans = [], []
+        mine = [i for i in range(rank, len(items), world) if fits[i][0] >= 0]
         for i in mine:
-            reqs = [encode_pair(tokenizer, c, x) for c, x in item_requests(task, items[i], k, seed)]
+            f, reqs = fits[i]
+            if f > k:
+                reqs = [encode_pair(tokenizer, c, x) for c, x in item_requests(task, items[i], k, seed, k_max)]
             spans.append((len(pairs), len(pairs) + len(reqs)))
             pairs += reqs
         try:
@@ -251,32 +305,58 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
     table = {}
     for name, task in tasks.items():
         rows = [r for r in results if r[0] == name]
-        acc = sum(r[2] for r in rows) / len(rows)
+        acc = sum(r[2] for r in rows) / len(rows) if rows else None  # None: no item fits the context
         b = task["random_baseline"]
-        table[name] = {"type": task["type"], "shots": task_shots(task, shots), "items": len(rows),
-                       "accuracy": acc, "random_baseline": b, "centered": centered(acc, b),
+        k, fewer, too_long = fitted[name]
+        table[name] = {"type": task["type"], "shots": k, "shots_asked": task_shots(task, shots),
+                       "fewer_shots": fewer, "too_long": too_long, "items": len(rows),
+                       "accuracy": acc, "random_baseline": b, "centered": None if acc is None else centered(acc, b),
                        "requests": sum(r[4] for r in rows), "truncated": sum(r[3] for r in rows)}
-    score = sum(t["centered"] for t in table.values()) / len(table)
+    scored = [n for n, t in table.items() if t["items"]]
+    if len(scored) < len(table):
+        log.warning("not scored (no item fits the context of %d tokens even without shots): %s", max_len,
+                    ", ".join(n for n in table if n not in scored))
+    score = sum(table[n]["centered"] for n in scored) / len(scored) if scored else None
     n_items = sum(t["items"] for t in table.values())
-    return {"score_name": score_name(list(tasks)), "score": score, "tasks": table, "items": n_items,
+    return {"score_name": score_name(scored), "score": score, "tasks": table, "items": n_items,
             "seconds": seconds, "items_per_s": n_items / seconds if seconds > 0 else math.inf, "world_size": world}
+
+
+def headline(result: dict, what: str = "") -> str:
+    """The score line above a table: `**core_<n>** (mean centered accuracy over n tasks): **score**`."""
+    scored = sum(1 for t in result["tasks"].values() if t["items"])
+    score = "–" if result["score"] is None else f"{result['score']:.4f}"
+    return f"**{result['score_name']}** ({what}mean centered accuracy over {scored} tasks): **{score}**"
+
+
+def accuracy_cells(t: dict) -> tuple[str, str]:
+    """A task row's accuracy and centered accuracy ("–" for a task with no scored item)."""
+    return ("–", "–") if t["accuracy"] is None else (f"{t['accuracy']:.4f}", f"{t['centered']:+.4f}")
 
 
 def markdown_table(result: dict) -> str:
     """The per-task table for reports."""
-    lines = [f"**{result['score_name']}** (mean centered accuracy over {len(result['tasks'])} tasks): "
-             f"**{result['score']:.4f}**", "",
-             "| task | type | shots | items | accuracy | random | centered | truncated requests |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [headline(result), "",
+             "| task | type | shots (asked) | items | accuracy | random | centered | fewer shots | too long |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, t in result["tasks"].items():
-        lines.append(f"| {name} | {t['type']} | {t['shots']} | {t['items']} | {t['accuracy']:.4f} | "
-                     f"{t['random_baseline']:.2f} | {t['centered']:+.4f} | {t['truncated']} / {t['requests']} |")
+        acc, cen = accuracy_cells(t)
+        lines.append(f"| {name} | {t['type']} | {t['shots']} ({t['shots_asked']}) | {t['items']} | {acc} | "
+                     f"{t['random_baseline']:.2f} | {cen} | {t['fewer_shots']} | {t['too_long']} |")
+    lines += ["", f"Shots: per task the largest k ≤ the asked shots whose prompts fit the context for at least "
+              f"{FIT_FRACTION:.0%} of its items; an item that does not fit with k takes the most shots that fit "
+              "(fewer shots); an item that does not fit even alone is not scored (too long), and a task none of "
+              "whose items fit is left out of the mean. No item is truncated."]
     return "\n".join(lines)
 
 
-def core_record(result: dict) -> dict:
-    """A result as metrics-record keys: `core_<n>` and `core/<task>` (centered accuracies)."""
-    return {result["score_name"]: result["score"], **{f"core/{n}": t["centered"] for n, t in result["tasks"].items()}}
+def core_record(result: dict, prefix: str = "core") -> dict:
+    """A result as metrics-record keys: its score (`core_<n>`) and `{prefix}/<task>` (centered accuracies);
+    nothing when no task was scored. ChatCORE's records use the prefix `chat_core`."""
+    if result["score"] is None:
+        return {}
+    return {result["score_name"]: result["score"],
+            **{f"{prefix}/{n}": t["centered"] for n, t in result["tasks"].items() if t["centered"] is not None}}
 
 
 def plot_core(records: list[dict], final: dict, out_png: str | Path, final_step: int | None) -> None:
@@ -287,7 +367,6 @@ def plot_core(records: list[dict], final: dict, out_png: str | Path, final_step:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipeline.io import atomic_path
 
     name = final["score_name"]
     seen = [r for r in records if name in r]
@@ -301,7 +380,8 @@ def plot_core(records: list[dict], final: dict, out_png: str | Path, final_step:
                 label=f"{name} during training (subset)")
     x = final_step if final_step is not None else (seen[-1]["step"] if seen else 0)
     n_items = max(t["items"] for t in final["tasks"].values())
-    ax.plot([x], [final["score"]], "*", ms=12, color="tab:red", label=f"{name} final ({n_items} items/task)")
+    if final["score"] is not None:
+        ax.plot([x], [final["score"]], "*", ms=12, color="tab:red", label=f"{name} final (≤ {n_items} items/task)")
     ax.axhline(0.0, ls="--", color="gray", lw=0.8, label="random (centered accuracy 0)")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("centered accuracy")
@@ -319,11 +399,9 @@ def core_settings(params: dict, items_key: str = "core_max_items") -> dict:
     subset: core_interval_items). ``eval.core_batch_tokens: null`` is bounded by memory
     (`pipeline.perf.eval_batch_tokens`: what fits beside the training state on the configured GPU),
     not by the training micro-batch; the LM head takes ``train.ce_chunk_tokens`` positions at a time."""
-    from pipeline.perf import eval_batch_tokens
-
-    e = params["eval"]
-    return {"seed": params["seed"], "batch_tokens": eval_batch_tokens(params), "shots": e["core_shots"],
-            "max_items": e[items_key], "head_chunk": params["train"]["ce_chunk_tokens"]}
+    eval_cfg = params["eval"]
+    return {"seed": params["seed"], "batch_tokens": eval_batch_tokens(params), "shots": eval_cfg["core_shots"],
+            "max_items": eval_cfg[items_key], "head_chunk": params["train"]["ce_chunk_tokens"]}
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -332,12 +410,11 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.core", description=__doc__.split("\n\n")[0])
     add_config_args(p)
     p.add_argument("--ckpt", required=True, help="R/train/final.pt")
-    p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
+    p.add_argument("--tokenizer", required=True, help="R/tokenizer/encoding.json")
     p.add_argument("--tasks-dir", required=True, help="R/eval_data (task files of the eval_data stage)")
     p.add_argument("--out", required=True, help="the table as JSON (written by rank 0)")
     args = p.parse_args(argv)
     params = params_from_args(args, "evaluate")
-    from pipeline.data.encoding import load_tokenizer
 
     dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
     try:
@@ -348,7 +425,7 @@ def main(argv=None) -> None:
             result["meta"] = provenance("core", params, [args.ckpt, args.tokenizer]
                                         + [task_path(args.tasks_dir, n) for n in tasks])
             write_json(args.out, result)
-            log.info("%s = %.4f over %d items (%.1f items/s)", result["score_name"], result["score"], result["items"],
+            log.info("%s = %s over %d items (%.1f items/s)", result["score_name"], result["score"], result["items"],
                      result["items_per_s"])
     finally:
         if dist.owns_group:

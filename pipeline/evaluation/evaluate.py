@@ -1,7 +1,7 @@
 """Evaluate stage: validation loss, bits per byte, a unigram baseline, CORE-style benchmarks, generations, curves.
 
     python -m pipeline.evaluation.evaluate --params JSON --ckpt R/train/S/final.pt --val R/pack/M/val.json \\
-        --train R/pack/M/train.json --tokenizer R/tokenizer/tokenizer.json \\
+        --train R/pack/M/train.json --tokenizer R/tokenizer/encoding.json \\
         --metrics R/train/S/metrics.jsonl --outdir R/eval/S [--eval-data R/eval_data] [--batch-rows 8]
 
 Definitions (every counted target token of every validation row; a bestfit pack's loss mask
@@ -26,7 +26,8 @@ decides what is counted, exactly as in training):
   loss mask is the stage's (``all`` / ``assistant``) and attention is document-masked when the stage
   trains that way. A chat stage (mix with a chat source, bestfit) adds ``chat_val_loss`` (assistant
   tokens of the held-out conversations only) and ``answers`` to ``eval.chat_questions``
-  (`chat_evaluation`).
+  (`chat_evaluation`) and, with ``--eval-data``, ``chat_core``: the ChatCORE table on
+  ``eval.chat_tasks`` (pipeline/evaluation/chat_core.py; the first ``eval.chat_max_items`` items each).
 
 Outputs (atomic): ``report.json`` (the numbers, the generations, the training summary, `meta`),
 ``report.md`` (the same for humans; the `evaluate` rule marks it for `snakemake --report`) and
@@ -44,10 +45,16 @@ import numpy as np
 import torch
 
 from pipeline.config import add_config_args, params_from_args
+from pipeline.data.encoding import load_tokenizer
+from pipeline.data.loader import PackedLoader
+from pipeline.evaluation.chat import answer_questions
+from pipeline.evaluation.chat_core import chat_settings, evaluate_chat
+from pipeline.evaluation.core import core_settings, evaluate_tasks, load_tasks, markdown_table, plot_core
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_cli, write_json
 from pipeline.model.engine import generate_texts
 from pipeline.model.load import load_trained
-from pipeline.stages import stage_config, stage_names
+from pipeline.model.losses import chunked_cross_entropy
+from pipeline.stages import is_chat_stage, stage_config, stage_names
 
 log = get_logger(__name__)
 
@@ -83,8 +90,6 @@ def counted_targets(targets: torch.Tensor, mask: torch.Tensor | None) -> np.ndar
 @torch.no_grad()
 def evaluate_rows(model, loader, device: torch.device, rows: int, chunk: int, byte_lengths: np.ndarray) -> dict:
     """Σ fp32 CE (nats), counted target tokens and their UTF-8 bytes over all rows of `loader`."""
-    from pipeline.model.losses import chunked_cross_entropy
-
     model.eval()
     nats, tokens, n_bytes = 0.0, 0, 0
     for x, y, m, *docs in iter_rows(loader, rows):
@@ -166,8 +171,6 @@ def markdown_report(report: dict) -> str:
         "", "![loss curve](loss.png)", "",
     ]
     if report.get("core"):
-        from pipeline.evaluation.core import markdown_table
-
         lines += ["## CORE-style benchmarks", "", markdown_table(report["core"]), "", "![CORE vs step](core.png)", ""]
     lines += ["## Generations", ""]
     for g in report["generations"]:
@@ -178,6 +181,10 @@ def markdown_report(report: dict) -> str:
                   f"{report['chat_val_tokens']:,} tokens.", ""]
         for a in report["answers"]:
             lines += [f"**{a['question']}**", "", "```", a["answer"], "```", ""]
+    if report.get("chat_core"):
+        from pipeline.evaluation.chat_core import markdown_table as chat_table
+
+        lines += ["## ChatCORE", "", chat_table(report["chat_core"]), ""]
     return "\n".join(lines)
 
 
@@ -186,26 +193,19 @@ def chat_evaluation(model, tokenizer, params: dict, val_meta: str, device, batch
     """For a chat stage (its mix has a chat source and a bestfit pack): ``chat_val_loss``, the mean
     CE over the assistant tokens (content and <|assistant_end|>) of the held-out conversations, and
     ``answers`` to ``eval.chat_questions`` (greedy, chat template, KV-cache engine). Empty otherwise."""
-    from pipeline.data.loader import PackedLoader
-    from pipeline.evaluation.chat import answer_questions
-
-    mix = params["mixes"][params["stage"]["mix"]]
-    if mix.get("packing") != "bestfit" or all(params["sources"][s].get("format") != "chat" for s in mix["weights"]):
+    if not is_chat_stage(params):
         return {}
     val = PackedLoader(val_meta, 1, shuffle=False, loss="assistant", with_doc_ids=params["stage"]["doc_mask"])
     sums = evaluate_rows(model, val, device, batch_rows, params["train"]["ce_chunk_tokens"], byte_lengths)
-    e = params["eval"]
+    eval_cfg = params["eval"]
     return {"chat_val_loss": sums["nats"] / sums["tokens"] if sums["tokens"] else None,
             "chat_val_tokens": sums["tokens"],
-            "answers": answer_questions(model, tokenizer, e["chat_questions"], e["max_new_tokens"])}
+            "answers": answer_questions(model, tokenizer, eval_cfg["chat_questions"], eval_cfg["max_new_tokens"])}
 
 
 def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, tokenizer_path: str, metrics_path: str,
              outdir: str, batch_rows: int = BATCH_ROWS, eval_data: str | None = None) -> dict:
     """Compute the report (module docstring) and write report.json, report.md and loss.png."""
-    from pipeline.data.encoding import load_tokenizer
-    from pipeline.data.loader import PackedLoader
-
     outdir = Path(outdir)
     want_cuda = params["hardware"]["device"] == "cuda" and torch.cuda.is_available()
     device = torch.device("cuda" if want_cuda else "cpu")
@@ -219,13 +219,13 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
     val = PackedLoader(val_meta, 1, shuffle=False, loss=st["loss"], with_doc_ids=st["doc_mask"])
     train = PackedLoader(train_meta, 1, shuffle=False, loss=st["loss"])
 
-    t = params["train"]
-    val_sums = evaluate_rows(model, val, device, batch_rows, t["ce_chunk_tokens"], byte_lengths)
+    train_cfg = params["train"]
+    val_sums = evaluate_rows(model, val, device, batch_rows, train_cfg["ce_chunk_tokens"], byte_lengths)
     chat = chat_evaluation(model, tokenizer, params, val_meta, device, batch_rows, byte_lengths)
     uni_sums = unigram_baseline(unigram_counts(train, vocab), val, tokenizer.n_vocab, byte_lengths)
     val_loss, val_bpb = per_token_and_bpb(val_sums)
     uni_loss, uni_bpb = per_token_and_bpb(uni_sums)
-    e = params["eval"]
+    eval_cfg = params["eval"]
     report = {
         "val_loss": val_loss,
         "val_perplexity": math.exp(val_loss),
@@ -236,21 +236,27 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
         "unigram_baseline": uni_loss,
         "unigram_baseline_bpb": uni_bpb,
         "beats_unigram": val_loss < uni_loss,
-        "generations": generate_texts(model, tokenizer, e["prompts"], e["max_new_tokens"], e["temperature"],
+        "generations": generate_texts(model, tokenizer, eval_cfg["prompts"], eval_cfg["max_new_tokens"],
+                                      eval_cfg["temperature"],
                                       params["seed"], device),
         **chat,
         "stage": st["name"],
         "summary": final.get("summary", {}),
         "core": None,
+        "chat_core": None,
         "meta": provenance("evaluate", params, [ckpt_path, val_meta, train_meta, tokenizer_path, metrics_path]),
     }
     if eval_data is not None:
-        from pipeline.evaluation.core import core_settings, evaluate_tasks, load_tasks, plot_core
-
-        report["core"] = evaluate_tasks(model, tokenizer, load_tasks(eval_data, e["tasks"]), **core_settings(params))
+        tasks = load_tasks(eval_data, eval_cfg["tasks"])
+        report["core"] = evaluate_tasks(model, tokenizer, tasks, **core_settings(params))
         plot_core(read_metrics(metrics_path), report["core"], outdir / "core.png", report["summary"].get("num_steps"))
-        log.info("%s = %.4f over %d items", report["core"]["score_name"], report["core"]["score"],
+        log.info("%s = %s over %d items", report["core"]["score_name"], report["core"]["score"],
                  report["core"]["items"])
+    if eval_data is not None and chat and eval_cfg["chat_tasks"]:
+        chat_tasks = load_tasks(eval_data, eval_cfg["chat_tasks"], chat=True)
+        report["chat_core"] = evaluate_chat(model, tokenizer, chat_tasks, **chat_settings(params))
+        log.info("%s = %s over %d items", report["chat_core"]["score_name"], report["chat_core"]["score"],
+                 report["chat_core"]["items"])
     if not report["beats_unigram"]:
         log.warning("validation loss %.4f does not beat the unigram baseline %.4f", val_loss, uni_loss)
     plot_loss(read_metrics(metrics_path), outdir / "loss.png", uni_loss)
@@ -267,7 +273,7 @@ def main(argv=None) -> None:
     p.add_argument("--ckpt", required=True, help="R/train/{stage}/final.pt")
     p.add_argument("--val", required=True, help="packed validation rows metadata, R/pack/{mix}/val.json")
     p.add_argument("--train", required=True, help="packed train rows metadata (for the unigram baseline)")
-    p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
+    p.add_argument("--tokenizer", required=True, help="R/tokenizer/encoding.json")
     p.add_argument("--metrics", required=True, help="R/train/{stage}/metrics.jsonl (for the loss curve)")
     p.add_argument("--outdir", required=True, help="R/eval")
     p.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help="validation rows per forward pass")

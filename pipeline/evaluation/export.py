@@ -1,6 +1,6 @@
 """Export a trained checkpoint as a Hugging Face ``transformers`` Llama directory, and import one back.
 
-    python -m pipeline.evaluation.export --ckpt R/train/{stage}/final.pt --tokenizer R/tokenizer/tokenizer.json \\
+    python -m pipeline.evaluation.export --ckpt R/train/{stage}/final.pt --tokenizer R/tokenizer/encoding.json \\
         --out R/export/hf [--params JSON | --configfile FILE] [--force]
     python -m pipeline.evaluation.export --from-hf DIR --out CKPT.pt [--params JSON | --configfile FILE] [--force]
 
@@ -10,23 +10,26 @@ The directory (files listed in docs/data-contract.md, "Hugging Face export") loa
 (held by tests/evaluation/test_export.py to 1e-4 in fp32):
 
 * **Weights**: our parameter names map to transformers' by the plain renames of ``NAME_MAP``: both
-  models apply RoPE in the half-split ("rotate half") layout, so q/k need no permutation. A tied
-  model stores only the embedding (``tie_word_embeddings``).
-* **config.json**: ``rms_norm_eps`` is written explicitly (transformers' Llama default is 1e-6, ours
-  1e-5: the difference moves logits far beyond the tolerance), ``head_dim`` too, and the RoPE base
-  both as ``rope_theta`` (transformers 4.x) and ``rope_parameters`` (5.x). ``max_position_embeddings``
-  is the trained ``train.seq_len``.
-* **Tokenizer**: the tiktoken ranks become a byte-level BPE (``tokenizer.json`` for
-  ``PreTrainedTokenizerFast``): every split of a token into two tokens is a merge, ordered by the
-  token's rank, and ``ignore_merges`` makes a whole pre-token that is in the vocabulary one token —
-  exactly tiktoken's algorithm. The split regex is the same (a ``Split`` pre-tokenizer; possessive
-  intervals rewritten for Oniguruma), bytes map to strings by the GPT-2 byte-level table. Our special
-  tokens are added special tokens at their ids. The post-processor puts ``<|bos|>`` first, the prompt
-  convention of training (``pipeline.model.engine.prompt_ids``: every document starts with
-  ``<|bos|>``, so a prompt does). ``Tokenizer.render_chat`` is the Jinja ``chat_template``. One
-  difference is by design: a literal ``<|bos|>`` in text is ordinary text for us but the special
-  token for transformers. ``export`` checks the exported tokenizer against ours on probe texts
-  before writing anything.
+  models apply RoPE in the half-split ("rotate half") layout, so q/k need no permutation. The
+  tensors are assigned to a ``LlamaForCausalLM`` built on the meta device (no copy) and written by
+  its ``save_pretrained(max_shard_size=...)``; a tied model stores only the embedding
+  (``tie_word_embeddings``).
+* **config.json** is ``LlamaConfig(**hf_config(...))``: ``rms_norm_eps`` is explicit
+  (transformers' Llama default is 1e-6, ours 1e-5: the difference moves logits far beyond the
+  tolerance), ``head_dim`` too, and the RoPE base in ``rope_parameters``.
+  ``max_position_embeddings`` is the trained ``train.seq_len``.
+* **Tokenizer**: transformers' tiktoken converter (``TikTokenConverter``) turns the ranks into a
+  byte-level BPE: every split of a token into two tokens is a merge, ordered by the token's rank,
+  and ``ignore_merges`` makes a whole pre-token that is in the vocabulary one token — exactly
+  tiktoken's algorithm. The split regex is the same (a ``Split`` pre-tokenizer; possessive
+  intervals rewritten for Oniguruma, ``onig_pattern``). Our special tokens are added special tokens
+  at their ids. The post-processor puts ``<|bos|>`` first, the prompt convention of training
+  (``pipeline.model.engine.prompt_ids``: every document starts with ``<|bos|>``, so a prompt does).
+  ``PreTrainedTokenizerFast(...).save_pretrained`` writes it with the Jinja chat template of
+  ``Tokenizer.render_chat`` (``pipeline.data.encoding.chat_template``). One difference is by design:
+  a literal ``<|bos|>`` in text is ordinary text for us but the special token for transformers.
+  ``export`` loads the written tokenizer with ``AutoTokenizer`` and checks it against ours on probe
+  texts before the directory is renamed into place.
 
 Refused, with one error naming the cause: a checkpoint whose config differs from the tokenizer's
 run or from the given ``--params``/``--configfile``, a target that exists (unless ``--force``), and
@@ -48,18 +51,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import params_from_args, stage_params
-from pipeline.data.encoding import (
-    ASSISTANT_END,
-    ASSISTANT_START,
-    BOS,
-    CHAT_TOKENS,
-    EOS,
-    USER_END,
-    USER_START,
-    load_tokenizer,
-    parse_ranks,
-)
+from pipeline.config import params_from_args, rule_params
+from pipeline.data.encoding import ASSISTANT_END, BOS, CHAT_TOKENS, EOS, chat_template, load_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_dir, get_logger, provenance, read_json, run_cli, write_json
 from pipeline.model.checkpoint import load_checkpoint, save_checkpoint
@@ -67,7 +60,6 @@ from pipeline.model.model import ModelConfig, Transformer
 from pipeline.model.state_dict_adapter import (
     MODEL_KEYS,
     PROVENANCE,
-    WEIGHTS,
     WEIGHTS_INDEX,
     check_same_config,
     differences,
@@ -77,7 +69,7 @@ from pipeline.model.state_dict_adapter import (
 
 log = get_logger(__name__)
 
-MAX_SHARD_BYTES = 5 * 10**9  # transformers' default shard size ("5GB")
+MAX_SHARD_BYTES = 5 * 10**9  # shards of at most 5 GB (transformers 5's default is 50 GB)
 # Texts on which the exported tokenizer must give our ids before anything is written.
 PROBE_TEXTS = (
     "Hello world! It's 2024: numbers 1234567 and 3.14159.",
@@ -115,7 +107,7 @@ def check_tokenizer(ckpt_params: dict, tok, where: str) -> None:
     if made_with is None or not {"tokenizer", "sources", "seed"} <= set(ckpt_params):
         log.warning("cannot check that %s belongs to %s (one of them records no config)", tok.path, where)
         return
-    diffs = differences(stage_params(ckpt_params, "tokenizer"), made_with)
+    diffs = differences(rule_params(ckpt_params, "tokenizer"), made_with)
     if diffs:
         path, ours, theirs = diffs[0]
         raise PipelineError(f"{tok.path} was made with {path} = {theirs!r} but {where} was trained with {ours!r}: "
@@ -132,7 +124,8 @@ def doc_end_token(tok) -> str:
 
 
 def hf_config(mcfg, tok) -> dict:
-    """config.json of LlamaForCausalLM for our ModelConfig `mcfg` (fp32 weights)."""
+    """The LlamaConfig arguments for our ModelConfig `mcfg` (fp32 weights): config.json is
+    `LlamaConfig(**this)` as transformers writes it."""
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -146,9 +139,7 @@ def hf_config(mcfg, tok) -> dict:
         "hidden_act": "silu",
         "max_position_embeddings": mcfg.max_seq_len,
         "rms_norm_eps": mcfg.norm_eps,
-        "rope_theta": mcfg.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": mcfg.rope_theta},
-        "rope_scaling": None,
         "attention_bias": False,
         "attention_dropout": 0.0,
         "mlp_bias": False,
@@ -158,7 +149,6 @@ def hf_config(mcfg, tok) -> dict:
         "use_cache": True,
         "bos_token_id": tok.bos_id,
         "eos_token_id": tok.special[doc_end_token(tok)],
-        "torch_dtype": "float32",
         "dtype": "float32",
     }
 
@@ -170,47 +160,13 @@ def generation_config(tok) -> dict:
             "do_sample": False}
 
 
-# ----------------------------------------------------------------------------- tokenizer files
+# ----------------------------------------------------------------------------- tokenizer
 
-def byte_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level table: every byte as a printable character (the ByteLevel pre-tokenizer's)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
-def bpe_vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[list[str]]]:
-    """A tiktoken rank table as a byte-level BPE vocabulary and merge list. tiktoken merges any
-    adjacent pair whose concatenation is a token, lowest resulting rank first; so every split of a
-    token into two tokens is a merge, and merges are ordered by the resulting token's rank (then by
-    the parts' ranks, which only orders splits of the same token)."""
-    table = byte_to_unicode()
-
-    def text(token: bytes) -> str:
-        return "".join(table[b] for b in token)
-
-    vocab = {text(tok): rank for tok, rank in ranks.items()}
-    merges = []
-    for tok, rank in ranks.items():
-        for i in range(1, len(tok)):
-            left, right = tok[:i], tok[i:]
-            if left in ranks and right in ranks:
-                merges.append((rank, ranks[left], ranks[right], text(left), text(right)))
-    merges.sort()
-    return vocab, [[left, right] for *_, left, right in merges]
-
-
-def _tokenizer_spec(tok) -> tuple[dict[bytes, int], str]:
-    """(ranks, split pattern) of a Tokenizer, read from its files."""
+def _ranks_file_and_pattern(tok) -> tuple[Path, str]:
+    """(the tiktoken ranks file, split pattern) of a Tokenizer, from its spec file."""
 
     spec = read_json(tok.path)
-    return parse_ranks((Path(tok.path).parent / spec["ranks_file"]).read_bytes()), spec["pattern"]
+    return Path(tok.path).parent / spec["ranks_file"], spec["pattern"]
 
 
 # A possessive interval X{n,m}+ (tiktoken's patterns use it) means (X{n,m})+ to Oniguruma, the regex
@@ -223,89 +179,54 @@ def onig_pattern(pattern: str) -> str:
     return _POSSESSIVE_INTERVAL.sub(r"(?>\1\2)", pattern)
 
 
+def hf_tokenizer(tok):
+    """`tok` as a `tokenizers.Tokenizer`, by transformers' tiktoken converter (byte-level BPE: every
+    two-token split of a token is a merge, ordered by the token's rank, `ignore_merges`), with the
+    split pattern rewritten for Oniguruma, our special tokens at their ids (in the vocabulary too,
+    since the ids of a stock encoding such as cl100k_base leave gaps that added tokens would close)
+    and a post-processor that puts <|bos|> first."""
+    from tokenizers import processors
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    class Converter(TikTokenConverter):
+        def extract_vocab_merges_from_model(self, tiktoken_url: str):
+            vocab, merges = super().extract_vocab_merges_from_model(tiktoken_url)
+            return {**vocab, **tok.special}, merges
+
+    ranks_file, pattern = _ranks_file_and_pattern(tok)
+    hf = Converter(vocab_file=str(ranks_file), pattern=onig_pattern(pattern),
+                   extra_special_tokens=sorted(tok.special, key=tok.special.get)).converted()
+    hf.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B:1",
+                                                      special_tokens=[(BOS, tok.bos_id)])
+    return hf
+
+
 def tokenizer_json(tok) -> dict:
-    """tokenizer.json (the `tokenizers` library's format) reproducing `tok` byte for byte."""
-
-    ranks, pattern = _tokenizer_spec(tok)
-    vocab, merges = bpe_vocab_and_merges(ranks)
-    added = [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-              "special": True} for s, i in sorted(tok.special.items(), key=lambda kv: kv[1])]
-    bos = {"SpecialToken": {"id": BOS, "type_id": 0}}
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": onig_pattern(pattern)}, "behavior": "Isolated", "invert": False},
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
-        ]},
-        "post_processor": {
-            "type": "TemplateProcessing",
-            "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, bos, {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {BOS: {"id": BOS, "ids": [tok.bos_id], "tokens": [BOS]}},
-        },
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
-                  "vocab": vocab, "merges": merges},
-    }
+    """tokenizer.json (the `tokenizers` library's format) of `hf_tokenizer(tok)`."""
+    return json.loads(hf_tokenizer(tok).to_str())
 
 
-def chat_template() -> str:
-    """Jinja rendering of `Tokenizer.render_chat` after <|bos|>: user and assistant turns between
-    their markers, no separators; a system turn's text opens the next user turn (a blank line
-    between), or is a user turn of its own when an assistant turn or the end comes first;
-    add_generation_prompt opens an assistant turn."""
+def save_tokenizer(tok, out: Path, max_len: int) -> None:
+    """tokenizer.json, tokenizer_config.json and chat_template.jinja of a PreTrainedTokenizerFast:
+    <|bos|> first, no clean-up of spaces on decode, the chat template of `Tokenizer.render_chat`."""
+    from transformers import PreTrainedTokenizerFast
 
-    def user(text: str) -> str:
-        return f"{USER_START}{{{{ {text} }}}}{USER_END}"
-
-    return (
-        "{{ bos_token }}{% set ns = namespace(system='') %}{% for message in messages %}"
-        "{% if message['role'] == 'system' %}"
-        "{% set ns.system = ns.system + '\\n\\n' + message['content'] if ns.system else message['content'] %}"
-        "{% elif message['role'] == 'user' %}"
-        + user("ns.system + '\\n\\n' + message['content'] if ns.system else message['content']")
-        + "{% set ns.system = '' %}"
-        "{% elif message['role'] == 'assistant' %}"
-        "{% if ns.system %}" + user("ns.system") + "{% set ns.system = '' %}{% endif %}"
-        f"{ASSISTANT_START}{{{{ message['content'] }}}}{ASSISTANT_END}"
-        "{% else %}{{ raise_exception('chat role ' + message['role'] + ' is not system, user or assistant') }}"
-        "{% endif %}{% endfor %}"
-        "{% if ns.system %}" + user("ns.system") + "{% endif %}"
-        f"{{% if add_generation_prompt %}}{ASSISTANT_START}{{% endif %}}"
-    )
+    PreTrainedTokenizerFast(
+        tokenizer_object=hf_tokenizer(tok), bos_token=BOS, eos_token=doc_end_token(tok),
+        extra_special_tokens=list(CHAT_TOKENS), clean_up_tokenization_spaces=False, model_max_length=max_len,
+        chat_template=chat_template(),
+    ).save_pretrained(out)
 
 
-def tokenizer_config(tok, max_len: int) -> dict:
-    """tokenizer_config.json: PreTrainedTokenizerFast, BOS added, no clean-up of spaces on decode."""
+def check_exported_tokenizer(hf_dir: Path, tok, texts=PROBE_TEXTS) -> None:
+    """The tokenizer `AutoTokenizer` loads from `hf_dir` must encode `texts` to our ids (BOS first)
+    and decode them back."""
+    from transformers import AutoTokenizer
 
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": BOS,
-        "eos_token": doc_end_token(tok),
-        "add_bos_token": True,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": max_len,
-        "additional_special_tokens": list(CHAT_TOKENS),
-        "added_tokens_decoder": {str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
-                                          "single_word": False, "special": True} for s, i in tok.special.items()},
-        "chat_template": chat_template(),
-    }
-
-
-def check_tokenizer_json(spec: dict, tok, texts=PROBE_TEXTS) -> None:
-    """The exported tokenizer must encode `texts` to our ids (BOS first) and decode them back."""
-    from tokenizers import Tokenizer as HFTokenizer
-
-    hf = HFTokenizer.from_str(json.dumps(spec))
+    hf = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
     for text in texts:
         ours = [tok.bos_id] + tok.encode(text)
-        theirs = hf.encode(text).ids
+        theirs = hf(text, verbose=False)["input_ids"]  # (a probe may be longer than the model's window)
         if theirs != ours or hf.decode(theirs, skip_special_tokens=True) != text:
             raise PipelineError(f"{tok.path}: the exported tokenizer encodes {text!r} to {theirs[:20]}... instead of "
                                 f"{ours[:20]}...; this tokenizer cannot be exported exactly (please report it)")
@@ -313,33 +234,25 @@ def check_tokenizer_json(spec: dict, tok, texts=PROBE_TEXTS) -> None:
 
 # ----------------------------------------------------------------------------- weights
 
-def write_weights(state: dict[str, torch.Tensor], out: Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
-    """Write transformers-named tensors as model.safetensors, or as model-0000k-of-0000n.safetensors
-    shards of at most `max_shard_bytes` (a larger tensor gets a shard of its own) plus
-    model.safetensors.index.json. Returns the files written."""
-    from safetensors.torch import save_file
+def save_model(hf_state: dict[str, torch.Tensor], config: dict, gen_config: dict, out: Path,
+               max_shard_bytes: int) -> list[str]:
+    """config.json, generation_config.json and the weights (model.safetensors, or shards of at most
+    `max_shard_bytes` with model.safetensors.index.json) by `LlamaForCausalLM.save_pretrained`, of a
+    model built on the meta device and given our tensors (no copy). Returns the weight files."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, t in state.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t.contiguous()
-        size += nbytes
-    if len(shards) == 1:
-        save_file(shards[0], out / WEIGHTS, metadata={"format": "pt"})
-        return [WEIGHTS]
-    names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
-    weight_map = {}
-    for name, shard in zip(names, shards):
-        save_file(shard, out / name, metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, name))
-    total = sum(t.numel() * t.element_size() for t in state.values())
-    (out / WEIGHTS_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
-                                                indent=2) + "\n")
-    return names + [WEIGHTS_INDEX]
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in config.items() if k != "model_type"}))
+    missing, unexpected = model.load_state_dict(hf_state, strict=False, assign=True)
+    if config["tie_word_embeddings"]:
+        model.tie_weights()
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:  # NAME_MAP and the config disagree with transformers' model
+        raise PipelineError(f"the weights do not fit transformers' LlamaForCausalLM (missing {missing}, unexpected "
+                            f"{unexpected}); pipeline/model/state_dict_adapter.py NAME_MAP is out of date")
+    model.generation_config = GenerationConfig(**gen_config)
+    model.save_pretrained(out, max_shard_size=max_shard_bytes)
+    return sorted(p.name for p in out.iterdir() if p.name == WEIGHTS_INDEX or p.suffix == ".safetensors")
 
 
 # ----------------------------------------------------------------------------- directories
@@ -377,16 +290,11 @@ def export(ckpt_path: str | os.PathLike, tokenizer_path: str | os.PathLike, out:
     except RuntimeError as e:
         raise PipelineError(f"{ckpt_path}: its weights do not fit its own model config ({e}); "
                             "the file is not a checkpoint of this code") from None
-    spec = tokenizer_json(tok)
-    check_tokenizer_json(spec, tok)
-
     hf_state = {hf_name(k): v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
     with atomic_dir(out, replace=True) as tmp:  # _claim refused an existing target unless force
-        files = write_weights(hf_state, tmp, max_shard_bytes)
-        write_json(tmp / "config.json", hf_config(mcfg, tok))
-        write_json(tmp / "generation_config.json", generation_config(tok))
-        write_json(tmp / "tokenizer.json", spec)
-        write_json(tmp / "tokenizer_config.json", tokenizer_config(tok, mcfg.max_seq_len))
+        save_tokenizer(tok, tmp, mcfg.max_seq_len)
+        check_exported_tokenizer(tmp, tok)  # a failed check leaves nothing: atomic_dir removes tmp
+        files = save_model(hf_state, hf_config(mcfg, tok), generation_config(tok), tmp, max_shard_bytes)
         write_json(tmp / PROVENANCE, {
             "params": params, "plan": final.get("plan"), "summary": final.get("summary"),
             "tokenizer_sha256": tok.sha256, "weights": files,
@@ -417,7 +325,7 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, config_params: 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m pipeline.evaluation.export", description=__doc__.split("\n\n")[0])
     ap.add_argument("--ckpt", help="checkpoint to export (R/train/{stage}/final.pt)")
-    ap.add_argument("--tokenizer", help="its tokenizer (R/tokenizer/tokenizer.json)")
+    ap.add_argument("--tokenizer", help="its tokenizer (R/tokenizer/encoding.json)")
     ap.add_argument("--from-hf", metavar="DIR", help="import this Hugging Face Llama directory instead")
     ap.add_argument("--out", required=True, help="export: the directory to write; --from-hf: the checkpoint file")
     ap.add_argument("--force", action="store_true", help="replace --out if it exists")

@@ -35,7 +35,9 @@ from typing import Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
-from pipeline.model.model import Transformer, apply_rope, sample_next
+from pipeline.config import load_config
+from pipeline.io import run_cli
+from pipeline.model.model import ModelConfig, Transformer, apply_rope, sample_next
 
 __all__ = ["Engine", "Generation", "KVCache", "sample_next", "prompt_ids", "greedy_sample", "generate_texts"]
 
@@ -253,8 +255,6 @@ def main(argv=None) -> None:
     import argparse
     import json
 
-    from pipeline.config import load_config
-    from pipeline.model.model import ModelConfig
 
     p = argparse.ArgumentParser(prog="python -m pipeline.model.engine",
                                 description="Benchmark KV-cache decoding against the cache-less forward (CPU).")
@@ -270,6 +270,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from pipeline.io import run_cli
-
     run_cli(main)

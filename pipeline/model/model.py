@@ -77,20 +77,20 @@ class ModelConfig:
     def from_config(cls, cfg: dict) -> ModelConfig:
         """Build from a resolved run config: ``cfg["model"]`` plus ``train.seq_len`` (as
         ``max_seq_len``), ``train.activation_checkpointing`` and ``train.checkpoint_every_n``."""
-        m, t = cfg["model"], cfg["train"]
+        model, train = cfg["model"], cfg["train"]
         return cls(
-            vocab_size=m["vocab_size"],
-            dim=m["dim"],
-            n_layers=m["n_layers"],
-            n_heads=m["n_heads"],
-            n_kv_heads=m["n_kv_heads"],
-            ffn_dim=m["ffn_dim"],
-            rope_theta=float(m["rope_theta"]),
-            norm_eps=float(m["norm_eps"]),
-            tie_embeddings=m["tie_embeddings"],
-            max_seq_len=t["seq_len"],
-            activation_checkpointing=t.get("activation_checkpointing", "none"),
-            checkpoint_every_n=t.get("checkpoint_every_n", 2),
+            vocab_size=model["vocab_size"],
+            dim=model["dim"],
+            n_layers=model["n_layers"],
+            n_heads=model["n_heads"],
+            n_kv_heads=model["n_kv_heads"],
+            ffn_dim=model["ffn_dim"],
+            rope_theta=float(model["rope_theta"]),
+            norm_eps=float(model["norm_eps"]),
+            tie_embeddings=model["tie_embeddings"],
+            max_seq_len=train["seq_len"],
+            activation_checkpointing=train.get("activation_checkpointing", "none"),
+            checkpoint_every_n=train.get("checkpoint_every_n", 2),
         )
 
 

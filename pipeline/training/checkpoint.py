@@ -33,20 +33,28 @@ Only rank 0 writes. Each write goes to a temporary file that is renamed into pla
 leaves the previous checkpoint usable. A resume takes the newest checkpoint that loads
 (`newest_readable`): one that does not, or does not match its checksum, is moved (with its sidecar) to
 ``ckpt/unreadable/`` with a warning.
+
+`resume` is how a launch starts: from the newest readable checkpoint when it was made by the same
+config (`trajectory_params`) and world size, else afresh (from `--init` for a stage that starts
+from an earlier one); `save_training_checkpoint` writes what it reads back.
 """
 from __future__ import annotations
 
+import math
 import random
 import shutil
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as torch_dist
 
+from pipeline.distributed import Dist, gather_objects
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_write, get_logger
-from pipeline.model.checkpoint import NAME_RE, SUFFIX, checksum_path, load_checkpoint
+from pipeline.model.checkpoint import NAME_RE, SUFFIX, checksum_path, load_checkpoint, save_checkpoint, versions
 
 __all__ = [
     "rng_state",
@@ -58,6 +66,14 @@ __all__ = [
     "write_latest",
     "prune_checkpoints",
     "clear_checkpoints",
+    "archive_checkpoints",
+    "OBSERVABILITY_KEYS",
+    "TrainState",
+    "trajectory_params",
+    "resume_mismatch",
+    "load_init",
+    "resume",
+    "save_training_checkpoint",
 ]
 
 log = get_logger(__name__)
@@ -187,3 +203,149 @@ def clear_checkpoints(ckpt_dir: str | Path) -> None:
     for p in ckpt_dir.iterdir():
         if _is_step_file(p.name):
             p.unlink()
+
+
+# ----------------------------------------------------------------------------- resume
+
+# Config keys that change what is logged but not the training trajectory: a checkpoint made under
+# other values of these may be resumed.
+OBSERVABILITY_KEYS = {
+    "wandb": None,
+    "eval": None,
+    "hardware": ("assumed_mfu", "gpu_memory_gb", "process_group_timeout_min"),
+    "train": ("log_interval", "val_interval", "val_batches", "ckpt_interval", "resume"),
+}
+
+
+@dataclass
+class TrainState:
+    """Where a run stands after `step` optimizer steps: what a checkpoint carries besides the model,
+    optimizer, loader and RNG states (its keys of the same names)."""
+
+    step: int = 0
+    tokens_seen: int = 0          # global input tokens
+    loss_tokens: int = 0          # global target tokens counted by the loss
+    best_val_loss: float = math.inf
+    last_val_loss: float = math.nan
+    wandb_id: str | None = None
+
+
+def trajectory_params(params: dict) -> dict:
+    """`params` without the OBSERVABILITY_KEYS (what must match for a resume to be exact)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in params.items()}
+    for section, keys in OBSERVABILITY_KEYS.items():
+        if keys is None:
+            out.pop(section, None)
+        elif section in out:
+            for k in keys:
+                out[section].pop(k, None)
+    return out
+
+
+def resume_mismatch(state: dict, params: dict, dist: Dist) -> str | None:
+    """Why a checkpoint cannot be resumed exactly by this launch, or None when it can."""
+    if state["world_size"] != dist.world_size:
+        return f"it was written by {state['world_size']} process(es), this launch has {dist.world_size}"
+    old, new = trajectory_params(state["params"]), trajectory_params(params)
+    if old != new:
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        return f"it was made with a different config (sections differing: {', '.join(diff)})"
+    return None
+
+
+def load_init(model, optimizer, path: str, params: dict) -> None:
+    """Start a stage from an earlier stage's final.pt (and, with carry_optimizer, that stage's last
+    optimizer state, keeping this stage's learning rates and weight decay)."""
+    st = params["stage"]
+    state = load_checkpoint(path)
+    mine, theirs = model.state_dict(), state.get("model", {})
+    differ = sorted(set(mine) ^ set(theirs))
+    shapes = [f"{k} {tuple(theirs[k].shape)} vs {tuple(v.shape)}" for k, v in mine.items()
+              if k in theirs and theirs[k].shape != v.shape]
+    if differ or shapes:
+        what = ", ".join(shapes[:3]) or f"parameters {', '.join(differ[:3])}"
+        raise PipelineError(f"stage '{st['name']}' cannot start from {path}: it holds another model shape ({what}); "
+                            f"every stage trains the same model config: retrain '{st['init_from']}' with this "
+                            f"model or set init_from: none")
+    model.load_state_dict(theirs)
+    log.info("stage %s starts from %s", st["name"], path)
+    if st["carry_optimizer"]:
+        latest = latest_checkpoint(Path(path).parent / "ckpt")
+        if latest is None:
+            raise PipelineError(f"stage '{st['name']}' carries the optimizer of '{st['init_from']}' but "
+                                f"{Path(path).parent / 'ckpt'} holds no checkpoint; rerun that stage or set "
+                                "carry_optimizer: false")
+        keep = [{k: g[k] for k in ("lr", "base_lr", "weight_decay") if k in g} for g in optimizer.param_groups]
+        optimizer.load_state_dict(load_checkpoint(latest)["optimizer"])
+        for g, k in zip(optimizer.param_groups, keep, strict=True):
+            g.update(k)
+
+
+def resume(ckpt_dir: Path, mode: str, dist: Dist, *, model, optimizer, loader, params: dict,
+           init: str | None = None) -> TrainState:
+    """A fresh start, or an exact resume from the newest readable checkpoint in `ckpt_dir`.
+
+    `mode` is auto | require | never (module docstring of pipeline.training.train). Rank 0 picks the
+    checkpoint (moving unreadable ones aside); the others load the one it names. One made with another
+    config or world size is never resumed: `require` fails, `auto` moves the run's checkpoints aside to
+    `stale-<time>/` and starts over. A fresh start loads `init` (a stage starting from an earlier one)
+    and removes any step checkpoints left in `ckpt_dir`. Loads the model, optimizer, this rank's loader
+    and RNG states in place and returns where the run stands."""
+    latest, state = newest_readable(ckpt_dir) if mode != "never" and dist.is_main else (None, None)
+    latest = gather_objects(latest, dist)[0]
+    if latest is not None and state is None:
+        state = load_checkpoint(latest, verify=False)  # rank 0's newest_readable verified it
+    stale = resume_mismatch(state, params, dist) if state is not None else None
+    if stale:
+        if mode == "require":
+            raise PipelineError(f"{latest} cannot be resumed: {stale}; resume with the same config and "
+                                "nproc_per_node, or set train.resume: auto to start over")
+        # A rerun after a config edit (what Snakemake does when the rule's params change) starts over;
+        # the old checkpoints are kept aside, never silently resumed into a different run.
+        log.warning("%s cannot be resumed (%s): starting over", latest, stale)
+        state = None
+    if dist.distributed:
+        torch_dist.barrier()  # every rank has read the checkpoint before rank 0 moves it aside
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        loader.load_state_dict(state["loader"][dist.rank])
+        set_rng_state(state["rng"][dist.rank])
+        resumed = TrainState(step=state["step"], tokens_seen=state["tokens_seen"], loss_tokens=state["loss_tokens"],
+                             best_val_loss=state["best_val_loss"], last_val_loss=state["last_val_loss"],
+                             wandb_id=state["wandb_id"])
+        log.info("resumed from %s at step %d (%d tokens)", latest, resumed.step, resumed.tokens_seen)
+        return resumed
+    if init is not None:
+        load_init(model, optimizer, init, params)
+    if dist.is_main:
+        if stale:
+            log.warning("stale checkpoints moved to %s", archive_checkpoints(ckpt_dir))
+        clear_checkpoints(ckpt_dir)
+    return TrainState()
+
+
+def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, loader, params: dict, plan: dict,
+                             state: TrainState, keep: int) -> None:
+    """Gather every rank's loader and RNG state, then rank 0 writes step_XXXXXX.pt and `latest` (and
+    prunes all but the `keep` newest)."""
+    loaders = gather_objects(loader.state_dict(), dist)
+    rngs = gather_objects(rng_state(), dist)
+    if not dist.is_main:
+        return
+    name = checkpoint_name(state.step)
+    save_checkpoint(ckpt_dir / name, {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "schedule": {"step": state.step},
+        "loader": loaders,
+        "rng": rngs,
+        **asdict(state),
+        "world_size": dist.world_size,
+        "params": params,
+        "plan": plan,
+        "versions": versions(),
+    })
+    write_latest(ckpt_dir, name)
+    prune_checkpoints(ckpt_dir, keep)
+    log.info("checkpoint %s", ckpt_dir / name)

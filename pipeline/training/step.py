@@ -14,6 +14,7 @@ from pipeline.distributed import Dist, all_reduce_sum
 from pipeline.errors import PipelineError
 from pipeline.model.losses import chunked_cross_entropy
 from pipeline.model.model import ModelConfig, Transformer
+from pipeline.perf import ce_matmul_precision, fp8_converts
 
 
 def autocast_dtype(cfg: dict, device: torch.device) -> torch.dtype | None:
@@ -23,8 +24,6 @@ def autocast_dtype(cfg: dict, device: torch.device) -> torch.dtype | None:
 
 def ce_matmul(cfg: dict) -> str:
     """``train.ce_matmul`` resolved (auto: bf16 beside a bf16 body on CUDA, else fp32)."""
-    from pipeline.perf import ce_matmul_precision
-
     return ce_matmul_precision(cfg)
 
 
@@ -44,8 +43,6 @@ def use_compile(cfg: dict, device: torch.device) -> bool:
 def fp8_filter(recipe: str):
     """The module filter of `apply_fp8`: an nn.Linear that torchao's H100 thresholds for `recipe` say
     is faster in fp8 (`pipeline.perf.fp8_converts`, the function the planner's fp8 speed-up uses)."""
-    from pipeline.perf import fp8_converts
-
     def converts(module: nn.Module, fqn: str) -> bool:
         return isinstance(module, nn.Linear) and fp8_converts(recipe, *module.weight.shape)
 

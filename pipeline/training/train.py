@@ -4,7 +4,7 @@ Launch (the `train` rule; `--nproc_per_node` = `hardware.nproc_per_node`)::
 
     python -m pipeline.training.launch -- \\
     torchrun --standalone --nproc_per_node N -m pipeline.training.train --params JSON [--plan R/plan.json] \\
-        --train R/pack/M/train.json --val R/pack/M/val.json --tokenizer R/tokenizer/tokenizer.json \\
+        --train R/pack/M/train.json --val R/pack/M/val.json --tokenizer R/tokenizer/encoding.json \\
         --outdir R/train/STAGE [--stage STAGE] [--init R/train/PREV/final.pt] [--resume auto|require|never] \\
         [--max-steps K] [--keep-ckpts 2]
 
@@ -54,7 +54,7 @@ rank; `plan.num_steps` steps):
   (pipeline/training/checkpoint.py); `train.resume: auto` (or `--resume auto`) continues from the newest
   readable checkpoint in `outdir/ckpt/` exactly: same per-step losses as an uninterrupted run (bitwise on
   CPU); an unreadable one is moved to `ckpt/unreadable/` and the one before it used. A checkpoint made with
-  a different config (other than the logging keys in `OBSERVABILITY_KEYS`) or world size is never resumed:
+  a different config (other than the logging keys in `checkpoint.OBSERVABILITY_KEYS`) or world size is never resumed:
   `auto` moves it aside to `ckpt/stale-<time>/` and starts over (a Snakemake rerun after a config
   edit), `require` fails instead, and `never` always starts over. Checkpoints load memory-mapped:
   a rank pages in what it copies, not a private copy of the whole file.
@@ -64,7 +64,9 @@ rank; `plan.num_steps` steps):
   With `--eval-data` and `eval.core_interval` > 0, a quick CORE subset (the first
   `eval.core_interval_items` items of every `eval.tasks` task, sharded across the ranks,
   pipeline/evaluation/core.py) every `eval.core_interval` steps and at the end, logged as `core_<n>`
-  and `core/<task>` (centered accuracies).
+  and `core/<task>` (centered accuracies); a chat stage (`pipeline.stages.is_chat_stage`) adds a quick
+  ChatCORE subset at the same steps (the first `eval.core_interval_items` items of every
+  `eval.chat_tasks` task, pipeline/evaluation/chat_core.py), logged as `chat_core_<n>` and `chat_core/<task>`.
 
 Outputs: `outdir/final.pt` (written last: model state dict, params, plan, tokens trained, final
 validation loss; `torch.load(..., weights_only=True)`), `outdir/metrics.jsonl`, `outdir/ckpt/`,
@@ -77,29 +79,25 @@ import math
 import os
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as torch_dist
 
-from pipeline.budget import batch_layout, flops_per_token, peak_flops
+from pipeline.budget import BatchLayout, canonical_gpu_type, flops_per_token, gpu_type_of, peak_flops
 from pipeline.config import add_config_args, params_from_args
-from pipeline.distributed import (
-    Dist,
-    all_reduce_sum,
-    close_distributed,
-    gather_objects,
-    init_distributed,
-    seed_everything,
-)
+from pipeline.data.encoding import Tokenizer, load_tokenizer
+from pipeline.data.loader import DataExhausted, PackedLoader
+from pipeline.distributed import Dist, all_reduce_sum, close_distributed, init_distributed, seed_everything
 from pipeline.errors import PipelineError
-from pipeline.evaluation import core
+from pipeline.evaluation import chat_core, core
 from pipeline.io import get_logger, provenance, read_json, run_cli, sha256_file, write_json
-from pipeline.model.checkpoint import load_checkpoint, save_checkpoint, versions
+from pipeline.model.checkpoint import save_checkpoint, versions
 from pipeline.model.engine import greedy_sample
 from pipeline.model.losses import chunked_eval_stats
 from pipeline.model.model import Transformer
-from pipeline.stages import epoch_steps, stage_budget, stage_config, stage_names
+from pipeline.stages import epoch_steps, is_chat_stage, stage_budget, stage_config, stage_names
 from pipeline.training import checkpoint as ckpt
 from pipeline.training.metrics import MetricsLogger, UpdateRatio, group_norms, memory_stats, mfu, watched_groups
 from pipeline.training.optim import build_optimizer, lr_factor, set_lr
@@ -124,40 +122,20 @@ log = get_logger(__name__)
 
 FIXED_BATCH_ROWS = 8  # rows of the fixed validation batch behind ce_fp32 / top1_acc
 
-# Config keys that change what is logged but not the training trajectory: a checkpoint made under
-# other values of these may be resumed.
-OBSERVABILITY_KEYS = {
-    "wandb": None,
-    "eval": None,
-    "hardware": ("assumed_mfu", "gpu_memory_gb", "process_group_timeout_min"),
-    "train": ("log_interval", "val_interval", "val_batches", "ckpt_interval", "resume"),
-}
-
-
-# ----------------------------------------------------------------------------- processes
-
-
-# ----------------------------------------------------------------------------- model
-
-
-# ----------------------------------------------------------------------------- one step
-
-
 # ----------------------------------------------------------------------------- validation
 
 @torch.no_grad()
-def validate(model: Transformer, val_meta: str, cfg: dict, plan: dict, dist: Dist) -> tuple[float, tuple | None]:
+def validate(model: Transformer, val_meta: str, cfg: dict, layout: BatchLayout,
+             dist: Dist) -> tuple[float, tuple | None]:
     """Mean CE over up to `train.val_batches` validation micro-batches per rank, the training
     precision (all ranks; one all-reduce). Also returns rank's first batch (the fixed batch)."""
-    from pipeline.data.loader import DataExhausted
-
-    t = cfg["train"]
-    loss_model = LossModel(model, autocast_dtype(cfg, dist.device), t["ce_chunk_tokens"], ce_matmul(cfg))
-    loader = val_loader(val_meta, cfg, plan, dist)
+    train_cfg = cfg["train"]
+    loss_model = LossModel(model, autocast_dtype(cfg, dist.device), train_cfg["ce_chunk_tokens"], ce_matmul(cfg))
+    loader = val_loader(val_meta, cfg, layout, dist)
     totals = torch.zeros(2, device=dist.device, dtype=torch.float64)
     first = None
     it = iter(loader)
-    for _ in range(t["val_batches"]):
+    for _ in range(train_cfg["val_batches"]):
         try:
             (batch,) = next_micro_batches(it, 1, dist.device)
         except (StopIteration, DataExhausted):
@@ -193,174 +171,119 @@ def fixed_batch_stats(model: Transformer, batch: tuple, chunk: int) -> dict:
 
 # ----------------------------------------------------------------------------- checks
 
-def check_plan(plan: dict, cfg: dict, dist: Dist) -> None:
-    """The plan must describe this launch: world size, micro-batch and tokens per step."""
-    t = cfg["train"]
+def check_plan(plan: dict, layout: BatchLayout, dist: Dist) -> None:
+    """The plan must describe this launch: its world size, and this config's batch layout."""
     if plan["world_size"] != dist.world_size:
         raise PipelineError(
             f"launched with {dist.world_size} process(es) but the plan is for world_size {plan['world_size']} "
             "(hardware.nproc_per_node × hardware.nodes); launch with that many or re-plan"
         )
-    per_step = plan["micro_batch"] * t["seq_len"] * plan["grad_accum_steps"] * dist.world_size
-    if per_step != plan["tokens_per_step"]:
+    planned = {k: plan[k] for k in layout.plan_figures()}
+    if planned != layout.plan_figures():
         raise PipelineError(
-            f"plan tokens_per_step {plan['tokens_per_step']} != micro_batch × seq_len × grad_accum × world "
-            f"= {per_step}; the plan was made for another config — rerun the plan rule"
+            f"the plan's batch layout {planned} is not this config's {layout.plan_figures()} (tokens_per_step = "
+            "micro_batch × seq_len × grad_accum × world); the plan was made for another config — rerun the plan rule"
         )
 
 
-def check_data(loader, plan: dict, cfg: dict, train_meta: str) -> None:
+def check_data(loader, plan: dict, layout: BatchLayout, cfg: dict, train_meta: str) -> None:
     """Fail before training when the packed rows cannot supply the planned steps."""
-    have = loader.steps_available(plan["micro_batch"] * loader.world_size * plan["grad_accum_steps"])
+    have = loader.steps_available(layout.rows_per_step)
     if have < plan["num_steps"]:
         meta, mix = loader.meta, cfg["train"]["mix"]
         raise PipelineError(
             f"{train_meta}: {meta['n_rows']} packed rows ({meta['tokens_packed']} tokens of mix '{mix}') supply "
-            f"{have} steps of {plan['tokens_per_step']} tokens, but the plan needs {plan['num_steps']} steps "
-            f"({plan['num_steps'] * plan['tokens_per_step']} tokens, the target); give the mix more tokens "
+            f"{have} steps of {layout.tokens_per_step} tokens, but the plan needs {plan['num_steps']} steps "
+            f"({plan['num_steps'] * layout.tokens_per_step} tokens, the target); give the mix more tokens "
             f"(mixes.{mix}.tokens) or lower train.target_tokens"
         )
 
 
-def val_loader(val_meta: str, cfg: dict, plan: dict, dist: Dist):
+def val_loader(val_meta: str, cfg: dict, layout: BatchLayout, dist: Dist) -> PackedLoader:
     """A fresh, unshuffled loader over the validation rows (the same rows every time), with the
     stage's loss mask and doc ids."""
-    from pipeline.data.loader import PackedLoader
-
     st = cfg["stage"]
-    return PackedLoader(val_meta, plan["micro_batch"], rank=dist.rank, world_size=dist.world_size,
+    return PackedLoader(val_meta, layout.micro_batch, rank=dist.rank, world_size=dist.world_size,
                         seed=cfg["seed"], shuffle=False, loss=st["loss"], with_doc_ids=st["doc_mask"])
 
 
 def batch_plan(params: dict) -> dict:
     """The plan figures the trainer uses, from the params by the planner's own functions
     (pipeline.budget): the batch layout and FLOPs per token (num_steps comes from the stage)."""
-    return {**batch_layout(params), "flops_per_token": flops_per_token(params), "num_steps": None}
+    return {**BatchLayout.from_config(params).plan_figures(), "flops_per_token": flops_per_token(params),
+            "num_steps": None}
 
 
-def stage_steps(params: dict, plan: dict, train_meta: str) -> tuple[int, int | None]:
+def stage_steps(params: dict, layout: BatchLayout, train_meta: str) -> tuple[int, int | None]:
     """(optimizer steps, rows to read or None) of this stage: an epochs budget counts the packed
     rows (rows mode), any other budget is known from the config (pipeline/stages.py)."""
     st = params["stage"]
     if st["budget"]["kind"] == "epochs":
-        rows_per_step = plan["micro_batch"] * plan["world_size"] * plan["grad_accum_steps"]
-        return epoch_steps(st["budget"]["value"], read_json(train_meta)["n_rows"], rows_per_step)
+        return epoch_steps(st["budget"]["value"], read_json(train_meta)["n_rows"], layout.rows_per_step)
     return stage_budget(params, {**st, "train": params["train"]})["num_steps"], None
 
 
-def load_init(model: Transformer, optimizer, path: str, params: dict) -> None:
-    """Start a stage from an earlier stage's final.pt (and, with carry_optimizer, that stage's last
-    optimizer state, keeping this stage's learning rates and weight decay)."""
+def check_gpu_type(params: dict, device: torch.device) -> None:
+    """Warn when the GPU in use is not `hardware.gpu_type` (by its exact device name,
+    pipeline.budget.GPU_SPECS): the logged MFU and the plan's predictions use the configured type."""
+    configured = params["hardware"]["gpu_type"]
+    name = torch.cuda.get_device_properties(device).name
+    try:
+        actual = gpu_type_of(name)
+    except PipelineError as e:
+        log.warning("%s; MFU is computed against hardware.gpu_type %s", e, configured)
+        return
+    if canonical_gpu_type(actual) != canonical_gpu_type(configured):
+        log.warning("this GPU is %r (%s) but hardware.gpu_type is %s: MFU and the plan use %s's peak; set "
+                    "hardware.gpu_type: %s", name, actual, configured, configured, actual)
+
+
+def with_init(params: dict, init: str | None) -> dict:
+    """The stage's params with its init's identity (`stage.init_sha256`: a checkpoint of a stage trained
+    from an older init is never resumed); refuses an --init the stage does not start from, or its absence."""
     st = params["stage"]
-    state = load_checkpoint(path)
-    mine, theirs = model.state_dict(), state.get("model", {})
-    differ = sorted(set(mine) ^ set(theirs))
-    shapes = [f"{k} {tuple(theirs[k].shape)} vs {tuple(v.shape)}" for k, v in mine.items()
-              if k in theirs and theirs[k].shape != v.shape]
-    if differ or shapes:
-        what = ", ".join(shapes[:3]) or f"parameters {', '.join(differ[:3])}"
-        raise PipelineError(f"stage '{st['name']}' cannot start from {path}: it holds another model shape ({what}); "
-                            f"every stage trains the same model config: retrain '{st['init_from']}' with this "
-                            f"model or set init_from: none")
-    model.load_state_dict(theirs)
-    log.info("stage %s starts from %s", st["name"], path)
-    if st["carry_optimizer"]:
-        latest = ckpt.latest_checkpoint(Path(path).parent / "ckpt")
-        if latest is None:
-            raise PipelineError(f"stage '{st['name']}' carries the optimizer of '{st['init_from']}' but "
-                                f"{Path(path).parent / 'ckpt'} holds no checkpoint; rerun that stage or set "
-                                "carry_optimizer: false")
-        keep = [{k: g[k] for k in ("lr", "base_lr", "weight_decay") if k in g} for g in optimizer.param_groups]
-        optimizer.load_state_dict(load_checkpoint(latest)["optimizer"])
-        for g, k in zip(optimizer.param_groups, keep, strict=True):
-            g.update(k)
-
-
-def trajectory_params(params: dict) -> dict:
-    """`params` without the OBSERVABILITY_KEYS (what must match for a resume to be exact)."""
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in params.items()}
-    for section, keys in OBSERVABILITY_KEYS.items():
-        if keys is None:
-            out.pop(section, None)
-        elif section in out:
-            for k in keys:
-                out[section].pop(k, None)
-    return out
-
-
-def resume_mismatch(state: dict, params: dict, dist: Dist) -> str | None:
-    """Why a checkpoint cannot be resumed exactly by this launch, or None when it can."""
-    if state["world_size"] != dist.world_size:
-        return f"it was written by {state['world_size']} process(es), this launch has {dist.world_size}"
-    old, new = trajectory_params(state["params"]), trajectory_params(params)
-    if old != new:
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        return f"it was made with a different config (sections differing: {', '.join(diff)})"
-    return None
+    if st["init_from"] and init is None:
+        raise PipelineError(f"stage '{st['name']}' starts from stage '{st['init_from']}': pass --init "
+                            f"R/train/{st['init_from']}/final.pt")
+    if init is not None and not st["init_from"]:
+        raise PipelineError(f"stage '{st['name']}' starts from scratch (init_from: none) but --init {init} was "
+                            "given; drop --init or set the stage's init_from")
+    if init is None:
+        return params
+    return {**params, "stage": {**st, "init_sha256": sha256_file(init)}}
 
 
 # ----------------------------------------------------------------------------- the run
 
-def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, loader, params: dict, plan: dict,
-                             step: int, tokens_seen: int, loss_tokens: int, best_val_loss: float,
-                             last_val_loss: float, wandb_id: str | None, keep: int) -> None:
-    """Gather every rank's loader and RNG state, then rank 0 writes step_XXXXXX.pt and `latest`."""
-    loaders = gather_objects(loader.state_dict(), dist)
-    rngs = gather_objects(ckpt.rng_state(), dist)
-    if not dist.is_main:
-        return
-    name = ckpt.checkpoint_name(step)
-    save_checkpoint(ckpt_dir / name, {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "schedule": {"step": step},
-        "loader": loaders,
-        "rng": rngs,
-        "step": step,
-        "tokens_seen": tokens_seen,
-        "loss_tokens": loss_tokens,
-        "best_val_loss": best_val_loss,
-        "last_val_loss": last_val_loss,
-        "world_size": dist.world_size,
-        "wandb_id": wandb_id,
-        "params": params,
-        "plan": plan,
-        "versions": versions(),
-    })
-    ckpt.write_latest(ckpt_dir, name)
-    ckpt.prune_checkpoints(ckpt_dir, keep)
-    log.info("checkpoint %s", ckpt_dir / name)
-
-
-def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dict, tokens_trained: int,
-           loss_tokens: int, best_val_loss: float, last_val_loss: float, total_rows: int | None = None) -> dict:
+def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dict, layout: BatchLayout,
+           state: ckpt.TrainState, total_rows: int | None = None) -> dict:
     """Check the token count against the plan, then write summary.json and (last) final.pt. In rows
     mode (an epochs budget) the count includes the last step's empty rows (`empty_rows`)."""
-    planned = plan["num_steps"] * plan["tokens_per_step"]
-    rows_read = plan["num_steps"] * plan["micro_batch"] * plan["world_size"] * plan["grad_accum_steps"]
+    planned = plan["num_steps"] * layout.tokens_per_step
+    rows_read = plan["num_steps"] * layout.rows_per_step
     summary = {
         "stage": params["stage"]["name"],
         "init_from": params["stage"]["init_from"],
         "loss": params["stage"]["loss"],
         "empty_rows": 0 if total_rows is None else rows_read - total_rows,
-        "tokens_trained": tokens_trained,
+        "tokens_trained": state.tokens_seen,
         "tokens_planned": planned,
-        "loss_tokens": loss_tokens,
+        "loss_tokens": state.loss_tokens,
         "num_steps": plan["num_steps"],
-        "tokens_per_step": plan["tokens_per_step"],
+        "tokens_per_step": layout.tokens_per_step,
         "world_size": dist.world_size,
-        "final_val_loss": last_val_loss,
-        "best_val_loss": best_val_loss,
+        "final_val_loss": state.last_val_loss,
+        "best_val_loss": state.best_val_loss,
     }
-    if tokens_trained != planned:
-        raise PipelineError(f"trained {tokens_trained} tokens but the plan says num_steps × tokens_per_step = "
+    if state.tokens_seen != planned:
+        raise PipelineError(f"trained {state.tokens_seen} tokens but the plan says num_steps × tokens_per_step = "
                             f"{planned}; the loader or the plan is inconsistent — not writing final.pt")
     if dist.is_main:
         write_json(outdir / "summary.json", {**summary, "meta": provenance("train", params)})
         save_checkpoint(outdir / "final.pt", {"model": model.state_dict(), "params": params, "plan": plan,
-                                                   "summary": summary, "versions": versions()})
-        log.info("trained %d tokens in %d steps (= plan); final val loss %.4f", tokens_trained, plan["num_steps"],
-                 last_val_loss)
+                                              "summary": summary, "versions": versions()})
+        log.info("trained %d tokens in %d steps (= plan); final val loss %.4f", state.tokens_seen,
+                 plan["num_steps"], state.last_val_loss)
     return summary
 
 
@@ -383,190 +306,174 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
             lock.release()
 
 
-def check_gpu_type(params: dict, device: torch.device) -> None:
-    """Warn when the GPU in use is not `hardware.gpu_type` (by its exact device name,
-    pipeline.budget.GPU_SPECS): the logged MFU and the plan's predictions use the configured type."""
-    from pipeline.budget import canonical_gpu_type, gpu_type_of
+@dataclass
+class Run:
+    """What the loop works with, made by `set_up`: the stage's params and plan (its num_steps filled),
+    the batch layout, the process group, the model, optimizer and loaders, the tokenizer (samples,
+    CORE) and the CORE tasks (and, in a chat stage, the ChatCORE tasks)."""
 
-    configured = params["hardware"]["gpu_type"]
-    name = torch.cuda.get_device_properties(device).name
-    try:
-        actual = gpu_type_of(name)
-    except PipelineError as e:
-        log.warning("%s; MFU is computed against hardware.gpu_type %s", e, configured)
-        return
-    if canonical_gpu_type(actual) != canonical_gpu_type(configured):
-        log.warning("this GPU is %r (%s) but hardware.gpu_type is %s: MFU and the plan use %s's peak; set "
-                    "hardware.gpu_type: %s", name, actual, configured, configured, actual)
+    params: dict
+    plan: dict
+    layout: BatchLayout
+    dist: Dist
+    model: Transformer
+    optimizer: torch.optim.Optimizer
+    loader: PackedLoader
+    val_meta: str
+    tokenizer: Tokenizer
+    core_every: int
+    core_tasks: dict | None
+    chat_tasks: dict | None
+    total_rows: int | None  # rows to read (an epochs budget), else None
 
 
-def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
-           resume: str, max_steps: int | None, keep_ckpts: int, eval_data: str | None,
-           init: str | None) -> dict | None:
-    from pipeline.data.encoding import load_tokenizer
-    from pipeline.data.loader import PackedLoader
-
-    if "stage" not in params:  # a whole run config: its first stage
-        params = stage_config(params, stage_names(params)[0])
-    st = params["stage"]
-    if st["init_from"] and init is None:
-        raise PipelineError(f"stage '{st['name']}' starts from stage '{st['init_from']}': pass --init "
-                            f"R/train/{st['init_from']}/final.pt")
-    if init is not None and not st["init_from"]:
-        raise PipelineError(f"stage '{st['name']}' starts from scratch (init_from: none) but --init {init} was "
-                            "given; drop --init or set the stage's init_from")
-    if init is not None:  # the init's identity: a checkpoint from an older init is never resumed
-        params = {**params, "stage": {**st, "init_sha256": sha256_file(init)}}
-    t = params["train"]
-    dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
-    outdir, peak = Path(outdir), peak_flops(params)
-    ckpt_dir = outdir / "ckpt"
-    check_plan(plan, params, dist)
+def set_up(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str,
+           eval_data: str | None, dist: Dist) -> Run:
+    """Check the plan, the data and the tokenizer against the stage, and build the model, optimizer and
+    loaders (fresh: `pipeline.training.checkpoint.resume` then loads a checkpoint into them)."""
+    layout = BatchLayout.from_config(params)
+    check_plan(plan, layout, dist)
     if dist.device.type == "cuda" and dist.is_main:
         check_gpu_type(params, dist.device)
-    num_steps, total_rows = stage_steps(params, plan, train_meta)
-    plan = {**plan, "num_steps": num_steps, "stage": st["name"]}
-    accum = plan["grad_accum_steps"]
-    stop_at = num_steps if max_steps is None else min(max_steps, num_steps)
-    body_dtype = autocast_dtype(params, dist.device)
+    num_steps, total_rows = stage_steps(params, layout, train_meta)
+    plan = {**plan, "num_steps": num_steps, "stage": params["stage"]["name"]}
     set_matmul_precision(ce_matmul(params))
 
     seed_everything(params["seed"])
     model = build_model(params, dist.device)
-    optimizer = build_optimizer(model, t, dist.device.type)
-    loader = PackedLoader(train_meta, plan["micro_batch"], rank=dist.rank, world_size=dist.world_size,
+    optimizer = build_optimizer(model, params["train"], dist.device.type)
+    st = params["stage"]
+    loader = PackedLoader(train_meta, layout.micro_batch, rank=dist.rank, world_size=dist.world_size,
                           seed=params["seed"], shuffle=True, loss=st["loss"], with_doc_ids=st["doc_mask"],
                           total_rows=total_rows)
     if total_rows is None:
-        check_data(loader, plan, params, train_meta)
-    val_loader(val_meta, params, plan, dist)  # fails now, not at the first validation, if val is too small
+        check_data(loader, plan, layout, params, train_meta)
+    val_loader(val_meta, params, layout, dist)  # fails now, not at the first validation, if val is too small
     tokenizer = load_tokenizer(tokenizer_path)
     if tokenizer.n_vocab > params["model"]["vocab_size"]:
         raise PipelineError(f"{tokenizer_path} has {tokenizer.n_vocab} token ids but model.vocab_size is "
                             f"{params['model']['vocab_size']}: set model.vocab_size to at least {tokenizer.n_vocab}")
     core_every = params["eval"]["core_interval"] if eval_data is not None else 0
     core_tasks = core.load_tasks(eval_data, params["eval"]["tasks"]) if core_every else None
+    chat_tasks = (core.load_tasks(eval_data, params["eval"]["chat_tasks"], chat=True)
+                  if core_every and params["eval"]["chat_tasks"] and is_chat_stage(params) else None)
+    return Run(params, plan, layout, dist, model, optimizer, loader, val_meta, tokenizer, core_every, core_tasks,
+               chat_tasks, total_rows)
 
-    # ---- fresh start, or exact resume from the newest readable checkpoint (rank 0 picks it, moving
-    # unreadable ones aside; the others load the one it names)
-    start, tokens_seen, loss_tokens, best_val, last_val, wandb_id = 0, 0, 0, math.inf, math.nan, None
-    latest, state = ckpt.newest_readable(ckpt_dir) if resume != "never" and dist.is_main else (None, None)
-    latest = gather_objects(latest, dist)[0]
-    if latest is not None and state is None:
-        state = load_checkpoint(latest, verify=False)  # rank 0's newest_readable verified it
-    stale = resume_mismatch(state, params, dist) if state is not None else None
-    if stale:
-        if resume == "require":
-            raise PipelineError(f"{latest} cannot be resumed: {stale}; resume with the same config and "
-                                "nproc_per_node, or set train.resume: auto to start over")
-        # A rerun after a config edit (what Snakemake does when the rule's params change) starts over;
-        # the old checkpoints are kept aside, never silently resumed into a different run.
-        log.warning("%s cannot be resumed (%s): starting over", latest, stale)
-        state = None
-    if dist.distributed:
-        torch_dist.barrier()  # every rank has read the checkpoint before rank 0 moves it aside
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        loader.load_state_dict(state["loader"][dist.rank])
-        ckpt.set_rng_state(state["rng"][dist.rank])
-        start, tokens_seen, loss_tokens = state["step"], state["tokens_seen"], state["loss_tokens"]
-        best_val, last_val, wandb_id = state["best_val_loss"], state["last_val_loss"], state["wandb_id"]
-        log.info("resumed from %s at step %d (%d tokens)", latest, start, tokens_seen)
-        del state
-    else:
-        if init is not None:
-            load_init(model, optimizer, init, params)
-        if dist.is_main:
-            if stale:
-                log.warning("stale checkpoints moved to %s", ckpt.archive_checkpoints(ckpt_dir))
-            ckpt.clear_checkpoints(ckpt_dir)
-    metrics = None
-    if dist.is_main:
-        metrics = MetricsLogger(outdir / "metrics.jsonl", params["wandb"], outdir, params, params["run_name"],
-                                resume_step=start if start else None, wandb_id=wandb_id)
 
-    ddp, fwd = wrap(LossModel(model, body_dtype, t["ce_chunk_tokens"], ce_matmul(params)), dist,
-                    use_compile(params, dist.device))
+def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, ckpt_dir: Path, stop_at: int,
+              keep_ckpts: int) -> weakref.ref:
+    """Train steps state.step + 1 .. stop_at, updating `state`: log, validate, score CORE and checkpoint
+    on their intervals. Returns a weak reference to the DDP module (for `close_distributed`)."""
+    params, plan, dist, model, optimizer = run.params, run.plan, run.dist, run.model, run.optimizer
+    train_cfg, num_steps, accum = params["train"], plan["num_steps"], run.layout.grad_accum_steps
+    peak = peak_flops(params)
+    loss_model = LossModel(model, autocast_dtype(params, dist.device), train_cfg["ce_chunk_tokens"], ce_matmul(params))
+    ddp, fwd = wrap(loss_model, dist, use_compile(params, dist.device))
     trainable = [p for p in model.parameters() if p.requires_grad]
     watched = watched_groups(model)
     prompt = (params["eval"]["prompts"] or [""])[0]
-    steps = StepBatches(loader, accum, dist)  # pinned, read one step ahead; its state is the consumed one
-    counted = torch.zeros(2, dtype=torch.int64, device=dist.device)  # [targets, inputs] since `start`
-    base_tokens, base_loss_tokens = tokens_seen, loss_tokens
-    mark_time, mark_tokens = time.perf_counter(), tokens_seen
+    steps = StepBatches(run.loader, accum, dist)  # pinned, read one step ahead; its state is the consumed one
+    counted = torch.zeros(2, dtype=torch.int64, device=dist.device)  # [targets, inputs] since the start
+    base_tokens, base_loss_tokens = state.tokens_seen, state.loss_tokens
+    mark_time, mark_tokens = time.perf_counter(), state.tokens_seen
     log.info("training steps %d..%d of %d: %d tokens/step = %d micro-steps × %d rows × %d tokens × world %d",
-             start + 1, stop_at, num_steps, plan["tokens_per_step"], accum, plan["micro_batch"], t["seq_len"],
-             dist.world_size)
+             state.step + 1, stop_at, num_steps, run.layout.tokens_per_step, accum, run.layout.micro_batch,
+             train_cfg["seq_len"], dist.world_size)
 
     model.train()
-    for step in range(start, stop_at):
+    for step in range(state.step, stop_at):
         done = step + 1
         batches, counts = steps.next_step()  # counts: global [target tokens, input tokens] of this step
-        set_lr(optimizer, lr_factor(step, num_steps, t))
+        set_lr(optimizer, lr_factor(step, num_steps, train_cfg))
         local_loss = accumulate_gradients(ddp, fwd, batches, counts[0], dist.world_size)
-        is_val = done % t["val_interval"] == 0 or done == num_steps
-        is_core = bool(core_every) and (done % core_every == 0 or done == num_steps)
-        is_log = is_val or is_core or done % t["log_interval"] == 0 or done in (1, stop_at)
+        is_val = done % train_cfg["val_interval"] == 0 or done == num_steps
+        is_core = bool(run.core_every) and (done % run.core_every == 0 or done == num_steps)
+        is_log = is_val or is_core or done % train_cfg["log_interval"] == 0 or done in (1, stop_at)
+        is_ckpt = done % train_cfg["ckpt_interval"] == 0 or done == stop_at
 
         record = group_norms(watched, "grad_norm", grads=True) if is_log else {}
-        grad_norm = clip_gradients(trainable, t["grad_clip"])
+        grad_norm = clip_gradients(trainable, train_cfg["grad_clip"])
         update = UpdateRatio(watched) if is_log else None
         optimizer.step()
         zero_gradients(optimizer)  # keeps DDP's bucket views (see zero_gradients)
         counted += counts
-        if is_log or done % t["ckpt_interval"] == 0 or done == stop_at:  # host sync only when needed
-            tokens_seen, loss_tokens = base_tokens + int(counted[1]), base_loss_tokens + int(counted[0])
+        state.step = done
+        if is_log or is_ckpt:  # host sync only when needed
+            state.tokens_seen, state.loss_tokens = base_tokens + int(counted[1]), base_loss_tokens + int(counted[0])
 
         if is_log:
             loss = all_reduce_sum(local_loss.double(), dist) / counts[0].clamp(min=1)
-            tps = (tokens_seen - mark_tokens) / max(time.perf_counter() - mark_time, 1e-9)
-            record = {"step": done, "tokens": tokens_seen, "loss": float(loss), "grad_norm": float(grad_norm),
+            tps = (state.tokens_seen - mark_tokens) / max(time.perf_counter() - mark_time, 1e-9)
+            record = {"step": done, "tokens": state.tokens_seen, "loss": float(loss), "grad_norm": float(grad_norm),
                       **{f"lr/{g['name']}": g["lr"] for g in optimizer.param_groups}, **record,
                       **group_norms(watched, "param_norm"), **update.ratios(), "tokens_per_s": tps,
                       "mfu": mfu(plan["flops_per_token"], tps, dist.world_size, peak), **memory_stats(dist.device)}
         update = None  # its snapshot (≈ 1.5 GB at 1.2B) is not held through validation and CORE scoring
         if is_val:
             model.eval()
-            last_val, fixed = validate(model, val_meta, params, plan, dist)
-            best_val = min(best_val, last_val)
-            record["val_loss"] = last_val
+            state.last_val_loss, fixed = validate(model, run.val_meta, params, run.layout, dist)
+            state.best_val_loss = min(state.best_val_loss, state.last_val_loss)
+            record["val_loss"] = state.last_val_loss
             if dist.is_main and fixed is not None:
-                record.update(fixed_batch_stats(model, fixed, t["ce_chunk_tokens"]))
-                record["sample"] = greedy_sample(model, tokenizer, prompt, params["eval"]["max_new_tokens"],
+                record.update(fixed_batch_stats(model, fixed, train_cfg["ce_chunk_tokens"]))
+                record["sample"] = greedy_sample(model, run.tokenizer, prompt, params["eval"]["max_new_tokens"],
                                                  dist.device)
             model.train()
         if is_core:  # every rank scores its share of the items (evaluate_tasks restores train mode)
             record.update(core.core_record(core.evaluate_tasks(
-                model, tokenizer, core_tasks, dist=dist, **core.core_settings(params, "core_interval_items"))))
+                model, run.tokenizer, run.core_tasks, dist=dist, **core.core_settings(params, "core_interval_items"))))
+            if run.chat_tasks:
+                record.update(chat_core.chat_record(chat_core.evaluate_chat(
+                    model, run.tokenizer, run.chat_tasks, dist=dist,
+                    **chat_core.chat_settings(params, "core_interval_items"))))
         if is_log and dist.is_main:
             metrics.log(record)
-        if done % t["ckpt_interval"] == 0 or done == stop_at:
-            save_training_checkpoint(
-                ckpt_dir, dist, model=model, optimizer=optimizer, loader=steps, params=params, plan=plan, step=done,
-                tokens_seen=tokens_seen, loss_tokens=loss_tokens, best_val_loss=best_val, last_val_loss=last_val,
-                wandb_id=metrics.wandb_id if metrics else None, keep=keep_ckpts,
-            )
+        if is_ckpt:
+            state.wandb_id = metrics.wandb_id if metrics else None
+            ckpt.save_training_checkpoint(ckpt_dir, dist, model=model, optimizer=optimizer, loader=steps,
+                                          params=params, plan=plan, state=state, keep=keep_ckpts)
         if is_log:  # throughput excludes validation and checkpoint time; memory peaks are per interval
-            mark_time, mark_tokens = time.perf_counter(), tokens_seen
+            mark_time, mark_tokens = time.perf_counter(), state.tokens_seen
             if dist.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dist.device)
-
     steps.close()
+    return weakref.ref(ddp)
+
+
+def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
+           resume: str, max_steps: int | None, keep_ckpts: int, eval_data: str | None,
+           init: str | None) -> dict | None:
+    """Set up, resume or start afresh, train to `max_steps` or the stage's end, finish."""
+    if "stage" not in params:  # a whole run config: its first stage
+        params = stage_config(params, stage_names(params)[0])
+    params = with_init(params, init)
+    dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
+    outdir = Path(outdir)
+    ckpt_dir = outdir / "ckpt"
+    run = set_up(params, plan, train_meta, val_meta, tokenizer_path, eval_data, dist)
+    state = ckpt.resume(ckpt_dir, resume, dist, model=run.model, optimizer=run.optimizer, loader=run.loader,
+                        params=params, init=init)
+    metrics = None
+    if dist.is_main:
+        metrics = MetricsLogger(outdir / "metrics.jsonl", params["wandb"], outdir, params, params["run_name"],
+                                resume_step=state.step or None, wandb_id=state.wandb_id)
+    num_steps = run.plan["num_steps"]
+    stop_at = num_steps if max_steps is None else min(max_steps, num_steps)
+
+    ddp_ref = run_steps(run, state, metrics, ckpt_dir, stop_at, keep_ckpts)
+
     if metrics and (not metrics.steps or metrics.steps[-1] != stop_at):
         raise PipelineError(f"{metrics.path} ends at step {metrics.steps[-1] if metrics.steps else None}, not at "
                             f"step {stop_at}: the metric history of this run is incomplete (was it written by "
                             "another process?); rerun with train.resume: never to train again from scratch")
     summary = None
     if stop_at == num_steps:
-        summary = finish(outdir, dist, model, params, plan, tokens_seen, loss_tokens, best_val, last_val,
-                         total_rows)
+        summary = finish(outdir, dist, run.model, params, run.plan, run.layout, state, run.total_rows)
     else:
         log.info("stopped after step %d of %d (--max-steps); rerun with --resume auto to continue", stop_at, num_steps)
     if metrics:
         metrics.close()
-    ddp_ref = weakref.ref(ddp)
-    del ddp, fwd
     close_distributed(dist, ddp_ref)
     return summary
 
@@ -579,7 +486,7 @@ def main(argv=None) -> None:
                                                  "the params, pipeline.budget: what the plan computes)")
     p.add_argument("--train", required=True, help="packed train rows metadata, R/pack/{mix}/train.json")
     p.add_argument("--val", required=True, help="packed validation rows metadata, R/pack/{mix}/val.json")
-    p.add_argument("--tokenizer", required=True, help="R/tokenizer/tokenizer.json")
+    p.add_argument("--tokenizer", required=True, help="R/tokenizer/encoding.json")
     p.add_argument("--outdir", required=True, help="R/train/{stage}")
     p.add_argument("--stage", default=None, help="with --configfile: the stage of train.stages to train (default "
                                                    "the first); --params from the rule already name it")

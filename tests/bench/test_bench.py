@@ -5,25 +5,17 @@ import json
 
 import pytest
 import yaml
-from test_train import one_thread  # noqa: F401 (autouse fixture)
+from builders import BENCH_TINY
 
 from pipeline.bench.step import bench_config, main
 from pipeline.config import load_config
 from pipeline.errors import PipelineError
 
-TINY = {
-    "tokenizer": {"vocab_size": 512},
-    "model": {"vocab_size": 512, "dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64},
-    "train": {"seq_len": 32, "micro_batch": 4, "global_batch_tokens": 128, "precision": "fp32", "compile": False,
-              "ce_chunk_tokens": 50},
-    "hardware": {"device": "cpu", "gpu_type": "cpu"},
-}
-
 
 @pytest.fixture
 def configfile(tmp_path):
     path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(TINY))
+    path.write_text(yaml.safe_dump(BENCH_TINY))
     return path
 
 

@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-from test_train import one_thread  # noqa: F401 (autouse fixture)
 
 from pipeline.bench import gpu_check
 from pipeline.bench.step import main

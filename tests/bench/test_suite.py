@@ -5,8 +5,7 @@ import json
 
 import pytest
 import yaml
-from test_bench import TINY
-from test_train import one_thread  # noqa: F401 (autouse fixture)
+from builders import BENCH_TINY
 
 from pipeline.bench.step import main
 from pipeline.bench.suite import CUDA_ONLY, REFERENCE_SUITE, format_suite
@@ -16,7 +15,7 @@ from pipeline.errors import PipelineError
 @pytest.fixture
 def configfile(tmp_path):
     path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(TINY))
+    path.write_text(yaml.safe_dump(BENCH_TINY))
     return path
 
 
@@ -113,7 +112,7 @@ def test_rows_release_the_gpu_with_gc_before_empty_cache(monkeypatch):
     calls = []
     monkeypatch.setattr(gc, "collect", lambda *a: calls.append("gc") or 0)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
-    cfg = resolve_config({**TINY, "hardware": {"device": "cuda", "gpu_type": "H100"}})
+    cfg = resolve_config({**BENCH_TINY, "hardware": {"device": "cuda", "gpu_type": "H100"}})
 
     def bench(cfg, steps, warmup):
         raise ValueError("boom")

@@ -9,11 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_chat_shard
-from test_pack import CHATS
-from test_tokenize import corpus, make_tokenizer
+from builders import CHATS, corpus, make_tokenizer, write_chat_shard
 
-from pipeline.config import params_json, resolve_config, stage_params
+from pipeline.config import params_json, resolve_config, rule_params
 from pipeline.data.accounting import main, reconcile
 from pipeline.data.count import write_aggregate, write_shard_counts
 from pipeline.data.pack import pack
@@ -109,8 +107,8 @@ def build_run(tmp, dedup=True):
     flagged = {}
     for source, shard in SHARDS:
         raw = tmp / f"raw/{source}/{shard}.parquet"
-        write_shard_counts(stage_params(cfg, "count"), tok, raw, source, shard, run / f"counts/{source}/{shard}.json")
-        tokenize_shard(tok, raw, run / f"tokens/{source}/{shard}.json", source, shard, stage_params(cfg, "tokenize"))
+        write_shard_counts(rule_params(cfg, "count"), tok, raw, source, shard, run / f"counts/{source}/{shard}.json")
+        tokenize_shard(tok, raw, run / f"tokens/{source}/{shard}.json", source, shard, rule_params(cfg, "tokenize"))
         flagged[source] = flagged.get(source, 0) + dedup_and_split(run, source, shard, dedup)
     write_json(run / "decontam/report.json",
                {"per_source": {s: {"flagged": {"tokens": t}} for s, t in flagged.items()}})
@@ -120,7 +118,7 @@ def build_run(tmp, dedup=True):
     write_mix(run, "mid", {"web", "chat"}, epochs=2, seed=1)
     for mix in cfg["mixes"]:
         for split in ("train", "val"):
-            pack(stage_params(cfg, "pack"), mix, split, run / f"mix/{mix}/{split}.parquet", run / "tokens",
+            pack(rule_params(cfg, "pack"), mix, split, run / f"mix/{mix}/{split}.parquet", run / "tokens",
                  run / f"pack/{mix}/{split}.json")
     return cfg, run
 
@@ -133,7 +131,7 @@ def built(tmp_path_factory):
 def test_balanced_run(built, tmp_path):
     cfg, run = built
     out, md = tmp_path / "accounting.json", tmp_path / "accounting.md"
-    main(["--params", params_json(stage_params(cfg, "accounting")), "--run-dir", str(run), "--out", str(out),
+    main(["--params", params_json(rule_params(cfg, "accounting")), "--run-dir", str(run), "--out", str(out),
           "--out-md", str(md)])
     rep = read_json(out)
     t = rep["total"]
@@ -161,7 +159,7 @@ def test_balanced_run(built, tmp_path):
 def test_dedup_disabled_without_keep_files(tmp_path):
     cfg, run = build_run(tmp_path, dedup=False)
     assert not (run / "dedup").exists()
-    rep = reconcile(stage_params(cfg, "accounting"), run)
+    rep = reconcile(rule_params(cfg, "accounting"), run)
     assert rep["total"]["removed_tokens"] == rep["total"]["dup_tokens"] == 0
 
 
@@ -227,7 +225,7 @@ def test_unbalanced_run_fails(built, tmp_path, tamper, line):
     tamper(copy)
     out = tmp_path / "accounting.json"
     with pytest.raises(PipelineError, match=line):
-        main(["--params", json.dumps(stage_params(cfg, "accounting")), "--run-dir", str(copy), "--out", str(out),
+        main(["--params", json.dumps(rule_params(cfg, "accounting")), "--run-dir", str(copy), "--out", str(out),
               "--out-md", str(tmp_path / "accounting.md")])
     assert not out.exists() and not (tmp_path / "accounting.md").exists()
 
@@ -249,4 +247,4 @@ def test_bad_stage_output_names_it(built, tmp_path, tamper, match):
     shutil.copytree(run, copy)
     tamper(copy)
     with pytest.raises(PipelineError, match=match):
-        reconcile(stage_params(cfg, "accounting"), copy)
+        reconcile(rule_params(cfg, "accounting"), copy)

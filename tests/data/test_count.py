@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import tiktoken
 import tiktoken.load
-from conftest import write_chat_shard, write_text_shard
+from builders import write_chat_shard, write_text_shard
 
 from pipeline.data.count import COUNT_FIELDS, count_shard, main
 from pipeline.data.encoding import load_tokenizer
@@ -41,15 +41,15 @@ def tok_path(tmp_path_factory):
     shard = write_text_shard(d / "web" / "shard_00000.parquet", CORPUS)
     params = {"tokenizer": {"kind": "bpe", "vocab_size": 400, "train_chars": 50_000, "max_doc_chars": 2000,
                             "delimiter": "both"}, "sources": {"web": TEXT}, "seed": 3}
-    build_tokenizer(params, [str(shard)], d / "tokenizer.json")
-    return str(d / "tokenizer.json")
+    build_tokenizer(params, [str(shard)], d / "encoding.json")
+    return str(d / "encoding.json")
 
 
 @pytest.fixture(scope="module")
 def reference_encoding(tok_path):
     """The tokenizer rebuilt straight from its files with tiktoken (no pipeline code)."""
     spec = json.loads(open(tok_path).read())
-    ranks = tiktoken.load.load_tiktoken_bpe(tok_path.replace("tokenizer.json", spec["ranks_file"]))
+    ranks = tiktoken.load.load_tiktoken_bpe(tok_path.replace("encoding.json", spec["ranks_file"]))
     return tiktoken.Encoding("ref", pat_str=spec["pattern"], mergeable_ranks=ranks, special_tokens={})
 
 

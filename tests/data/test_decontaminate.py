@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_text_shard
+from builders import write_text_shard
 
 from pipeline.data import decontaminate as dc
 from pipeline.data.eval_data import build_eval_data

@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_chat_shard, write_text_shard
+from builders import add_shard, make_config, run_dedup, write_text_shard, write_token_index
 from datasketch import MinHash
 
-from pipeline.config import resolve_config, stage_params
+from pipeline.config import rule_params
 from pipeline.data import dedup, minhash
 from pipeline.errors import PipelineError
 
@@ -20,54 +20,6 @@ NGRAM = 5
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def make_config(**dedup_overrides) -> dict:
-    return resolve_config({
-        "sources": {"web": {"type": "local", "glob": "unused/*.parquet"},
-                    "chat": {"type": "local", "glob": "unused/*.parquet", "format": "chat"}},
-        "dedup": dedup_overrides,
-    })
-
-
-def write_token_index(path, doc_rows: list[int], tokens: list[int], source: str, shard: str) -> None:
-    """A tokenized shard's `.json` + `.idx.npy` as the tokenize stage writes them (no `.bin`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    off = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
-    np.save(path.parent / f"{shard}.idx.npy", off)
-    meta = {"source": source, "shard": shard, "n_docs": len(doc_rows), "n_tokens": int(off[-1]),
-            "doc_rows": list(doc_rows), "delimiters_per_doc": 1}
-    path.write_text(json.dumps(meta))
-
-
-def add_shard(root, source: str, shard: str, docs: list[str], chat: bool = False) -> tuple:
-    """Raw shard (with one empty row first, dropped by 'tokenize') + token index; doc i = docs[i]."""
-    raw = root / "raw" / source / f"{shard}.parquet"
-    if chat:  # split each document over a user and an assistant message
-        convs = [[{"role": "user", "content": ""}]]
-        for d in docs:
-            w = d.split(" ")
-            convs.append([{"role": "user", "content": " ".join(w[:len(w) // 2])},
-                          {"role": "assistant", "content": " ".join(w[len(w) // 2:])}])
-        write_chat_shard(raw, convs)
-    else:
-        write_text_shard(raw, [""] + docs)
-    tok = root / "tokens" / source / f"{shard}.json"
-    write_token_index(tok, list(range(1, len(docs) + 1)), [len(d.split()) + 1 for d in docs], source, shard)
-    return raw, tok, source, shard
-
-
-def run_dedup(root, shards, cfg) -> tuple[dict, dict]:
-    """Signatures for each shard, then clusters; returns ({(source, shard): keep table}, report)."""
-    sig_params = stage_params(cfg, "dedup_sig")
-    sigs = []
-    for raw, tok, source, shard in shards:
-        out = root / "dedup" / "sig" / source / f"{shard}.parquet"
-        dedup.write_signatures(raw, tok, source, shard, sig_params, out)
-        sigs.append(out)
-    report = dedup.run_clusters(sigs, root / "dedup", root / "dedup" / "report.json", stage_params(cfg, "dedup"))
-    keep = {(s, sh): pq.read_table(root / "dedup" / "keep" / s / f"{sh}.parquet").to_pydict() for _, _, s, sh in shards}
-    return keep, report
-
 
 def shingles(text: str) -> set:
     w = minhash.normalize_text(text).split()
@@ -261,7 +213,7 @@ def test_report_counts_agree_with_keep_lists(planted):
 def test_keepers_are_deterministic(planted, tmp_path):
     root = planted["root"]
     sigs = sorted((root / "dedup" / "sig").glob("*/*.parquet"), reverse=True)  # another input order
-    params = stage_params(make_config(), "dedup")
+    params = rule_params(make_config(), "dedup")
     dedup.run_clusters(sigs, tmp_path, tmp_path / "report.json", params)
     for source, shard in planted["keep"]:
         again = pq.read_table(tmp_path / "keep" / source / f"{shard}.parquet").to_pydict()
@@ -270,7 +222,7 @@ def test_keepers_are_deterministic(planted, tmp_path):
 
 def test_partition_count_does_not_change_clusters(planted, tmp_path):
     sigs = sorted((planted["root"] / "dedup" / "sig").glob("*/*.parquet"))
-    report = dedup.run_clusters(sigs, tmp_path, tmp_path / "r.json", stage_params(make_config(partitions=5), "dedup"))
+    report = dedup.run_clusters(sigs, tmp_path, tmp_path / "r.json", rule_params(make_config(partitions=5), "dedup"))
     for source, shard in planted["keep"]:
         t = pq.read_table(tmp_path / "keep" / source / f"{shard}.parquet").to_pydict()
         assert t == planted["keep"][(source, shard)]
@@ -280,7 +232,7 @@ def test_partition_count_does_not_change_clusters(planted, tmp_path):
 def test_disabled_keeps_every_document(planted, tmp_path):
     root = planted["root"]
     sigs = sorted((root / "dedup" / "sig").glob("*/*.parquet"))
-    params = stage_params(make_config(enabled=False), "dedup")
+    params = rule_params(make_config(enabled=False), "dedup")
     report = dedup.run_clusters(sigs, tmp_path, tmp_path / "report.json", params)
     clusters = []
     for source, shard in planted["keep"]:
@@ -293,7 +245,7 @@ def test_disabled_keeps_every_document(planted, tmp_path):
 
 def test_exact_only_still_catches_variants_but_not_near(planted, tmp_path):
     sigs = sorted((planted["root"] / "dedup" / "sig").glob("*/*.parquet"))
-    report = dedup.run_clusters(sigs, tmp_path, tmp_path / "r.json", stage_params(make_config(near=False), "dedup"))
+    report = dedup.run_clusters(sigs, tmp_path, tmp_path / "r.json", rule_params(make_config(near=False), "dedup"))
     assert report["total"]["near"] == 0
     assert report["total"]["exact"] == planted["report"]["total"]["exact"]
 
@@ -305,7 +257,7 @@ def test_missing_text_column_fails_clearly(tmp_path):
     tok = tmp_path / "tokens" / "web" / "s.json"
     write_token_index(tok, [0], [4], "web", "s")
     with pytest.raises(PipelineError, match="no column 'text'.*text_column"):
-        dedup.write_signatures(raw, tok, "web", "s", stage_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
+        dedup.write_signatures(raw, tok, "web", "s", rule_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
     assert not (tmp_path / "out.parquet").exists()
 
 
@@ -314,7 +266,7 @@ def test_token_index_naming_missing_rows_fails(tmp_path):
     tok = tmp_path / "tokens" / "web" / "s.json"
     write_token_index(tok, [0, 5], [4, 4], "web", "s")
     with pytest.raises(PipelineError, match="rerun the tokenize stage"):
-        dedup.write_signatures(raw, tok, "web", "s", stage_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
+        dedup.write_signatures(raw, tok, "web", "s", rule_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
 
 
 def test_corrupt_shard_fails_clearly(tmp_path):
@@ -324,14 +276,14 @@ def test_corrupt_shard_fails_clearly(tmp_path):
     tok = tmp_path / "tokens" / "web" / "s.json"
     write_token_index(tok, [0], [4], "web", "s")
     with pytest.raises(PipelineError, match="s.parquet"):
-        dedup.write_signatures(raw, tok, "web", "s", stage_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
+        dedup.write_signatures(raw, tok, "web", "s", rule_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
 
 
 def test_stale_signatures_fail_clearly(tmp_path):
     shards = [add_shard(tmp_path, "web", "s", ["one two three four five six", "seven eight"])]
     run_dedup(tmp_path, shards, make_config())
     sig = tmp_path / "dedup" / "sig" / "web" / "s.parquet"
-    params = stage_params(make_config(num_perm=60, bands=10, rows=6), "dedup")
+    params = rule_params(make_config(num_perm=60, bands=10, rows=6), "dedup")
     with pytest.raises(PipelineError, match="rerun dedup_signatures"):
         dedup.run_clusters([sig], tmp_path / "o", tmp_path / "o" / "r.json", params)
     assert not (tmp_path / "o" / "keep").exists()
@@ -349,12 +301,12 @@ def test_cli_signatures_and_clusters(tmp_path):
     raw, tok, _, _ = add_shard(tmp_path, "web", "s", ["The same text.", "the SAME text", "other words here"])
     cfg = make_config()
     sig = tmp_path / "sig" / "web" / "s.parquet"
-    dedup.main(["signatures", "--params", json.dumps(stage_params(cfg, "dedup_sig")), "--inputs", str(raw),
+    dedup.main(["signatures", "--params", json.dumps(rule_params(cfg, "dedup_sig")), "--inputs", str(raw),
                 "--tokens", str(tok), "--source", "web", "--outputs", str(sig)])
     t = pq.read_table(sig)
     assert t.column_names == ["doc", "tokens", "exact", "bands", "sig"]
     assert t.schema.field("sig").type == pa.list_(pa.uint32(), 120)
-    dedup.main(["clusters", "--params", json.dumps(stage_params(cfg, "dedup")), "--inputs", str(sig),
+    dedup.main(["clusters", "--params", json.dumps(rule_params(cfg, "dedup")), "--inputs", str(sig),
                 "--outdir", str(tmp_path / "d"), "--report", str(tmp_path / "d" / "report.json")])
     keep = pq.read_table(tmp_path / "d" / "keep" / "web" / "s.parquet").to_pydict()
     assert keep["keep"] == [True, False, True] and keep["reason"] == ["keep", "exact", "keep"]

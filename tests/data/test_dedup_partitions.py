@@ -9,9 +9,9 @@ from collections import defaultdict
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT
+from builders import ROOT
 
-from pipeline.config import resolve_config, stage_params
+from pipeline.config import resolve_config, rule_params
 from pipeline.data import dedup, minhash
 from pipeline.errors import PipelineError
 
@@ -20,7 +20,7 @@ from dedup_scale import write_synthetic
 
 
 def dedup_params(**overrides) -> dict:
-    return stage_params(resolve_config({"dedup": overrides}), "dedup")
+    return rule_params(resolve_config({"dedup": overrides}), "dedup")
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, write_chat_shard, write_text_shard
+from builders import ROOT, write_chat_shard, write_text_shard
 from mockhub import MockHub
 
-from pipeline.config import resolve_config, stage_params
+from pipeline.config import resolve_config, rule_params
 from pipeline.data import download
 from pipeline.data.download import download_shard, main, sidecar_path
 from pipeline.errors import PipelineError
@@ -35,7 +35,7 @@ def params_for(source: dict, **download) -> dict:
     """The --params a rule would pass for a one-source config (schema defaults filled in)."""
     dl = {"retries": 2, "backoff_seconds": 0.01, "timeout_seconds": 10, **download}
     cfg = resolve_config({"sources": {"web": source}, "download": dl, "mixes": {"pretrain": {"weights": {"web": 1.0}}}})
-    return stage_params(cfg, "download")
+    return rule_params(cfg, "download")
 
 
 def hf_source(**over) -> dict:
@@ -499,3 +499,26 @@ def test_unknown_shard_and_source_are_clear_errors(tmp_path):
         download_shard(params, "web", "shard_00009", tmp_path / "out.parquet")
     with pytest.raises(PipelineError, match=r"unknown source 'chat' \(sources: web\)"):
         download_shard(params, "chat", "shard_00000", tmp_path / "out.parquet")
+
+
+def test_a_group_resolves_the_revision_once(hub, tmp_path, monkeypatch):
+    """The group's first shard resolves `main`; every later request of the job (HEAD and body) is at
+    that commit, so a branch moving during the job cannot mix versions (in-process run: the
+    endpoint is read from HF_ENDPOINT at call time)."""
+    hub.add_file(REPO, FILE0, shard_bytes(tmp_path, ["shard zero"], "0.parquet"))
+    hub.add_file(REPO, FILE2, shard_bytes(tmp_path, ["shard two"], "2.parquet"), lfs=False)
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    out0, out2 = tmp_path / "raw/web/shard_00000.parquet", tmp_path / "raw/web/shard_00002.parquet"
+
+    main(["--params", json.dumps(params_for(hf_source())), "--source", "web",
+          "--shards", "shard_00000", "shard_00002", "--outputs", str(out0), str(out2)])
+
+    resolve = f"/datasets/{REPO}/resolve"
+    assert [(r["method"], r["path"]) for r in hub.requests if not r["path"].startswith("/cdn/")] == [
+        ("HEAD", f"{resolve}/main/{FILE0}"),
+        ("HEAD", f"{resolve}/{hub.commit}/{FILE2}"), ("GET", f"{resolve}/{hub.commit}/{FILE2}")]
+    for out, name in ((out0, FILE0), (out2, FILE2)):
+        meta = json.loads(sidecar_path(out).read_text())
+        assert (meta["revision"], meta["commit"]) == ("main", hub.commit)
+        assert meta["origin"] == f"{hub.url}{resolve}/{hub.commit}/{name}"

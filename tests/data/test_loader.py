@@ -7,35 +7,15 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_pack import data, params, schedule_rows, true_tokens, write_schedule  # noqa: F401  (data is a fixture)
+from builders import pack_params, schedule_rows, true_tokens, write_pack, write_schedule
 
 from pipeline.data.contract import pack_paths as output_paths
 from pipeline.data.loader import DataExhausted, PackedLoader, epoch_permutation
 from pipeline.data.pack import pack
 from pipeline.errors import PipelineError
-from pipeline.io import write_json
 
 SEQ = 8
 C = SEQ + 1
-
-
-def write_pack(path, n_rows, with_mask=False, doc_len=5, salt=0, pad=0):
-    """A packed split in pack's format whose flat stream is 0, 1, 2, ... (+ salt): every token
-    tells its own position, so a batch shows which rows it holds. Documents start every
-    `doc_len` tokens; the mask bits: every token real (MASK_REAL), a fixed pseudo-random pattern of
-    assistant targets (MASK_ASSISTANT), and the last `pad` tokens of each row padding (0)."""
-    flat = (np.arange(n_rows * C) + salt).astype(np.uint16)
-    paths = output_paths(path)
-    paths["bin"].parent.mkdir(parents=True, exist_ok=True)
-    flat.tofile(paths["bin"])
-    np.save(paths["docs"], np.arange(0, n_rows * C, doc_len, dtype=np.int64))
-    if with_mask:
-        bits = (np.arange(n_rows * C) * 7 % 3 > 0).astype(np.uint8) | 2
-        bits[(np.arange(n_rows * C) % C) >= C - pad] = 0
-        bits.tofile(paths["mask"])
-    write_json(path, {"mix": "m", "split": "train", "seq_len": SEQ, "n_rows": n_rows, "dtype": "uint16",
-                      "has_mask": with_mask, "sha256": hashlib.sha256(flat.tobytes()).hexdigest()})
-    return path
 
 
 def rows_of(batch):
@@ -142,11 +122,11 @@ def test_mask_and_doc_ids(tmp_path):
     assert np.array_equal(d.numpy(), expect)
 
 
-def test_real_pack_doc_ids_follow_documents(data, tmp_path):  # noqa: F811
+def test_real_pack_doc_ids_follow_documents(data, tmp_path):
     rows = schedule_rows(data, [("web", "a")], epochs=1)
     sched = write_schedule(tmp_path / "s.parquet", rows, true_tokens(data, rows))
     out = tmp_path / "pack/m/train.json"
-    meta = pack(params("concat", seq_len=SEQ), "m", "train", sched, data / "tokens", out)
+    meta = pack(pack_params("concat", seq_len=SEQ), "m", "train", sched, data / "tokens", out)
     bos = json.loads((data / "tokens/web/a.json").read_text())["bos_id"]
     loader = PackedLoader(out, 4, with_doc_ids=True, shuffle=False)
     for _ in range(meta["n_rows"] // 4):
@@ -201,12 +181,12 @@ def _damage(path, at: int, n: int = 16):
 
 
 @pytest.mark.parametrize("part", ["bin", "mask"])
-def test_a_same_size_corruption_of_a_real_pack_is_one_error_naming_the_file(data, tmp_path, part):  # noqa: F811
+def test_a_same_size_corruption_of_a_real_pack_is_one_error_naming_the_file(data, tmp_path, part):
     # The size check passes; the sha256 pack recorded in train.json does not (streamed, once per process)
     rows = schedule_rows(data, [("web", "a")], epochs=1)
     sched = write_schedule(tmp_path / "s.parquet", rows, true_tokens(data, rows))
     out = tmp_path / "pack/m/train.json"
-    meta = pack(params("bestfit", seq_len=SEQ), "m", "train", sched, data / "tokens", out)
+    meta = pack(pack_params("bestfit", seq_len=SEQ), "m", "train", sched, data / "tokens", out)
     assert meta["mask_sha256"] == hashlib.sha256(output_paths(out)["mask"].read_bytes()).hexdigest()
     PackedLoader(out, 2)  # intact: opens
     target = output_paths(out)[part]

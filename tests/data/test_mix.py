@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT
+from builders import ROOT
 
 from pipeline import plan as plan_module
-from pipeline.config import load_config, stage_params
+from pipeline.config import load_config, rule_params
 from pipeline.data import mix
 from pipeline.errors import PipelineError
 
@@ -151,7 +151,7 @@ def test_tokens_plan_is_the_plans_trained_tokens(tmp_path, split_dir):
     # 49,000 target tokens at 5,000 per step are 10 steps, 50,000 tokens.
     cfg = load_config(ROOT / "config.yaml", {"train": {"target_tokens": 49_000, "global_batch_tokens": 5_000,
                                                        "seq_len": 50, "micro_batch": 100}})
-    p = stage_params(cfg, "mix", mix="pretrain")
+    p = rule_params(cfg, "mix", mix="pretrain")
     assert p["trained_tokens"] == {"pretrain": plan_module.make_plan(cfg)["trained_tokens"]} == {"pretrain": 50_000}
     p = {**params(tokens="plan"), "trained_tokens": p["trained_tokens"]["pretrain"]}
     train, _, report = run(tmp_path, p)
@@ -169,11 +169,11 @@ def test_mix_params_ignore_micro_batch_and_hardware(tmp_path):
     t = base["train"]
     edits = [{"train": {"micro_batch": t["micro_batch"] // 2}}, {"hardware": {"gpu_memory_gb": 1}}]
     for edit in edits:
-        assert stage_params(load_config(ROOT / "config.yaml", edit), "mix") == stage_params(base, "mix")
+        assert rule_params(load_config(ROOT / "config.yaml", edit), "mix") == rule_params(base, "mix")
     budget = load_config(ROOT / "config.yaml",
                          {"train": {"target_tokens": 2 * plan_module.make_plan(base)["trained_tokens"]}})
-    assert (stage_params(budget, "mix")["trained_tokens"]["pretrain"]
-            == 2 * stage_params(base, "mix")["trained_tokens"]["pretrain"])
+    assert (rule_params(budget, "mix")["trained_tokens"]["pretrain"]
+            == 2 * rule_params(base, "mix")["trained_tokens"]["pretrain"])
 
 
 def test_val_holds_every_val_document(tmp_path, split_dir):

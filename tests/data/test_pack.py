@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import shutil
 from collections import Counter
 
@@ -11,74 +10,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_chat_shard, write_text_shard
-from test_tokenize import corpus, make_tokenizer
+from builders import pack_params, schedule_rows, spans_of, true_tokens, write_schedule
 
 from pipeline.data import pack as pack_mod
-from pipeline.data.contract import MASK_REAL, open_tokens
 from pipeline.data.contract import pack_paths as output_paths
 from pipeline.data.pack import best_fit_decreasing, main, pack
-from pipeline.data.tokenize import tokenize_shard
 from pipeline.errors import PipelineError
 from pipeline.io import read_json
 
 SEQ = 16
 C = SEQ + 1
-CHATS = [
-    [{"role": "user", "content": f"question {i} about the river"},
-     {"role": "assistant", "content": "stone " * (i % 9 + 1)}]
-    for i in range(30)
-]
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """Tokenized shards web/a, web/b (text) and chat/c (chat) with a real tiny BPE."""
-    d = tmp_path_factory.mktemp("pack")
-    tok = make_tokenizer(d, "bos")
-    p = {"sources": {"web": {"type": "local", "format": "text"}, "chat": {"type": "local", "format": "chat"}},
-         "count": {"batch_size": 16}}
-    write_text_shard(d / "raw/web/a.parquet", corpus(40, seed=10))
-    write_text_shard(d / "raw/web/b.parquet", corpus(30, seed=11, max_words=120))
-    write_chat_shard(d / "raw/chat/c.parquet", CHATS)
-    for source, shard in (("web", "a"), ("web", "b"), ("chat", "c")):
-        tokenize_shard(tok, d / f"raw/{source}/{shard}.parquet", d / f"tokens/{source}/{shard}.json", source, shard, p)
-    return d
-
-
-def spans_of(data, source, shard):
-    meta, tokens, off, mask = open_tokens(data / f"tokens/{source}/{shard}.json")
-    # the mask bits a bestfit pack writes: MASK_REAL on every token, MASK_ASSISTANT on chat assistant targets
-    m = np.full(len(tokens), MASK_REAL, np.uint8) | (0 if mask is None else np.asarray(mask))
-    return [(np.asarray(tokens[a:b]), m[a:b]) for a, b in zip(off[:-1], off[1:])]
-
-
-def write_schedule(path, rows, tokens=None):
-    """rows: [(source, shard, doc, epoch)]; tokens default to the true span lengths."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    src, sh, doc, ep = zip(*rows)
-    pq.write_table(pa.table({"source": list(src), "shard": list(sh), "doc": pa.array(doc, pa.int64()),
-                             "tokens": pa.array(tokens, pa.int64()), "epoch": pa.array(ep, pa.int64())}), path)
-    return path
-
-
-def schedule_rows(data, sources, seed=0, epochs=2):
-    """A shuffled schedule over every doc of the given (source, shard)s, `epochs` times."""
-    rng = random.Random(seed)
-    rows = []
-    for e in range(epochs):
-        part = [(s, sh, i, e) for s, sh in sources for i in range(read_json(data / f"tokens/{s}/{sh}.json")["n_docs"])]
-        rng.shuffle(part)
-        rows += part
-    return rows
-
-
-def true_tokens(data, rows):
-    return [len(spans_of(data, s, sh)[d][0]) for s, sh, d, _ in rows]
-
-
-def params(packing, seq_len=SEQ):
-    return {"mixes": {"m": {"weights": {"web": 1.0}, "packing": packing}}, "seq_len": seq_len, "seed": 1}
 
 
 def read_pack(out):
@@ -95,7 +36,7 @@ def test_concat_is_the_schedule_in_order(data, tmp_path, monkeypatch, chunk_toke
     rows = schedule_rows(data, [("web", "a"), ("web", "b")])
     sched = write_schedule(tmp_path / "mix/m/train.parquet", rows, true_tokens(data, rows))
     out = tmp_path / "pack/m/train.json"
-    meta = pack(params("concat"), "m", "train", sched, data / "tokens", out)
+    meta = pack(pack_params("concat"), "m", "train", sched, data / "tokens", out)
 
     spans = [spans_of(data, s, sh)[d][0] for s, sh, d, _ in rows]
     flat = np.concatenate(spans)
@@ -129,7 +70,7 @@ def test_bestfit_rows_hold_every_piece_once(data, tmp_path):
     rows = schedule_rows(data, [("web", "b"), ("chat", "c")], epochs=1)
     sched = write_schedule(tmp_path / "mix/m/train.parquet", rows, true_tokens(data, rows))
     out = tmp_path / "pack/m/train.json"
-    meta = pack(params("bestfit"), "m", "train", sched, data / "tokens", out, rows_per_chunk=3)
+    meta = pack(pack_params("bestfit"), "m", "train", sched, data / "tokens", out, rows_per_chunk=3)
     got, mask, docs = read_pack(out)[1:]
 
     expect = []  # documents longer than a row are split into full rows plus a remainder
@@ -185,11 +126,11 @@ def test_schedule_errors(data, tmp_path):
     ]
     for sched, match in cases:
         with pytest.raises(PipelineError, match=match):
-            pack(params("concat", seq_len=200), "m", "train", sched, data / "tokens", out)
+            pack(pack_params("concat", seq_len=200), "m", "train", sched, data / "tokens", out)
         assert not out.parent.exists() or list(out.parent.iterdir()) == []
     pq.write_table(pa.table({"source": ["web"], "doc": [0]}), tmp_path / "cols.parquet")
     with pytest.raises(PipelineError, match="lacks column"):
-        pack(params("concat"), "m", "train", tmp_path / "cols.parquet", data / "tokens", out)
+        pack(pack_params("concat"), "m", "train", tmp_path / "cols.parquet", data / "tokens", out)
 
 
 def test_incomplete_token_shard_is_named(data, tmp_path):
@@ -198,27 +139,27 @@ def test_incomplete_token_shard_is_named(data, tmp_path):
     rows = [("web", "a", 0, 0)]
     sched = write_schedule(tmp_path / "s.parquet", rows, true_tokens(data, rows))
     with pytest.raises(PipelineError, match=r"a.json: its a.bin is missing; rerun the tokenize stage"):
-        pack(params("concat", seq_len=4), "m", "train", sched, tmp_path / "tokens", tmp_path / "pack/m/train.json")
+        pack(pack_params("concat", seq_len=4), "m", "train", sched, tmp_path / "tokens", tmp_path / "pack/m/train.json")
 
 
 def test_schedule_tokens_may_exclude_delimiters(data, tmp_path):
     rows = schedule_rows(data, [("web", "a")], epochs=1)
     with_delims = write_schedule(tmp_path / "with.parquet", rows, true_tokens(data, rows))
     without = write_schedule(tmp_path / "without.parquet", rows, [n - 1 for n in true_tokens(data, rows)])
-    a = pack(params("concat"), "m", "train", with_delims, data / "tokens", tmp_path / "a/train.json")
-    b = pack(params("concat"), "m", "train", without, data / "tokens", tmp_path / "b/train.json")
+    a = pack(pack_params("concat"), "m", "train", with_delims, data / "tokens", tmp_path / "a/train.json")
+    b = pack(pack_params("concat"), "m", "train", without, data / "tokens", tmp_path / "b/train.json")
     assert a["sha256"] == b["sha256"] and a["tokens_in"] == b["tokens_in"]
     mixed = write_schedule(tmp_path / "mixed.parquet", rows[:2],
                            [true_tokens(data, rows[:1])[0] - 1, true_tokens(data, rows[1:2])[0]])
     with pytest.raises(PipelineError, match="row 1 .* stale"):
-        pack(params("concat"), "m", "train", mixed, data / "tokens", tmp_path / "c/train.json")
+        pack(pack_params("concat"), "m", "train", mixed, data / "tokens", tmp_path / "c/train.json")
 
 
 def test_cli(data, tmp_path):
     rows = schedule_rows(data, [("chat", "c")], epochs=1)
     sched = write_schedule(tmp_path / "mix/m/val.parquet", rows, true_tokens(data, rows))
     out = tmp_path / "pack/m/val.json"
-    main(["--params", json.dumps(params("bestfit")), "--mix", "m", "--split", "val", "--schedule", str(sched),
+    main(["--params", json.dumps(pack_params("bestfit")), "--mix", "m", "--split", "val", "--schedule", str(sched),
           "--tokens-dir", str(data / "tokens"), "--out", str(out)])
     meta = read_json(out)
     assert meta["packing"] == "bestfit" and meta["split"] == "val" and output_paths(out)["mask"].exists()

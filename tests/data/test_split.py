@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_dedup import add_shard, make_config, run_dedup, write_token_index
+from builders import add_shard, make_config, run_dedup, write_token_index
 
-from pipeline.config import stage_params
+from pipeline.config import rule_params
 from pipeline.data import split
 from pipeline.errors import PipelineError
 
@@ -269,7 +269,7 @@ def test_cli(tmp_path):
 
 
 def test_stage_params_slice():
-    p = stage_params(make_config(), "split")
+    p = rule_params(make_config(), "split")
     assert set(p) == {"split", "seed"} and p["split"]["method"] == "hash"
 
 

@@ -6,7 +6,6 @@ other data-stage tests.
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 
@@ -15,39 +14,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tiktoken
-from conftest import ROOT, write_chat_shard, write_text_shard
+from builders import ROOT, corpus, make_tokenizer, write_chat_shard, write_text_shard
 
 from pipeline.data.contract import open_tokens, token_dtype
 from pipeline.data.contract import token_paths as output_paths
 from pipeline.data.count import count_shard
-from pipeline.data.encoding import BOS, Tokenizer, load_tokenizer, special_token_names
+from pipeline.data.encoding import BOS, Tokenizer, special_token_names
 from pipeline.data.tokenize import main, tokenize_shard
-from pipeline.data.tokenizer import build_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.io import read_json
-
-WORDS = ("the of and to in is was for on that with as by at from his her an were are which this be or "
-         "river stone light garden mountain winter number 1984 42 café naïve 東京 😀 'quoted' (paren), end.").split()
-
-
-def corpus(n_docs: int, seed: int = 0, max_words: int = 60) -> list[str]:
-    """Deterministic pseudo-English documents of varied length, with unicode, digits, punctuation."""
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, max_words))) + "\n" for _ in range(n_docs)]
-
-
-def make_tokenizer(tmp_path, delimiter: str = "bos", vocab_size: int = 320) -> Tokenizer:
-    """Train a real byte-level BPE through pipeline.data.tokenizer and load it."""
-    shard = write_text_shard(tmp_path / "tok_train" / "web" / "s.parquet", corpus(300, seed=99))
-    params = {
-        "tokenizer": {"kind": "bpe", "vocab_size": vocab_size, "train_chars": 30_000, "max_doc_chars": 10_000,
-                      "delimiter": delimiter},
-        "sources": {"web": {"format": "text"}},
-        "seed": 0,
-    }
-    out = tmp_path / f"tokenizer_{delimiter}" / "tokenizer.json"
-    build_tokenizer(params, [str(shard)], out)
-    return load_tokenizer(out)
 
 
 def params(fmt="text", min_chars=0, batch_size=7):
@@ -147,7 +122,7 @@ def test_uint32_when_vocab_exceeds_uint16(tmp_path):
     ranks = {bytes([i]): i for i in range(256)}
     special = {name: 70_000 + i for i, name in enumerate(special_token_names("bos"))}
     enc = tiktoken.Encoding("wide", pat_str=r"\S+|\s+", mergeable_ranks=ranks, special_tokens=special)
-    tok = Tokenizer(enc, special, "bos", "f" * 64, str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer(enc, special, "bos", "f" * 64, str(tmp_path / "encoding.json"))
     assert tok.n_vocab > 65536 and token_dtype(tok.n_vocab) == np.uint32 and token_dtype(65536) == np.uint16
     texts = corpus(5, seed=3)
     shard = write_text_shard(tmp_path / "raw" / "s" / "w.parquet", texts)

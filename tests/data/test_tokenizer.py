@@ -1,4 +1,4 @@
-"""pipeline.data.tokenizer: BPE training, the tokenizer.json / .tiktoken files, special tokens, the
+"""pipeline.data.tokenizer: BPE training, the encoding.json / .tiktoken files, special tokens, the
 delimiter policies, chat rendering, deterministic sampling and the offline stock-encoding path."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import tiktoken
 import tiktoken.load
-from conftest import write_text_shard
+from builders import write_text_shard
 
 from pipeline.config import STOCK_VOCAB, n_special_tokens
 from pipeline.data.encoding import BOS, CHAT_TOKENS, EOS, load_tokenizer, special_token_names
@@ -61,7 +61,7 @@ def built(shards, tmp_path_factory):
     """One trained tokenizer per delimiter policy: {policy: Tokenizer}."""
     out = {}
     for policy in ("bos", "eos", "both"):
-        path = tmp_path_factory.mktemp(f"tok_{policy}") / "tokenizer.json"
+        path = tmp_path_factory.mktemp(f"tok_{policy}") / "encoding.json"
         build_tokenizer(tok_params(delimiter=policy), shards, path)
         out[policy] = load_tokenizer(path)
     return out
@@ -80,7 +80,7 @@ def test_train_bpe_has_exact_vocab_with_specials_on_top():
 
 
 def test_stage_cli_writes_tiktoken_ranks_then_json(shards, tmp_path):
-    out = tmp_path / "tokenizer" / "tokenizer.json"
+    out = tmp_path / "tokenizer" / "encoding.json"
     main(["--params", json.dumps(tok_params(vocab_size=512)), "--inputs", *shards, "--out", str(out)])
     spec = json.loads(out.read_text())
     assert spec["kind"] == "bpe" and spec["n_vocab"] == 512 and spec["delimiter"] == "bos"
@@ -93,7 +93,7 @@ def test_stage_cli_writes_tiktoken_ranks_then_json(shards, tmp_path):
     plain = tiktoken.Encoding("plain", pat_str=spec["pattern"], mergeable_ranks=ranks, special_tokens={})
     assert [plain.encode_ordinary(t) for t in CORPUS[:20]] == tok.encode_batch(CORPUS[:20])
     assert tok.n_vocab == 512 and tok.sha256 == spec["sha256"] and tok.path == str(out)
-    assert sorted(p.name for p in out.parent.iterdir()) == ["tokenizer.json", "tokenizer.tiktoken"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["encoding.json", "tokenizer.tiktoken"]
 
 
 @pytest.mark.parametrize("text", UNICODE_TEXTS + CORPUS[:5])
@@ -220,11 +220,11 @@ def test_conversation_without_assistant_turn_is_refused(built):
 
 
 def test_determinism_same_inputs_same_sha(shards, tmp_path):
-    a = build_tokenizer(tok_params(train_chars=20_000), shards, tmp_path / "a" / "tokenizer.json")
-    b = build_tokenizer(tok_params(train_chars=20_000), shards, tmp_path / "b" / "tokenizer.json")
+    a = build_tokenizer(tok_params(train_chars=20_000), shards, tmp_path / "a" / "encoding.json")
+    b = build_tokenizer(tok_params(train_chars=20_000), shards, tmp_path / "b" / "encoding.json")
     assert a["sha256"] == b["sha256"]
     assert (tmp_path / "a" / "tokenizer.tiktoken").read_bytes() == (tmp_path / "b" / "tokenizer.tiktoken").read_bytes()
-    c = build_tokenizer(tok_params(train_chars=20_000, delimiter="both"), shards, tmp_path / "c" / "tokenizer.json")
+    c = build_tokenizer(tok_params(train_chars=20_000, delimiter="both"), shards, tmp_path / "c" / "encoding.json")
     assert c["sha256"] != a["sha256"]
 
 
@@ -263,26 +263,26 @@ def test_sampler_uses_everything_when_budget_exceeds_data(tmp_path):
 
 def test_only_training_sources_are_sampled(shards, tmp_path):
     other = write_text_shard(tmp_path / "code" / "shard_00000.parquet", ["def f(): pass"] * 10)
-    spec = build_tokenizer(tok_params(), [*shards, str(other)], tmp_path / "t" / "tokenizer.json")
+    spec = build_tokenizer(tok_params(), [*shards, str(other)], tmp_path / "t" / "encoding.json")
     assert str(other) not in {i["path"] for i in spec["meta"]["inputs"]}
     with pytest.raises(PipelineError, match="no input shard belongs"):
-        build_tokenizer(tok_params(), [str(other)], tmp_path / "u" / "tokenizer.json")
+        build_tokenizer(tok_params(), [str(other)], tmp_path / "u" / "encoding.json")
     assert not (tmp_path / "u").exists()
 
 
 def test_sample_too_small_for_vocab_is_a_clear_error(tmp_path):
     p = write_text_shard(tmp_path / "web" / "s.parquet", ["tiny text, tiny text"])
     with pytest.raises(PipelineError, match="train_chars"):
-        build_tokenizer(tok_params(vocab_size=2000), [str(p)], tmp_path / "t" / "tokenizer.json")
-    assert not (tmp_path / "t" / "tokenizer.json").exists()
+        build_tokenizer(tok_params(vocab_size=2000), [str(p)], tmp_path / "t" / "encoding.json")
+    assert not (tmp_path / "t" / "encoding.json").exists()
 
 
 def test_load_rejects_ranks_file_from_another_tokenizer(shards, tmp_path):
-    build_tokenizer(tok_params(), shards, tmp_path / "a" / "tokenizer.json")
-    build_tokenizer(tok_params(vocab_size=300), shards, tmp_path / "b" / "tokenizer.json")
+    build_tokenizer(tok_params(), shards, tmp_path / "a" / "encoding.json")
+    build_tokenizer(tok_params(vocab_size=300), shards, tmp_path / "b" / "encoding.json")
     (tmp_path / "a" / "tokenizer.tiktoken").write_bytes((tmp_path / "b" / "tokenizer.tiktoken").read_bytes())
     with pytest.raises(PipelineError, match="sha256 does not match"):
-        load_tokenizer(tmp_path / "a" / "tokenizer.json")
+        load_tokenizer(tmp_path / "a" / "encoding.json")
 
 
 # ----------------------------------------------------------------------------- stock encodings offline
@@ -307,7 +307,7 @@ def test_stock_encoding_offline_with_our_specials_appended(tmp_path, no_network)
     url, sha = STOCK_ENCODINGS["cl100k_base"]
     assert (cached.name == hashlib.sha1(url.encode()).hexdigest()
             and hashlib.sha256(cached.read_bytes()).hexdigest() == sha)
-    out = tmp_path / "tok" / "tokenizer.json"
+    out = tmp_path / "tok" / "encoding.json"
     spec = build_tokenizer(stock_params(cache, delimiter="eos"), [], out)
     tok = load_tokenizer(out)
     # cl100k's own ids end at 100276 (<|endofprompt|>); ours follow: bos, eos, 4 chat tokens
@@ -325,7 +325,7 @@ def test_stock_encoding_offline_with_our_specials_appended(tmp_path, no_network)
 def test_stock_encoding_missing_cache_names_file_and_fix(tmp_path, no_network):
     cache = tmp_path / "empty_cache"
     cache.mkdir()
-    out = tmp_path / "tok" / "tokenizer.json"
+    out = tmp_path / "tok" / "encoding.json"
     with pytest.raises(PipelineError) as e:
         build_tokenizer(stock_params(cache), [], out)
     msg = str(e.value)
@@ -341,7 +341,7 @@ def test_stock_encoding_corrupt_cache_fails_fast(tmp_path, no_network):
     cache.mkdir()
     path.write_bytes(b"aGVsbG8= 0\n")
     with pytest.raises(PipelineError, match="sha256"):
-        build_tokenizer(stock_params(cache), [], tmp_path / "tok" / "tokenizer.json")
+        build_tokenizer(stock_params(cache), [], tmp_path / "tok" / "encoding.json")
     assert path.exists()  # we never delete the user's cache (tiktoken would, then download)
 
 
@@ -349,4 +349,4 @@ def test_unknown_stock_encoding(tmp_path):
     params = stock_params(tmp_path)
     params["tokenizer"]["encoding"] = "gpt5_base"
     with pytest.raises(PipelineError, match="tokenizer.encoding"):
-        build_tokenizer(params, [], tmp_path / "tok" / "tokenizer.json")
+        build_tokenizer(params, [], tmp_path / "tok" / "encoding.json")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, write_text_shard
+from builders import ROOT, write_text_shard
 
 from pipeline.config import resolve_config
 from pipeline.data.encoding import load_tokenizer
@@ -33,7 +33,7 @@ def run(tmp_path_factory):
     shard = write_text_shard(d / "raw" / "web" / "s.parquet", texts)
     tok_params = {"tokenizer": {"kind": "bpe", "vocab_size": 300, "train_chars": 20_000, "max_doc_chars": 10_000,
                                 "delimiter": "bos"}, "sources": {"web": {"format": "text"}}, "seed": 0}
-    build_tokenizer(tok_params, [str(shard)], d / "run" / "tokenizer" / "tokenizer.json")
+    build_tokenizer(tok_params, [str(shard)], d / "run" / "tokenizer" / "encoding.json")
     params = resolve_config({"tokenizer": {"vocab_size": 300}, "train": {"seq_len": 64},
                              "model": {"vocab_size": 300, "dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
                                        "ffn_dim": 64}})
@@ -45,7 +45,7 @@ def run(tmp_path_factory):
 
 
 def session(ckpt, **kw) -> ChatSession:
-    tok = load_tokenizer(ckpt.parents[2] / "tokenizer" / "tokenizer.json")
+    tok = load_tokenizer(ckpt.parents[2] / "tokenizer" / "encoding.json")
     return ChatSession(load_model(ckpt, torch.device("cpu")), tok, **{"max_new_tokens": 12, "temperature": 0.0, **kw})
 
 
@@ -123,7 +123,7 @@ def test_interactive_chat_through_a_pty_keeps_history(run):
 
 
 def test_render_prompt_is_the_tokenized_conversation_then_assistant_start(run):
-    tok = load_tokenizer(run.parents[2] / "tokenizer" / "tokenizer.json")
+    tok = load_tokenizer(run.parents[2] / "tokenizer" / "encoding.json")
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
             {"role": "user", "content": "x"}]
     ids = tok.render_prompt(msgs)
@@ -146,7 +146,7 @@ def test_history_drops_oldest_turns_to_fit_and_refuses_a_message_too_long(run):
 
 
 def test_bad_checkpoint_is_one_clear_error(run, tmp_path):
-    out = subprocess.run(cli(tmp_path / "nope.pt", "--tokenizer", str(run.parents[2] / "tokenizer" / "tokenizer.json"),
+    out = subprocess.run(cli(tmp_path / "nope.pt", "--tokenizer", str(run.parents[2] / "tokenizer" / "encoding.json"),
                              "--prompt", "x"), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].startswith("error: checkpoint")
     out = subprocess.run(cli(tmp_path / "nope.pt", "--prompt", "x"), cwd=ROOT, capture_output=True, text=True,
@@ -163,7 +163,7 @@ def test_an_exported_hugging_face_directory_is_chatted_with_as_its_checkpoint(ru
     state = load_checkpoint(run)  # (the fixture's params are not its tokenizer's run: keep model and train only)
     save_checkpoint(tmp_path / "final.pt", {"model": state["model"],
                                             "params": {k: state["params"][k] for k in ("model", "train")}})
-    tok = run.parents[2] / "tokenizer" / "tokenizer.json"
+    tok = run.parents[2] / "tokenizer" / "encoding.json"
     hf = export(tmp_path / "final.pt", tok, run.parents[2] / "export" / "hf", force=True)
     out = subprocess.run(cli(hf, "--prompt", "hello there"), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -173,8 +173,8 @@ def test_an_exported_hugging_face_directory_is_chatted_with_as_its_checkpoint(ru
     out = subprocess.run(cli(tmp_path / "my-model", "--prompt", "hi"), cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 1, out.stderr
-    assert out.stderr.splitlines()[-1].startswith("error: no tokenizer/tokenizer.json"), out.stderr
-    assert "pass --tokenizer R/tokenizer/tokenizer.json" in out.stderr
+    assert out.stderr.splitlines()[-1].startswith("error: no tokenizer/encoding.json"), out.stderr
+    assert "pass --tokenizer R/tokenizer/encoding.json" in out.stderr
 
 
 def test_a_damaged_final_pt_is_refused_not_chatted_with(run, tmp_path):
@@ -189,7 +189,7 @@ def test_a_damaged_final_pt_is_refused_not_chatted_with(run, tmp_path):
     with open(ckpt, "r+b") as f:
         f.seek(ckpt.stat().st_size // 2)
         f.write(bytes(4096))
-    out = subprocess.run(cli(ckpt, "--tokenizer", str(run.parents[2] / "tokenizer" / "tokenizer.json"),
+    out = subprocess.run(cli(ckpt, "--tokenizer", str(run.parents[2] / "tokenizer" / "encoding.json"),
                              "--prompt", "hi"), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.strip().splitlines()[-1] == (

@@ -125,7 +125,7 @@ def test_centered_accuracy():
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from conftest import write_text_shard
+    from builders import write_text_shard
 
     from pipeline.data.encoding import load_tokenizer
     from pipeline.data.tokenizer import build_tokenizer
@@ -138,8 +138,8 @@ def tokenizer(tmp_path_factory):
     build_tokenizer({"tokenizer": {"kind": "bpe", "vocab_size": 300, "train_chars": 20_000, "max_doc_chars": 2000,
                                    "delimiter": "bos"},
                      "sources": {"web": {"type": "local", "format": "text", "text_column": "text", "min_chars": 0}},
-                     "seed": 0}, [str(shard)], d / "tokenizer.json")
-    return load_tokenizer(d / "tokenizer.json")
+                     "seed": 0}, [str(shard)], d / "encoding.json")
+    return load_tokenizer(d / "encoding.json")
 
 
 def tiny_model(max_seq_len=64, seed=0):
@@ -220,20 +220,63 @@ def test_fewshot_examples_are_seeded_from_the_pool_and_never_the_item(tasks_dir)
         core.fewshot_prefix(copa, item, 50, seed=5)
 
 
-def test_suite_on_real_tasks_with_shots_and_truncation(tokenizer, tasks_dir):
+def test_suite_on_real_tasks_fits_the_shots_and_never_truncates(tokenizer, tasks_dir):
+    """Issue 20 item 4: per task the largest k <= the asked shots that fits FIT_FRACTION of its items,
+    items that do not fit take fewer shots or (not even alone) are left out; no request is truncated."""
     tasks = core.load_tasks(tasks_dir, ["copa", "winogrande", "lambada"])
-    model = tiny_model(max_seq_len=64)
-    r = core.evaluate_tasks(model, tokenizer, tasks, seed=0, batch_tokens=512, shots=2, max_items=6)
-    assert r["score_name"] == "core_3" and r["items"] == 18
-    for t in r["tasks"].values():
-        assert t["items"] == 6 and t["shots"] == 2
+    model = tiny_model(max_seq_len=384)
+    r = core.evaluate_tasks(model, tokenizer, tasks, seed=0, batch_tokens=512, shots=4, max_items=12)
+    assert r["score_name"] == "core_3"
+    for name, t in r["tasks"].items():
+        assert t["truncated"] == 0 and t["shots_asked"] == 4
+        assert t["items"] + t["too_long"] == 12
+        # the table's k is the rule's, recomputed here from each item's own fit
+        fits = [core.item_fit(tokenizer, tasks[name], it, 4, 0, 384)[0] for it in tasks[name]["items"][:12]]
+        k = max([j for j in range(5) if sum(f >= j for f in fits) >= math.ceil(0.9 * 12)], default=0)
+        assert t["shots"] == k and t["fewer_shots"] == sum(0 <= f < k for f in fits)
+        assert t["too_long"] == sum(f < 0 for f in fits)
         assert t["centered"] == pytest.approx((t["accuracy"] - t["random_baseline"]) / (1 - t["random_baseline"]))
-    assert r["tasks"]["lambada"]["requests"] == 6 and r["tasks"]["copa"]["requests"] == 12
-    assert r["tasks"]["lambada"]["truncated"] > 0  # 2-shot LAMBADA passages exceed 64 tokens
+    # at this window copa keeps its 4 shots, winogrande takes fewer, some LAMBADA passages fit not even alone
+    t = r["tasks"]
+    assert t["copa"]["shots"] == 4 and t["winogrande"]["shots"] < 4 and t["lambada"]["too_long"] > 0
+    assert r["tasks"]["copa"]["requests"] == 24
     assert r["score"] == pytest.approx(sum(t["centered"] for t in r["tasks"].values()) / 3)
-    assert "| copa | multiple_choice | 2 | 6 |" in core.markdown_table(r)
+    assert "| copa | multiple_choice | 4 (4) | 12 |" in core.markdown_table(r)
     with pytest.raises(PipelineError, match="task 'hellaswag'.*does not exist.*eval_data"):
         core.load_tasks(tasks_dir, ["hellaswag"])
+    # a window that no LAMBADA item fits: the task is reported, not scored, and left out of the mean
+    two = {"copa": tasks["copa"], "lambada": tasks["lambada"]}
+    small = core.evaluate_tasks(tiny_model(max_seq_len=16), tokenizer, two, seed=0, batch_tokens=512, shots=0,
+                                max_items=3)
+    lam = small["tasks"]["lambada"]
+    assert lam["items"] == 0 and lam["too_long"] == 3 and lam["accuracy"] is None and lam["centered"] is None
+    if small["tasks"]["copa"]["items"]:
+        assert small["score_name"] == "core_1" and small["score"] == small["tasks"]["copa"]["centered"]
+    else:
+        assert small["score_name"] == "core_0" and small["score"] is None and core.core_record(small) == {}
+    assert "| lambada | language_modeling | 0 (0) | 0 | – |" in core.markdown_table(small)
+
+
+def test_item_fit_is_the_most_shots_that_fit(tokenizer, tasks_dir):
+    copa = core.load_tasks(tasks_dir, ["copa"])["copa"]
+    item = copa["items"][0]
+    lengths = [max(len(c) + len(x) for c, x in (core.encode_pair(tokenizer, *r)
+                                                for r in core.item_requests(copa, item, j, 0, 6))) for j in range(7)]
+    assert lengths == sorted(lengths) and lengths[0] < lengths[6]
+    for max_len in (lengths[0] - 2, lengths[0] - 1, lengths[3] - 1, lengths[3] + 5, lengths[6] - 1, 10_000):
+        j, reqs = core.item_fit(tokenizer, copa, item, 6, 0, max_len)
+        want = max([j for j in range(7) if lengths[j] <= max_len + 1], default=-1)
+        assert j == want
+        assert (reqs is None) == (want < 0)
+    # fewer shots are the first ones of the same draw
+    assert core.fewshot_prefix(copa, item, 6, 0).startswith(core.fewshot_prefix(copa, item, 2, 0, k_max=6))
+
+
+def test_task_k_rule():
+    assert core.task_k([10] * 9 + [-1], 10) == 10  # 90 % fit with all shots
+    assert core.task_k([10] * 8 + [3, 3], 10) == 3
+    assert core.task_k([5, 5, 5, 5, 5, 5, 5, 5, 5, 2], 3) == 3  # never more than asked
+    assert core.task_k([-1] * 5 + [10] * 5, 10) == 0
 
 
 def test_a_corrupted_task_file_is_refused(tasks_dir, tmp_path):
@@ -249,15 +292,15 @@ def test_a_corrupted_task_file_is_refused(tasks_dir, tmp_path):
 
 @pytest.mark.slow
 def test_two_gloo_ranks_give_the_single_process_table(tokenizer, tasks_dir, tmp_path):
-    model = tiny_model(max_seq_len=64)
+    model = tiny_model(max_seq_len=384)
     params = {"seed": 3, "hardware": {"device": "cpu", "process_group_timeout_min": 60},
-              "train": {"micro_batch": 4, "seq_len": 64, "ce_chunk_tokens": 8192},
+              "train": {"micro_batch": 4, "seq_len": 384, "ce_chunk_tokens": 8192},
               "eval": {"tasks": ["copa", "winogrande", "lambada"], "core_shots": 1, "core_max_items": 7,
                        "core_batch_tokens": 256}}
     torch.save({"model": model.state_dict(), "params": {
         "model": {"vocab_size": 320, "dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64,
                   "rope_theta": 10000, "norm_eps": 1e-5, "tie_embeddings": True},
-        "train": {"seq_len": 64}}}, tmp_path / "final.pt")
+        "train": {"seq_len": 384}}}, tmp_path / "final.pt")
     single = core.evaluate_tasks(model, tokenizer, core.load_tasks(tasks_dir, params["eval"]["tasks"]),
                                  **core.core_settings(params))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
@@ -267,9 +310,10 @@ def test_two_gloo_ranks_give_the_single_process_table(tokenizer, tasks_dir, tmp_
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ddp = json.loads((tmp_path / "core.json").read_text())
-    assert ddp["world_size"] == 2 and ddp["items"] == single["items"] == 21
+    assert ddp["world_size"] == 2 and ddp["items"] == single["items"]
+    assert single["items"] + sum(t["too_long"] for t in single["tasks"].values()) == 21
     for name, t in single["tasks"].items():
-        for key in ("accuracy", "centered", "items", "requests", "truncated"):
+        for key in ("accuracy", "centered", "items", "requests", "truncated", "shots", "fewer_shots", "too_long"):
             assert ddp["tasks"][name][key] == pytest.approx(t[key]), (name, key)
     assert ddp["score"] == pytest.approx(single["score"])
 
@@ -307,7 +351,7 @@ def test_scoring_dtype_is_bf16_on_cuda_only():
 def test_cuda_scoring_runs_the_body_under_bf16_autocast_with_fp32_logits(tokenizer, tasks_dir, monkeypatch):
     """The CUDA branch forced on CPU (CPU autocast has bf16 too): before, evaluate_tasks called
     model.hidden without autocast — fp32 on CUDA, where GQA attention only has the math kernel."""
-    model = tiny_model(max_seq_len=64)
+    model = tiny_model(max_seq_len=384)
     seen = []
     real_hidden, real_linear = model.hidden, F.linear
 

@@ -15,9 +15,9 @@ import glob
 
 import pytest
 import torch
-from conftest import ROOT
+from builders import ROOT
 
-from pipeline.config import resolve_config, stage_params
+from pipeline.config import resolve_config, rule_params
 from pipeline.data.encoding import load_tokenizer
 from pipeline.data.eval_data import build_eval_data
 from pipeline.data.tokenizer import build_tokenizer
@@ -44,9 +44,9 @@ def setup(tmp_path_factory):
         "train": {"seq_len": SEQ},
     })
     web = sorted(glob.glob(str(ROOT / "data/sample/web/*.parquet")))
-    build_tokenizer(stage_params(cfg, "tokenizer"), web, d / "tokenizer.json")
-    tok = load_tokenizer(d / "tokenizer.json")
-    params = stage_params(cfg, "train")
+    build_tokenizer(rule_params(cfg, "tokenizer"), web, d / "encoding.json")
+    tok = load_tokenizer(d / "encoding.json")
+    params = rule_params(cfg, "train")
     torch.manual_seed(0)
     model = Transformer(ModelConfig.from_config(params))
     with torch.no_grad():  # weights off their initialisation, so log-probabilities are far from uniform
@@ -55,7 +55,7 @@ def setup(tmp_path_factory):
     model.eval()
     save_checkpoint(d / "final.pt", {"model": model.state_dict(), "params": params, "plan": {},
                                      "summary": {}, "versions": versions()})
-    hf_dir = ex.export(d / "final.pt", d / "tokenizer.json", d / "hf")
+    hf_dir = ex.export(d / "final.pt", d / "encoding.json", d / "hf")
     build_eval_data({"tasks": TASKS, "pool_size": 20, "seed": 0}, d / "eval_data")
     tasks = core.load_tasks(d / "eval_data", TASKS)
     return d, tok, model, hf_dir, tasks

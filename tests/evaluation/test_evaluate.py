@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_train import SEQ, data, make_params, one_thread, run_inprocess  # noqa: F401 (fixtures)
+from builders import TRAIN_SEQ, make_params, run_inprocess
 
 from pipeline.data.contract import MASK_REAL
 from pipeline.data.encoding import load_tokenizer
@@ -25,9 +25,11 @@ from pipeline.evaluation.evaluate import (
 from pipeline.io import write_json
 from pipeline.model.model import ModelConfig, Transformer
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models run faster on one intra-op thread
+
 
 @pytest.fixture(scope="module")
-def trained(data, tmp_path_factory):  # noqa: F811
+def trained(data, tmp_path_factory):
     """A tiny model trained for 40 steps on the repetitive corpus."""
     out = tmp_path_factory.mktemp("eval_train")
     params = make_params(steps=40, val_interval=20, ckpt_interval=40, log_interval=5)
@@ -35,7 +37,7 @@ def trained(data, tmp_path_factory):  # noqa: F811
     return out, params
 
 
-def test_report_beats_unigram_and_writes_files(data, trained, tmp_path):  # noqa: F811
+def test_report_beats_unigram_and_writes_files(data, trained, tmp_path):
     out, params = trained
     main(["--params", json.dumps(params), "--ckpt", str(out / "final.pt"), "--val", data["val"],
           "--train", data["train"], "--tokenizer", data["tokenizer"], "--metrics", str(out / "metrics.jsonl"),
@@ -43,7 +45,7 @@ def test_report_beats_unigram_and_writes_files(data, trained, tmp_path):  # noqa
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["beats_unigram"] and report["val_loss"] < report["unigram_baseline"]
     assert report["val_bpb"] < report["unigram_baseline_bpb"]
-    assert report["val_tokens"] == PackedLoader(data["val"], 1).n_rows * SEQ  # all rows, no mask
+    assert report["val_tokens"] == PackedLoader(data["val"], 1).n_rows * TRAIN_SEQ  # all rows, no mask
     assert report["val_perplexity"] == pytest.approx(math.exp(report["val_loss"]))
     assert report["summary"]["tokens_trained"] == 40 * 256
     assert [g["prompt"] for g in report["generations"]] == params["eval"]["prompts"]
@@ -54,7 +56,7 @@ def test_report_beats_unigram_and_writes_files(data, trained, tmp_path):  # noqa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["loss.png", "report.json", "report.md"]
 
 
-def test_token_byte_lengths(data):  # noqa: F811
+def test_token_byte_lengths(data):
     tok = load_tokenizer(data["tokenizer"])
     lengths = token_byte_lengths(tok, 320)
     assert lengths[tok.bos_id] == 0 and all(lengths[i] == 0 for i in tok.special.values())
@@ -79,7 +81,7 @@ def masked_pack(path, tok, seq_len=8):
     return rows, mask
 
 
-def test_bits_per_byte_matches_a_hand_computation(data, tmp_path):  # noqa: F811
+def test_bits_per_byte_matches_a_hand_computation(data, tmp_path):
     tok = load_tokenizer(data["tokenizer"])
     rows, mask = masked_pack(tmp_path / "val.json", tok)
     torch.manual_seed(0)
@@ -102,7 +104,7 @@ def test_bits_per_byte_matches_a_hand_computation(data, tmp_path):  # noqa: F811
     assert loss == pytest.approx(nats / counted.sum(), rel=1e-5)
 
 
-def test_unigram_baseline_by_hand(data, tmp_path):  # noqa: F811
+def test_unigram_baseline_by_hand(data, tmp_path):
     tok = load_tokenizer(data["tokenizer"])
     rows, mask = masked_pack(tmp_path / "val.json", tok)
     loader = PackedLoader(tmp_path / "val.json", 1, shuffle=False)

@@ -19,11 +19,11 @@ import pytest
 import torch
 import transformers
 import yaml
-from conftest import ROOT
+from builders import ROOT
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from pipeline.budget import count_params
-from pipeline.config import resolve_config, stage_params
+from pipeline.config import resolve_config, rule_params
 from pipeline.data.encoding import load_tokenizer
 from pipeline.data.tokenizer import build_tokenizer, fill_tiktoken_cache
 from pipeline.errors import PipelineError
@@ -68,8 +68,8 @@ def tokenizers_(tmp_path_factory):
     """A BPE tokenizer per delimiter policy, trained on the shipped sample: {policy: path}."""
     out = {}
     for policy in ("bos", "both"):
-        path = tmp_path_factory.mktemp(f"tok_{policy}") / "tokenizer.json"
-        build_tokenizer(stage_params(run_config(policy), "tokenizer"), WEB, path)
+        path = tmp_path_factory.mktemp(f"tok_{policy}") / "encoding.json"
+        build_tokenizer(rule_params(run_config(policy), "tokenizer"), WEB, path)
         out[policy] = path
     return out
 
@@ -85,7 +85,7 @@ def real_tokens(tokenizers_):
 def make_checkpoint(path, cfg: dict, tokens: torch.Tensor | None, steps: int = 30, seed: int = 0) -> Transformer:
     """final.pt of a model of `cfg`, trained `steps` AdamW steps on `tokens` so its weights are off
     their initialisation (logit differences show more clearly on trained weights)."""
-    params = stage_params(cfg, "train")
+    params = rule_params(cfg, "train")
     torch.manual_seed(seed)
     model = Transformer(ModelConfig.from_config(params))
     if tokens is not None and steps:
@@ -241,8 +241,8 @@ def test_stock_tiktoken_encoding_is_exported_exactly(tmp_path):
     fill_tiktoken_cache("cl100k_base", tmp_path / "cache")
     params = {"tokenizer": {"kind": "tiktoken", "encoding": "cl100k_base", "cache_dir": str(tmp_path / "cache"),
                             "delimiter": "bos"}, "sources": {}, "seed": 0}
-    build_tokenizer(params, [], tmp_path / "tok" / "tokenizer.json")
-    tok = load_tokenizer(tmp_path / "tok" / "tokenizer.json")
+    build_tokenizer(params, [], tmp_path / "tok" / "encoding.json")
+    tok = load_tokenizer(tmp_path / "tok" / "encoding.json")
     from tokenizers import Tokenizer
 
     hf = Tokenizer.from_str(json.dumps(ex.tokenizer_json(tok)))
@@ -383,7 +383,7 @@ def test_checkpoint_from_another_config_is_refused(tmp_path, tokenizers_):
     with pytest.raises(PipelineError, match="tokenizer.delimiter = 'both'.*another run"):
         ex.export(tmp_path / "final.pt", tokenizers_["both"], tmp_path / "hf")
     # a config that is not the checkpoint's
-    other = stage_params(run_config(dim=128), "export")
+    other = rule_params(run_config(dim=128), "export")
     with pytest.raises(PipelineError, match="another config: its model.dim is 64 but the config says 128"):
         ex.export(tmp_path / "final.pt", tokenizers_["bos"], tmp_path / "hf", config_params=other)
     # a tokenizer larger than the model's vocabulary
@@ -393,7 +393,7 @@ def test_checkpoint_from_another_config_is_refused(tmp_path, tokenizers_):
     with pytest.raises(PipelineError, match="512 token ids but .* model.vocab_size 256"):
         ex.export(tmp_path / "small.pt", tokenizers_["bos"], tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
-    same = stage_params(run_config(), "export")
+    same = rule_params(run_config(), "export")
     assert ex.export(tmp_path / "final.pt", tokenizers_["bos"], tmp_path / "hf", config_params=same).is_dir()
 
 

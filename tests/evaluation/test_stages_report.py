@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.config import resolve_config
 from pipeline.errors import PipelineError
-from pipeline.evaluation.stages import stages_report
+from pipeline.evaluation.stages_report import stages_report
 from pipeline.io import write_json
 
 SOURCES = {"web": {"type": "local", "glob": "data/sample/web/*.parquet"},

@@ -18,12 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from builders import ROOT, TINY, make_project
 
 from pipeline import cluster
 
 sys.path.insert(0, str(ROOT / "tests"))
-from test_workflow import TINY, make_project
 
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")

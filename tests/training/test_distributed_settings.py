@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 import torch.distributed as torch_dist
-from test_step import CPU, micro_batches, tiny_loss_model
+from builders import CPU, micro_batches, tiny_loss_model
 
 from pipeline import distributed
 from pipeline.config import resolve_config
@@ -39,11 +39,11 @@ def test_init_process_group_gets_the_configured_timeout(monkeypatch, minutes):
 def test_train_passes_the_configured_timeout():
     import inspect
 
-    from pipeline.training import train
+    from pipeline.training import checkpoint, train
 
     assert 'init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])' in \
         inspect.getsource(train._train)
-    assert "process_group_timeout_min" in train.OBSERVABILITY_KEYS["hardware"]  # an edit still resumes
+    assert "process_group_timeout_min" in checkpoint.OBSERVABILITY_KEYS["hardware"]  # an edit still resumes
 
 
 def test_ddp_does_not_broadcast_the_rope_buffers(tmp_path, monkeypatch):

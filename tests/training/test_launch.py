@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from builders import ROOT
 
 from pipeline.errors import PipelineError
 from pipeline.io import pid_alive

@@ -6,16 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as torch_dist
-from test_loader import write_pack
+from builders import CPU, micro_batches, tiny_loss_model, write_pack
 
 from pipeline.budget import PEAK_FLOPS, peak_flops
 from pipeline.config import resolve_config
 from pipeline.data.loader import DataExhausted, PackedLoader
-from pipeline.distributed import Dist
 from pipeline.model.checkpoint import load_checkpoint, save_checkpoint
-from pipeline.model.model import ModelConfig, Transformer
 from pipeline.training.step import (
-    LossModel,
     StepBatches,
     accumulate_gradients,
     clip_gradients,
@@ -26,20 +23,7 @@ from pipeline.training.step import (
     zero_gradients,
 )
 
-CPU = Dist(0, 0, 1, torch.device("cpu"))
 VOCAB, SEQ = 64, 8
-
-
-def tiny_loss_model(seed=0) -> LossModel:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=VOCAB, dim=16, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=32, max_seq_len=SEQ)
-    return LossModel(Transformer(cfg), None, ce_chunk=10)
-
-
-def micro_batches(n, seed=0, masked=False):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randint(0, VOCAB, (2, SEQ), generator=g), torch.randint(0, VOCAB, (2, SEQ), generator=g),
-             (torch.rand(2, SEQ, generator=g) < 0.5) if masked else None) for _ in range(n)]
 
 
 # ----------------------------------------------------------------------------- gradients as bucket views

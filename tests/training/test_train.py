@@ -6,10 +6,8 @@ with the gloo backend (marked slow).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -19,113 +17,12 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as torch_dist
-from conftest import ROOT, write_text_shard
+from builders import ROOT, TRAIN_SEQ, make_params, make_plan, run_inprocess
 
-from pipeline import plan as plan_module
-from pipeline.config import resolve_config, stage_params
-from pipeline.data.encoding import load_tokenizer
-from pipeline.data.tokenizer import build_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.io import write_json
-from pipeline.stages import stage_config
 
-SEQ = 32
-WORDS = {
-    "det": ["the", "a", "one", "every"],
-    "noun": ["cat", "dog", "king", "bird", "farmer", "queen"],
-    "verb": ["sees", "likes", "follows", "feeds", "finds"],
-    "adj": ["small", "old", "red", "happy"],
-}
-
-
-def corpus(n_docs: int, seed: int) -> list[str]:
-    """Documents of simple, repetitive sentences (a model learns them in a few dozen steps)."""
-    rng = random.Random(seed)
-    pick = lambda k: rng.choice(WORDS[k])
-    docs = []
-    for _ in range(n_docs):
-        sents = [f"{pick('det')} {pick('adj')} {pick('noun')} {pick('verb')} {pick('det')} {pick('noun')}."
-                 for _ in range(rng.randint(2, 6))]
-        docs.append(" ".join(s.capitalize() for s in sents))
-    return docs
-
-
-def write_packed(out_json: Path, tokenizer, docs: list[str], seq_len: int = SEQ, mix: str = "pretrain") -> dict:
-    """Concat-pack documents into rows of seq_len + 1 tokens, per docs/data-contract.md."""
-    stream, starts = [], []
-    for d in docs:
-        starts.append(len(stream))
-        stream += tokenizer.delimit(tokenizer.encode(d))
-    row = seq_len + 1
-    n_rows = len(stream) // row
-    flat = np.asarray(stream[: n_rows * row], dtype=np.uint16)
-    stem = out_json.parent / out_json.name.removesuffix(".json")
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    flat.tofile(f"{stem}.bin")
-    np.save(f"{stem}.docs.npy", np.asarray([s for s in starts if s < n_rows * row], np.int64))
-    meta = {"mix": mix, "split": out_json.stem, "packing": "concat", "seq_len": seq_len, "n_rows": n_rows,
-            "dtype": "uint16", "tokens_in": len(stream), "tokens_packed": n_rows * row,
-            "dropped_tail_tokens": len(stream) - n_rows * row, "pad_tokens": 0, "has_mask": False,
-            "sha256": hashlib.sha256(flat.tobytes()).hexdigest()}
-    write_json(out_json, meta)
-    return meta
-
-
-def make_params(nproc: int = 1, steps: int = 12, stage: str = "pretrain", mixes: dict | None = None,
-                **train) -> dict:
-    """The train stage's params for the tiny run (global batch 256 tokens = 8 rows of 32): the view of
-    `stage` (a single stage named after the mix unless train.stages is given)."""
-    cfg = resolve_config({
-        "run_name": "t",
-        "seed": 7,
-        "sources": {"web": {"type": "local", "glob": str(ROOT / "data/sample/web/*.parquet")}},  # the plan globs it
-        "tokenizer": {"vocab_size": 300},
-        "model": {"vocab_size": 320, "dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64},
-        "train": {"seq_len": SEQ, "micro_batch": 4, "global_batch_tokens": 256, "target_tokens": 256 * steps,
-                  "precision": "fp32", "compile": False, "warmup_steps": 2, "val_interval": 4, "val_batches": 2,
-                  "ckpt_interval": 3, "log_interval": 1, "lr": 1e-2, "ce_chunk_tokens": 48, **train},
-        "hardware": {"nproc_per_node": nproc},
-        "wandb": {"mode": "disabled"},
-        "eval": {"prompts": ["The old king"], "max_new_tokens": 4},
-        **({"mixes": mixes} if mixes else {}),
-    })
-    return stage_config(stage_params(cfg, "train"), stage)
-
-
-def make_plan(params: dict) -> dict:
-    return plan_module.make_plan(params)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run several times faster on one intra-op thread (no contention on shared CPUs)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="session")
-def data(tmp_path_factory) -> dict:
-    """Tokenizer + packed train/val rows shared by the train, evaluate and bench tests."""
-    d = tmp_path_factory.mktemp("run")
-    shard = write_text_shard(d / "raw" / "web" / "shard_00000.parquet", corpus(400, seed=1))
-    tok_path = d / "tokenizer" / "tokenizer.json"
-    build_tokenizer({"tokenizer": {"kind": "bpe", "vocab_size": 300, "train_chars": 20_000, "max_doc_chars": 2000,
-                                   "delimiter": "bos"},
-                     "sources": {"web": {"type": "local", "format": "text", "text_column": "text", "min_chars": 0}},
-                     "seed": 0}, [str(shard)], tok_path)
-    tok = load_tokenizer(tok_path)
-    train_json, val_json = d / "pack" / "pretrain" / "train.json", d / "pack" / "pretrain" / "val.json"
-    write_packed(train_json, tok, corpus(600, seed=2))
-    write_packed(val_json, tok, corpus(60, seed=3))
-    return {"dir": d, "tokenizer": str(tok_path), "train": str(train_json), "val": str(val_json)}
-
-
-def run_inprocess(data, outdir, params, **kw):
-    from pipeline.training.train import train
-
-    return train(params, make_plan(params), data["train"], data["val"], data["tokenizer"], str(outdir), **kw)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models run faster on one intra-op thread
 
 
 def read_metrics(outdir) -> list[dict]:
@@ -329,7 +226,7 @@ def test_epochs_budget_reads_every_row_and_pads_the_last_step(data, tmp_path):
     steps = -(-rows // 8)  # 8 rows per step
     assert summary["num_steps"] == steps and summary["empty_rows"] == steps * 8 - rows
     assert summary["tokens_trained"] == steps * 256  # the empty rows' inputs are processed (fixed shapes) ...
-    assert summary["loss_tokens"] == rows * SEQ  # ... but never counted by the loss
+    assert summary["loss_tokens"] == rows * TRAIN_SEQ  # ... but never counted by the loss
 
 
 # ----------------------------------------------------------------------------- loss normalisation
@@ -346,9 +243,9 @@ def _micro_batches(n=3, masked=True, seed=0):
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
-        x = torch.randint(0, 300, (2, SEQ), generator=g)
-        y = torch.randint(0, 300, (2, SEQ), generator=g)
-        m = (torch.rand(2, SEQ, generator=g) < 0.3 + 0.3 * i) if masked else None  # uneven counts
+        x = torch.randint(0, 300, (2, TRAIN_SEQ), generator=g)
+        y = torch.randint(0, 300, (2, TRAIN_SEQ), generator=g)
+        m = (torch.rand(2, TRAIN_SEQ, generator=g) < 0.3 + 0.3 * i) if masked else None  # uneven counts
         out.append((x, y, m))
     return out
 
@@ -372,7 +269,7 @@ def test_accumulated_gradient_is_the_global_token_mean():
     lm = _tiny_loss_model()
     dist = Dist(0, 0, 1, torch.device("cpu"))
     counts = count_tokens(batches, dist)
-    assert counts.tolist() == [int(sum(b[2].sum() for b in batches)), 3 * 2 * SEQ]
+    assert counts.tolist() == [int(sum(b[2].sum() for b in batches)), 3 * 2 * TRAIN_SEQ]
     accumulate_gradients(lm, lm, batches, counts[0], world_size=1)
     ref = _reference_grads(batches)
     for n, p in lm.named_parameters():

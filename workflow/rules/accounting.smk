@@ -11,7 +11,7 @@ rule accounting:
         json=f"{RUN_DIR}/accounting.json",
         md=report(f"{RUN_DIR}/accounting.md", category="Data", caption="../report/accounting.rst"),
     params:
-        p=stage_params("accounting"),
+        p=rule_params("accounting"),
         code=code_version("pipeline.data.accounting"),
         run_dir=lambda w, output: Path(output.json).parent,
     log:

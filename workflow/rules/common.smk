@@ -68,7 +68,7 @@ try:
     GROUPS = {s: tfc.shard_groups(config, s) for s in SOURCES}
 except ConfigError as _e:
     stop(_e)
-TOKENIZER = f"{RUN_DIR}/tokenizer/tokenizer.json"
+TOKENIZER = f"{RUN_DIR}/tokenizer/encoding.json"
 # Training stages in order (train.stages; pipeline/stages.py): R/train/{stage}/final.pt of one is the
 # input of the stages that init from it.
 STAGES = {s["name"]: s for s in stage_list(config)}
@@ -99,20 +99,20 @@ onstart:
                  "it to the cores one job may use, e.g. --config hardware='{cpus_per_task: 16}'")
 
 
-def stage_params(stage):
-    """A stage's config slice as canonical JSON: declared as params so that editing it reruns the rule."""
-    return tfc.params_json(tfc.stage_params(config, stage))
+def rule_params(rule):
+    """A rule's config slice as canonical JSON: declared as params so that editing it reruns the rule."""
+    return tfc.params_json(tfc.rule_params(config, rule))
 
 
-def mix_params(stage):
+def mix_params(rule):
     """Param function of mix/pack: the slice of the job's own mix only."""
-    return lambda w: tfc.params_json(tfc.stage_params(config, stage, mix=w.mix))
+    return lambda w: tfc.params_json(tfc.rule_params(config, rule, mix=w.mix))
 
 
-def training_stage_params(rule_stage):
+def training_stage_params(rule):
     """Param function of train/evaluate: the config as the job's training stage sees it (its own
     train section and mix): an edit to another stage reruns nothing of this one."""
-    return lambda w: tfc.params_json(stage_config(tfc.stage_params(config, rule_stage), w.stage))
+    return lambda w: tfc.params_json(stage_config(tfc.rule_params(config, rule), w.stage))
 
 
 def stage_pack(split):
@@ -126,9 +126,9 @@ def stage_init(w):
     return [f"{RUN_DIR}/train/{init}/final.pt"] if init else []
 
 
-def source_params(stage):
+def source_params(rule):
     """Param function of a per-shard rule: the slice of the job's own source only."""
-    return lambda w: tfc.params_json(tfc.stage_params(config, stage, w.source))
+    return lambda w: tfc.params_json(tfc.rule_params(config, rule, w.source))
 
 
 # Per-shard stages run one job per group of `shards_per_job` shards, one process per job: the stage

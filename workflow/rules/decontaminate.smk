@@ -8,7 +8,7 @@ rule decontaminate:
     output:
         report=f"{RUN_DIR}/decontam/report.json",
     params:
-        p=stage_params("decontaminate"),
+        p=rule_params("decontaminate"),
         code=code_version("pipeline.data.decontaminate"),
         raw=shard_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
         tokens=shard_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),

@@ -54,7 +54,7 @@ rule dedup_candidates:
     output:
         f"{RUN_DIR}/dedup/pairs/{{part}}.parquet",
     params:
-        p=stage_params("dedup"),
+        p=rule_params("dedup"),
         code=code_version("pipeline.data.dedup"),
     log:
         f"{LOG_DIR}/dedup/candidates/{{part}}.log",
@@ -75,7 +75,7 @@ rule dedup:
     output:
         report=f"{RUN_DIR}/dedup/report.json",
     params:
-        p=stage_params("dedup"),
+        p=rule_params("dedup"),
         code=code_version("pipeline.data.dedup"),
         outdir=lambda w, output: Path(output.report).parent,
     log:

@@ -4,7 +4,7 @@ rule eval_data:
     output:
         f"{RUN_DIR}/eval_data/tasks.json",
     params:
-        p=stage_params("eval_data"),
+        p=rule_params("eval_data"),
         code=code_version("pipeline.data.eval_data"),
         outdir=lambda w, output: Path(output[0]).parent,
     log:

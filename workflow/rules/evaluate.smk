@@ -45,8 +45,8 @@ rule stages_report:
         md=report(f"{RUN_DIR}/eval/stages.md", category="Evaluation", caption="../report/stages.rst"),
         png=report(f"{RUN_DIR}/eval/stages.png", category="Evaluation", caption="../report/stages.rst"),
     params:
-        p=stage_params("evaluate"),
-        code=code_version("pipeline.evaluation.stages"),
+        p=rule_params("evaluate"),
+        code=code_version("pipeline.evaluation.stages_report"),
         run_dir=lambda w, output: Path(output.json).parent.parent,
     log:
         f"{LOG_DIR}/evaluate/stages.log",
@@ -56,5 +56,5 @@ rule stages_report:
     conda:
         "../../envs/train.yaml"
     shell:
-        "python -m pipeline.evaluation.stages --params {params.p:q} --run-dir {params.run_dir:q} "
+        "python -m pipeline.evaluation.stages_report --params {params.p:q} --run-dir {params.run_dir:q} "
         "--out-json {output.json:q} --out-md {output.md:q} --out-png {output.png:q} 2>&1 | tee {log:q}"

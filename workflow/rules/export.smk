@@ -1,6 +1,6 @@
 # The trained model (the last stage of train.stages) as a Hugging Face transformers Llama directory
 # (`snakemake export`): config.json,
-# model.safetensors, tokenizer.json / tokenizer_config.json (with the chat template), generation_config.json,
+# model.safetensors, tokenizer.json / tokenizer_config.json / chat_template.jinja, generation_config.json,
 # tokenfarm.json. transformers and lm-eval load it offline (README, "Export to Hugging Face").
 rule export:
     input:
@@ -9,7 +9,7 @@ rule export:
     output:
         directory(f"{RUN_DIR}/export/hf"),
     params:
-        p=stage_params("export"),
+        p=rule_params("export"),
         code=code_version("pipeline.evaluation.export"),
     log:
         f"{LOG_DIR}/export.log",

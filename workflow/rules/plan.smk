@@ -6,7 +6,7 @@ rule plan:
         json=f"{RUN_DIR}/plan.json",
         md=report(f"{RUN_DIR}/plan.md", category="Plan", caption="../report/plan.rst"),
     params:
-        p=stage_params("plan"),
+        p=rule_params("plan"),
         code=code_version("pipeline.plan"),
     log:
         f"{LOG_DIR}/plan.log",

@@ -9,7 +9,7 @@ rule split:
     output:
         report=f"{RUN_DIR}/split/report.json",
     params:
-        p=stage_params("split"),
+        p=rule_params("split"),
         code=code_version("pipeline.data.split"),
         keep=shard_files(f"{RUN_DIR}/dedup/keep/{{source}}/{{shard}}.parquet"),
         tokens=shard_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),

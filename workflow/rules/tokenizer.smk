@@ -5,7 +5,7 @@ rule tokenizer:
     output:
         TOKENIZER,
     params:
-        p=stage_params("tokenizer"),
+        p=rule_params("tokenizer"),
         code=code_version("pipeline.data.tokenizer"),
         files=shard_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet", tokenizer_sources(config)),
     log:

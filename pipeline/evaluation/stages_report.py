@@ -1,6 +1,6 @@
 """Stages report: every training stage of the run side by side, and their loss curves on one plot.
 
-    python -m pipeline.evaluation.stages --params JSON --run-dir R --out-json R/eval/stages.json \\
+    python -m pipeline.evaluation.stages_report --params JSON --run-dir R --out-json R/eval/stages.json \\
         --out-md R/eval/stages.md --out-png R/eval/stages.png
 
 Reads, per stage of `train.stages` (pipeline/stages.py), ``R/train/{stage}/summary.json`` and
@@ -63,6 +63,7 @@ def stage_rows(params: dict, run_dir: Path) -> tuple[list[dict], dict[str, list[
             "budget": st["budget"], "num_steps": summary["num_steps"], "tokens_trained": summary["tokens_trained"],
             "loss_tokens": summary["loss_tokens"], "val_loss": report["val_loss"],
             "chat_val_loss": report.get("chat_val_loss"), "answers": report.get("answers", []),
+            "chat_core": report.get("chat_core"),
         })
     return rows, curves
 
@@ -108,6 +109,11 @@ def markdown(rows: list[dict]) -> str:
     lines.append(f"| **total** | | | | {sum(r['num_steps'] for r in rows):,} "
                  f"| {sum(r['tokens_trained'] for r in rows):,} | {sum(r['loss_tokens'] for r in rows):,} | | |")
     for r in rows:
+        if r.get("chat_core"):
+            from pipeline.evaluation.chat_core import markdown_table as chat_table
+
+            lines += ["", f"## {r['stage']}: ChatCORE", "", chat_table(r["chat_core"])]
+    for r in rows:
         if r["answers"]:
             lines += ["", f"## {r['stage']}: answers to the fixed questions", ""]
             for a in r["answers"]:
@@ -130,7 +136,8 @@ def stages_report(params: dict, run_dir: str | Path, out_json, out_md, out_png) 
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.stages", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.stages_report",
+                                description=__doc__.split("\n\n")[0])
     add_config_args(p)
     p.add_argument("--run-dir", required=True, help="R (the run's results directory)")
     p.add_argument("--out-json", required=True)

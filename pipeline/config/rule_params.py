@@ -1,0 +1,198 @@
+"""What each rule depends on: its slice of the config, one function per rule in `RULE_PARAMS`.
+
+A rule declares its slice as `params:` (so an edit to it reruns the rule and its downstream, and
+nothing else) and passes it to its module's CLI as ``--params JSON``; by hand the CLI takes
+``--configfile`` (and ``--set``) and cuts the same slice here. What a rule's *code* is (the other
+half of its identity) is its `code=code_version("pipeline.…")` param (pipeline/codehash.py): the
+import closure of the module it runs, which holds this module and the rest of `pipeline.config`,
+since every module's CLI reads its params through `params_from_args`.
+
+For the per-shard rules (download, count, tokenize, dedup_sig) `source` narrows the slice to the
+job's own source, so editing one source reruns no job of another; for mix and pack `mix` narrows it
+to the job's own mix, so editing one mix (or a training stage on another mix) reruns no job of
+another.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from pipeline.config.resolve import load_config, parse_overrides
+from pipeline.errors import ConfigError
+from pipeline.stages import mix_targets, tokenizer_sources
+
+
+def params_json(obj: Any) -> str:
+    """Canonical JSON of a config slice, passed to a rule's module as --params."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+TEXT_KEYS = ("type", "format", "text_column", "messages_column")  # how a source's text is read
+# What the per-shard rules read of a source: its text and the filters applied at tokenize time.
+SHARD_KEYS = (*TEXT_KEYS, "min_chars", "max_conversation_tokens")
+# What the download rule does not depend on: an edit to these reruns no download.
+NOT_DOWNLOAD_KEYS = ("min_chars", "max_conversation_tokens", "tokens_per_shard_estimate")
+# What dedup_sig's signatures depend on: a threshold edit reruns the clustering only.
+SIGNATURE_KEYS = ("ngram", "num_perm", "bands", "rows", "seed")
+
+PLAN_TRAIN_KEYS = (
+    "mix", "seq_len", "global_batch_tokens", "micro_batch", "tokens_per_param", "target_tokens", "target_flops",
+    "precision", "optimizer", "activation_checkpointing", "checkpoint_every_n", "ce_chunk_tokens", "ce_matmul",
+    "compile", "fp8",
+)
+
+RESOURCE_KEYS = ("cpus_per_task",)  # hardware keys that size jobs and change no output
+
+
+def _source_slice(cfg: dict, names, keep: tuple[str, ...] = SHARD_KEYS) -> dict:
+    return {n: {k: cfg["sources"][n][k] for k in keep if k in cfg["sources"][n]} for n in names}
+
+
+def _sources_without(cfg: dict, names, drop: tuple[str, ...]) -> dict:
+    return {n: {k: v for k, v in cfg["sources"][n].items() if k not in drop} for n in names}
+
+
+def _run_description(cfg: dict) -> dict:
+    """The config as the rules downstream of the measured counts see it: without the planner's per-shard
+    estimate (the plan rule reads the measured counts of every source, so editing the estimate reruns
+    nothing: it serves dry runs and `python -m pipeline.plan`) and without the hardware keys that size
+    jobs rather than compute anything (they reach rules as threads)."""
+    return {**cfg, "sources": _sources_without(cfg, cfg["sources"], ("tokens_per_shard_estimate",)),
+            "hardware": {k: v for k, v in cfg["hardware"].items() if k not in RESOURCE_KEYS}}
+
+
+# ----------------------------------------------------------------------------- one slice per rule
+# Each takes (cfg, names of the sources in scope, the mix in scope or None).
+
+def _download(cfg: dict, names: list[str], mix: str | None) -> dict:
+    return {"sources": _sources_without(cfg, names, NOT_DOWNLOAD_KEYS), "download": cfg["download"]}
+
+
+def _tokenizer(cfg: dict, names: list[str], mix: str | None) -> dict:
+    # sampling reads text only: min_chars (and the chat cap) apply at tokenize time
+    return {"tokenizer": cfg["tokenizer"], "sources": _source_slice(cfg, tokenizer_sources(cfg), TEXT_KEYS),
+            "seed": cfg["seed"]}
+
+
+def _per_shard(cfg: dict, names: list[str], mix: str | None) -> dict:
+    return {"sources": _source_slice(cfg, names), "count": cfg["count"]}
+
+
+def _dedup_signatures(cfg: dict, names: list[str], mix: str | None) -> dict:
+    return {**_per_shard(cfg, names, mix), "dedup": {k: cfg["dedup"][k] for k in SIGNATURE_KEYS}}
+
+
+def _dedup(cfg: dict, names: list[str], mix: str | None) -> dict:
+    return {"dedup": cfg["dedup"], "seed": cfg["seed"]}
+
+
+def _split(cfg: dict, names: list[str], mix: str | None) -> dict:
+    return {"split": cfg["split"], "seed": cfg["seed"]}
+
+
+def _eval_data(cfg: dict, names: list[str], mix: str | None) -> dict:
+    # the task files depend on the task lists and the pool only
+    evaluation = cfg["eval"]
+    return {"tasks": evaluation["tasks"], "pool_size": evaluation["core_pool_size"], "seed": cfg["seed"],
+            "chat_tasks": evaluation["chat_tasks"]}
+
+
+def _decontaminate(cfg: dict, names: list[str], mix: str | None) -> dict:
+    return {"decontaminate": cfg["decontaminate"], "eval_tasks": cfg["eval"]["tasks"],
+            "sources": _source_slice(cfg, names, TEXT_KEYS)}
+
+
+def _pack(cfg: dict, names: list[str], mix: str | None) -> dict:
+    mixes = cfg["mixes"] if mix is None else {mix: cfg["mixes"][mix]}
+    return {"mixes": mixes, "seq_len": cfg["train"]["seq_len"], "seed": cfg["seed"]}
+
+
+def _mix(cfg: dict, names: list[str], mix: str | None) -> dict:
+    params = _pack(cfg, names, mix)
+    plan_mixes = [name for name, spec in params["mixes"].items() if spec["tokens"] == "plan"]
+    if plan_mixes:
+        # `tokens: plan` resolved here rather than read from plan.json: the figure (the most any
+        # training stage on the mix consumes, pipeline.stages.mix_targets) depends on the budgets,
+        # model and global batch only, so a micro-batch or hardware edit (which rewrites plan.json)
+        # reruns no data rule, while a budget edit reruns the mix.
+        params["trained_tokens"] = {name: mix_targets(cfg, name) for name in plan_mixes}
+    return params
+
+
+def _export(cfg: dict, names: list[str], mix: str | None) -> dict:
+    # what an exported model directory depends on (the checkpoint brings the weights)
+    return {"model": cfg["model"], "tokenizer": cfg["tokenizer"], "train": {"seq_len": cfg["train"]["seq_len"]}}
+
+
+def _plan(cfg: dict, names: list[str], mix: str | None) -> dict:
+    # budget, batch layout and memory only: an lr edit reruns train, not the data rules
+    run = _run_description(cfg)
+    keep = ("run_name", "seed", "tokenizer", "split", "mixes", "model", "hardware", "sources")
+    return {**{k: run[k] for k in keep}, "train": {k: run["train"][k] for k in (*PLAN_TRAIN_KEYS, "stages")},
+            "eval": {"core_batch_tokens": run["eval"]["core_batch_tokens"]}}  # the evaluation memory
+
+
+# train, evaluate and accounting depend on (almost) the whole run description.
+def _evaluate(cfg: dict, names: list[str], mix: str | None) -> dict:
+    return {k: v for k, v in _run_description(cfg).items() if k != "download"}
+
+
+def _train(cfg: dict, names: list[str], mix: str | None) -> dict:
+    # training's CORE subset has its own item cap: an edit of the final evaluation's cap reruns evaluate only
+    params = _evaluate(cfg, names, mix)
+    return {**params, "eval": {k: v for k, v in params["eval"].items() if k != "core_max_items"}}
+
+
+def _accounting(cfg: dict, names: list[str], mix: str | None) -> dict:
+    return {k: v for k, v in _evaluate(cfg, names, mix).items() if k != "eval"}  # reads no eval.* key
+
+
+RULE_PARAMS: dict[str, Callable[[dict, list[str], str | None], dict]] = {
+    "download": _download,
+    "tokenizer": _tokenizer,
+    "count": _per_shard,
+    "tokenize": _per_shard,
+    "dedup_sig": _dedup_signatures,
+    "dedup": _dedup,
+    "eval_data": _eval_data,
+    "decontaminate": _decontaminate,
+    "split": _split,
+    "mix": _mix,
+    "pack": _pack,
+    "plan": _plan,
+    "train": _train,
+    "evaluate": _evaluate,
+    "accounting": _accounting,
+    "export": _export,
+}
+
+
+def rule_params(cfg: dict, rule: str, source: str | None = None, mix: str | None = None) -> dict:
+    """The config slice rule `rule` depends on (`RULE_PARAMS`), narrowed to `source` / `mix` when given."""
+    try:
+        slice_of = RULE_PARAMS[rule]
+    except KeyError:
+        raise KeyError(f"unknown rule {rule!r} (rules with params: {', '.join(RULE_PARAMS)})") from None
+    return slice_of(cfg, list(cfg["sources"]) if source is None else [source], mix)
+
+
+# ----------------------------------------------------------------------------- a module's CLI
+
+def add_config_args(parser) -> None:
+    """--params JSON (what rules pass) or --configfile FILE (for hand use) on a rule module's CLI."""
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--params", help="the rule's config slice as JSON (what the Snakemake rule passes)")
+    group.add_argument("--configfile", help="a full config YAML; the module takes its rule's slice from it")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="with --configfile: override a key (dotted, e.g. train.resume=never; the value is "
+                             "read as YAML and typed by the schema); repeatable")
+
+
+def params_from_args(args, rule: str) -> dict:
+    """The params of rule `rule` from a CLI's --params, or cut from its --configfile (and --set)."""
+    overrides = getattr(args, "set", None)
+    if args.params is not None:
+        if overrides:
+            raise ConfigError("--set applies to --configfile only; --params is the resolved slice a rule passes")
+        return json.loads(args.params)
+    return rule_params(load_config(args.configfile, parse_overrides(overrides)), rule)
