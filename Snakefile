@@ -18,6 +18,7 @@ include: "workflow/rules/accounting.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/export.smk"
+include: "workflow/rules/scaling.smk"  # `snakemake --cores all scaling`: a target outside `all`
 
 
 rule all:

@@ -169,6 +169,9 @@ def token_target(train_cfg: dict, n_params: int, fpt: int) -> tuple[int, str]:
         return int(train_cfg["target_tokens"]), "train.target_tokens"
     if train_cfg.get("target_flops") is not None:
         return math.ceil(train_cfg["target_flops"] / fpt), "train.target_flops"
+    if train_cfg["tokens_per_param"] == "scaling":  # resolved from the sweep's fit by pipeline.scaling
+        raise PlanError("train.tokens_per_param: scaling has no fitted ratio here: run `snakemake --cores all "
+                        "scaling` first (its fit sets the ratio), or set a number")
     return math.ceil(train_cfg["tokens_per_param"] * n_params), "train.tokens_per_param"
 
 

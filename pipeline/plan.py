@@ -90,7 +90,7 @@ from pipeline.budget import (
     trained_tokens,
 )
 from pipeline.config import add_config_args, load_config, params_from_args, parse_overrides, run_dir, source_files
-from pipeline.errors import ConfigError, PlanError
+from pipeline.errors import ConfigError, PipelineError, PlanError
 from pipeline.io import atomic_write, get_logger, provenance, run_cli, write_json
 from pipeline.perf import (
     LOGITS_MODES,
@@ -115,7 +115,7 @@ REQUIRED_KEYS = (
 EXTRA_KEYS = (
     "n_params_embedding", "n_params_lm_head", "target_basis", "trained_tokens", "seq_len", "data_tokens_needed",
     "tokens_available", "shards_per_source", "memory_gb", "step_time_s", "step_time_basis", "mfu", "hardware",
-    "stages", "stages_total", "eval_memory_gb", "fits_eval_memory", "notes",
+    "stages", "stages_total", "eval_memory_gb", "fits_eval_memory", "notes", "tokens_per_param_fit", "scaling_sweep",
 )
 PLAN_KEYS = REQUIRED_KEYS + EXTRA_KEYS  # plan.json adds "meta"
 
@@ -290,13 +290,17 @@ def train_hours(cfg: dict) -> float:
 # ----------------------------------------------------------------------------- the plan
 
 def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = False,
-              strict_counts: bool = True, logits: str = "ours", measured_step: dict | None = None) -> dict:
+              strict_counts: bool = True, logits: str = "ours", measured_step: dict | None = None,
+              tokens_per_param_fit: dict | None = None) -> dict:
     """The plan of a resolved run config (or its plan-stage slice), with the measured token counts
     when `counts` (the count stage's counts.parquet) is given. Raises PlanError when the batch does
     not divide or the configured shards cannot supply the budget (the latter unless allow_short,
     for display only). `strict_counts=False` treats a source the counts file lacks as not counted
     yet (the Snakefile's parse-time plan, which may see counts from an earlier config). `logits` and
-    `measured_step` (`read_measured_step`): see `performance`. Keys: `PLAN_KEYS`."""
+    `measured_step` (`read_measured_step`): see `performance`. `tokens_per_param_fit`: what
+    `pipeline.scaling.resolve_tokens_per_param` says of a fitted ratio (shown as the target's basis).
+    A config with a `scaling` section (the whole config, not the plan rule's slice) adds the sweep's
+    price (`sweep_cost`). Keys: `PLAN_KEYS`."""
     model, train, hw = cfg["model"], cfg["train"], cfg["hardware"]
     parts = param_parts(model)
     n_params, non_embedding = count_params(model)
@@ -347,6 +351,17 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         notes.append(f"memory and time describe a trainer with {logits} logits, not tokenfarm's")
     if hw["device"] == "cpu":
         notes.append("cpu: peak is a nominal 1 TFLOP/s and memory is host memory")
+    extra = {"tokens_per_param_fit": tokens_per_param_fit, "scaling_sweep": None}
+    if tokens_per_param_fit is not None:
+        from pipeline.scaling import describe_ratio
+
+        if basis == "train.tokens_per_param":
+            basis = describe_ratio(tokens_per_param_fit)
+    if "scaling" in cfg:
+        try:
+            extra["scaling_sweep"] = sweep_cost(cfg)
+        except (PipelineError, ArithmeticError, ValueError) as e:  # the sweep's own rule names the key
+            notes.append(f"scaling sweep not priced: {e}")
     return {
         "n_params": n_params,
         "n_params_non_embedding": non_embedding,
@@ -381,7 +396,23 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "eval_memory_gb": perf["eval_memory"],
         "fits_eval_memory": all(mem["total"] <= perf["capacity_gb"] for mem in perf["eval_memory"].values()),
         "notes": notes,
+        **extra,
     }
+
+
+def sweep_cost(cfg: dict) -> dict:
+    """The IsoFLOP sweep's price (`snakemake --cores all scaling`, pipeline/scaling.py): every point on
+    one process (one GPU) for its steps at the plan's step time of the point's own config
+    (`train_hours`), and the total."""
+    from pipeline.scaling import point_config, points
+
+    out = []
+    for p in points(cfg):
+        hours = train_hours(point_config(cfg, p["flops"], p["depth"]))
+        out.append({**p, "est_gpu_hours": hours})
+    total = sum(p["est_gpu_hours"] for p in out)
+    return {"points": out, "n_points": len(out), "est_gpu_hours": total,
+            "budgets": len(cfg["scaling"]["budgets"]), "depths": len(cfg["scaling"]["depths"])}
 
 
 def plan_stages(cfg: dict, fpt: int, batch: BatchLayout, flops_per_s_per_gpu: float) -> tuple[list[dict], dict]:
@@ -450,7 +481,25 @@ def _rows(plan: dict) -> list[tuple[str, str]]:
           for i, s in enumerate(plan["stages"])],
         ("all stages", f"{plan['stages_total']['num_steps']:,} steps, {_num(plan['stages_total']['trained_tokens'])} "
                        f"tokens, {plan['stages_total']['est_gpu_hours']:.3g} GPU-hours (pred.)"),
+        *_sweep_rows(plan),
     ]
+
+
+def _sweep_rows(plan: dict) -> list[tuple[str, str]]:
+    """The scaling sweep's price: one row per budget (its points' GPU-hours by depth) and the total."""
+    sweep = plan.get("scaling_sweep")
+    if not sweep:
+        return []
+    rows = []
+    for b in dict.fromkeys(p["budget"] for p in sweep["points"]):
+        pts = [p for p in sweep["points"] if p["budget"] == b]
+        each = ", ".join(f"d{p['depth']} {_num(p['n_params'])} params {p['steps']:,} steps {p['est_gpu_hours']:.3g} h"
+                         for p in pts)
+        rows.append((f"scaling C={b}", each))
+    rows.append(("scaling sweep", f"{sweep['n_points']} points ({sweep['budgets']} budgets × {sweep['depths']} "
+                                  f"depths), {sweep['est_gpu_hours']:.3g} GPU-hours (pred.), one GPU per point: "
+                                  "snakemake --cores all scaling"))
+    return rows
 
 
 def _eval_row(plan: dict) -> str:
@@ -510,9 +559,12 @@ def main(argv=None) -> None:
             log.info("tokens per shard from the measured counts in %s", found)
     else:
         params = params_from_args(args, "plan")
+    from pipeline.scaling import resolve_tokens_per_param  # train.tokens_per_param: scaling → the fitted ratio
+
+    params, fitted = resolve_tokens_per_param(params) if "results_dir" in params else (params, None)
     measured = None if args.measured_step is None else read_measured_step(args.measured_step, params)
     plan = make_plan(params, counts=counts, allow_short=args.no_check, strict_counts=strict, logits=args.logits,
-                     measured_step=measured)
+                     measured_step=measured, tokens_per_param_fit=fitted)
     if args.out:
         write_json(args.out, {**plan, "meta": provenance("plan", params, [counts] if counts else [])})
     if args.out_md:

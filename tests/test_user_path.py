@@ -58,6 +58,9 @@ README = {
         RETRAINS),
     "snakemake --cores all --config mixes='{midtrain: {weights: {web: 0.25, chat: 0.75}}}'": Step(
         "snakemake --cores all -n --config mixes='{midtrain: {weights: {web: 0.25, chat: 0.75}}}'", RETRAINS),
+    "snakemake --cores all scaling": Step(
+        "snakemake --cores all scaling -n", "12 trainings of the IsoFLOP sweep (minutes on 2 cores): its dry run; "
+        "tests/test_scaling_workflow.py runs a sweep on the tiny config for real"),
     "python -m pipeline.evaluation.export --ckpt results/tiny/train/sft/final.pt "
     "--tokenizer results/tiny/tokenizer/encoding.json --out my-model": Step(),
     "python -m pipeline.evaluation.export --from-hf my-model --out imported.pt": Step(),

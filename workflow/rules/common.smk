@@ -18,7 +18,8 @@ from pipeline import config as tfc  # noqa: E402
 from pipeline.codehash import code_version  # noqa: E402 - every rule's code param (import closure)
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.plan import format_plan, make_plan, train_hours  # noqa: E402
-from pipeline.stages import stage_config, stage_list, tokenizer_sources  # noqa: E402
+from pipeline.scaling import describe_ratio as tfsc_describe, resolve_tokens_per_param  # noqa: E402
+from pipeline.stages import mix_targets, stage_config, stage_list, tokenizer_sources  # noqa: E402
 
 
 def stop(message):
@@ -42,9 +43,16 @@ if not workflow.overwrite_configfiles:
     config.clear()
     config.update(_merged)
 config.update(tfc.deep_merge(config, _overrides))
+# train.tokens_per_param: scaling is the ratio the IsoFLOP sweep fitted (pipeline/scaling.py), resolved here
+# to a number, so a new fit reruns what the budget sizes. Without a fit only the sweep can be built (its
+# points do not depend on the run's budget): the main process stops with the command to run unless that
+# command names the sweep (the targets are not known at parse time, so its arguments are looked at);
+# a job sized by the run's budget fails in pipeline.budget.token_target, naming the same command.
+SWEEP_TARGETED = any(a in ("scaling", "scaling_point") or "/scaling/" in a for a in sys.argv[1:])
 try:
-    _resolved = tfc.resolve_config(config)
-except ConfigError as _e:
+    _resolved, TOKENS_PER_PARAM_FIT = resolve_tokens_per_param(
+        tfc.resolve_config(config), required=workflow.is_main_process and not SWEEP_TARGETED)
+except (ConfigError, PlanError) as _e:
     stop(_e)
 config.clear()
 config.update(_resolved)
@@ -71,7 +79,7 @@ STAGES = {s["name"]: s for s in stage_list(config)}
 CORPUS_DOCS, CORPUS_TOKENS, _ = tfcl.corpus(config, *tfcl.measured_sizes(Path(RUN_DIR) / "counts" / "counts.parquet"))
 
 
-TRAIN_HOURS = train_hours(config)
+TRAIN_HOURS = 0 if TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.get("missing") else train_hours(config)
 
 
 def job_threads(rule):
@@ -175,10 +183,13 @@ wildcard_constraints:
 # counts, so every invocation (`snakemake -n` included) shows it before anything is downloaded. Only
 # the main Snakemake process prints and checks it: jobs that re-parse the Snakefile (the subprocess of
 # a local job, every job of a cluster executor) skip it and never exit over it.
-if workflow.is_main_process:
+if workflow.is_main_process and TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.get("missing"):
+    print(f"token-budget plan: none yet, {tfsc_describe(TOKENS_PER_PARAM_FIT)}", file=sys.stderr)
+elif workflow.is_main_process:
     _counts = Path(RUN_DIR) / "counts" / "counts.parquet"
     try:
-        PLAN = make_plan(config, counts=_counts if _counts.exists() else None, strict_counts=False)
+        PLAN = make_plan(config, counts=_counts if _counts.exists() else None, strict_counts=False,
+                         tokens_per_param_fit=TOKENS_PER_PARAM_FIT)
     except (PlanError, ConfigError) as _e:
         stop(f"the token-budget plan is not feasible:\n  {_e}")
     print(format_plan(PLAN), file=sys.stderr)

@@ -1,0 +1,317 @@
+"""IsoFLOP scaling sweep: the points, the fit, the report, and the fitted tokens-per-parameter ratio.
+
+`snakemake --cores all scaling` (workflow/rules/scaling.smk) trains one model per point (budget C of
+`scaling.budgets` × depth of `scaling.depths`), evaluates it, then fits (`pipeline.evaluation.scaling`,
+the stage that runs `fit_sweep` and writes the report and plot). This module is the library the
+Snakefile, the planner and that stage share: torch-free, numpy imported where a fit is made.
+
+**Shape from depth** (`depth_model`; the one rule, every other model key is the run's):
+``n_heads = max(1, aspect × depth / head_dim rounded half up)``, ``dim = n_heads × head_dim``,
+``n_layers = depth``, ``n_kv_heads`` = the largest divisor of n_heads that is ≤ max(1, n_heads // kv_group),
+``ffn_dim = round(ffn_ratio × dim)``. `scaling.aspect` (dim per layer), `head_dim`, `kv_group`
+(query heads per kv head) and `ffn_ratio` default (null) to the run model's own proportions
+(dim / n_layers, dim / n_heads, n_heads / n_kv_heads, ffn_dim / dim), so the ladder passes through
+the run's model at depth = n_layers when its dim is a multiple of head_dim.
+
+**A point** (`point_config`): the run config with that model, trained like the run's first stage
+(its mix, optimizer, learning rates, schedule) from scratch on one process (one GPU) for
+``steps = max(1, round(C / (flops_per_token × tokens_per_step)))`` steps — flops_per_token is the
+planner's (`pipeline.budget.flops_per_token`) and tokens_per_step `scaling.global_batch_tokens` (null:
+the run's); its warmup is the same fraction of its steps as the run's (`scaling.warmup_frac`, null:
+the run's warmup_steps / num_steps), the decay follows from its own length (cosine / WSD are
+fractions of num_steps). Validation is at the end only; no CORE subset, no generations. The points'
+params hold nothing of `scaling.budgets`/`depths`: adding a budget adds points and reruns no other.
+The point's val loss and bits per byte are the evaluate stage's (every validation row of the mix).
+
+**The fit** (`fit_sweep`): N = total parameters (what `train.tokens_per_param` multiplies), D = the
+tokens the point trained, C = the budget. Per budget, a parabola of val loss in ln N (and one in
+ln D) gives N*(C) and D*(C) at its vertex (a budget whose parabola opens downwards, or whose vertex
+lies farther outside the sampled range than that range is wide, has no minimum and is left out; a
+vertex outside the sampled range is flagged as extrapolated). Across budgets,
+least squares in log-log give N* = k_N·C^a and D* = k_D·C^b. Intervals (95 %) are a residual
+bootstrap: every point's loss is redrawn as its parabola's value plus a residual drawn from all
+points' residuals (inflated by sqrt(n / (n − 3·budgets)) for the parabolas' fitted coefficients), and
+everything is refitted; seed `seed`, `scaling.bootstrap` draws. They cover the noise of the losses
+around the parabolas, not seed-to-seed training variance nor a misfit of the power law itself.
+
+**The ratio at the run's budget** (`fitted_ratio`): the compute at which the run's model (N_run) is
+compute-optimal, C_run = (N_run / k_N)^(1/a), and the tokens per parameter there,
+D*(C_run) / N_run = k_D·C_run^b / N_run; per bootstrap draw the same, for its interval.
+`train.tokens_per_param: scaling` makes the plan use it (`resolve_tokens_per_param`).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+from pipeline.budget import count_params, flops_per_token
+from pipeline.config import rule_params, run_dir
+from pipeline.errors import ConfigError, PlanError
+from pipeline.io import read_json
+from pipeline.stages import stage_budget, stage_config, stage_list
+
+SCALING_COMMAND = "snakemake --cores all scaling"
+
+
+# ----------------------------------------------------------------------------- the points
+
+def budget_name(budget: float) -> str:
+    """A budget as its wildcard: 3e11, 1.5e12 (three significant digits, no '+')."""
+    exponent = math.floor(math.log10(budget))
+    mantissa = round(budget / 10 ** exponent, 2)
+    if mantissa >= 10:
+        mantissa, exponent = mantissa / 10, exponent + 1
+    return f"{mantissa:g}e{exponent}"
+
+
+def depth_model(cfg: dict, depth: int) -> dict:
+    """The model section of the ladder's model at `depth` (module docstring: the rule)."""
+    s, m = cfg["scaling"], cfg["model"]
+    aspect = s["aspect"] or m["dim"] / m["n_layers"]
+    head_dim = s["head_dim"] or m["dim"] // m["n_heads"]
+    kv_group = s["kv_group"] or max(1, m["n_heads"] // m["n_kv_heads"])
+    ffn_ratio = s["ffn_ratio"] or m["ffn_dim"] / m["dim"]
+    n_heads = max(1, math.floor(aspect * depth / head_dim + 0.5))  # half up (round() would go to even)
+    dim = n_heads * head_dim
+    cap = max(1, n_heads // kv_group)
+    divisors = {d for i in range(1, math.isqrt(n_heads) + 1) if n_heads % i == 0 for d in (i, n_heads // i)}
+    n_kv = max(d for d in divisors if d <= cap)
+    return {**m, "dim": dim, "n_layers": int(depth), "n_heads": n_heads, "n_kv_heads": n_kv,
+            "ffn_dim": max(1, round(ffn_ratio * dim))}
+
+
+def warmup_fraction(cfg: dict) -> float:
+    """`scaling.warmup_frac`, else the run's first stage's warmup steps / its steps."""
+    if cfg["scaling"]["warmup_frac"] is not None:
+        return cfg["scaling"]["warmup_frac"]
+    if cfg["train"]["tokens_per_param"] == "scaling" and cfg["train"]["target_tokens"] is None \
+            and cfg["train"]["target_flops"] is None:
+        raise ConfigError("config key 'scaling.warmup_frac': the run's length comes from the sweep "
+                          "(train.tokens_per_param: scaling), so the sweep cannot take its warmup fraction from "
+                          "it; set scaling.warmup_frac (e.g. 0.1)")
+    first = stage_list(cfg)[0]
+    steps = stage_budget(cfg, first)["num_steps"]
+    return min(1.0, first["train"]["warmup_steps"] / steps) if steps else 0.0
+
+
+def point_config(cfg: dict, budget: float, depth: int) -> dict:
+    """The full run config of one point (module docstring), without the `scaling` section."""
+    first = stage_list(cfg)[0]
+    train = {k: copy.deepcopy(v) for k, v in first["train"].items()}
+    model = depth_model(cfg, depth)
+    step = cfg["scaling"]["global_batch_tokens"] or train["global_batch_tokens"]
+    T = train["seq_len"]
+    micro = min(train["micro_batch"], max(1, step // T))
+    if step % (micro * T):
+        raise ConfigError(f"config key 'scaling.global_batch_tokens': {step} is not a multiple of micro_batch × "
+                          f"seq_len = {micro} × {T}; choose a multiple of {micro * T}")
+    fpt = flops_per_token({"model": model, "train": train})
+    steps = max(1, round(budget / (fpt * step)))
+    train.update(global_batch_tokens=step, micro_batch=micro, target_tokens=steps * step, target_flops=None,
+                 tokens_per_param=20, stages=[], warmup_steps=round(warmup_fraction(cfg) * steps),
+                 val_interval=steps, ckpt_interval=steps, log_interval=max(1, min(train["log_interval"], steps)))
+    out = {k: copy.deepcopy(v) for k, v in cfg.items() if k != "scaling"}
+    out.update(model=model, train=train,
+               hardware={**cfg["hardware"], "nproc_per_node": 1, "nodes": 1},
+               eval={**cfg["eval"], "core_interval": 0, "prompts": [], "chat_questions": []})
+    return out
+
+
+def point_params(cfg: dict, budget: float, depth: int) -> dict:
+    """What one point's train and evaluate commands get (`stage_config` of the point's config)."""
+    pc = point_config(cfg, budget, depth)
+    return stage_config(rule_params(pc, "train"), pc["train"]["mix"])
+
+
+def points(cfg: dict) -> list[dict]:
+    """Every point of the sweep: budget (its name and FLOPs), depth, N, FLOPs per token, steps, tokens."""
+    out = []
+    for budget in cfg["scaling"]["budgets"]:
+        c = float(budget_name(budget))  # what the job's wildcard says
+        for depth in cfg["scaling"]["depths"]:
+            pc = point_config(cfg, c, int(depth))
+            out.append({"budget": budget_name(budget), "flops": c, "depth": int(depth),
+                        "n_params": count_params(pc["model"])[0], "flops_per_token": flops_per_token(pc),
+                        "tokens": pc["train"]["target_tokens"],
+                        "steps": pc["train"]["target_tokens"] // pc["train"]["global_batch_tokens"]})
+    return out
+
+
+def check_sweep(cfg: dict, mix_tokens: int | None) -> None:
+    """Refuse a sweep whose points cannot train: fewer than 10 steps, or more tokens than the mix's
+    `mix_tokens` targets (None: not known, not checked)."""
+    mix = stage_list(cfg)[0]["mix"]
+    for p in points(cfg):
+        where = f"scaling point {p['budget']}/{p['depth']} ({p['n_params']:,} parameters)"
+        if p["steps"] < 10:
+            raise ConfigError(f"config key 'scaling.budgets': {where} gets {p['steps']} optimizer step(s) "
+                              "(budget / FLOPs per token / tokens per step); raise the smallest budget, drop the "
+                              "deepest depth or lower scaling.global_batch_tokens")
+        if mix_tokens is not None and p["tokens"] > mix_tokens:
+            raise ConfigError(f"config key 'scaling.budgets': {where} trains on {p['tokens']:,} tokens but mix "
+                              f"'{mix}' supplies {mix_tokens:,}; lower the largest budget, drop the shallowest "
+                              f"depth or give the mix more tokens (mixes.{mix}.tokens)")
+
+
+# ----------------------------------------------------------------------------- the fit (numpy only)
+
+def parabola_vertex(x, y) -> tuple[float, list[float]]:
+    """(vertex x, [c2, c1, c0]) of the least-squares parabola y = c2·x² + c1·x + c0; nan when it
+    opens downwards (no minimum)."""
+    import numpy as np
+
+    c = np.polyfit(np.asarray(x, float), np.asarray(y, float), 2)
+    return (float(-c[1] / (2 * c[0])) if c[0] > 0 else math.nan), [float(v) for v in c]
+
+
+def power_law(c, v) -> tuple[float, float]:
+    """(exponent, ln prefactor) of v = k·c^e by least squares in log-log."""
+    import numpy as np
+
+    e, lnk = np.polyfit(np.log(np.asarray(c, float)), np.log(np.asarray(v, float)), 1)
+    return float(e), float(lnk)
+
+
+def _minima(flops, n, d, loss) -> dict:
+    """Per budget the vertices in ln N and ln D, then the two power laws (nan when < 2 minima)."""
+    import numpy as np
+
+    flops, n, d, loss = (np.asarray(v, float) for v in (flops, n, d, loss))
+    rows = []
+    def near(x, xs):  # a vertex farther outside the sampled range than its width is no minimum
+        lo, hi = float(xs.min()), float(xs.max())
+        return x if lo - (hi - lo) <= x <= hi + (hi - lo) else math.nan
+
+    for c in np.unique(flops):
+        i = flops == c
+        xn, cn = parabola_vertex(np.log(n[i]), loss[i])
+        xd, _ = parabola_vertex(np.log(d[i]), loss[i])
+        inside = bool(np.log(n[i]).min() <= xn <= np.log(n[i]).max()) if not math.isnan(xn) else False
+        xn, xd = near(xn, np.log(n[i])), near(xd, np.log(d[i]))
+        rows.append({"flops": float(c), "n_opt": math.exp(xn) if not math.isnan(xn) else math.nan,
+                     "d_opt": math.exp(xd) if not math.isnan(xd) else math.nan, "inside": inside,
+                     "loss_opt": float(np.polyval(cn, xn)) if not math.isnan(xn) else math.nan, "coef": cn})
+    ok = [r for r in rows if not (math.isnan(r["n_opt"]) or math.isnan(r["d_opt"]))]
+    if len(ok) < 2:
+        return {"minima": rows, "a": math.nan, "ln_kn": math.nan, "b": math.nan, "ln_kd": math.nan}
+    a, ln_kn = power_law([r["flops"] for r in ok], [r["n_opt"] for r in ok])
+    b, ln_kd = power_law([r["flops"] for r in ok], [r["d_opt"] for r in ok])
+    return {"minima": rows, "a": a, "ln_kn": ln_kn, "b": b, "ln_kd": ln_kd}
+
+
+def ratio_at(a: float, ln_kn: float, b: float, ln_kd: float, n_params: float) -> tuple[float, float]:
+    """(C at which n_params is compute-optimal, tokens per parameter there)."""
+    ln_c = (math.log(n_params) - ln_kn) / a
+    return math.exp(ln_c), math.exp(ln_kd + b * ln_c) / n_params
+
+
+def _interval(values, level: float = 0.95) -> list[float]:
+    import numpy as np
+
+    v = np.asarray([x for x in values if math.isfinite(x)], float)
+    if not v.size:
+        return [math.nan, math.nan]
+    q = (1 - level) / 2
+    return [float(np.quantile(v, q)), float(np.quantile(v, 1 - q))]
+
+
+def fit_sweep(rows: list[dict], n_boot: int = 1000, seed: int = 0, run_n_params: float | None = None) -> dict:
+    """The fit of the module docstring over `rows` ({flops, n_params, tokens, val_loss} each)."""
+    import numpy as np
+
+    flops = np.array([r["flops"] for r in rows], float)
+    n = np.array([r["n_params"] for r in rows], float)
+    d = np.array([r["tokens"] for r in rows], float)
+    loss = np.array([r["val_loss"] for r in rows], float)
+    budgets = np.unique(flops)
+    if any((flops == c).sum() < 3 for c in budgets):
+        raise PlanError("every budget needs at least 3 depths for a parabola: list 3 or more in scaling.depths")
+    fit = _minima(flops, n, d, loss)
+    # residual bootstrap around each budget's parabola in ln N
+    yhat = np.empty_like(loss)
+    for r in fit["minima"]:
+        i = flops == r["flops"]
+        yhat[i] = np.polyval(r["coef"], np.log(n[i]))
+    resid = loss - yhat
+    dof = len(loss) - 3 * len(budgets)
+    resid = resid * math.sqrt(len(loss) / dof) if dof > 0 else resid
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(n_boot):
+        f = _minima(flops, n, d, yhat + rng.choice(resid, size=len(resid), replace=True))
+        draws.append([f["a"], f["ln_kn"], f["b"], f["ln_kd"]])
+    draws_arr = np.asarray(draws, float)
+    out = {
+        "a": fit["a"], "b": fit["b"], "ln_kn": fit["ln_kn"], "ln_kd": fit["ln_kd"],
+        # no interval around an estimate that does not exist (draws that happen to fit are no evidence)
+        "a_ci": _interval(draws_arr[:, 0]) if math.isfinite(fit["a"]) else [math.nan, math.nan],
+        "b_ci": _interval(draws_arr[:, 2]) if math.isfinite(fit["b"]) else [math.nan, math.nan],
+        "minima": [{k: v for k, v in m.items() if k != "coef"} | {"parabola": m["coef"]} for m in fit["minima"]],
+        "residual_sd": float(np.std(loss - yhat)),
+        "bootstrap": {"draws": n_boot, "seed": seed, "valid": int(np.isfinite(draws_arr).all(axis=1).sum()),
+                      "samples": [[round(v, 6) for v in row] for row in draws if all(map(math.isfinite, row))]},
+    }
+    if run_n_params is not None and math.isfinite(fit["a"]):
+        out["run"] = run_ratio(out, run_n_params)
+    return out
+
+
+def run_ratio(fit: dict, n_params: float) -> dict:
+    """The fitted tokens per parameter at the compute where `n_params` is optimal, with its interval."""
+    c, ratio = ratio_at(fit["a"], fit["ln_kn"], fit["b"], fit["ln_kd"], n_params)
+    samples = [ratio_at(*s, n_params)[1] for s in fit["bootstrap"]["samples"] if s[0] > 0]
+    return {"n_params": int(n_params), "flops": c, "tokens_per_param": ratio, "ci": _interval(samples)}
+
+
+# ----------------------------------------------------------------------------- the plan's ratio
+
+def fit_path(cfg: dict) -> Path:
+    return run_dir(cfg) / "scaling" / "fit.json"
+
+
+def resolve_tokens_per_param(cfg: dict, required: bool = True) -> tuple[dict, dict | None]:
+    """`cfg` with ``train.tokens_per_param: scaling`` replaced by the fitted ratio where the run's
+    model is compute-optimal (`run_ratio`), and what the plan says of it: {tokens_per_param, ci, fit,
+    flops, n_params}; (cfg, None) when the run sets a number. Without a fit: PlanError naming the
+    command to run when `required`, else `cfg` unchanged with {"missing": True, ...} (a Snakemake parse
+    that builds only the sweep; anything sized by the run's budget fails in `token_target`)."""
+    t = cfg["train"]
+    if t.get("tokens_per_param") != "scaling" or t.get("target_tokens") is not None \
+            or t.get("target_flops") is not None:
+        return cfg, None  # a number, or an explicit budget that overrides the ratio
+    mix = stage_list(cfg)[0]["mix"]
+    if cfg["mixes"][mix]["tokens"] == "plan":
+        raise ConfigError(f"config key 'mixes.{mix}.tokens': train.tokens_per_param: scaling sizes the run from the "
+                          f"sweep, which trains on mix '{mix}'; sized by the plan ('plan') that mix would change "
+                          "with the fit and rerun the sweep: give it a fixed number of tokens")
+    path = fit_path(cfg)
+    if not path.exists():
+        if required:
+            raise PlanError(f"train.tokens_per_param: scaling needs the sweep's fit {path}: run `{SCALING_COMMAND}` "
+                            "first (or set a number)")
+        return cfg, {"missing": True, "fit": str(path)}
+    fit = read_json(path)
+    if not math.isfinite(fit.get("a", math.nan)) or fit["a"] <= 0:
+        raise PlanError(f"{path}: the sweep found no compute-optimal size (a = {fit.get('a')}; see its report.md): "
+                        "widen scaling.depths or scaling.budgets and rerun `" + SCALING_COMMAND + "`, or set a number")
+    info = {**run_ratio(fit, count_params(cfg["model"])[0]), "fit": str(path)}
+    out = copy.deepcopy(cfg)
+    out["train"]["tokens_per_param"] = float(f"{info['tokens_per_param']:.4g}")
+    return out, info
+
+
+def describe_ratio(info: dict) -> str:
+    """One line for the plan: which ratio, from where, its interval."""
+    if info.get("missing"):
+        return f"train.tokens_per_param: scaling — no fit yet ({info['fit']}); run `{SCALING_COMMAND}`"
+    lo, hi = info["ci"]
+    return (f"train.tokens_per_param: scaling = {info['tokens_per_param']:.3g} tokens/param [95 % CI {lo:.3g}–"
+            f"{hi:.3g}], the sweep's D*/N* where {info['n_params']:,} parameters are compute-optimal "
+            f"(C = {info['flops']:.3g} FLOPs), from {info['fit']}")
+
+
+def fit_params(cfg: dict) -> dict:
+    """What the fit depends on: the points (N, D, C of each), the bootstrap, the run's N."""
+    return {"points": points(cfg), "bootstrap": cfg["scaling"]["bootstrap"], "seed": cfg["seed"],
+            "run_n_params": count_params(cfg["model"])[0]}

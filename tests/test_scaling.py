@@ -1,0 +1,141 @@
+"""The IsoFLOP sweep's pure parts (pipeline/scaling.py): the fit recovers known exponents from losses of a
+Chinchilla-form law with noise, the shape rule, a point's params, and the plan's fitted ratio."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from pipeline import scaling as sc
+from pipeline.budget import count_params, flops_per_token
+from pipeline.config import load_config, params_json
+from pipeline.errors import PlanError
+from pipeline.plan import format_plan, make_plan
+
+# Hoffmann et al. 2022, approach 3: L(N, D) = E + A / N^alpha + B / D^beta
+E, A, B = 1.69, 406.4, 410.7
+
+
+def chinchilla_rows(alpha: float, beta: float, noise: float, seed: int = 0, per_budget: int = 9) -> list[dict]:
+    """Losses of the law on an IsoFLOP grid (C = 6ND), N spread over 1/8..8 × the true optimum."""
+    rng = np.random.default_rng(seed)
+    g = (alpha * A / (beta * B)) ** (1 / (alpha + beta))
+    rows = []
+    for c in np.geomspace(1e18, 1e21, 5):
+        n_opt = g * (c / 6) ** (beta / (alpha + beta))
+        for f in np.geomspace(1 / 8, 8, per_budget):
+            n = n_opt * f
+            d = c / (6 * n)
+            rows.append({"flops": c, "n_params": n, "tokens": d,
+                         "val_loss": E + A / n ** alpha + B / d ** beta + rng.normal(0, noise)})
+    return rows
+
+
+@pytest.mark.parametrize("alpha,beta", [(0.34, 0.28), (0.3, 0.3), (0.28, 0.34)])
+def test_fit_recovers_the_exponents_of_a_chinchilla_law(alpha, beta):
+    g = (alpha * A / (beta * B)) ** (1 / (alpha + beta))
+    n_run = g * (1e20 / 6) ** (beta / (alpha + beta))  # the law's optimal N at C = 1e20
+    fit = sc.fit_sweep(chinchilla_rows(alpha, beta, noise=0.004), n_boot=300, seed=1, run_n_params=n_run)
+    a_true, b_true = beta / (alpha + beta), alpha / (alpha + beta)
+    assert fit["a"] == pytest.approx(a_true, abs=0.01) and fit["b"] == pytest.approx(b_true, abs=0.01)
+    assert fit["a"] + fit["b"] == pytest.approx(1, abs=0.01)  # C = 6ND: N*·D* ∝ C
+    # the intervals are real intervals around the estimate, and wider with more noise
+    for k in ("a", "b"):
+        lo, hi = fit[f"{k}_ci"]
+        assert lo < fit[k] < hi and hi - lo < 0.05
+    noisier = sc.fit_sweep(chinchilla_rows(alpha, beta, noise=0.03), n_boot=300, seed=1)
+    assert np.diff(noisier["a_ci"])[0] > np.diff(fit["a_ci"])[0]
+    assert all(m["inside"] for m in fit["minima"])
+    # the implied tokens per parameter of that model and where it is optimal, against the law's own
+    assert fit["run"]["flops"] == pytest.approx(1e20, rel=0.25)
+    assert fit["run"]["tokens_per_param"] == pytest.approx(1e20 / 6 / n_run ** 2, rel=0.1)
+    lo, hi = fit["run"]["ci"]
+    assert lo < fit["run"]["tokens_per_param"] < hi
+
+
+def test_fit_flags_a_budget_without_a_minimum_and_refuses_too_few_depths():
+    rows = chinchilla_rows(0.34, 0.28, noise=0.0)
+    c0 = rows[0]["flops"]
+    for r in rows:  # the smallest budget's losses fall monotonically with N: no vertex inside
+        if r["flops"] == c0:
+            r["val_loss"] = 5 - 0.1 * math.log(r["n_params"])
+    fit = sc.fit_sweep(rows, n_boot=20)
+    assert not next(m for m in fit["minima"] if m["flops"] == c0)["inside"]
+    with pytest.raises(PlanError, match="at least 3 depths"):
+        sc.fit_sweep([r for i, r in enumerate(rows) if i % 9 < 2], n_boot=10)
+
+
+@pytest.fixture
+def cfg():
+    return load_config("config.yaml")
+
+
+def test_the_run_model_is_on_the_ladder_by_default(cfg):
+    run = cfg["model"]
+    cfg = {**cfg, "scaling": {**cfg["scaling"], "aspect": None, "head_dim": None, "kv_group": None, "ffn_ratio": None}}
+    assert sc.depth_model(cfg, run["n_layers"]) == run
+    shallow = sc.depth_model(cfg, 1)
+    assert shallow["n_layers"] == 1 and shallow["dim"] == run["dim"] // run["n_layers"]
+    assert shallow["dim"] % shallow["n_heads"] == 0 and shallow["n_heads"] % shallow["n_kv_heads"] == 0
+    assert shallow["ffn_dim"] == shallow["dim"] * run["ffn_dim"] // run["dim"]
+
+
+def test_a_point_trains_budget_over_flops_per_token_and_holds_no_sweep_list(cfg):
+    budget, depth = cfg["scaling"]["budgets"][0], cfg["scaling"]["depths"][0]
+    p = sc.point_params(cfg, budget, depth)
+    t = p["train"]
+    assert t["target_tokens"] % t["global_batch_tokens"] == 0
+    steps = t["target_tokens"] // t["global_batch_tokens"]
+    assert steps == round(budget / (flops_per_token(p) * t["global_batch_tokens"]))
+    assert p["model"]["n_layers"] == depth and p["hardware"]["nproc_per_node"] == 1 and "scaling" not in p
+    assert p["stage"]["name"] == cfg["train"]["mix"] and p["train"]["optimizer"] == cfg["train"]["optimizer"]
+    assert t["warmup_steps"] == round(sc.warmup_fraction(cfg) * steps) and t["val_interval"] == steps
+    # another budget list leaves the point's params as they were: adding a budget reruns no other point
+    more = {**cfg, "scaling": {**cfg["scaling"], "budgets": [*cfg["scaling"]["budgets"], 1e13]}}
+    assert params_json(sc.point_params(more, budget, depth)) == params_json(p)
+    assert sc.budget_name(3e11) == "3e11" and sc.budget_name(1.5e12) == "1.5e12" and float("6.6e11") == 6.6e11
+
+
+def test_the_default_sweep_fits_its_mix_and_the_preset_sweep_is_priced(cfg):
+    from pipeline.stages import mix_targets
+
+    sc.check_sweep(cfg, mix_targets(cfg, cfg["train"]["mix"]))
+    small = {**cfg, "scaling": {**cfg["scaling"], "budgets": [1e13]}}
+    with pytest.raises(Exception, match="supplies"):
+        sc.check_sweep(small, mix_targets(cfg, cfg["train"]["mix"]))
+    for p in sc.points(cfg):
+        assert p["n_params"] < 1_000_000
+    preset = load_config("configs/gpt-500m-fineweb.yaml")
+    text = format_plan(make_plan(preset, allow_short=True))
+    assert "scaling sweep" in text and "GPU-hours" in text
+    sweep = make_plan(preset, allow_short=True)["scaling_sweep"]
+    assert sweep["n_points"] == len(sweep["points"]) and all(p["est_gpu_hours"] > 0 for p in sweep["points"])
+    assert sweep["est_gpu_hours"] == pytest.approx(sum(p["est_gpu_hours"] for p in sweep["points"]))
+
+
+def test_tokens_per_param_scaling_reads_the_fit_or_names_the_command(cfg, tmp_path):
+    cfg = {**cfg, "results_dir": str(tmp_path), "train": {**cfg["train"], "tokens_per_param": "scaling",
+                                                          "target_tokens": None},
+           "mixes": {**cfg["mixes"], "pretrain": {**cfg["mixes"]["pretrain"], "tokens": 10**9}}}
+    with pytest.raises(PlanError, match="snakemake --cores all scaling"):
+        sc.resolve_tokens_per_param(cfg)
+    fit = sc.fit_sweep(chinchilla_rows(0.34, 0.28, noise=0.004), n_boot=100, seed=0)
+    path = sc.fit_path(cfg)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(fit))
+    resolved, info = sc.resolve_tokens_per_param(cfg)
+    n = count_params(cfg["model"])[0]
+    assert resolved["train"]["tokens_per_param"] == pytest.approx(sc.run_ratio(fit, n)["tokens_per_param"], rel=1e-3)
+    plan = make_plan(resolved, allow_short=True, tokens_per_param_fit=info)
+    assert plan["target_tokens"] == math.ceil(resolved["train"]["tokens_per_param"] * n)
+    assert "train.tokens_per_param: scaling" in format_plan(plan) and str(path) in format_plan(plan)
+    # a sweep whose budgets have no minimum on the ladder has no exponent: refused, not used
+    path.write_text(json.dumps({**fit, "a": math.nan}))
+    with pytest.raises(PlanError, match="no compute-optimal size"):
+        sc.resolve_tokens_per_param(cfg)
+    # the sweep's mix sized by the plan would change with the fit and rerun the sweep: refused
+    with pytest.raises(Exception, match="fixed number of tokens"):
+        sc.resolve_tokens_per_param({**cfg, "mixes": {**cfg["mixes"], "pretrain": {"weights": {"web": 1.0},
+                                                                                  "tokens": "plan"}}})

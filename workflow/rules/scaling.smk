@@ -1,0 +1,87 @@
+# The IsoFLOP sweep, a target outside `all`: `snakemake --cores all scaling`. One job per point
+# {budget}/{depth} (scaling.budgets × scaling.depths; pipeline/scaling.py: the shape rule and the point's
+# budget, optimizer and schedule) trains with the train rule's supervisor and trainer (one process: one GPU,
+# or one core, no torchrun) on the packed rows of the run's first stage's mix, then evaluates the point on
+# the same validation rows as the evaluate rule (val loss, bits per byte). A point's params are its own
+# view of the config (no budget or depth list in them): adding a budget adds its points and reruns none
+# of the others. The fit (rule scaling) writes R/scaling/fit.json (which `train.tokens_per_param: scaling`
+# reads), report.md and the plot.
+import math
+
+from pipeline import scaling as tfsc  # noqa: E402
+
+SCALING_DIR = f"{RUN_DIR}/scaling"
+SCALING_MIX = STAGES[next(iter(STAGES))]["mix"]
+try:
+    SCALING_POINTS = tfsc.points(config)
+    if workflow.is_main_process and SWEEP_TARGETED:  # every point must get its tokens from the mix, 10+ steps
+        _mix = config["mixes"][SCALING_MIX]["tokens"]
+        tfsc.check_sweep(config, mix_targets(config, SCALING_MIX) if _mix == "plan" else _mix)
+except ConfigError as _e:
+    stop(_e)
+
+
+_POINT_RESOURCES = tfcl.job_resources(
+    {**config, "hardware": {**config["hardware"], "nproc_per_node": 1, "nodes": 1}}, "train")["resources"]
+if config["hardware"]["device"] == "cpu":
+    _POINT_RESOURCES["cpus_per_task"] = 1
+
+
+rule scaling_point:
+    input:
+        train=f"{RUN_DIR}/pack/{SCALING_MIX}/train.json",
+        val=f"{RUN_DIR}/pack/{SCALING_MIX}/val.json",
+        tokenizer=TOKENIZER,
+    output:
+        json=f"{SCALING_DIR}/{{budget}}/{{depth}}/report.json",
+    params:
+        p=lambda w: tfc.params_json(tfsc.point_params(config, float(w.budget), int(w.depth))),
+        # what the job runs; pipeline.scaling only computes the params above (an edit of the fit or the
+        # plot must not retrain the points)
+        code=code_version("pipeline.training.launch", "pipeline.training.train", "pipeline.evaluation.evaluate"),
+        outdir=lambda w, output: Path(output.json).parent,
+        ckpt=lambda w, output: Path(output.json).parent / "train" / "final.pt",
+        metrics=lambda w, output: Path(output.json).parent / "train" / "metrics.jsonl",
+    log:
+        f"{LOG_DIR}/scaling/{{budget}}/{{depth}}.log",
+    wildcard_constraints:
+        budget=r"[0-9.]+e[0-9]+",
+        depth=r"\d+",
+    # one process per point: one GPU, or on CPU one core (points run side by side on --cores)
+    threads: 1 if config["hardware"]["device"] == "cpu" else job_threads("train")
+    resources:
+        # runtime: the planner's predicted hours of the point (its own config through plan.train_hours) × 1.5
+        **{**_POINT_RESOURCES, "runtime": lambda w: math.ceil(
+            90 * train_hours(tfsc.point_config(config, float(w.budget), int(w.depth)))) + 30},
+    conda:
+        "../../envs/train.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} python -m pipeline.training.launch -- python -m pipeline.training.train "
+        "--params {params.p:q} --train {input.train:q} --val {input.val:q} --tokenizer {input.tokenizer:q} "
+        "--outdir {params.outdir:q}/train 2>&1 | tee {log:q}; "
+        "OMP_NUM_THREADS={threads} python -m pipeline.evaluation.evaluate --params {params.p:q} --ckpt {params.ckpt:q} "
+        "--val {input.val:q} --train {input.train:q} --tokenizer {input.tokenizer:q} --metrics {params.metrics:q} "
+        "--outdir {params.outdir:q} 2>&1 | tee -a {log:q}"
+
+
+rule scaling:
+    input:
+        points=[f"{SCALING_DIR}/{p['budget']}/{p['depth']}/report.json" for p in SCALING_POINTS],
+    output:
+        json=f"{SCALING_DIR}/fit.json",
+        md=report(f"{SCALING_DIR}/report.md", category="Scaling", caption="../report/scaling.rst"),
+        png=report(f"{SCALING_DIR}/scaling.png", category="Scaling", caption="../report/scaling.rst"),
+    params:
+        p=tfc.params_json(tfsc.fit_params(config)),
+        code=code_version("pipeline.evaluation.scaling"),
+    log:
+        f"{LOG_DIR}/scaling/fit.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    conda:
+        "../../envs/train.yaml"
+    shell:
+        "python -m pipeline.evaluation.scaling --params {params.p:q} --points {input.points:q} --out-json {output.json:q} "
+        "--out-md {output.md:q} --out-png {output.png:q} 2>&1 | tee {log:q}"
