@@ -311,6 +311,7 @@ def stage_params(cfg: dict, stage: str, source: str | None = None, mix: str | No
         p = {"sources": _source_slice(cfg, names), "count": cfg["count"]}
         if stage == "dedup_sig":  # only what the signatures depend on: a threshold edit reruns clustering only
             p["dedup"] = {k: cfg["dedup"][k] for k in ("ngram", "num_perm", "bands", "rows", "seed")}
+            p["dedup"]["partitions"] = cfg["dedup"]["partitions"]  # band keys are written partitioned
         return p
     if stage == "dedup":
         return {"dedup": cfg["dedup"], "seed": cfg["seed"]}
