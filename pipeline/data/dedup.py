@@ -62,6 +62,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -72,7 +73,7 @@ from pipeline.config import add_config_args, params_from_args
 from pipeline.data import minhash
 from pipeline.data.contract import (
     add_group_args,
-    document_texts,
+    iter_document_texts,
     load_doc_tokens,
     run_group,
     shard_name,
@@ -127,17 +128,26 @@ def _batches(texts: pa.Array) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
 
 
-def hash_documents(texts: pa.Array, dd: dict) -> dict[str, np.ndarray]:
-    """Exact hashes (n,), band keys (n, bands) and signatures (n, num_perm) of the documents."""
+def hash_documents(texts: pa.Array | Iterable[pa.Array], dd: dict, n: int | None = None) -> dict[str, np.ndarray]:
+    """Exact hashes (n,), band keys (n, bands) and signatures (n, num_perm) of the documents: one
+    array of texts, or `n` documents' texts as consecutive chunks (`iter_document_texts`), hashed as
+    they come so only one chunk's text is held."""
+    chunks = [texts] if isinstance(texts, pa.Array) else texts
+    n = len(texts) if isinstance(texts, pa.Array) else n
     perms = minhash.permutations(dd["num_perm"], dd["seed"])
-    n = len(texts)
     out = {"exact": np.empty(n, np.uint64), "bands": np.empty((n, dd["bands"]), np.uint64),
            "sig": np.empty((n, dd["num_perm"]), np.uint32)}
-    for lo, hi in progress(_batches(texts), desc="minhash", unit="batch"):
-        wh, word_off = minhash.doc_word_hashes(texts.slice(lo, hi - lo))
-        out["exact"][lo:hi] = minhash.exact_hashes(wh, word_off)
-        out["sig"][lo:hi] = minhash.signatures(*minhash.shingle_hashes(wh, word_off, dd["ngram"]), perms)
-        out["bands"][lo:hi] = minhash.band_keys(out["sig"][lo:hi], dd["bands"], dd["rows"])
+    done = 0
+    for chunk in progress(chunks, desc="minhash", unit="chunk"):
+        for lo, hi in _batches(chunk):
+            wh, word_off = minhash.doc_word_hashes(chunk.slice(lo, hi - lo))
+            lo, hi = lo + done, hi + done
+            out["exact"][lo:hi] = minhash.exact_hashes(wh, word_off)
+            out["sig"][lo:hi] = minhash.signatures(*minhash.shingle_hashes(wh, word_off, dd["ngram"]), perms)
+            out["bands"][lo:hi] = minhash.band_keys(out["sig"][lo:hi], dd["bands"], dd["rows"])
+        done += len(chunk)
+    if done != n:
+        raise PipelineError(f"{done} document texts for {n} documents")
     return out
 
 
@@ -168,8 +178,8 @@ def write_signatures(input_path, tokens_json, source: str, shard: str, params: d
         raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(params['sources'])})")
     dd = params["dedup"]
     tok_meta, tokens = load_doc_tokens(tokens_json)
-    texts = document_texts(input_path, params["sources"][source], tok_meta["doc_rows"])
-    hashed = hash_documents(texts, dd)
+    texts = iter_document_texts(input_path, params["sources"][source], tok_meta["doc_rows"])
+    hashed = hash_documents(texts, dd, len(tokens))
     meta = provenance("dedup_sig", params, [input_path, tokens_json], source=source, shard=shard,
                       n_docs=len(tokens), **{k: dd[k] for k in HASH_PARAMS})
     _write_signature_file(out, signature_table(tokens, hashed), meta)
