@@ -1,6 +1,7 @@
 """Dedup clustering at scale: peak memory of one candidate job and of the merge job vs corpus size.
 
     python benchmarks/dedup_scale.py --docs 1e6 4e6 8e6 20e6 --docs-per-job 1e6 [--merge-jobs K] [--all-jobs]
+    python benchmarks/dedup_scale.py --docs 1e6 --parts-sweep 8 64 200 [--baseline OLD_CHECKOUT]
 
 For each size N it writes N synthetic documents' signature files (the dedup_signatures format, the
 default hashing parameters: 120 permutations, 20 bands of 6 rows) in shards of --shard-docs, with
@@ -36,9 +37,10 @@ DD = {"ngram": 5, "num_perm": 120, "bands": 20, "rows": 6, "seed": 1}
 
 
 def write_synthetic(outdir: Path, n_docs: int, shard_docs: int, dup_rate: float = 0.1, seed: int = 0,
-                    dd: dict = DD, sources: tuple[str, ...] = ("web", "code")) -> list[Path]:
-    """Signature files for `n_docs` synthetic documents (see the module docstring); returns their paths.
-    A template's copies are spread over every shard and source, so clusters span them."""
+                    dd: dict = DD, sources: tuple[str, ...] = ("web", "code"), parts: int = 1) -> list[Path]:
+    """Signature files for `n_docs` synthetic documents (see the module docstring), with their band
+    keys partitioned for `parts` candidate jobs; returns their paths. A template's copies are spread
+    over every shard and source, so clusters span them."""
     rng = np.random.default_rng(seed)
     n_templates = max(1, int(n_docs * dup_rate / 4))  # about 4 copies per template
     tsig = rng.integers(0, 1 << 32, (n_templates, dd["num_perm"]), dtype=np.uint32)
@@ -66,22 +68,84 @@ def write_synthetic(outdir: Path, n_docs: int, shard_docs: int, dup_rate: float 
         tokens = np.full(n, 1000, np.int64)
         meta = {"source": source, "shard": path.stem, "n_docs": n, **{k: dd[k] for k in dedup.HASH_PARAMS}}
         dedup._write_signature_file(path, dedup.signature_table(tokens, hashed), meta)
+        dedup.write_lsh_files(path, hashed, parts, meta)
         paths.append(path)
     return paths
 
 
-def measured(cmd: list[str]) -> dict:
+def repartition(paths: list[Path], parts: int) -> None:
+    """Rewrite the signature files' lsh files for `parts` candidate jobs (what dedup_signatures writes
+    when `dedup.partitions` is `parts`)."""
+    for path in paths:
+        t = dedup.pq.read_table(path)
+        hashed = {"exact": t.column("exact").to_numpy(), "bands": dedup._fixed_list(t, "bands"),
+                  "sig": dedup._fixed_list(t, "sig")}
+        dedup.write_lsh_files(path, hashed, parts, dedup.read_parquet_meta(path))
+
+
+def measured(cmd: list[str], cwd: Path = ROOT) -> dict:
     """Run `cmd` under /usr/bin/time: its wall time, CPU time and peak RSS. (The child's own
     ru_maxrss from os.wait4 would include this process's pages at fork time, which Linux keeps across
     exec; `time` is a small process, so the command it forks starts small.)"""
     with tempfile.NamedTemporaryFile("r") as rep:
         proc = subprocess.run(["/usr/bin/time", "-o", rep.name, "-f", "%e %U %S %M", *cmd], capture_output=True,
-                              text=True, cwd=ROOT)
+                              text=True, cwd=cwd)
         if proc.returncode:
             sys.exit(f"{' '.join(cmd[:6])} ... failed:\n{proc.stderr[-3000:]}")
         wall, user, system, rss_kb = rep.read().split()[-4:]
     return {"wall_s": float(wall), "cpu_s": float(user) + float(system), "peak_mb": int(rss_kb) / 1024,
             "stdout": proc.stdout}
+
+
+def sweep(args) -> None:
+    """--parts-sweep: every candidate job of P = each given count over the same corpus (the first
+    --docs): the stage's total CPU, as job processes (each under /usr/bin/time) and as the work alone
+    (the same jobs in this process, without each process's interpreter start), and with --baseline
+    TREE the same job processes run from another checkout (the code before a change)."""
+    n = int(args.docs[0])
+    work = Path(args.workdir) / f"sweep{n}"
+    shutil.rmtree(work, ignore_errors=True)
+    sigs = write_synthetic(work / "sig", n, args.shard_docs, args.dup_rate)
+    rows, stats = [], None
+    for parts in args.parts_sweep:
+        repartition(sigs, parts)
+        cfg = resolve_config({"dedup": {"partitions": parts}})
+        params = rule_params(cfg, "dedup")
+        dd = params["dedup"]
+        shards = dedup.catalogue(sigs, dd)
+        t0 = time.process_time()
+        tables = [dedup.candidates(shards, dd, p, parts) for p in range(parts)]
+        work_cpu = time.process_time() - t0
+        got = dedup.merge_pairs(tables, dd).stats
+        assert stats is None or got == stats, (parts, got, stats)  # the same pairs for every P
+        stats = got
+
+        def stage(cwd: Path, parts=parts, params=params) -> tuple[float, float]:
+            jobs = [measured([sys.executable, "-m", "pipeline.data.dedup", "candidates", "--params", json.dumps(params),
+                              "--inputs", *map(str, sigs), "--part", str(p), "--out", str(work / f"pairs-{p}.parquet")],
+                             cwd=cwd) for p in range(parts)]
+            return sum(j["cpu_s"] for j in jobs), max(j["peak_mb"] for j in jobs)
+
+        cpu, peak = stage(ROOT)
+        row = {"docs": n, "shards": len(sigs), "parts": parts, "work_cpu_s": round(work_cpu, 1),
+               "jobs_cpu_s": round(cpu, 1), "job_peak_mb": round(peak)}
+        if args.baseline:
+            base_cpu, base_peak = stage(Path(args.baseline))
+            row |= {"baseline_jobs_cpu_s": round(base_cpu, 1), "baseline_job_peak_mb": round(base_peak)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    start = measured([sys.executable, "-c", "import pipeline.data.dedup"])["cpu_s"]
+    print(f"candidate pairs {stats['candidate_pairs']:,}, confirmed {stats['confirmed_pairs']:,} for every P; "
+          f"one job process's interpreter + imports: {start:.2f} CPU s")
+    base = " | baseline job processes CPU s | baseline job peak MB" if args.baseline else ""
+    print(f"| documents | shards | P | work CPU s (in process) | job processes CPU s | job peak MB{base} |")
+    print("|---|---|---|---|---|---|" + ("---|---|" if args.baseline else ""))
+    for r in rows:
+        extra = f" | {r['baseline_jobs_cpu_s']} | {r['baseline_job_peak_mb']}" if args.baseline else ""
+        print(f"| {r['docs']:,} | {r['shards']} | {r['parts']} | {r['work_cpu_s']} | {r['jobs_cpu_s']} | "
+              f"{r['job_peak_mb']}{extra} |")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:
@@ -95,15 +159,20 @@ def main() -> None:
     ap.add_argument("--merge-jobs", type=int, default=0,
                     help="make the merge's input with this many candidate jobs (default: as many as measured)")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic files")
+    ap.add_argument("--parts-sweep", type=int, nargs="+",
+                    help="instead: the whole candidate stage for each of these P over the first --docs")
+    ap.add_argument("--baseline", help="with --parts-sweep: a checkout whose candidate CLI to run beside")
     args = ap.parse_args()
+    if args.parts_sweep:
+        return sweep(args)
     rows = []
     for n in (int(x) for x in args.docs):
         work = Path(args.workdir) / f"n{n}"
         shutil.rmtree(work, ignore_errors=True)
         t0 = time.perf_counter()
-        sigs = write_synthetic(work / "sig", n, args.shard_docs, args.dup_rate)
-        gen_s = time.perf_counter() - t0
         parts = max(1, math.ceil(n / args.docs_per_job))
+        sigs = write_synthetic(work / "sig", n, args.shard_docs, args.dup_rate, parts=parts)
+        gen_s = time.perf_counter() - t0
         k = args.merge_jobs or parts
 
         def run(command: str, sigs=sigs, **extra) -> dict:

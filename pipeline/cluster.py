@@ -26,7 +26,8 @@ THROUGHPUT = {
     "count": 5.83e6,            # tokens / cpu-s ("count end to end")
     "tokenize": 5.35e6,         # tokens / cpu-s ("tokenize end to end")
     "dedup_signatures": 3_351,  # documents / cpu-s (a per-shard job through its CLI, 1,596-word documents)
-    "dedup_scan": 450_000,      # documents / cpu-s a candidate job reads (each reads every shard's band keys)
+    "dedup_scan": 450_000,      # documents / cpu-s the merge job reads (every shard's doc and tokens columns)
+    "dedup_candidates": 210_000,  # documents / cpu-s of the whole candidate stage (each job reads its 1/P)
     "pack": 167e6,              # tokens / cpu-s ("pack (concat)")
 }
 # A dedup candidate job's peak memory (BENCHMARKS.md, "Dedup at scale"): a fixed part (interpreter,
@@ -34,6 +35,8 @@ THROUGHPUT = {
 # signatures of its slice's duplicate candidates at a 10 % duplicate rate.
 DEDUP_JOB_BASE_MB = 500       # 802 MB measured at 0.5M documents per job (20M documents, 40 jobs)
 DEDUP_JOB_BYTES_PER_DOC = 700
+DEDUP_JOB_START_CPU_S = 1.0  # a candidate job's interpreter and imports (0.7-1.0 measured, P = 8 .. 200)
+DEDUP_JOB_SHARD_CPU_S = 0.0015  # per candidate job and shard: opening its lsh files (1M docs, 19 shards, P = 200)
 DEDUP_MERGE_BYTES_PER_DOC = 60  # 976 MB measured at 20M documents (2.0M candidate pairs)
 # Where no measured counts give the number of documents: FineWeb-Edu's order of magnitude (an
 # assumption, used for job sizes and the cost estimate only; the count stage measures it).
@@ -115,7 +118,8 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0,
         return {**one, "resources": {"mem_mb": 2000 + math.ceil(9 * shard_tokens / 2**20), "runtime": _minutes(cpu)}}
     if rule == "dedup_candidates":
         parts = cfg["dedup"]["partitions"]
-        cpu = documents / THROUGHPUT["dedup_scan"]
+        cpu = documents / parts / THROUGHPUT["dedup_candidates"] + DEDUP_JOB_START_CPU_S \
+            + sum(_n_shards(cfg, s) for s in cfg["sources"]) * DEDUP_JOB_SHARD_CPU_S
         return {**one, "resources": {"mem_mb": dedup_job_mb(documents / parts), "runtime": _minutes(cpu)}}
     if rule == "dedup":  # the merge: candidate pairs of the whole corpus, then one shard's keep list at a time
         return {**one, "resources": {"mem_mb": 1000 + math.ceil(DEDUP_MERGE_BYTES_PER_DOC * documents / 2**20),
@@ -167,7 +171,8 @@ def data_costs(cfg: dict, documents: dict | None = None, tokens: dict | None = N
         "count": (groups, toks / THROUGHPUT["count"]),
         "tokenize": (groups, toks / THROUGHPUT["tokenize"]),
         "dedup_signatures": (groups, docs / THROUGHPUT["dedup_signatures"]),
-        "dedup_candidates": (parts, parts * docs / THROUGHPUT["dedup_scan"]),
+        "dedup_candidates": (parts, docs / THROUGHPUT["dedup_candidates"]
+                             + parts * (DEDUP_JOB_START_CPU_S + shards * DEDUP_JOB_SHARD_CPU_S)),
         "pack": (2 * len(cfg["mixes"]), toks / THROUGHPUT["pack"]),  # train and val of each mix
     }
     out = {"documents": round(docs), "tokens": round(toks), "shards": shards, "data_cpus": data_cpus,

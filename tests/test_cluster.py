@@ -73,9 +73,11 @@ def test_data_costs_scale_with_cores_and_partitions():
     assert small["stages"]["dedup_candidates"]["jobs"] == 200 and small["stages"]["tokenize"]["jobs"] == 114
     # tokenize: 100B tokens / 5.35M tokens per CPU-second
     assert small["stages"]["tokenize"]["cpu_hours"] == pytest.approx(1823 * 54854635 / 5.35e6 / 3600)
+    # each candidate job reads its 1/P of the band keys: twice the jobs cost only their start-up again
     more = cluster.data_costs(resolve_config({**PRESET, "dedup": {"partitions": 400}}), data_cpus=64)
+    per_job = cluster.DEDUP_JOB_START_CPU_S + small["shards"] * cluster.DEDUP_JOB_SHARD_CPU_S
     assert more["stages"]["dedup_candidates"]["cpu_hours"] == pytest.approx(
-        2 * small["stages"]["dedup_candidates"]["cpu_hours"])
+        small["stages"]["dedup_candidates"]["cpu_hours"] + 200 * per_job / 3600)
 
 
 def test_plan_cli_prints_the_data_stage_cost():

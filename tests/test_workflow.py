@@ -288,6 +288,12 @@ def test_dedup_edit_reruns_dedup_and_after_not_tokenize(project):
     assert {"dedup", "split", "mix", "pack", "accounting", "train", "evaluate"} <= set(jobs)
     assert not {"download", "tokenizer", "count_shards", "tokenize", "dedup_signatures"} & set(jobs)
 
+    def partitions(cfg):  # the signatures write their band keys partitioned for the candidate jobs
+        cfg["dedup"] = {"partitions": 3}
+    jobs = planned_after_edit(project, partitions)
+    assert jobs["dedup_signatures"] >= 1 and jobs["dedup_candidates"] == 3 and "dedup" in jobs
+    assert not {"download", "tokenizer", "count_shards", "tokenize"} & set(jobs)
+
 
 def test_task_list_edit_reruns_decontamination_and_after_not_tokenize(project):
     def tasks(cfg):

@@ -33,7 +33,7 @@ SHARD_KEYS = (*TEXT_KEYS, "min_chars", "max_conversation_tokens")
 # What the download rule does not depend on: an edit to these reruns no download.
 NOT_DOWNLOAD_KEYS = ("min_chars", "max_conversation_tokens", "tokens_per_shard_estimate")
 # What dedup_sig's signatures depend on: a threshold edit reruns the clustering only.
-SIGNATURE_KEYS = ("ngram", "num_perm", "bands", "rows", "seed")
+SIGNATURE_KEYS = ("ngram", "num_perm", "bands", "rows", "seed", "partitions")  # band keys are written partitioned
 
 PLAN_TRAIN_KEYS = (
     "mix", "seq_len", "global_batch_tokens", "micro_batch", "tokens_per_param", "target_tokens", "target_flops",

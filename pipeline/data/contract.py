@@ -5,8 +5,8 @@ format has exactly one reader and one writer here (the formats themselves: docs/
 
 * raw shards: `iter_documents` / `DocBatch` — which rows are documents (shared by tokenizer
   training, count and tokenize), `token_cap` (the longest kept document), `raw_label` (a shard as
-  errors name it: the user's file), `open_parquet`, `doc_text`, `document_texts` (the text of each
-  tokenized document: dedup and decontaminate);
+  errors name it: the user's file), `open_parquet`, `doc_text`, `iter_document_texts` /
+  `document_texts` (the text of each tokenized document: dedup and decontaminate);
 * tokenized shards: `DROP_REASONS`, `token_dtype`, `token_paths`, `load_shard_meta`, `open_tokens`, `load_doc_tokens`;
 * group manifests, the declared output of a per-shard job: `write_manifest`, `run_group`;
 * ranking: `salt`, `rank_by_hash` (split and mix order documents by the same seeded hash);
@@ -268,8 +268,14 @@ def _chat_texts(conversations: pa.Array) -> pa.Array:
     return pc.binary_join(lists, pa.scalar("\n", pa.large_string()))
 
 
-def document_texts(path: str | os.PathLike, source: dict, doc_rows: list[int]) -> pa.Array:
-    """The text of each tokenized document (raw rows `doc_rows` of the shard), as large strings."""
+TEXT_BATCH_ROWS = 1024  # raw rows read and decoded at once by iter_document_texts
+
+
+def iter_document_texts(path: str | os.PathLike, source: dict, doc_rows: list[int],
+                        batch_rows: int = TEXT_BATCH_ROWS) -> Iterator[pa.Array]:
+    """The text of each tokenized document (raw rows `doc_rows` of the shard, ascending) as
+    consecutive chunks of large strings, in document order. The raw column is read one record batch
+    of `batch_rows` rows at a time, so memory is bounded by a batch, not by the shard."""
     chat = source.get("format", "text") == "chat"
     key = "messages_column" if chat else "text_column"
     column = source.get(key, "messages" if chat else "text")
@@ -277,21 +283,42 @@ def document_texts(path: str | os.PathLike, source: dict, doc_rows: list[int]) -
     if column not in pf.schema_arrow.names:
         raise PipelineError(f"{path}: no column '{column}' (columns: {', '.join(pf.schema_arrow.names)}); "
                             f"set the source's {key} in the config")
-    try:
-        values = pf.read(columns=[column], use_threads=False).column(0).combine_chunks()
-    except (OSError, pa.ArrowException) as e:
-        raise PipelineError(f"{path}: cannot read column '{column}' ({e}); "
-                            "the file is corrupt or truncated, re-download it") from None
     rows = np.asarray(doc_rows, dtype=np.int64)
-    if len(rows) and (rows.min() < 0 or rows.max() >= len(values)):
+    n_rows = pf.metadata.num_rows
+    if len(rows) and (rows.min() < 0 or rows.max() >= n_rows):
         raise PipelineError(f"{path}: the tokenized shard names rows up to {rows.max()} but the file has "
-                            f"{len(values)}; rerun the tokenize stage for this shard")
-    taken = values.take(pa.array(rows))
-    try:
-        return _chat_texts(taken) if chat else taken.cast(pa.large_string())
-    except (pa.ArrowException, KeyError) as e:
-        raise PipelineError(f"{path}: column '{column}' has type {values.type}, which is not "
-                            f"{'list<struct<role, content>>' if chat else 'string'} ({e})") from None
+                            f"{n_rows}; rerun the tokenize stage for this shard")
+    if np.any(rows[1:] <= rows[:-1]):
+        raise PipelineError(f"{path}: the tokenized shard's doc_rows are not ascending; "
+                            "rerun the tokenize stage for this shard")
+    batches = pf.iter_batches(batch_size=batch_rows, columns=[column], use_threads=False)
+    start = pos = 0
+    while pos < len(rows):
+        try:
+            batch = next(batches)
+        except (OSError, pa.ArrowException) as e:
+            raise PipelineError(f"{path}: cannot read column '{column}' ({e}); "
+                                "the file is corrupt or truncated, re-download it") from None
+        end = start + batch.num_rows
+        hi = int(np.searchsorted(rows, end))
+        if hi > pos:
+            taken = batch.column(0)
+            if hi - pos < batch.num_rows:  # some rows are not documents
+                taken = taken.take(pa.array(rows[pos:hi] - start))
+            try:
+                texts = _chat_texts(taken) if chat else taken.cast(pa.large_string())
+            except (pa.ArrowException, KeyError) as e:
+                raise PipelineError(f"{path}: column '{column}' has type {taken.type}, which is not "
+                                    f"{'list<struct<role, content>>' if chat else 'string'} ({e})") from None
+            yield texts
+        start, pos = end, hi
+
+
+def document_texts(path: str | os.PathLike, source: dict, doc_rows: list[int]) -> pa.Array:
+    """The text of each tokenized document (raw rows `doc_rows` of the shard, ascending), as large
+    strings: `iter_document_texts` in one array."""
+    chunks = list(iter_document_texts(path, source, doc_rows))
+    return pa.concat_arrays(chunks) if chunks else pa.array([], pa.large_string())
 
 
 

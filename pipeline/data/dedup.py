@@ -28,13 +28,17 @@ without `--pairs` runs the candidate slices itself, one after the other.
   per shard). Key order is (source, shard, doc) order.
 - Candidates, job p of P: every shard's (band, band key) rows and, with `exact`, its exact hashes (as
   band -1) whose key mod P == p, read one shard at a time; a (band, band key) group therefore lies
-  whole in one job. Grouped one band at a time (sort), a group of k >= 2 documents yields the k - 1
-  edges member -> the group's smallest document key; a pair from several groups is kept once,
+  whole in one job. The signatures job writes these rows already partitioned (`write_lsh_files`:
+  one row group per partition), so job p reads only its row group of each shard and the P jobs
+  between them read each row once: the stage's work is linear in the corpus, not P times it.
+  Grouped one band at a time (sort), a group of k >= 2 documents yields the k - 1 edges member ->
+  the group's smallest document key; a pair from several groups is kept once,
   `exact` when an exact-hash group gave it.
 - Confirmation, in the candidate job: an exact-hash edge holds as is; a band edge holds when the
   estimated Jaccard similarity (fraction of equal signature positions) of the two documents is
   >= `threshold`. Only the signatures of documents on the job's edges are loaded (4 * num_perm bytes
-  each). The job writes its edges (docs/data-contract.md, "Dedup candidate pairs").
+  each), from the memory-mapped `lsh/{shard}.npy` rows, so only their pages are read. The job writes
+  its edges (docs/data-contract.md, "Dedup candidate pairs").
 - Merge: the union of the jobs' edges, each distinct pair once (`exact`/confirmed if any job says so),
   is the candidate set one process grouping every band key would find, so clusters, keepers and
   statistics do not depend on P (tested).
@@ -58,6 +62,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -68,7 +73,7 @@ from pipeline.config import add_config_args, params_from_args
 from pipeline.data import minhash
 from pipeline.data.contract import (
     add_group_args,
-    document_texts,
+    iter_document_texts,
     load_doc_tokens,
     run_group,
     shard_name,
@@ -123,17 +128,26 @@ def _batches(texts: pa.Array) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
 
 
-def hash_documents(texts: pa.Array, dd: dict) -> dict[str, np.ndarray]:
-    """Exact hashes (n,), band keys (n, bands) and signatures (n, num_perm) of the documents."""
+def hash_documents(texts: pa.Array | Iterable[pa.Array], dd: dict, n: int | None = None) -> dict[str, np.ndarray]:
+    """Exact hashes (n,), band keys (n, bands) and signatures (n, num_perm) of the documents: one
+    array of texts, or `n` documents' texts as consecutive chunks (`iter_document_texts`), hashed as
+    they come so only one chunk's text is held."""
+    chunks = [texts] if isinstance(texts, pa.Array) else texts
+    n = len(texts) if isinstance(texts, pa.Array) else n
     perms = minhash.permutations(dd["num_perm"], dd["seed"])
-    n = len(texts)
     out = {"exact": np.empty(n, np.uint64), "bands": np.empty((n, dd["bands"]), np.uint64),
            "sig": np.empty((n, dd["num_perm"]), np.uint32)}
-    for lo, hi in progress(_batches(texts), desc="minhash", unit="batch"):
-        wh, word_off = minhash.doc_word_hashes(texts.slice(lo, hi - lo))
-        out["exact"][lo:hi] = minhash.exact_hashes(wh, word_off)
-        out["sig"][lo:hi] = minhash.signatures(*minhash.shingle_hashes(wh, word_off, dd["ngram"]), perms)
-        out["bands"][lo:hi] = minhash.band_keys(out["sig"][lo:hi], dd["bands"], dd["rows"])
+    done = 0
+    for chunk in progress(chunks, desc="minhash", unit="chunk"):
+        for lo, hi in _batches(chunk):
+            wh, word_off = minhash.doc_word_hashes(chunk.slice(lo, hi - lo))
+            lo, hi = lo + done, hi + done
+            out["exact"][lo:hi] = minhash.exact_hashes(wh, word_off)
+            out["sig"][lo:hi] = minhash.signatures(*minhash.shingle_hashes(wh, word_off, dd["ngram"]), perms)
+            out["bands"][lo:hi] = minhash.band_keys(out["sig"][lo:hi], dd["bands"], dd["rows"])
+        done += len(chunk)
+    if done != n:
+        raise PipelineError(f"{done} document texts for {n} documents")
     return out
 
 
@@ -164,13 +178,53 @@ def write_signatures(input_path, tokens_json, source: str, shard: str, params: d
         raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(params['sources'])})")
     dd = params["dedup"]
     tok_meta, tokens = load_doc_tokens(tokens_json)
-    texts = document_texts(input_path, params["sources"][source], tok_meta["doc_rows"])
-    hashed = hash_documents(texts, dd)
+    texts = iter_document_texts(input_path, params["sources"][source], tok_meta["doc_rows"])
+    hashed = hash_documents(texts, dd, len(tokens))
     meta = provenance("dedup_sig", params, [input_path, tokens_json], source=source, shard=shard,
                       n_docs=len(tokens), **{k: dd[k] for k in HASH_PARAMS})
     _write_signature_file(out, signature_table(tokens, hashed), meta)
+    write_lsh_files(out, hashed, dd["partitions"], meta)
     log.info("%s/%s: signatures of %d documents", source, shard, len(tokens))
     return meta
+
+
+def lsh_paths(sig_path: str | os.PathLike) -> tuple[Path, Path]:
+    """The two files written beside a signature file `D/{shard}.parquet` for the candidate jobs:
+    `D/lsh/{shard}.parquet` (its band keys, one row group per partition) and `D/lsh/{shard}.npy`
+    (its exact hashes and signatures, row = document, read by memory map)."""
+    sig_path = Path(sig_path)
+    return sig_path.parent / "lsh" / sig_path.name, sig_path.parent / "lsh" / f"{sig_path.stem}.npy"
+
+
+LSH_SCHEMA = pa.schema([("band", pa.int16()), ("bkey", pa.uint64()), ("doc", pa.uint32())])
+
+
+def write_lsh_files(sig_path: str | os.PathLike, hashed: dict[str, np.ndarray], parts: int, meta: dict) -> None:
+    """The candidate jobs' view of one shard's hashes (docs/data-contract.md, "Dedup signatures"):
+    every (band, band key, doc) row, the exact hash as band EXACT_BAND, sorted by (key mod `parts`,
+    band) and written one row group per non-empty partition, so candidate job p reads only its rows;
+    and the (n, 2 + num_perm) uint32 array [exact hash as two uint32, signature] per document, which
+    the jobs memory-map to confirm their edges reading only those documents' pages."""
+    exact, bands, sig = hashed["exact"], hashed["bands"], hashed["sig"]
+    n, nb = bands.shape
+    bkey = np.concatenate([exact, bands.T.reshape(-1)])
+    band = np.repeat(np.arange(EXACT_BAND, nb, dtype=np.int16), n)
+    part = (bkey % np.uint64(parts)).astype(np.int64)
+    order = np.argsort(part * (nb + 1) + (band.astype(np.int64) - EXACT_BAND), kind="stable")
+    doc = np.tile(np.arange(n, dtype=np.uint32), nb + 1)[order]
+    band, bkey = band[order], bkey[order]
+    counts = np.bincount(part, minlength=parts)
+    ends = np.cumsum(counts)
+    rows_path, npy_path = lsh_paths(sig_path)
+    lsh_meta = {**meta, "parts": parts, "part_rows": counts.tolist()}
+    schema = LSH_SCHEMA.with_metadata({META_KEY: json.dumps(lsh_meta).encode()})
+    table = pa.table([band, bkey, doc], schema=schema)
+    with atomic_path(rows_path) as tmp:
+        with pq.ParquetWriter(tmp, schema, use_dictionary=["band"], write_statistics=False) as w:
+            for p in np.flatnonzero(counts):
+                w.write_table(table.slice(ends[p] - counts[p], counts[p]), row_group_size=int(counts[p]))
+    with atomic_path(npy_path) as tmp, open(tmp, "wb") as f:
+        np.save(f, np.concatenate([exact.view(np.uint32).reshape(n, 2), sig], axis=1))
 
 
 # ============================================================================= clusters
@@ -187,6 +241,38 @@ class ShardSig:
     @property
     def name(self) -> str:
         return f"{self.source}/{self.shard}"
+
+    def partition(self, part: int, parts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(band, band key, doc) of the shard's rows whose band key mod `parts` == `part`, sorted by
+        band: one row group of its lsh file, or (a file partitioned for another count, as in the
+        one-process `clusters` without --pairs) the whole file filtered."""
+        path = lsh_paths(self.path)[0]
+        try:
+            pf = pq.ParquetFile(path)
+            meta = json.loads(pf.schema_arrow.metadata[META_KEY])
+            rows = meta["part_rows"]
+            if meta["parts"] == parts:
+                t = pf.read_row_group(sum(1 for c in rows[:part] if c)) if rows[part] else LSH_SCHEMA.empty_table()
+            else:
+                t = pf.read()
+        except (OSError, pa.ArrowException, KeyError, TypeError, ValueError) as e:
+            raise PipelineError(f"{path}: cannot read the partitioned band keys ({e}); "
+                                f"rerun dedup_signatures for {self.name}") from None
+        band, bkey, doc = (t.column(c).to_numpy() for c in LSH_SCHEMA.names)
+        if meta["parts"] != parts:
+            sel = np.flatnonzero(bkey % np.uint64(parts) == np.uint64(part))
+            sel = sel[np.argsort(band[sel], kind="stable")]
+            band, bkey, doc = band[sel], bkey[sel], doc[sel]
+        return band, bkey, doc
+
+    def hashes(self) -> np.ndarray:
+        """The (n_docs, 2 + num_perm) uint32 exact-hash + signature rows, memory-mapped."""
+        path = lsh_paths(self.path)[1]
+        try:
+            return np.load(path, mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise PipelineError(f"{path}: cannot read the signatures ({e}); "
+                                f"rerun dedup_signatures for {self.name}") from None
 
     def read(self, columns: list[str]) -> pa.Table:
         try:
@@ -247,25 +333,26 @@ def _doc_keys(shard: ShardSig, table: pa.Table) -> np.ndarray:
 def load_nodes(shards: list[ShardSig], nodes: np.ndarray, sig_nodes: np.ndarray,
                num_perm: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact hashes (len(nodes),) of the documents whose keys are `nodes` (sorted), and signatures
-    (len(sig_nodes), num_perm) of those in `sig_nodes` (sorted, a subset), reading only the shards
-    that hold some of them."""
+    (len(sig_nodes), num_perm) of those in `sig_nodes` (sorted, a subset), reading only their rows
+    of the shards' memory-mapped lsh arrays."""
     exact = np.zeros(len(nodes), np.uint64)
     sig = np.zeros((len(sig_nodes), num_perm), np.uint32)
-    wanted = set((np.unique(nodes >> SHARD_SHIFT)).tolist())
-    for shard in shards:
-        if shard.base >> SHARD_SHIFT not in wanted:
-            continue
-        t = shard.read(["doc", "exact", "sig"] if len(sig_nodes) else ["doc", "exact"])
-        keys = _doc_keys(shard, t)
-        pos = np.minimum(np.searchsorted(nodes, keys), len(nodes) - 1)
-        hit = nodes[pos] == keys
-        exact[pos[hit]] = t.column("exact").to_numpy()[hit]
-        if len(sig_nodes):
-            pos = np.minimum(np.searchsorted(sig_nodes, keys), len(sig_nodes) - 1)
-            hit = sig_nodes[pos] == keys
-            if hit.any():
-                sig[pos[hit]] = _fixed_list(t, "sig")[hit]
-        del t
+    by_id = {s.base >> SHARD_SHIFT: s for s in shards}
+    ids = nodes >> SHARD_SHIFT
+    for sid in np.unique(ids).tolist():
+        shard = by_id[sid]
+        lo, hi = np.searchsorted(ids, [sid, sid + 1])
+        arr = shard.hashes()
+        docs = nodes[lo:hi] - shard.base
+        if arr.ndim != 2 or arr.shape[1] != 2 + num_perm or docs[-1] >= len(arr):
+            raise PipelineError(f"{lsh_paths(shard.path)[1]}: shape {arr.shape} does not hold document "
+                                f"{docs[-1]} of {2 + num_perm} columns; rerun dedup_signatures for {shard.name}")
+        rows = arr[docs]
+        exact[lo:hi] = np.ascontiguousarray(rows[:, :2]).view(np.uint64).reshape(-1)
+        slo, shi = np.searchsorted(sig_nodes, [shard.base, shard.base + (1 << SHARD_SHIFT)])
+        if shi > slo:
+            sig[slo:shi] = rows[np.searchsorted(nodes[lo:hi], sig_nodes[slo:shi]), 2:]
+        del arr, rows
     return exact, sig
 
 
@@ -318,23 +405,20 @@ PAIR_SCHEMA = pa.schema([("key", pa.int64()), ("rep", pa.int64()), ("exact", pa.
 JACCARD_CHUNK = 1 << 15  # band edges whose signatures are compared at once (2 × 480 B each at num_perm 120)
 
 
-def partition_rows(shards: list[ShardSig], dd: dict, part: int, parts: int) -> dict[int, tuple]:
-    """{band: (band keys, document keys)} of every shard's rows whose band key mod `parts` == `part`;
-    band EXACT_BAND holds the exact hashes. One shard's columns in memory at a time besides the result."""
+def partition_rows(shards: list[ShardSig], dd: dict, part: int, parts: int) -> dict[int, list]:
+    """{band: [(band keys, document keys), ...]} of every shard's rows whose band key mod `parts` ==
+    `part`; band EXACT_BAND holds the exact hashes. Each shard's lsh file holds these rows as one row
+    group, so the P jobs between them read each row once."""
     chunks: dict[int, list] = {}
     for shard in shards:
-        t = shard.read(["doc", "exact", "bands"])
-        keys = _doc_keys(shard, t)
-        cols = []
-        if dd["near"]:
-            bands = _fixed_list(t, "bands")
-            cols += [(b, bands[:, b]) for b in range(bands.shape[1])]
-        if dd["exact"]:
-            cols.append((EXACT_BAND, t.column("exact").to_numpy()))
-        del t
-        for band, bkey in cols:
-            sel = (bkey % np.uint64(parts)) == np.uint64(part) if parts > 1 else slice(None)
-            chunks.setdefault(band, []).append((bkey[sel], keys[sel]))
+        band, bkey, doc = shard.partition(part, parts)
+        keys = shard.base + doc.astype(np.int64)
+        for b in np.unique(band).tolist():
+            if not (dd["exact"] if b == EXACT_BAND else dd["near"]):
+                continue
+            lo, hi = np.searchsorted(band, [b, b + 1])
+            if hi > lo:
+                chunks.setdefault(b, []).append((bkey[lo:hi], keys[lo:hi]))
     return chunks
 
 

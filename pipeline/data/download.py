@@ -556,7 +556,7 @@ def download_shard(params: dict, source: str, shard: str, out: str | os.PathLike
                    resolved: dict | None = None) -> dict:
     """Place shard `shard` of `source` at `out` with its `{out}.json` sidecar; return the sidecar record.
 
-    `params` is `stage_params(cfg, "download")`: {"sources": ..., "download": {retries, ...}}.
+    `params` is `rule_params(cfg, "download")`: {"sources": ..., "download": {retries, ...}}.
     `resolved`: the revisions this job resolved to commits so far (shared by the shards of a group,
     so that one job fetches every shard at one commit).
     """

@@ -13,7 +13,7 @@ from builders import add_shard, make_config, run_dedup, write_text_shard, write_
 from datasketch import MinHash
 
 from pipeline.config import rule_params
-from pipeline.data import dedup, minhash
+from pipeline.data import contract, dedup, minhash
 from pipeline.errors import PipelineError
 
 NGRAM = 5
@@ -267,6 +267,31 @@ def test_token_index_naming_missing_rows_fails(tmp_path):
     write_token_index(tok, [0, 5], [4, 4], "web", "s")
     with pytest.raises(PipelineError, match="rerun the tokenize stage"):
         dedup.write_signatures(raw, tok, "web", "s", rule_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_streamed_texts_hash_as_the_whole_column(tmp_path, chat):
+    """Signatures read the text one record batch at a time: batches of 2 rows, with rows that are not
+    documents between and at their edges, give the texts and hashes of the whole column at once."""
+    docs = [" ".join(f"w{(i * 7 + j) % 23}" for j in range(5 + 3 * i)) for i in range(9)]
+    raw, tok, _, _ = add_shard(tmp_path, "web", "s", docs, chat=chat)
+    source = make_config()["sources"]["chat" if chat else "web"]
+    rows = [1, 2, 4, 5, 6, 9]  # row 0 is add_shard's empty row; 3, 7, 8 are skipped here too
+    chunks = list(contract.iter_document_texts(raw, source, rows, batch_rows=2))
+    assert [len(c) for c in chunks] == [1, 1, 2, 1, 1]  # rows 0-1, 2-3, 4-5, 6-7, 8-9
+    whole = pa.concat_arrays(chunks)
+
+    def text(doc: str) -> str:  # add_shard splits a chat document over a user and an assistant message
+        w = doc.split(" ")
+        return " ".join(w[:len(w) // 2]) + "\n" + " ".join(w[len(w) // 2:]) if chat else doc
+    assert whole.to_pylist() == [text(docs[r - 1]) for r in rows]
+    assert contract.document_texts(raw, source, rows).equals(whole)
+    dd = rule_params(make_config(), "dedup_sig")["dedup"]
+    streamed, at_once = dedup.hash_documents(iter(chunks), dd, len(rows)), dedup.hash_documents(whole, dd)
+    assert all(np.array_equal(streamed[k], at_once[k]) for k in ("exact", "bands", "sig"))
+    assert len(set(streamed["exact"].tolist())) == len(rows)
+    with pytest.raises(PipelineError, match="not ascending"):
+        list(contract.iter_document_texts(raw, source, [2, 1]))
 
 
 def test_corrupt_shard_fails_clearly(tmp_path):

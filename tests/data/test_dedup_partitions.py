@@ -27,7 +27,25 @@ def dedup_params(**overrides) -> dict:
 def sigs(tmp_path_factory):
     """24,000 synthetic documents in 5 shards of 2 sources, 30 % copies of shared templates: exact,
     near and far (mostly rejected) copies, clusters spanning shards and sources."""
-    return write_synthetic(tmp_path_factory.mktemp("sigs"), 24_000, 5_000, dup_rate=0.3, seed=3)
+    return write_synthetic(tmp_path_factory.mktemp("sigs"), 24_000, 5_000, dup_rate=0.3, seed=3, parts=8)
+
+
+def test_each_band_row_is_in_exactly_one_partition_file_row_group(sigs):
+    """The signatures job's lsh file: job p of the P it was written for reads one row group, the rows
+    whose band key mod P == p, and the P jobs between them read every row once."""
+    dd = dedup_params(partitions=8)["dedup"]
+    for shard in dedup.catalogue(sigs, dd):
+        t = shard.read(["exact", "bands"])
+        bands = t.column("bands").to_pylist()
+        want = sorted([(-1, int(h), d) for d, h in enumerate(t.column("exact").to_pylist())]
+                      + [(b, int(k), d) for d, ks in enumerate(bands) for b, k in enumerate(ks)])
+        got = []
+        for p in range(8):
+            band, bkey, doc = shard.partition(p, 8)
+            assert (bkey % 8 == p).all() and (band[1:] >= band[:-1]).all()
+            got += zip(band.tolist(), bkey.tolist(), doc.tolist())
+        assert sorted(got) == want
+        assert pq.ParquetFile(dedup.lsh_paths(shard.path)[0]).num_row_groups == 8
 
 
 def reference(shards, dd) -> tuple[dict, dict]:
