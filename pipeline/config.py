@@ -298,8 +298,8 @@ RESOURCE_KEYS = ("cpus_per_task",)  # hardware keys that size jobs and change no
 def stage_params(cfg: dict, stage: str, source: str | None = None, mix: str | None = None) -> dict:
     """The config slice a stage depends on. Rules declare it as `params:` (so an edit to it reruns
     the rule and its downstream) and pass it to the stage CLI as --params JSON. For the per-shard
-    stages (download, count, tokenize, dedup_sig) `source` narrows it to the job's own source, so
-    editing one source reruns no job of another; for mix and pack `mix` narrows it to the job's own
+    stages (download, count, tokenize, dedup_signatures) `source` narrows it to the job's own source,
+    so editing one source reruns no job of another; for mix and pack `mix` narrows it to the job's own
     mix, so editing one mix (or a training stage on another mix) reruns no job of another."""
     names = list(cfg["sources"]) if source is None else [source]
     if stage == "download":
@@ -307,9 +307,9 @@ def stage_params(cfg: dict, stage: str, source: str | None = None, mix: str | No
     if stage == "tokenizer":  # sampling reads text only: min_chars (and the chat cap) apply at tokenize time
         sources = _source_slice(cfg, tokenizer_sources(cfg), ("type", "format", "text_column", "messages_column"))
         return {"tokenizer": cfg["tokenizer"], "sources": sources, "seed": cfg["seed"]}
-    if stage in ("count", "tokenize", "dedup_sig"):
+    if stage in ("count", "tokenize", "dedup_signatures"):
         p = {"sources": _source_slice(cfg, names), "count": cfg["count"]}
-        if stage == "dedup_sig":  # only what the signatures depend on: a threshold edit reruns clustering only
+        if stage == "dedup_signatures":  # what the signatures depend on: a threshold edit reruns clustering only
             p["dedup"] = {k: cfg["dedup"][k] for k in ("ngram", "num_perm", "bands", "rows", "seed")}
         return p
     if stage == "dedup":

@@ -439,7 +439,7 @@ def bench_group(args) -> dict:
         cfg = resolve_config({"sources": {"bench": {"type": "local", "glob": f"{tmp}/raw/bench/*.parquet"}},
                               "mixes": {"m": {"weights": {"bench": 1.0}, "tokens": 1}}, "train": {"mix": "m"}})
         py = [sys.executable, "-m"]
-        stage = {"count": "count", "tokenize": "tokenize", "signatures": "dedup_sig"}[args.stage]
+        stage = {"count": "count", "tokenize": "tokenize", "signatures": "dedup_signatures"}[args.stage]
         params = params_json(stage_params(cfg, stage, "bench"))
         tokens = [f"{tmp}/tokens/bench/shard_{i:05d}.json" for i in range(args.shards)]
         tokenize_cmd = py + ["pipeline.data.tokenize", "--params", params_json(stage_params(cfg, "tokenize", "bench")),
@@ -468,7 +468,7 @@ def bench_group(args) -> dict:
             from pipeline.data import dedup
 
             dedup.tune_allocator()
-            sig_params = stage_params(cfg, "dedup_sig", "bench")
+            sig_params = stage_params(cfg, "dedup_signatures", "bench")
             one = {"in-process write_signatures": lambda: dedup.write_signatures(
                 raw[0], tokens[0], "bench", "shard_00000", sig_params, f"{tmp}/one.parquet")["n_docs"]}
             logging.getLogger("pipeline").setLevel(logging.ERROR)

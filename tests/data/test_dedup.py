@@ -58,7 +58,7 @@ def add_shard(root, source: str, shard: str, docs: list[str], chat: bool = False
 
 def run_dedup(root, shards, cfg) -> tuple[dict, dict]:
     """Signatures for each shard, then clusters; returns ({(source, shard): keep table}, report)."""
-    sig_params = stage_params(cfg, "dedup_sig")
+    sig_params = stage_params(cfg, "dedup_signatures")
     sigs = []
     for raw, tok, source, shard in shards:
         out = root / "dedup" / "sig" / source / f"{shard}.parquet"
@@ -305,7 +305,8 @@ def test_missing_text_column_fails_clearly(tmp_path):
     tok = tmp_path / "tokens" / "web" / "s.json"
     write_token_index(tok, [0], [4], "web", "s")
     with pytest.raises(PipelineError, match="no column 'text'.*text_column"):
-        dedup.write_signatures(raw, tok, "web", "s", stage_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
+        params = stage_params(make_config(), "dedup_signatures")
+        dedup.write_signatures(raw, tok, "web", "s", params, tmp_path / "out.parquet")
     assert not (tmp_path / "out.parquet").exists()
 
 
@@ -314,7 +315,8 @@ def test_token_index_naming_missing_rows_fails(tmp_path):
     tok = tmp_path / "tokens" / "web" / "s.json"
     write_token_index(tok, [0, 5], [4, 4], "web", "s")
     with pytest.raises(PipelineError, match="rerun the tokenize stage"):
-        dedup.write_signatures(raw, tok, "web", "s", stage_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
+        params = stage_params(make_config(), "dedup_signatures")
+        dedup.write_signatures(raw, tok, "web", "s", params, tmp_path / "out.parquet")
 
 
 def test_corrupt_shard_fails_clearly(tmp_path):
@@ -324,7 +326,8 @@ def test_corrupt_shard_fails_clearly(tmp_path):
     tok = tmp_path / "tokens" / "web" / "s.json"
     write_token_index(tok, [0], [4], "web", "s")
     with pytest.raises(PipelineError, match="s.parquet"):
-        dedup.write_signatures(raw, tok, "web", "s", stage_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
+        params = stage_params(make_config(), "dedup_signatures")
+        dedup.write_signatures(raw, tok, "web", "s", params, tmp_path / "out.parquet")
 
 
 def test_stale_signatures_fail_clearly(tmp_path):
@@ -349,7 +352,7 @@ def test_cli_signatures_and_clusters(tmp_path):
     raw, tok, _, _ = add_shard(tmp_path, "web", "s", ["The same text.", "the SAME text", "other words here"])
     cfg = make_config()
     sig = tmp_path / "sig" / "web" / "s.parquet"
-    dedup.main(["signatures", "--params", json.dumps(stage_params(cfg, "dedup_sig")), "--inputs", str(raw),
+    dedup.main(["signatures", "--params", json.dumps(stage_params(cfg, "dedup_signatures")), "--inputs", str(raw),
                 "--tokens", str(tok), "--source", "web", "--outputs", str(sig)])
     t = pq.read_table(sig)
     assert t.column_names == ["doc", "tokens", "exact", "bands", "sig"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 min_version("9.0")
@@ -42,13 +42,15 @@ if not workflow.overwrite_configfiles:
     config.clear()
     config.update(_merged)
 config.update(tfc.deep_merge(config, _overrides))
+# The one validation of the config: the schema (workflow/schemas/config.schema.yaml) with its defaults
+# filled in, then the cross-field checks, by pipeline.config (the stage CLIs' --configfile goes the same
+# way), each failure one line naming the key. Snakemake's own `validate` would only repeat the schema part.
 try:
     _resolved = tfc.resolve_config(config)
 except ConfigError as _e:
     stop(_e)
 config.clear()
 config.update(_resolved)
-validate(config, BASE / "workflow" / "schemas" / "config.schema.yaml")
 
 RUN_NAME = config["run_name"]
 RUN_DIR = str(tfc.run_dir(config))  # results of this run

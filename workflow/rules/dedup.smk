@@ -9,7 +9,7 @@ rule dedup_signatures:
     output:
         f"{RUN_DIR}/dedup/sig/{{source}}/_manifest/{{group}}.json",
     params:
-        p=source_params("dedup_sig"),
+        p=source_params("dedup_signatures"),
         code=code_version("pipeline.data.dedup"),
         inputs=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
         tokens=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
