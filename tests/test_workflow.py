@@ -153,6 +153,23 @@ def test_end_to_end(project):
     assert (project / "data/raw/web/shard_00000.parquet").exists()
     # Every stage output carries metadata saying what made it.
     assert json.loads((R / "counts/web/shard_00000.json").read_text())["meta"]["stage"] == "count"
+    # The candidate pairs are temp(): gone once the merge job read them; its keep lists stay.
+    assert not list((R / "dedup/pairs").glob("*.parquet")) and (R / "dedup/keep/web/shard_00000.parquet").exists()
+
+
+DATA_RULES = ("download", "tokenizer", "count_shards", "count", "tokenize", "dedup_signatures", "dedup_index",
+              "dedup_candidates", "dedup", "eval_data", "decontaminate", "split", "mix", "pack", "accounting", "plan")
+
+
+def test_every_data_job_leaves_its_benchmark(project):
+    """R/benchmarks/{rule}/{wildcards}.tsv: Snakemake's wall, peak RSS and CPU time of every data job."""
+    bench = project / "results/t/benchmarks"
+    assert {p.stem if p.suffix else p.name for p in bench.iterdir()} == set(DATA_RULES)
+    assert len(list((bench / "tokenize").rglob("*.tsv"))) == 4 and len(list((bench / "pack").rglob("*.tsv"))) == 6
+    for tsv in bench.rglob("*.tsv"):
+        header, row = tsv.read_text().splitlines()[:2]
+        cols = dict(zip(header.split("\t"), row.split("\t")))
+        assert float(cols["s"]) > 0 and float(cols["max_rss"]) > 0 and "cpu_time" in cols, tsv
 
 
 def test_core_table_in_the_report_and_curve_during_training(project):
@@ -308,19 +325,39 @@ def dry_run_after_editing(project: Path, code_copy: Path, module: str, *args: st
         path.write_text(source)
 
 
+# Rules whose outputs are temp() (removed once read) and the one rule that reads them.
+TEMP_CONSUMERS = {"dedup_candidates": "dedup"}
+
+
+def test_temp_outputs_are_those_of_the_rules_listed():
+    blocks = rule_blocks(ROOT / "workflow/rules")
+    assert {r for r, b in blocks.items() if re.search(r"output:\s*(#.*\s*)*temp\(", b)} == set(TEMP_CONSUMERS)
+
+
 @pytest.mark.parametrize("rule", sorted(ENTRIES))
 def test_a_code_edit_reruns_the_rules_that_run_it(project, code_copy, outputs_by_rule, rule):
     """A comment appended to a module of the rule's import closure makes its own params (the code hash)
     differ: the rule alone allowed (so that no upstream rerun hides its own check), its outputs are
-    scheduled for "params changed". A module outside its closure does not."""
+    scheduled for "params changed". A module outside its closure does not.
+
+    A rule with temp() outputs has none left to compare once the run is over: the edit reruns it through
+    the rule reading them, whose code hash covers the same modules (asserted), so that no edit to the
+    temp rule's code can go unnoticed."""
     c = closures()
     inside = sorted(c[rule] - set(ENTRIES[rule]))  # an import, not the entry module itself
     edit = min(inside, key=lambda m: (sum(m in other for other in c.values()), -m.count("."), m))
-    outside = max(sorted(set().union(*c.values()) - c[rule]), key=lambda m: sum(m in other for other in c.values()),
-                  default="pipeline.bench.suite")
-    only = ["--allowed-rules", rule, "--", *outputs_by_rule[rule]]
-    plan = dry_run_after_editing(project, code_copy, edit, *only)
-    assert set(plan) == {rule} and all("Params have changed" in r for r in plan[rule]), (edit, plan)
+    consumer = TEMP_CONSUMERS.get(rule)
+    outside = max(sorted(set().union(*c.values()) - c[rule] - c.get(consumer, set())),
+                  key=lambda m: sum(m in other for other in c.values()), default="pipeline.bench.suite")
+    if consumer:
+        assert c[rule] <= c[consumer]
+        only = ["--allowed-rules", rule, consumer, "--", *outputs_by_rule[consumer]]
+        plan = dry_run_after_editing(project, code_copy, edit, *only)
+        assert set(plan) == {rule, consumer} and all("Params have changed" in r for r in plan[consumer]), (edit, plan)
+    else:
+        only = ["--allowed-rules", rule, "--", *outputs_by_rule[rule]]
+        plan = dry_run_after_editing(project, code_copy, edit, *only)
+        assert set(plan) == {rule} and all("Params have changed" in r for r in plan[rule]), (edit, plan)
     assert dry_run_after_editing(project, code_copy, outside, *only) == {}, outside
 
 

@@ -147,6 +147,25 @@ def group_shards(w):
     return GROUPS[w.source][w.group]
 
 
+# The per-shard chain of one shard group (download → count_shards → tokenize → dedup_signatures) is one
+# cluster job, the group job "shards-{source}-{group}": tokenize and dedup_signatures are joined by their
+# edge, count_shards (a sibling of tokenize) by the cluster profile's `group-components` (every component
+# of one resolved group id in one job), the download by its edge to the others. A source the tokenizer is
+# trained on keeps its download a job of its own: the tokenizer job (which needs every such download) sits
+# between that download and the rest, and a group job may not be left and entered again. Locally
+# (`--cores`) Snakemake runs no group jobs: every job is its own process as before.
+SHARD_CHAIN = "shards-{source}-{group}"
+
+
+def download_group(w):
+    return None if w.source in tokenizer_sources(config) else SHARD_CHAIN.format(source=w.source, group=w.group)
+
+
+# `benchmark:` of every data rule: Snakemake's per-job table (wall s, peak RSS/VMS MB, I/O, CPU s, ...) at
+# R/benchmarks/{rule}/{its wildcards}.tsv, written by the job that ran (README "The DAG").
+BENCH_DIR = f"{RUN_DIR}/benchmarks"
+
+
 def mix_sources(mix):
     return list(config["mixes"][mix]["weights"])
 

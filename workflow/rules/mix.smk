@@ -13,6 +13,8 @@ rule mix:
         outdir=lambda w, output: Path(output.report).parent,
     log:
         f"{LOG_DIR}/mix/{{mix}}.log",
+    benchmark:
+        f"{BENCH_DIR}/mix/{{mix}}.tsv"
     threads: job_threads("mix")
     resources:
         **job_resources("mix"),
