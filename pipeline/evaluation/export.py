@@ -57,8 +57,8 @@ from pipeline.data.encoding import (
     EOS,
     USER_END,
     USER_START,
+    load_ranks,
     load_tokenizer,
-    parse_ranks,
 )
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_dir, get_logger, provenance, read_json, run_cli, write_json
@@ -210,7 +210,7 @@ def _tokenizer_spec(tok) -> tuple[dict[bytes, int], str]:
     """(ranks, split pattern) of a Tokenizer, read from its files."""
 
     spec = read_json(tok.path)
-    return parse_ranks((Path(tok.path).parent / spec["ranks_file"]).read_bytes()), spec["pattern"]
+    return load_ranks(Path(tok.path).parent / spec["ranks_file"])[0], spec["pattern"]
 
 
 # A possessive interval X{n,m}+ (tiktoken's patterns use it) means (X{n,m})+ to Oniguruma, the regex
