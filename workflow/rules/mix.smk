@@ -21,5 +21,5 @@ rule mix:
     conda:
         "../../envs/data.yaml"
     shell:
-        "python -m pipeline.data.mix --params {params.p:q} --mix {wildcards.mix} --split-dir {params.split_dir:q} "
+        "POLARS_MAX_THREADS={threads} python -m pipeline.data.mix --params {params.p:q} --mix {wildcards.mix} --split-dir {params.split_dir:q} "
         "--outdir {params.outdir:q} 2>&1 | tee {log:q}"
