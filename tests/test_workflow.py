@@ -253,9 +253,11 @@ def rule_entries(rules_dir: Path) -> dict[str, list[str]]:
 
 
 def scheduled_for_code(proc: subprocess.CompletedProcess) -> dict[str, set[str]]:
-    """{rule: reasons} of the jobs a dry run lists."""
+    """{rule: reasons} of the jobs a dry run lists (a dry run prints the jobs of a group job indented
+    under it: the per-shard chain's `group:`)."""
     out: dict[str, set[str]] = {}
-    for m in re.finditer(r"^(?:local)?rule (\w+):\n(.*?)(?:\n\n|\Z)", proc.stdout + proc.stderr, re.S | re.M):
+    for m in re.finditer(r"^[ \t]*(?:local)?rule (\w+):\n(.*?)(?:\n[ \t]*\n|\Z)", proc.stdout + proc.stderr,
+                         re.S | re.M):
         reason = re.search(r"reason: (.*)", m.group(2))
         out.setdefault(m.group(1), set()).add(reason.group(1) if reason else "")
     return out
