@@ -256,8 +256,9 @@ def scheduled_for_code(proc: subprocess.CompletedProcess) -> dict[str, set[str]]
     """{rule: reasons} of the jobs a dry run lists (a dry run prints the jobs of a group job indented
     under it: the per-shard chain's `group:`)."""
     out: dict[str, set[str]] = {}
-    for m in re.finditer(r"^[ \t]*(?:local)?rule (\w+):\n(.*?)(?:\n[ \t]*\n|\Z)", proc.stdout + proc.stderr,
-                         re.S | re.M):
+    job = re.compile(r"^[ \t]*(?:local)?rule (\w+):\n(.*?)(?=\n[ \t]*\n|\n[ \t]*\[|\n[ \t]*(?:local)?rule \w+:|\Z)",
+                     re.S | re.M)  # a job's block ends at a blank line, the next job's [timestamp] or rule line
+    for m in job.finditer(proc.stdout + proc.stderr):
         reason = re.search(r"reason: (.*)", m.group(2))
         out.setdefault(m.group(1), set()).add(reason.group(1) if reason else "")
     return out
