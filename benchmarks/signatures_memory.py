@@ -55,7 +55,7 @@ def main() -> None:
     size = build_shard(work / "shard.parquet", args.docs, args.row_group, args.words)
     (work / "shard.json").write_text(json.dumps({"n_docs": args.docs, "doc_rows": list(range(args.docs))}))
     np.save(work / "shard.idx.npy", np.arange(0, 1000 * (args.docs + 1), 1000, dtype=np.int64))
-    p = rule_params(resolve_config({}), "dedup_sig")
+    p = rule_params(resolve_config({}), "dedup_signatures")
     params = json.dumps({**p, "sources": {"web": {"format": "text", "text_column": "text"}}})
     runs = {}
     for name, tree in [("streamed", ROOT), *([("baseline", Path(args.baseline))] if args.baseline else [])]:

@@ -278,7 +278,7 @@ def add_shard(root, source: str, shard: str, docs: list[str], chat: bool = False
 
 def run_dedup(root, shards, cfg) -> tuple[dict, dict]:
     """Signatures for each shard, then clusters; returns ({(source, shard): keep table}, report)."""
-    sig_params = rule_params(cfg, "dedup_sig")
+    sig_params = rule_params(cfg, "dedup_signatures")
     sigs = []
     for raw, tok, source, shard in shards:
         out = root / "dedup" / "sig" / source / f"{shard}.parquet"

@@ -80,6 +80,23 @@ def test_end_to_end(project):
     assert (project / "data/raw/web/shard_00000.parquet").exists()
     # Every stage output carries metadata saying what made it.
     assert json.loads((R / "counts/web/shard_00000.json").read_text())["meta"]["stage"] == "count"
+    # The candidate pairs are temp(): gone once the merge job read them; its keep lists stay.
+    assert not list((R / "dedup/pairs").glob("*.parquet")) and (R / "dedup/keep/web/shard_00000.parquet").exists()
+
+
+DATA_RULES = ("download", "tokenizer", "count_shards", "count", "tokenize", "dedup_signatures", "dedup_index",
+              "dedup_candidates", "dedup", "eval_data", "decontaminate", "split", "mix", "pack", "accounting", "plan")
+
+
+def test_every_data_job_leaves_its_benchmark(project):
+    """R/benchmarks/{rule}/{wildcards}.tsv: Snakemake's wall, peak RSS and CPU time of every data job."""
+    bench = project / "results/t/benchmarks"
+    assert {p.stem if p.suffix else p.name for p in bench.iterdir()} == set(DATA_RULES)
+    assert len(list((bench / "tokenize").rglob("*.tsv"))) == 4 and len(list((bench / "pack").rglob("*.tsv"))) == 6
+    for tsv in bench.rglob("*.tsv"):
+        header, row = tsv.read_text().splitlines()[:2]
+        cols = dict(zip(header.split("\t"), row.split("\t")))
+        assert float(cols["s"]) > 0 and float(cols["max_rss"]) > 0 and "cpu_time" in cols, tsv
 
 
 def test_core_table_in_the_report_and_curve_during_training(project):
@@ -167,9 +184,12 @@ def rule_entries(rules_dir: Path) -> dict[str, list[str]]:
 
 
 def scheduled_for_code(proc: subprocess.CompletedProcess) -> dict[str, set[str]]:
-    """{rule: reasons} of the jobs a dry run lists."""
+    """{rule: reasons} of the jobs a dry run lists (a dry run prints the jobs of a group job indented
+    under it: the per-shard chain's `group:`)."""
     out: dict[str, set[str]] = {}
-    for m in re.finditer(r"^(?:local)?rule (\w+):\n(.*?)(?:\n\n|\Z)", proc.stdout + proc.stderr, re.S | re.M):
+    job = re.compile(r"^[ \t]*(?:local)?rule (\w+):\n(.*?)(?=\n[ \t]*\n|\n[ \t]*\[|\n[ \t]*(?:local)?rule \w+:|\Z)",
+                     re.S | re.M)  # a job's block ends at a blank line, the next job's [timestamp] or rule line
+    for m in job.finditer(proc.stdout + proc.stderr):
         reason = re.search(r"reason: (.*)", m.group(2))
         out.setdefault(m.group(1), set()).add(reason.group(1) if reason else "")
     return out
@@ -226,32 +246,65 @@ def outputs_by_rule(project) -> dict[str, list[str]]:
     return out
 
 
-def dry_run_after_editing(project: Path, code_copy: Path, module: str, *args: str) -> dict[str, set[str]]:
-    """{rule: reasons} of a dry run of the workflow copy after appending a comment to `module`."""
+def run_after_editing(project: Path, code_copy: Path, module: str, *args: str) -> subprocess.CompletedProcess:
+    """Snakemake with `args` on the workflow copy after appending a comment to `module`."""
     path = code_copy / (module.replace(".", "/") + ".py")
     if not path.exists():
         path = code_copy / module.replace(".", "/") / "__init__.py"
     source = path.read_text()
     path.write_text(source + "\n# an edit\n")
     try:
-        return scheduled_for_code(snakemake(project, "-n", *args, snakefile=code_copy / "Snakefile"))
+        return snakemake(project, *args, snakefile=code_copy / "Snakefile")
     finally:
         path.write_text(source)
+
+
+def dry_run_after_editing(project: Path, code_copy: Path, module: str, *args: str) -> dict[str, set[str]]:
+    """{rule: reasons} of a dry run of the workflow copy after appending a comment to `module`."""
+    return scheduled_for_code(run_after_editing(project, code_copy, module, "-n", *args))
+
+
+def summary_status(proc: subprocess.CompletedProcess, outputs: list[str]) -> set[str]:
+    """The status column of `snakemake --summary` for `outputs`."""
+    rows = [ln.split("\t") for ln in proc.stdout.splitlines()[1:]]
+    return {row[4] for row in rows if len(row) > 4 and row[0] in outputs}
+
+
+# Rules whose outputs are temp() (removed once read) and the one rule that reads them.
+TEMP_CONSUMERS = {"dedup_candidates": "dedup"}
+
+
+def test_temp_outputs_are_those_of_the_rules_listed():
+    blocks = rule_blocks(ROOT / "workflow/rules")
+    assert {r for r, b in blocks.items() if re.search(r"output:\s*(#.*\s*)*temp\(", b)} == set(TEMP_CONSUMERS)
 
 
 @pytest.mark.parametrize("rule", sorted(ENTRIES))
 def test_a_code_edit_reruns_the_rules_that_run_it(project, code_copy, outputs_by_rule, rule):
     """A comment appended to a module of the rule's import closure makes its own params (the code hash)
     differ: the rule alone allowed (so that no upstream rerun hides its own check), its outputs are
-    scheduled for "params changed". A module outside its closure does not."""
+    scheduled for "params changed". A module outside its closure does not.
+
+    temp() outputs are gone once the run is over: for the rule writing them the outputs asked for are
+    those of the rule reading them (Snakemake keeps the removed outputs' metadata, so it reruns the
+    writer for its changed params, then the reader), and a rerun of the reader reruns the writer first
+    (so either is allowed with its partner, and an edit outside both reruns neither); the reader's own
+    reason is then the writer's new outputs, so its params change is read from `--summary`."""
     c = closures()
     inside = sorted(c[rule] - set(ENTRIES[rule]))  # an import, not the entry module itself
     edit = min(inside, key=lambda m: (sum(m in other for other in c.values()), -m.count("."), m))
-    outside = max(sorted(set().union(*c.values()) - c[rule]), key=lambda m: sum(m in other for other in c.values()),
-                  default="pipeline.bench.suite")
-    only = ["--allowed-rules", rule, "--", *outputs_by_rule[rule]]
+    partners = {r for pair in TEMP_CONSUMERS.items() if rule in pair for r in pair} - {rule}
+    outside = max(sorted(set().union(*c.values()) - c[rule] - set().union(*(c[p] for p in partners))),
+                  key=lambda m: sum(m in other for other in c.values()), default="pipeline.bench.suite")
+    target = TEMP_CONSUMERS.get(rule, rule)
+    only = ["--allowed-rules", rule, *partners, "--", *outputs_by_rule[target]]
     plan = dry_run_after_editing(project, code_copy, edit, *only)
-    assert set(plan) == {rule} and all("Params have changed" in r for r in plan[rule]), (edit, plan)
+    assert set(plan) == {rule, *partners}, (edit, plan)
+    if rule in TEMP_CONSUMERS.values():
+        summary = run_after_editing(project, code_copy, edit, "--summary", *outputs_by_rule[target])
+        assert summary_status(summary, outputs_by_rule[rule]) == {"params changed"}, (edit, summary.stdout[-3000:])
+    else:
+        assert all("Params have changed" in r for r in plan[rule]), (edit, plan)
     assert dry_run_after_editing(project, code_copy, outside, *only) == {}, outside
 
 

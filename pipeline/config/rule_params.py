@@ -7,7 +7,7 @@ half of its identity) is its `code=code_version("pipeline.…")` param (pipeline
 import closure of the module it runs, which holds this module and the rest of `pipeline.config`,
 since every module's CLI reads its params through `params_from_args`.
 
-For the per-shard rules (download, count, tokenize, dedup_sig) `source` narrows the slice to the
+For the per-shard rules (download, count, tokenize, dedup_signatures) `source` narrows the slice to the
 job's own source, so editing one source reruns no job of another; for mix and pack `mix` narrows it
 to the job's own mix, so editing one mix (or a training stage on another mix) reruns no job of
 another.
@@ -32,7 +32,7 @@ TEXT_KEYS = ("type", "format", "text_column", "messages_column")  # how a source
 SHARD_KEYS = (*TEXT_KEYS, "min_chars", "max_conversation_tokens")
 # What the download rule does not depend on: an edit to these reruns no download.
 NOT_DOWNLOAD_KEYS = ("min_chars", "max_conversation_tokens", "tokens_per_shard_estimate")
-# What dedup_sig's signatures depend on: a threshold edit reruns the clustering only.
+# What dedup_signatures depend on: a threshold edit reruns the clustering only.
 SIGNATURE_KEYS = ("ngram", "num_perm", "bands", "rows", "seed", "partitions")  # band keys are written partitioned
 
 PLAN_TRAIN_KEYS = (
@@ -152,7 +152,7 @@ RULE_PARAMS: dict[str, Callable[[dict, list[str], str | None], dict]] = {
     "tokenizer": _tokenizer,
     "count": _per_shard,
     "tokenize": _per_shard,
-    "dedup_sig": _dedup_signatures,
+    "dedup_signatures": _dedup_signatures,
     "dedup": _dedup,
     "eval_data": _eval_data,
     "decontaminate": _decontaminate,

@@ -180,7 +180,7 @@ def write_signatures(input_path, tokens_json, source: str, shard: str, params: d
     tok_meta, tokens = load_doc_tokens(tokens_json)
     texts = iter_document_texts(input_path, params["sources"][source], tok_meta["doc_rows"])
     hashed = hash_documents(texts, dd, len(tokens))
-    meta = provenance("dedup_sig", params, [input_path, tokens_json], source=source, shard=shard,
+    meta = provenance("dedup_signatures", params, [input_path, tokens_json], source=source, shard=shard,
                       n_docs=len(tokens), **{k: dd[k] for k in HASH_PARAMS})
     _write_signature_file(out, signature_table(tokens, hashed), meta)
     write_lsh_files(out, hashed, dd["partitions"], meta)
@@ -697,7 +697,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.command == "signatures":
         tune_allocator()
-        params = params_from_args(args, "dedup_sig")
+        params = params_from_args(args, "dedup_signatures")
         if len(args.tokens) != len(args.inputs):
             raise PipelineError(f"{len(args.inputs)} --inputs but {len(args.tokens)} --tokens; pass one per shard")
         run_group("dedup_signatures", list(zip(args.inputs, args.tokens, strict=True)), args.outputs, args.manifest,

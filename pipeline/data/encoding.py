@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import tiktoken
+from tiktoken.load import load_tiktoken_bpe
 
 from pipeline.errors import PipelineError
 
@@ -218,23 +219,30 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         raise PipelineError(f"{path}: not a readable encoding.json ({e!r}); rerun the tokenizer rule") from None
     if not ranks_path.exists():
         raise PipelineError(f"{path}: its ranks file {ranks_path} is missing; rerun the tokenizer rule")
-    ranks_bytes = ranks_path.read_bytes()
+    ranks, ranks_bytes = load_ranks(ranks_path)
     if tokenizer_sha256(ranks_bytes, special, pattern, delimiter) != sha256:
         raise PipelineError(f"{path}: sha256 does not match {ranks_path} (files from different runs?); rerun the "
                             "tokenizer rule")
-    enc = tiktoken.Encoding(
-        spec.get("name", path.stem), pat_str=pattern, mergeable_ranks=parse_ranks(ranks_bytes), special_tokens=special
-    )
+    enc = tiktoken.Encoding(spec.get("name", path.stem), pat_str=pattern, mergeable_ranks=ranks, special_tokens=special)
     return Tokenizer(enc, special, delimiter, sha256, str(path))
 
 
 def format_ranks(ranks: dict[bytes, int]) -> bytes:
-    """tiktoken's `.tiktoken` format: one `base64(token) rank` line per token, by rank."""
+    """The bytes `tiktoken.load.dump_tiktoken_bpe` writes (one `base64(token) rank` line per token, by
+    rank), for the caller's atomic write: tiktoken's writer itself needs `blobfile` (not a dependency)
+    and writes in place. `load_ranks` reads them back with tiktoken's reader."""
     lines = [base64.b64encode(tok) + b" " + str(rank).encode()
              for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1])]
     return b"\n".join(lines) + b"\n"
 
 
-def parse_ranks(data: bytes) -> dict[bytes, int]:
-    """Inverse of `format_ranks` (what `tiktoken.load.load_tiktoken_bpe` does for a file)."""
-    return {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in data.splitlines() if line)}
+def load_ranks(path: str | os.PathLike) -> tuple[dict[bytes, int], bytes]:
+    """(ranks, the file's bytes) of a `.tiktoken` ranks file, parsed by tiktoken's own reader
+    (`tiktoken.load.load_tiktoken_bpe`). Its read cache is keyed by path, so it is held to the sha256
+    of the bytes read here: a tokenizer retrained at the same path is never served stale."""
+    data = Path(path).read_bytes()
+    try:
+        ranks = load_tiktoken_bpe(str(path), expected_hash=hashlib.sha256(data).hexdigest())
+    except ValueError as e:
+        raise PipelineError(f"{path}: not a tiktoken ranks file ({e}); rerun the tokenizer rule") from None
+    return ranks, data

@@ -106,23 +106,44 @@ def split_files(split_dir) -> dict[str, list[Path]]:
     return {s: [Path(split_dir, s, f"{sh}.parquet") for sh in sorted(names)] for s, names in shards.items()}
 
 
+SPLIT_COLUMNS = ["doc", "tokens", "split"]
+
+
 def load_source(paths: list[Path], source: str) -> dict[str, Pool]:
-    """The source's train and val documents from its split files `paths`, in (shard, doc) order."""
+    """The source's train and val documents from its split files `paths`, in (shard, doc) order: one
+    lazy polars scan over every shard's table (read in parallel, `POLARS_MAX_THREADS` threads; the
+    rule sets the job's), filtered to each split (BENCHMARKS.md "Mix input")."""
+    import polars as pl
+
     if not paths:
         raise PipelineError(f"no split files for source '{source}' in the split report; add it to the config's "
                             "sources and rerun the split stage")
-    parts = []
-    for i, p in enumerate(paths):
+    scans = [pl.scan_parquet(p).select(SPLIT_COLUMNS).with_columns(shard=pl.lit(i, pl.Int64))
+             for i, p in enumerate(paths)]
+    try:
+        rows = pl.concat(scans).collect()
+    except (OSError, pl.exceptions.PolarsError) as e:
+        raise _unreadable_split_file(paths, e) from None
+    names = [p.stem for p in paths]
+    out = {}
+    for name in ("train", "val"):
+        part = rows.filter(pl.col("split") == name)
+        out[name] = Pool(names, *(part[c].to_numpy().astype(np.int64) for c in ("shard", "doc", "tokens")))
+    return out
+
+
+def _unreadable_split_file(paths: list[Path], err: Exception) -> PipelineError:
+    """The error naming the first split file that cannot be read (the scan's error names none)."""
+    for p in paths:
         try:
-            t = pq.read_table(p, columns=["doc", "tokens", "split"])
-        except (OSError, pa.ArrowException) as e:
-            raise PipelineError(f"{p}: not a readable split file with doc, tokens, split ({e}); "
-                                "rerun the split stage") from None
-        split = np.asarray(t.column("split").to_pylist(), dtype=object)
-        parts.append((np.full(len(split), i), t.column("doc").to_numpy(), t.column("tokens").to_numpy(), split))
-    shard, doc, tokens, split = (np.concatenate(c) for c in zip(*parts))
-    pool = Pool([p.stem for p in paths], shard.astype(np.int64), doc.astype(np.int64), tokens.astype(np.int64))
-    return {name: pool.take(np.flatnonzero(split == name)) for name in ("train", "val")}
+            pq.read_table(p, columns=SPLIT_COLUMNS)
+        except (OSError, pa.ArrowException, KeyError) as e:
+            err = e
+            break
+    else:
+        p = paths[0].parent
+    return PipelineError(f"{p}: not a readable split file with {', '.join(SPLIT_COLUMNS)} ({err}); rerun the split "
+                         "stage")
 
 
 # ----------------------------------------------------------------------------- sampling

@@ -283,9 +283,17 @@ def test_aggregate_bad_inputs(tmp_path, shard_jsons, spoil, match):
     assert not (tmp_path / "agg").exists()
 
 
-def test_count_benchmark_runs_both_paths_on_the_same_tokens(tmp_path, tok_path, capsys):
-    from pipeline.bench import data as bench_data
+def test_count_benchmark_runs_both_paths_on_the_same_tokens(tmp_path, tok_path, capsys, monkeypatch):
+    import importlib.util
+    import sys
 
+    from builders import ROOT
+
+    # a developer benchmark: a script in benchmarks/, not in the package
+    spec = importlib.util.spec_from_file_location("benchmarks_data", ROOT / "benchmarks" / "data.py")
+    bench_data = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench_data)  # its dataclasses look their module up there
+    spec.loader.exec_module(bench_data)
     shard = write_text_shard(tmp_path / "s.parquet", CORPUS[:40] + [""])
     timings = bench_data.main(["count", "--tokenizer", tok_path, "--input", str(shard), "--repeat", "1"])
     expected = count_shard(shard, load_tokenizer(tok_path), TEXT, 1024)["tokens"]

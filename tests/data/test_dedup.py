@@ -257,7 +257,8 @@ def test_missing_text_column_fails_clearly(tmp_path):
     tok = tmp_path / "tokens" / "web" / "s.json"
     write_token_index(tok, [0], [4], "web", "s")
     with pytest.raises(PipelineError, match="no column 'text'.*text_column"):
-        dedup.write_signatures(raw, tok, "web", "s", rule_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
+        params = rule_params(make_config(), "dedup_signatures")
+        dedup.write_signatures(raw, tok, "web", "s", params, tmp_path / "out.parquet")
     assert not (tmp_path / "out.parquet").exists()
 
 
@@ -266,7 +267,19 @@ def test_token_index_naming_missing_rows_fails(tmp_path):
     tok = tmp_path / "tokens" / "web" / "s.json"
     write_token_index(tok, [0, 5], [4, 4], "web", "s")
     with pytest.raises(PipelineError, match="rerun the tokenize stage"):
-        dedup.write_signatures(raw, tok, "web", "s", rule_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
+        params = rule_params(make_config(), "dedup_signatures")
+        dedup.write_signatures(raw, tok, "web", "s", params, tmp_path / "out.parquet")
+
+
+def test_corrupt_shard_fails_clearly(tmp_path):
+    raw = tmp_path / "raw" / "web" / "s.parquet"
+    raw.parent.mkdir(parents=True)
+    raw.write_bytes(b"PAR1 not really")
+    tok = tmp_path / "tokens" / "web" / "s.json"
+    write_token_index(tok, [0], [4], "web", "s")
+    with pytest.raises(PipelineError, match="s.parquet"):
+        params = rule_params(make_config(), "dedup_signatures")
+        dedup.write_signatures(raw, tok, "web", "s", params, tmp_path / "out.parquet")
 
 
 @pytest.mark.parametrize("chat", [False, True])
@@ -286,22 +299,12 @@ def test_streamed_texts_hash_as_the_whole_column(tmp_path, chat):
         return " ".join(w[:len(w) // 2]) + "\n" + " ".join(w[len(w) // 2:]) if chat else doc
     assert whole.to_pylist() == [text(docs[r - 1]) for r in rows]
     assert contract.document_texts(raw, source, rows).equals(whole)
-    dd = rule_params(make_config(), "dedup_sig")["dedup"]
+    dd = rule_params(make_config(), "dedup_signatures")["dedup"]
     streamed, at_once = dedup.hash_documents(iter(chunks), dd, len(rows)), dedup.hash_documents(whole, dd)
     assert all(np.array_equal(streamed[k], at_once[k]) for k in ("exact", "bands", "sig"))
     assert len(set(streamed["exact"].tolist())) == len(rows)
     with pytest.raises(PipelineError, match="not ascending"):
         list(contract.iter_document_texts(raw, source, [2, 1]))
-
-
-def test_corrupt_shard_fails_clearly(tmp_path):
-    raw = tmp_path / "raw" / "web" / "s.parquet"
-    raw.parent.mkdir(parents=True)
-    raw.write_bytes(b"PAR1 not really")
-    tok = tmp_path / "tokens" / "web" / "s.json"
-    write_token_index(tok, [0], [4], "web", "s")
-    with pytest.raises(PipelineError, match="s.parquet"):
-        dedup.write_signatures(raw, tok, "web", "s", rule_params(make_config(), "dedup_sig"), tmp_path / "out.parquet")
 
 
 def test_stale_signatures_fail_clearly(tmp_path):
@@ -326,7 +329,7 @@ def test_cli_signatures_and_clusters(tmp_path):
     raw, tok, _, _ = add_shard(tmp_path, "web", "s", ["The same text.", "the SAME text", "other words here"])
     cfg = make_config()
     sig = tmp_path / "sig" / "web" / "s.parquet"
-    dedup.main(["signatures", "--params", json.dumps(rule_params(cfg, "dedup_sig")), "--inputs", str(raw),
+    dedup.main(["signatures", "--params", json.dumps(rule_params(cfg, "dedup_signatures")), "--inputs", str(raw),
                 "--tokens", str(tok), "--source", "web", "--outputs", str(sig)])
     t = pq.read_table(sig)
     assert t.column_names == ["doc", "tokens", "exact", "bands", "sig"]

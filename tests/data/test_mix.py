@@ -231,6 +231,21 @@ def test_unknown_mix_and_missing_source_fail(tmp_path, split_dir):
         mix.build_mix(params(weights={"web": 1.0}), "m", tmp_path / "split")
 
 
+def test_load_source_reads_every_shard_in_order_and_names_a_bad_file(tmp_path, split_dir):
+    paths = [tmp_path / "split" / "fineweb" / f"f{i}.parquet" for i in range(3)]
+    pools = mix.load_source(paths, "fineweb")
+    for name, pool in pools.items():  # (shard, doc) order, each document of its split once
+        want = [(i, d) for i in range(3) for d, s in enumerate(split_dir[("fineweb", f"f{i}")]["split"]) if s == name]
+        assert list(zip(pool.shard.tolist(), pool.doc.tolist())) == want and pool.shards == ["f0", "f1", "f2"]
+        assert pool.tokens.tolist() == [split_dir[("fineweb", f"f{i}")]["tokens"][d] for i, d in want]
+    pq.write_table(pa.table({"doc": [0], "tokens": [5]}), paths[1])  # no split column
+    with pytest.raises(PipelineError, match=r"f1\.parquet: not a readable split file with doc, tokens, split"):
+        mix.load_source(paths, "fineweb")
+    paths[2].write_bytes(b"PAR1 not parquet")
+    with pytest.raises(PipelineError, match=r"f1\.parquet: not a readable split file"):
+        mix.load_source(paths, "fineweb")
+
+
 def test_cli(tmp_path, split_dir):
     mix.main(["--params", json.dumps(params()), "--mix", "m", "--split-dir", str(tmp_path / "split"),
               "--outdir", str(tmp_path / "o")])

@@ -16,7 +16,7 @@ import tiktoken.load
 from builders import write_text_shard
 
 from pipeline.config import STOCK_VOCAB, n_special_tokens
-from pipeline.data.encoding import BOS, CHAT_TOKENS, EOS, load_tokenizer, special_token_names
+from pipeline.data.encoding import BOS, CHAT_TOKENS, EOS, format_ranks, load_ranks, load_tokenizer, special_token_names
 from pipeline.data.tokenizer import (
     STOCK_ENCODINGS,
     build_tokenizer,
@@ -289,9 +289,13 @@ def test_load_rejects_ranks_file_from_another_tokenizer(shards, tmp_path):
 
 @pytest.fixture
 def no_network(monkeypatch):
-    """Fail the test if tiktoken tries to fetch anything."""
+    """Fail the test if tiktoken tries to fetch anything (its reader still reads local files: our ranks file)."""
+    read_file = tiktoken.load.read_file
+
     def fetch(blobpath):
-        raise AssertionError(f"tiktoken tried to download {blobpath}")
+        if "://" in blobpath:
+            raise AssertionError(f"tiktoken tried to download {blobpath}")
+        return read_file(blobpath)
     monkeypatch.setattr(tiktoken.load, "read_file", fetch)
 
 
@@ -350,3 +354,22 @@ def test_unknown_stock_encoding(tmp_path):
     params["tokenizer"]["encoding"] = "gpt5_base"
     with pytest.raises(PipelineError, match="tokenizer.encoding"):
         build_tokenizer(params, [], tmp_path / "tok" / "encoding.json")
+
+
+
+def test_ranks_round_trip_through_tiktokens_reader_and_are_never_served_stale(tmp_path, monkeypatch):
+    """The ranks file is read by tiktoken's own reader, whose read cache is keyed by path: a tokenizer
+    retrained at the same path must come back as the new file, not the cached old one."""
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "tokenizer.tiktoken"
+    first = {bytes([b]): b for b in range(256)}
+    path.write_bytes(format_ranks(first))
+    assert load_ranks(path) == (first, path.read_bytes())
+    assert list((tmp_path / "cache").iterdir())  # tiktoken did cache it under the path's key
+    second = {**first, b"ab": 256, b"abc": 257}
+    path.write_bytes(format_ranks(second))
+    assert tiktoken.load.load_tiktoken_bpe(str(path)) == first  # tiktoken's reader unchecked: the stale copy
+    assert load_ranks(path)[0] == second
+    path.write_bytes(b"not base64 at all\n")
+    with pytest.raises(PipelineError, match="tokenizer.tiktoken: not a tiktoken ranks file"):
+        load_ranks(path)

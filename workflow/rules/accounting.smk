@@ -16,6 +16,8 @@ rule accounting:
         run_dir=lambda w, output: Path(output.json).parent,
     log:
         f"{LOG_DIR}/accounting.log",
+    benchmark:
+        f"{BENCH_DIR}/accounting.tsv"
     threads: job_threads("accounting")
     resources:
         **job_resources("accounting"),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 min_version("9.0")
@@ -43,6 +43,9 @@ if not workflow.overwrite_configfiles:
     config.clear()
     config.update(_merged)
 config.update(tfc.deep_merge(config, _overrides))
+# The one validation of the config: the schema (workflow/schemas/config.schema.yaml) with its defaults
+# filled in, then the cross-field checks, by pipeline.config (the stage CLIs' --configfile goes the same
+# way), each failure one line naming the key. Snakemake's own `validate` would only repeat the schema part.
 # train.tokens_per_param: scaling is the ratio the IsoFLOP sweep fitted (pipeline/scaling.py), resolved here
 # to a number, so a new fit reruns what the budget sizes. Without a fit only the sweep can be built (its
 # points do not depend on the run's budget): the main process stops with the command to run unless that
@@ -56,7 +59,6 @@ except (ConfigError, PlanError) as _e:
     stop(_e)
 config.clear()
 config.update(_resolved)
-validate(config, BASE / "workflow" / "schemas" / "config.schema.yaml")
 
 RUN_NAME = config["run_name"]
 RUN_DIR = str(tfc.run_dir(config))  # results of this run
@@ -151,6 +153,25 @@ def group_files(pattern):
 
 def group_shards(w):
     return GROUPS[w.source][w.group]
+
+
+# The per-shard chain of one shard group (download → count_shards → tokenize → dedup_signatures) is one
+# cluster job, the group job "shards-{source}-{group}": tokenize and dedup_signatures are joined by their
+# edge, count_shards (a sibling of tokenize) by the cluster profile's `group-components` (every component
+# of one resolved group id in one job), the download by its edge to the others. A source the tokenizer is
+# trained on keeps its download a job of its own: the tokenizer job (which needs every such download) sits
+# between that download and the rest, and a group job may not be left and entered again. Locally
+# (`--cores`) Snakemake runs no group jobs: every job is its own process as before.
+SHARD_CHAIN = "shards-{source}-{group}"
+
+
+def download_group(w):
+    return None if w.source in tokenizer_sources(config) else SHARD_CHAIN.format(source=w.source, group=w.group)
+
+
+# `benchmark:` of every data rule: Snakemake's per-job table (wall s, peak RSS/VMS MB, I/O, CPU s, ...) at
+# R/benchmarks/{rule}/{its wildcards}.tsv, written by the job that ran (README "The DAG").
+BENCH_DIR = f"{RUN_DIR}/benchmarks"
 
 
 def mix_sources(mix):

@@ -13,6 +13,10 @@ rule count_shards:
         files=group_files(f"{RUN_DIR}/counts/{{source}}/{{shard}}.json"),
     log:
         f"{LOG_DIR}/count/{{source}}/{{group}}.log",
+    benchmark:
+        f"{BENCH_DIR}/count_shards/{{source}}/{{group}}.tsv"
+    group:
+        SHARD_CHAIN
     threads: job_threads("count")
     resources:
         **job_resources("count"),
@@ -22,6 +26,12 @@ rule count_shards:
         "python -m pipeline.data.count shards --params {params.p:q} --tokenizer {input.tokenizer:q} "
         "--source {wildcards.source} --inputs {params.inputs:q} --outputs {params.files:q} --manifest {output:q} "
         "2>&1 | tee {log:q}"
+
+
+# The reducers (count, plan, stages_report, dedup_index) read small per-shard/per-stage files and run in
+# seconds: on a cluster they run in the main Snakemake process instead of waiting for a slot.
+localrules:
+    count,
 
 
 rule count:
@@ -35,6 +45,8 @@ rule count:
         files=shard_files(f"{RUN_DIR}/counts/{{source}}/{{shard}}.json"),
     log:
         f"{LOG_DIR}/count/aggregate.log",
+    benchmark:
+        f"{BENCH_DIR}/count.tsv"
     threads: job_threads("plan")
     resources:
         **job_resources("plan"),

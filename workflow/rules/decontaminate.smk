@@ -16,6 +16,8 @@ rule decontaminate:
         outdir=lambda w, output: Path(output.report).parent,
     log:
         f"{LOG_DIR}/decontaminate.log",
+    benchmark:
+        f"{BENCH_DIR}/decontaminate.tsv"
     threads: job_threads("decontaminate")
     resources:
         **job_resources("decontaminate"),

@@ -9,13 +9,17 @@ rule dedup_signatures:
     output:
         f"{RUN_DIR}/dedup/sig/{{source}}/_manifest/{{group}}.json",
     params:
-        p=source_params("dedup_sig"),
+        p=source_params("dedup_signatures"),
         code=code_version("pipeline.data.dedup"),
         inputs=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
         tokens=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
         files=group_files(f"{RUN_DIR}/dedup/sig/{{source}}/{{shard}}.parquet"),
     log:
         f"{LOG_DIR}/dedup/sig/{{source}}/{{group}}.log",
+    benchmark:
+        f"{BENCH_DIR}/dedup_signatures/{{source}}/{{group}}.tsv"
+    group:
+        SHARD_CHAIN
     threads: job_threads("dedup_signatures")
     resources:
         **job_resources("dedup_signatures"),
@@ -42,6 +46,8 @@ rule dedup_index:
         code=code_version("pipeline.data.dedup"),
     log:
         f"{LOG_DIR}/dedup/index.log",
+    benchmark:
+        f"{BENCH_DIR}/dedup_index.tsv"
     conda:
         "../../envs/data.yaml"
     shell:
@@ -52,12 +58,15 @@ rule dedup_candidates:
     input:
         f"{RUN_DIR}/dedup/sig/index.json",
     output:
-        f"{RUN_DIR}/dedup/pairs/{{part}}.parquet",
+        # read by the merge job only: removed once it has run (a rerun of the merge reruns its candidates)
+        temp(f"{RUN_DIR}/dedup/pairs/{{part}}.parquet"),
     params:
         p=rule_params("dedup"),
         code=code_version("pipeline.data.dedup"),
     log:
         f"{LOG_DIR}/dedup/candidates/{{part}}.log",
+    benchmark:
+        f"{BENCH_DIR}/dedup_candidates/{{part}}.tsv"
     threads: job_threads("dedup_candidates")
     resources:
         **job_resources("dedup_candidates"),
@@ -80,6 +89,8 @@ rule dedup:
         outdir=lambda w, output: Path(output.report).parent,
     log:
         f"{LOG_DIR}/dedup/clusters.log",
+    benchmark:
+        f"{BENCH_DIR}/dedup.tsv"
     threads: job_threads("dedup")
     resources:
         **job_resources("dedup"),

@@ -13,6 +13,10 @@ rule download:
         files=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
     log:
         f"{LOG_DIR}/download/{{source}}/{{group}}.log",
+    benchmark:
+        f"{BENCH_DIR}/download/{{source}}/{{group}}.tsv"
+    group:
+        download_group
     threads: job_threads("download")
     resources:
         downloads=1,

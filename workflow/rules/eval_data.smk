@@ -9,6 +9,8 @@ rule eval_data:
         outdir=lambda w, output: Path(output[0]).parent,
     log:
         f"{LOG_DIR}/eval_data.log",
+    benchmark:
+        f"{BENCH_DIR}/eval_data.tsv"
     threads: job_threads("eval_data")
     resources:
         **job_resources("eval_data"),

@@ -36,6 +36,10 @@ rule evaluate:
         "--metrics {params.metrics:q} --eval-data {params.eval_data:q} --outdir {params.outdir:q} 2>&1 | tee {log:q}"
 
 
+localrules:
+    stages_report,
+
+
 rule stages_report:
     input:
         finals=expand(f"{RUN_DIR}/train/{{stage}}/final.pt", stage=list(STAGES)),

@@ -13,11 +13,13 @@ rule mix:
         outdir=lambda w, output: Path(output.report).parent,
     log:
         f"{LOG_DIR}/mix/{{mix}}.log",
+    benchmark:
+        f"{BENCH_DIR}/mix/{{mix}}.tsv"
     threads: job_threads("mix")
     resources:
         **job_resources("mix"),
     conda:
         "../../envs/data.yaml"
     shell:
-        "python -m pipeline.data.mix --params {params.p:q} --mix {wildcards.mix} --split-dir {params.split_dir:q} "
+        "POLARS_MAX_THREADS={threads} python -m pipeline.data.mix --params {params.p:q} --mix {wildcards.mix} --split-dir {params.split_dir:q} "
         "--outdir {params.outdir:q} 2>&1 | tee {log:q}"

@@ -13,6 +13,8 @@ rule pack:
         tokens_dir=f"{RUN_DIR}/tokens",
     log:
         f"{LOG_DIR}/pack/{{mix}}/{{split}}.log",
+    benchmark:
+        f"{BENCH_DIR}/pack/{{mix}}/{{split}}.tsv"
     threads: job_threads("pack")
     resources:
         **job_resources("pack"),

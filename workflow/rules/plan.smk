@@ -1,4 +1,8 @@
 # The token budget from measured counts: params, tokens, steps, grad accumulation, shards, memory, time.
+localrules:
+    plan,
+
+
 rule plan:
     input:
         counts=f"{RUN_DIR}/counts/counts.parquet",
@@ -10,6 +14,8 @@ rule plan:
         code=code_version("pipeline.plan"),
     log:
         f"{LOG_DIR}/plan.log",
+    benchmark:
+        f"{BENCH_DIR}/plan.tsv"
     threads: job_threads("plan")
     resources:
         **job_resources("plan"),

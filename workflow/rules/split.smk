@@ -17,6 +17,8 @@ rule split:
         outdir=lambda w, output: Path(output.report).parent,
     log:
         f"{LOG_DIR}/split.log",
+    benchmark:
+        f"{BENCH_DIR}/split.tsv"
     threads: job_threads("split")
     resources:
         **job_resources("split"),

@@ -13,6 +13,10 @@ rule tokenize:
         files=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
     log:
         f"{LOG_DIR}/tokenize/{{source}}/{{group}}.log",
+    benchmark:
+        f"{BENCH_DIR}/tokenize/{{source}}/{{group}}.tsv"
+    group:
+        SHARD_CHAIN
     threads: job_threads("tokenize")
     resources:
         **job_resources("tokenize"),

@@ -10,6 +10,8 @@ rule tokenizer:
         files=shard_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet", tokenizer_sources(config)),
     log:
         f"{LOG_DIR}/tokenizer.log",
+    benchmark:
+        f"{BENCH_DIR}/tokenizer.tsv"
     threads: job_threads("tokenizer")
     resources:
         **job_resources("tokenizer"),

