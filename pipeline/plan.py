@@ -167,7 +167,12 @@ def _tokens_per_shard(cfg: dict, source: str, counted: dict | None, counts_path,
     unknown (a counts file left by an earlier config, e.g. before a source was added or renamed)."""
     if counted and source in counted:
         total, n = counted[source]
-        return total / n, f"measured ({n} counted shard(s) in the counts file)"
+        if total > 0:
+            return total / n, f"measured ({n} counted shard(s) in the counts file)"
+        if strict:  # this run's counts: every document of the source was filtered out
+            raise PlanError(f"{counts_path}: source '{source}' has no usable tokens in its {n} counted shard(s): "
+                            f"every document was filtered out; check sources.{source}.min_chars and its text column")
+        # else an earlier config's counts (Snakemake's parse, before the count stage reruns): not evidence
     estimate = cfg["sources"][source].get("tokens_per_shard_estimate")
     if estimate is not None:
         return float(estimate), f"estimate (sources.{source}.tokens_per_shard_estimate)"

@@ -141,3 +141,10 @@ def test_dotted_overrides(tmp_path):
     for bad in ("train.lr", "train..lr=1", "train=1"):
         with pytest.raises(ConfigError):
             parse_overrides([bad, "train.lr=1"] if bad == "train=1" else [bad])
+
+
+def test_split_by_shards_must_hold_out_a_shard_of_every_mix():
+    """split.method: shards with no held-out shard of a mix's sources: that mix's validation set would be
+    empty (the pack stage would fail after the data half); refused at parse, naming the key."""
+    with pytest.raises(ConfigError, match=r"split\.val_shards.*holds out no shard of mix 'pretrain'"):
+        resolve_config({"split": {"method": "shards"}})

@@ -193,6 +193,19 @@ def test_counts_without_a_source_are_not_yet_known_when_lenient(tmp_path):
     assert any("count stage" in n for n in plan["notes"])
 
 
+def test_a_source_counted_at_zero_usable_tokens(tmp_path):
+    """Every document filtered out (e.g. min_chars above them all): this run's counts are one error naming
+    the source and the key; the parse-time plan, which may read an earlier config's counts, treats the
+    source as not counted yet (no division by zero)."""
+    cfg = fineweb_cfg()
+    del cfg["sources"]["fineweb"]["tokens_per_shard_estimate"]
+    empty = write_counts(tmp_path / "counts.parquet", [("fineweb", "s0", 500, 5, 500, 5)])
+    with pytest.raises(PlanError, match=r"source 'fineweb' has no usable tokens.*sources\.fineweb\.min_chars"):
+        make_plan(cfg, counts=empty)
+    plan = make_plan(cfg, counts=empty, strict_counts=False)
+    assert plan["shards_needed"] is None
+
+
 def test_cli_uses_the_runs_measured_counts(tmp_path, monkeypatch, capsys):
     for i in range(4):
         write_text_shard(tmp_path / f"web/shard_{i:05d}.parquet", ["some text"])

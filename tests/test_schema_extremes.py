@@ -5,13 +5,14 @@ maximum, and at a large value) and every enum value; each case is the default co
 key set (a key under a named source, mix or stage: the default's first such entry). Each is parsed by
 Snakemake itself, through its API, in one child process (the Snakefile's whole parse: config
 resolution, schema validation, shard discovery, job sizes, the plan): it must parse, or stop with
-`tokenfarm: …` naming the key, never a traceback. The data-stage values that parse are then run
-(`test_data_stage_extremes_run`).
+`tokenfarm: …` naming the key, never a traceback. The values that parse and change a data stage are then
+run through the data half of the DAG (`test_data_stage_extremes_run`).
 """
 from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,11 +22,14 @@ import pytest
 import yaml
 from builders import ROOT
 
+from pipeline.config import resolve_config, rule_params
+
 SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
 DEFAULT = yaml.safe_load((ROOT / "config.yaml").read_text())
 LARGE = 10**9
 # A wildcard of the schema (a mapping's entries, a list's items) -> the entry a case edits.
 ENTRY = {"sources": "web", "mixes": "pretrain", "weights": "web", "stages": 1}
+CHAT_ONLY = {"max_conversation_tokens"}  # source keys only a chat source reads: walked on the default's chat source
 
 
 def schema_keys(node: dict, path: tuple = ()):
@@ -60,16 +64,16 @@ def values(node: dict) -> list:
     return out
 
 
-def with_value(path: tuple, value) -> tuple[dict, str]:
-    """The default config with the key at `path` set to `value`; the key as a user writes it."""
-    cfg = copy.deepcopy(DEFAULT)
+def with_value(path: tuple, value, base: dict | None = None) -> tuple[dict, str]:
+    """`base` (the default config) with the key at `path` set to `value`; the key as a user writes it."""
+    cfg = copy.deepcopy(DEFAULT if base is None else base)
     parent, key, node, shown = None, None, cfg, []
     for i, part in enumerate(path):
         if part == "[]" and i == len(path) - 1:  # a list of scalars (betas, eval.tasks): set whole
             parent[key] = [value] * (2 if key == "betas" else 1)
             return cfg, ".".join(shown)
         if part in ("*", "[]"):
-            part = ENTRY[path[i - 1]]
+            part = "chat" if path[-1] in CHAT_ONLY else ENTRY[path[i - 1]]
         shown.append(f"[{part}]" if isinstance(part, int) else str(part))
         if i == len(path) - 1:
             node[part] = value
@@ -80,12 +84,12 @@ def with_value(path: tuple, value) -> tuple[dict, str]:
 
 
 def cases() -> list[tuple[str, object, dict]]:
-    out = []
-    for path, node in schema_keys(SCHEMA):
-        for v in values(node):
-            cfg, key = with_value(path, v)
-            out.append((key, v, cfg))
-    return out
+    return [(key, v, cfg) for path, v in walk() for cfg, key in [with_value(path, v)]]
+
+
+def walk() -> list[tuple[tuple, object]]:
+    """(schema path, value) of every case."""
+    return [(path, v) for path, node in schema_keys(SCHEMA) for v in values(node)]
 
 
 def test_the_walk_covers_the_schema():
@@ -144,6 +148,130 @@ def test_refusals_are_real(outcomes):
     refused = {(k, v) for k, v, kind, _ in outcomes if kind == "exit"}
     assert {("dedup.partitions", LARGE), ("hardware.nodes", LARGE), ("tokenizer.kind", "tiktoken")} <= refused
     assert ("shards_per_job", LARGE) not in refused
+
+
+# ----------------------------------------------------------------------------- the data stages, run
+
+DATA_RULES = ("download", "tokenizer", "count", "tokenize", "dedup_signatures", "dedup", "split", "eval_data",
+              "decontaminate", "mix", "pack")
+DATA_SECTIONS = {"sources", "tokenizer", "count", "download", "dedup", "decontaminate", "split", "mixes",
+                 "shards_per_job", "seed"}
+# Values no parse can refuse: they are refused by the rule that first knows the data's size (the token counts a
+# fresh run has not made when Snakemake parses), with one `error:` line naming the key to change.
+AT_RUN_TIME = {
+    ("train.target_tokens", LARGE): "a budget the sample corpus cannot cover within mixes.pretrain.max_epochs",
+    ("mixes.pretrain.tokens", LARGE): "the same, asked of the mix directly",
+    ("sources.web.format", "chat"): "a shard's columns are known when a job reads it (downloaded after the parse)",
+    ("sources.web.min_chars", LARGE): "every document is shorter: the split names sources.web.min_chars",
+    ("sources.chat.max_conversation_tokens", 1): "no conversation fits: the split names the cap",
+}
+
+# Values that run, too slowly for the suite: their DAG is dry-run only (`test_slow_data_stage_extremes_plan`).
+DRY_RUN_ONLY = {
+    ("dedup.partitions", 4096): "4,096 candidate jobs of ~1 CPU-s each; that clusters do not depend on the "
+                                "partition count is tests/data/test_dedup_partitions.py",
+}
+
+
+PARSED = "refused at parse:"  # run_batch's mark of a value Snakemake refused before running anything
+
+
+def touches_data(cfg: dict, section: str) -> bool:
+    """Whether a case changes what a data stage makes: its section is a data section, or a data rule's params
+    differ from the default's (e.g. a training budget that sizes the pretrain mix)."""
+    if section in DATA_SECTIONS:
+        return True
+    params = lambda c: {r: rule_params(resolve_config(c), r) for r in DATA_RULES}
+    return params(cfg) != params(DEFAULT)
+
+
+def merged(batch: list[tuple[tuple, object]]) -> dict:
+    cfg = DEFAULT
+    for path, value in batch:
+        cfg, _ = with_value(path, value, cfg)
+    return cfg
+
+
+def data_half(project: Path, cfg: dict, *args: str) -> subprocess.CompletedProcess:
+    (project / "case.yaml").write_text(yaml.safe_dump(cfg))
+    return subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-s", str(ROOT / "Snakefile"),
+                           "-d", str(project), "--configfile", "case.yaml", "--cores", "2", "--until", "accounting",
+                           "-q", *args], cwd=project, capture_output=True, text=True, timeout=1800,
+                          env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"))
+
+
+def run_batch(project: Path, batch: list) -> list[tuple[tuple, object, str | None]]:
+    """Run the data half with every value of `batch` set at once; where that fails, halve the batch until
+    each failure is one value's: (path, value, None) for a value that ran, else its failure's output."""
+    cfg = merged(batch)
+    dry = data_half(project, cfg, "-n")
+    proc = data_half(project, cfg) if dry.returncode == 0 else None  # else: refused at parse together
+    if proc is not None and proc.returncode == 0:
+        return [(path, v, None) for path, v in batch]
+    if len(batch) == 1:  # a value refused at parse once the counts are known (the plan), or failing
+        return [(*batch[0], f"{PARSED}\n{dry.stdout}{dry.stderr}" if proc is None else proc.stdout + proc.stderr)]
+    half = len(batch) // 2
+    return run_batch(project, batch[:half]) + run_batch(project, batch[half:])
+
+
+@pytest.fixture(scope="module")
+def data_runs(outcomes, tmp_path_factory):
+    """Every value that parses and changes a data stage, run through the data half of the DAG (download →
+    accounting) on the default config. Values are batched (the k-th value of every key at once) in one
+    project, so each run redoes only the stages its values change; a failing batch is halved down to the
+    values that fail."""
+    parsed = {(key, str(v)) for key, v, kind, _ in outcomes if kind == "ok"}
+    by_key: dict[str, list] = {}
+    alone = []  # refused when the data is known: each run on its own, not halved out of a batch
+    for path, v in walk():
+        cfg, key = with_value(path, v)
+        if (key, str(v)) in parsed and touches_data(cfg, path[0]) and (key, v) not in DRY_RUN_ONLY:
+            (alone if (key, v) in AT_RUN_TIME else by_key.setdefault(key, [])).append((path, v))
+    for key, vals in by_key.items():  # a list of enum values (eval.tasks): every value at once, one list
+        if vals[0][0][-1] == "[]" and len(vals) > 1:
+            by_key[key] = [(vals[0][0][:-1], [v for _, v in vals])]
+    project = tmp_path_factory.mktemp("data-extremes")
+    (project / "data").symlink_to(ROOT / "data")
+    assert data_half(project, DEFAULT).returncode == 0  # the default's data half, which the batches edit
+    batches = [[vals[k] for vals in by_key.values() if len(vals) > k] for k in range(max(map(len, by_key.values())))]
+    runs = [r for batch in batches + [[case] for case in alone] for r in run_batch(project, batch)]
+    return [(with_value(path, v)[1], v, failure) for path, v, failure in runs]
+
+
+def test_data_stage_extremes_run(data_runs):
+    """Each value the parse lets through runs the data stages to the end, is refused at parse once the counts
+    are known (the plan's `tokenfarm:` message naming a key), or (listed in AT_RUN_TIME, with the reason no
+    parse can know) is refused by its stage with one `error:` line that names a config key."""
+    assert len(data_runs) > 40
+    bad = []
+    for key, value, failure in data_runs:
+        listed = not isinstance(value, list) and (key, value) in AT_RUN_TIME
+        if failure is None:
+            assert not listed, f"{key}={value!r} runs now: take it out of AT_RUN_TIME"
+            continue
+        if failure.startswith(PARSED):  # refused before any job ran: one `tokenfarm:` message naming a key
+            message = failure[failure.find("tokenfarm: "):]
+            if "Traceback" in failure or "tokenfarm: " not in failure or not names_a_key(message, key.split(".")[-1]):
+                bad.append(f"{key}={value!r}: {failure[-1500:]}")
+            continue
+        lines = [ln for ln in failure.splitlines() if ln.startswith("error: ")]  # a stage CLI's one line
+        if not listed or "Traceback" in failure or len(set(lines)) != 1 \
+                or not names_a_key(lines[0], key.rsplit(".", 1)[-1]):
+            bad.append(f"{key}={value!r}: {failure[-1500:]}")
+    assert not bad, "\n\n".join(bad)
+
+
+def test_slow_data_stage_extremes_plan(tmp_path):
+    """The values too slow to run in the suite: their DAG builds (every job planned, nothing run)."""
+    (tmp_path / "data").symlink_to(ROOT / "data")
+    planned = []
+    for path, v in walk():
+        cfg, key = with_value(path, v)
+        if (key, v) in DRY_RUN_ONLY:
+            proc = data_half(tmp_path, cfg, "-n")
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+            planned.append((key, v))
+    assert sorted(planned) == sorted(DRY_RUN_ONLY)  # every entry is a value the walk reaches
 
 
 def _parse_child(workdir: Path) -> None:

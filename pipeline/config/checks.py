@@ -62,6 +62,14 @@ def check_consistency(cfg: dict) -> None:
             for n in names:
                 if n not in known:
                     fail(f"split.val_shards.{s}", f"unknown shard '{n}' of source '{s}'")
+        held_out = {s for s, names in cfg["split"]["val_shards"].items() if names}
+        for mname, mix in cfg["mixes"].items():  # a mix's val rows come from its sources' held-out shards
+            if not held_out & set(mix["weights"]):
+                first = next(iter(mix["weights"]))
+                example = (source_shards(cfg, first) or ["<shard>"])[0]
+                fail("split.val_shards", f"method shards holds out no shard of mix '{mname}' (sources: "
+                     f"{', '.join(mix['weights'])}), so its validation set would be empty: list at least one, "
+                     f"e.g. split.val_shards: {{{first}: [{example}]}}")
 
     for mname, mix in cfg["mixes"].items():
         for s in mix["weights"]:

@@ -59,6 +59,22 @@ class DocBatch:
     no_assistant: int = 0
 
 
+def source_column(pf: pq.ParquetFile, path: str | os.PathLike, source: dict) -> str:
+    """The column a raw shard's documents are read from (`text_column`, or `messages_column` for
+    `format: chat`); a shard without it is one error naming the keys to set (the source is named by the
+    shard's directory: raw shards live in `<data_dir>/raw/<source>/`, docs/data-contract.md)."""
+    chat = source.get("format", "text") == "chat"
+    key = "messages_column" if chat else "text_column"
+    column = source.get(key, "messages" if chat else "text")
+    if column not in pf.schema_arrow.names:
+        name = Path(path).parent.name
+        holds = "conversations" if not chat else "plain text"
+        raise PipelineError(f"{path}: no column '{column}' (columns: {', '.join(pf.schema_arrow.names)}); set "
+                            f"sources.{name}.{key}, or sources.{name}.format: {'text' if chat else 'chat'} if "
+                            f"it holds {holds}")
+    return column
+
+
 def iter_documents(path: str | os.PathLike, source: dict, batch_size: int,
                    row_group: int | None = None) -> Iterator[DocBatch]:
     """Stream a raw shard (or one of its row groups) as DocBatches of at most `batch_size` rows;
@@ -69,14 +85,8 @@ def iter_documents(path: str | os.PathLike, source: dict, batch_size: int,
     the shard. A missing column or an unreadable / truncated file raises one PipelineError.
     """
     chat = source.get("format", "text") == "chat"
-    column = source.get("messages_column", "messages") if chat else source.get("text_column", "text")
-    key = "messages_column" if chat else "text_column"
     pf = open_parquet(path)
-    if column not in pf.schema_arrow.names:
-        raise PipelineError(
-            f"{path}: no column '{column}' (columns: {', '.join(pf.schema_arrow.names)}); set the source's {key} in "
-            "the config"
-        )
+    column = source_column(pf, path, source)
     as_bytes = _bytes_type(pf.schema_arrow.field(column).type, chat)
     if as_bytes is None:
         raise PipelineError(
@@ -277,12 +287,8 @@ def iter_document_texts(path: str | os.PathLike, source: dict, doc_rows: list[in
     consecutive chunks of large strings, in document order. The raw column is read one record batch
     of `batch_rows` rows at a time, so memory is bounded by a batch, not by the shard."""
     chat = source.get("format", "text") == "chat"
-    key = "messages_column" if chat else "text_column"
-    column = source.get(key, "messages" if chat else "text")
     pf = open_parquet(path)
-    if column not in pf.schema_arrow.names:
-        raise PipelineError(f"{path}: no column '{column}' (columns: {', '.join(pf.schema_arrow.names)}); "
-                            f"set the source's {key} in the config")
+    column = source_column(pf, path, source)
     rows = np.asarray(doc_rows, dtype=np.int64)
     n_rows = pf.metadata.num_rows
     if len(rows) and (rows.min() < 0 or rows.max() >= n_rows):

@@ -248,15 +248,17 @@ def shingle_hashes(wh: np.ndarray, word_off: np.ndarray, ngram: int) -> tuple[np
     np.cumsum(np.where(short, 1, n_words - ngram + 1), out=off[1:])
 
     n_windows = max(len(wh) - ngram + 1, 0)
-    acc = np.full(n_windows, SHINGLE_SEED, dtype=U64)
-    for j in range(ngram):  # Horner's rule over every window of `ngram` consecutive words
-        np.multiply(acc, SHINGLE_MULT, out=acc)
-        np.add(acc, wh[j:j + n_windows], out=acc)
-    within_doc = np.ones(n_windows, dtype=bool)  # windows that end before their document's end
-    for j in range(1, ngram):
-        last = word_off[1:] - j
-        within_doc[last[(last >= 0) & (last < n_windows)]] = False
-    windows = (acc[within_doc] >> U64(32)).astype(U32)
+    windows = np.empty(0, dtype=U32)
+    if n_windows:  # ngram <= the batch's words: the loops below are bounded by the data, not by `ngram`
+        acc = np.full(n_windows, SHINGLE_SEED, dtype=U64)
+        for j in range(ngram):  # Horner's rule over every window of `ngram` consecutive words
+            np.multiply(acc, SHINGLE_MULT, out=acc)
+            np.add(acc, wh[j:j + n_windows], out=acc)
+        within_doc = np.ones(n_windows, dtype=bool)  # windows that end before their document's end
+        for j in range(1, ngram):
+            last = word_off[1:] - j
+            within_doc[last[(last >= 0) & (last < n_windows)]] = False
+        windows = (acc[within_doc] >> U64(32)).astype(U32)
     if not short.any():
         return windows, off
     out = np.empty(int(off[-1]), dtype=U32)

@@ -79,6 +79,18 @@ def test_signatures_equal_datasketch_oracle():
         np.testing.assert_array_equal(sig[d], ref.hashvalues, err_msg=text)
 
 
+
+def test_an_ngram_longer_than_every_document_is_one_shingle_per_document():
+    """dedup.ngram: 10^9 (the schema accepts it): every document is its single whole-document shingle,
+    as with an ngram just past the longest document; the work is bounded by the words, not by ngram."""
+    wh, word_off = minhash.doc_word_hashes(pa.array(TRICKY))
+    longest = int(np.diff(word_off).max())
+    huge, off = minhash.shingle_hashes(wh, word_off, 10**9)
+    just_past, off_past = minhash.shingle_hashes(wh, word_off, longest + 1)
+    np.testing.assert_array_equal(off, np.arange(len(TRICKY) + 1))
+    np.testing.assert_array_equal(huge, just_past)
+    np.testing.assert_array_equal(off, off_past)
+
 def test_normalisation_folds_case_space_punctuation_and_unicode():
     assert minhash.normalize_text("Hello,  WORLD!\n") == "hello world"
     assert minhash.normalize_text("“Naïve” café—ﬁne… ＡＢＣ") == "naïve café fine abc"

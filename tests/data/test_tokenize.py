@@ -268,3 +268,14 @@ def test_cli(tmp_path, toks):
         capture_output=True, text=True, cwd=ROOT,
     )
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: source 'nope'")
+
+
+def test_a_text_shard_read_as_chat_names_the_format_key(tmp_path):
+    """sources.web.format: chat on a text shard: the error names the source's keys to change."""
+    from pipeline.data.contract import iter_documents
+
+    shard = write_text_shard(tmp_path / "raw" / "web" / "s.parquet", ["a document"])
+    with pytest.raises(PipelineError, match=r"s\.parquet: no column 'messages' \(columns: id, text\); set "
+                                            r"sources\.web\.messages_column, or sources\.web\.format: text if it holds "
+                                            r"plain text$"):
+        next(iter_documents(shard, {"format": "chat"}, 8))
