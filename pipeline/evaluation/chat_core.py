@@ -45,7 +45,7 @@ from pipeline.data.tasks import chat_score_name
 from pipeline.distributed import Dist, gather_objects
 from pipeline.errors import PipelineError
 from pipeline.evaluation.chat import stop_ids
-from pipeline.evaluation.core import accuracy_cells, centered, core_record, headline, scoring_dtype
+from pipeline.evaluation.core import accuracy_cells, begin_scoring, centered, core_record, headline, scoring_dtype
 from pipeline.evaluation.sandbox import SandboxLimits, humaneval_program, isolation, run_program
 from pipeline.io import get_logger, run_cli
 from pipeline.model.engine import Engine
@@ -180,12 +180,7 @@ def evaluate_chat(model, tokenizer, tasks: dict[str, dict], *, max_items: int | 
                   batch_tokens: int, dist: Dist | None = None, sandbox: SandboxLimits | None = None) -> dict:
     """Score the first `max_items` items (all when None) of every chat task on this rank's share, gather,
     and return the table (module docstring). With a distributed `dist` it is a collective."""
-    device = next(model.parameters()).device
-    dtype = scoring_dtype(device)
-    max_len = model.cfg.max_seq_len
-    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
-    was_training = model.training
-    model.eval()
+    device, dtype, max_len, rank, world, was_training = begin_scoring(model, dist)
     stop = stop_ids(tokenizer)
     t0 = time.perf_counter()
     local = []  # (task, item index, correct or None when too long, detail)

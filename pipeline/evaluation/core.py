@@ -260,6 +260,16 @@ def task_shots(task: dict, shots: int | None) -> int:
 
 # ----------------------------------------------------------------------------- the suite
 
+def begin_scoring(model, dist: Dist | None) -> tuple:
+    """What a scorer runs with: (device, autocast dtype, context length, rank, world size, whether the
+    model was training); the model is put in eval mode (the scorer restores train mode when it was)."""
+    device = next(model.parameters()).device
+    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
+    was_training = model.training
+    model.eval()
+    return device, scoring_dtype(device), model.cfg.max_seq_len, rank, world, was_training
+
+
 def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch_tokens: int,
                    shots: int | None = None, max_items: int | None = None, dist: Dist | None = None,
                    head_chunk: int = 8192) -> dict:
@@ -267,12 +277,7 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
     and return the table: per task accuracy, centered accuracy, items, truncated requests; and
     `core_<n>`. The body runs at `scoring_dtype` of the model's device (bf16 autocast on CUDA). With
     a distributed `dist` it is a collective: every rank must call it."""
-    device = next(model.parameters()).device
-    dtype = scoring_dtype(device)
-    max_len = model.cfg.max_seq_len
-    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
-    was_training = model.training
-    model.eval()
+    device, dtype, max_len, rank, world, was_training = begin_scoring(model, dist)
     t0 = time.perf_counter()
     local = []  # (task, item index, correct, truncated requests, requests)
     fitted = {}  # task -> (k, items with fewer shots, items too long even alone); the same on every rank
