@@ -98,8 +98,8 @@ from pipeline.perf import (
     capacity_gb,
     choose_parallel,
     eval_batch_tokens,
-    fsdp_comm,
     eval_memory,
+    fsdp_comm,
     measured_step_seconds,
     memory,
     predicted_mfu,
@@ -537,9 +537,9 @@ def _parallel_rows(plan: dict) -> list[tuple[str, str]]:
         text = (f"{m['memory_gb']:.1f} GB per GPU of {cap:.1f} GB: {'fits' if m['fits'] else 'DOES NOT FIT'}; "
                 f"{m['step_time_s']:.3g} s per step, {m['est_gpu_hours']:,.1f} GPU-hours")
         if mode == "fsdp":
-            volume = (m["allgather_bytes"] + m["reduce_scatter_bytes"]) / 1e9
-            text += (f"; all-gather + reduce-scatter {volume:,.1f} GB per step at {m['bus_bytes_per_s'] / 1e9:.0f} GB/s "
-                     f"bus bandwidth: {m['comm_s']:.3g} s, {m['exposed_comm_s']:.3g} s not hidden by compute")
+            volume, bus = (m["allgather_bytes"] + m["reduce_scatter_bytes"]) / 1e9, m["bus_bytes_per_s"] / 1e9
+            text += (f"; all-gather + reduce-scatter {volume:,.1f} GB per step at {bus:.0f} GB/s bus bandwidth: "
+                     f"{m['comm_s']:.3g} s, {m['exposed_comm_s']:.3g} s not hidden by compute")
         rows.append((f"{mode} (pred.)" + (" ← used" if mode == par["used"] else ""), text))
     return rows
 

@@ -230,6 +230,8 @@ CONFIGS = {
     "llama3-1b": f"--configfile {PRESET}",
     "gpt-500m": "--configfile configs/gpt-500m-fineweb.yaml",
     "llama3-1b+4nodes": f"--configfile {PRESET} configs/overlays/llama3-1b-4nodes.yaml",
+    "llama3-8b": "--configfile configs/llama3-8b-fineweb.yaml",
+    "llama3-8b+4nodes": "--configfile configs/llama3-8b-fineweb.yaml configs/overlays/llama3-8b-4nodes.yaml",
 }
 # subcommand -> what its usual output holds
 SUBCOMMANDS = {
