@@ -67,6 +67,36 @@ Step time of one optimizer step on one GPU = grad_accum × micro-step + optimize
 * optimizer: bytes moved per parameter (`OPTIMIZER_BYTES`, incl. clipping) at the HBM bandwidth,
   plus Muon's Newton–Schulz matmuls (5 iterations of 4m²n + 2m³ FLOPs per m×n matrix, m ≤ n) in bf16.
 
+FSDP (``train.parallel: fsdp``: FSDP2 ``fully_shard`` per transformer block and on the root, bf16
+parameters in compute under bf16 training, fp32 reduce-scatter, fp32 master weights), W = world size
+(hardware.nodes × nproc_per_node: the state is sharded over every rank of the job, multi-node included),
+B = one block's parameters (its matrices and two norm gains), R = the root unit's (embedding, final
+norm, an untied lm_head), p = 2 (bf16) or 4 (fp32) bytes per gathered parameter:
+
+* memory: fp32 weights, optimizer state and fp32 gradients are a 1/W shard (4P/W, optimizer/W, 4P/W);
+  ``gathered`` = (`FSDP_GATHERED_BLOCKS` · B + R) · p, held throughout the step (FSDP2's prefetch keeps
+  the current and the next block unsharded; the root stays unsharded from its forward to the end of
+  backward); ``reduce_buffers`` (from the first block backward on) = B · (p + 4 if p = 2, else 4): one
+  block's gradients in the gathered dtype and their fp32 reduce-scatter copy, + 4·V·d: the lm_head's
+  fp32 gradient, reduce-scattered with the root at the end of backward. No autocast copies (the gathered
+  bf16 parameters are the compute copies). Activations, the fp32 CE chunk and the moments are ddp's.
+  CORE scoring in the training loop holds the same shards and gathered units; the standalone evaluate
+  stage loads the consolidated final.pt (ddp's figure).
+* time: the compute is ddp's, with the optimizer on the 1/W shard, and the multi-GPU overhead
+  `DDP_EFFICIENCY` fitted on the reference's 8-GPU run applies to both; fsdp adds the exposed part of
+  its collectives (`fsdp_comm`): per micro-step all-gathers of (`FSDP_BLOCK_GATHERS` · L · B +
+  `FSDP_ROOT_GATHERS` · R) · p bytes and a reduce-scatter of P · `FSDP_REDUCE_BYTES`, each ring moving
+  (W−1)/W of them through a GPU's link at `collective_bytes_per_s` (NVLink within a node,
+  `INTRA_NODE_BYTES_PER_S`; across nodes min(that, GPUs per node × `IB_BYTES_PER_S_PER_GPU`); ×
+  `COLLECTIVE_EFFICIENCY`); exposed = max(0, comm − edge − `FSDP_OVERLAP` × compute) + edge per
+  micro-step, the edge (the root's and one block's all-gather and reduce-scatter, before the first and
+  after the last compute) never hidden. The trainer is priced as resharding and reduce-scattering every
+  micro-step; one that keeps parameters gathered across accumulation micro-steps would send fewer bytes
+  and hold more. None of these constants is fitted: no FSDP step has been measured here.
+* ``auto`` (`choose_parallel`): ddp when ddp's predicted total fits the GPU, else fsdp;
+  `resolve_parallel` refuses a choice that does not fit, naming train.parallel and the fix. ddp
+  across nodes keeps the single-node `DDP_EFFICIENCY` (its all-reduce over InfiniBand is not modelled).
+
 Predicted MFU = flops_per_token (pipeline.budget's formula, the one MFU is logged with) × tokens /
 (step time × peak of the body precision: bf16, or true fp32 when the run is fp32, since an fp32 run
 sets ``highest`` matmul precision). On CPU the peak (1 TFLOP/s) and bandwidth are nominal: the

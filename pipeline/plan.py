@@ -56,6 +56,16 @@ d_kv = n_kv_heads × d / n_heads):
   of one optimizer step and the MFU it implies. ``--logits bf16-materialized`` describes a trainer
   that materialises bf16 [tokens, vocab] logits (the reference's) instead of ours — for comparing
   with the reference's rows; display only.
+* **ddp or fsdp** (``parallel``; `pipeline.perf`'s FSDP paragraphs): ``train.parallel: auto`` is
+  resolved to ddp when ddp's predicted memory per GPU fits, else fsdp (`pipeline.perf.choose_parallel`;
+  the Snakefile resolves it at parse time, so every rule's params hold ddp or fsdp). ``parallel`` holds
+  the parallelism used, what was asked, why, and for ddp and fsdp the predicted memory per GPU, whether
+  it fits, the step time, hours and GPU-hours (predicted whatever ``step_time_basis`` is), and fsdp's
+  all-gather/reduce-scatter bytes per step, their seconds at the job's bus bandwidth and the part not
+  hidden by compute. The memory and time figures above are those of the parallelism used. A
+  parallelism whose prediction does not fit is refused at parse time and by the CLI
+  (`pipeline.perf.resolve_parallel`: one error naming train.parallel and the fix); `make_plan` itself
+  reports it (``fits_memory`` false).
 * **Evaluation memory** (``eval_memory_gb``, ``fits_eval_memory``): CORE scoring's predicted peak
   (`pipeline.perf.eval_memory`) at the scoring batch (``eval.core_batch_tokens``, or when null the
   most that fits beside the training state, `pipeline.perf.eval_batch_tokens`), ``in_loop`` (training's
