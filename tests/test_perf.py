@@ -256,3 +256,13 @@ def test_fsdp_exposed_comm_is_monotonic(monkeypatch):
     assert t["total"] == pytest.approx(sum(v for k, v in t.items() if k != "total"))
     # the optimizer updates its shard only
     assert t["optimizer"] == pytest.approx(step_time(s.replace(parallel="ddp"))["optimizer"] / 8)
+
+
+def test_every_gpu_type_has_a_link_bandwidth():
+    """Every hardware.gpu_type the schema accepts prices fsdp's collectives (aliases through their part)."""
+    from pipeline.budget import GPU_SPECS, GPU_TYPE_ALIASES
+    from pipeline.perf import INTRA_NODE_BYTES_PER_S, collective_bytes_per_s
+
+    assert set(INTRA_NODE_BYTES_PER_S) == set(GPU_SPECS) | {"cpu"}
+    for gpu in (*GPU_SPECS, *GPU_TYPE_ALIASES):
+        assert collective_bytes_per_s(SMALL_FSDP.replace(gpu_type=gpu)) > 0
