@@ -67,6 +67,36 @@ Step time of one optimizer step on one GPU = grad_accum × micro-step + optimize
 * optimizer: bytes moved per parameter (`OPTIMIZER_BYTES`, incl. clipping) at the HBM bandwidth,
   plus Muon's Newton–Schulz matmuls (5 iterations of 4m²n + 2m³ FLOPs per m×n matrix, m ≤ n) in bf16.
 
+FSDP (``train.parallel: fsdp``: FSDP2 ``fully_shard`` per transformer block and on the root, bf16
+parameters in compute under bf16 training, fp32 reduce-scatter, fp32 master weights), W = world size
+(hardware.nodes × nproc_per_node: the state is sharded over every rank of the job, multi-node included),
+B = one block's parameters (its matrices and two norm gains), R = the root unit's (embedding, final
+norm, an untied lm_head), p = 2 (bf16) or 4 (fp32) bytes per gathered parameter:
+
+* memory: fp32 weights, optimizer state and fp32 gradients are a 1/W shard (4P/W, optimizer/W, 4P/W);
+  ``gathered`` = (`FSDP_GATHERED_BLOCKS` · B + R) · p, held throughout the step (FSDP2's prefetch keeps
+  the current and the next block unsharded; the root stays unsharded from its forward to the end of
+  backward); ``reduce_buffers`` (from the first block backward on) = B · (p + 4 if p = 2, else 4): one
+  block's gradients in the gathered dtype and their fp32 reduce-scatter copy, + 4·V·d: the lm_head's
+  fp32 gradient, reduce-scattered with the root at the end of backward. No autocast copies (the gathered
+  bf16 parameters are the compute copies). Activations, the fp32 CE chunk and the moments are ddp's.
+  CORE scoring in the training loop holds the same shards and gathered units; the standalone evaluate
+  stage loads the consolidated final.pt (ddp's figure).
+* time: the compute is ddp's, with the optimizer on the 1/W shard, and the multi-GPU overhead
+  `DDP_EFFICIENCY` fitted on the reference's 8-GPU run applies to both; fsdp adds the exposed part of
+  its collectives (`fsdp_comm`): per micro-step all-gathers of (`FSDP_BLOCK_GATHERS` · L · B +
+  `FSDP_ROOT_GATHERS` · R) · p bytes and a reduce-scatter of P · `FSDP_REDUCE_BYTES`, each ring moving
+  (W−1)/W of them through a GPU's link at `collective_bytes_per_s` (NVLink within a node,
+  `INTRA_NODE_BYTES_PER_S`; across nodes min(that, GPUs per node × `IB_BYTES_PER_S_PER_GPU`); ×
+  `COLLECTIVE_EFFICIENCY`); exposed = max(0, comm − edge − `FSDP_OVERLAP` × compute) + edge per
+  micro-step, the edge (the root's and one block's all-gather and reduce-scatter, before the first and
+  after the last compute) never hidden. The trainer is priced as resharding and reduce-scattering every
+  micro-step; one that keeps parameters gathered across accumulation micro-steps would send fewer bytes
+  and hold more. None of these constants is fitted: no FSDP step has been measured here.
+* ``auto`` (`choose_parallel`): ddp when ddp's predicted total fits the GPU, else fsdp;
+  `resolve_parallel` refuses a choice that does not fit, naming train.parallel and the fix. ddp
+  across nodes keeps the single-node `DDP_EFFICIENCY` (its all-reduce over InfiniBand is not modelled).
+
 Predicted MFU = flops_per_token (pipeline.budget's formula, the one MFU is logged with) × tokens /
 (step time × peak of the body precision: bf16, or true fp32 when the run is fp32, since an fp32 run
 sets ``highest`` matmul precision). On CPU the peak (1 TFLOP/s) and bandwidth are nominal: the
@@ -78,7 +108,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from pipeline.budget import HBM_BYTES_PER_S, PEAK_FLOPS, BatchLayout, flops_per_token
+from pipeline.budget import GPU_TYPE_ALIASES, HBM_BYTES_PER_S, PEAK_FLOPS, BatchLayout, flops_per_token
+from pipeline.errors import PlanError
 
 GB = 1e9
 GIB = 2 ** 30
@@ -133,6 +164,35 @@ ALLOCATOR_SLACK = 0.02
 CUDA_CONTEXT_GB = 0.5
 MUON_NS_STEPS = 5
 
+# ---- FSDP2 (train.parallel: fsdp): stated assumptions, not fitted (no FSDP step has been measured on a GPU
+# here); the module docstring's "FSDP" paragraphs say where each enters.
+PARALLEL_MODES = ("ddp", "fsdp")
+FSDP_GATHERED_BLOCKS = 2      # unsharded blocks at once: the current one and the next, which FSDP2's implicit
+                              # prefetch all-gathers during the current one's compute (forward and backward)
+FSDP_BLOCK_GATHERS = 2        # all-gathers of a block per micro-step: forward, and again in backward
+                              # (reshard_after_forward=True, FSDP2's default for the non-root units)
+FSDP_ROOT_GATHERS = 1         # the root unit (embedding, final norm, lm_head): FSDP2 keeps the root unsharded
+                              # from its forward to the end of backward, so it is gathered once
+FSDP_REDUCE_BYTES = 4         # gradient bytes per parameter reduce-scattered: fp32 (reduce_dtype=float32)
+FSDP_OVERLAP = 0.8            # share of a micro-step's compute under which its collectives can hide (the
+                              # collectives' kernels take SMs and HBM bandwidth from the compute they overlap)
+# One direction of a GPU's link to the other GPUs of its node, bytes/s (NVIDIA datasheets): NVLink 4
+# (H100/H200 SXM, GH200) 900 GB/s bidirectional, NVLink 3 (A100 SXM) 600 GB/s; parts whose NVLink bridge joins
+# 2 or 4 GPUs only (H100 PCIe/NVL, H200 NVL) reach the rest of an 8-GPU node over PCIe Gen5 x16 (128 GB/s
+# bidirectional), A100 PCIe and L40S over PCIe Gen4 x16 (64 GB/s). cpu: a nominal figure for gloo.
+INTRA_NODE_BYTES_PER_S = {
+    "H100-SXM": 450e9, "H200": 450e9, "GH200": 450e9, "GH200-144GB": 450e9,
+    "H100-PCIe": 64e9, "H100-NVL": 64e9, "H200-NVL": 64e9,
+    "A100-40GB": 300e9, "A100-80GB": 300e9, "A100-80GB-PCIe": 32e9, "L40S": 32e9,
+    "cpu": 5e9,
+}
+# Between nodes: one 400 Gb/s NDR InfiniBand NIC (ConnectX-7) per GPU, as in NVIDIA's DGX H100 / HGX
+# reference architecture (8 NICs per 8-GPU node): 50 GB/s per GPU and direction.
+IB_BYTES_PER_S_PER_GPU = 50e9
+# Achieved bus bandwidth of NCCL's ring collectives / the link rate above (an assumption: nccl-tests report
+# about 75-85 % on NVLink and NDR fabrics; not measured here).
+COLLECTIVE_EFFICIENCY = 0.8
+
 
 @dataclass(frozen=True)
 class StepSetup:
@@ -163,14 +223,22 @@ class StepSetup:
     ce_chunk: int = 8192
     ce_matmul: str = "tf32"            # bf16 | tf32 | fp32 (ours only)
     grads_persistent: bool = True      # ours: zero_grad(set_to_none=False); the reference frees them
+    parallel: str = "ddp"              # ddp | fsdp (`train.parallel` resolved: `resolve_parallel`)
+    nodes: int = 1                     # hardware.nodes: world_size / nodes GPUs per node
 
     @classmethod
-    def from_config(cls, cfg: dict, logits: str = "ours") -> StepSetup:
+    def from_config(cls, cfg: dict, logits: str = "ours", parallel: str | None = None) -> StepSetup:
         """The trainer's step for a resolved run config; ``logits="bf16-materialized"`` describes the
-        reference trainer instead (its loss, and gradients freed at every zero_grad)."""
+        reference trainer instead (its loss, and gradients freed at every zero_grad). ``parallel``
+        (ddp | fsdp) replaces ``train.parallel``; ``auto`` is resolved by `choose_parallel`."""
         if logits not in LOGITS_MODES:
             raise ValueError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
         model, train, hw = cfg["model"], cfg["train"], cfg["hardware"]
+        parallel = parallel or train["parallel"]
+        if parallel == "auto":
+            parallel = choose_parallel(cfg)["parallel"]
+        if parallel not in PARALLEL_MODES:
+            raise ValueError(f"parallel must be one of {PARALLEL_MODES}, got {parallel!r}")
         cuda = hw["device"] == "cuda"
         batch = BatchLayout.from_config(cfg)
         bf16 = cuda and train["precision"] == "bf16"
@@ -185,7 +253,7 @@ class StepSetup:
             adamw_kernel="fused" if cuda else "foreach", fp8=train["fp8"], logits=logits,
             fp8_filter="torchao" if logits == "ours" else "all",
             ce_chunk=train["ce_chunk_tokens"], ce_matmul=ce_matmul_precision(cfg),
-            grads_persistent=logits == "ours",
+            grads_persistent=logits == "ours", parallel=parallel, nodes=hw["nodes"],
         )
 
     def replace(self, **changes) -> StepSetup:
@@ -217,6 +285,25 @@ class StepSetup:
     def params(self) -> int:
         vocab = self.vocab * self.dim * (1 if self.tied else 2)
         return vocab + self.matrix_params + self.n_layers * 2 * self.dim + self.dim
+
+    @property
+    def block_params(self) -> int:
+        """One transformer block: its matrices and two norm gains (one FSDP2 unit under fsdp)."""
+        return self.attention_matrix_params + self.mlp_matrix_params + 2 * self.dim
+
+    @property
+    def root_params(self) -> int:
+        """What the root FSDP2 unit holds: the token embedding, the final norm and an untied lm_head."""
+        return self.params - self.n_layers * self.block_params
+
+    @property
+    def gpus_per_node(self) -> int:
+        return max(1, self.world_size // max(1, self.nodes))
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of a gathered (unsharded) FSDP2 parameter: bf16 under FSDP2's mixed precision, else fp32."""
+        return 2 if self.bf16 else 4
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """One block's linears: name -> (out_features, in_features)."""
@@ -329,26 +416,36 @@ def autocast_copies(s: StepSetup) -> float:
 
 def memory(s: StepSetup) -> dict[str, float]:
     """Predicted per-GPU memory in GB by component, the ``peak`` (allocated), ``reserved`` and
-    ``total`` (reserved + CUDA context), and which moment of the step sets the peak."""
+    ``total`` (reserved + CUDA context), and which moment of the step sets the peak. Under fsdp the
+    weights, optimizer state and gradients are a 1/world_size shard, and ``gathered`` (the unsharded
+    blocks and root) and ``reduce_buffers`` (backward's unsharded gradients) are added (module docstring)."""
     P, V, d, n = s.params, s.vocab, s.dim, s.tokens
     act = activations(s)
+    fsdp = s.parallel == "fsdp"
+    W = s.world_size if fsdp else 1
     parts = {
-        "weights": 4 * P,
-        "optimizer": optimizer_bytes(s),
-        "autocast_copies": autocast_copies(s),
-        "gradients": 4 * P,
+        "weights": 4 * P / W,
+        "optimizer": optimizer_bytes(s) / W,
+        "autocast_copies": 0.0 if fsdp else autocast_copies(s),
+        "gradients": 4 * P / W,
+        "gathered": fsdp_gathered_bytes(s) if fsdp else 0.0,
+        "reduce_buffers": fsdp_reduce_buffer_bytes(s) if fsdp else 0.0,
         "activations": act["stored"],
         "logits": logits_bytes(s),
         "recompute": act["recompute"],
     }
-    state = parts["weights"] + parts["optimizer"] + parts["autocast_copies"]
-    grads_at_loss = parts["gradients"] if s.grads_persistent else 4 * V * d
+    state = parts["weights"] + parts["optimizer"] + parts["autocast_copies"] + parts["gathered"]
+    if s.grads_persistent:
+        grads_at_loss = parts["gradients"]
+    else:
+        grads_at_loss = 0 if fsdp else 4 * V * d
     moments = {
         "loss backward": state + grads_at_loss + parts["activations"] + parts["logits"],
-        "block backward": state + parts["gradients"] + parts["activations"] + parts["recompute"] + 3 * 4 * n * d,
+        "block backward": state + parts["gradients"] + parts["reduce_buffers"] + parts["activations"]
+        + parts["recompute"] + 3 * 4 * n * d,
     }
     if s.optimizer == "adamw" and s.adamw_kernel == "foreach":
-        moments["optimizer step"] = state + 2 * parts["gradients"]
+        moments["optimizer step"] = state - parts["gathered"] + 2 * parts["gradients"]
     where = max(moments, key=moments.get)
     peak = moments[where]
     out = {k: v / GB for k, v in parts.items()}
@@ -357,6 +454,20 @@ def memory(s: StepSetup) -> dict[str, float]:
     out = {k: round(v, 3) for k, v in out.items()}
     out["peak_at"] = where
     return out
+
+
+def fsdp_gathered_bytes(s: StepSetup) -> float:
+    """Unsharded parameters held at once under fsdp: `FSDP_GATHERED_BLOCKS` blocks and the root unit
+    (embedding, final norm, an untied lm_head), in the gathered dtype (`StepSetup.param_bytes`)."""
+    return (FSDP_GATHERED_BLOCKS * s.block_params + s.root_params) * s.param_bytes
+
+
+def fsdp_reduce_buffer_bytes(s: StepSetup) -> float:
+    """Backward's unsharded gradients under fsdp: one block's, in the gathered dtype, and its fp32 copy
+    for the reduce-scatter (none when the parameters are fp32 already), and the lm_head's fp32 gradient
+    (tied or not), which the root unit reduce-scatters only at the end of backward."""
+    copy = FSDP_REDUCE_BYTES if s.param_bytes != FSDP_REDUCE_BYTES else 0
+    return s.block_params * (s.param_bytes + copy) + 4 * s.vocab * s.dim
 
 
 def capacity_gb(gpu_memory_gb: float, device: str) -> float:
@@ -385,15 +496,22 @@ def eval_memory(s: StepSetup, batch_tokens: int, in_loop: bool) -> dict[str, flo
     bf16 = s.device == "cuda"
     a = 2 if bf16 else 4
     c = min(s.ce_chunk, n)
+    sharded = in_loop and s.parallel == "fsdp"  # the FSDP2 model scores as it trains; standalone: final.pt whole
+    W = s.world_size if sharded else 1
+    copies = 2 * s.matrix_params if bf16 else 0
+    if sharded:  # gathered blocks are bf16 already under bf16 training; fp32 ones are cast per gathered block
+        copies = 2 * FSDP_GATHERED_BLOCKS * (s.attention_matrix_params + s.mlp_matrix_params) \
+            if bf16 and s.param_bytes == 4 else 0
     parts = {
-        "weights": 4 * P,
-        "optimizer": optimizer_bytes(s) if in_loop else 0,
-        "gradients": 4 * P if in_loop else 0,
-        "autocast_copies": 2 * s.matrix_params if bf16 else 0,
+        "weights": 4 * P / W,
+        "optimizer": optimizer_bytes(s) / W if in_loop else 0,
+        "gradients": 4 * P / W if in_loop else 0,
+        "autocast_copies": copies,
+        "gathered": fsdp_gathered_bytes(s) if sharded else 0,
         "forward": n * (8 * d + 3 * a * f),
         "logits": 4 * n * d + 8 * c * V,
     }
-    state = parts["weights"] + parts["optimizer"] + parts["gradients"] + parts["autocast_copies"]
+    state = parts["weights"] + parts["optimizer"] + parts["gradients"] + parts["autocast_copies"] + parts["gathered"]
     moments = {"block forward": state + parts["forward"], "lm head": state + parts["logits"]}
     where = max(moments, key=moments.get)
     out = {k: v / GB for k, v in parts.items()}
@@ -478,15 +596,53 @@ def step_time(s: StepSetup) -> dict[str, float]:
     if not s.compile:
         body *= EAGER_FACTOR[body_precision]
     kernel = s.optimizer if s.optimizer != "adamw" else f"adamw-{s.adamw_kernel}"
-    optimizer = s.params * OPTIMIZER_BYTES[kernel] / bw
+    fsdp = s.parallel == "fsdp"
+    optimizer = s.params / (s.world_size if fsdp else 1) * OPTIMIZER_BYTES[kernel] / bw  # fsdp: its shard
     if s.optimizer == "muon":
         optimizer += muon_flops(s) / (_peak(s, "bf16") * ETA["train"]["bf16"])
     out = {"body": s.grad_accum * body, "logits": s.grad_accum * logits, "optimizer": optimizer}
     total = sum(out.values())
     if s.world_size > 1:
         out["ddp"] = total / DDP_EFFICIENCY - total
+    if fsdp:
+        out["fsdp_comm"] = fsdp_comm(s, body + logits)["exposed_s"]
     out["total"] = sum(out.values())
     return out
+
+
+def collective_bytes_per_s(s: StepSetup) -> float:
+    """Achieved bus bandwidth of the job's ring collectives: NVLink (or PCIe) within a node; across
+    nodes each of a node's rings crosses to the next node on its own NIC, so a ring of several nodes
+    runs at min(intra-node link, GPUs per node × one NIC), × `COLLECTIVE_EFFICIENCY`."""
+    gpu = "cpu" if s.device != "cuda" else GPU_TYPE_ALIASES.get(s.gpu_type, s.gpu_type)
+    link = INTRA_NODE_BYTES_PER_S[gpu]
+    if s.nodes > 1:
+        link = min(link, s.gpus_per_node * IB_BYTES_PER_S_PER_GPU)
+    return link * COLLECTIVE_EFFICIENCY
+
+
+def fsdp_comm(s: StepSetup, micro_compute_s: float) -> dict[str, float]:
+    """FSDP2's collectives of one optimizer step and the part of them compute does not hide.
+
+    Per micro-step (the trainer reshards and reduce-scatters every micro-step): all-gather bytes =
+    (`FSDP_BLOCK_GATHERS` × L × block + `FSDP_ROOT_GATHERS` × root) parameters × gathered bytes;
+    reduce-scatter bytes = P × `FSDP_REDUCE_BYTES`. A ring collective over W ranks moves (W−1)/W of
+    those bytes through each GPU's link: seconds = bytes × (W−1)/W / `collective_bytes_per_s`. FSDP2
+    prefetches the next unit's all-gather during the current unit's compute and reduce-scatters a
+    block while the previous one runs backward, so a micro-step exposes max(0, comm − edge −
+    `FSDP_OVERLAP` × compute) + edge, where the edge (the first unit's all-gather before any compute,
+    the last unit's reduce-scatter after it: the root and one block, each way) cannot hide."""
+    W = s.world_size
+    ring = (W - 1) / W / collective_bytes_per_s(s) if W > 1 else 0.0
+    pb = s.param_bytes
+    gather = (FSDP_BLOCK_GATHERS * s.n_layers * s.block_params + FSDP_ROOT_GATHERS * s.root_params) * pb
+    reduce = s.params * FSDP_REDUCE_BYTES
+    edge = (s.block_params + s.root_params) * (pb + FSDP_REDUCE_BYTES) * ring
+    comm = (gather + reduce) * ring
+    exposed = max(0.0, comm - edge - FSDP_OVERLAP * micro_compute_s) + min(edge, comm)
+    return {"allgather_bytes": s.grad_accum * gather, "reduce_scatter_bytes": s.grad_accum * reduce,
+            "comm_s": s.grad_accum * comm, "exposed_s": s.grad_accum * exposed,
+            "bus_bytes_per_s": collective_bytes_per_s(s)}
 
 
 def muon_flops(s: StepSetup) -> float:
@@ -517,3 +673,95 @@ def measured_step_seconds(s: StepSetup, micro_step_s: float) -> float:
     estimate of (grad_accum − 1) optimizer steps), with the predicted DDP overhead on several GPUs."""
     seconds = s.grad_accum * micro_step_s
     return seconds / DDP_EFFICIENCY if s.world_size > 1 else seconds
+
+
+# ----------------------------------------------------------------------------- ddp or fsdp
+
+def _gpu_words(cfg: dict, cap: float) -> str:
+    hw = cfg["hardware"]
+    if hw["device"] != "cuda":
+        return f"the {cap:.1f} GB of host memory hardware.gpu_memory_gb gives a process"
+    return f"an {hw['gpu_type']}'s {cap:.1f} GB (hardware.gpu_memory_gb {hw['gpu_memory_gb']:g} GiB)"
+
+
+def choose_parallel(cfg: dict) -> dict:
+    """``train.parallel`` of a resolved config, resolved: ``auto`` is ddp when ddp's predicted memory per
+    GPU (`memory`) fits ``hardware.gpu_memory_gb`` (`capacity_gb`), else fsdp. Returns the choice
+    (``parallel``), what was asked (``requested``), why (``reason``), the capacity and, for ddp and
+    fsdp, the predicted memory and whether it fits. Does not refuse (`resolve_parallel` does)."""
+    hw = cfg["hardware"]
+    cap = capacity_gb(hw["gpu_memory_gb"], hw["device"])
+    requested = cfg["train"]["parallel"]
+    mem = {m: memory(StepSetup.from_config(cfg, parallel=m)) for m in PARALLEL_MODES}
+    fits = {m: mem[m]["total"] <= cap for m in PARALLEL_MODES}
+    ddp, fsdp = mem["ddp"]["total"], mem["fsdp"]["total"]
+    if requested == "auto":
+        parallel = "ddp" if fits["ddp"] else "fsdp"
+        reason = (f"auto: ddp fits ({ddp:.1f} GB of {cap:.1f} GB per GPU)" if fits["ddp"] else
+                  f"auto: ddp does not fit ({ddp:.1f} GB > {cap:.1f} GB per GPU), fsdp shards the state "
+                  f"({fsdp:.1f} GB)")
+    else:
+        parallel = requested
+        if requested == "ddp":
+            reason = f"train.parallel: ddp ({ddp:.1f} GB of {cap:.1f} GB per GPU)"
+        elif fits["ddp"]:
+            reason = f"train.parallel: fsdp (ddp would fit too, {ddp:.1f} GB of {cap:.1f} GB: auto would pick ddp)"
+        else:
+            reason = f"train.parallel: fsdp (ddp does not fit: {ddp:.1f} GB > {cap:.1f} GB per GPU)"
+    return {"parallel": parallel, "requested": requested, "reason": reason, "capacity_gb": cap,
+            "memory": mem, "fits": fits}
+
+
+def smaller_micro_batch(cfg: dict, parallel: str) -> tuple[int, float] | None:
+    """(the largest train.micro_batch below the config's whose layout divides the global batch and whose
+    predicted memory under `parallel` fits, its total GB), or None."""
+    hw, train = cfg["hardware"], cfg["train"]
+    cap = capacity_gb(hw["gpu_memory_gb"], hw["device"])
+    base = StepSetup.from_config(cfg, parallel=parallel)
+    row_tokens = train["seq_len"] * base.world_size
+    if train["global_batch_tokens"] % row_tokens:
+        return None
+    rows = train["global_batch_tokens"] // row_tokens  # micro_batch must divide it
+    divisors = {k for i in range(1, math.isqrt(rows) + 1) if rows % i == 0 for k in (i, rows // i)}
+    for mb in sorted((k for k in divisors if k < train["micro_batch"]), reverse=True):
+        total = memory(base.replace(micro_batch=mb, grad_accum=rows // mb))["total"]
+        if total <= cap:
+            return mb, total
+    return None
+
+
+def resolve_parallel(cfg: dict) -> dict:
+    """`cfg` with ``train.parallel`` resolved to ddp or fsdp (`choose_parallel`), refusing a choice whose
+    predicted memory per GPU does not fit: one `PlanError` naming train.parallel and the fix (fsdp, a
+    smaller micro-batch that fits, more GPUs or activation checkpointing). What the Snakefile does at
+    parse time, so rules and the trainer receive a concrete value."""
+    c = choose_parallel(cfg)
+    parallel, cap, mem, fits = c["parallel"], c["capacity_gb"], c["memory"], c["fits"]
+    if not fits[parallel]:
+        m = mem[parallel]
+        state = m["weights"] + m["optimizer"] + m["gradients"]
+        asked = "auto (neither fits)" if c["requested"] == "auto" else parallel
+        what = ("a full replica of weights, gradients and optimizer state" if parallel == "ddp"
+                else "weights, gradients and optimizer state sharded over the world size")
+        fixes = []
+        if parallel == "ddp" and fits["fsdp"]:
+            fixes.append(f"set train.parallel: fsdp (or auto), {mem['fsdp']['total']:.1f} GB per GPU")
+        for mode in ("ddp", "fsdp") if parallel == "ddp" else ("fsdp",):
+            smaller = smaller_micro_batch(cfg, mode)
+            if smaller and (mode == parallel or len(fixes) < 2 and not fits["fsdp"]):
+                where = "" if mode == parallel else f" with train.parallel: {mode}"
+                fixes.append(f"lower train.micro_batch to {smaller[0]}{where} ({smaller[1]:.1f} GB per GPU)")
+                if mode == parallel and not fits["fsdp"]:
+                    break  # a smaller micro-batch of the asked parallelism is the one fix to name
+        if not fixes:
+            fixes.append("add GPUs (hardware.nodes: fsdp shards over all of them)"
+                         + ("" if cfg["train"]["activation_checkpointing"] == "block"
+                            else " or checkpoint activations (train.activation_checkpointing: block)"))
+        raise PlanError(
+            f"config key 'train.parallel': {asked} does not fit the GPU's memory: {parallel} needs "
+            f"{m['total']:.1f} GB per GPU (predicted by pipeline.perf; {what}: {state:.1f} GB) of "
+            f"{_gpu_words(cfg, cap)}" + (f"; fsdp would need {mem['fsdp']['total']:.1f} GB"
+                                          if parallel == "ddp" and not fits["fsdp"] else "")
+            + "; " + " or ".join(fixes))
+    out = {**cfg, "train": {**cfg["train"], "parallel": parallel}}
+    return out

@@ -56,6 +56,16 @@ d_kv = n_kv_heads × d / n_heads):
   of one optimizer step and the MFU it implies. ``--logits bf16-materialized`` describes a trainer
   that materialises bf16 [tokens, vocab] logits (the reference's) instead of ours — for comparing
   with the reference's rows; display only.
+* **ddp or fsdp** (``parallel``; `pipeline.perf`'s FSDP paragraphs): ``train.parallel: auto`` is
+  resolved to ddp when ddp's predicted memory per GPU fits, else fsdp (`pipeline.perf.choose_parallel`;
+  the Snakefile resolves it at parse time, so every rule's params hold ddp or fsdp). ``parallel`` holds
+  the parallelism used, what was asked, why, and for ddp and fsdp the predicted memory per GPU, whether
+  it fits, the step time, hours and GPU-hours (predicted whatever ``step_time_basis`` is), and fsdp's
+  all-gather/reduce-scatter bytes per step, their seconds at the job's bus bandwidth and the part not
+  hidden by compute. The memory and time figures above are those of the parallelism used. A
+  parallelism whose prediction does not fit is refused at parse time and by the CLI
+  (`pipeline.perf.resolve_parallel`: one error naming train.parallel and the fix); `make_plan` itself
+  reports it (``fits_memory`` false).
 * **Evaluation memory** (``eval_memory_gb``, ``fits_eval_memory``): CORE scoring's predicted peak
   (`pipeline.perf.eval_memory`) at the scoring batch (``eval.core_batch_tokens``, or when null the
   most that fits beside the training state, `pipeline.perf.eval_batch_tokens`), ``in_loop`` (training's
@@ -96,11 +106,14 @@ from pipeline.perf import (
     LOGITS_MODES,
     StepSetup,
     capacity_gb,
+    choose_parallel,
     eval_batch_tokens,
     eval_memory,
+    fsdp_comm,
     measured_step_seconds,
     memory,
     predicted_mfu,
+    resolve_parallel,
     step_time,
 )
 from pipeline.stages import stage_budget, stage_list
@@ -115,7 +128,8 @@ REQUIRED_KEYS = (
 EXTRA_KEYS = (
     "n_params_embedding", "n_params_lm_head", "target_basis", "trained_tokens", "seq_len", "data_tokens_needed",
     "tokens_available", "shards_per_source", "memory_gb", "step_time_s", "step_time_basis", "mfu", "hardware",
-    "stages", "stages_total", "eval_memory_gb", "fits_eval_memory", "notes", "tokens_per_param_fit", "scaling_sweep",
+    "stages", "stages_total", "eval_memory_gb", "fits_eval_memory", "parallel", "notes", "tokens_per_param_fit",
+    "scaling_sweep",
 )
 PLAN_KEYS = REQUIRED_KEYS + EXTRA_KEYS  # plan.json adds "meta"
 
@@ -294,9 +308,33 @@ def train_hours(cfg: dict) -> float:
 
 # ----------------------------------------------------------------------------- the plan
 
+def parallel_options(cfg: dict, num_steps: int, logits: str = "ours", requested: str | None = None) -> dict:
+    """The plan's ``parallel``: the parallelism the run uses (``used``), what the config asked
+    (``requested``: `requested` when given, e.g. the ``auto`` the Snakefile resolved before planning),
+    why (``reason``), and for ddp and fsdp the predicted memory per GPU, whether it fits, the step time,
+    hours and GPU-hours (always `pipeline.perf`'s predicted step, whatever the plan's own time basis),
+    and fsdp's collectives per step (`pipeline.perf.fsdp_comm`)."""
+    asked = requested or cfg["train"]["parallel"]
+    choice = choose_parallel({**cfg, "train": {**cfg["train"], "parallel": asked}})
+    out = {"used": choice["parallel"], "requested": asked, "reason": choice["reason"]}
+    for mode in ("ddp", "fsdp"):
+        setup = StepSetup.from_config(cfg, logits, parallel=mode)
+        t = step_time(setup)
+        hours = num_steps * t["total"] / 3600
+        out[mode] = {"memory_gb": choice["memory"][mode]["total"], "fits": choice["fits"][mode],
+                     "peak_at": choice["memory"][mode]["peak_at"], "step_time_s": t["total"], "est_hours": hours,
+                     "est_gpu_hours": hours * setup.world_size}
+        if mode == "fsdp":
+            comm = fsdp_comm(setup, (t["body"] + t["logits"]) / setup.grad_accum)
+            out[mode].update(allgather_bytes=comm["allgather_bytes"], reduce_scatter_bytes=comm["reduce_scatter_bytes"],
+                             comm_s=comm["comm_s"], exposed_comm_s=comm["exposed_s"],
+                             bus_bytes_per_s=comm["bus_bytes_per_s"])
+    return out
+
+
 def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = False,
               strict_counts: bool = True, logits: str = "ours", measured_step: dict | None = None,
-              tokens_per_param_fit: dict | None = None) -> dict:
+              tokens_per_param_fit: dict | None = None, parallel_requested: str | None = None) -> dict:
     """The plan of a resolved run config (or its plan-stage slice), with the measured token counts
     when `counts` (the count stage's counts.parquet) is given. Raises PlanError when the batch does
     not divide or the configured shards cannot supply the budget (the latter unless allow_short,
@@ -305,7 +343,10 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     `measured_step` (`read_measured_step`): see `performance`. `tokens_per_param_fit`: what
     `pipeline.scaling.resolve_tokens_per_param` says of a fitted ratio (shown as the target's basis).
     A config with a `scaling` section (the whole config, not the plan rule's slice) adds the sweep's
-    price (`sweep_cost`). Keys: `PLAN_KEYS`."""
+    price (`sweep_cost`). ``train.parallel: auto`` is resolved here (`pipeline.perf.choose_parallel`);
+    `parallel_requested` names what the config asked when the caller resolved it already (the
+    Snakefile). A parallelism that does not fit is reported here, refused by
+    `pipeline.perf.resolve_parallel` (the Snakefile's parse and this module's CLI). Keys: `PLAN_KEYS`."""
     model, train, hw = cfg["model"], cfg["train"], cfg["hardware"]
     parts = param_parts(model)
     n_params, non_embedding = count_params(model)
@@ -335,6 +376,8 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     shards_available = sum(r["shards_available"] for r in per_source.values())
     tokens_available = sum(r["tokens_available"] for r in per_source.values()) if known else None
 
+    parallel = parallel_options(cfg, num_steps, logits, parallel_requested)
+    cfg = {**cfg, "train": {**train, "parallel": parallel["used"]}}
     perf = performance(cfg, logits, measured_step)
     memory = perf["memory"]
     total_flops = fpt * trained
@@ -356,6 +399,8 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         notes.append(f"memory and time describe a trainer with {logits} logits, not tokenfarm's")
     if hw["device"] == "cpu":
         notes.append("cpu: peak is a nominal 1 TFLOP/s and memory is host memory")
+    notes.append("fsdp's figures rest on stated assumptions (pipeline.perf: FSDP_*, the link bandwidths, "
+                 "COLLECTIVE_EFFICIENCY), not on a measured FSDP step")
     extra = {"tokens_per_param_fit": tokens_per_param_fit, "scaling_sweep": None}
     if tokens_per_param_fit is not None:
         from pipeline.scaling import describe_ratio
@@ -400,6 +445,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "stages_total": stages_total,
         "eval_memory_gb": perf["eval_memory"],
         "fits_eval_memory": all(mem["total"] <= perf["capacity_gb"] for mem in perf["eval_memory"].values()),
+        "parallel": parallel,
         "notes": notes,
         **extra,
     }
@@ -459,7 +505,8 @@ def _rows(plan: dict) -> list[tuple[str, str]]:
         + (" SHORT" if r["enough"] is False else "")
         for s, r in plan["shards_per_source"].items()
     )
-    parts = ("weights", "optimizer", "autocast_copies", "gradients", "activations", "logits", "recompute")
+    parts = ("weights", "optimizer", "autocast_copies", "gradients", "gathered", "reduce_buffers", "activations",
+             "logits", "recompute")
     breakdown = ", ".join(f"{k.replace('_', ' ')} {mem[k]:.1f}" for k in parts if mem[k])
     hw = plan["hardware"]
     nominal = f" ({hw['gpu_memory_gb']:g} GiB)" if hw["capacity_gb"] != hw["gpu_memory_gb"] else ""
@@ -477,6 +524,7 @@ def _rows(plan: dict) -> list[tuple[str, str]]:
                                    f"{'fits' if plan['fits_memory'] else 'DOES NOT FIT'} "
                                    f"(peak {mem['peak']:.1f} at the {mem['peak_at']}: {breakdown})"),
         ("evaluation memory (pred.)", _eval_row(plan)),
+        *_parallel_rows(plan),
         ("step time", f"{plan['step_time_s']:.3g} s per optimizer step ({plan['step_time_basis']})"),
         ("time", f"{plan['est_hours']:.2f} hours on {gpu}, {plan['est_gpu_hours']:.1f} GPU-hours"),
         *[(f"stage {i + 1}: {s['name']}",
@@ -488,6 +536,22 @@ def _rows(plan: dict) -> list[tuple[str, str]]:
                        f"tokens, {plan['stages_total']['est_gpu_hours']:.3g} GPU-hours (pred.)"),
         *_sweep_rows(plan),
     ]
+
+
+def _parallel_rows(plan: dict) -> list[tuple[str, str]]:
+    """Which parallelism the run uses and why; ddp's and fsdp's memory, fit, step time and GPU-hours."""
+    par, cap = plan["parallel"], plan["hardware"]["capacity_gb"]
+    rows = [("parallelism", f"{par['used']}: {par['reason']}")]
+    for mode in ("ddp", "fsdp"):
+        m = par[mode]
+        text = (f"{m['memory_gb']:.1f} GB per GPU of {cap:.1f} GB: {'fits' if m['fits'] else 'DOES NOT FIT'}; "
+                f"{m['step_time_s']:.3g} s per step, {m['est_gpu_hours']:,.1f} GPU-hours")
+        if mode == "fsdp":
+            volume, bus = (m["allgather_bytes"] + m["reduce_scatter_bytes"]) / 1e9, m["bus_bytes_per_s"] / 1e9
+            text += (f"; all-gather + reduce-scatter {volume:,.1f} GB per step at {bus:.0f} GB/s bus bandwidth: "
+                     f"{m['comm_s']:.3g} s, {m['exposed_comm_s']:.3g} s not hidden by compute")
+        rows.append((f"{mode} (pred.)" + (" ← used" if mode == par["used"] else ""), text))
+    return rows
 
 
 def _sweep_rows(plan: dict) -> list[tuple[str, str]]:
@@ -567,9 +631,12 @@ def main(argv=None) -> None:
     from pipeline.scaling import resolve_tokens_per_param  # train.tokens_per_param: scaling → the fitted ratio
 
     params, fitted = resolve_tokens_per_param(params) if "results_dir" in params else (params, None)
+    requested = params["train"]["parallel"]
+    if not args.no_check:  # a parallelism that does not fit is refused, as at the Snakefile's parse
+        params = resolve_parallel(params)
     measured = None if args.measured_step is None else read_measured_step(args.measured_step, params)
     plan = make_plan(params, counts=counts, allow_short=args.no_check, strict_counts=strict, logits=args.logits,
-                     measured_step=measured, tokens_per_param_fit=fitted)
+                     measured_step=measured, tokens_per_param_fit=fitted, parallel_requested=requested)
     if args.out:
         write_json(args.out, {**plan, "meta": provenance("plan", params, [counts] if counts else [])})
     if args.out_md:

@@ -67,7 +67,8 @@ def test_load_config_errors_name_the_file(tmp_path):
         load_config(bad)
 
 
-@pytest.mark.parametrize("preset", ["config.yaml", "configs/llama3-1b-fineweb.yaml", "configs/gpt-500m-fineweb.yaml"])
+@pytest.mark.parametrize("preset", ["config.yaml", "configs/llama3-1b-fineweb.yaml", "configs/gpt-500m-fineweb.yaml",
+                                    "configs/llama3-8b-fineweb.yaml"])
 def test_shipped_configs_validate(root, preset, monkeypatch):
     monkeypatch.chdir(root)
     cfg = load_config(root / preset)

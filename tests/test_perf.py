@@ -165,3 +165,104 @@ def test_bf16_ce_counts_the_weight_gradient_product_on_cuda():
                   micro_batch=16, seq_len=2048, ce_matmul="bf16")
     assert logits_bytes(s) - logits_bytes(s.replace(device="cpu")) == 4 * 131072 * 2048  # 1.07 GB
     assert logits_bytes(s.replace(ce_matmul="tf32")) == logits_bytes(s.replace(ce_matmul="tf32", device="cpu"))
+
+
+# ----------------------------------------------------------------------------- FSDP (issue 21, item 4)
+
+# d 1024, 8 heads of 128, 2 kv heads (d_kv 256), SwiGLU 4096, 4 layers, vocab 32,000 untied, 8 GPUs.
+SMALL_FSDP = StepSetup(vocab=32000, dim=1024, n_layers=4, n_heads=8, n_kv_heads=2, ffn_dim=4096, tied=False,
+                       micro_batch=2, seq_len=1024, world_size=8, parallel="fsdp")
+
+
+def test_fsdp_memory_against_a_hand_computation():
+    """Per-GPU state is 1/8 of ddp's; the gathered units and backward's buffers by hand."""
+    s = SMALL_FSDP
+    # a block: q, o 1024² each (2,097,152) + k, v 1024·256 each (524,288) + 3·1024·4096 (12,582,912) + 2 norms (2,048)
+    block = 2_097_152 + 524_288 + 12_582_912 + 2_048
+    root = 2 * 32_000 * 1024 + 1024  # embedding, lm_head, final norm
+    P = 4 * block + root
+    assert (s.block_params, s.root_params, s.params) == (block, root, P) == (15_206_400, 65_537_024, 126_362_624)
+    fsdp, ddp = memory(s), memory(s.replace(parallel="ddp"))
+    assert fsdp["weights"] == round(4 * P / 8 / 1e9, 3) == 0.063
+    assert fsdp["optimizer"] == round(8 * P / 8 / 1e9, 3) == 0.126  # AdamW's two fp32 moments, sharded
+    assert fsdp["gradients"] == round(4 * P / 8 / 1e9, 3)
+    # FSDP_GATHERED_BLOCKS = 2 blocks and the root, gathered in bf16
+    assert fsdp["gathered"] == round((2 * block + root) * 2 / 1e9, 3) == 0.192
+    # one block's bf16 gradients and their fp32 reduce-scatter copy, the lm_head's fp32 gradient
+    assert fsdp["reduce_buffers"] == round((block * (2 + 4) + 4 * 32_000 * 1024) / 1e9, 3) == 0.222
+    assert ddp["gathered"] == ddp["reduce_buffers"] == 0
+    # the same activations and loss; at the loss backward (the peak of both, no checkpointing) the peaks
+    # differ by 7/8 of the 16 B/param state less the gathered units (backward's buffers come later)
+    for k in ("activations", "logits", "recompute"):
+        assert fsdp[k] == ddp[k]
+    assert fsdp["peak_at"] == ddp["peak_at"] == "loss backward"
+    saved = 16 * P * 7 / 8 - (2 * block + root) * 2
+    assert ddp["peak"] - fsdp["peak"] == pytest.approx(saved / 1e9, abs=2e-3)
+    # fp32 training gathers fp32 parameters and reduce-scatters them without a copy
+    fp32 = memory(s.replace(bf16=False))
+    assert fp32["gathered"] == round((2 * block + root) * 4 / 1e9, 3)
+    assert fp32["reduce_buffers"] == round((block * 4 + 4 * 32_000 * 1024) / 1e9, 3)
+
+
+def test_fsdp_shards_over_every_rank_of_the_job():
+    """Multi-node: the state is sharded over nodes × GPUs per node, the gathered units are not."""
+    one, four = memory(SMALL_FSDP), memory(SMALL_FSDP.replace(world_size=32, nodes=4))
+    assert four["weights"] == pytest.approx(one["weights"] / 4, abs=1e-3)
+    assert four["optimizer"] == pytest.approx(one["optimizer"] / 4, abs=1e-3)
+    assert four["gathered"] == one["gathered"] and four["peak"] < one["peak"]
+
+
+def test_fsdp_collectives_against_a_hand_computation():
+    from pipeline.perf import COLLECTIVE_EFFICIENCY, collective_bytes_per_s, fsdp_comm
+
+    s = SMALL_FSDP.replace(grad_accum=3)
+    block, root, P = 15_206_400, 65_537_024, 126_362_624
+    gather = (2 * 4 * block + root) * 2  # each block forward and backward, the root once, bf16
+    reduce = 4 * P  # fp32 gradients
+    bus = 450e9 * COLLECTIVE_EFFICIENCY  # NVLink 4, one direction
+    assert collective_bytes_per_s(s) == bus
+    c = fsdp_comm(s, micro_compute_s=1.0)
+    assert c["allgather_bytes"] == 3 * gather and c["reduce_scatter_bytes"] == 3 * reduce
+    assert c["comm_s"] == pytest.approx(3 * (gather + reduce) * 7 / 8 / bus)
+    # a second of compute hides all but the edge: the root and one block's all-gather and reduce-scatter
+    assert c["exposed_s"] == pytest.approx(3 * (block + root) * (2 + 4) * 7 / 8 / bus)
+    # two nodes: a ring crossing nodes runs at min(NVLink, 8 GPUs × 50 GB/s NDR)
+    assert collective_bytes_per_s(s.replace(world_size=16, nodes=2)) == 400e9 * COLLECTIVE_EFFICIENCY
+    assert fsdp_comm(s.replace(world_size=1), 1.0)["comm_s"] == 0
+
+
+def test_fsdp_exposed_comm_is_monotonic(monkeypatch):
+    """Exposed communication grows with the bytes and shrinks with bandwidth, compute to hide under and
+    the overlap fraction; it never exceeds the communication, and the step time adds it."""
+    import pipeline.perf as perf
+
+    s = SMALL_FSDP
+    exposed = [perf.fsdp_comm(s, t)["exposed_s"] for t in (0.0, 1e-4, 1e-3, 1e-2, 1.0)]
+    assert exposed == sorted(exposed, reverse=True)
+    assert exposed[0] == pytest.approx(perf.fsdp_comm(s, 0.0)["comm_s"])
+    slower = [perf.fsdp_comm(s.replace(world_size=8 * n, nodes=n, gpu_type=g), 1e-3)
+              for n, g in ((1, "H100"), (2, "H100"), (1, "A100"), (1, "L40S"))]
+    assert [c["bus_bytes_per_s"] for c in slower] == sorted((c["bus_bytes_per_s"] for c in slower), reverse=True)
+    bigger = [perf.fsdp_comm(s.replace(dim=d, n_heads=d // 128), 1e-3) for d in (512, 1024, 2048)]
+    assert all(a["comm_s"] < b["comm_s"] and a["exposed_s"] <= b["exposed_s"] for a, b in zip(bigger, bigger[1:]))
+    by_overlap = []
+    for overlap in (0.0, 0.5, 0.8, 1.0):
+        monkeypatch.setattr(perf, "FSDP_OVERLAP", overlap)
+        by_overlap.append(perf.fsdp_comm(s, 1e-3)["exposed_s"])
+    assert by_overlap == sorted(by_overlap, reverse=True) and by_overlap[0] > by_overlap[-1]
+    monkeypatch.undo()
+    t = step_time(s)
+    assert t["fsdp_comm"] == pytest.approx(perf.fsdp_comm(s, (t["body"] + t["logits"]) / s.grad_accum)["exposed_s"])
+    assert t["total"] == pytest.approx(sum(v for k, v in t.items() if k != "total"))
+    # the optimizer updates its shard only
+    assert t["optimizer"] == pytest.approx(step_time(s.replace(parallel="ddp"))["optimizer"] / 8)
+
+
+def test_every_gpu_type_has_a_link_bandwidth():
+    """Every hardware.gpu_type the schema accepts prices fsdp's collectives (aliases through their part)."""
+    from pipeline.budget import GPU_SPECS, GPU_TYPE_ALIASES
+    from pipeline.perf import INTRA_NODE_BYTES_PER_S, collective_bytes_per_s
+
+    assert set(INTRA_NODE_BYTES_PER_S) == set(GPU_SPECS) | {"cpu"}
+    for gpu in (*GPU_SPECS, *GPU_TYPE_ALIASES):
+        assert collective_bytes_per_s(SMALL_FSDP.replace(gpu_type=gpu)) > 0

@@ -5,6 +5,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,6 +21,7 @@ from pipeline.perf import DDP_EFFICIENCY, StepSetup, memory, step_time
 from pipeline.plan import PLAN_KEYS, REQUIRED_KEYS, format_plan, main, make_plan, read_measured_step
 
 LLAMA_1B = ROOT / "configs/llama3-1b-fineweb.yaml"
+LLAMA_8B = ROOT / "configs/llama3-8b-fineweb.yaml"
 GPT_500M = ROOT / "configs/gpt-500m-fineweb.yaml"
 
 
@@ -61,7 +63,7 @@ def test_param_count_equals_numel(model_cfg):
     assert count_params(model_cfg) == numel(model_cfg)
 
 
-@pytest.mark.parametrize("preset", [LLAMA_1B, GPT_500M])
+@pytest.mark.parametrize("preset", [LLAMA_1B, GPT_500M, LLAMA_8B])
 def test_preset_param_count_equals_numel(preset):
     cfg = load_config(preset)
     assert count_params(cfg["model"]) == numel(cfg["model"])
@@ -427,3 +429,81 @@ def test_the_plan_rules_params_carry_the_scoring_batch():
     params = rule_params(cfg, "plan")
     assert params["eval"] == {"core_batch_tokens": 4096}
     assert make_plan(params)["eval_memory_gb"]["in_loop"]["batch_tokens"] == 4096
+
+
+# ----------------------------------------------------------------------------- issue 21 items 4-5: ddp or fsdp, the 8B
+
+def test_llama_8b_preset_fits_with_fsdp_and_ddp_is_refused():
+    from pipeline.perf import resolve_parallel
+
+    cfg = load_config(LLAMA_8B)
+    assert count_params(cfg["model"])[0] == 8_030_261_248  # Llama-3.1-8B's parameter count
+    assert cfg["train"]["seq_len"] == 8192 and cfg["hardware"]["nproc_per_node"] * cfg["hardware"]["nodes"] == 8
+    plan = make_plan(cfg)
+    par = plan["parallel"]
+    assert par["used"] == "fsdp" and plan["fits_memory"] and par["fsdp"]["fits"] and not par["ddp"]["fits"]
+    assert plan["est_memory_gb"] == par["fsdp"]["memory_gb"] < plan["hardware"]["capacity_gb"] < par["ddp"]["memory_gb"]
+    assert plan["memory_gb"]["gathered"] > 0 and plan["fits_eval_memory"]
+    assert plan["est_gpu_hours"] == pytest.approx(par["fsdp"]["est_gpu_hours"])
+    assert resolve_parallel(cfg)["train"]["parallel"] == "fsdp"
+    ddp = load_config(LLAMA_8B, {"train": {"parallel": "ddp"}})
+    with pytest.raises(PlanError, match=r"^config key 'train\.parallel': ddp does not fit the GPU's memory: .*"
+                                        r"full replica.*set train\.parallel: fsdp \(or auto\)"):
+        resolve_parallel(ddp)
+    assert not make_plan(ddp)["fits_memory"]  # make_plan reports; the parse and the CLI refuse
+    rows = dict(_rows_of(plan))
+    assert rows["ddp (pred.)"].startswith(f"{par['ddp']['memory_gb']:.1f} GB per GPU") and "DOES NOT FIT" in rows[
+        "ddp (pred.)"]
+    assert "fits" in rows["fsdp (pred.) ← used"] and "GPU-hours" in rows["fsdp (pred.) ← used"]
+
+
+@pytest.mark.parametrize("preset,want", [(LLAMA_8B, "fsdp"), (LLAMA_1B, "ddp")])
+def test_auto_picks_fsdp_only_when_ddp_does_not_fit(preset, want):
+    from pipeline.config import rule_params
+    from pipeline.perf import choose_parallel, resolve_parallel
+
+    cfg = load_config(preset, {"train": {"parallel": "auto"}})
+    assert choose_parallel(cfg)["parallel"] == want
+    resolved = resolve_parallel(cfg)
+    for rule in ("train", "plan"):  # the rules receive the concrete value
+        assert rule_params(resolved, rule)["train"]["parallel"] == want
+    par = make_plan(cfg)["parallel"]
+    assert par["requested"] == "auto" and par["used"] == want
+    assert par["reason"].startswith("auto: ddp does not fit" if want == "fsdp" else "auto: ddp fits")
+    # what the Snakefile plans with: the resolved config, and what was asked
+    assert make_plan(resolved, parallel_requested="auto")["parallel"] == par
+    assert par["fsdp"]["memory_gb"] < par["ddp"]["memory_gb"]  # the state sharded 8 ways
+
+
+def test_a_refusal_names_the_smaller_micro_batch_that_fits():
+    from pipeline.perf import resolve_parallel
+
+    no_ckpt = {"activation_checkpointing": "none"}
+    with pytest.raises(PlanError, match=r"train\.parallel.*fsdp would need .* GB; lower train\.micro_batch to 16 "):
+        resolve_parallel(load_config(LLAMA_1B, {"train": no_ckpt}))
+    fixed = load_config(LLAMA_1B, {"train": {**no_ckpt, "micro_batch": 16}})
+    assert resolve_parallel(fixed)["train"]["parallel"] == "ddp"
+    with pytest.raises(PlanError, match=r"'train\.parallel': fsdp does not fit.*hardware\.nodes"):
+        resolve_parallel(load_config(LLAMA_8B, {"hardware": {"gpu_memory_gb": 24}}))
+
+
+def test_cli_refuses_ddp_for_the_8b_in_one_line(capsys):
+    proc = subprocess.run([sys.executable, "-m", "pipeline.plan", "--configfile", str(LLAMA_8B), "--set",
+                           "train.parallel=ddp"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1 and proc.stderr.startswith("error: config key 'train.parallel'")
+    assert proc.stderr.count("\n") == 1 and "fsdp" in proc.stderr
+    main(["--configfile", str(LLAMA_8B), "--set", "train.parallel=ddp", "--no-check"])  # display only
+    assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_dry_run_header_names_the_parallelism_and_refuses_ddp(tmp_path):
+    """`snakemake -n` on the 8B preset: auto resolved at parse time (the header says why), ddp refused."""
+    snakemake = str(Path(sys.executable).parent / "snakemake")
+    base = [snakemake, "-n", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path), "--configfile", str(LLAMA_8B)]
+    ok = subprocess.run([*base, "--config", "train={parallel: auto}"], capture_output=True, text=True, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "fsdp: auto: ddp does not fit" in ok.stderr and "fsdp (pred.) ← used" in ok.stderr
+    refused = subprocess.run([*base, "--config", "train={parallel: ddp}"], capture_output=True, text=True,
+                             cwd=tmp_path)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "tokenfarm: config key 'train.parallel': ddp does not fit" in refused.stderr

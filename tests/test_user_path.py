@@ -53,6 +53,7 @@ README = {
     f"snakemake -n --configfile {PRESET}": Step(),
     "snakemake --cores all plan": Step(),
     "make dryrun": Step(),
+    "python -m pipeline.plan --configfile configs/llama3-8b-fineweb.yaml": Step(),
     "snakemake --cores all --config seed=7 train='{target_tokens: 300000, lr: 1e-2, betas: [0.9, 0.99]}'": Step(
         "snakemake --cores all -n --config seed=7 train='{target_tokens: 300000, lr: 1e-2, betas: [0.9, 0.99]}'",
         RETRAINS),
@@ -86,6 +87,11 @@ README = {
     "--configfile configs/llama3-1b-fineweb.yaml configs/overlays/llama3-1b-4nodes.yaml": Step(
         "snakemake --workflow-profile workflow/profiles/slurm "
         "--configfile configs/llama3-1b-fineweb.yaml configs/overlays/llama3-1b-4nodes.yaml -n",
+        "4 SLURM nodes of 8 GPUs: its dry run"),
+    "snakemake --workflow-profile workflow/profiles/slurm "
+    "--configfile configs/llama3-8b-fineweb.yaml configs/overlays/llama3-8b-4nodes.yaml": Step(
+        "snakemake --workflow-profile workflow/profiles/slurm "
+        "--configfile configs/llama3-8b-fineweb.yaml configs/overlays/llama3-8b-4nodes.yaml -n",
         "4 SLURM nodes of 8 GPUs: its dry run"),
 }
 # Every Makefile target: None where README's sequence runs it already, else how it runs, after README's.
@@ -230,6 +236,8 @@ CONFIGS = {
     "llama3-1b": f"--configfile {PRESET}",
     "gpt-500m": "--configfile configs/gpt-500m-fineweb.yaml",
     "llama3-1b+4nodes": f"--configfile {PRESET} configs/overlays/llama3-1b-4nodes.yaml",
+    "llama3-8b": "--configfile configs/llama3-8b-fineweb.yaml",
+    "llama3-8b+4nodes": "--configfile configs/llama3-8b-fineweb.yaml configs/overlays/llama3-8b-4nodes.yaml",
 }
 # subcommand -> what its usual output holds
 SUBCOMMANDS = {

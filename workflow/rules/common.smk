@@ -17,6 +17,7 @@ from pipeline import cluster as tfcl  # noqa: E402
 from pipeline import config as tfc  # noqa: E402
 from pipeline.codehash import code_version  # noqa: E402 - every rule's code param (import closure)
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
+from pipeline.perf import resolve_parallel  # noqa: E402
 from pipeline.plan import format_plan, make_plan, train_hours  # noqa: E402
 from pipeline.scaling import describe_ratio as tfsc_describe, resolve_tokens_per_param  # noqa: E402
 from pipeline.stages import mix_targets, stage_config, stage_list, tokenizer_sources  # noqa: E402
@@ -52,9 +53,14 @@ config.update(tfc.deep_merge(config, _overrides))
 # command names the sweep (the targets are not known at parse time, so its arguments are looked at);
 # a job sized by the run's budget fails in pipeline.budget.token_target, naming the same command.
 SWEEP_TARGETED = any(a in ("scaling", "scaling_point") or "/scaling/" in a for a in sys.argv[1:])
+# train.parallel: auto is resolved here to ddp or fsdp (pipeline.perf.resolve_parallel: fsdp when ddp's predicted
+# memory per GPU does not fit), so every rule's params and the trainer hold a concrete value; a parallelism
+# whose prediction does not fit stops the run here, naming train.parallel and the fix.
 try:
     _resolved, TOKENS_PER_PARAM_FIT = resolve_tokens_per_param(
         tfc.resolve_config(config), required=workflow.is_main_process and not SWEEP_TARGETED)
+    PARALLEL_REQUESTED = _resolved["train"]["parallel"]
+    _resolved = resolve_parallel(_resolved)
 except (ConfigError, PlanError) as _e:
     stop(_e)
 config.clear()
@@ -210,7 +216,7 @@ elif workflow.is_main_process:
     _counts = Path(RUN_DIR) / "counts" / "counts.parquet"
     try:
         PLAN = make_plan(config, counts=_counts if _counts.exists() else None, strict_counts=False,
-                         tokens_per_param_fit=TOKENS_PER_PARAM_FIT)
+                         tokens_per_param_fit=TOKENS_PER_PARAM_FIT, parallel_requested=PARALLEL_REQUESTED)
     except (PlanError, ConfigError) as _e:
         stop(f"the token-budget plan is not feasible:\n  {_e}")
     print(format_plan(PLAN), file=sys.stderr)
