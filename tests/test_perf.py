@@ -19,7 +19,7 @@ import sys
 import pytest
 from builders import ROOT
 
-from pipeline.perf import DDP_EFFICIENCY, StepSetup, capacity_gb, memory, predicted_mfu, step_time
+from pipeline.perf import DDP_EFFICIENCY, StepSetup, capacity_gb, eval_memory, memory, predicted_mfu, step_time
 
 REFERENCE = StepSetup(vocab=131072, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, tied=True,
                       micro_batch=16, seq_len=2048, logits="bf16-materialized", grads_persistent=False)
@@ -112,11 +112,40 @@ def test_fits_where_the_reference_ran():
 
 # ----------------------------------------------------------------------------- our trainer vs the reference's
 
+# Our trainer's step measured on one H100 80GB HBM3 (2026-11-25, torch 2.11.0+cu130; BENCHMARKS.md "Measured
+# on an H100"): `python -m pipeline.bench --configfile configs/llama3-1b-fineweb.yaml --micro-batch B
+# --checkpoint C [--no-compile] --device cuda --json`, peak allocated GB after the warm-up steps.
+OURS = REFERENCE.replace(logits="ours", grads_persistent=True, ce_matmul="bf16")
+MEASURED_H100 = [  # (micro_batch, checkpoint, compile, measured peak allocated GB)
+    (16, "none", True, 78.7), (16, "every_n", True, 55.8), (16, "block", True, 36.81),
+    (32, "block", True, 45.67), (64, "block", True, 75.87), (64, "block", False, 57.35),
+]
+
+
+@pytest.mark.parametrize("micro_batch,checkpoint,compile_,measured", MEASURED_H100)
+def test_our_step_against_the_h100(micro_batch, checkpoint, compile_, measured):
+    """Within 10 % of the measured peak; the compiled block-checkpointed rows only with `compiled_block_excess`
+    (without it the 64 × 2048 row was predicted 52.3 GB: 31 % under the GPU's 75.9)."""
+    m = memory(OURS.replace(micro_batch=micro_batch, checkpoint=checkpoint, compile=compile_))
+    assert 0.9 * measured <= m["peak"] <= 1.1 * measured, m
+    assert m["total"] <= capacity_gb(80, "cuda")  # every row ran
+
+
+def test_eval_memory_against_the_h100():
+    """CORE scoring of the 1.24B preset at 131,072 tokens a batch, measured on the same H100
+    (`python benchmarks/eval_memory.py`): standalone 16.578 GB, in the training loop 31.477 GB allocated."""
+    setup = OURS.replace(micro_batch=64, checkpoint="block")
+    assert eval_memory(setup, 131072, in_loop=False)["peak"] == pytest.approx(16.578, rel=0.02)
+    assert eval_memory(setup, 131072, in_loop=True)["peak"] == pytest.approx(31.477, rel=0.02)
+
+
 def test_our_loss_needs_less_memory_than_materialized_logits():
     ours = REFERENCE.replace(logits="ours", grads_persistent=True)
     for changes in (dict(checkpoint="block", micro_batch=64), dict(checkpoint="block"), dict()):
         a, b = memory(ours.replace(**changes)), memory(REFERENCE.replace(grads_persistent=True, **changes))
-        assert a["logits"] < b["logits"] and a["reserved"] < b["reserved"]  # same gradient handling
+        assert a["logits"] < b["logits"]
+        if a["compiled_excess"] == 0:  # same gradient handling; but see test_our_step_against_the_h100
+            assert a["reserved"] < b["reserved"]
     big = dict(checkpoint="block", micro_batch=64)
     assert memory(ours.replace(**big))["logits"] < memory(REFERENCE.replace(**big))["logits"] / 3
     # one chunk's fp32 logits, never [tokens, vocab]: the term grows with the micro-batch only by the

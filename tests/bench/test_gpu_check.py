@@ -70,3 +70,18 @@ def test_smoke_model_is_wide_enough_for_torchaos_fp8_filter():
     for recipe in ("tensorwise", "rowwise"):
         conv = StepSetup.from_config({**cfg, "train": {**cfg["train"], "fp8": recipe}}).fp8_linears()
         assert conv["gate"] and conv["up"], recipe  # the fp8 rows convert something
+
+
+def test_loss_diff_is_nats_below_one_nat_and_relative_above():
+    """The first H100 run (2026-11-25, BENCHMARKS.md): fp8 tensorwise was 0.107 nats off at step 2, where
+    the reference loss is 3.35 (3.2 %: failed the old absolute 0.10), and 0.052 nats at step 3 (0.587): its
+    diff is 0.052; a diverging row stays outside its tolerance."""
+    reference = [8.65175724029541, 3.350330352783203, 0.5871756076812744, 0.011347761377692223, 0.020379383116960526]
+    tensorwise = [8.65722942352295, 3.4576923847198486, 0.6390624046325684, 0.012543227523565292, 0.018825601786375046]
+    assert gpu_check.loss_diff(tensorwise, reference) == pytest.approx(0.6390624 - 0.5871756, rel=1e-4)
+    assert gpu_check.loss_diff(tensorwise, reference) <= gpu_check.TOLERANCE["fp8"]
+    assert gpu_check.loss_diff([0.5, 0.2], [0.45, 0.1]) == pytest.approx(0.1)  # nats below 1 nat
+    diverged = [8.66, 5.1, 3.9, 3.2, 2.8]  # fp8 scaling gone wrong: the batch is no longer learnt
+    assert gpu_check.loss_diff(diverged, reference) > gpu_check.TOLERANCE["fp8"]
+    with pytest.raises(ValueError):
+        gpu_check.loss_diff([1.0], reference)
