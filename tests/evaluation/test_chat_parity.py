@@ -38,7 +38,7 @@ from pipeline.model.model import ModelConfig, Transformer
 pytestmark = pytest.mark.slow
 TOL = 1e-4
 SEQ = 512
-MAX_NEW = 160
+MAX_NEW = 112
 ITEMS = {"arc_easy": 6, "arc_challenge": 6, "mmlu": 6, "gsm8k": 4}
 STEPS = 50
 
