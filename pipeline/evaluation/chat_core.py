@@ -27,6 +27,13 @@ Fit. An item whose prompt does not fit the model's context (categorical: ``max_s
 generative: room for at least one new token) is not scored and counted as ``too_long``; a task none of
 whose items fit is reported without accuracy and left out of the mean. No prompt is truncated.
 
+Parity (tests/evaluation/test_chat_parity.py). lm-eval on the Hugging Face export, with the local
+tasks `lmeval_harness.chat_lmeval_task` writes from the same items and the same rendered prompt,
+agrees per item: ARC/MMLU as multiple choice over the one-token continuations "A", "B", … (its highest
+log-likelihood is the highest letter logit), GSM8K as its own gsm8k task (strict-match /
+flexible-extract, exact_match) generating greedily until our stop tokens: the same text as the engine's
+answer (specials dropped, as its decode does) and the same correctness. HumanEval is not compared.
+
 Score. Per task accuracy and centered accuracy ``(acc − base) / (1 − base)``; ``chat_core_<n>`` is the
 mean centered accuracy over the n scored tasks. Items are sharded across ranks like CORE's (item i on
 rank i mod world) and gathered; every rank returns the same table.
@@ -169,17 +176,23 @@ def greedy_answers(model, prompts: list[list[int]], max_new_tokens: int, stop: l
 
 
 def decode_answer(tokenizer, ids: list[int]) -> str:
-    """The answer's text; ids beyond the tokenizer's vocabulary (the model's padding rows, never a
-    training target) are dropped."""
-    return tokenizer.decode([t for t in ids if t < tokenizer.n_vocab])
+    """The answer's text: special tokens (a `<|user_end|>` the model emits mid-answer; no stop token
+    reaches here) are dropped, as lm-eval's Hugging Face model decodes a generation
+    (``skip_special_tokens``), and so are ids beyond the tokenizer's vocabulary (the model's padding
+    rows, never a training target)."""
+    special = set(tokenizer.special.values())
+    return tokenizer.decode([t for t in ids if t < tokenizer.n_vocab and t not in special])
 
 
 # ----------------------------------------------------------------------------- the suite
 
 def evaluate_chat(model, tokenizer, tasks: dict[str, dict], *, max_items: int | None, max_new_tokens: int,
-                  batch_tokens: int, dist: Dist | None = None, sandbox: SandboxLimits | None = None) -> dict:
+                  batch_tokens: int, dist: Dist | None = None, sandbox: SandboxLimits | None = None,
+                  per_item: bool = False) -> dict:
     """Score the first `max_items` items (all when None) of every chat task on this rank's share, gather,
-    and return the table (module docstring). With a distributed `dist` it is a collective."""
+    and return the table (module docstring). With a distributed `dist` it is a collective. `per_item`:
+    each task's entry also lists every item in order as ``{"id", "correct", "pick"}`` (categorical: the
+    letter; generative: the answer's text; None when too long) — what the lm-eval parity test compares."""
     device, dtype, max_len, rank, world, was_training = begin_scoring(model, dist)
     stop = stop_ids(tokenizer)
     t0 = time.perf_counter()
@@ -222,8 +235,12 @@ def evaluate_chat(model, tokenizer, tasks: dict[str, dict], *, max_items: int | 
                  "centered": None if acc is None else centered(acc, b)}
         if task["kind"] == "humaneval":
             entry["sandbox"] = dict(Counter(r[3]["status"] for r in scored))
+        items = task["items"]
+        if per_item:
+            entry["per_item"] = [{"id": items[r[1]]["id"], "correct": r[2],
+                                  "pick": None if r[2] is None else r[3] if isinstance(r[3], str) else r[3]["answer"]}
+                                 for r in rows]
         if task["kind"] != "categorical":
-            items = task["items"]
             entry["examples"] = [{"id": items[r[1]]["id"], "correct": r[2],
                                   "answer": r[3] if isinstance(r[3], str) else r[3]["answer"]}
                                  for r in scored[:EXAMPLES]]

@@ -27,9 +27,11 @@ The task's k is the largest k <= k_max such that at least FIT_FRACTION (90 %) of
 with k shots; an item that does not fit with k takes its own j < k shots (`fewer_shots`), and an item
 that does not fit even alone is not scored (`too_long`): no item text is ever truncated. A task none of
 whose items fit is reported with no accuracy and left out of the mean (`core_<n>` counts the scored
-tasks). On a 2048-token context the standard shots fit for most tasks; on the tiny default (256) the
-table shows the k used per task. (`score_requests` still left-truncates a request given to it that is
-too long, counted in `truncated`; the suite never gives it one.)
+tasks). On a 2048-token context the standard shots fit for every task but BoolQ and SQuAD (measured
+with `benchmarks/core_shots.py`, BENCHMARKS.md: with a stock 100k or 200k vocabulary, an estimate for
+the presets' own tokenizers, BoolQ keeps 10 and SQuAD takes 7; with the tiny 4096-token one 7 and 4);
+on the tiny default (256) the table shows the k used per task. (`score_requests` still left-truncates a
+request given to it that is too long, counted in `truncated`; the suite never gives it one.)
 
 Scoring. Per request: the sum and count of the continuation tokens' log-probabilities (fp32 log-softmax
 over the whole vocabulary) and whether each continuation token is the argmax at its position.

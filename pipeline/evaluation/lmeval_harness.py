@@ -1,11 +1,22 @@
 """EleutherAI lm-eval on local task files, offline: the harness the export tests and benchmark scorers share.
 
     tasks = [LocalTask("tf_cloze", "loglikelihood", docs=[{"context": ..., "continuation": ...}, ...]),
-             LocalTask("tf_choice", "multiple_choice", docs=[{"context": ..., "choices": [...], "gold": 0}, ...])]
+             LocalTask("tf_choice", "multiple_choice", docs=[{"context": ..., "choices": [...], "gold": 0}, ...]),
+             LocalTask("tf_gen", "generate_until", docs=[{"context": ..., "target": ...}, ...],
+                       extra={"generation_kwargs": {"until": [...], "max_gen_toks": 64}})]
     task_dir = write_tasks(workdir / "tasks", tasks)        # NAME.yaml + NAME.jsonl, absolute data_files paths
     out = run_lmeval(model_dir, task_dir, [t.name for t in tasks], workdir / "lmeval.json")
-    out["results"][name]    lm-eval's metrics (acc, perplexity, ...)
-    out["requests"][name]   one record per request: doc_id, context, continuation, loglikelihood, is_greedy
+    out["results"][name]    lm-eval's metrics (acc, perplexity, exact_match, ...)
+    out["requests"][name]   one record per loglikelihood request: doc_id, context, continuation, loglikelihood,
+                            is_greedy (loglikelihood and multiple_choice tasks)
+    out["docs"][name]       one record per document and filter: doc_id, filter, its metrics; for
+                            generate_until also the context, the generation and the filtered answer
+
+`chat_lmeval_task` writes a ChatCORE task (pipeline/evaluation/chat_core.py) as such a task: the
+context is the prompt our scorer feeds the model (`render_prompt`, as text: the exported tokenizer
+reads the special tokens back to the same ids), categorical choices are the bare letters, GSM8K is
+lm-eval's own gsm8k task (its filters and exact_match) with our prompt, greedy, our stop tokens and
+``max_gen_toks``.
 
 `run_lmeval` runs lm-eval's Python API (`simple_evaluate`, model "hf", fp32 on CPU by default) in a
 child process (`python -m pipeline.evaluation.lmeval_harness`) with HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE
@@ -37,9 +48,10 @@ from pipeline.io import atomic_write, get_logger, read_json, run_cli, write_json
 log = get_logger(__name__)
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-OUTPUT_TYPES = ("loglikelihood", "multiple_choice")
+OUTPUT_TYPES = ("loglikelihood", "multiple_choice", "generate_until")
 # doc fields each output type reads (documents may carry more)
-FIELDS = {"loglikelihood": ("context", "continuation"), "multiple_choice": ("context", "choices", "gold")}
+FIELDS = {"loglikelihood": ("context", "continuation"), "multiple_choice": ("context", "choices", "gold"),
+          "generate_until": ("context", "target")}
 
 
 @dataclass
@@ -47,7 +59,9 @@ class LocalTask:
     """An lm-eval task over `docs` (dicts with FIELDS[output_type]). loglikelihood: one request
     (context, continuation); metrics perplexity and acc (the continuation is the greedy one).
     multiple_choice: one request (context, target_delimiter + choice) per choice, `gold` is the
-    right choice's index; metrics acc and acc_norm."""
+    right choice's index; metrics acc and acc_norm. generate_until: one generation from the context
+    (greedy unless `extra` says otherwise; `extra["generation_kwargs"]` sets until and max_gen_toks),
+    metric exact_match against `target` unless `extra` gives metric_list (and filter_list)."""
 
     name: str
     output_type: str
@@ -75,6 +89,10 @@ class LocalTask:
             cfg["doc_to_target"] = "continuation"
             cfg["metric_list"] = [{"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False},
                                   {"metric": "acc", "aggregation": "mean", "higher_is_better": True}]
+        elif self.output_type == "generate_until":
+            cfg["doc_to_target"] = "target"
+            cfg["generation_kwargs"] = {"until": [], "do_sample": False, "temperature": 0.0}
+            cfg["metric_list"] = [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}]
         else:
             cfg["doc_to_choice"] = "choices"
             cfg["doc_to_target"] = "gold"
@@ -126,6 +144,19 @@ def _requests(sample: dict) -> list[dict]:
     return out
 
 
+def _doc(sample: dict) -> dict:
+    """A logged lm-eval sample (one document under one filter) as a plain record."""
+    rec = {"doc_id": sample["doc_id"], "filter": sample["filter"], "metrics": {m: sample[m] for m in sample["metrics"]}}
+    if _generated(sample):
+        rec.update(context=sample["arguments"][0][0], generation=sample["resps"][0][0],
+                   filtered=sample["filtered_resps"][0])
+    return rec
+
+
+def _generated(sample: dict) -> bool:
+    return isinstance(sample["resps"][0][0], str)
+
+
 def evaluate_local(model_dir: str, task_dir: str, tasks: list[str], batch_size: int, device: str, dtype: str) -> dict:
     """lm-eval's simple_evaluate in this process (offline flags must already be set)."""
     from lm_eval import simple_evaluate
@@ -134,11 +165,42 @@ def evaluate_local(model_dir: str, task_dir: str, tasks: list[str], batch_size: 
     res = simple_evaluate(model="hf", model_args={"pretrained": model_dir, "dtype": dtype}, tasks=tasks,
                           task_manager=TaskManager(include_path=task_dir), batch_size=batch_size, device=device,
                           log_samples=True, bootstrap_iters=0)
+    samples = {t: sorted(res["samples"][t], key=lambda s: (s["doc_id"], s["filter"])) for t in tasks}
     return {
         "results": res["results"],
-        "requests": {t: [r for s in sorted(res["samples"][t], key=lambda s: s["doc_id"]) for r in _requests(s)]
-                     for t in tasks},
+        "requests": {t: [r for s in samples[t] if not _generated(s) for r in _requests(s)] for t in tasks},
+        "docs": {t: [_doc(s) for s in samples[t]] for t in tasks},
     }
+
+
+def chat_lmeval_task(name: str, tokenizer, task: dict, items: list[dict], max_new_tokens: int) -> LocalTask:
+    """A ChatCORE task's `items` as an lm-eval task (module docstring). Categorical: multiple_choice over
+    the letters A, B, … with no delimiter, so each request's continuation is the one letter token our
+    scorer reads at the same position; lm-eval's `acc` takes the highest log-likelihood, i.e. the
+    highest letter logit. GSM8K: generate_until with lm-eval's gsm8k metric and filters
+    (strict-match, flexible-extract), the full upstream solution as target."""
+    import lm_eval
+    import yaml
+
+    from pipeline.evaluation.chat import stop_ids
+    from pipeline.evaluation.chat_core import LETTERS, user_message
+
+    def context(item: dict) -> str:
+        return tokenizer.decode(tokenizer.render_prompt([{"role": "user", "content": user_message(task, item)}]))
+
+    if task["kind"] == "categorical":
+        docs = [{"context": context(it), "choices": list(LETTERS[:len(it["choices"])]), "gold": it["gold"]}
+                for it in items]
+        return LocalTask(name, "multiple_choice", docs, target_delimiter="")
+    if task["kind"] != "gsm8k":
+        raise PipelineError(f"chat task {task['task']!r} ({task['kind']}) has no lm-eval counterpart here")
+    upstream = yaml.safe_load((Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml").read_text())
+    until = [tokenizer.decode([t]) for t in stop_ids(tokenizer)]
+    return LocalTask(name, "generate_until", [{"context": context(it), "target": it["solution"]} for it in items],
+                     target_delimiter="", extra={
+                         "metric_list": upstream["metric_list"], "filter_list": upstream["filter_list"],
+                         "generation_kwargs": {"until": until, "do_sample": False, "temperature": 0.0,
+                                               "max_gen_toks": max_new_tokens}})
 
 
 # ----------------------------------------------------------------------------- our side of the comparison
