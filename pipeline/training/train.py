@@ -110,9 +110,12 @@ from pipeline.training.step import (
     build_model,
     ce_matmul,
     clip_gradients,
+    gathered,
     next_micro_batches,
+    parallelism,
     plain_hidden,
     set_matmul_precision,
+    shard_model,
     use_compile,
     wrap,
     zero_gradients,
@@ -278,9 +281,10 @@ def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dic
     if state.tokens_seen != planned:
         raise PipelineError(f"trained {state.tokens_seen} tokens but the plan says num_steps × tokens_per_step = "
                             f"{planned}; the loader or the plan is inconsistent — not writing final.pt")
+    weights = ckpt.full_model_state(model)  # fsdp: gathered to rank 0 (a collective), on the CPU
     if dist.is_main:
         write_json(outdir / "summary.json", {**summary, "meta": provenance("train", params)})
-        save_checkpoint(outdir / "final.pt", {"model": model.state_dict(), "params": params, "plan": plan,
+        save_checkpoint(outdir / "final.pt", {"model": weights, "params": params, "plan": plan,
                                               "summary": summary, "versions": versions()})
         log.info("trained %d tokens in %d steps (= plan); final val loss %.4f", state.tokens_seen,
                  plan["num_steps"], state.last_val_loss)
@@ -341,6 +345,8 @@ def set_up(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
 
     seed_everything(params["seed"])
     model = build_model(params, dist.device)
+    if parallelism(params, dist) == "fsdp":  # every rank built the same weights: each keeps its shards
+        shard_model(model, params, dist, use_compile(params, dist.device))
     optimizer = build_optimizer(model, params["train"], dist.device.type)
     st = params["stage"]
     loader = PackedLoader(train_meta, layout.micro_batch, rank=dist.rank, world_size=dist.world_size,
@@ -412,21 +418,24 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
         update = None  # its snapshot (≈ 1.5 GB at 1.2B) is not held through validation and CORE scoring
         if is_val:
             model.eval()
-            state.last_val_loss, fixed = validate(model, run.val_meta, params, run.layout, dist)
-            state.best_val_loss = min(state.best_val_loss, state.last_val_loss)
-            record["val_loss"] = state.last_val_loss
-            if dist.is_main and fixed is not None:
-                record.update(fixed_batch_stats(model, fixed, train_cfg["ce_chunk_tokens"]))
-                record["sample"] = greedy_sample(model, run.tokenizer, prompt, params["eval"]["max_new_tokens"],
-                                                 dist.device)
+            with gathered(model):  # fsdp: whole on every rank, so rank 0 alone can score and sample
+                state.last_val_loss, fixed = validate(model, run.val_meta, params, run.layout, dist)
+                state.best_val_loss = min(state.best_val_loss, state.last_val_loss)
+                record["val_loss"] = state.last_val_loss
+                if dist.is_main and fixed is not None:
+                    record.update(fixed_batch_stats(model, fixed, train_cfg["ce_chunk_tokens"]))
+                    record["sample"] = greedy_sample(model, run.tokenizer, prompt, params["eval"]["max_new_tokens"],
+                                                     dist.device)
             model.train()
         if is_core:  # every rank scores its share of the items (evaluate_tasks restores train mode)
-            record.update(core.core_record(core.evaluate_tasks(
-                model, run.tokenizer, run.core_tasks, dist=dist, **core.core_settings(params, "core_interval_items"))))
-            if run.chat_tasks:
-                record.update(chat_core.chat_record(chat_core.evaluate_chat(
-                    model, run.tokenizer, run.chat_tasks, dist=dist,
-                    **chat_core.chat_settings(params, "core_interval_items"))))
+            with gathered(model):
+                record.update(core.core_record(core.evaluate_tasks(
+                    model, run.tokenizer, run.core_tasks, dist=dist,
+                    **core.core_settings(params, "core_interval_items"))))
+                if run.chat_tasks:
+                    record.update(chat_core.chat_record(chat_core.evaluate_chat(
+                        model, run.tokenizer, run.chat_tasks, dist=dist,
+                        **chat_core.chat_settings(params, "core_interval_items"))))
         if is_log and dist.is_main:
             metrics.log(record)
         if is_ckpt:
@@ -438,7 +447,7 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
             if dist.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dist.device)
     steps.close()
-    return weakref.ref(ddp)
+    return weakref.ref(fwd if ddp is model else ddp)  # fsdp: no DDP module; the loss model is freed here
 
 
 def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
