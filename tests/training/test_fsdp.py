@@ -141,6 +141,23 @@ def test_fsdp_trains_like_ddp(data, tmp_path, optimizer):
         [".metadata", "SHA256SUMS", "__0_0.distcp", "__1_0.distcp", "train_state.pt", "train_state.pt.sha256"]
 
 
+@pytest.mark.slow
+def test_fsdp_stage_from_an_earlier_stage_with_its_optimizer_like_ddp(data, tmp_path):
+    """A second stage starting from the first's final.pt and carrying its optimizer state (read back from the
+    first stage's sharded checkpoint): the same losses as the DDP run of the same two stages."""
+    stages = [{"name": "base"}, {"name": "more", "steps": 4, "lr": 5e-3, "carry_optimizer": True}]
+    losses = {}
+    for parallel in ("ddp", "fsdp"):
+        base, more = (make_params(nproc=2, steps=6, micro_batch=2, parallel=parallel, stages=stages, stage=name)
+                      for name in ("base", "more"))
+        torchrun(data, tmp_path / parallel / "base", base)
+        torchrun(data, tmp_path / parallel / "more", more, 2, "--init", str(tmp_path / parallel / "base" / "final.pt"))
+        losses[parallel] = [r["loss"] for r in read_metrics(tmp_path / parallel / "more")]
+    assert len(losses["fsdp"]) == 4 and np.allclose(losses["fsdp"], losses["ddp"], rtol=0, atol=2e-5)
+    state = torch.load(tmp_path / "ddp" / "more" / "ckpt" / "step_000004.pt", weights_only=True)["optimizer"]
+    assert {float(s["step"]) for s in state["state"].values()} == {6 + 4}  # the DDP run carried it: so did fsdp
+
+
 # ----------------------------------------------------------------------------- exact resume, kill -9
 
 @pytest.fixture(scope="module")
