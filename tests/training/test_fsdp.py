@@ -295,3 +295,18 @@ def test_gathered_model_evaluates_without_collectives_and_reshards(group):
             assert torch.allclose(sharded(x), plain(x), atol=1e-5)
         assert not any(isinstance(p, DTensor) for p in sharded.parameters())
     assert all(isinstance(p, DTensor) for p in sharded.parameters())
+
+
+def test_parallelism_as_a_launch_runs_it():
+    """auto, should the plan not have resolved it, is ddp on one process or the CPU; without a process group
+    (no torchrun) a single process trains plain whatever the setting."""
+    from pipeline.distributed import Dist
+    from pipeline.training.step import parallelism
+
+    class Grouped(Dist):
+        distributed = True
+
+    cpu2, one = Grouped(0, 0, 2, torch.device("cpu")), Grouped(0, 0, 1, torch.device("cpu"))
+    for setting, dist, want in [("auto", cpu2, "ddp"), ("auto", one, "ddp"), ("fsdp", cpu2, "fsdp"),
+                                ("ddp", cpu2, "ddp"), ("fsdp", Dist(0, 0, 1, torch.device("cpu")), "ddp")]:
+        assert parallelism({"train": {"parallel": setting}}, dist) == want, (setting, dist)
