@@ -48,7 +48,8 @@ tensor state:
   ``optimizer`` — loader and RNG states per rank, step, token counts, validation losses, world size,
   params, plan, versions — written by rank 0 with `save_checkpoint`;
 * ``SHA256SUMS`` (``sha256sum -c`` format): the sha256 of every DCP file, each rank hashing the files it
-  wrote; a resume verifies them (rank 0, `newest_readable`) before trusting the checkpoint.
+  wrote (read back once after writing); a resume verifies them (rank 0, `newest_readable`: it reads the
+  whole checkpoint once, at a resume only) before trusting the checkpoint.
 
 The directory is written as a temporary ``.step_NNNNNN.dcp.tmp-<host>-<pid>`` (rank 0's, `atomic_dir`)
 and renamed into place once every rank's part and the sums are on disk; one killed mid-write is swept
@@ -449,7 +450,7 @@ def _save_sharded(path: Path, dist: Dist, model, optimizer, train_state: dict) -
 
     from pipeline.distributed import gather_objects as gather
 
-    with atomic_dir(path) if dist.is_main else contextlib.nullcontext() as tmp:
+    with atomic_dir(path, replace=True) if dist.is_main else contextlib.nullcontext() as tmp:
         tmp = Path(gather(str(tmp) if dist.is_main else None, dist)[0])
         model_sd, optim_sd = get_state_dict(model, member_optimizers(optimizer))
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)

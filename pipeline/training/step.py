@@ -30,8 +30,10 @@ the ranks; the optimizer holds fp32 master shards.
   held between micro-steps. Otherwise (large models) every micro-step re-gathers each block in forward
   and backward and reduce-scatters its gradients, which accumulate sharded: no whole-model buffer ever.
 * **Evaluation** inside training (validation, the fixed batch, samples, CORE) runs under
-  `gathered(model)`: every rank gathers the whole model once and keeps it (compute dtype) until the
-  block ends, so rank 0 alone can sample without collectives.
+  `gathered(model)`: every rank gathers the whole model once and keeps it (the blocks in their compute
+  dtype: + 2 bytes per parameter in a bf16 run) until the block ends, so rank 0 alone can sample without
+  collectives. In a bf16 run the fixed batch's ``ce_fp32`` therefore computes in fp32 with the blocks'
+  bf16-rounded weights (under DDP: the fp32 master weights); on CPU and in fp32 runs nothing differs.
 """
 from __future__ import annotations
 
