@@ -21,7 +21,9 @@ from pipeline.io import HashingFile, atomic_path, atomic_write, verify_sha256
 
 __all__ = ["NAME_RE", "versions", "save_checkpoint", "checksum_path", "verify_checkpoint", "load_checkpoint"]
 
-NAME_RE = re.compile(r"^step_(\d{6,})\.pt$")  # a step checkpoint's file name (checkpoint_name)
+# a step checkpoint's name (checkpoint_name): a file step_NNNNNN.pt, or a directory step_NNNNNN.dcp of
+# sharded state (train.parallel: fsdp, pipeline/training/checkpoint.py)
+NAME_RE = re.compile(r"^step_(\d{6,})\.(?:pt|dcp)$")
 SUFFIX = ".sha256"
 
 

@@ -234,6 +234,11 @@ class Transformer(nn.Module):
     def hidden(self, idx: torch.Tensor, doc_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids [B, T] -> final-normed hidden states [B, T, dim]. ``doc_mask``: optional [B, T]
         document ids restricting attention to the same document."""
+        return self._hidden(idx, doc_mask)
+
+    def _hidden(self, idx: torch.Tensor, doc_mask: torch.Tensor | None) -> torch.Tensor:
+        # `hidden` and `forward` each call this, never one another: under FSDP both are forward methods
+        # (pipeline.training.step.shard_model), and one nested in the other would reshard the root early.
         T = idx.shape[1]
         if T > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.cfg.max_seq_len}")
@@ -246,7 +251,7 @@ class Transformer(nn.Module):
 
     def forward(self, idx: torch.Tensor, doc_mask: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits [B, T, vocab] (for evaluation and generation; training uses ``hidden``)."""
-        return F.linear(self.hidden(idx, doc_mask), self.lm_head_weight).float()
+        return F.linear(self._hidden(idx, doc_mask), self.lm_head_weight).float()
 
     @torch.no_grad()
     def generate(

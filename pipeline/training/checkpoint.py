@@ -2,9 +2,11 @@
 
 Layout under ``R/train/``::
 
-    ckpt/step_000100.pt   one file per saved step (the newest `keep` are kept)
-    ckpt/latest           text: the file name of the newest complete checkpoint (written after it)
-    final.pt              the trained model (no optimizer state), written last
+    ckpt/step_000100.pt   one file per saved step (the newest `keep` are kept); under
+                          train.parallel: fsdp a directory ckpt/step_000100.dcp/ instead (below)
+    ckpt/latest           text: the name of the newest complete checkpoint (written after it)
+    final.pt              the trained model (no optimizer state), written last: always one
+                          consolidated file, whatever the parallelism
 
 Each checkpoint file is written, checksummed and loaded by pipeline/model/checkpoint.py (the file
 format the evaluation stages read too); this module keeps what only training needs: RNG state, the
@@ -34,12 +36,39 @@ leaves the previous checkpoint usable. A resume takes the newest checkpoint that
 (`newest_readable`): one that does not, or does not match its checksum, is moved (with its sidecar) to
 ``ckpt/unreadable/`` with a warning.
 
+**Sharded checkpoints** (``train.parallel: fsdp``; `save_training_checkpoint` of a sharded model): a
+directory ``step_NNNNNN.dcp/`` written with torch.distributed.checkpoint (DCP), no rank gathering any
+tensor state:
+
+* ``__<rank>_<i>.distcp`` + ``.metadata``: the model and optimizer state dicts of
+  ``torch.distributed.checkpoint.state_dict.get_state_dict`` (keys = parameter names of the plain model,
+  ``{"model": …, "optimizer": …}``), every rank writing its own shards (the directory must be on a
+  filesystem every node sees, as ``R/`` is);
+* ``train_state.pt`` (+ its sha256 sidecar): everything else of the list above except ``model`` and
+  ``optimizer`` — loader and RNG states per rank, step, token counts, validation losses, world size,
+  params, plan, versions — written by rank 0 with `save_checkpoint`;
+* ``SHA256SUMS`` (``sha256sum -c`` format): the sha256 of every DCP file, each rank hashing the files it
+  wrote (read back once after writing); a resume verifies them (rank 0, `newest_readable`: it reads the
+  whole checkpoint once, at a resume only) before trusting the checkpoint.
+
+The directory is written as a temporary ``.step_NNNNNN.dcp.tmp-<host>-<pid>`` (rank 0's, `atomic_dir`)
+and renamed into place once every rank's part and the sums are on disk; one killed mid-write is swept
+by the next run. A resume loads it in place into the sharded model and optimizer
+(``set_state_dict``): each rank reads its shards. The same world size is required (as for every
+checkpoint); a checkpoint of the other parallelism is never resumed (``train.parallel`` is part of the
+config that must match).
+
+**final.pt** is one consolidated file either way: a sharded model is gathered to rank 0 on the CPU at the
+end (`full_model_state`: ``get_model_state_dict(full_state_dict=True, cpu_offload=True)``), so
+evaluation, export and chat read the same file as after DDP.
+
 `resume` is how a launch starts: from the newest readable checkpoint when it was made by the same
 config (`trajectory_params`) and world size, else afresh (from `--init` for a stage that starts
 from an earlier one); `save_training_checkpoint` writes what it reads back.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import shutil
@@ -53,8 +82,10 @@ import torch.distributed as torch_dist
 
 from pipeline.distributed import Dist, gather_objects
 from pipeline.errors import PipelineError
-from pipeline.io import atomic_write, get_logger
+from pipeline.io import atomic_dir, atomic_write, get_logger, sha256_file, verify_sha256
 from pipeline.model.checkpoint import NAME_RE, SUFFIX, checksum_path, load_checkpoint, save_checkpoint, versions
+from pipeline.training.optim import member_optimizers
+from pipeline.training.step import is_sharded
 
 __all__ = [
     "rng_state",
@@ -74,10 +105,15 @@ __all__ = [
     "load_init",
     "resume",
     "save_training_checkpoint",
+    "full_model_state",
+    "load_step_checkpoint",
 ]
 
 log = get_logger(__name__)
 LATEST = "latest"
+DCP = ".dcp"  # a sharded step checkpoint is a directory step_NNNNNN.dcp
+TRAIN_STATE = "train_state.pt"  # in it: the non-tensor train state (rank 0)
+SUMS = "SHA256SUMS"  # in it: the sha256 of every DCP file
 
 
 def rng_state() -> dict:
@@ -105,8 +141,43 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def checkpoint_name(step: int) -> str:
-    return f"step_{step:06d}.pt"
+def checkpoint_name(step: int, sharded: bool = False) -> str:
+    return f"step_{step:06d}{DCP if sharded else '.pt'}"
+
+
+def _remove(path: Path) -> None:
+    """Delete a step checkpoint: a file (and its sidecar) or a sharded checkpoint's directory."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    checksum_path(path).unlink(missing_ok=True)
+
+
+def _fix(path: Path) -> str:
+    return "delete it (a resume takes the checkpoint before it), or start over with train.resume: never"
+
+
+def load_step_checkpoint(path: str | Path, verify: bool = True) -> dict:
+    """A step checkpoint's dict: a file's (`load_checkpoint`), or a sharded directory's non-tensor
+    ``train_state.pt`` after its DCP files were verified against ``SHA256SUMS`` (`verify`: every file
+    listed there exists with that sha256; the tensor state stays on disk for `_load_sharded`)."""
+    path = Path(path)
+    if path.suffix != DCP:
+        return load_checkpoint(path, verify=verify)
+    if verify:
+        sums = path / SUMS
+        try:
+            listed = [ln.split(maxsplit=1) for ln in sums.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        except OSError as e:
+            raise PipelineError(f"{sums}: not readable ({e.strerror or e}); {_fix(path)}") from None
+        if not any(name == ".metadata" for _, name in listed):
+            raise PipelineError(f"{sums} lists no .metadata: not a complete checkpoint; {_fix(path)}")
+        for digest, name in listed:
+            if not (path / name).is_file():
+                raise PipelineError(f"{path / name} is missing (listed in {SUMS}); {_fix(path)}")
+            verify_sha256(path / name, digest, f"{path.name}/{SUMS}", _fix(path))
+    return load_checkpoint(path / TRAIN_STATE, verify=verify)
 
 
 def write_latest(ckpt_dir: str | Path, name: str) -> None:
@@ -147,10 +218,12 @@ def newest_readable(ckpt_dir: str | Path) -> tuple[Path | None, dict | None]:
     ckpt_dir = Path(ckpt_dir)
     for path in step_checkpoints(ckpt_dir):
         try:
-            state = load_checkpoint(path)
+            state = load_step_checkpoint(path)
         except PipelineError as e:
             dest = ckpt_dir / "unreadable" / path.name
             dest.parent.mkdir(exist_ok=True)
+            if dest.is_dir():  # an earlier unreadable copy of the same step
+                shutil.rmtree(dest)
             path.rename(dest)
             if checksum_path(path).exists():
                 checksum_path(path).rename(checksum_path(dest))
@@ -170,8 +243,7 @@ def prune_checkpoints(ckpt_dir: str | Path, keep: int) -> None:
     steps = sorted((int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := NAME_RE.match(p.name)))
     for _, p in steps[:-keep] if keep > 0 else steps:
         if p != current:
-            p.unlink()
-            checksum_path(p).unlink(missing_ok=True)
+            _remove(p)
             log.info("pruned old checkpoint %s", p)
 
 
@@ -202,7 +274,7 @@ def clear_checkpoints(ckpt_dir: str | Path) -> None:
         return
     for p in ckpt_dir.iterdir():
         if _is_step_file(p.name):
-            p.unlink()
+            _remove(p)
 
 
 # ----------------------------------------------------------------------------- resume
@@ -267,7 +339,12 @@ def load_init(model, optimizer, path: str, params: dict) -> None:
         raise PipelineError(f"stage '{st['name']}' cannot start from {path}: it holds another model shape ({what}); "
                             f"every stage trains the same model config: retrain '{st['init_from']}' with this "
                             f"model or set init_from: none")
-    model.load_state_dict(theirs)
+    if is_sharded(model):  # each rank keeps its shards of the whole tensors
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, theirs, options=StateDictOptions(full_state_dict=True))
+    else:
+        model.load_state_dict(theirs)
     log.info("stage %s starts from %s", st["name"], path)
     if st["carry_optimizer"]:
         latest = latest_checkpoint(Path(path).parent / "ckpt")
@@ -275,8 +352,15 @@ def load_init(model, optimizer, path: str, params: dict) -> None:
             raise PipelineError(f"stage '{st['name']}' carries the optimizer of '{st['init_from']}' but "
                                 f"{Path(path).parent / 'ckpt'} holds no checkpoint; rerun that stage or set "
                                 "carry_optimizer: false")
+        if (latest.suffix == DCP) != is_sharded(model):
+            raise PipelineError(f"stage '{st['name']}' carries the optimizer of '{st['init_from']}' but {latest} "
+                                "was written under another train.parallel; retrain that stage or set "
+                                "carry_optimizer: false")
         keep = [{k: g[k] for k in ("lr", "base_lr", "weight_decay") if k in g} for g in optimizer.param_groups]
-        optimizer.load_state_dict(load_checkpoint(latest)["optimizer"])
+        if is_sharded(model):
+            _load_sharded(latest, model, optimizer, with_model=False)
+        else:
+            optimizer.load_state_dict(load_checkpoint(latest)["optimizer"])
         for g, k in zip(optimizer.param_groups, keep, strict=True):
             g.update(k)
 
@@ -294,7 +378,7 @@ def resume(ckpt_dir: Path, mode: str, dist: Dist, *, model, optimizer, loader, p
     latest, state = newest_readable(ckpt_dir) if mode != "never" and dist.is_main else (None, None)
     latest = gather_objects(latest, dist)[0]
     if latest is not None and state is None:
-        state = load_checkpoint(latest, verify=False)  # rank 0's newest_readable verified it
+        state = load_step_checkpoint(latest, verify=False)  # rank 0's newest_readable verified it
     stale = resume_mismatch(state, params, dist) if state is not None else None
     if stale:
         if mode == "require":
@@ -306,9 +390,16 @@ def resume(ckpt_dir: Path, mode: str, dist: Dist, *, model, optimizer, loader, p
         state = None
     if dist.distributed:
         torch_dist.barrier()  # every rank has read the checkpoint before rank 0 moves it aside
+    if state is not None and (latest.suffix == DCP) != is_sharded(model):
+        raise PipelineError(f"{latest} was written under another train.parallel than this launch's "
+                            "(a sharded checkpoint needs train.parallel: fsdp and a process group); resume with the "
+                            "same setting, or set train.resume: never to start over")
     if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        if latest.suffix == DCP:
+            _load_sharded(latest, model, optimizer)
+        else:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
         loader.load_state_dict(state["loader"][dist.rank])
         set_rng_state(state["rng"][dist.rank])
         resumed = TrainState(step=state["step"], tokens_seen=state["tokens_seen"], loss_tokens=state["loss_tokens"],
@@ -328,24 +419,74 @@ def resume(ckpt_dir: Path, mode: str, dist: Dist, *, model, optimizer, loader, p
 def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, loader, params: dict, plan: dict,
                              state: TrainState, keep: int) -> None:
     """Gather every rank's loader and RNG state, then rank 0 writes step_XXXXXX.pt and `latest` (and
-    prunes all but the `keep` newest)."""
+    prunes all but the `keep` newest). A sharded model: every rank writes its part of
+    step_XXXXXX.dcp/ (module docstring), then rank 0 the rest and `latest`."""
     loaders = gather_objects(loader.state_dict(), dist)
     rngs = gather_objects(rng_state(), dist)
+    train_state = {"schedule": {"step": state.step}, "loader": loaders, "rng": rngs, **asdict(state),
+                   "world_size": dist.world_size, "params": params, "plan": plan, "versions": versions()}
+    sharded = is_sharded(model)
+    name = checkpoint_name(state.step, sharded=sharded)
+    if sharded:
+        _save_sharded(ckpt_dir / name, dist, model, optimizer, train_state)
     if not dist.is_main:
         return
-    name = checkpoint_name(state.step)
-    save_checkpoint(ckpt_dir / name, {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "schedule": {"step": state.step},
-        "loader": loaders,
-        "rng": rngs,
-        **asdict(state),
-        "world_size": dist.world_size,
-        "params": params,
-        "plan": plan,
-        "versions": versions(),
-    })
+    if not sharded:
+        save_checkpoint(ckpt_dir / name, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                          **train_state})
     write_latest(ckpt_dir, name)
     prune_checkpoints(ckpt_dir, keep)
     log.info("checkpoint %s", ckpt_dir / name)
+
+
+# ----------------------------------------------------------------------------- sharded (fsdp)
+
+def _save_sharded(path: Path, dist: Dist, model, optimizer, train_state: dict) -> None:
+    """Write the sharded checkpoint directory `path` (module docstring): DCP from every rank into rank 0's
+    temporary directory, each rank's sha256 of its files, then rank 0's ``train_state.pt`` and
+    ``SHA256SUMS``, and the rename (a collective: every rank calls it)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from pipeline.distributed import gather_objects as gather
+
+    with atomic_dir(path, replace=True) if dist.is_main else contextlib.nullcontext() as tmp:
+        tmp = Path(gather(str(tmp) if dist.is_main else None, dist)[0])
+        model_sd, optim_sd = get_state_dict(model, member_optimizers(optimizer))
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
+        mine = {f.name: sha256_file(f) for f in sorted(tmp.glob(f"__{dist.rank}_*"))}
+        hashed = {k: v for d in gather(mine, dist) for k, v in d.items()}  # every rank's files are complete
+        if dist.is_main:
+            for f in sorted(tmp.iterdir()):  # .metadata (rank 0 wrote it)
+                if f.is_file() and f.name not in hashed:
+                    hashed[f.name] = sha256_file(f)
+            with atomic_write(tmp / SUMS) as out:
+                out.writelines(f"{digest}  {name}\n" for name, digest in sorted(hashed.items()))
+            save_checkpoint(tmp / TRAIN_STATE, train_state)
+
+
+def _load_sharded(path: Path, model, optimizer, with_model: bool = True) -> None:
+    """Load a sharded checkpoint's model (unless not `with_model`) and optimizer state in place, each rank
+    reading its own shards (a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_optimizer_state_dict, set_state_dict
+
+    optimizers = member_optimizers(optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizers)
+    if with_model:
+        dcp.load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=path)
+        set_state_dict(model, optimizers, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    else:
+        dcp.load({"optimizer": optim_sd}, checkpoint_id=path)
+        set_optimizer_state_dict(model, optimizers, optim_sd)
+
+
+def full_model_state(model) -> dict:
+    """The model's whole state dict (plain tensors): a sharded model's gathered to rank 0 on the CPU —
+    ``get_model_state_dict(full_state_dict=True, cpu_offload=True)``, a collective every rank calls; the
+    other ranks get ``{}`` — else ``model.state_dict()``. What final.pt holds."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

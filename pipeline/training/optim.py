@@ -15,6 +15,12 @@ weights of the transformer blocks — with `adjust_lr_fn="match_rms_adamw"` so t
 weight decay carry over; AdamW for the other groups). Every group records its `base_lr`; the
 schedule sets ``lr = base_lr × lr_factor(step)`` before each optimizer step, so the whole schedule
 state is the step number (nothing else to checkpoint).
+
+Sharded parameters (``train.parallel: fsdp``, DTensors): AdamW is elementwise and runs on the local
+shards. Muon's Newton-Schulz orthogonalisation needs the whole matrix: `Muon` gathers each matrix's
+momentum-corrected update (``full_tensor``), orthogonalises it on every rank (the same bits everywhere),
+and keeps its own shard of the result — the update DDP computes, at one all-gather per matrix and the
+Newton-Schulz FLOPs repeated on every rank. Momentum buffers and weights stay sharded.
 """
 from __future__ import annotations
 
@@ -25,7 +31,8 @@ import torch
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger
 
-__all__ = ["param_groups", "build_optimizer", "CombinedOptimizer", "lr_factor", "set_lr"]
+__all__ = ["param_groups", "build_optimizer", "CombinedOptimizer", "Muon", "member_optimizers", "lr_factor",
+           "set_lr"]
 
 log = get_logger(__name__)
 
@@ -97,6 +104,40 @@ class CombinedOptimizer:
             o.load_state_dict(s)
 
 
+class Muon(torch.optim.Muon):
+    """torch.optim.Muon that also steps sharded (DTensor) matrices (module docstring); plain tensors take
+    torch's own step."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        from torch.distributed.tensor import DTensor, distribute_tensor
+        from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+
+        if not any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"]):
+            return super().step(closure)
+        if closure is not None:
+            raise PipelineError("Muon on sharded parameters takes no closure")
+        for group in self.param_groups:
+            params, grads, bufs = [], [], []
+            self._init_group(group, params, grads, bufs)
+            lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
+            for p, grad, buf in zip(params, grads, bufs, strict=True):
+                buf.lerp_(grad, 1 - momentum)
+                update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+                whole = update.full_tensor() if isinstance(update, DTensor) else update
+                ortho = _zeropower_via_newtonschulz(whole, group["ns_coefficients"], group["ns_steps"], group["eps"])
+                if isinstance(update, DTensor):  # this rank's shard, cut locally (src_data_rank=None: no scatter)
+                    ortho = distribute_tensor(ortho, update.device_mesh, update.placements, src_data_rank=None)
+                p.mul_(1 - lr * wd)
+                p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+        return None
+
+
+def member_optimizers(optimizer) -> list[torch.optim.Optimizer]:
+    """The torch optimizers an optimizer of `build_optimizer` consists of (one, or a CombinedOptimizer's)."""
+    return list(optimizer.optimizers) if isinstance(optimizer, CombinedOptimizer) else [optimizer]
+
+
 def _adamw(groups: list[dict], tcfg: dict, device_type: str) -> torch.optim.Optimizer:
     kernel = {"fused": True} if device_type == "cuda" else {"foreach": True}
     return torch.optim.AdamW(groups, lr=tcfg["lr"], betas=tuple(tcfg["betas"]), weight_decay=tcfg["weight_decay"],
@@ -128,7 +169,7 @@ def build_optimizer(model: torch.nn.Module, tcfg: dict, device_type: str):
     if kind == "muon":
         matrix = [g for g in groups if g["name"] == "matrix"]
         rest = [g for g in groups if g["name"] != "matrix"]
-        muon = torch.optim.Muon(matrix, lr=tcfg["lr"], weight_decay=tcfg["weight_decay"],
+        muon = Muon(matrix, lr=tcfg["lr"], weight_decay=tcfg["weight_decay"],
                                 adjust_lr_fn="match_rms_adamw")
         return CombinedOptimizer([muon, _adamw(rest, tcfg, device_type)])
     raise PipelineError(f"train.optimizer: unknown optimizer {kind!r} (adamw, adamw8bit, muon)")

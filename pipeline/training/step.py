@@ -1,13 +1,47 @@
 """One training step, shared by the trainer, the benchmark and evaluation: the model under the run's
 precision, `LossModel` (body under autocast, then the fp32 chunked cross-entropy), DDP + compile
-wrapping, gradient accumulation with exact token-weighted normalisation, and clipping (the
-normalisation argument: the `pipeline.training.train` docstring)."""
+wrapping or FSDP2 sharding, gradient accumulation with exact token-weighted normalisation, and clipping
+(the normalisation argument: the `pipeline.training.train` docstring).
+
+**FSDP2** (``train.parallel: fsdp``, `shard_model`): ``fully_shard`` on every transformer block, then on
+the root `Transformer` (its own parameters: the embedding — the output weight when tied —, the final norm
+and an untied ``lm_head``). Parameters, gradients and optimizer state are DTensors sharded on dim 0 over
+the ranks; the optimizer holds fp32 master shards.
+
+* **Mixed precision** (`MixedPrecisionPolicy`): the blocks' parameters are all-gathered in the body's
+  autocast dtype (bf16 on CUDA with ``train.precision: bf16``; fp32 on CPU and in fp32 runs, where FSDP
+  then computes exactly what DDP does), gradients reduce-scattered in fp32. The root keeps fp32
+  parameters: the chunked fp32 CE reads the **gathered fp32 output weight** (the root's forward method
+  ``hidden`` is registered with FSDP, the root is not resharded after its forward, so in the loss
+  ``model.lm_head_weight`` is the whole fp32 [vocab, dim] matrix, as under DDP; its gradient is
+  reduce-scattered with the root's at the end of backward). Block inputs are not cast
+  (``cast_forward_inputs=False``): the residual stream stays fp32 and autocast casts each matmul, as
+  under DDP; only the norms' gains are applied in bf16.
+* **Compile** (``train.compile``): each block is compiled in place (``block.compile()``, before sharding,
+  as torchtitan does), the parameter names unchanged; the loss runs eager.
+* **Activation checkpointing**: unchanged (``mlp`` / ``attention`` inside a block, ``block`` /
+  ``every_n`` around the sharded block: its recompute in backward finds the parameters gathered).
+* **Gradient accumulation** (`accumulate_gradients`): when the unsharded model fits comfortably
+  (`keep_unsharded`: the gathered parameters in their compute dtype plus fp32 unsharded gradients, at
+  most `UNSHARDED_ACCUM_FRACTION` of the GPU's memory; always on CPU), the micro-steps of a step run with
+  ``set_reshard_after_forward(False)``, and all but the last with ``set_requires_gradient_sync(False)``
+  and ``set_reshard_after_backward(False)``: the parameters are gathered once per step and gradients
+  reduce-scattered once per step (DDP's ``no_sync``), for 2 + 4 bytes per parameter of the whole model
+  held between micro-steps. Otherwise (large models) every micro-step re-gathers each block in forward
+  and backward and reduce-scatters its gradients, which accumulate sharded: no whole-model buffer ever.
+* **Evaluation** inside training (validation, the fixed batch, samples, CORE) runs under
+  `gathered(model)`: every rank gathers the whole model once and keeps it (the blocks in their compute
+  dtype: + 2 bytes per parameter in a bf16 run) until the block ends, so rank 0 alone can sample without
+  collectives. In a bf16 run the fixed batch's ``ce_fp32`` therefore computes in fp32 with the blocks'
+  bf16-rounded weights (under DDP: the fp32 master weights); on CPU and in fp32 runs nothing differs.
+"""
 from __future__ import annotations
 
 import contextlib
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pipeline.distributed import Dist, all_reduce_sum
@@ -33,6 +67,17 @@ def set_matmul_precision(ce_matmul_precision: str) -> None:
     otherwise in full fp32 (``highest``), which is also the peak an fp32 run's MFU is measured
     against (`pipeline.budget.peak_flops`)."""
     torch.set_float32_matmul_precision("high" if ce_matmul_precision == "tf32" else "highest")
+
+
+def parallelism(cfg: dict, dist: Dist) -> str:
+    """``train.parallel`` as this launch runs it: ``ddp`` or ``fsdp``. ``auto`` is resolved by the plan at
+    parse time; should it still reach training, one process or CPU takes ddp (nothing to shard worth the
+    collectives), several GPUs fsdp (which fits wherever ddp does). A single process without a process
+    group (no torchrun) runs plain whatever the setting: fsdp over one rank computes the same."""
+    setting = cfg["train"].get("parallel", "ddp")
+    if setting == "auto":
+        setting = "ddp" if dist.world_size == 1 or dist.device.type != "cuda" else "fsdp"
+    return setting if dist.distributed else "ddp"
 
 
 def use_compile(cfg: dict, device: torch.device) -> bool:
@@ -98,13 +143,88 @@ class LossModel(nn.Module):
                                      matmul=self.ce_matmul)
 
 
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `shard_model` sharded this model (FSDP2)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+# At most this fraction of a GPU's memory may hold the whole model unsharded between micro-steps
+# (compute-dtype parameters + fp32 gradients) for the no-resharding accumulation (module docstring).
+UNSHARDED_ACCUM_FRACTION = 0.25
+
+
+def keep_unsharded(n_params: int, param_bytes: int, device: torch.device) -> bool:
+    """Whether FSDP gradient accumulation keeps the model gathered between micro-steps (module docstring):
+    always on CPU; on CUDA when ``n_params × (param_bytes + 4)`` ≤ `UNSHARDED_ACCUM_FRACTION` of the
+    device's memory."""
+    if device.type != "cuda":
+        return True
+    total = torch.cuda.get_device_properties(device).total_memory
+    return n_params * (param_bytes + 4) <= UNSHARDED_ACCUM_FRACTION * total
+
+
+def shard_model(model: Transformer, cfg: dict, dist: Dist, compile_blocks: bool) -> None:
+    """FSDP2 in place (module docstring): compile each block when `compile_blocks`, ``fully_shard`` each
+    block (compute dtype = the body's autocast dtype, fp32 reduce) and the root (fp32), with the root's
+    ``hidden`` registered as a forward method. Call before building the optimizer."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    mesh = init_device_mesh(dist.device.type, (dist.world_size,))
+    body = MixedPrecisionPolicy(param_dtype=autocast_dtype(cfg, dist.device), reduce_dtype=torch.float32,
+                                cast_forward_inputs=False)
+    for block in model.layers:
+        if compile_blocks:
+            block.compile()
+        fully_shard(block, mesh=mesh, mp_policy=body, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32, cast_forward_inputs=False),
+                reshard_after_forward=False)
+    register_fsdp_forward_method(model, "hidden")
+    n_params = sum(p.numel() for p in model.parameters())
+    model.keep_unsharded = keep_unsharded(n_params, (body.param_dtype or torch.float32).itemsize, dist.device)
+
+
+def _fsdp_modules(model: nn.Module) -> list:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def gathered(model: nn.Module):
+    """Within the block, a sharded model's parameters are whole on every rank (all ranks enter; gathered
+    once, kept through every forward, resharded at the exit), so evaluation may run any code path — rank 0
+    alone included — without collectives. A no-op for an unsharded model."""
+    if not is_sharded(model):
+        yield
+        return
+    modules = _fsdp_modules(model)
+    blocks = [m for m in modules if m is not model]
+    for m in modules:
+        m.unshard()
+    for m in blocks:
+        m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in blocks:
+            m.set_reshard_after_forward(True, recurse=False)
+        for m in modules:
+            m.reshard()
+
+
 def wrap(loss_model: LossModel, dist: Dist, compile_model: bool) -> tuple[nn.Module, nn.Module]:
-    """(ddp, fwd): DDP around the loss model when a process group exists, then torch.compile
+    """(ddp, fwd): for a sharded model (`shard_model`, compiled per block there) the sharded root and the
+    loss model; else DDP around the loss model when a process group exists, then torch.compile
     around that. `fwd` is what to call; `ddp` owns `no_sync`. No buffer broadcast per forward
     (``forward_sync_buffers=False``, torch 2.13's name for ``broadcast_buffers=False``, which it
     deprecates): the only buffers are the RoPE cos/sin tables, computed identically on every rank
     from the config, so DDP's default (broadcast them from rank 0 before every forward) is a wasted
     collective per micro-step. DDP still syncs them once at construction."""
+    if is_sharded(loss_model.model):
+        return loss_model.model, loss_model
     ddp = loss_model
     if dist.distributed:
         ids = [dist.local_rank] if dist.device.type == "cuda" else None
@@ -196,15 +316,42 @@ def count_tokens(batches: list[tuple], dist: Dist) -> torch.Tensor:
     return all_reduce_sum(to_device((local,), dist.device)[0], dist)
 
 
+def _fsdp_micro_step(root: nn.Module, last: bool, keep: bool) -> contextlib.AbstractContextManager:
+    """Set up a sharded model for one micro-step (module docstring: gradient accumulation)."""
+    if keep:
+        blocks = [m for m in _fsdp_modules(root) if m is not root]
+        for m in blocks:
+            m.set_reshard_after_forward(False, recurse=False)
+        root.set_requires_gradient_sync(last)
+        root.set_reshard_after_backward(last)
+        if last:  # the next step (or an evaluation) starts from the sharded state again
+            return _restore_reshard_after_forward(blocks)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _restore_reshard_after_forward(blocks: list):
+    try:
+        yield
+    finally:
+        for m in blocks:
+            m.set_reshard_after_forward(True, recurse=False)
+
+
 def accumulate_gradients(ddp: nn.Module, fwd: nn.Module, batches: list[tuple], n_targets: torch.Tensor,
                          world_size: int) -> torch.Tensor:
-    """Forward/backward over the micro-batches so that, after DDP's averaging, the gradients are
-    those of (global loss sum) / n_targets. Returns this rank's loss sum (detached)."""
+    """Forward/backward over the micro-batches so that, after DDP's (or FSDP's reduce-scatter's)
+    averaging, the gradients are those of (global loss sum) / n_targets. Returns this rank's loss sum
+    (detached)."""
     scale = world_size / n_targets.clamp(min=1).to(torch.float32)
     local_sum = torch.zeros((), device=batches[0][0].device)
+    sharded = is_sharded(ddp)
     for i, batch in enumerate(batches):
         last = i == len(batches) - 1
-        sync = contextlib.nullcontext() if last or not isinstance(ddp, DDP) else ddp.no_sync()
+        if sharded:
+            sync = _fsdp_micro_step(ddp, last, getattr(ddp, "keep_unsharded", False) and len(batches) > 1)
+        else:
+            sync = contextlib.nullcontext() if last or not isinstance(ddp, DDP) else ddp.no_sync()
         with sync:
             loss_sum, _ = fwd(*batch)
             (loss_sum * scale).backward()
@@ -245,9 +392,13 @@ def plain_hidden(model: Transformer, x: torch.Tensor, doc_ids: torch.Tensor | No
 
 
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """Global gradient norm (before clipping); grads are scaled down to `max_norm` when > 0."""
+    """Global gradient norm (before clipping); grads are scaled down to `max_norm` when > 0. Sharded
+    (DTensor) gradients: the norm of their shards' norms is a partial result, made whole (one all-reduce)
+    before it scales them: the same norm as DDP's full gradients."""
     grads = [p.grad for p in params if p.grad is not None]
     norm = torch.nn.utils.get_total_norm(grads)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm

@@ -1,4 +1,4 @@
-"""Train stage: DDP (+ torch.compile) training of the Llama-3-style model on the packed rows.
+"""Train stage: DDP or FSDP2 (+ torch.compile) training of the Llama-3-style model on the packed rows.
 
 Launch (the `train` rule; `--nproc_per_node` = `hardware.nproc_per_node`)::
 
@@ -35,6 +35,11 @@ rank; `plan.num_steps` steps):
   inputs at `train.ce_matmul` precision (pipeline/model/losses.py). DDP wraps `LossModel` first,
   then `torch.compile` wraps DDP (`train.compile`: auto = on for CUDA, off on CPU); the loss
   compiles with the body (no graph break). fp32 matmuls use TF32 only with `ce_matmul: tf32`.
+* **Parallelism** (`train.parallel`): ``ddp`` as above; ``fsdp`` shards the model at set-up
+  (pipeline/training/step.py's docstring: fully_shard per block and root, bf16 compute copies of the
+  blocks, the loss's output weight gathered in fp32, blocks compiled one by one, accumulation modes);
+  gradients, their norm and clipping, both optimizers and every logged metric are those of DDP (tested
+  within fp32 rounding). Evaluation inside training runs on the gathered model (`step.gathered`).
 * **Batches** (`StepBatches`): a thread reads the next step's micro-batches and pins them while the
   current step runs; they reach the GPU by non-blocking copies. The checkpointed loader state is
   that of the consumed steps.
@@ -43,15 +48,17 @@ rank; `plan.num_steps` steps):
   global count N (no device-to-host sync in the step). Each micro-step backpropagates
   ``loss_sum × world_size / N``; DDP averages gradients over the ranks (÷ world_size), so the final
   gradient is exactly the gradient of ``Σ per-token loss / N`` over the global batch — masked
-  tokens, uneven masks across ranks and micro-steps included. `model.no_sync()` skips the gradient
-  all-reduce on all but the last micro-step. The logged `loss` is the same global mean.
+  tokens, uneven masks across ranks and micro-steps included (FSDP's reduce-scatter averages the same
+  way). `model.no_sync()` skips the gradient all-reduce on all but the last micro-step. The logged
+  `loss` is the same global mean.
 * **Token count**: the same all-reduce sums the input tokens of the step; the total trained must
   equal ``plan.num_steps × plan.tokens_per_step`` at the end (checked; the run fails otherwise).
 * **Optimizer**: pipeline/training/optim.py (AdamW / Muon / 8-bit AdamW, per-group LRs, warmup + cosine or
   WSD), gradient clipping at `train.grad_clip` (global norm before clipping is logged). Gradients
   are zeroed in place, never freed: under DDP they stay views into its buckets (`zero_gradients`).
 * **Checkpoints** every `train.ckpt_interval` steps, at `--max-steps` and at the end
-  (pipeline/training/checkpoint.py); `train.resume: auto` (or `--resume auto`) continues from the newest
+  (pipeline/training/checkpoint.py; under fsdp sharded directories written by every rank with
+  torch.distributed.checkpoint); `train.resume: auto` (or `--resume auto`) continues from the newest
   readable checkpoint in `outdir/ckpt/` exactly: same per-step losses as an uninterrupted run (bitwise on
   CPU); an unreadable one is moved to `ckpt/unreadable/` and the one before it used. A checkpoint made with
   a different config (other than the logging keys in `checkpoint.OBSERVABILITY_KEYS`) or world size is never resumed:
@@ -68,9 +75,9 @@ rank; `plan.num_steps` steps):
   ChatCORE subset at the same steps (the first `eval.core_interval_items` items of every
   `eval.chat_tasks` task, pipeline/evaluation/chat_core.py), logged as `chat_core_<n>` and `chat_core/<task>`.
 
-Outputs: `outdir/final.pt` (written last: model state dict, params, plan, tokens trained, final
-validation loss; `torch.load(..., weights_only=True)`), `outdir/metrics.jsonl`, `outdir/ckpt/`,
-`outdir/summary.json` (token accounting of the run), `outdir/wandb/`.
+Outputs: `outdir/final.pt` (written last: model state dict — one consolidated file, under fsdp gathered
+to rank 0 —, params, plan, tokens trained, final validation loss; `torch.load(..., weights_only=True)`),
+`outdir/metrics.jsonl`, `outdir/ckpt/`, `outdir/summary.json` (token accounting of the run), `outdir/wandb/`.
 """
 from __future__ import annotations
 
@@ -110,9 +117,12 @@ from pipeline.training.step import (
     build_model,
     ce_matmul,
     clip_gradients,
+    gathered,
     next_micro_batches,
+    parallelism,
     plain_hidden,
     set_matmul_precision,
+    shard_model,
     use_compile,
     wrap,
     zero_gradients,
@@ -278,9 +288,10 @@ def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dic
     if state.tokens_seen != planned:
         raise PipelineError(f"trained {state.tokens_seen} tokens but the plan says num_steps × tokens_per_step = "
                             f"{planned}; the loader or the plan is inconsistent — not writing final.pt")
+    weights = ckpt.full_model_state(model)  # fsdp: gathered to rank 0 (a collective), on the CPU
     if dist.is_main:
         write_json(outdir / "summary.json", {**summary, "meta": provenance("train", params)})
-        save_checkpoint(outdir / "final.pt", {"model": model.state_dict(), "params": params, "plan": plan,
+        save_checkpoint(outdir / "final.pt", {"model": weights, "params": params, "plan": plan,
                                               "summary": summary, "versions": versions()})
         log.info("trained %d tokens in %d steps (= plan); final val loss %.4f", state.tokens_seen,
                  plan["num_steps"], state.last_val_loss)
@@ -341,6 +352,8 @@ def set_up(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
 
     seed_everything(params["seed"])
     model = build_model(params, dist.device)
+    if parallelism(params, dist) == "fsdp":  # every rank built the same weights: each keeps its shards
+        shard_model(model, params, dist, use_compile(params, dist.device))
     optimizer = build_optimizer(model, params["train"], dist.device.type)
     st = params["stage"]
     loader = PackedLoader(train_meta, layout.micro_batch, rank=dist.rank, world_size=dist.world_size,
@@ -364,7 +377,8 @@ def set_up(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
 def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, ckpt_dir: Path, stop_at: int,
               keep_ckpts: int) -> weakref.ref:
     """Train steps state.step + 1 .. stop_at, updating `state`: log, validate, score CORE and checkpoint
-    on their intervals. Returns a weak reference to the DDP module (for `close_distributed`)."""
+    on their intervals. Returns a weak reference to the DDP module, or under fsdp to the loss model (for
+    `close_distributed`)."""
     params, plan, dist, model, optimizer = run.params, run.plan, run.dist, run.model, run.optimizer
     train_cfg, num_steps, accum = params["train"], plan["num_steps"], run.layout.grad_accum_steps
     peak = peak_flops(params)
@@ -412,21 +426,24 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
         update = None  # its snapshot (≈ 1.5 GB at 1.2B) is not held through validation and CORE scoring
         if is_val:
             model.eval()
-            state.last_val_loss, fixed = validate(model, run.val_meta, params, run.layout, dist)
-            state.best_val_loss = min(state.best_val_loss, state.last_val_loss)
-            record["val_loss"] = state.last_val_loss
-            if dist.is_main and fixed is not None:
-                record.update(fixed_batch_stats(model, fixed, train_cfg["ce_chunk_tokens"]))
-                record["sample"] = greedy_sample(model, run.tokenizer, prompt, params["eval"]["max_new_tokens"],
-                                                 dist.device)
+            with gathered(model):  # fsdp: whole on every rank, so rank 0 alone can score and sample
+                state.last_val_loss, fixed = validate(model, run.val_meta, params, run.layout, dist)
+                state.best_val_loss = min(state.best_val_loss, state.last_val_loss)
+                record["val_loss"] = state.last_val_loss
+                if dist.is_main and fixed is not None:
+                    record.update(fixed_batch_stats(model, fixed, train_cfg["ce_chunk_tokens"]))
+                    record["sample"] = greedy_sample(model, run.tokenizer, prompt, params["eval"]["max_new_tokens"],
+                                                     dist.device)
             model.train()
         if is_core:  # every rank scores its share of the items (evaluate_tasks restores train mode)
-            record.update(core.core_record(core.evaluate_tasks(
-                model, run.tokenizer, run.core_tasks, dist=dist, **core.core_settings(params, "core_interval_items"))))
-            if run.chat_tasks:
-                record.update(chat_core.chat_record(chat_core.evaluate_chat(
-                    model, run.tokenizer, run.chat_tasks, dist=dist,
-                    **chat_core.chat_settings(params, "core_interval_items"))))
+            with gathered(model):
+                record.update(core.core_record(core.evaluate_tasks(
+                    model, run.tokenizer, run.core_tasks, dist=dist,
+                    **core.core_settings(params, "core_interval_items"))))
+                if run.chat_tasks:
+                    record.update(chat_core.chat_record(chat_core.evaluate_chat(
+                        model, run.tokenizer, run.chat_tasks, dist=dist,
+                        **chat_core.chat_settings(params, "core_interval_items"))))
         if is_log and dist.is_main:
             metrics.log(record)
         if is_ckpt:
@@ -438,7 +455,7 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
             if dist.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dist.device)
     steps.close()
-    return weakref.ref(ddp)
+    return weakref.ref(fwd if ddp is model else ddp)  # fsdp: no DDP module; the loss model is freed here
 
 
 def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,

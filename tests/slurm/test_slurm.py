@@ -4,8 +4,9 @@ tests/slurm/cluster.sh installs Debian's slurm-wlm and munge and starts munged, 
 slurmd "nodes" on this host (2 CPUs and 2 fake GPUs each). The DAG then runs with the shipped profile
 (workflow/profiles/slurm): every rule an sbatch job sized by its declared resources, the train rule
 one 2-node allocation in which `srun` starts a torchrun agent per node and the agents meet at a c10d
-rendezvous (world 2, gloo). A second run with a broken config must fail, naming the failed job's
-SLURM log. Needs root (apt, /etc/slurm); skipped elsewhere, and outside `make test-slurm`.
+rendezvous (world 2, gloo), training with FSDP2 (train.parallel: fsdp). A second run with a broken
+config must fail, naming the failed job's SLURM log. Needs root (apt, /etc/slurm); skipped elsewhere,
+and outside `make test-slurm`.
 """
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ SLURM_CONFIG = {
     "dedup": {"partitions": 2},
     # 2 nodes × 1 process: the plan's world size is 2, global batch 1024 = 16 rows × 32 tokens × 2
     "hardware": {"nodes": 2, "nproc_per_node": 1, "cpus_per_task": 1, "nccl_env": "socket"},
+    # FSDP2 across the two nodes: each node's rank holds half of every parameter, writes its own shards
+    # of every step checkpoint into the shared results directory, and rank 0 gathers final.pt
+    "train": {**TINY["train"], "parallel": "fsdp"},
 }
 
 
@@ -147,6 +151,11 @@ def test_train_is_one_two_node_allocation_with_a_torchrun_rendezvous(dag):
     assert plan["world_size"] == 2
     assert re.search(r"× world 2\b", log), log[-3000:]
     assert "trained" in log
+    for stage in ("pretrain", "midtrain", "sft"):  # every stage trained sharded, each node writing its part
+        ckpt = path / "results/t/train" / stage / "ckpt"
+        latest = ckpt / (ckpt / "latest").read_text().strip()
+        assert latest.suffix == ".dcp", latest
+        assert sorted(p.name for p in latest.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"], stage
 
 
 def test_a_failing_job_fails_the_run_and_names_its_slurm_log(slurm, tmp_path):

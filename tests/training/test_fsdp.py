@@ -1,0 +1,312 @@
+"""train.parallel: fsdp (FSDP2) on CPU gloo through torchrun: the same losses as DDP (both optimizers),
+sharded DCP checkpoints that resume exactly (2 and 4 processes), a kill -9 whose rerun finishes with the
+uninterrupted run's artifacts, and the pieces (gathering for evaluation, accumulation modes, Muon on
+DTensors) in a 1-process group.
+
+The tiny run of test_train.py: 20 steps of 256 tokens (8 rows of 32), micro-batch 2, so 2 processes
+accumulate 2 micro-steps per step and 4 processes one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as torch_dist
+from builders import ROOT, TRAIN_SEQ, logged_steps, make_params, make_plan, processes_in
+
+from pipeline.io import write_json
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+STEPS = 20
+
+# The train CLI with test-only hooks, chosen by environment variables: TF_HANG_AT_STEP=k makes rank 0 hang
+# while writing step k's checkpoint (its DCP files written, the train state not yet: a partial temporary
+# directory), after touching TF_HANG_MARKER — the moment the kill test kills the job. TF_MUON_NS_FP32=1
+# runs Muon's Newton-Schulz iteration in fp32 instead of torch's bf16 (test_fsdp_trains_like_ddp).
+LAUNCH = """
+import os, time
+import torch
+import torch.optim._muon as M
+import pipeline.training.checkpoint as C
+from pipeline.io import run_cli
+import pipeline.training.train as T
+
+def ns_fp32(grad, coefficients, steps, eps):
+    a, b, c = coefficients
+    x = grad.float()
+    x = x.T if grad.size(0) > grad.size(1) else x
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if grad.size(0) > grad.size(1) else x
+if os.environ.get("TF_MUON_NS_FP32"):
+    M._zeropower_via_newtonschulz = ns_fp32
+
+hang = int(os.environ.get("TF_HANG_AT_STEP", 0))
+_save = C.save_checkpoint
+def save_checkpoint(path, state):
+    if hang and state.get("step") == hang and path.name == C.TRAIN_STATE:
+        open(os.environ["TF_HANG_MARKER"], "w").close()
+        time.sleep(600)
+    return _save(path, state)
+C.save_checkpoint = save_checkpoint
+run_cli(T.main)
+"""
+
+
+def command(data, outdir: Path, params: dict, nproc: int, *extra: str) -> list[str]:
+    plan_path = outdir.parent / f"{outdir.name}-plan.json"
+    write_json(plan_path, make_plan(params))
+    script = outdir.parent / "launch_fsdp.py"
+    script.write_text(textwrap.dedent(LAUNCH))
+    return [sys.executable, "-m", "pipeline.training.launch", "--", sys.executable, "-m", "torch.distributed.run",
+            "--standalone", "--nproc_per_node", str(nproc), str(script), "--params", json.dumps(params),
+            "--plan", str(plan_path), "--train", data["train"], "--val", data["val"], "--tokenizer", data["tokenizer"],
+            "--outdir", str(outdir), *extra]
+
+
+def env(**extra) -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **extra)
+
+
+def torchrun(data, outdir: Path, params: dict, nproc: int = 2, *extra: str, **environ) -> None:
+    r = subprocess.run(command(data, outdir, params, nproc, *extra), capture_output=True, text=True,
+                       env=env(**environ), timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def read_metrics(outdir: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (outdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_model(outdir: Path) -> dict:
+    return torch.load(outdir / "final.pt", weights_only=True)["model"]
+
+
+def params_for(nproc: int = 2, parallel: str = "fsdp", **train) -> dict:
+    p = make_params(nproc=nproc, steps=STEPS, micro_batch=2, ckpt_interval=3, val_interval=10, parallel=parallel,
+                    **train)
+    assert make_plan(p)["grad_accum_steps"] == 4 // nproc
+    return p
+
+
+# ----------------------------------------------------------------------------- equality with DDP
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_fsdp_trains_like_ddp(data, tmp_path, optimizer):
+    """20 steps, 2 processes, 2 accumulation micro-steps: the loss and gradient-norm trajectories and the
+    final weights of fsdp equal DDP's within fp32 rounding (gradient sums in another order), and final.pt
+    is one consolidated file with the plain model's names.
+
+    Muon runs its Newton-Schulz iteration in fp32 here: torch's runs it in bf16, which turns the fp32
+    rounding differences of the two runs' gradients into bf16 rounding flips of the update (measured:
+    losses up to 6e-5 apart, gradient norms 7e-4 relative, not growing over the 20 steps) — the same
+    amplification between any two DDP runs that sum gradients in another order, not a difference
+    between the parallelisms, which fp32 shows."""
+    runs = {}
+    for parallel in ("ddp", "fsdp"):
+        runs[parallel] = tmp_path / parallel
+        torchrun(data, runs[parallel], params_for(parallel=parallel, optimizer=optimizer),
+                 **({"TF_MUON_NS_FP32": "1"} if optimizer == "muon" else {}))
+    ddp, fsdp = read_metrics(runs["ddp"]), read_metrics(runs["fsdp"])
+    assert [r["step"] for r in fsdp] == list(range(1, STEPS + 1))
+    assert ddp[-1]["loss"] < ddp[0]["loss"] - 0.5  # it trains
+    assert np.allclose([r["loss"] for r in fsdp], [r["loss"] for r in ddp], rtol=0, atol=2e-5)
+    assert np.allclose([r["grad_norm"] for r in fsdp], [r["grad_norm"] for r in ddp], rtol=1e-4)
+    for key in ("grad_norm/block_first", "param_norm/embedding", "update_ratio/block_last", "val_loss", "ce_fp32"):
+        got, want = [r.get(key) for r in fsdp], [r.get(key) for r in ddp]
+        assert [g is None for g in got] == [w is None for w in want], key
+        assert np.allclose([g for g in got if g is not None], [w for w in want if w is not None], rtol=1e-3), key
+    assert [r.get("sample") for r in fsdp] == [r.get("sample") for r in ddp]
+    a, b = final_model(runs["ddp"]), final_model(runs["fsdp"])
+    assert a.keys() == b.keys() and all(type(v) is torch.Tensor and v.device.type == "cpu" for v in b.values())
+    assert all(torch.allclose(a[k], b[k], atol=1e-4, rtol=1e-4) for k in a)
+    ckpt = runs["fsdp"] / "ckpt"
+    assert (ckpt / "latest").read_text().strip() == f"step_{STEPS:06d}.dcp"
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step_")) == \
+        ["step_000018.dcp", f"step_{STEPS:06d}.dcp"]
+    assert sorted(p.name for p in (ckpt / f"step_{STEPS:06d}.dcp").iterdir()) == \
+        [".metadata", "SHA256SUMS", "__0_0.distcp", "__1_0.distcp", "train_state.pt", "train_state.pt.sha256"]
+
+
+@pytest.mark.slow
+def test_fsdp_stage_from_an_earlier_stage_with_its_optimizer_like_ddp(data, tmp_path):
+    """A second stage starting from the first's final.pt and carrying its optimizer state (read back from the
+    first stage's sharded checkpoint): the same losses as the DDP run of the same two stages."""
+    stages = [{"name": "base"}, {"name": "more", "steps": 4, "lr": 5e-3, "carry_optimizer": True}]
+    losses = {}
+    for parallel in ("ddp", "fsdp"):
+        base, more = (make_params(nproc=2, steps=6, micro_batch=2, parallel=parallel, stages=stages, stage=name)
+                      for name in ("base", "more"))
+        torchrun(data, tmp_path / parallel / "base", base)
+        torchrun(data, tmp_path / parallel / "more", more, 2, "--init", str(tmp_path / parallel / "base" / "final.pt"))
+        losses[parallel] = [r["loss"] for r in read_metrics(tmp_path / parallel / "more")]
+    assert len(losses["fsdp"]) == 4 and np.allclose(losses["fsdp"], losses["ddp"], rtol=0, atol=2e-5)
+    state = torch.load(tmp_path / "ddp" / "more" / "ckpt" / "step_000004.pt", weights_only=True)["optimizer"]
+    assert {float(s["step"]) for s in state["state"].values()} == {6 + 4}  # the DDP run carried it: so did fsdp
+
+
+# ----------------------------------------------------------------------------- exact resume, kill -9
+
+@pytest.fixture(scope="module")
+def fsdp_full(data, tmp_path_factory):
+    """Uninterrupted fsdp runs (AdamW) with 2 and 4 processes, the references of the resumes."""
+    out = {}
+    for nproc in (2, 4):
+        out[nproc] = tmp_path_factory.mktemp(f"fsdp{nproc}") / "train"
+        torchrun(data, out[nproc], params_for(nproc), nproc)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_fsdp_resume_is_exact(data, fsdp_full, tmp_path, nproc):
+    params = params_for(nproc)
+    out = tmp_path / "train"
+    torchrun(data, out, params, nproc, "--max-steps", "7")
+    assert not (out / "final.pt").exists() and (out / "ckpt" / "latest").read_text().strip() == "step_000007.dcp"
+    state = torch.load(out / "ckpt" / "step_000007.dcp" / "train_state.pt", weights_only=True)
+    assert "model" not in state and "optimizer" not in state  # the tensors are the ranks' shards
+    assert state["world_size"] == nproc and len(state["loader"]) == len(state["rng"]) == nproc
+    assert len(list((out / "ckpt" / "step_000007.dcp").glob("__*_*.distcp"))) == nproc  # every rank wrote its part
+    torchrun(data, out, params, nproc, "--resume", "require")
+    assert [r["loss"] for r in read_metrics(out)] == [r["loss"] for r in read_metrics(fsdp_full[nproc])]
+    assert [r.get("val_loss") for r in read_metrics(out)] == [r.get("val_loss") for r in read_metrics(fsdp_full[nproc])]
+    a, b = final_model(fsdp_full[nproc]), final_model(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_fsdp_kill_9_and_rerun_finishes_like_the_uninterrupted_run(data, fsdp_full, tmp_path):
+    """kill -9 of the job's process group while rank 0 writes step 9's checkpoint (steps logged past the
+    step-6 checkpoint, a partial temporary checkpoint directory on disk): no process survives, and the
+    rerun (train.resume: auto) resumes from step 6 and ends with the uninterrupted run's final.pt and
+    metric history, every step once, no temporary left."""
+    params, out = params_for(2), tmp_path / "train"
+    marker = tmp_path / "hung"
+    proc = subprocess.Popen(command(data, out, params, 2), env=env(TF_HANG_AT_STEP="9", TF_HANG_MARKER=str(marker)),
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            assert proc.poll() is None, "the run ended before its hang"
+            assert time.monotonic() < deadline, "timed out waiting for the hang"
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while (left := processes_in(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], f"processes survived the kill: {left}"
+    assert logged_steps(out) == list(range(1, 10)) and not (out / "final.pt").exists()
+    assert (out / "ckpt" / "latest").read_text().strip() == "step_000006.dcp"
+    assert [p.name for p in (out / "ckpt").glob(".step_000009.dcp.tmp-*")]  # the partial checkpoint
+
+    torchrun(data, out, params, 2)
+    assert logged_steps(out) == list(range(1, STEPS + 1))
+    assert [r["loss"] for r in read_metrics(out)] == [r["loss"] for r in read_metrics(fsdp_full[2])]
+    a, b = final_model(fsdp_full[2]), final_model(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [p for p in out.rglob("*") if ".tmp-" in p.name] == []
+
+
+# ----------------------------------------------------------------------------- the pieces, one process
+
+@pytest.fixture
+def group(tmp_path):
+    torch_dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        torch_dist.destroy_process_group()
+
+
+def _sharded_pair(params: dict):
+    from pipeline.distributed import Dist
+    from pipeline.training.step import build_model, shard_model
+
+    dist = Dist(0, 0, 1, torch.device("cpu"))
+    torch.manual_seed(0)
+    plain = build_model(params, dist.device)
+    torch.manual_seed(0)
+    sharded = build_model(params, dist.device)
+    shard_model(sharded, params, dist, compile_blocks=False)
+    return plain, sharded, dist
+
+
+def _batches(n: int, seed: int = 0) -> list[tuple]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, 300, (2, TRAIN_SEQ), generator=g), torch.randint(0, 300, (2, TRAIN_SEQ), generator=g),
+             torch.rand(2, TRAIN_SEQ, generator=g) < 0.6, None) for _ in range(n)]
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_sharded_accumulation_equals_plain_in_both_modes(group, keep):
+    """Gradient accumulation over 3 micro-steps, the whole model kept gathered between them (no
+    resharding, one reduce-scatter) or resharded every micro-step (gradients accumulated sharded): the
+    gradients, clipped norm and one Muon + AdamW step equal the unsharded model's; afterwards every
+    parameter is sharded again."""
+    from torch.distributed.tensor import DTensor
+
+    from pipeline.training.optim import build_optimizer
+    from pipeline.training.step import LossModel, accumulate_gradients, clip_gradients, count_tokens, wrap
+
+    params = make_params(optimizer="muon")
+    plain, sharded, dist = _sharded_pair(params)
+    sharded.keep_unsharded = keep
+    batches = _batches(3)
+    n = count_tokens(batches, dist)[0]
+    norms = []
+    for model in (plain, sharded):
+        root, fwd = wrap(LossModel(model, None, 40), dist, compile_model=False)
+        accumulate_gradients(root, fwd, batches, n, world_size=1)
+        norms.append(clip_gradients([p for p in model.parameters()], 0.05))
+        opt = build_optimizer(model, params["train"], "cpu")
+        opt.step()
+    assert float(norms[1]) == pytest.approx(float(norms[0]), rel=1e-6) and float(norms[0]) > 0.05
+    assert all(isinstance(p, DTensor) for p in sharded.parameters())
+    for (name, a), b in zip(plain.named_parameters(), sharded.parameters(), strict=True):
+        assert torch.allclose(a, b.full_tensor(), atol=1e-6), name
+
+
+def test_gathered_model_evaluates_without_collectives_and_reshards(group):
+    from torch.distributed.tensor import DTensor
+
+    from pipeline.training.step import gathered
+
+    plain, sharded, _ = _sharded_pair(make_params())
+    x = torch.randint(0, 300, (2, TRAIN_SEQ))
+    with torch.no_grad(), gathered(sharded):
+        assert not any(isinstance(p, DTensor) for p in sharded.parameters())
+        for _ in range(2):  # stays gathered across forwards
+            assert torch.allclose(sharded(x), plain(x), atol=1e-5)
+        assert not any(isinstance(p, DTensor) for p in sharded.parameters())
+    assert all(isinstance(p, DTensor) for p in sharded.parameters())
+
+
+def test_parallelism_as_a_launch_runs_it():
+    """auto, should the plan not have resolved it, is ddp on one process or the CPU; without a process group
+    (no torchrun) a single process trains plain whatever the setting."""
+    from pipeline.distributed import Dist
+    from pipeline.training.step import parallelism
+
+    class Grouped(Dist):
+        distributed = True
+
+    cpu2, one = Grouped(0, 0, 2, torch.device("cpu")), Grouped(0, 0, 1, torch.device("cpu"))
+    for setting, dist, want in [("auto", cpu2, "ddp"), ("auto", one, "ddp"), ("fsdp", cpu2, "fsdp"),
+                                ("ddp", cpu2, "ddp"), ("fsdp", Dist(0, 0, 1, torch.device("cpu")), "ddp")]:
+        assert parallelism({"train": {"parallel": setting}}, dist) == want, (setting, dist)
