@@ -80,10 +80,12 @@ FSDP (``train.parallel: fsdp``: FSDP2 ``fully_shard`` per transformer block and 
 parameters in compute under bf16 training, fp32 reduce-scatter, fp32 master weights), W = world size
 (hardware.nodes × nproc_per_node: the state is sharded over every rank of the job, multi-node included),
 B = one block's parameters (its matrices and two norm gains), R = the root unit's (embedding, final
-norm, an untied lm_head), p = 2 (bf16) or 4 (fp32) bytes per gathered parameter:
+norm, an untied lm_head), p = 2 (bf16) or 4 (fp32) bytes per gathered block parameter; the root
+unit keeps fp32 parameters (`FSDP_ROOT_BYTES`: the trainer's mixed-precision policy covers the blocks
+only, so the chunked fp32 CE reads the gathered fp32 output weight, pipeline/training/step.py):
 
 * memory: fp32 weights, optimizer state and fp32 gradients are a 1/W shard (4P/W, optimizer/W, 4P/W);
-  ``gathered`` = (`FSDP_GATHERED_BLOCKS` · B + R) · p, held throughout the step (FSDP2's prefetch keeps
+  ``gathered`` = `FSDP_GATHERED_BLOCKS` · B · p + R · 4, held throughout the step (FSDP2's prefetch keeps
   the current and the next block unsharded; the root stays unsharded from its forward to the end of
   backward); ``reduce_buffers`` (from the first block backward on) = B · (p + 4 if p = 2, else 4): one
   block's gradients in the gathered dtype and their fp32 reduce-scatter copy, + 4·V·d: the lm_head's
@@ -181,6 +183,7 @@ FSDP_GATHERED_BLOCKS = 2      # unsharded blocks at once: the current one and th
                               # prefetch all-gathers during the current one's compute (forward and backward)
 FSDP_BLOCK_GATHERS = 2        # all-gathers of a block per micro-step: forward, and again in backward
                               # (reshard_after_forward=True, FSDP2's default for the non-root units)
+FSDP_ROOT_BYTES = 4           # the root unit's gathered parameters stay fp32 (the trainer's policy: blocks only)
 FSDP_ROOT_GATHERS = 1         # the root unit (embedding, final norm, lm_head): FSDP2 keeps the root unsharded
                               # from its forward to the end of backward, so it is gathered once
 FSDP_REDUCE_BYTES = 4         # gradient bytes per parameter reduce-scattered: fp32 (reduce_dtype=float32)
@@ -479,8 +482,9 @@ def compiled_block_excess(s: StepSetup, transient: float) -> float:
 
 def fsdp_gathered_bytes(s: StepSetup) -> float:
     """Unsharded parameters held at once under fsdp: `FSDP_GATHERED_BLOCKS` blocks and the root unit
-    (embedding, final norm, an untied lm_head), in the gathered dtype (`StepSetup.param_bytes`)."""
-    return (FSDP_GATHERED_BLOCKS * s.block_params + s.root_params) * s.param_bytes
+    (embedding, final norm, an untied lm_head): blocks in the gathered dtype (`StepSetup.param_bytes`),
+    the root in fp32 (`FSDP_ROOT_BYTES`)."""
+    return FSDP_GATHERED_BLOCKS * s.block_params * s.param_bytes + s.root_params * FSDP_ROOT_BYTES
 
 
 def fsdp_reduce_buffer_bytes(s: StepSetup) -> float:
@@ -646,7 +650,7 @@ def fsdp_comm(s: StepSetup, micro_compute_s: float) -> dict[str, float]:
     """FSDP2's collectives of one optimizer step and the part of them compute does not hide.
 
     Per micro-step (the trainer reshards and reduce-scatters every micro-step): all-gather bytes =
-    (`FSDP_BLOCK_GATHERS` × L × block + `FSDP_ROOT_GATHERS` × root) parameters × gathered bytes;
+    `FSDP_BLOCK_GATHERS` × L × block × gathered bytes + `FSDP_ROOT_GATHERS` × root × `FSDP_ROOT_BYTES`;
     reduce-scatter bytes = P × `FSDP_REDUCE_BYTES`. A ring collective over W ranks moves (W−1)/W of
     those bytes through each GPU's link: seconds = bytes × (W−1)/W / `collective_bytes_per_s`. FSDP2
     prefetches the next unit's all-gather during the current unit's compute and reduce-scatters a
@@ -656,9 +660,9 @@ def fsdp_comm(s: StepSetup, micro_compute_s: float) -> dict[str, float]:
     W = s.world_size
     ring = (W - 1) / W / collective_bytes_per_s(s) if W > 1 else 0.0
     pb = s.param_bytes
-    gather = (FSDP_BLOCK_GATHERS * s.n_layers * s.block_params + FSDP_ROOT_GATHERS * s.root_params) * pb
+    gather = FSDP_BLOCK_GATHERS * s.n_layers * s.block_params * pb + FSDP_ROOT_GATHERS * s.root_params * FSDP_ROOT_BYTES
     reduce = s.params * FSDP_REDUCE_BYTES
-    edge = (s.block_params + s.root_params) * (pb + FSDP_REDUCE_BYTES) * ring
+    edge = (s.block_params * (pb + FSDP_REDUCE_BYTES) + s.root_params * (FSDP_ROOT_BYTES + FSDP_REDUCE_BYTES)) * ring
     comm = (gather + reduce) * ring
     exposed = max(0.0, comm - edge - FSDP_OVERLAP * micro_compute_s) + min(edge, comm)
     return {"allgather_bytes": s.grad_accum * gather, "reduce_scatter_bytes": s.grad_accum * reduce,

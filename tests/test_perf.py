@@ -215,8 +215,8 @@ def test_fsdp_memory_against_a_hand_computation():
     assert fsdp["weights"] == round(4 * P / 8 / 1e9, 3) == 0.063
     assert fsdp["optimizer"] == round(8 * P / 8 / 1e9, 3) == 0.126  # AdamW's two fp32 moments, sharded
     assert fsdp["gradients"] == round(4 * P / 8 / 1e9, 3)
-    # FSDP_GATHERED_BLOCKS = 2 blocks and the root, gathered in bf16
-    assert fsdp["gathered"] == round((2 * block + root) * 2 / 1e9, 3) == 0.192
+    # FSDP_GATHERED_BLOCKS = 2 blocks gathered in bf16, and the root, which stays fp32
+    assert fsdp["gathered"] == round((2 * block * 2 + root * 4) / 1e9, 3) == 0.323
     # one block's bf16 gradients and their fp32 reduce-scatter copy, the lm_head's fp32 gradient
     assert fsdp["reduce_buffers"] == round((block * (2 + 4) + 4 * 32_000 * 1024) / 1e9, 3) == 0.222
     assert ddp["gathered"] == ddp["reduce_buffers"] == 0
@@ -225,7 +225,7 @@ def test_fsdp_memory_against_a_hand_computation():
     for k in ("activations", "logits", "recompute"):
         assert fsdp[k] == ddp[k]
     assert fsdp["peak_at"] == ddp["peak_at"] == "loss backward"
-    saved = 16 * P * 7 / 8 - (2 * block + root) * 2
+    saved = 16 * P * 7 / 8 - (2 * block * 2 + root * 4)
     assert ddp["peak"] - fsdp["peak"] == pytest.approx(saved / 1e9, abs=2e-3)
     # fp32 training gathers fp32 parameters and reduce-scatters them without a copy
     fp32 = memory(s.replace(bf16=False))
@@ -246,7 +246,7 @@ def test_fsdp_collectives_against_a_hand_computation():
 
     s = SMALL_FSDP.replace(grad_accum=3)
     block, root, P = 15_206_400, 65_537_024, 126_362_624
-    gather = (2 * 4 * block + root) * 2  # each block forward and backward, the root once, bf16
+    gather = 2 * 4 * block * 2 + root * 4  # each block forward and backward in bf16, the root once in fp32
     reduce = 4 * P  # fp32 gradients
     bus = 450e9 * COLLECTIVE_EFFICIENCY  # NVLink 4, one direction
     assert collective_bytes_per_s(s) == bus
@@ -254,7 +254,7 @@ def test_fsdp_collectives_against_a_hand_computation():
     assert c["allgather_bytes"] == 3 * gather and c["reduce_scatter_bytes"] == 3 * reduce
     assert c["comm_s"] == pytest.approx(3 * (gather + reduce) * 7 / 8 / bus)
     # a second of compute hides all but the edge: the root and one block's all-gather and reduce-scatter
-    assert c["exposed_s"] == pytest.approx(3 * (block + root) * (2 + 4) * 7 / 8 / bus)
+    assert c["exposed_s"] == pytest.approx(3 * (block * (2 + 4) + root * (4 + 4)) * 7 / 8 / bus)
     # two nodes: a ring crossing nodes runs at min(NVLink, 8 GPUs × 50 GB/s NDR)
     assert collective_bytes_per_s(s.replace(world_size=16, nodes=2)) == 400e9 * COLLECTIVE_EFFICIENCY
     assert fsdp_comm(s.replace(world_size=1), 1.0)["comm_s"] == 0
