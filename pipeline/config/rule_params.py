@@ -7,7 +7,7 @@ half of its identity) is its `code=code_version("pipeline.…")` param (pipeline
 import closure of the module it runs, which holds this module and the rest of `pipeline.config`,
 since every module's CLI reads its params through `params_from_args`.
 
-For the per-shard rules (download, count, tokenize, dedup_signatures) `source` narrows the slice to the
+For the per-shard rules (download, tokenize, dedup_signatures, decontaminate_flags) `source` narrows the slice to the
 job's own source, so editing one source reruns no job of another; for mix and pack `mix` narrows it
 to the job's own mix, so editing one mix (or a training stage on another mix) reruns no job of
 another.
@@ -75,7 +75,8 @@ def _tokenizer(cfg: dict, names: list[str], mix: str | None) -> dict:
 
 
 def _per_shard(cfg: dict, names: list[str], mix: str | None) -> dict:
-    return {"sources": _source_slice(cfg, names), "count": cfg["count"]}
+    # count.sample_shards picks the plan's sample (which tokenized shards it reads), never an output of these
+    return {"sources": _source_slice(cfg, names), "count": {"batch_size": cfg["count"]["batch_size"]}}
 
 
 def _dedup_signatures(cfg: dict, names: list[str], mix: str | None) -> dict:
@@ -97,9 +98,13 @@ def _eval_data(cfg: dict, names: list[str], mix: str | None) -> dict:
             "chat_tasks": evaluation["chat_tasks"]}
 
 
+def _decontaminate_grams(cfg: dict, names: list[str], mix: str | None) -> dict:
+    # the eval n-gram table and the report: no source's key (a source edit reruns that source's flags only)
+    return {"decontaminate": cfg["decontaminate"], "eval_tasks": cfg["eval"]["tasks"]}
+
+
 def _decontaminate(cfg: dict, names: list[str], mix: str | None) -> dict:
-    return {"decontaminate": cfg["decontaminate"], "eval_tasks": cfg["eval"]["tasks"],
-            "sources": _source_slice(cfg, names, TEXT_KEYS)}
+    return {**_decontaminate_grams(cfg, names, mix), "sources": _source_slice(cfg, names, TEXT_KEYS)}
 
 
 def _pack(cfg: dict, names: list[str], mix: str | None) -> dict:
@@ -150,12 +155,12 @@ def _accounting(cfg: dict, names: list[str], mix: str | None) -> dict:
 RULE_PARAMS: dict[str, Callable[[dict, list[str], str | None], dict]] = {
     "download": _download,
     "tokenizer": _tokenizer,
-    "count": _per_shard,
     "tokenize": _per_shard,
     "dedup_signatures": _dedup_signatures,
     "dedup": _dedup,
     "eval_data": _eval_data,
     "decontaminate": _decontaminate,
+    "decontaminate_grams": _decontaminate_grams,
     "split": _split,
     "mix": _mix,
     "pack": _pack,
