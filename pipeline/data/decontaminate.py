@@ -278,7 +278,7 @@ def read_grams(path) -> EvalGrams:
 
     try:
         info = read_parquet_meta(path)
-        table = pq.read_table(path)
+        table = pq.ParquetFile(path).read()  # (pq.read_table would import pyarrow.dataset: ~0.8 s a job)
         lengths, tasks, counts = info["lengths"], info["tasks"], info["eval"]
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
         raise PipelineError(f"{path}: not an eval n-gram table ({e!r}); rerun the decontaminate_grams rule") from None
