@@ -2,7 +2,8 @@
 
 The flow, per shard, summed per source and over the run:
 
-    counted (R/counts/counts.parquet)
+    counted (R/counts/counts.parquet: each tokenize job's tally of its raw shard as read and encoded,
+             before any drop; joined by the count rule)
       → tokenized (R/tokens/*/*.json + .idx.npy): document tokens + delimiters; empty / invalid-UTF-8 /
         short documents, and conversations with a null content, no assistant turn or over
         max_conversation_tokens, dropped and counted
