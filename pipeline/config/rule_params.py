@@ -56,9 +56,11 @@ def _run_description(cfg: dict) -> dict:
     """The config as the rules downstream of the measured counts see it: without the planner's per-shard
     estimate (the plan rule reads the measured counts of every source, so editing the estimate reruns
     nothing: it serves dry runs and `python -m pipeline.plan`) and without the hardware keys that size
-    jobs rather than compute anything (they reach rules as threads)."""
+    jobs rather than compute anything (they reach rules as threads), nor `count.sample_shards` (which
+    tokenized shards the plan's sample reads: the plan rule sees the edit through its input)."""
     return {**cfg, "sources": _sources_without(cfg, cfg["sources"], ("tokens_per_shard_estimate",)),
-            "hardware": {k: v for k, v in cfg["hardware"].items() if k not in RESOURCE_KEYS}}
+            "hardware": {k: v for k, v in cfg["hardware"].items() if k not in RESOURCE_KEYS},
+            "count": {k: v for k, v in cfg["count"].items() if k != "sample_shards"}}
 
 
 # ----------------------------------------------------------------------------- one slice per rule
