@@ -38,7 +38,7 @@ DEDUP_JOB_START_CPU_S = 1.0  # a candidate job's interpreter and imports (0.7-1.
 DEDUP_JOB_SHARD_CPU_S = 0.0015  # per candidate job and shard: opening its lsh files (1M docs, 19 shards, P = 200)
 DEDUP_MERGE_BYTES_PER_DOC = 60  # 976 MB measured at 20M documents (2.0M candidate pairs)
 # Where no measured counts give the number of documents: FineWeb-Edu's order of magnitude (an
-# assumption, used for job sizes and the cost estimate only; the count stage measures it).
+# assumption, used for job sizes and the cost estimate only; the tokenize jobs count it).
 TOKENS_PER_DOCUMENT = 1_000
 MIN_RUNTIME = 10  # minutes: scheduling slack for the smallest job
 UNMEASURED_MB = 16_000  # jobs whose memory at scale is not measured yet (split, mix, pack): a generous default

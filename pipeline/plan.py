@@ -52,8 +52,9 @@ d_kv = n_kv_heads × d / n_heads):
   + delimiter_tokens − short_tokens − short_documents × delimiters per document, the same for long_*,
   i.e. what the tokenize stage keeps; else from
   ``sources.<s>.tokens_per_shard_estimate``; without either (and no counts file) the shard check is
-  deferred until the count stage has run. Deduplication removes an unknown share later (the plan
-  runs before dedup); the mix stage fails loudly if the deduplicated train split falls short.
+  deferred until the plan's sample has been tokenized and counted (rule count_sample). Deduplication
+  removes an unknown share later (the plan runs before dedup); the mix stage fails loudly if the
+  deduplicated train split falls short.
 * **Memory per GPU and step time** are *predictions* of `pipeline.perf` (a model of the trainer
   fitted to the reference run's measured 1×H100 rows; its docstring has the terms, tests/test_perf.py
   the rows): per-component memory, the peak, reserved and total (reserved + CUDA context) in GB =
@@ -148,7 +149,7 @@ def run_counts(run: str | Path) -> Path | None:
 
 def read_counts(path: str | Path, delimiters_per_doc: int) -> dict[str, tuple[int, int]]:
     """source -> (usable tokens summed over its counted shards, number of counted shards) from the
-    count stage's counts.parquet. Usable = tokens + delimiter_tokens − short_tokens −
+    count tables (R/counts/sample.parquet or counts.parquet). Usable = tokens + delimiter_tokens − short_tokens −
     short_documents × delimiters_per_doc − long_tokens − long_documents × delimiters_per_doc (what
     tokenize keeps), using whichever of the optional columns exist."""
     import pyarrow.parquet as pq
@@ -156,10 +157,10 @@ def read_counts(path: str | Path, delimiters_per_doc: int) -> dict[str, tuple[in
     try:
         table = pq.read_table(path)
     except (OSError, ValueError) as e:
-        raise PlanError(f"{path}: not a readable counts parquet ({e}); rerun the count stage") from None
+        raise PlanError(f"{path}: not a readable counts parquet ({e}); rerun the count_sample / count rule") from None
     missing = {"source", "tokens"} - set(table.column_names)
     if missing:
-        raise PlanError(f"{path}: missing column(s) {sorted(missing)}; it must be the count stage's counts.parquet")
+        raise PlanError(f"{path}: missing column(s) {sorted(missing)}; it must be a count table (R/counts/*.parquet)")
     cols = table.to_pydict()
     zeros = [0] * table.num_rows
     usable = [
@@ -190,16 +191,17 @@ def _tokens_per_shard(cfg: dict, source: str, counted: dict | None, counts_path,
         if strict:  # this run's counts: every document of the source was filtered out
             raise PlanError(f"{counts_path}: source '{source}' has no usable tokens in its {n} counted shard(s): "
                             f"every document was filtered out; check sources.{source}.min_chars and its text column")
-        # else an earlier config's counts (Snakemake's parse, before the count stage reruns): not evidence
+        # else an earlier config's counts (Snakemake's parse, before the count rules rerun): not evidence
     estimate = cfg["sources"][source].get("tokens_per_shard_estimate")
     if estimate is not None:
         return float(estimate), f"estimate (sources.{source}.tokens_per_shard_estimate)"
     if counted is not None and strict:
         raise PlanError(
             f"{counts_path} has no rows for source '{source}' and sources.{source}.tokens_per_shard_estimate is not "
-            "set: rerun the count stage for it or set the estimate"
+            "set: rerun the count_sample rule for it or set the estimate"
         )
-    return None, f"unknown until the count stage has run (or set sources.{source}.tokens_per_shard_estimate)"
+    return None, (f"unknown until the plan's sample is tokenized and counted (count_sample; or set "
+                  f"sources.{source}.tokens_per_shard_estimate)")
 
 
 def _more_shards_fix(cfg: dict, source: str, needed: int) -> str:
@@ -315,15 +317,15 @@ def train_hours(cfg: dict) -> float:
 def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = False,
               strict_counts: bool = True, logits: str = "ours", measured_step: dict | None = None,
               tokens_per_param_fit: dict | None = None) -> dict:
-    """The plan of a resolved run config (or its plan-stage slice), with the measured token counts
-    when `counts` (the count stage's counts.parquet) is given. Raises PlanError when the batch does
-    not divide or the configured shards cannot supply the budget (the latter unless allow_short,
-    for display only). `strict_counts=False` treats a source the counts file lacks as not counted
-    yet (the Snakefile's parse-time plan, which may see counts from an earlier config). `logits` and
-    `measured_step` (`read_measured_step`): see `performance`. `tokens_per_param_fit`: what
-    `pipeline.scaling.resolve_tokens_per_param` says of a fitted ratio (shown as the target's basis).
-    A config with a `scaling` section (the whole config, not the plan rule's slice) adds the sweep's
-    price (`sweep_cost`). Keys: `PLAN_KEYS`."""
+    """The plan of a resolved run config (or its plan-stage slice), with the measured token counts when
+    `counts` (a count table: the plan's sample.parquet or the exact counts.parquet) is given. Raises
+    PlanError when the batch does not divide or the configured shards cannot supply the budget (the
+    latter unless allow_short, for display only). `strict_counts=False` treats a source the counts file
+    lacks as not counted yet (the Snakefile's parse-time plan, which may see counts from an earlier
+    config). `logits` and `measured_step` (`read_measured_step`): see `performance`.
+    `tokens_per_param_fit`: what `pipeline.scaling.resolve_tokens_per_param` says of a fitted ratio
+    (shown as the target's basis). A config with a `scaling` section (the whole config, not the plan
+    rule's slice) adds the sweep's price (`sweep_cost`). Keys: `PLAN_KEYS`."""
     model, train, hw = cfg["model"], cfg["train"], cfg["hardware"]
     parts = param_parts(model)
     n_params, non_embedding = count_params(model)

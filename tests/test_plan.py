@@ -192,7 +192,7 @@ def test_counts_without_a_source_are_not_yet_known_when_lenient(tmp_path):
     stale = write_counts(tmp_path / "counts.parquet", [("web", "s0", 10, 1, 0, 0)])
     plan = make_plan(cfg, counts=stale, strict_counts=False)
     assert plan["shards_needed"] is None and plan["shards_available"] == 100
-    assert any("count stage" in n for n in plan["notes"])
+    assert any("count_sample" in n for n in plan["notes"])
 
 
 def test_a_source_counted_at_zero_usable_tokens(tmp_path):
@@ -258,7 +258,7 @@ def test_shard_check_is_deferred_without_counts_or_estimate(tmp_path):
     cfg = resolve_config({"sources": {"web": {"type": "local", "glob": str(tmp_path / "web/*.parquet")}}})
     plan = make_plan(cfg)
     assert plan["shards_available"] == 3 and plan["shards_needed"] is None and plan["tokens_per_shard"] is None
-    assert any("count stage" in n for n in plan["notes"])
+    assert any("count_sample" in n for n in plan["notes"])
     assert "?" in format_plan(plan)
 
 

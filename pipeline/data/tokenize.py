@@ -5,11 +5,11 @@ mask and metadata, with exactly one delimiter policy (`Tokenizer.delimit`).
         --outputs R/tokens/S/{shard}.json ... [--manifest M]
 
 Formats: docs/data-contract.md ("Tokenized shard"). Rows are read with
-`pipeline.data.contract.iter_documents`, the reader the count stage uses, so both stages agree on
-which rows are documents. `delimit` is applied to a whole batch at once: the ids it adds before /
-after a document are read off `delimit` once and inserted with numpy, so the per-token work stays in
-C. The shard is streamed in batches of `count.batch_size` rows and the token file is written batch
-by batch.
+`pipeline.data.contract.iter_documents`, the reader tokenizer training, dedup and decontamination
+use, so every stage agrees on which rows are documents. `delimit` is applied to a whole batch at
+once: the ids it adds before / after a document are read off `delimit` once and inserted with numpy,
+so the per-token work stays in C. The shard is streamed in batches of `count.batch_size` rows and
+the token file is written batch by batch.
 
 Counts. The metadata's `counts` (`contract.COUNT_FIELDS`: rows, empty / invalid / null-content /
 no-assistant rows, document tokens before any drop, delimiters, bytes, characters, short and long
