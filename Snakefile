@@ -1,5 +1,6 @@
-# tokenfarm: raw web-text shards -> tokenizer -> counts -> tokenize -> dedup + decontaminate -> split ->
-# mixes -> packed rows -> plan -> DDP training -> evaluation. Configuration and helpers: workflow/rules/common.smk.
+# tokenfarm: raw web-text shards -> tokenizer -> tokenize (with each shard's exact counts) -> dedup +
+# decontaminate -> split -> mixes -> packed rows; plan (from a sample of the counts) -> DDP training ->
+# evaluation. Configuration and helpers: workflow/rules/common.smk.
 
 
 include: "workflow/rules/common.smk"

@@ -1,23 +1,17 @@
 """Data-stage benchmarks: each subcommand times a stage end to end against its raw kernel, in one run.
 
-    python benchmarks/data.py count --tokenizer R/tokenizer/encoding.json \\
-        --input D/web/shard_00000.parquet [--repeat 3]
-
-`count`: (a) `pipeline.data.count.count_shard` — the function the `count shard` CLI runs: parquet read,
-UTF-8 decode, empty/invalid checks, tokenization, sums — versus (b) raw tiktoken on the same
-documents already in memory, three ways (`raw_tiktoken`): `encode_ordinary_batch`, a plain loop over
-`encode_ordinary` (no thread pool), and a loop over `encode_to_numpy` (no Python list per document).
-All run with one tokenizer thread; throughput is reported per core as tokens per CPU-second of the
-process (all its threads counted), and per wall-second; the ratio is taken against the fastest raw
-kernel of the run. Target: (a) ≥ 90% of (b).
-
     python benchmarks/data.py tokenize --tokenizer T --input D/web/shard_00000.parquet [--repeat 3]
     python benchmarks/data.py pack --tokenizer T --input D/web/*.parquet [--seq-len 2048 --epochs 8]
     python benchmarks/data.py loader --tokenizer T --input D/web/*.parquet [--micro-batch 16 --steps 2000]
 
-`tokenize`: (a) `pipeline.data.tokenize.tokenize_shard` end to end (read, decode, encode, delimit, write
-.bin/.idx.npy/.json) versus the same raw kernels as `count`, one thread, tokens per CPU-second.
-Target: (a) ≥ 90% of the fastest.
+`tokenize`: (a) `pipeline.data.tokenize.tokenize_shard` end to end (read, decode, encode, delimit, the
+shard's counts, write .bin/.idx.npy/.json) versus (b) raw tiktoken on the same documents already in
+memory, three ways (`raw_tiktoken`): `encode_ordinary_batch`, a plain loop over `encode_ordinary` (no
+thread pool), and a loop over `encode_to_numpy` (no Python list per document). All run with one
+tokenizer thread; throughput is reported per core as tokens per CPU-second of the process (all its
+threads counted), and per wall-second; the ratio is taken against the fastest raw kernel of the run.
+Target: (a) ≥ 90% of the fastest. (There is no count stage to time: the count tables are joined from
+tokenize's metadata, `pipeline.data.count`.)
 
 `pack` and `loader` tokenize the `--input` shards into a temp dir and write a schedule of all their
 documents, shuffled, repeated `--epochs` times (untimed). `pack` times `pipeline.data.pack.pack` with
@@ -107,33 +101,10 @@ def report(timings: dict[str, Timing], unit: str, baseline: str) -> None:
               f"{t.per_cpu_s / base.per_cpu_s:6.1%} of {baseline}")
 
 
-# ----------------------------------------------------------------------------- count
-
-def bench_count(args) -> dict[str, Timing]:
-    from pipeline.data.contract import iter_documents
-    from pipeline.data.count import count_shard
-    from pipeline.data.encoding import load_tokenizer
-
-    tok = load_tokenizer(args.tokenizer)
-    source = {"format": "text", "text_column": args.text_column}
-    texts = [doc for batch in iter_documents(args.input, source, args.batch_size) for doc in batch.docs]
-    counted = count_shard(args.input, tok, source, args.batch_size, num_threads=1)
-
-    def end_to_end() -> int:
-        return count_shard(args.input, tok, source, args.batch_size, num_threads=1)["tokens"]
-
-    logging.getLogger("pipeline.data.count").setLevel(logging.ERROR)  # not one warning per repeat
-    timings = measure({"count_shard (e2e)": end_to_end, **raw_tiktoken(tok.enc, texts)}, args.repeat)
-    assert {t.items for t in timings.values()} == {counted["tokens"]}, "all paths must see the same tokens"
-    print(f"{args.input}: {counted['documents']:,} rows ({len(texts):,} documents), {counted['bytes']:,} bytes, "
-          f"{counted['tokens']:,} tokens; tokenizer {tok.enc.name} (n_vocab {tok.n_vocab}); 1 thread; "
-          f"best of {args.repeat}")
-    report(timings, "tokens", baseline=fastest_raw(timings))
-    return timings
-
+# ----------------------------------------------------------------------------- tokenize
 
 def raw_tiktoken(enc, texts: list[str]) -> dict[str, Callable[[], int]]:
-    """The raw kernels count and tokenize are measured against: tiktoken's own single-thread ways to
+    """The raw kernels tokenize is measured against: tiktoken's own single-thread ways to
     encode the same texts (each returns the number of tokens)."""
     return {
         "encode_ordinary_batch": lambda: sum(map(len, enc.encode_ordinary_batch(texts, num_threads=1))),
@@ -400,7 +371,7 @@ def bench_decontam(args) -> dict[str, Timing]:
 
 # ----------------------------------------------------------------------------- per-group jobs through the CLI
 
-GROUP_STAGES = ("count", "tokenize", "signatures")
+GROUP_STAGES = ("tokenize", "signatures")
 
 
 def run_child(cmd: list[str]) -> float:
@@ -419,10 +390,10 @@ def run_child(cmd: list[str]) -> float:
 
 
 def bench_group(args) -> dict:
-    """One per-shard job as the `count_shards` / `tokenize` / `dedup_signatures` rule runs it: a new
+    """One per-shard job as the `tokenize` / `dedup_signatures` rule runs it: a new
     Python process handling a group of `--shards` copies of `--input` (interpreter start-up, imports,
     tokenizer load and the group manifest included), against the fastest raw kernel in-process on the
-    same documents (tiktoken for count/tokenize: tokens per CPU-second; for signatures the in-process
+    same documents (tiktoken for tokenize: tokens per CPU-second; for signatures the in-process
     `write_signatures` of one shard: documents per CPU-second)."""
     import shutil
     import sys
@@ -443,17 +414,13 @@ def bench_group(args) -> dict:
         cfg = resolve_config({"sources": {"bench": {"type": "local", "glob": f"{tmp}/raw/bench/*.parquet"}},
                               "mixes": {"m": {"weights": {"bench": 1.0}, "tokens": 1}}, "train": {"mix": "m"}})
         py = [sys.executable, "-m"]
-        stage = {"count": "count", "tokenize": "tokenize", "signatures": "dedup_signatures"}[args.stage]
+        stage = {"tokenize": "tokenize", "signatures": "dedup_signatures"}[args.stage]
         params = params_json(rule_params(cfg, stage, "bench"))
         tokens = [f"{tmp}/tokens/bench/shard_{i:05d}.json" for i in range(args.shards)]
         tokenize_cmd = py + ["pipeline.data.tokenize", "--params", params_json(rule_params(cfg, "tokenize", "bench")),
                              "--tokenizer", args.tokenizer, "--source", "bench", "--inputs", *raw,
                              "--outputs", *tokens, "--manifest", f"{tmp}/tokens/manifest.json"]
-        if args.stage == "count":
-            outs = [f"{tmp}/counts/shard_{i:05d}.json" for i in range(args.shards)]
-            cmd = py + ["pipeline.data.count", "shards", "--params", params, "--tokenizer", args.tokenizer,
-                        "--source", "bench", "--inputs", *raw, "--outputs", *outs, "--manifest", f"{tmp}/c.json"]
-        elif args.stage == "tokenize":
+        if args.stage == "tokenize":
             outs, cmd = tokens, tokenize_cmd
         else:
             run_child(tokenize_cmd)  # untimed: signatures read the tokenized shards' metadata
@@ -461,9 +428,7 @@ def bench_group(args) -> dict:
             cmd = py + ["pipeline.data.dedup", "signatures", "--params", params, "--source", "bench", "--inputs", *raw,
                         "--tokens", *tokens, "--outputs", *outs, "--manifest", f"{tmp}/s.json"]
         cpu = min(run_child(cmd) for _ in range(args.repeat))
-        if args.stage == "count":
-            items, unit = sum(read_json(o)["tokens"] for o in outs), "tokens"
-        elif args.stage == "tokenize":
+        if args.stage == "tokenize":
             items, unit = sum(read_json(o)["n_doc_tokens"] for o in outs), "tokens"
         else:
             items, unit = sum(read_json(t)["n_docs"] for t in tokens), "docs"
@@ -503,13 +468,6 @@ def _data_args(p, repeat: int = 3) -> None:
 def main(argv=None) -> Any:
     ap = argparse.ArgumentParser(prog="python benchmarks/data.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("count", help="count stage end to end vs raw tiktoken encode, tokens per core")
-    c.add_argument("--tokenizer", required=True, help="the run's encoding.json (R/tokenizer/encoding.json)")
-    c.add_argument("--input", required=True, help="a raw text shard (parquet)")
-    c.add_argument("--text-column", default="text")
-    c.add_argument("--batch-size", type=int, default=1024, help="count.batch_size (documents per batch)")
-    c.add_argument("--repeat", type=int, default=3)
-    c.set_defaults(func=bench_count)
     t = sub.add_parser("tokenize", help="tokenize stage end to end vs raw tiktoken encode, tokens per core")
     t.add_argument("--tokenizer", required=True, help="the run's encoding.json (R/tokenizer/encoding.json)")
     t.add_argument("--input", required=True, help="a raw text shard (parquet)")

@@ -23,7 +23,6 @@ from pipeline.config import source_shards
 # Per-core throughputs measured in BENCHMARKS.md (2-core development VM, one single-threaded process,
 # end to end through the stage's code). The cost model below and nothing else uses them.
 THROUGHPUT = {
-    "count": 5.83e6,            # tokens / cpu-s ("count end to end")
     "tokenize": 5.35e6,         # tokens / cpu-s ("tokenize end to end")
     "dedup_signatures": 3_351,  # documents / cpu-s (a per-shard job through its CLI, 1,596-word documents)
     "dedup_scan": 450_000,      # documents / cpu-s the merge job reads (every shard's doc and tokens columns)
@@ -39,7 +38,7 @@ DEDUP_JOB_START_CPU_S = 1.0  # a candidate job's interpreter and imports (0.7-1.
 DEDUP_JOB_SHARD_CPU_S = 0.0015  # per candidate job and shard: opening its lsh files (1M docs, 19 shards, P = 200)
 DEDUP_MERGE_BYTES_PER_DOC = 60  # 976 MB measured at 20M documents (2.0M candidate pairs)
 # Where no measured counts give the number of documents: FineWeb-Edu's order of magnitude (an
-# assumption, used for job sizes and the cost estimate only; the count stage measures it).
+# assumption, used for job sizes and the cost estimate only; the tokenize jobs count it).
 TOKENS_PER_DOCUMENT = 1_000
 MIN_RUNTIME = 10  # minutes: scheduling slack for the smallest job
 UNMEASURED_MB = 16_000  # jobs whose memory at scale is not measured yet (split, mix, pack): a generous default
@@ -109,7 +108,7 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0,
     one = {"threads": 1}
     if rule == "download":
         return {**one, "resources": {"mem_mb": 2000, "runtime": 30 + 10 * spj}}  # network-bound: 10 min a shard
-    if rule in ("count", "tokenize"):
+    if rule == "tokenize":  # (the count tables are joined from its metadata: nothing else tokenizes)
         cpu = spj * shard_tokens / THROUGHPUT[rule]
         # one shard at a time: its text (~4.5 B/token) and tokens (4 B), twice over while converting
         return {**one, "resources": {"mem_mb": 2000 + math.ceil(17 * shard_tokens / 2**20), "runtime": _minutes(cpu)}}
@@ -128,11 +127,11 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0,
         chars = cfg["tokenizer"]["train_chars"]
         return {"threads": many, "resources": {"cpus_per_task": many, "mem_mb": 4000 + math.ceil(12 * chars / 2**20),
                                                "runtime": 60 + math.ceil(chars / 2e6)}}
-    if rule == "decontaminate":  # every document's word n-grams, one process: not measured at scale;
-        # assumed as fast as the MinHash signatures (a similar per-word hashing pass)
-        cpu = documents / THROUGHPUT["dedup_signatures"]
-        return {**one, "resources": {"mem_mb": UNMEASURED_MB, "runtime": _minutes(cpu)}}
-    if rule in ("plan", "accounting", "eval_data", "stages_report"):
+    if rule == "decontaminate_flags":  # a shard group's word n-grams, one process: not measured at scale;
+        # assumed as fast as the MinHash signatures (a similar per-word hashing pass), one shard's text at a time
+        cpu = spj * shard_docs / THROUGHPUT["dedup_signatures"]
+        return {**one, "resources": {"mem_mb": 2000 + math.ceil(9 * shard_tokens / 2**20), "runtime": _minutes(cpu)}}
+    if rule in ("plan", "accounting", "eval_data", "decontaminate_grams", "stages_report"):
         return {**one, "resources": {"mem_mb": 2000, "runtime": MIN_RUNTIME}}
     if rule in ("split", "mix", "pack"):  # not measured at scale: generous defaults (profile's set-resources)
         cpu = tokens / THROUGHPUT["pack"] * (10 if rule != "pack" else 1)
@@ -168,7 +167,6 @@ def data_costs(cfg: dict, documents: dict | None = None, tokens: dict | None = N
     groups = sum(math.ceil(_n_shards(cfg, s) / cfg["shards_per_job"]) for s in cfg["sources"])
     parts = cfg["dedup"]["partitions"]
     stages = {
-        "count": (groups, toks / THROUGHPUT["count"]),
         "tokenize": (groups, toks / THROUGHPUT["tokenize"]),
         "dedup_signatures": (groups, docs / THROUGHPUT["dedup_signatures"]),
         "dedup_candidates": (parts, docs / THROUGHPUT["dedup_candidates"]
@@ -185,8 +183,8 @@ def data_costs(cfg: dict, documents: dict | None = None, tokens: dict | None = N
                                "job_mem_mb": job_resources(cfg, name if name != "pack" else "pack", docs, toks)
                                ["resources"]["mem_mb"]}
     out["jobs"] = {"download": groups, **{k: v["jobs"] for k, v in out["stages"].items()},
-                   "dedup (merge)": 1, "tokenizer": 1, "decontaminate": 1, "split": 1, "mix": len(cfg["mixes"]),
-                   "accounting": 1}
+                   "dedup (merge)": 1, "tokenizer": 1, "decontaminate (flags)": groups,
+                   "decontaminate (grams, report)": 2, "split": 1, "mix": len(cfg["mixes"]), "accounting": 1}
     out["cpu_hours"] = sum(v["cpu_hours"] for v in out["stages"].values())
     out["wall_hours"] = sum(v["wall_hours"] for v in out["stages"].values())
     return out

@@ -1,9 +1,13 @@
 """The token-budget planner: parameters, tokens, steps, gradient accumulation, shards, memory, time.
 
     python -m pipeline.plan --configfile FILE [--counts R/counts/counts.parquet] [--json] [--no-check] [--data-cpus N]
-    python -m pipeline.plan --params JSON --counts R/counts/counts.parquet --out R/plan.json --out-md R/plan.md
+    python -m pipeline.plan --params JSON --counts R/counts/sample.parquet --out R/plan.json --out-md R/plan.md
 
-With --configfile and no --counts, the run's `R/counts/counts.parquet` is used when it exists, and the
+The plan rule reads the plan's sample (`R/counts/sample.parquet`: the exact counts of
+`count.sample_shards` tokenized shards per source, spread over each source's shards; see
+`pipeline.data.count`), so the budget is checked before every shard is tokenized. With --configfile
+and no --counts, the run's exact table `R/counts/counts.parquet` is used when it exists, else its
+sample (`run_counts`), and the
 plan is followed by the data stages' cost on a cluster: jobs, CPU-hours per stage (from the measured
 per-core throughputs in `pipeline.cluster.THROUGHPUT`) and the wall time on --data-cpus cores.
 
@@ -43,12 +47,14 @@ d_kv = n_kv_heads × d / n_heads):
   tokens / max_epochs (+ ``split.val_tokens`` held out for validation by the hash split), shards needed =
   ceil(tokens needed / tokens per shard) (+ the
   source's ``split.val_shards`` for the shards split). Tokens per shard come from the measured counts
-  (mean over the source's counted shards of tokens + delimiter_tokens − short_tokens −
-  short_documents × delimiters per document, the same for long_*, i.e. what the tokenize stage
-  keeps), else from
+  (the plan's sample of tokenized shards, or the exact table once it exists; the basis says "sampled
+  (k of n shards)" or "measured (all n shards)"): the mean over the source's counted shards of tokens
+  + delimiter_tokens − short_tokens − short_documents × delimiters per document, the same for long_*,
+  i.e. what the tokenize stage keeps; else from
   ``sources.<s>.tokens_per_shard_estimate``; without either (and no counts file) the shard check is
-  deferred until the count stage has run. Deduplication removes an unknown share later (the plan
-  runs before dedup); the mix stage fails loudly if the deduplicated train split falls short.
+  deferred until the plan's sample has been tokenized and counted (rule count_sample). Deduplication
+  removes an unknown share later (the plan runs before dedup); the mix stage fails loudly if the
+  deduplicated train split falls short.
 * **Memory per GPU and step time** are *predictions* of `pipeline.perf` (a model of the trainer
   fitted to the reference run's measured 1×H100 rows; its docstring has the terms, tests/test_perf.py
   the rows): per-component memory, the peak, reserved and total (reserved + CUDA context) in GB =
@@ -145,9 +151,19 @@ PLAN_KEYS = REQUIRED_KEYS + EXTRA_KEYS  # plan.json adds "meta"
 
 # ----------------------------------------------------------------------------- shards
 
+def run_counts(run: str | Path) -> Path | None:
+    """The run's measured counts, best first: the exact table over every shard (R/counts/counts.parquet,
+    joined from the tokenize jobs), else the plan's sample (R/counts/sample.parquet, `count.sample_shards`
+    tokenized shards per source), else None (the sources' estimates serve: nothing tokenized yet)."""
+    for name in ("counts.parquet", "sample.parquet"):
+        if (Path(run) / "counts" / name).exists():
+            return Path(run) / "counts" / name
+    return None
+
+
 def read_counts(path: str | Path, delimiters_per_doc: int) -> dict[str, tuple[int, int]]:
     """source -> (usable tokens summed over its counted shards, number of counted shards) from the
-    count stage's counts.parquet. Usable = tokens + delimiter_tokens − short_tokens −
+    count tables (R/counts/sample.parquet or counts.parquet). Usable = tokens + delimiter_tokens − short_tokens −
     short_documents × delimiters_per_doc − long_tokens − long_documents × delimiters_per_doc (what
     tokenize keeps), using whichever of the optional columns exist."""
     import pyarrow.parquet as pq
@@ -155,10 +171,10 @@ def read_counts(path: str | Path, delimiters_per_doc: int) -> dict[str, tuple[in
     try:
         table = pq.read_table(path)
     except (OSError, ValueError) as e:
-        raise PlanError(f"{path}: not a readable counts parquet ({e}); rerun the count stage") from None
+        raise PlanError(f"{path}: not a readable counts parquet ({e}); rerun the count_sample / count rule") from None
     missing = {"source", "tokens"} - set(table.column_names)
     if missing:
-        raise PlanError(f"{path}: missing column(s) {sorted(missing)}; it must be the count stage's counts.parquet")
+        raise PlanError(f"{path}: missing column(s) {sorted(missing)}; it must be a count table (R/counts/*.parquet)")
     cols = table.to_pydict()
     zeros = [0] * table.num_rows
     usable = [
@@ -175,27 +191,31 @@ def read_counts(path: str | Path, delimiters_per_doc: int) -> dict[str, tuple[in
 
 
 def _tokens_per_shard(cfg: dict, source: str, counted: dict | None, counts_path,
-                      strict: bool = True) -> tuple[float | None, str]:
+                      strict: bool = True, available: int | None = None) -> tuple[float | None, str]:
     """(mean usable tokens per shard of `source`, where that number comes from). A source missing
     from the counts file is an error when `strict` (the plan rule: the counts are this run's), else
     unknown (a counts file left by an earlier config, e.g. before a source was added or renamed)."""
     if counted and source in counted:
         total, n = counted[source]
         if total > 0:
-            return total / n, f"measured ({n} counted shard(s) in the counts file)"
+            where = Path(counts_path).name if counts_path else "the counts file"
+            if available is not None and n < available:
+                return total / n, f"sampled ({n} of {available} shards counted in {where})"
+            return total / n, f"measured ({n} counted shard(s) in {where})"
         if strict:  # this run's counts: every document of the source was filtered out
             raise PlanError(f"{counts_path}: source '{source}' has no usable tokens in its {n} counted shard(s): "
                             f"every document was filtered out; check sources.{source}.min_chars and its text column")
-        # else an earlier config's counts (Snakemake's parse, before the count stage reruns): not evidence
+        # else an earlier config's counts (Snakemake's parse, before the count rules rerun): not evidence
     estimate = cfg["sources"][source].get("tokens_per_shard_estimate")
     if estimate is not None:
         return float(estimate), f"estimate (sources.{source}.tokens_per_shard_estimate)"
     if counted is not None and strict:
         raise PlanError(
             f"{counts_path} has no rows for source '{source}' and sources.{source}.tokens_per_shard_estimate is not "
-            "set: rerun the count stage for it or set the estimate"
+            "set: rerun the count_sample rule for it or set the estimate"
         )
-    return None, f"unknown until the count stage has run (or set sources.{source}.tokens_per_shard_estimate)"
+    return None, (f"unknown until the plan's sample is tokenized and counted (count_sample; or set "
+                  f"sources.{source}.tokens_per_shard_estimate)")
 
 
 def _more_shards_fix(cfg: dict, source: str, needed: int) -> str:
@@ -217,8 +237,8 @@ def shard_budget(cfg: dict, scheduled_tokens: int, basis: str, counted: dict | N
     split = cfg["split"]
     out = {}
     for source, weight in mix["weights"].items():
-        tps, tps_basis = _tokens_per_shard(cfg, source, counted, counts_path, strict_counts)
         available = len(source_files(cfg, source))
+        tps, tps_basis = _tokens_per_shard(cfg, source, counted, counts_path, strict_counts, available)
         val_shards = len(split["val_shards"].get(source, [])) if split["method"] == "shards" else 0
         val_tokens = split["val_tokens"] if split["method"] == "hash" else 0
         train_tokens = math.ceil(weight / weight_sum * scheduled_tokens / mix["max_epochs"])
@@ -335,17 +355,17 @@ def parallel_options(cfg: dict, num_steps: int, logits: str = "ours", requested:
 def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = False,
               strict_counts: bool = True, logits: str = "ours", measured_step: dict | None = None,
               tokens_per_param_fit: dict | None = None, parallel_requested: str | None = None) -> dict:
-    """The plan of a resolved run config (or its plan-stage slice), with the measured token counts
-    when `counts` (the count stage's counts.parquet) is given. Raises PlanError when the batch does
-    not divide or the configured shards cannot supply the budget (the latter unless allow_short,
-    for display only). `strict_counts=False` treats a source the counts file lacks as not counted
-    yet (the Snakefile's parse-time plan, which may see counts from an earlier config). `logits` and
-    `measured_step` (`read_measured_step`): see `performance`. `tokens_per_param_fit`: what
-    `pipeline.scaling.resolve_tokens_per_param` says of a fitted ratio (shown as the target's basis).
-    A config with a `scaling` section (the whole config, not the plan rule's slice) adds the sweep's
-    price (`sweep_cost`). ``train.parallel: auto`` is resolved here (`pipeline.perf.choose_parallel`);
-    `parallel_requested` names what the config asked when the caller resolved it already (the
-    Snakefile). A parallelism that does not fit is reported here, refused by
+    """The plan of a resolved run config (or its plan-stage slice), with the measured token counts when
+    `counts` (a count table: the plan's sample.parquet or the exact counts.parquet) is given. Raises
+    PlanError when the batch does not divide or the configured shards cannot supply the budget (the
+    latter unless allow_short, for display only). `strict_counts=False` treats a source the counts file
+    lacks as not counted yet (the Snakefile's parse-time plan, which may see counts from an earlier
+    config). `logits` and `measured_step` (`read_measured_step`): see `performance`.
+    `tokens_per_param_fit`: what `pipeline.scaling.resolve_tokens_per_param` says of a fitted ratio
+    (shown as the target's basis). A config with a `scaling` section (the whole config, not the plan
+    rule's slice) adds the sweep's price (`sweep_cost`). ``train.parallel: auto`` is resolved here
+    (`pipeline.perf.choose_parallel`); `parallel_requested` names what the config asked when the caller
+    resolved it already (the Snakefile). A parallelism that does not fit is reported here, refused by
     `pipeline.perf.resolve_parallel` (the Snakefile's parse and this module's CLI). Keys: `PLAN_KEYS`."""
     model, train, hw = cfg["model"], cfg["train"], cfg["hardware"]
     parts = param_parts(model)
@@ -602,7 +622,8 @@ def format_plan_md(plan: dict) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m pipeline.plan", description=__doc__.split("\n\n")[0])
     add_config_args(ap)
-    ap.add_argument("--counts", help="the count stage's counts.parquet (measured tokens per shard)")
+    ap.add_argument("--counts", help="a count table (R/counts/sample.parquet or counts.parquet): measured tokens per "
+                                     "shard")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON only")
     ap.add_argument("--no-check", action="store_true",
                     help="show the plan even when the shards fall short (display only)")
@@ -622,8 +643,8 @@ def main(argv=None) -> None:
     counts, strict = args.counts, True
     if args.configfile:  # by hand: the whole config (estimates included) and the run's counts, once measured
         params = load_config(args.configfile, parse_overrides(args.set))
-        found = run_dir(params) / "counts" / "counts.parquet"
-        if counts is None and found.exists():
+        found = run_counts(run_dir(params))  # the exact table, else the plan's sample, else None
+        if counts is None and found is not None:
             counts, strict = found, False
             log.info("tokens per shard from the measured counts in %s", found)
     else:

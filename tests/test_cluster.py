@@ -59,9 +59,9 @@ def test_dedup_candidate_jobs_stay_under_1gb_on_the_preset_and_grow_with_fewer_p
 
 def test_every_rule_has_resources():
     cfg = resolve_config({})
-    for rule in ("download", "count", "tokenize", "dedup_signatures", "dedup_candidates", "dedup", "tokenizer",
-                 "plan", "accounting", "split", "mix", "pack", "train", "evaluate", "export", "decontaminate",
-                 "eval_data"):
+    for rule in ("download", "tokenize", "dedup_signatures", "dedup_candidates", "dedup", "tokenizer",
+                 "plan", "accounting", "split", "mix", "pack", "train", "evaluate", "export", "decontaminate_grams",
+                 "decontaminate_flags", "eval_data"):
         r = cluster.job_resources(cfg, rule, 1000, 10**6)
         assert r["threads"] >= 1 and r["resources"]["mem_mb"] > 0 and r["resources"]["runtime"] >= 10, rule
 
@@ -71,6 +71,8 @@ def test_data_costs_scale_with_cores_and_partitions():
     small, big = cluster.data_costs(cfg, data_cpus=64), cluster.data_costs(cfg, data_cpus=1024)
     assert small["cpu_hours"] == pytest.approx(big["cpu_hours"]) and big["wall_hours"] < small["wall_hours"]
     assert small["stages"]["dedup_candidates"]["jobs"] == 200 and small["stages"]["tokenize"]["jobs"] == 114
+    # one tokenization pass: no count stage of its own; decontamination flags one job per shard group
+    assert "count" not in small["stages"] and small["jobs"]["decontaminate (flags)"] == 114
     # tokenize: 100B tokens / 5.35M tokens per CPU-second
     assert small["stages"]["tokenize"]["cpu_hours"] == pytest.approx(1823 * 54854635 / 5.35e6 / 3600)
     # each candidate job reads its 1/P of the band keys: twice the jobs cost only their start-up again

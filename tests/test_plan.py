@@ -18,7 +18,7 @@ from pipeline.config import load_config, resolve_config
 from pipeline.errors import ConfigError, PlanError
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.perf import DDP_EFFICIENCY, StepSetup, memory, step_time
-from pipeline.plan import PLAN_KEYS, REQUIRED_KEYS, format_plan, main, make_plan, read_measured_step
+from pipeline.plan import PLAN_KEYS, REQUIRED_KEYS, format_plan, main, make_plan, read_measured_step, run_counts
 
 LLAMA_1B = ROOT / "configs/llama3-1b-fineweb.yaml"
 LLAMA_8B = ROOT / "configs/llama3-8b-fineweb.yaml"
@@ -157,7 +157,9 @@ def test_counts_file_overrides_the_estimate(tmp_path):
     plan = make_plan(cfg, counts=counts)
     assert plan["tokens_per_shard"] == 120_000_000
     assert plan["shards_needed"] == math.ceil((plan["data_tokens_needed"] + 1) / 120_000_000) == 83
-    assert "measured" in plan["shards_per_source"]["fineweb"]["tokens_per_shard_basis"]
+    # two counted shards of the source's 100: a sample (the plan rule's R/counts/sample.parquet)
+    assert plan["shards_per_source"]["fineweb"]["tokens_per_shard_basis"] == (
+        "sampled (2 of 100 shards counted in counts.parquet)")
 
 
 def test_usable_tokens_leave_out_what_tokenize_drops_as_long(tmp_path):
@@ -194,7 +196,7 @@ def test_counts_without_a_source_are_not_yet_known_when_lenient(tmp_path):
     stale = write_counts(tmp_path / "counts.parquet", [("web", "s0", 10, 1, 0, 0)])
     plan = make_plan(cfg, counts=stale, strict_counts=False)
     assert plan["shards_needed"] is None and plan["shards_available"] == 100
-    assert any("count stage" in n for n in plan["notes"])
+    assert any("count_sample" in n for n in plan["notes"])
 
 
 def test_a_source_counted_at_zero_usable_tokens(tmp_path):
@@ -225,6 +227,33 @@ def test_cli_uses_the_runs_measured_counts(tmp_path, monkeypatch, capsys):
     plan = json.loads(capsys.readouterr().out)
     # 65,792 scheduled tokens (whole steps and rows) + the default 50,000-token val reserve, at 50,000 per shard
     assert plan["tokens_per_shard"] == 50_000 and plan["shards_needed"] == 3
+    basis = plan["shards_per_source"]["web"]["tokens_per_shard_basis"]
+    assert basis == "measured (4 counted shard(s) in counts.parquet)"
+
+
+def test_the_plans_sample_serves_until_the_exact_table_exists(tmp_path, capsys):
+    """Before every shard is tokenized the plan reads the sample (R/counts/sample.parquet); the exact table
+    (R/counts/counts.parquet, joined from every tokenize job) wins once it exists."""
+    for i in range(4):
+        write_text_shard(tmp_path / f"web/shard_{i:05d}.parquet", ["some text"])
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(json.dumps({"run_name": "r", "results_dir": str(tmp_path / "results"),
+                                    "sources": {"web": {"type": "local", "glob": str(tmp_path / "web/*.parquet")}},
+                                    "train": {"target_tokens": 60_000}}))
+    run = tmp_path / "results/r"
+    assert run_counts(run) is None
+    write_counts(run / "counts/sample.parquet", [("web", "shard_00000", 39_999, 1, 0, 0),
+                                                  ("web", "shard_00003", 59_999, 1, 0, 0)])
+    assert run_counts(run) == run / "counts/sample.parquet"
+    main(["--configfile", str(cfg_file), "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["tokens_per_shard"] == 50_000
+    assert plan["shards_per_source"]["web"]["tokens_per_shard_basis"] == (
+        "sampled (2 of 4 shards counted in sample.parquet)")
+    write_counts(run / "counts/counts.parquet", [("web", f"shard_{i:05d}", 29_999, 1, 0, 0) for i in range(4)])
+    assert run_counts(run) == run / "counts/counts.parquet"
+    main(["--configfile", str(cfg_file), "--json"])
+    assert json.loads(capsys.readouterr().out)["tokens_per_shard"] == 30_000
 
 
 def test_shard_check_is_deferred_without_counts_or_estimate(tmp_path):
@@ -233,7 +262,7 @@ def test_shard_check_is_deferred_without_counts_or_estimate(tmp_path):
     cfg = resolve_config({"sources": {"web": {"type": "local", "glob": str(tmp_path / "web/*.parquet")}}})
     plan = make_plan(cfg)
     assert plan["shards_available"] == 3 and plan["shards_needed"] is None and plan["tokens_per_shard"] is None
-    assert any("count stage" in n for n in plan["notes"])
+    assert any("count_sample" in n for n in plan["notes"])
     assert "?" in format_plan(plan)
 
 

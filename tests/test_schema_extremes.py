@@ -152,8 +152,8 @@ def test_refusals_are_real(outcomes):
 
 # ----------------------------------------------------------------------------- the data stages, run
 
-DATA_RULES = ("download", "tokenizer", "count", "tokenize", "dedup_signatures", "dedup", "split", "eval_data",
-              "decontaminate", "mix", "pack")
+DATA_RULES = ("download", "tokenizer", "tokenize", "dedup_signatures", "dedup", "split", "eval_data",
+              "decontaminate_grams", "decontaminate", "mix", "pack")
 DATA_SECTIONS = {"sources", "tokenizer", "count", "download", "dedup", "decontaminate", "split", "mixes",
                  "shards_per_job", "seed"}
 # Values no parse can refuse: they are refused by the rule that first knows the data's size (the token counts a

@@ -31,6 +31,7 @@ from builders import (
 )
 
 from pipeline.codehash import import_closure, package_modules
+from pipeline.io import read_parquet_meta
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,8 @@ def project(tmp_path_factory):
 
 def test_end_to_end(project):
     R = project / "results/t"
-    for rel in ["tokenizer/encoding.json", "counts/counts.parquet", "plan.json", "accounting.json",
+    for rel in ["tokenizer/encoding.json", "counts/counts.parquet", "counts/sample.parquet", "plan.json",
+                "accounting.json",
                 "pack/pretrain/train.json", "pack/midtrain/train.json", "pack/sft/train.json",
                 *[f"train/{s}/final.pt" for s in ("pretrain", "midtrain", "sft")],
                 *[f"eval/{s}/{f}" for s in ("pretrain", "midtrain", "sft") for f in ("report.json", "loss.png")],
@@ -79,13 +81,24 @@ def test_end_to_end(project):
     assert (project / "logs/t/train/sft.log").exists()
     assert (project / "data/raw/web/shard_00000.parquet").exists()
     # Every stage output carries metadata saying what made it.
-    assert json.loads((R / "counts/web/shard_00000.json").read_text())["meta"]["stage"] == "count"
+    assert read_parquet_meta(R / "counts/counts.parquet")["stage"] == "count"
+    # One tokenization pass: the count tables are the tokenize jobs' counts, joined; the plan reads the sample
+    tokens = {(s, p.stem): json.loads(p.read_text()) for s in ("web", "chat")
+              for p in (R / "tokens" / s).glob("*.json")}
+    table = pq.read_table(R / "counts/counts.parquet").to_pylist()
+    assert {(r["source"], r["shard"]): r["tokens"] for r in table} == {k: t["counts"]["tokens"]
+                                                                       for k, t in tokens.items()}
+    sample = pq.read_table(R / "counts/sample.parquet").to_pylist()
+    assert [(r["source"], r["shard"]) for r in sample] == [("chat", "shard_00000"), ("web", "shard_00000"),
+                                                           ("web", "shard_00002")]  # 2 of web's 3, chat's 1
+    assert "sampled (2 of 3 shards" in plan["shards_per_source"]["web"]["tokens_per_shard_basis"]
     # The candidate pairs are temp(): gone once the merge job read them; its keep lists stay.
     assert not list((R / "dedup/pairs").glob("*.parquet")) and (R / "dedup/keep/web/shard_00000.parquet").exists()
 
 
-DATA_RULES = ("download", "tokenizer", "count_shards", "count", "tokenize", "dedup_signatures", "dedup_index",
-              "dedup_candidates", "dedup", "eval_data", "decontaminate", "split", "mix", "pack", "accounting", "plan")
+DATA_RULES = ("download", "tokenizer", "tokenize", "count", "count_sample", "dedup_signatures", "dedup_index",
+              "dedup_candidates", "dedup", "eval_data", "decontaminate_grams", "decontaminate_flags", "decontaminate",
+              "split", "mix", "pack", "accounting", "plan")
 
 
 def test_every_data_job_leaves_its_benchmark(project):
@@ -93,6 +106,7 @@ def test_every_data_job_leaves_its_benchmark(project):
     bench = project / "results/t/benchmarks"
     assert {p.stem if p.suffix else p.name for p in bench.iterdir()} == set(DATA_RULES)
     assert len(list((bench / "tokenize").rglob("*.tsv"))) == 4 and len(list((bench / "pack").rglob("*.tsv"))) == 6
+    assert len(list((bench / "decontaminate_flags").rglob("*.tsv"))) == 4  # one flags job per shard group
     for tsv in bench.rglob("*.tsv"):
         header, row = tsv.read_text().splitlines()[:2]
         cols = dict(zip(header.split("\t"), row.split("\t")))
@@ -339,7 +353,8 @@ def test_tokenizer_edit_reruns_tokenizer_and_downstream_not_download(project):
         cfg["model"]["vocab_size"] = 640
     jobs = planned_after_edit(project, vocab)
     assert "download" not in jobs
-    assert jobs["tokenizer"] == 1 and jobs["count_shards"] == 4 and jobs["tokenize"] == 4
+    assert jobs["tokenizer"] == 1 and jobs["tokenize"] == 4 and jobs["decontaminate_flags"] == 4
+    assert jobs["count"] == 1 and jobs["count_sample"] == 1  # joined again from the new tokenize metadata
 
 
 def test_dedup_edit_reruns_dedup_and_after_not_tokenize(project):
@@ -347,21 +362,23 @@ def test_dedup_edit_reruns_dedup_and_after_not_tokenize(project):
         cfg["dedup"] = {"threshold": 0.8}
     jobs = planned_after_edit(project, threshold)
     assert {"dedup", "split", "mix", "pack", "accounting", "train", "evaluate"} <= set(jobs)
-    assert not {"download", "tokenizer", "count_shards", "tokenize", "dedup_signatures"} & set(jobs)
+    assert not {"download", "tokenizer", "tokenize", "count", "dedup_signatures", "decontaminate_flags"} & set(jobs)
 
     def partitions(cfg):  # the signatures write their band keys partitioned for the candidate jobs
         cfg["dedup"] = {"partitions": 3}
     jobs = planned_after_edit(project, partitions)
     assert jobs["dedup_signatures"] >= 1 and jobs["dedup_candidates"] == 3 and "dedup" in jobs
-    assert not {"download", "tokenizer", "count_shards", "tokenize"} & set(jobs)
+    assert not {"download", "tokenizer", "tokenize", "count"} & set(jobs)
 
 
 def test_task_list_edit_reruns_decontamination_and_after_not_tokenize(project):
     def tasks(cfg):
         cfg["eval"]["tasks"] = ["copa", "lambada"]
     jobs = planned_after_edit(project, tasks)
-    assert {"eval_data", "decontaminate", "split", "mix", "pack", "accounting", "train", "evaluate"} <= set(jobs)
-    assert not {"download", "tokenizer", "count_shards", "tokenize", "dedup_signatures", "dedup"} & set(jobs)
+    assert {"eval_data", "decontaminate_grams", "decontaminate", "split", "mix", "pack", "accounting", "train",
+            "evaluate"} <= set(jobs)
+    assert jobs["decontaminate_flags"] == 4  # every shard group, against the new eval table
+    assert not {"download", "tokenizer", "tokenize", "count", "count_sample", "dedup_signatures", "dedup"} & set(jobs)
 
     def cap(cfg):
         cfg["eval"]["core_max_items"] = 6  # the final evaluation's item cap: evaluate only
@@ -373,8 +390,12 @@ def test_source_edit_reruns_only_that_sources_jobs(project):
     def min_chars(cfg):
         cfg["sources"]["chat"]["min_chars"] = 50  # a tokenize-time filter of one source
     jobs = planned_after_edit(project, min_chars)
-    assert jobs["count_shards"] == 1 and jobs["tokenize"] == 1 and jobs["dedup_signatures"] == 1  # chat's one shard
+    assert jobs["tokenize"] == 1 and jobs["dedup_signatures"] == 1 and jobs["decontaminate_flags"] == 1  # chat's one
     assert not {"download", "tokenizer"} & set(jobs)
+
+    def sample(cfg):  # which tokenized shards the plan reads: the sample table and the plan, no data job
+        cfg["count"] = {"sample_shards": 3}
+    assert planned_after_edit(project, sample) == {"count_sample": 1, "plan": 1, "all": 1}
 
     def estimate(cfg):
         cfg["sources"]["web"]["tokens_per_shard_estimate"] = 123_456  # the planner's, overridden by counts

@@ -37,6 +37,7 @@ from pipeline.config.sources import (
     SOURCE_HASH_CACHE,
     hf_filenames,
     local_shard_hashes,
+    sample_shards,
     shard_groups,
     source_files,
     source_shards,
@@ -46,5 +47,6 @@ __all__ = [
     "NOT_DOWNLOAD_KEYS", "PLAN_TRAIN_KEYS", "RESOURCE_KEYS", "ROOT", "RULE_PARAMS", "SCHEMA_PATH", "SOURCE_HASH_CACHE",
     "STOCK_VOCAB", "add_config_args", "check_consistency", "deep_merge", "hf_filenames", "load_config",
     "load_schema", "local_shard_hashes", "n_special_tokens", "params_from_args", "params_json", "parse_overrides",
-    "resolve_config", "rule_params", "run_dir", "shard_groups", "source_files", "source_shards", "typed_overrides",
+    "resolve_config", "rule_params", "run_dir", "sample_shards", "shard_groups", "source_files", "source_shards",
+    "typed_overrides",
 ]

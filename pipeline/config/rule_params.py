@@ -7,7 +7,7 @@ half of its identity) is its `code=code_version("pipeline.…")` param (pipeline
 import closure of the module it runs, which holds this module and the rest of `pipeline.config`,
 since every module's CLI reads its params through `params_from_args`.
 
-For the per-shard rules (download, count, tokenize, dedup_signatures) `source` narrows the slice to the
+For the per-shard rules (download, tokenize, dedup_signatures, decontaminate_flags) `source` narrows the slice to the
 job's own source, so editing one source reruns no job of another; for mix and pack `mix` narrows it
 to the job's own mix, so editing one mix (or a training stage on another mix) reruns no job of
 another.
@@ -56,9 +56,11 @@ def _run_description(cfg: dict) -> dict:
     """The config as the rules downstream of the measured counts see it: without the planner's per-shard
     estimate (the plan rule reads the measured counts of every source, so editing the estimate reruns
     nothing: it serves dry runs and `python -m pipeline.plan`) and without the hardware keys that size
-    jobs rather than compute anything (they reach rules as threads)."""
+    jobs rather than compute anything (they reach rules as threads), nor `count.sample_shards` (which
+    tokenized shards the plan's sample reads: the plan rule sees the edit through its input)."""
     return {**cfg, "sources": _sources_without(cfg, cfg["sources"], ("tokens_per_shard_estimate",)),
-            "hardware": {k: v for k, v in cfg["hardware"].items() if k not in RESOURCE_KEYS}}
+            "hardware": {k: v for k, v in cfg["hardware"].items() if k not in RESOURCE_KEYS},
+            "count": {k: v for k, v in cfg["count"].items() if k != "sample_shards"}}
 
 
 # ----------------------------------------------------------------------------- one slice per rule
@@ -75,7 +77,8 @@ def _tokenizer(cfg: dict, names: list[str], mix: str | None) -> dict:
 
 
 def _per_shard(cfg: dict, names: list[str], mix: str | None) -> dict:
-    return {"sources": _source_slice(cfg, names), "count": cfg["count"]}
+    # count.sample_shards picks the plan's sample (which tokenized shards it reads), never an output of these
+    return {"sources": _source_slice(cfg, names), "count": {"batch_size": cfg["count"]["batch_size"]}}
 
 
 def _dedup_signatures(cfg: dict, names: list[str], mix: str | None) -> dict:
@@ -97,9 +100,13 @@ def _eval_data(cfg: dict, names: list[str], mix: str | None) -> dict:
             "chat_tasks": evaluation["chat_tasks"]}
 
 
+def _decontaminate_grams(cfg: dict, names: list[str], mix: str | None) -> dict:
+    # the eval n-gram table and the report: no source's key (a source edit reruns that source's flags only)
+    return {"decontaminate": cfg["decontaminate"], "eval_tasks": cfg["eval"]["tasks"]}
+
+
 def _decontaminate(cfg: dict, names: list[str], mix: str | None) -> dict:
-    return {"decontaminate": cfg["decontaminate"], "eval_tasks": cfg["eval"]["tasks"],
-            "sources": _source_slice(cfg, names, TEXT_KEYS)}
+    return {**_decontaminate_grams(cfg, names, mix), "sources": _source_slice(cfg, names, TEXT_KEYS)}
 
 
 def _pack(cfg: dict, names: list[str], mix: str | None) -> dict:
@@ -150,12 +157,12 @@ def _accounting(cfg: dict, names: list[str], mix: str | None) -> dict:
 RULE_PARAMS: dict[str, Callable[[dict, list[str], str | None], dict]] = {
     "download": _download,
     "tokenizer": _tokenizer,
-    "count": _per_shard,
     "tokenize": _per_shard,
     "dedup_signatures": _dedup_signatures,
     "dedup": _dedup,
     "eval_data": _eval_data,
     "decontaminate": _decontaminate,
+    "decontaminate_grams": _decontaminate_grams,
     "split": _split,
     "mix": _mix,
     "pack": _pack,

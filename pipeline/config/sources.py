@@ -44,6 +44,17 @@ def shard_groups(cfg: dict, name: str) -> dict[str, list[str]]:
     return {shards[i]: shards[i:i + per_job] for i in range(0, len(shards), per_job)}
 
 
+def sample_shards(cfg: dict, name: str) -> list[str]:
+    """The plan's sample of a source: `count.sample_shards` of its shards (all when it has no more),
+    spread evenly over its shard list, first and last included (shard lists are often ordered by
+    crawl or topic, so the first few alone can be unrepresentative). pipeline.data.count's docstring."""
+    shards = source_shards(cfg, name)
+    k = min(cfg["count"]["sample_shards"], len(shards))
+    if k <= 1:
+        return shards[:k]
+    return [shards[round(i * (len(shards) - 1) / (k - 1))] for i in range(k)]
+
+
 # ----------------------------------------------------------------------------- local source contents
 
 SOURCE_HASH_CACHE = ".source-sha256.json"  # under data_dir

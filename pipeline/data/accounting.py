@@ -1,8 +1,9 @@
-"""Accounting stage: reconcile every token from the count stage to the packed rows, exactly.
+"""Accounting stage: reconcile every token from the counts to the packed rows, exactly.
 
 The flow, per shard, summed per source and over the run:
 
-    counted (R/counts/counts.parquet)
+    counted (R/counts/counts.parquet: each tokenize job's tally of its raw shard as read and encoded,
+             before any drop; joined by the count rule)
       → tokenized (R/tokens/*/*.json + .idx.npy): document tokens + delimiters; empty / invalid-UTF-8 /
         short documents, and conversations with a null content, no assistant turn or over
         max_conversation_tokens, dropped and counted
@@ -354,11 +355,11 @@ def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
     run = Path(run_dir)
     columns = ["source", "shard", "documents", "empty_documents", "invalid_utf8_documents", "short_documents",
                "null_content_documents", "no_assistant_documents", "long_documents", "tokens"]
-    counts = _read_table(run / "counts" / "counts.parquet", columns, "run the count stage").to_pylist()
+    counts = _read_table(run / "counts" / "counts.parquet", columns, "run the count rule").to_pylist()
     missing = sorted(set(params["sources"]) - {c["source"] for c in counts})
     if missing:
         raise PipelineError(f"{run}/counts/counts.parquet has no shards of source(s) {', '.join(missing)}; rerun the "
-                            "count stage")
+                            "count rule")
     ledger = Ledger()
     by_source: dict[str, dict] = defaultdict(lambda: defaultdict(int))
     shards: dict[str, ShardData] = {}

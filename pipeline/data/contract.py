@@ -7,7 +7,9 @@ format has exactly one reader and one writer here (the formats themselves: docs/
   training, count and tokenize), `token_cap` (the longest kept document), `raw_label` (a shard as
   errors name it: the user's file), `open_parquet`, `doc_text`, `iter_document_texts` /
   `document_texts` (the text of each tokenized document: dedup and decontaminate);
-* tokenized shards: `DROP_REASONS`, `token_dtype`, `token_paths`, `load_shard_meta`, `open_tokens`, `load_doc_tokens`;
+* tokenized shards: `DROP_REASONS`, `COUNT_FIELDS` / `NOT_DOCUMENTS` (the exact per-shard counts a
+  tokenized shard's metadata carries, read by the count table), `token_dtype`, `token_paths`,
+  `load_shard_meta`, `open_tokens`, `load_doc_tokens`;
 * group manifests, the declared output of a per-shard job: `write_manifest`, `run_group`;
 * ranking: `salt`, `rank_by_hash` (split and mix order documents by the same seeded hash);
 * schedules and packed rows: `SCHEDULE_COLUMNS`, `read_schedule`, `shard_keys`,
@@ -204,6 +206,25 @@ def doc_text(doc: str | list[dict]) -> str:
 
 # Why a raw row is not in a tokenized shard (its `dropped` counts, by reason; docs/data-contract.md).
 DROP_REASONS = ("empty", "invalid_utf8", "short", "null_content", "no_assistant", "long")
+# The exact counts of a raw shard, tallied by the tokenize job as it reads the shard (its metadata's
+# `counts`) and joined into the run's count table (pipeline.data.count; docs/data-contract.md, "Counts").
+COUNT_FIELDS = (
+    "documents",
+    "empty_documents",
+    "invalid_utf8_documents",
+    "tokens",
+    "delimiter_tokens",
+    "bytes",
+    "chars",
+    "short_documents",
+    "short_tokens",
+    "null_content_documents",
+    "no_assistant_documents",
+    "long_documents",
+    "long_tokens",
+)
+# Rows the reader does not pass on as documents (`DocBatch`): they have no tokens and no delimiters.
+NOT_DOCUMENTS = ("empty_documents", "invalid_utf8_documents", "null_content_documents", "no_assistant_documents")
 
 
 def token_dtype(n_vocab: int) -> np.dtype:

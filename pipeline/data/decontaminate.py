@@ -1,8 +1,17 @@
 """Decontaminate stage: flag every document that shares a word n-gram with a configured benchmark item.
 
-    python -m pipeline.data.decontaminate --params JSON --eval-data R/eval_data \\
-        --raw D/{source}/{shard}.parquet ... --tokens R/tokens/{source}/{shard}.json ... \\
-        --outdir R/decontam --report R/decontam/report.json
+    python -m pipeline.data.decontaminate grams --params JSON --eval-data R/eval_data --out R/decontam/grams.parquet
+    python -m pipeline.data.decontaminate flags --params JSON --grams R/decontam/grams.parquet --source S \
+        --inputs D/S/{shard}.parquet ... --tokens R/tokens/S/{shard}.json ... \
+        --outputs R/decontam/S/{shard}.parquet ... [--manifest M]
+    python -m pipeline.data.decontaminate report --params JSON --grams R/decontam/grams.parquet \
+        --parts R/decontam/{source}/{shard}.json ... --report R/decontam/report.json
+
+Three jobs, as the dedup signatures: `grams` builds the eval n-gram table once (a small job over the
+task files); `flags` runs one job per shard group (one process), writing each shard's flag file and
+its part of the report (`{shard}.json` beside it), then the group manifest; `report` joins the parts.
+`run_decontaminate` is the same stage in one process, the reference the per-group jobs are tested
+against (same flag files, same report).
 
 Runs after tokenize and before split, so a changed task list reruns this stage and what follows, never
 tokenize. The split stage takes every flagged document out of train and val (split `contam`).
@@ -26,8 +35,10 @@ are hashed in batches with the same kernels: every window of `ngram` words, and 
 each short-text length L, inside a document; a document is contaminated when any window's hash is
 in the eval set of its length (a 2^-64 false-positive rate per window).
 
-Outputs. `outdir/{source}/{shard}.parquet`, one row per tokenized document in order: `doc` (int64),
-`contaminated` (bool), `tasks` (string: the matching tasks, comma-separated, "" when none); and the
+Outputs. `R/decontam/grams.parquet`: one row per distinct eval gram (`length`, `hash` uint64,
+`task` index; task names and per-task counts in its metadata). `R/decontam/{source}/{shard}.parquet`,
+one row per tokenized document in order: `doc` (int64), `contaminated` (bool), `tasks` (string: the
+matching tasks, comma-separated, "" when none), and beside it the shard's report part; and the
 report: per source and per task documents and tokens flagged (tokens = the document's span in the
 token file, delimiters included, as dedup and split count them), the eval-side counts, a few examples
 (source, shard, doc, task, the matching words) and the throughput. With `enabled: false` no document
@@ -46,11 +57,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import add_config_args, params_from_args
-from pipeline.data.contract import document_texts, load_doc_tokens
+from pipeline.data.contract import add_group_args, document_texts, load_doc_tokens, write_manifest
 from pipeline.data.minhash import SHINGLE_MULT, SHINGLE_SEED, doc_word_hashes, normalize_text, word_hash
 from pipeline.data.tasks import load_tasks
 from pipeline.errors import PipelineError
-from pipeline.io import get_logger, provenance, run_cli, write_json, write_parquet
+from pipeline.io import get_logger, provenance, read_json, read_parquet_meta, run_cli, write_json, write_parquet
 
 log = get_logger(__name__)
 
@@ -246,70 +257,194 @@ def decontaminate_shard(raw: Path, tokens_json: Path, source: dict, grams: EvalG
     return texts, tokens, flags, which, examples
 
 
-def run_decontaminate(params: dict, eval_dir, raw_paths: list, token_paths: list, outdir, report_path) -> dict:
-    """The stage (module docstring); returns the report."""
+# ----------------------------------------------------------------------------- the eval n-gram table (one job)
+
+def write_grams(grams: EvalGrams, out, meta: dict) -> None:
+    """The eval side as one parquet file (`grams` job): a row per (gram length, hash, task index), the
+    task names and per-task counts in its metadata (with the provenance)."""
+    lengths = sorted(grams.hashes)
+    table = pa.table({
+        "length": pa.array(np.concatenate([np.full(len(grams.hashes[L]), L, np.int32) for L in lengths])
+                           if lengths else np.zeros(0, np.int32)),
+        "hash": pa.array(np.concatenate([grams.hashes[L] for L in lengths]) if lengths else np.zeros(0, U64)),
+        "task": pa.array(np.concatenate([grams.task_of[L] for L in lengths]) if lengths else np.zeros(0, np.int32)),
+    })
+    write_parquet(out, table, {**meta, "tasks": grams.tasks, "eval": grams.counts, "lengths": lengths})
+
+
+def read_grams(path) -> EvalGrams:
+    """`write_grams`' file back as the EvalGrams it was written from (hashes sorted per length)."""
+    import pyarrow.parquet as pq
+
+    try:
+        info = read_parquet_meta(path)
+        table = pq.ParquetFile(path).read()  # (pq.read_table would import pyarrow.dataset: ~0.8 s a job)
+        lengths, tasks, counts = info["lengths"], info["tasks"], info["eval"]
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
+        raise PipelineError(f"{path}: not an eval n-gram table ({e!r}); rerun the decontaminate_grams rule") from None
+    length = table["length"].to_numpy()
+    h, t = table["hash"].to_numpy(), table["task"].to_numpy()
+    hashes = {int(L): h[length == L] for L in lengths}
+    return EvalGrams(tasks, hashes, {int(L): t[length == L] for L in lengths}, counts)
+
+
+# ----------------------------------------------------------------------------- flags per shard group
+
+def stats_path(flag_file) -> Path:
+    """The per-shard report part beside a flag file: R/decontam/{source}/{shard}.json."""
+    return Path(flag_file).with_suffix(".json")
+
+
+def flag_one(params: dict, grams: EvalGrams, source: str, raw, tokens_json, out) -> dict:
+    """Flag one shard: its flag file `out`, then its part of the report (`stats_path(out)`), which it returns."""
+    if source not in params["sources"]:
+        raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(params['sources'])})")
+    shard = Path(tokens_json).name.removesuffix(".json")
+    meta = provenance("decontaminate", params, [raw, tokens_json], source=source, shard=shard)
+    t0 = time.perf_counter()
+    texts, tokens, flags, which, ex = decontaminate_shard(Path(raw), Path(tokens_json), params["sources"][source],
+                                                          grams, params["decontaminate"]["enabled"], Path(out), meta)
+    by_task: dict = {}
+    for d in np.flatnonzero(flags):
+        for t in which[d]:
+            bt = by_task.setdefault(grams.tasks[t], {"documents": 0, "tokens": 0})
+            bt["documents"] += 1
+            bt["tokens"] += int(tokens[d])
+    examples = []
+    for d, t, s, L in ex[:N_EXAMPLES]:
+        words = normalize_text(texts[d].as_py()).split()
+        examples.append({"source": source, "shard": shard, "doc": d, "task": grams.tasks[t],
+                         "words": " ".join(words[s:s + L])})
+    part = {"source": source, "shard": shard, "documents": len(texts), "tokens": int(tokens.sum()),
+            "flagged": {"documents": int(flags.sum()), "tokens": int(tokens[flags].sum())}, "by_task": by_task,
+            "examples": examples, "seconds": time.perf_counter() - t0, "meta": meta}
+    write_json(stats_path(out), part)
+    return part
+
+
+def flag_group(params: dict, grams: EvalGrams, source: str, raws: list, tokens: list, outputs: list,
+               manifest=None) -> list[dict]:
+    """The `flags` job: every shard of a group (raws[i], tokens[i] -> outputs[i]), then the group manifest
+    (flag files and report parts). Returns the report parts."""
+    names = [(Path(r).parent.name, Path(r).name.removesuffix(".parquet")) for r in raws]
+    tnames = [(Path(t).parent.name, Path(t).name.removesuffix(".json")) for t in tokens]
+    if names != tnames or len(outputs) != len(raws):
+        differ = ", ".join(map("/".join, sorted(set(names) ^ set(tnames)))) or "their order or number"
+        raise PipelineError("raw shards and tokenized shards must name the same shards in the same order, with one "
+                            f"flag file each (--inputs, --tokens, --outputs); differ for: {differ}")
+    parts = [flag_one(params, grams, source, r, t, o) for r, t, o in zip(raws, tokens, outputs)]
+    if manifest is not None:
+        write_manifest("decontaminate", manifest, [f for o in outputs for f in (str(o), str(stats_path(o)))])
+    return parts
+
+
+# ----------------------------------------------------------------------------- the report (one small job)
+
+def merge_report(params: dict, grams: EvalGrams, parts: list[dict], inputs: list) -> dict:
+    """The report from the shards' parts, in (source, shard) order: per source and per task documents and
+    tokens flagged, the eval-side counts, the first examples, the throughput (module docstring)."""
     dc = params["decontaminate"]
+    seen = set()
+    per_source: dict = {}
+    examples = []
+    for part in sorted(parts, key=lambda p: (p["source"], p["shard"])):
+        key = (part["source"], part["shard"])
+        if key in seen:
+            raise PipelineError(f"shard {'/'.join(key)} is given twice")
+        seen.add(key)
+        src = per_source.setdefault(part["source"], {"documents": 0, "tokens": 0,
+                                                     "flagged": {"documents": 0, "tokens": 0}, "by_task": {}})
+        src["documents"] += part["documents"]
+        src["tokens"] += part["tokens"]
+        for k in ("documents", "tokens"):
+            src["flagged"][k] += part["flagged"][k]
+        for task, v in part["by_task"].items():
+            bt = src["by_task"].setdefault(task, {"documents": 0, "tokens": 0})
+            bt["documents"] += v["documents"]
+            bt["tokens"] += v["tokens"]
+        examples += part["examples"][:max(0, N_EXAMPLES - len(examples))]
+    seconds = sum(p["seconds"] for p in parts)
+    n_docs = sum(p["documents"] for p in parts)
+    return {
+        "enabled": dc["enabled"], "ngram": dc["ngram"], "min_words": dc["min_words"], "tasks": grams.tasks,
+        "eval": grams.counts, "per_source": per_source,
+        "total": {k: sum(s["flagged"][k] for s in per_source.values()) for k in ("documents", "tokens")},
+        "examples": examples, "documents": n_docs, "seconds": seconds,
+        "docs_per_s": n_docs / seconds if seconds > 0 else None,
+        "meta": provenance("decontaminate", params, inputs),
+    }
+
+
+def write_report(params: dict, grams: EvalGrams, parts: list[dict], inputs: list, report_path) -> dict:
+    report = merge_report(params, grams, parts, inputs)
+    write_json(report_path, report)
+    log.info("%d of %d documents share a %d-gram with %s (%.0f docs/s)", report["total"]["documents"],
+             report["documents"], params["decontaminate"]["ngram"], ", ".join(grams.tasks), report["docs_per_s"] or 0)
+    return report
+
+
+def read_parts(paths: list) -> list[dict]:
+    out = []
+    for p in paths:
+        try:
+            out.append(read_json(p))
+        except (OSError, ValueError) as e:
+            raise PipelineError(f"{p}: not a decontamination report part ({e!r}); rerun its decontaminate_flags "
+                                "job") from None
+    return out
+
+
+def build_grams(params: dict, eval_dir) -> EvalGrams:
+    dc = params["decontaminate"]
+    return eval_grams(load_tasks(eval_dir, params["eval_tasks"]), dc["ngram"], dc["min_words"])
+
+
+def run_decontaminate(params: dict, eval_dir, raw_paths: list, token_paths: list, outdir, report_path) -> dict:
+    """The whole stage in one process (the reference the per-group jobs are tested against): the eval
+    table, every shard's flag file and report part under `outdir`, the report. Returns the report."""
     raws = {_name(Path(p), ".parquet"): Path(p) for p in raw_paths}
     toks = {_name(Path(p), ".json"): Path(p) for p in token_paths}
     if set(raws) != set(toks) or not raws:
         missing = sorted(set(raws) ^ set(toks))
         raise PipelineError("raw shards and tokenized shards must name the same shards (--raw, --tokens); "
                             f"differ for: {', '.join(map('/'.join, missing)) or 'none given'}")
-    tasks = load_tasks(eval_dir, params["eval_tasks"])
-    grams = eval_grams(tasks, dc["ngram"], dc["min_words"])
-    per_source: dict = {}
-    examples = []
-    t0, n_docs = time.perf_counter(), 0
-    for (source, shard) in sorted(raws):
-        if source not in params["sources"]:
-            raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(params['sources'])})")
-        meta = provenance("decontaminate", params, [raws[source, shard], toks[source, shard]], source=source,
-                          shard=shard)
-        texts, tokens, flags, which, ex = decontaminate_shard(
-            raws[source, shard], toks[source, shard], params["sources"][source], grams, dc["enabled"],
-            Path(outdir) / source / f"{shard}.parquet", meta)
-        n_docs += len(texts)
-        src = per_source.setdefault(source, {"documents": 0, "tokens": 0, "flagged": {"documents": 0, "tokens": 0},
-                                             "by_task": {}})
-        src["documents"] += len(texts)
-        src["tokens"] += int(tokens.sum())
-        src["flagged"]["documents"] += int(flags.sum())
-        src["flagged"]["tokens"] += int(tokens[flags].sum())
-        for d in np.flatnonzero(flags):
-            for t in which[d]:
-                bt = src["by_task"].setdefault(grams.tasks[t], {"documents": 0, "tokens": 0})
-                bt["documents"] += 1
-                bt["tokens"] += int(tokens[d])
-        for d, t, s, L in ex[:max(0, N_EXAMPLES - len(examples))]:
-            words = normalize_text(texts[d].as_py()).split()
-            examples.append({"source": source, "shard": shard, "doc": d, "task": grams.tasks[t],
-                             "words": " ".join(words[s:s + L])})
-    seconds = time.perf_counter() - t0
-    report = {
-        "enabled": dc["enabled"], "ngram": dc["ngram"], "min_words": dc["min_words"], "tasks": grams.tasks,
-        "eval": grams.counts, "per_source": per_source,
-        "total": {k: sum(s["flagged"][k] for s in per_source.values()) for k in ("documents", "tokens")},
-        "examples": examples, "documents": n_docs, "seconds": seconds,
-        "docs_per_s": n_docs / seconds if seconds > 0 else None,
-        "meta": provenance("decontaminate", params, [*raw_paths, *token_paths]),
-    }
-    write_json(report_path, report)
-    log.info("%d of %d documents share a %d-gram with %s (%.0f docs/s)", report["total"]["documents"], n_docs,
-             dc["ngram"], ", ".join(grams.tasks), report["docs_per_s"] or 0)
-    return report
+    grams = build_grams(params, eval_dir)
+    parts = [flag_one(params, grams, source, raws[source, shard], toks[source, shard],
+                      Path(outdir) / source / f"{shard}.parquet") for source, shard in sorted(raws)]
+    return write_report(params, grams, parts, [*raw_paths, *token_paths], report_path)
 
+
+# ----------------------------------------------------------------------------- CLI
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m pipeline.data.decontaminate", description=__doc__.split("\n")[0])
-    add_config_args(ap)
-    ap.add_argument("--eval-data", required=True, help="R/eval_data (task files of the eval_data stage)")
-    ap.add_argument("--raw", nargs="+", required=True, help="D/{source}/{shard}.parquet, every shard")
-    ap.add_argument("--tokens", nargs="+", required=True, help="R/tokens/{source}/{shard}.json, every shard")
-    ap.add_argument("--outdir", required=True, help="R/decontam")
-    ap.add_argument("--report", required=True, help="R/decontam/report.json")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("grams", help="the eval n-gram table, once")
+    add_config_args(g)
+    g.add_argument("--eval-data", required=True, help="R/eval_data (task files of the eval_data stage)")
+    g.add_argument("--out", required=True, help="R/decontam/grams.parquet")
+    f = sub.add_parser("flags", help="flag the documents of a group of shards of one source")
+    add_config_args(f)
+    f.add_argument("--grams", required=True, help="R/decontam/grams.parquet")
+    f.add_argument("--source", required=True)
+    f.add_argument("--tokens", nargs="+", required=True, help="R/tokens/{source}/{shard}.json, one per input")
+    add_group_args(f, "raw shards D/{source}/{shard}.parquet",
+                   "R/decontam/{source}/{shard}.parquet, one per input (report part beside it: {shard}.json)")
+    r = sub.add_parser("report", help="the report from every shard's part")
+    add_config_args(r)
+    r.add_argument("--grams", required=True, help="R/decontam/grams.parquet")
+    r.add_argument("--parts", nargs="+", required=True, help="R/decontam/{source}/{shard}.json, every shard")
+    r.add_argument("--report", required=True, help="R/decontam/report.json")
     args = ap.parse_args(argv)
-    run_decontaminate(params_from_args(args, "decontaminate"), args.eval_data, args.raw, args.tokens, args.outdir,
-                      args.report)
+    params = params_from_args(args, "decontaminate")
+    if args.cmd == "grams":
+        grams = build_grams(params, args.eval_data)
+        write_grams(grams, args.out, provenance("decontaminate", params, [Path(args.eval_data) / "tasks.json"]))
+        log.info("eval table: %d grams of %s", sum(len(h) for h in grams.hashes.values()), ", ".join(grams.tasks))
+    elif args.cmd == "flags":
+        flag_group(params, read_grams(args.grams), args.source, args.inputs, args.tokens, args.outputs, args.manifest)
+    else:
+        write_report(params, read_grams(args.grams), read_parts(args.parts), args.parts, args.report)
 
 
 if __name__ == "__main__":

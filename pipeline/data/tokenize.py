@@ -5,11 +5,18 @@ mask and metadata, with exactly one delimiter policy (`Tokenizer.delimit`).
         --outputs R/tokens/S/{shard}.json ... [--manifest M]
 
 Formats: docs/data-contract.md ("Tokenized shard"). Rows are read with
-`pipeline.data.contract.iter_documents`, the reader the count stage uses, so both stages agree on
-which rows are documents. `delimit` is applied to a whole batch at once: the ids it adds before /
-after a document are read off `delimit` once and inserted with numpy, so the per-token work stays in
-C. The shard is streamed in batches of `count.batch_size` rows and the token file is written batch
-by batch.
+`pipeline.data.contract.iter_documents`, the reader tokenizer training, dedup and decontamination
+use, so every stage agrees on which rows are documents. `delimit` is applied to a whole batch at
+once: the ids it adds before / after a document are read off `delimit` once and inserted with numpy,
+so the per-token work stays in C. The shard is streamed in batches of `count.batch_size` rows and
+the token file is written batch by batch.
+
+Counts. The metadata's `counts` (`contract.COUNT_FIELDS`: rows, empty / invalid / null-content /
+no-assistant rows, document tokens before any drop, delimiters, bytes, characters, short and long
+documents and their tokens) are tallied from the same pass, off each batch as read and encoded, before
+the short and long documents are dropped: the run's exact count table (`pipeline.data.count`) joins
+them, so no document is tokenized a second time to be counted, and the accounting balances them
+against what this job kept and dropped.
 """
 from __future__ import annotations
 
@@ -22,7 +29,9 @@ import numpy as np
 
 from pipeline.config import add_config_args, params_from_args
 from pipeline.data.contract import (
+    COUNT_FIELDS,
     DROP_REASONS,
+    NOT_DOCUMENTS,
     DocBatch,
     add_group_args,
     iter_documents,
@@ -53,6 +62,7 @@ class ShardStats:
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
     dropped_short_tokens: int = 0
     dropped_long_tokens: int = 0
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNT_FIELDS, 0))
 
     def offsets(self) -> np.ndarray:
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
@@ -72,6 +82,31 @@ def encode_docs(tok: Tokenizer, batch: DocBatch, chat: bool, num_threads: int, p
         ids.append(i)
         masks.append(m)
     return ids, masks
+
+
+def tally_counts(counts: dict, batch: DocBatch, lengths: list[int], min_chars: int, cap: float) -> None:
+    """Add one batch to a shard's `counts` (module docstring): `lengths` are the tokens of each of the
+    batch's documents, before any is dropped. Delimiters are added once the shard is done
+    (`finish_counts`): every document the reader passes on, short and long ones included, has them."""
+    counts["documents"] += batch.n_rows
+    counts["empty_documents"] += batch.empty
+    counts["invalid_utf8_documents"] += batch.invalid_utf8
+    counts["null_content_documents"] += batch.null_content
+    counts["no_assistant_documents"] += batch.no_assistant
+    counts["tokens"] += sum(lengths)
+    counts["bytes"] += sum(batch.n_bytes)
+    counts["chars"] += sum(batch.n_chars)
+    short = [chars < min_chars for chars in batch.n_chars]
+    counts["short_documents"] += sum(short)
+    counts["short_tokens"] += sum(n for n, s in zip(lengths, short) if s)
+    long = [n for n, s in zip(lengths, short) if not s and n > cap]  # short ones are dropped first
+    counts["long_documents"] += len(long)
+    counts["long_tokens"] += sum(long)
+
+
+def finish_counts(counts: dict, delimiters_per_doc: int) -> dict:
+    counts["delimiter_tokens"] = (counts["documents"] - sum(counts[f] for f in NOT_DOCUMENTS)) * delimiters_per_doc
+    return counts
 
 
 def delimiter_layout(tok: Tokenizer) -> tuple[list[int], list[int]]:
@@ -171,6 +206,7 @@ def tokenize_shard(
             stats.dropped["null_content"] += batch.null_content
             stats.dropped["no_assistant"] += batch.no_assistant
             ids, masks = encode_docs(tok, batch, chat, num_threads, input_path)
+            tally_counts(stats.counts, batch, [len(x) for x in ids], min_chars, cap)
             rows, ids, masks = drop_short(batch, ids, masks, min_chars, stats)
             rows, ids, masks = drop_long(rows, ids, masks, cap, stats)
             stats.doc_rows.extend(rows)
@@ -179,6 +215,7 @@ def tokenize_shard(
             np.save(f, stats.offsets())
     if stats.n_rows == 0:
         log.warning("%s has no rows; wrote an empty tokenized shard", input_path)
+    finish_counts(stats.counts, tok.n_delimiters())
     meta = shard_metadata(tok, stats, dtype, source, shard, chat,
                           provenance("tokenize", params, [input_path, tok.path]))
     write_json(paths["json"], meta)
@@ -208,6 +245,7 @@ def shard_metadata(tok: Tokenizer, stats: ShardStats, dtype, source: str, shard:
         "dropped": stats.dropped,
         "dropped_tokens": {"short": stats.dropped_short_tokens, "long": stats.dropped_long_tokens},
         "tokenizer_sha256": tok.sha256,
+        "counts": stats.counts,
         "doc_rows": stats.doc_rows,
         "meta": meta,
     }

@@ -13,7 +13,7 @@ from builders import CHATS, corpus, make_tokenizer, write_chat_shard
 
 from pipeline.config import params_json, resolve_config, rule_params
 from pipeline.data.accounting import main, reconcile
-from pipeline.data.count import write_aggregate, write_shard_counts
+from pipeline.data.count import write_aggregate
 from pipeline.data.pack import pack
 from pipeline.data.tokenize import tokenize_shard
 from pipeline.errors import PipelineError
@@ -96,7 +96,7 @@ def write_mix(run, mix, sources, epochs, seed=0):
 
 
 def build_run(tmp, dedup=True):
-    """A complete run directory made by the real tokenizer, count, tokenize and pack stages
+    """A complete run directory made by the real tokenizer, tokenize, count (table) and pack stages
     (dedup / split / mix files written here by their contract)."""
     cfg = config(tmp, dedup)
     run = tmp / "run"
@@ -107,12 +107,12 @@ def build_run(tmp, dedup=True):
     flagged = {}
     for source, shard in SHARDS:
         raw = tmp / f"raw/{source}/{shard}.parquet"
-        write_shard_counts(rule_params(cfg, "count"), tok, raw, source, shard, run / f"counts/{source}/{shard}.json")
         tokenize_shard(tok, raw, run / f"tokens/{source}/{shard}.json", source, shard, rule_params(cfg, "tokenize"))
         flagged[source] = flagged.get(source, 0) + dedup_and_split(run, source, shard, dedup)
     write_json(run / "decontam/report.json",
                {"per_source": {s: {"flagged": {"tokens": t}} for s, t in flagged.items()}})
-    write_aggregate([str(run / f"counts/{s}/{sh}.json") for s, sh in SHARDS], run / "counts/counts.parquet",
+    # the count table: joined from the tokenize jobs' metadata, as the count rule does
+    write_aggregate([str(run / f"tokens/{s}/{sh}.json") for s, sh in SHARDS], run / "counts/counts.parquet",
                     run / "counts/summary.json")
     write_mix(run, "pre", {"web"}, epochs=2)
     write_mix(run, "mid", {"web", "chat"}, epochs=2, seed=1)

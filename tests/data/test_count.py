@@ -1,5 +1,6 @@
-"""pipeline.data.count: exact per-shard counts (checked against an independent computation), chat
-counts, the aggregate table and summary, and bad-input errors that leave nothing behind."""
+"""Exact per-shard counts, tallied by the tokenize job from its one pass (its metadata's `counts`, checked
+against an independent computation), chat counts, bad-input errors that leave nothing behind, and
+pipeline.data.count: the table and summary joined from tokenized shards' metadata."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,9 @@ import tiktoken
 import tiktoken.load
 from builders import write_chat_shard, write_text_shard
 
-from pipeline.data.count import COUNT_FIELDS, count_shard, main
+from pipeline.data import tokenize
+from pipeline.data.contract import COUNT_FIELDS
+from pipeline.data.count import main
 from pipeline.data.encoding import load_tokenizer
 from pipeline.data.tokenizer import build_tokenizer
 from pipeline.errors import PipelineError
@@ -89,8 +92,19 @@ def expected_counts(raw_docs, enc, n_delimiters, min_chars=0):
 
 
 def shard_args(params, tok_path, shard, out, source="web"):
-    return ["shards", "--params", json.dumps(params), "--tokenizer", tok_path, "--source", source,
+    """The tokenize CLI for one shard: it writes the shard's counts in its metadata."""
+    return ["--params", json.dumps(params), "--tokenizer", tok_path, "--source", source,
             "--inputs", str(shard), "--outputs", str(out)]
+
+
+def count_shard(path, tok, source: dict, batch_size: int, num_threads: int = 1) -> dict:
+    """The counts the tokenize job tallies for one shard (its metadata's `counts`)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        meta = tokenize.tokenize_shard(tok, path, f"{d}/s/x.json", "s", "x",
+                                       {"sources": {"s": source}, "count": {"batch_size": batch_size}}, num_threads)
+    return meta["counts"]
 
 
 def count_params(batch_size=2, min_chars=0):
@@ -100,15 +114,19 @@ def count_params(batch_size=2, min_chars=0):
 @pytest.mark.parametrize("column_type", ["binary", "string"])
 def test_shard_counts_match_independent_computation(tmp_path, tok_path, reference_encoding, column_type):
     shard = write_raw_shard(tmp_path / "web" / "shard_00000.parquet", RAW_DOCS, column_type)
-    out = tmp_path / "counts" / "web" / "shard_00000.json"
-    main(shard_args(count_params(batch_size=2, min_chars=30), tok_path, shard, out))
-    rec = json.loads(out.read_text())
+    out = tmp_path / "tokens" / "web" / "shard_00000.json"
+    tokenize.main(shard_args(count_params(batch_size=2, min_chars=30), tok_path, shard, out))
+    meta = json.loads(out.read_text())
+    rec = meta["counts"]
     assert {k: rec[k] for k in COUNT_FIELDS} == expected_counts(RAW_DOCS, reference_encoding, 2, min_chars=30)
     assert rec["documents"] == 9 and rec["empty_documents"] == 3 and rec["invalid_utf8_documents"] == 2
     assert rec["short_documents"] == 2  # "A plain English sentence." and "x"
-    assert rec["source"] == "web" and rec["shard"] == "shard_00000"
-    assert rec["tokenizer_sha256"] == load_tokenizer(tok_path).sha256
-    assert rec["meta"]["stage"] == "count" and rec["meta"]["params"]["count"]["batch_size"] == 2
+    assert meta["source"] == "web" and meta["shard"] == "shard_00000"
+    assert meta["tokenizer_sha256"] == load_tokenizer(tok_path).sha256
+    assert meta["meta"]["stage"] == "tokenize" and meta["meta"]["params"]["count"]["batch_size"] == 2
+    # the same pass wrote the tokens: the counts agree with what it kept and dropped
+    assert rec["tokens"] == meta["n_doc_tokens"] + meta["dropped_tokens"]["short"]
+    assert rec["delimiter_tokens"] == (meta["n_docs"] + meta["dropped"]["short"]) * 2
 
 
 def test_counts_do_not_depend_on_batch_size(tmp_path, tok_path):
@@ -156,10 +174,10 @@ def test_chat_with_unknown_role_names_file_and_row(tmp_path, tok_path):
 
 def test_zero_row_shard_counts_zero_with_warning(tmp_path, tok_path, caplog):
     shard = write_text_shard(tmp_path / "web" / "empty.parquet", [])
-    out = tmp_path / "out.json"
+    out = tmp_path / "tokens" / "web" / "empty.json"
     with caplog.at_level(logging.WARNING):
-        main(shard_args(count_params(), tok_path, shard, out))
-    rec = json.loads(out.read_text())
+        tokenize.main(shard_args(count_params(), tok_path, shard, out))
+    rec = json.loads(out.read_text())["counts"]
     assert all(rec[k] == 0 for k in COUNT_FIELDS)
     assert "no rows" in caplog.text
 
@@ -190,9 +208,9 @@ def test_bad_input_is_one_error_naming_file_and_no_output(tmp_path, tok_path, ma
     shard = tmp_path / "web" / "bad_shard.parquet"
     shard.parent.mkdir(parents=True)
     make_bad(shard)
-    out = tmp_path / "counts" / "web" / "bad_shard.json"
+    out = tmp_path / "tokens" / "web" / "bad_shard.json"
     with pytest.raises(PipelineError, match="bad_shard.parquet") as e:
-        main(shard_args(count_params(), tok_path, shard, out))
+        tokenize.main(shard_args(count_params(), tok_path, shard, out))
     if make_bad is _missing_column:
         assert "'text'" in str(e.value) and "body" in str(e.value) and "text_column" in str(e.value)
     assert not out.parent.exists() or not any(out.parent.iterdir())
@@ -205,7 +223,7 @@ def test_cli_error_is_one_line_and_exit_1(tmp_path, tok_path, capsys):
     shard.parent.mkdir(parents=True)
     _corrupt(shard)
     with pytest.raises(SystemExit) as e:
-        run_cli(main, shard_args(count_params(), tok_path, shard, tmp_path / "o.json"))
+        run_cli(tokenize.main, shard_args(count_params(), tok_path, shard, tmp_path / "o.json"))
     assert e.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and "bad.parquet" in err[-1]
@@ -214,7 +232,7 @@ def test_cli_error_is_one_line_and_exit_1(tmp_path, tok_path, capsys):
 def test_unknown_source_is_an_error(tmp_path, tok_path):
     shard = write_text_shard(tmp_path / "s.parquet", ["a"])
     with pytest.raises(PipelineError, match="source 'code'"):
-        main(shard_args(count_params(), tok_path, shard, tmp_path / "o.json", source="code"))
+        tokenize.main(shard_args(count_params(), tok_path, shard, tmp_path / "o.json", source="code"))
 
 
 # ----------------------------------------------------------------------------- aggregate
@@ -228,16 +246,16 @@ def shard_jsons(tmp_path, tok_path):
     for (source, name), rows in docs.items():
         path = tmp_path / "data" / source / f"{name}.parquet"
         (write_chat_shard if source == "chat" else write_text_shard)(path, rows)
-        out = tmp_path / "counts" / source / f"{name}.json"
-        main(shard_args(count_params(batch_size=8), tok_path, path, out, source=source))
+        out = tmp_path / "tokens" / source / f"{name}.json"
+        tokenize.main(shard_args(count_params(batch_size=8), tok_path, path, out, source=source))
         outs.append(out)
     return outs
 
 
 def test_aggregate_table_and_totals(tmp_path, shard_jsons):
     table, summary = tmp_path / "counts" / "counts.parquet", tmp_path / "counts" / "summary.json"
-    main(["aggregate", "--inputs", *map(str, shard_jsons), "--out", str(table), "--summary", str(summary)])
-    recs = [json.loads(p.read_text()) for p in shard_jsons]
+    main(["--inputs", *map(str, shard_jsons), "--out", str(table), "--summary", str(summary)])
+    recs = [{**json.loads(p.read_text())["counts"], **json.loads(p.read_text())} for p in shard_jsons]
     t = pq.read_table(table).to_pylist()
     assert [(r["source"], r["shard"]) for r in t] == [("chat", "shard_00000"), ("web", "shard_00000"),
                                                       ("web", "shard_00001")]
@@ -279,25 +297,5 @@ def _not_json(paths):
 def test_aggregate_bad_inputs(tmp_path, shard_jsons, spoil, match):
     table, summary = tmp_path / "agg" / "counts.parquet", tmp_path / "agg" / "summary.json"
     with pytest.raises(PipelineError, match=match):
-        main(["aggregate", "--inputs", *map(str, spoil(shard_jsons)), "--out", str(table), "--summary", str(summary)])
+        main(["--inputs", *map(str, spoil(shard_jsons)), "--out", str(table), "--summary", str(summary)])
     assert not (tmp_path / "agg").exists()
-
-
-def test_count_benchmark_runs_both_paths_on_the_same_tokens(tmp_path, tok_path, capsys, monkeypatch):
-    import importlib.util
-    import sys
-
-    from builders import ROOT
-
-    # a developer benchmark: a script in benchmarks/, not in the package
-    spec = importlib.util.spec_from_file_location("benchmarks_data", ROOT / "benchmarks" / "data.py")
-    bench_data = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, bench_data)  # its dataclasses look their module up there
-    spec.loader.exec_module(bench_data)
-    shard = write_text_shard(tmp_path / "s.parquet", CORPUS[:40] + [""])
-    timings = bench_data.main(["count", "--tokenizer", tok_path, "--input", str(shard), "--repeat", "1"])
-    expected = count_shard(shard, load_tokenizer(tok_path), TEXT, 1024)["tokens"]
-    assert {t.items for t in timings.values()} == {expected} and len(timings) == 4
-    out = capsys.readouterr().out
-    for text in ("count_shard (e2e)", "encode_ordinary_batch", "encode_to_numpy loop", "tokens/cpu-s"):
-        assert text in out

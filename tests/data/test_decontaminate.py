@@ -7,6 +7,7 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -131,17 +132,77 @@ def test_vectorised_gram_hash_equals_the_scalar_definition():
         assert all(pos[i] + n <= off[doc_of[i] + 1] for i in range(len(pos)))  # no window crosses a document
 
 
-def test_cli_and_mismatched_inputs(planted, tmp_path):
-    root, *_ = planted
-    cmd = [sys.executable, "-m", "pipeline.data.decontaminate", "--params", json.dumps(params()),
-           "--eval-data", str(root / "eval_data"), "--raw", str(root / "raw/web/a.parquet"),
-           "--tokens", str(root / "tokens/web/a.json"), "--outdir", str(tmp_path), "--report", str(tmp_path / "r.json")]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "pipeline.data.decontaminate", *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
+
+
+def per_group_run(root, out, p, groups):
+    """The stage as the workflow runs it, through the CLIs: the eval table once, one flags job per group of
+    shards (each a list of shard names of source web), the report from every shard's part."""
+    assert cli("grams", "--params", json.dumps(p), "--eval-data", root / "eval_data", "--out",
+               out / "grams.parquet").returncode == 0
+    for g, shards in enumerate(groups):
+        r = cli("flags", "--params", json.dumps(p), "--grams", out / "grams.parquet", "--source", "web",
+                "--inputs", *[root / f"raw/web/{s}.parquet" for s in shards],
+                "--tokens", *[root / f"tokens/web/{s}.json" for s in shards],
+                "--outputs", *[out / f"web/{s}.parquet" for s in shards], "--manifest", out / f"web/_manifest/{g}.json")
+        assert r.returncode == 0, r.stderr
+    parts = [out / f"web/{s}.json" for shards in groups for s in shards]
+    r = cli("report", "--params", json.dumps(p), "--grams", out / "grams.parquet", "--parts", *reversed(parts),
+            "--report", out / "report.json")
     assert r.returncode == 0, r.stderr
-    assert json.loads((tmp_path / "r.json").read_text())["total"]["documents"] == 3
-    cmd[cmd.index("--tokens") + 1] = str(root / "tokens/web/b.json")
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return json.loads((out / "report.json").read_text())
+
+
+SAME = lambda report: {k: v for k, v in report.items() if k not in ("meta", "seconds", "docs_per_s")}
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_per_group_jobs_equal_the_one_process_stage(planted, tmp_path, enabled):
+    """One flags job per shard group (the eval table read back from its file) writes the flag files the
+    one-process reference writes, and the report joined from the shards' parts is the reference's."""
+    root, report, *_ = planted
+    ref = tmp_path / "ref"
+    raws, toks = [root / "raw/web/a.parquet", root / "raw/web/b.parquet"], [root / "tokens/web/a.json",
+                                                                           root / "tokens/web/b.json"]
+    report = dc.run_decontaminate(params(enabled=enabled), root / "eval_data", raws, toks, ref, ref / "report.json")
+    for groups in ([["a"], ["b"]], [["a", "b"]]):
+        out = tmp_path / f"groups{len(groups)}"
+        joined = per_group_run(root, out, params(enabled=enabled), groups)
+        assert SAME(joined) == SAME(report)
+        for shard in ("a", "b"):
+            assert (pq.read_table(out / f"web/{shard}.parquet").to_pylist()
+                    == pq.read_table(ref / f"web/{shard}.parquet").to_pylist())
+        manifest = json.loads((out / "web/_manifest/0.json").read_text())
+        assert {Path(f["path"]).name for f in manifest["files"]} >= {"a.parquet", "a.json"}
+    assert (report["total"]["documents"] > 0) == enabled
+
+
+def test_the_eval_table_reads_back_as_built(planted, tmp_path):
+    root, *_ = planted
+    grams = dc.build_grams(params(), root / "eval_data")
+    dc.write_grams(grams, tmp_path / "grams.parquet", {"stage": "decontaminate"})
+    back = dc.read_grams(tmp_path / "grams.parquet")
+    assert back.tasks == grams.tasks and back.counts == grams.counts and set(back.hashes) == set(grams.hashes)
+    for L in grams.hashes:
+        assert back.hashes[L].tolist() == grams.hashes[L].tolist()
+        assert back.task_of[L].tolist() == grams.task_of[L].tolist()
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    with pytest.raises(dc.PipelineError, match="bad.parquet.*decontaminate_grams"):
+        dc.read_grams(tmp_path / "bad.parquet")
+
+
+def test_mismatched_inputs_are_one_error(planted, tmp_path):
+    root, *_ = planted
+    per_group_run(root, tmp_path, params(), [["a"]])
+    r = cli("flags", "--params", json.dumps(params()), "--grams", tmp_path / "grams.parquet", "--source", "web",
+            "--inputs", root / "raw/web/a.parquet", "--tokens", root / "tokens/web/b.json",
+            "--outputs", tmp_path / "x/web/a.parquet")
     assert r.returncode == 1 and "must name the same shards" in r.stderr and "web/a" in r.stderr
+    with pytest.raises(dc.PipelineError, match="must name the same shards.*web/a"):
+        dc.run_decontaminate(params(), root / "eval_data", [root / "raw/web/a.parquet"], [root / "tokens/web/b.json"],
+                             tmp_path / "y", tmp_path / "y/r.json")
 
 
 def test_an_ngram_longer_than_every_benchmark_text_works(planted):

@@ -18,7 +18,6 @@ from builders import ROOT, corpus, make_tokenizer, write_chat_shard, write_text_
 
 from pipeline.data.contract import open_tokens, token_dtype
 from pipeline.data.contract import token_paths as output_paths
-from pipeline.data.count import count_shard
 from pipeline.data.encoding import BOS, Tokenizer, special_token_names
 from pipeline.data.tokenize import main, tokenize_shard
 from pipeline.errors import PipelineError
@@ -99,8 +98,12 @@ def test_accounting_roundtrip_and_delimiters(tmp_path, toks, delimiter):
             assert span[-1] == tok.eos_id
     assert not output_paths(out)["mask"].exists()
 
-    counts = count_shard(shard, tok, params(min_chars=5)["sources"]["s"], batch_size=5)
+    counts = meta["counts"]  # tallied in the same pass, before the drops (the count table joins them)
+    assert counts == tokenize_shard(tok, shard, tmp_path / "bs5" / "s" / "sh0.json", "s", "sh0",
+                                    params(min_chars=5, batch_size=5))["counts"]
     assert counts["tokens"] == meta["n_doc_tokens"] + meta["dropped_tokens"]["short"]
+    assert counts["short_documents"] == len(short) and counts["short_tokens"] == meta["dropped_tokens"]["short"]
+    assert counts["delimiter_tokens"] == (len(kept) + len(short)) * tok.n_delimiters()
     assert counts["documents"] == meta["n_rows"]
     assert ((counts["empty_documents"], counts["invalid_utf8_documents"])
             == (meta["dropped"]["empty"], meta["dropped"]["invalid_utf8"]))
@@ -182,16 +185,14 @@ def test_unknown_role_is_one_error_naming_the_users_file_and_row_and_nothing_lef
         tokenize_shard(toks["bos"], shard, out, "c", "c0", p)
     assert str(e.value) == message
     assert not list(out.parent.glob("*"))
-    with pytest.raises(PipelineError) as e:
-        count_shard(shard, toks["bos"], p["sources"]["c"], batch_size=2)
-    assert str(e.value) == message
 
 
 def test_bad_sft_data_is_dropped_and_counted_not_trained_on(tmp_path, toks):
     """A huge conversation (over max_conversation_tokens), a null content and a conversation with no
-    assistant turn are dropped and counted — by count and tokenize alike, so the accounting balances —
-    instead of becoming a large share of the loss targets, an empty answer, or a stopped run. A system
-    turn is rendered (into the next user turn) and never a loss target."""
+    assistant turn are dropped and counted — in the counts the tokenize pass tallies and in what it
+    drops alike, so the accounting balances — instead of becoming a large share of the loss targets,
+    an empty answer, or a stopped run. A system turn is rendered (into the next user turn) and never a
+    loss target."""
     tok = toks["bos"]
     ok = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "the river of stone"}]
     system = [{"role": "system", "content": "Answer in one line."}, *ok]
@@ -212,7 +213,7 @@ def test_bad_sft_data_is_dropped_and_counted_not_trained_on(tmp_path, toks):
     assert strip(tok, docs[1]).tolist() == ids and strip(tok, np.asarray(mask[off[1]:off[2]])).tolist() == m
     assert tok.decode([t for t, b in zip(ids, m) if not b]).startswith("<|user_start|>Answer in one line.\n\nhello")
     assert tok.decode([t for t, b in zip(ids, m) if b]) == "the river of stone<|assistant_end|>"  # targets: the answer
-    counts = count_shard(shard, tok, src, batch_size=4)
+    counts = meta["counts"]
     assert (counts["null_content_documents"], counts["no_assistant_documents"], counts["long_documents"]) == (2, 1, 1)
     assert counts["long_tokens"] == meta["dropped_tokens"]["long"]
     assert counts["tokens"] == meta["n_doc_tokens"] + meta["dropped_tokens"]["long"]

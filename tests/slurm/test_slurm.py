@@ -95,18 +95,18 @@ def test_the_dag_runs_end_to_end_as_slurm_jobs(dag):
     assert report["val_loss"] < report["unigram_baseline"]
     # every job went through sbatch but the target and the small reducers (the workflow's localrules) ...
     submitted = re.findall(r"SLURM jobid \d+ \(log: \S*/rule_(\w+)/", out)
-    assert {"download", "tokenizer", "dedup_candidates", "dedup", "split", "mix", "pack", "accounting", "train",
-            "evaluate"} <= set(submitted)
+    assert {"download", "tokenizer", "dedup_candidates", "dedup", "decontaminate_grams", "decontaminate_flags",
+            "split", "mix", "pack", "accounting", "train", "evaluate"} <= set(submitted)
     assert submitted.count("dedup_candidates") == 2
-    assert set(re.findall(r"^localrule (\w+)", out, flags=re.M)) == {"all", "count", "plan", "stages_report",
-                                                                       "dedup_index"}
+    assert set(re.findall(r"^localrule (\w+)", out, flags=re.M)) == {"all", "count", "count_sample", "plan",
+                                                                       "stages_report", "dedup_index", "decontaminate"}
     # ... and the per-shard chain went as one job per shard group (shards_per_job 4: one group a source), the
     # download included where the tokenizer does not sit between (chat; web trains the tokenizer)
-    assert not {"count_shards", "tokenize", "dedup_signatures"} & set(submitted)
+    assert not {"tokenize", "dedup_signatures"} & set(submitted)
     groups = dict(re.findall(r"SLURM jobid \d+ \(log: \S*/group_shards-(web|chat)-(\S+?)/", out))
     assert set(groups) == {"web", "chat"}, out[-3000:]
-    assert groups["web"].endswith("_count_shards_dedup_signatures_tokenize"), groups
-    assert groups["chat"].endswith("_count_shards_dedup_signatures_download_tokenize"), groups
+    assert groups["web"].endswith("_dedup_signatures_tokenize"), groups
+    assert groups["chat"].endswith("_dedup_signatures_download_tokenize"), groups
     assert submitted.count("download") == 1
 
 

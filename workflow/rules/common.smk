@@ -18,7 +18,7 @@ from pipeline import config as tfc  # noqa: E402
 from pipeline.codehash import code_version  # noqa: E402 - every rule's code param (import closure)
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.perf import resolve_parallel  # noqa: E402
-from pipeline.plan import format_plan, make_plan, train_hours  # noqa: E402
+from pipeline.plan import format_plan, make_plan, run_counts, train_hours  # noqa: E402
 from pipeline.scaling import describe_ratio as tfsc_describe, resolve_tokens_per_param  # noqa: E402
 from pipeline.stages import mix_targets, stage_config, stage_list, tokenizer_sources  # noqa: E402
 
@@ -74,6 +74,7 @@ SOURCES = list(config["sources"])
 try:
     SHARDS = {s: tfc.source_shards(config, s) for s in SOURCES}
     GROUPS = {s: tfc.shard_groups(config, s) for s in SOURCES}
+    SAMPLE = {s: tfc.sample_shards(config, s) for s in SOURCES}  # the plan's sample (count_sample)
 except ConfigError as _e:
     stop(_e)
 TOKENIZER = f"{RUN_DIR}/tokenizer/encoding.json"
@@ -82,9 +83,10 @@ TOKENIZER = f"{RUN_DIR}/tokenizer/encoding.json"
 STAGES = {s["name"]: s for s in stage_list(config)}
 
 # Job sizes (pipeline/cluster.py): every rule's threads and resources (cpus_per_task, mem_mb, runtime,
-# gpu, nodes) from the config and the corpus size (the measured counts once they exist, else the
-# sources' estimates). A cluster executor turns them into its job requests; locally, --cores caps threads.
-CORPUS_DOCS, CORPUS_TOKENS, _ = tfcl.corpus(config, *tfcl.measured_sizes(Path(RUN_DIR) / "counts" / "counts.parquet"))
+# gpu, nodes) from the config and the corpus size (the measured counts once they exist: the exact table,
+# else the plan's sample; else the sources' estimates). A cluster executor turns them into its job
+# requests; locally, --cores caps threads.
+CORPUS_DOCS, CORPUS_TOKENS, _ = tfcl.corpus(config, *tfcl.measured_sizes(run_counts(RUN_DIR)))
 
 
 TRAIN_HOURS = 0 if TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.get("missing") else train_hours(config)
@@ -161,10 +163,10 @@ def group_shards(w):
     return GROUPS[w.source][w.group]
 
 
-# The per-shard chain of one shard group (download → count_shards → tokenize → dedup_signatures) is one
-# cluster job, the group job "shards-{source}-{group}": tokenize and dedup_signatures are joined by their
-# edge, count_shards (a sibling of tokenize) by the cluster profile's `group-components` (every component
-# of one resolved group id in one job), the download by its edge to the others. A source the tokenizer is
+# The per-shard chain of one shard group (download → tokenize → dedup_signatures) is one cluster job, the
+# group job "shards-{source}-{group}", joined by its edges (the cluster profile's `group-components` puts
+# every component of one resolved group id in one job). decontaminate_flags stays out of it: the chain
+# does not wait for the eval tasks (eval_data), which only the flags need. A source the tokenizer is
 # trained on keeps its download a job of its own: the tokenizer job (which needs every such download) sits
 # between that download and the rest, and a group job may not be left and entered again. Locally
 # (`--cores`) Snakemake runs no group jobs: every job is its own process as before.
@@ -207,15 +209,15 @@ wildcard_constraints:
 
 
 # The plan, up front: computed at parse time from the config and, once they exist, the measured token
-# counts, so every invocation (`snakemake -n` included) shows it before anything is downloaded. Only
+# counts (the exact table, else the plan's sample: `run_counts`), else the sources' estimates, so every
+# invocation (`snakemake -n` included) shows it before anything is downloaded. Only
 # the main Snakemake process prints and checks it: jobs that re-parse the Snakefile (the subprocess of
 # a local job, every job of a cluster executor) skip it and never exit over it.
 if workflow.is_main_process and TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.get("missing"):
     print(f"token-budget plan: none yet, {tfsc_describe(TOKENS_PER_PARAM_FIT)}", file=sys.stderr)
 elif workflow.is_main_process:
-    _counts = Path(RUN_DIR) / "counts" / "counts.parquet"
     try:
-        PLAN = make_plan(config, counts=_counts if _counts.exists() else None, strict_counts=False,
+        PLAN = make_plan(config, counts=run_counts(RUN_DIR), strict_counts=False,
                          tokens_per_param_fit=TOKENS_PER_PARAM_FIT, parallel_requested=PARALLEL_REQUESTED)
     except (PlanError, ConfigError) as _e:
         stop(f"the token-budget plan is not feasible:\n  {_e}")

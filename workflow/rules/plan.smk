@@ -1,11 +1,12 @@
-# The token budget from measured counts: params, tokens, steps, grad accumulation, shards, memory, time.
+# The token budget: params, tokens, steps, grad accumulation, shards, memory, time. Tokens per shard from the
+# plan's sample of tokenized shards (count_sample), so the budget is checked before every shard is tokenized.
 localrules:
     plan,
 
 
 rule plan:
     input:
-        counts=f"{RUN_DIR}/counts/counts.parquet",
+        counts=f"{RUN_DIR}/counts/sample.parquet",
     output:
         json=f"{RUN_DIR}/plan.json",
         md=report(f"{RUN_DIR}/plan.md", category="Plan", caption="../report/plan.rst"),
