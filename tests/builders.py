@@ -475,3 +475,17 @@ def trained_run_inputs(d: Path) -> dict:
     write_packed(train_json, tok, sentences(600, seed=2))
     write_packed(val_json, tok, sentences(60, seed=3))
     return {"dir": d, "tokenizer": str(tok_path), "train": str(train_json), "val": str(val_json)}
+
+
+def parity_model_config(directory: Path, seq_len: int) -> tuple[dict, Tokenizer]:
+    """The lm-eval parity tests' run: a 512-id tokenizer trained on the sample corpus (written to
+    `directory`/encoding.json) and a 2-layer dim-64 model config at `seq_len`; (resolved config, tokenizer)."""
+    cfg = resolve_config({
+        "run_name": "p", "sources": {"web": {"type": "local", "glob": "data/sample/web/*.parquet"}},
+        "tokenizer": {"vocab_size": 512, "train_chars": 200_000},
+        "model": {"vocab_size": 512, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 160},
+        "train": {"seq_len": seq_len},
+    })
+    build_tokenizer(rule_params(cfg, "tokenizer"), sorted((ROOT / "data/sample/web").glob("*.parquet")),
+                    directory / "encoding.json")
+    return cfg, load_tokenizer(directory / "encoding.json")

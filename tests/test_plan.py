@@ -212,13 +212,19 @@ def test_a_source_counted_at_zero_usable_tokens(tmp_path):
     assert plan["shards_needed"] is None
 
 
-def test_cli_uses_the_runs_measured_counts(tmp_path, monkeypatch, capsys):
+def four_shard_run(tmp_path) -> Path:
+    """A run config (run "r", results under tmp_path) of four one-document shards and a 60K-token target."""
     for i in range(4):
         write_text_shard(tmp_path / f"web/shard_{i:05d}.parquet", ["some text"])
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text(json.dumps({"run_name": "r", "results_dir": str(tmp_path / "results"),
                                     "sources": {"web": {"type": "local", "glob": str(tmp_path / "web/*.parquet")}},
                                     "train": {"target_tokens": 60_000}}))
+    return cfg_file
+
+
+def test_cli_uses_the_runs_measured_counts(tmp_path, monkeypatch, capsys):
+    cfg_file = four_shard_run(tmp_path)
     main(["--configfile", str(cfg_file), "--json"])
     assert json.loads(capsys.readouterr().out)["tokens_per_shard"] is None  # nothing counted yet
     write_counts(tmp_path / "results/r/counts/counts.parquet",
@@ -234,12 +240,7 @@ def test_cli_uses_the_runs_measured_counts(tmp_path, monkeypatch, capsys):
 def test_the_plans_sample_serves_until_the_exact_table_exists(tmp_path, capsys):
     """Before every shard is tokenized the plan reads the sample (R/counts/sample.parquet); the exact table
     (R/counts/counts.parquet, joined from every tokenize job) wins once it exists."""
-    for i in range(4):
-        write_text_shard(tmp_path / f"web/shard_{i:05d}.parquet", ["some text"])
-    cfg_file = tmp_path / "run.yaml"
-    cfg_file.write_text(json.dumps({"run_name": "r", "results_dir": str(tmp_path / "results"),
-                                    "sources": {"web": {"type": "local", "glob": str(tmp_path / "web/*.parquet")}},
-                                    "train": {"target_tokens": 60_000}}))
+    cfg_file = four_shard_run(tmp_path)
     run = tmp_path / "results/r"
     assert run_counts(run) is None
     write_counts(run / "counts/sample.parquet", [("web", "shard_00000", 39_999, 1, 0, 0),

@@ -17,18 +17,14 @@ solutions), so both sides score some items right and some wrong.
 """
 from __future__ import annotations
 
-import glob
-
 import pytest
 import torch
-from builders import ROOT
+from builders import parity_model_config
 from transformers import AutoTokenizer
 
-from pipeline.config import resolve_config, rule_params
-from pipeline.data.encoding import load_tokenizer
+from pipeline.config import rule_params
 from pipeline.data.eval_data import build_chat_task, wheel_record
 from pipeline.data.tasks import chat_task_spec
-from pipeline.data.tokenizer import build_tokenizer
 from pipeline.evaluation import chat_core as C
 from pipeline.evaluation import export as ex
 from pipeline.evaluation.lmeval_harness import chat_lmeval_task, run_lmeval, write_tasks  # lm-eval: the dev extra
@@ -78,15 +74,7 @@ def train_on_answers(model, tok, task) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("chat_parity")
-    cfg = resolve_config({
-        "run_name": "p", "sources": {"web": {"type": "local", "glob": "data/sample/web/*.parquet"}},
-        "tokenizer": {"vocab_size": 512, "train_chars": 200_000},
-        "model": {"vocab_size": 512, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 160},
-        "train": {"seq_len": SEQ},
-    })
-    web = sorted(glob.glob(str(ROOT / "data/sample/web/*.parquet")))
-    build_tokenizer(rule_params(cfg, "tokenizer"), web, d / "encoding.json")
-    tok = load_tokenizer(d / "encoding.json")
+    cfg, tok = parity_model_config(d, SEQ)
     wheel = wheel_record()
     tasks = {}
     for name, n in ITEMS.items():

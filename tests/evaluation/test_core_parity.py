@@ -11,16 +11,12 @@ request per filled-in context ("partial evaluation"); here each is its own logli
 """
 from __future__ import annotations
 
-import glob
-
 import pytest
 import torch
-from builders import ROOT
+from builders import parity_model_config
 
-from pipeline.config import resolve_config, rule_params
-from pipeline.data.encoding import load_tokenizer
+from pipeline.config import rule_params
 from pipeline.data.eval_data import build_eval_data
-from pipeline.data.tokenizer import build_tokenizer
 from pipeline.evaluation import core
 from pipeline.evaluation import export as ex
 from pipeline.evaluation.lmeval_harness import LocalTask, run_lmeval, write_tasks  # lm-eval: the dev extra
@@ -37,15 +33,7 @@ TASKS = ["copa", "winogrande", "lambada"]
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("parity")
-    cfg = resolve_config({
-        "run_name": "p", "sources": {"web": {"type": "local", "glob": "data/sample/web/*.parquet"}},
-        "tokenizer": {"vocab_size": 512, "train_chars": 200_000},
-        "model": {"vocab_size": 512, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 160},
-        "train": {"seq_len": SEQ},
-    })
-    web = sorted(glob.glob(str(ROOT / "data/sample/web/*.parquet")))
-    build_tokenizer(rule_params(cfg, "tokenizer"), web, d / "encoding.json")
-    tok = load_tokenizer(d / "encoding.json")
+    cfg, tok = parity_model_config(d, SEQ)
     params = rule_params(cfg, "train")
     torch.manual_seed(0)
     model = Transformer(ModelConfig.from_config(params))

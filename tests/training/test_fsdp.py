@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as torch_dist
-from builders import ROOT, TRAIN_SEQ, logged_steps, make_params, make_plan, processes_in
+from builders import ROOT, TRAIN_SEQ, kill_group, logged_steps, make_params, make_plan
 
 from pipeline.io import write_json
 
@@ -205,12 +204,7 @@ def test_fsdp_kill_9_and_rerun_finishes_like_the_uninterrupted_run(data, fsdp_fu
             assert time.monotonic() < deadline, "timed out waiting for the hang"
             time.sleep(0.1)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    deadline = time.monotonic() + 10
-    while (left := processes_in(tmp_path)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert left == [], f"processes survived the kill: {left}"
+        kill_group(proc, tmp_path)  # and no process of the run is left
     assert logged_steps(out) == list(range(1, 10)) and not (out / "final.pt").exists()
     assert (out / "ckpt" / "latest").read_text().strip() == "step_000006.dcp"
     assert [p.name for p in (out / "ckpt").glob(".step_000009.dcp.tmp-*")]  # the partial checkpoint
