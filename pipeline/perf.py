@@ -95,8 +95,8 @@ only, so the chunked fp32 CE reads the gathered fp32 output weight, pipeline/tra
   stage loads the consolidated final.pt (ddp's figure).
 * time: the compute is ddp's, with the optimizer on the 1/W shard, and the multi-GPU overhead
   `DDP_EFFICIENCY` fitted on the reference's 8-GPU run applies to both; fsdp adds the exposed part of
-  its collectives (`fsdp_comm`): per micro-step all-gathers of (`FSDP_BLOCK_GATHERS` · L · B +
-  `FSDP_ROOT_GATHERS` · R) · p bytes and a reduce-scatter of P · `FSDP_REDUCE_BYTES`, each ring moving
+  its collectives (`fsdp_comm`): per micro-step all-gathers of `FSDP_BLOCK_GATHERS` · L · B · p +
+  `FSDP_ROOT_GATHERS` · R · 4 bytes and a reduce-scatter of P · `FSDP_REDUCE_BYTES`, each ring moving
   (W−1)/W of them through a GPU's link at `collective_bytes_per_s` (NVLink within a node,
   `INTRA_NODE_BYTES_PER_S`; across nodes min(that, GPUs per node × `IB_BYTES_PER_S_PER_GPU`); ×
   `COLLECTIVE_EFFICIENCY`); exposed = max(0, comm − edge − `FSDP_OVERLAP` × compute) + edge per
@@ -460,8 +460,7 @@ def memory(s: StepSetup) -> dict[str, float]:
     if s.optimizer == "adamw" and s.adamw_kernel == "foreach":
         moments["optimizer step"] = state - parts["gathered"] + 2 * parts["gradients"]
     where = max(moments, key=moments.get)
-    held = parts["weights"] + parts["optimizer"] + parts["gradients"] + parts["autocast_copies"] + parts["gathered"]
-    parts["compiled_excess"] = compiled_block_excess(s, moments[where] - held)
+    parts["compiled_excess"] = compiled_block_excess(s, moments[where] - state - parts["gradients"])
     peak = moments[where] + parts["compiled_excess"]
     out = {k: v / GB for k, v in parts.items()}
     out.update(peak=peak / GB, reserved=peak * (1 + ALLOCATOR_SLACK) / GB)
