@@ -19,29 +19,56 @@ import math
 
 from pipeline.budget import count_params
 from pipeline.config import source_shards
+from pipeline.stages import mix_targets, tokenizer_sources
 
-# Per-core throughputs measured in BENCHMARKS.md (2-core development VM, one single-threaded process,
-# end to end through the stage's code). The cost model below and nothing else uses them.
-THROUGHPUT = {
-    "tokenize": 5.35e6,         # tokens / cpu-s ("tokenize end to end")
-    "dedup_signatures": 3_351,  # documents / cpu-s (a per-shard job through its CLI, 1,596-word documents)
-    "dedup_scan": 450_000,      # documents / cpu-s the merge job reads (every shard's doc and tokens columns)
-    "dedup_candidates": 210_000,  # documents / cpu-s of the whole candidate stage (each job reads its 1/P)
-    "pack": 167e6,              # tokens / cpu-s ("pack (concat)")
+# The data stages' cost: CPU seconds of a stage = its jobs × the CPU of a job's start (interpreter,
+# imports, its fixed reads) + its work in `unit`s ÷ the rate (units per CPU-second, one single-threaded
+# process). Units: bytes of UTF-8 text of the shards it reads (known from a shard's size before any
+# tokenizer exists, and the same whatever the vocabulary), documents, packed tokens, shards, the
+# tokenizer's train_chars, or none. Fitted by `python benchmarks/data_scale.py calibrate` through two
+# Snakemake runs of realistic shards (FineWeb-shaped, 500 and 50K documents of ~2 KB each, 16 and 8
+# shards, on the 2-core VM, idle), the tokenizer by its `tokenizer` sweep (16M-256M characters, the
+# mean of two sweeps that differed by 23 %; rustbpe at a 4,096 vocabulary): BENCHMARKS.md "The data
+# half at scale", with the 1M-document rehearsal that checks them. download is a local copy (an hf
+# source's download is network-bound and not predicted). A rate of None: the work per unit was below
+# the measurement's resolution (these jobs read one small metadata file per shard; 8 vs 16 shards made
+# no difference), so only the job's start counts: the mean of the two runs'.
+RATES = {  # stage: (unit, units per CPU-second, CPU seconds per job)
+    "download": ("bytes", 198e6, 0.51),
+    "tokenizer": ("train_chars", 6.4e6, 0.5),
+    "tokenize": ("bytes", 8.77e6, 0.43),
+    "count_sample": ("shards", None, 0.52),
+    "count": ("shards", None, 0.48),
+    "plan": ("none", None, 0.62),
+    "eval_data": ("none", None, 2.27),
+    "decontaminate_grams": ("none", None, 2.07),
+    "decontaminate_flags": ("bytes", 27.4e6, 0.74),
+    "decontaminate": ("shards", None, 0.71),
+    "dedup_signatures": ("bytes", 37.5e6, 0.67),
+    "dedup_index": ("shards", None, 0.37),
+    "dedup_candidates": ("documents", 138e3, 0.55),
+    "dedup": ("documents", 1.13e6, 0.57),
+    "split": ("documents", 299e3, 0.59),
+    "mix": ("documents", 893e3, 0.63),
+    "pack": ("tokens", 45.3e6, 0.56),
+    "accounting": ("documents", 781e3, 0.58),
 }
-# A dedup candidate job's peak memory (BENCHMARKS.md, "Dedup at scale"): a fixed part (interpreter,
-# libraries, one shard being read) plus a part per document of its slice, which includes the
-# signatures of its slice's duplicate candidates at a 10 % duplicate rate.
+# rustbpe's training threads kept busy on the 2-core VM (its CPU ÷ wall seconds): the tokenizer job's
+# speed-up over one core in the wall-time estimate (more cores are not assumed to help more).
+TOKENIZER_PARALLELISM = 1.85
 DEDUP_JOB_BASE_MB = 500       # 802 MB measured at 0.5M documents per job (20M documents, 40 jobs)
 DEDUP_JOB_BYTES_PER_DOC = 700
-DEDUP_JOB_START_CPU_S = 1.0  # a candidate job's interpreter and imports (0.7-1.0 measured, P = 8 .. 200)
-DEDUP_JOB_SHARD_CPU_S = 0.0015  # per candidate job and shard: opening its lsh files (1M docs, 19 shards, P = 200)
 DEDUP_MERGE_BYTES_PER_DOC = 60  # 976 MB measured at 20M documents (2.0M candidate pairs)
+DEDUP_JOB_SHARD_CPU_S = 0.0014  # per candidate job and shard: opening its lsh files (1M docs, 19 shards, P = 200)
 # Where no measured counts give the number of documents: FineWeb-Edu's order of magnitude (an
 # assumption, used for job sizes and the cost estimate only; the tokenize jobs count it).
 TOKENS_PER_DOCUMENT = 1_000
+# A tokens_per_shard_estimate is in GPT-2 tokens (the datasets' published counts): FineWeb-Edu's
+# shards hold ~250M characters for ~54.9M GPT-2 tokens (nanochat's figures).
+BYTES_PER_ESTIMATED_TOKEN = 4.6
 MIN_RUNTIME = 10  # minutes: scheduling slack for the smallest job
 UNMEASURED_MB = 16_000  # jobs whose memory at scale is not measured yet (split, mix, pack): a generous default
+SIZE_FIELDS = ("documents", "tokens", "bytes")
 
 
 def threads(cfg: dict) -> int:
@@ -54,30 +81,37 @@ def _minutes(cpu_seconds: float, cpus: int = 1, safety: float = 3.0) -> int:
     return max(MIN_RUNTIME, math.ceil(safety * cpu_seconds / max(1, cpus) / 60) + MIN_RUNTIME)
 
 
-def measured_sizes(counts_path) -> tuple[dict, dict]:
-    """({source: documents per shard}, {source: tokens per shard}), means over the shards in the count
-    stage's counts.parquet; ({}, {}) when there is none yet."""
+def measured_sizes(counts_path) -> dict[str, dict[str, float]]:
+    """{source: {documents, tokens, bytes: mean per shard}} over the shards of a count table (the plan's
+    sample, R/counts/sample.parquet, or the exact counts.parquet); {} when there is none yet."""
     from pathlib import Path
 
     if counts_path is None or not Path(counts_path).exists():
-        return {}, {}
+        return {}
     import pyarrow.parquet as pq
 
-    cols = pq.read_table(counts_path, columns=["source", "documents", "tokens"]).to_pydict()
-    docs, toks, n = {}, {}, {}
-    for s, d, t in zip(cols["source"], cols["documents"], cols["tokens"]):
-        docs[s], toks[s], n[s] = docs.get(s, 0) + d, toks.get(s, 0) + t, n.get(s, 0) + 1
-    return {s: docs[s] / n[s] for s in n}, {s: toks[s] / n[s] for s in n}
+    cols = pq.read_table(counts_path, columns=["source", *SIZE_FIELDS]).to_pydict()
+    sums: dict[str, list] = {}
+    for i, s in enumerate(cols["source"]):
+        acc = sums.setdefault(s, [0, 0, 0, 0])
+        for k, f in enumerate(SIZE_FIELDS):
+            acc[k] += cols[f][i]
+        acc[3] += 1
+    return {s: {f: acc[k] / acc[3] for k, f in enumerate(SIZE_FIELDS)} for s, acc in sums.items()}
 
 
-def shard_sizes(cfg: dict, documents: dict | None = None, tokens: dict | None = None) -> dict[str, tuple[float, float]]:
-    """(documents, tokens) per shard of each source: measured means when given, else the
-    source's tokens_per_shard_estimate (and TOKENS_PER_DOCUMENT), else 0 (unknown)."""
+def shard_sizes(cfg: dict, measured: dict | None = None) -> dict[str, dict[str, float]]:
+    """{source: {documents, tokens, bytes}} per shard: the measured means when given (`measured_sizes`),
+    else from the source's tokens_per_shard_estimate (GPT-2 tokens: BYTES_PER_ESTIMATED_TOKEN,
+    TOKENS_PER_DOCUMENT), else 0 (unknown)."""
     out = {}
     for s, src in cfg["sources"].items():
-        t = (tokens or {}).get(s) or src.get("tokens_per_shard_estimate") or 0
-        d = (documents or {}).get(s) or t / TOKENS_PER_DOCUMENT
-        out[s] = (d, t)
+        m = (measured or {}).get(s)
+        if m:
+            out[s] = {f: m[f] for f in SIZE_FIELDS}
+        else:
+            t = src.get("tokens_per_shard_estimate") or 0
+            out[s] = {"documents": t / TOKENS_PER_DOCUMENT, "tokens": t, "bytes": t * BYTES_PER_ESTIMATED_TOKEN}
     return out
 
 
@@ -85,15 +119,27 @@ def _n_shards(cfg: dict, source: str) -> int:
     return len(source_shards(cfg, source))
 
 
-def corpus(cfg: dict, documents: dict | None = None, tokens: dict | None = None) -> tuple[float, float, int]:
-    """(documents, tokens, shards) of every configured shard."""
-    sizes = shard_sizes(cfg, documents, tokens)
+def _all_shards(cfg: dict) -> int:
+    return sum(_n_shards(cfg, s) for s in cfg["sources"])
+
+
+def corpus(cfg: dict, measured: dict | None = None) -> dict[str, float]:
+    """{documents, tokens, bytes, shards} of every configured shard."""
+    sizes = shard_sizes(cfg, measured)
     n = {s: _n_shards(cfg, s) for s in cfg["sources"]}
-    return (sum(sizes[s][0] * n[s] for s in n), sum(sizes[s][1] * n[s] for s in n), sum(n.values()))
+    return {**{f: sum(sizes[s][f] * n[s] for s in n) for f in SIZE_FIELDS}, "shards": sum(n.values())}
 
 
 def dedup_job_mb(docs_per_job: float) -> int:
     return math.ceil(DEDUP_JOB_BASE_MB + DEDUP_JOB_BYTES_PER_DOC * docs_per_job / 2**20)
+
+
+def job_cpu_s(stage: str, units: float, shards: int = 0) -> float:
+    """CPU seconds of one job of `stage` doing `units` of work (RATES); a dedup candidate job also opens
+    the band-key files of every one of the corpus's `shards`."""
+    _, rate, per_job = RATES[stage]
+    opens = shards * DEDUP_JOB_SHARD_CPU_S if stage == "dedup_candidates" else 0.0
+    return per_job + opens + (units / rate if rate else 0.0)
 
 
 def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0, train_hours: float = 0) -> dict:
@@ -103,38 +149,34 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0,
     many = threads(cfg)
     cuda = hw["device"] == "cuda"
     spj = cfg["shards_per_job"]
-    sizes = list(shard_sizes(cfg).values()) or [(0, 0)]
-    shard_docs, shard_tokens = max(d for d, _ in sizes), max(t for _, t in sizes)
+    sizes = list(shard_sizes(cfg).values()) or [dict.fromkeys(SIZE_FIELDS, 0)]
+    shard_tokens = max(z["tokens"] for z in sizes)
+    shard_bytes = max(z["bytes"] for z in sizes)
     one = {"threads": 1}
     if rule == "download":
         return {**one, "resources": {"mem_mb": 2000, "runtime": 30 + 10 * spj}}  # network-bound: 10 min a shard
     if rule == "tokenize":  # (the count tables are joined from its metadata: nothing else tokenizes)
-        cpu = spj * shard_tokens / THROUGHPUT[rule]
         # one shard at a time: its text (~4.5 B/token) and tokens (4 B), twice over while converting
-        return {**one, "resources": {"mem_mb": 2000 + math.ceil(17 * shard_tokens / 2**20), "runtime": _minutes(cpu)}}
-    if rule == "dedup_signatures":
-        cpu = spj * shard_docs / THROUGHPUT[rule]
-        return {**one, "resources": {"mem_mb": 2000 + math.ceil(9 * shard_tokens / 2**20), "runtime": _minutes(cpu)}}
+        return {**one, "resources": {"mem_mb": 2000 + math.ceil(17 * shard_tokens / 2**20),
+                                     "runtime": _minutes(job_cpu_s(rule, spj * shard_bytes))}}
+    if rule in ("dedup_signatures", "decontaminate_flags"):  # one record batch of text at a time
+        return {**one, "resources": {"mem_mb": 2000 + math.ceil(9 * shard_tokens / 2**20),
+                                     "runtime": _minutes(job_cpu_s(rule, spj * shard_bytes))}}
     if rule == "dedup_candidates":
         parts = cfg["dedup"]["partitions"]
-        cpu = documents / parts / THROUGHPUT["dedup_candidates"] + DEDUP_JOB_START_CPU_S \
-            + sum(_n_shards(cfg, s) for s in cfg["sources"]) * DEDUP_JOB_SHARD_CPU_S
-        return {**one, "resources": {"mem_mb": dedup_job_mb(documents / parts), "runtime": _minutes(cpu)}}
+        return {**one, "resources": {"mem_mb": dedup_job_mb(documents / parts),
+                                     "runtime": _minutes(job_cpu_s(rule, documents / parts, _all_shards(cfg)))}}
     if rule == "dedup":  # the merge: candidate pairs of the whole corpus, then one shard's keep list at a time
         return {**one, "resources": {"mem_mb": 1000 + math.ceil(DEDUP_MERGE_BYTES_PER_DOC * documents / 2**20),
-                                     "runtime": _minutes(documents / THROUGHPUT["dedup_scan"])}}
+                                     "runtime": _minutes(job_cpu_s(rule, documents))}}
     if rule == "tokenizer":
         chars = cfg["tokenizer"]["train_chars"]
         return {"threads": many, "resources": {"cpus_per_task": many, "mem_mb": 4000 + math.ceil(12 * chars / 2**20),
-                                               "runtime": 60 + math.ceil(chars / 2e6)}}
-    if rule == "decontaminate_flags":  # a shard group's word n-grams, one process: not measured at scale;
-        # assumed as fast as the MinHash signatures (a similar per-word hashing pass), one shard's text at a time
-        cpu = spj * shard_docs / THROUGHPUT["dedup_signatures"]
-        return {**one, "resources": {"mem_mb": 2000 + math.ceil(9 * shard_tokens / 2**20), "runtime": _minutes(cpu)}}
+                                               "runtime": _minutes(job_cpu_s(rule, chars), safety=5)}}
     if rule in ("plan", "accounting", "eval_data", "decontaminate_grams", "stages_report"):
         return {**one, "resources": {"mem_mb": 2000, "runtime": MIN_RUNTIME}}
-    if rule in ("split", "mix", "pack"):  # not measured at scale: generous defaults (profile's set-resources)
-        cpu = tokens / THROUGHPUT["pack"] * (10 if rule != "pack" else 1)
+    if rule in ("split", "mix", "pack"):  # memory not measured at scale: a generous default (profile's set-resources)
+        cpu = job_cpu_s(rule, tokens if rule == "pack" else documents)
         return {**one, "resources": {"mem_mb": UNMEASURED_MB, "runtime": _minutes(cpu, safety=10)}}
     if rule == "train":
         nodes, nproc = hw["nodes"], hw["nproc_per_node"]
@@ -158,47 +200,169 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0,
     raise KeyError(f"no resources for rule '{rule}'")
 
 
-def data_costs(cfg: dict, documents: dict | None = None, tokens: dict | None = None, data_cpus: int = 64) -> dict:
-    """Jobs, CPU-hours and wall hours on `data_cpus` cores of each data stage, from THROUGHPUT (a
-    prediction). A stage's wall time is its jobs in waves of `data_cpus` (single-threaded jobs, the
-    longest setting the pace); stages are summed as if run one after the other (an upper bound:
-    Snakemake overlaps the per-shard stages)."""
-    docs, toks, shards = corpus(cfg, documents, tokens)
-    groups = sum(math.ceil(_n_shards(cfg, s) / cfg["shards_per_job"]) for s in cfg["sources"])
-    parts = cfg["dedup"]["partitions"]
-    stages = {
-        "tokenize": (groups, toks / THROUGHPUT["tokenize"]),
-        "dedup_signatures": (groups, docs / THROUGHPUT["dedup_signatures"]),
-        "dedup_candidates": (parts, docs / THROUGHPUT["dedup_candidates"]
-                             + parts * (DEDUP_JOB_START_CPU_S + shards * DEDUP_JOB_SHARD_CPU_S)),
-        "pack": (2 * len(cfg["mixes"]), toks / THROUGHPUT["pack"]),  # train and val of each mix
-    }
-    out = {"documents": round(docs), "tokens": round(toks), "shards": shards, "data_cpus": data_cpus,
-           "documents_basis": "measured counts" if documents else f"estimate ({TOKENS_PER_DOCUMENT:,} tokens/document)",
-           "stages": {}, "not_costed": ["download (network-bound)", "tokenizer", "decontaminate", "dedup merge",
-                                        "split", "mix", "accounting"]}
-    for name, (jobs, cpu_s) in stages.items():
-        waves = math.ceil(jobs / max(1, data_cpus))
-        out["stages"][name] = {"jobs": jobs, "cpu_hours": cpu_s / 3600, "wall_hours": waves * cpu_s / jobs / 3600,
-                               "job_mem_mb": job_resources(cfg, name if name != "pack" else "pack", docs, toks)
-                               ["resources"]["mem_mb"]}
-    out["jobs"] = {"download": groups, **{k: v["jobs"] for k, v in out["stages"].items()},
-                   "dedup (merge)": 1, "tokenizer": 1, "decontaminate (flags)": groups,
-                   "decontaminate (grams, report)": 2, "split": 1, "mix": len(cfg["mixes"]), "accounting": 1}
-    out["cpu_hours"] = sum(v["cpu_hours"] for v in out["stages"].values())
-    out["wall_hours"] = sum(v["wall_hours"] for v in out["stages"].values())
+# ----------------------------------------------------------------------------- the data stages' cost
+
+def _mix_tokens(cfg: dict, mix: str) -> tuple[int, int]:
+    """(train, val) tokens the pack jobs of `mix` write: its target (the plan's for `tokens: plan`) and at
+    most split.val_tokens per source."""
+    tokens = cfg["mixes"][mix]["tokens"]
+    train = mix_targets(cfg, mix) if tokens == "plan" else tokens
+    return train or 0, cfg["split"]["val_tokens"] * len(cfg["mixes"][mix]["weights"])
+
+
+def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
+    """Every data job of the DAG (download … pack, accounting): {name, stage, units, after: [names],
+    threads}, in the order Snakemake would find them ready; `units` of RATES[stage]'s unit."""
+    sizes = shard_sizes(cfg, measured)
+    spj, parts = cfg["shards_per_job"], cfg["dedup"]["partitions"]
+    c = corpus(cfg, measured)
+    jobs: list[dict] = []
+
+    def add(name, stage, units=0.0, after=(), threads=1):
+        jobs.append({"name": name, "stage": stage, "units": units, "after": list(after), "threads": threads})
+
+    groups = {s: [len(source_shards(cfg, s)[i:i + spj]) for i in range(0, len(source_shards(cfg, s)), spj)]
+              for s in cfg["sources"]}
+    gname = [(s, g) for s in groups for g in range(len(groups[s]))]
+    for s, g in gname:
+        add(f"download/{s}/{g}", "download", groups[s][g] * sizes[s]["bytes"])
+    train_src = tokenizer_sources(cfg)
+    chars = min(cfg["tokenizer"]["train_chars"], sum(sizes[s]["bytes"] * sum(groups[s]) for s in train_src))
+    add("tokenizer", "tokenizer", chars if cfg["tokenizer"]["kind"] == "bpe" else 0,
+        [f"download/{s}/{g}" for s, g in gname if s in train_src], threads=threads(cfg))
+    add("eval_data", "eval_data")
+    add("decontaminate_grams", "decontaminate_grams", after=["eval_data"])
+    for s, g in gname:
+        add(f"tokenize/{s}/{g}", "tokenize", groups[s][g] * sizes[s]["bytes"], [f"download/{s}/{g}", "tokenizer"])
+    sample = sum(min(cfg["count"]["sample_shards"], sum(groups[s])) for s in groups)
+    add("count_sample", "count_sample", sample, [f"tokenize/{s}/{g}" for s, g in gname])
+    add("plan", "plan", after=["count_sample"])
+    for s, g in gname:
+        add(f"dedup_signatures/{s}/{g}", "dedup_signatures", groups[s][g] * sizes[s]["bytes"], [f"tokenize/{s}/{g}"])
+        add(f"decontaminate_flags/{s}/{g}", "decontaminate_flags", groups[s][g] * sizes[s]["bytes"],
+            [f"tokenize/{s}/{g}", "decontaminate_grams"])
+    add("count", "count", c["shards"], [f"tokenize/{s}/{g}" for s, g in gname])
+    add("dedup_index", "dedup_index", c["shards"], [f"dedup_signatures/{s}/{g}" for s, g in gname])
+    for p in range(parts):
+        add(f"dedup_candidates/{p}", "dedup_candidates", c["documents"] / parts, ["dedup_index"])
+    add("dedup", "dedup", c["documents"], [f"dedup_candidates/{p}" for p in range(parts)])
+    add("decontaminate", "decontaminate", c["shards"], [f"decontaminate_flags/{s}/{g}" for s, g in gname])
+    add("split", "split", c["documents"], ["dedup", "decontaminate"])
+    packs = []
+    for m in cfg["mixes"]:
+        docs = sum(sizes[s]["documents"] * sum(groups[s]) for s in cfg["mixes"][m]["weights"])
+        add(f"mix/{m}", "mix", docs, ["split", "plan"])
+        for split, tokens in zip(("train", "val"), _mix_tokens(cfg, m)):
+            packs.append(f"pack/{m}/{split}")
+            add(packs[-1], "pack", tokens, [f"mix/{m}"])
+    add("accounting", "accounting", c["documents"], ["count", "split", *packs])
+    return jobs
+
+
+def schedule(jobs: list[dict], cores: int) -> dict[str, tuple[float, float]]:
+    """{name: (start, end) seconds} of `jobs` (`data_jobs`, with a `cpu_s` each) run on `cores` cores by a
+    greedy list scheduler, as Snakemake runs them: whenever cores are free, the first ready jobs in
+    order take them; a job of t threads holds min(t, cores) cores. A tokenizer job runs
+    TOKENIZER_PARALLELISM times faster than its CPU seconds."""
+    import heapq
+
+    waiting = {j["name"]: set(j["after"]) for j in jobs}
+    users: dict[str, list[str]] = {}
+    for j in jobs:
+        for a in j["after"]:
+            users.setdefault(a, []).append(j["name"])
+    by_name = {j["name"]: j for j in jobs}
+    order = {j["name"]: i for i, j in enumerate(jobs)}
+    ready = [order[n] for n, deps in waiting.items() if not deps]
+    heapq.heapify(ready)
+    running: list[tuple[float, str]] = []
+    free, now, out = cores, 0.0, {}
+    while ready or running:
+        while ready:
+            j = jobs[ready[0]]
+            need = min(j["threads"], cores)
+            if need > free:
+                break
+            heapq.heappop(ready)
+            free -= need
+            out[j["name"]] = (now, now + _duration(j, cores))
+            heapq.heappush(running, (out[j["name"]][1], j["name"]))
+        now, name = heapq.heappop(running)
+        free += min(by_name[name]["threads"], cores)
+        for u in users.get(name, []):
+            waiting[u].discard(name)
+            if not waiting[u]:
+                heapq.heappush(ready, order[u])
+    return out
+
+
+def _duration(job: dict, cores: int) -> float:
+    """Seconds a job runs: its CPU seconds, the tokenizer's divided by its threads' speed-up."""
+    if job["stage"] == "tokenizer":
+        return job["cpu_s"] / max(1.0, min(job["threads"], cores, TOKENIZER_PARALLELISM))
+    return job["cpu_s"]
+
+
+def critical_path(jobs: list[dict], cores: int) -> float:
+    """Seconds of the longest chain of dependent jobs: the wall time no number of `cores` goes below."""
+    done: dict[str, float] = {}
+    for j in jobs:  # data_jobs lists every job after the jobs it waits for
+        done[j["name"]] = max((done[a] for a in j["after"]), default=0.0) + _duration(j, cores)
+    return max(done.values(), default=0.0)
+
+
+def data_costs(cfg: dict, measured: dict | None = None, data_cpus: int = 64) -> dict:
+    """The data stages' cost on `data_cpus` cores (a prediction from RATES): per stage its jobs, units,
+    CPU hours, wall hours (from its first job's start to its last job's end in `schedule`) and memory per
+    job; the whole half's CPU hours, its wall hours (`schedule`'s makespan: the critical path and the
+    cores both count) and the critical path alone."""
+    jobs = data_jobs(cfg, measured)
+    c = corpus(cfg, measured)
+    for j in jobs:
+        j["cpu_s"] = job_cpu_s(j["stage"], j["units"], c["shards"])
+    times = schedule(jobs, data_cpus)
+    out = {**{k: round(v) for k, v in c.items()}, "data_cpus": data_cpus,
+           "basis": "measured counts" if measured else "estimate (tokens_per_shard_estimate)", "stages": {}}
+    for j in jobs:
+        st = out["stages"].setdefault(j["stage"], {"unit": RATES[j["stage"]][0], "jobs": 0, "units": 0.0,
+                                                   "cpu_hours": 0.0, "start": math.inf, "end": 0.0})
+        st["jobs"] += 1
+        st["units"] += j["units"]
+        st["cpu_hours"] += j["cpu_s"] / 3600
+        st["start"], st["end"] = min(st["start"], times[j["name"]][0]), max(st["end"], times[j["name"]][1])
+    for stage, st in out["stages"].items():
+        st["wall_hours"] = (st.pop("end") - st.pop("start")) / 3600
+        reducer = stage in ("count", "count_sample", "dedup_index", "decontaminate")  # sized as the plan rule
+        rule = "plan" if reducer else stage
+        st["job_mem_mb"] = job_resources(cfg, rule, c["documents"], c["tokens"])["resources"]["mem_mb"]
+    out["cpu_hours"] = sum(st["cpu_hours"] for st in out["stages"].values())
+    out["wall_hours"] = max(t[1] for t in times.values()) / 3600
+    out["critical_path_hours"] = critical_path(jobs, data_cpus) / 3600
+    return out
+
+
+def stage_work(cfg: dict, measured: dict | None = None) -> dict[str, dict]:
+    """{stage: {jobs, units}} of the data half (`data_jobs`): what `benchmarks/data_scale.py calibrate`
+    fits RATES to."""
+    out: dict[str, dict] = {}
+    for j in data_jobs(cfg, measured):
+        w = out.setdefault(j["stage"], {"jobs": 0, "units": 0.0})
+        w["jobs"] += 1
+        w["units"] += j["units"]
     return out
 
 
 def format_costs(c: dict) -> str:
-    lines = [f"data stages on {c['data_cpus']} CPU cores (a prediction from BENCHMARKS.md per-core throughputs; "
-             f"{c['shards']:,} shards, {c['tokens'] / 1e9:,.1f}B tokens, {c['documents'] / 1e6:,.1f}M documents: "
-             f"{c['documents_basis']})",
-             f"  {'stage':<18}{'jobs':>7}{'CPU-hours':>12}{'wall h':>9}{'mem/job':>10}"]
+    lines = [f"data stages on {c['data_cpus']} CPU cores (a prediction from pipeline.cluster.RATES; {c['shards']:,} "
+             f"shards, {c['bytes'] / 1e9:,.1f} GB of text, {c['tokens'] / 1e9:,.1f}B tokens, "
+             f"{c['documents'] / 1e6:,.1f}M documents: {c['basis']})",
+             f"  {'stage':<22}{'jobs':>7}{'CPU-hours':>11}{'wall h':>9}{'mem/job':>10}"]
     for name, s in c["stages"].items():
-        lines.append(f"  {name:<18}{s['jobs']:>7,}{s['cpu_hours']:>12,.1f}{s['wall_hours']:>9,.2f}"
+        lines.append(f"  {name:<22}{s['jobs']:>7,}{s['cpu_hours']:>11,.2f}{s['wall_hours']:>9,.2f}"
                      f"{s['job_mem_mb'] / 1000:>8,.1f}GB")
-    lines.append(f"  {'total':<18}{sum(c['jobs'].values()):>7,}{c['cpu_hours']:>12,.1f}{c['wall_hours']:>9,.2f}"
-                 f"   (jobs: all data jobs; hours: costed stages)")
-    lines.append(f"  not costed (not measured): {', '.join(c['not_costed'])}")
+    lines.append(f"  {'total':<22}{sum(s['jobs'] for s in c['stages'].values()):>7,}{c['cpu_hours']:>11,.2f}"
+                 f"{c['wall_hours']:>9,.2f}   (wall: the stages overlap; critical path alone "
+                 f"{c['critical_path_hours']:,.2f} h)")
+    lines.append("  download is costed as a local copy (an hf source's is network-bound); the tokenizer at a 4,096 "
+                 "vocabulary (a larger one's extra merges are not measured)")
     return "\n".join(lines)

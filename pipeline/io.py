@@ -347,6 +347,18 @@ def setup_logging() -> None:
 
 
 
+RESOURCE_LINE = re.compile(r"resources: cpu (?P<cpu_s>[0-9.]+) s \(user \+ sys\), peak rss (?P<max_rss_mb>[0-9.]+) MB")
+
+
+def resource_usage() -> str:
+    """This process's CPU seconds (user + sys, every thread, from start-up and imports on) and peak RSS,
+    as the one line `RESOURCE_LINE` reads back (benchmarks/data_scale.py)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return f"resources: cpu {r.ru_utime + r.ru_stime:.3f} s (user + sys), peak rss {r.ru_maxrss / 1024:.1f} MB"
+
+
 def _exit_on_sigterm(signum, frame):
     """SIGTERM (Snakemake or a scheduler cancelling a job) unwinds like an error, so `atomic_path` removes
     its temp files; Python's default would end the process on the spot."""
@@ -378,11 +390,14 @@ def filesystem_error_message(e: OSError) -> str | None:
 
 def run_cli(main_fn, argv=None) -> None:
     """Run a stage's main(argv); a PipelineError (or ConfigError), or an output that cannot be written
-    (`filesystem_error_message`), becomes one 'error:' line and exit 1."""
+    (`filesystem_error_message`), becomes one 'error:' line and exit 1. A stage that succeeds ends its
+    log with the process's own CPU time and peak RSS (`resource_usage`): exact, where Snakemake's
+    `benchmark:` files sample the job's processes (every second, then every 30 s)."""
     setup_logging()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         main_fn(argv)
+        logging.getLogger("pipeline").info("%s", resource_usage())
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -8,8 +8,9 @@ The plan rule reads the plan's sample (`R/counts/sample.parquet`: the exact coun
 `pipeline.data.count`), so the budget is checked before every shard is tokenized. With --configfile
 and no --counts, the run's exact table `R/counts/counts.parquet` is used when it exists, else its
 sample (`run_counts`), and the
-plan is followed by the data stages' cost on a cluster: jobs, CPU-hours per stage (from the measured
-per-core throughputs in `pipeline.cluster.THROUGHPUT`) and the wall time on --data-cpus cores.
+plan is followed by the data stages' cost on a cluster: jobs, CPU-hours and wall hours per stage (from
+the measured rates in `pipeline.cluster.RATES`) and the wall time on --data-cpus cores, which counts the
+longest chain of dependent jobs as well as the cores.
 
 The Snakefile imports this module at parse time (every invocation, dry runs included, prints the plan
 and refuses an infeasible one), so it must stay import-light: no torch, pyarrow only when a counts
@@ -668,9 +669,7 @@ def main(argv=None) -> None:
         return
     print(format_plan(plan))
     if args.configfile:  # the data stages' cost on a cluster (pipeline/cluster.py)
-
-        documents, tokens = cluster.measured_sizes(found)
-        print("\n" + cluster.format_costs(cluster.data_costs(params, documents, tokens, args.data_cpus)))
+        print("\n" + cluster.format_costs(cluster.data_costs(params, cluster.measured_sizes(found), args.data_cpus)))
 
 
 if __name__ == "__main__":

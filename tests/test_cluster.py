@@ -17,6 +17,7 @@ from pipeline import cluster
 from pipeline.config import resolve_config
 from pipeline.errors import PipelineError
 from pipeline.plan import train_hours
+from pipeline.stages import mix_targets
 from pipeline.training import rendezvous
 
 PRESET = yaml.safe_load((ROOT / "configs/llama3-1b-fineweb.yaml").read_text())
@@ -49,12 +50,15 @@ def test_train_job_is_one_allocation_of_n_nodes_with_gpus_per_node():
 
 def test_dedup_candidate_jobs_stay_under_1gb_on_the_preset_and_grow_with_fewer_partitions():
     cfg = preset()
-    docs, tokens, shards = cluster.corpus(cfg)
-    assert shards == 1823 and 90e6 < docs < 110e6
-    mem = cluster.job_resources(cfg, "dedup_candidates", docs, tokens)["resources"]["mem_mb"]
+    c = cluster.corpus(cfg)
+    assert c["shards"] == 1823 and 90e6 < c["documents"] < 110e6
+    # before any count: the estimate's GPT-2 tokens at 4.6 bytes each, ~250 MB of text a shard
+    assert c["bytes"] == pytest.approx(c["tokens"] * cluster.BYTES_PER_ESTIMATED_TOKEN)
+    mem = cluster.job_resources(cfg, "dedup_candidates", c["documents"], c["tokens"])["resources"]["mem_mb"]
     assert mem <= 1000
     fewer = resolve_config({**PRESET, "dedup": {"partitions": 20}})
-    assert cluster.job_resources(fewer, "dedup_candidates", docs, tokens)["resources"]["mem_mb"] > 3 * mem
+    more = cluster.job_resources(fewer, "dedup_candidates", c["documents"], c["tokens"])["resources"]["mem_mb"]
+    assert more > 3 * mem
 
 
 def test_every_rule_has_resources():
@@ -66,20 +70,86 @@ def test_every_rule_has_resources():
         assert r["threads"] >= 1 and r["resources"]["mem_mb"] > 0 and r["resources"]["runtime"] >= 10, rule
 
 
-def test_data_costs_scale_with_cores_and_partitions():
+def data_rules() -> set[str]:
+    """The rules with a `benchmark:` table: every data rule (workflow/rules/*.smk)."""
+    rules = set()
+    for smk in (ROOT / "workflow/rules").glob("*.smk"):
+        for block in re.split(r"^rule ", smk.read_text(), flags=re.M)[1:]:
+            if "\n    benchmark:" in block:
+                rules.add(block.split(":", 1)[0])
+    return rules
+
+
+def test_the_cost_plan_and_the_rehearsal_cover_every_data_rule():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import data_scale
+
+    rules = data_rules()
+    assert "decontaminate_flags" in rules and "pack" in rules and "dedup_index" in rules
+    assert set(cluster.RATES) == rules
+    assert set(cluster.stage_work(preset())) == rules  # every stage has its jobs in the DAG the plan schedules
+    # the rehearsal reads each job's own CPU from its log: the globs are the rules' `log:` paths
+    for smk in (ROOT / "workflow/rules").glob("*.smk"):
+        for block in re.split(r"^rule ", smk.read_text(), flags=re.M)[1:]:
+            name = block.split(":", 1)[0]
+            if name in rules:
+                log = re.search(r'\n    log:\n\s+f"\{LOG_DIR\}/([^"]+)"', block).group(1)
+                assert re.sub(r"\{\{\w+\}\}", "*", log) == data_scale.LOGS[name], name
+
+
+def jobs(*spec) -> list[dict]:
+    return [{"name": n, "stage": "tokenizer" if t > 1 else "tokenize", "cpu_s": c, "after": list(a), "threads": t}
+            for n, c, a, t in spec]
+
+
+def test_schedule_runs_jobs_on_the_cores_after_what_they_wait_for():
+    dag = jobs(("a", 2.0, (), 1), ("b", 3.0, ("a",), 1), ("c", 4.0, (), 1))
+    one, two = cluster.schedule(dag, 1), cluster.schedule(dag, 2)
+    assert max(e for _, e in one.values()) == 9.0  # one core: one job after another
+    assert two == {"a": (0.0, 2.0), "c": (0.0, 4.0), "b": (2.0, 5.0)}  # b waits for a, not for c
+    assert cluster.critical_path(dag, 2) == 5.0
+    # a multi-threaded job (the tokenizer) holds every core it uses, and runs TOKENIZER_PARALLELISM × faster
+    wide = cluster.schedule(jobs(("t", 3.7, (), 8), ("x", 1.0, (), 1)), 2)
+    assert wide["t"] == (0.0, pytest.approx(3.7 / min(2, cluster.TOKENIZER_PARALLELISM)))
+    assert wide["x"][0] == wide["t"][1]
+
+
+def test_data_costs_cover_every_stage_and_scale_with_cores_and_partitions():
     cfg = preset()
     small, big = cluster.data_costs(cfg, data_cpus=64), cluster.data_costs(cfg, data_cpus=1024)
+    assert set(small["stages"]) == data_rules()
     assert small["cpu_hours"] == pytest.approx(big["cpu_hours"]) and big["wall_hours"] < small["wall_hours"]
-    assert small["stages"]["dedup_candidates"]["jobs"] == 200 and small["stages"]["tokenize"]["jobs"] == 114
-    # one tokenization pass: no count stage of its own; decontamination flags one job per shard group
-    assert "count" not in small["stages"] and small["jobs"]["decontaminate (flags)"] == 114
-    # tokenize: 100B tokens / 5.35M tokens per CPU-second
-    assert small["stages"]["tokenize"]["cpu_hours"] == pytest.approx(1823 * 54854635 / 5.35e6 / 3600)
+    for c in (small, big):  # the wall time is bounded by the cores and by the longest chain of jobs
+        assert c["wall_hours"] >= max(c["cpu_hours"] / c["data_cpus"], c["critical_path_hours"]) * 0.999
+    st = small["stages"]
+    assert st["dedup_candidates"]["jobs"] == 200 and st["tokenize"]["jobs"] == 114
+    assert st["decontaminate_flags"]["jobs"] == 114 and st["pack"]["jobs"] == 2
+    # tokenize: the shards' text in bytes (no vocabulary in the unit) ÷ the rate, plus each job's start
+    unit, rate, per_job = cluster.RATES["tokenize"]
+    assert unit == "bytes" and st["tokenize"]["cpu_hours"] == pytest.approx(
+        (small["bytes"] / rate + 114 * per_job) / 3600, rel=1e-6)
+    # pack: the mix's tokens (the plan's 20 tokens/param) and its val, not the corpus
+    assert st["pack"]["units"] == pytest.approx(mix_targets(cfg, "pretrain") + cfg["split"]["val_tokens"], rel=1e-6)
     # each candidate job reads its 1/P of the band keys: twice the jobs cost only their start-up again
     more = cluster.data_costs(resolve_config({**PRESET, "dedup": {"partitions": 400}}), data_cpus=64)
-    per_job = cluster.DEDUP_JOB_START_CPU_S + small["shards"] * cluster.DEDUP_JOB_SHARD_CPU_S
     assert more["stages"]["dedup_candidates"]["cpu_hours"] == pytest.approx(
-        small["stages"]["dedup_candidates"]["cpu_hours"] + 200 * per_job / 3600)
+        st["dedup_candidates"]["cpu_hours"] + 200 * cluster.job_cpu_s("dedup_candidates", 0, 1823) / 3600)
+
+
+def test_data_costs_use_the_measured_sample_sizes(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = tmp_path / "sample.parquet"
+    pq.write_table(pa.table({"source": ["fineweb"] * 2, "documents": [40_000, 60_000], "tokens": [3e7, 5e7],
+                             "bytes": [2e8, 3e8]}), table)
+    measured = cluster.measured_sizes(table)
+    assert measured == {"fineweb": {"documents": 50_000, "tokens": 4e7, "bytes": 2.5e8}}
+    c = cluster.data_costs(preset(), measured, data_cpus=64)
+    assert c["basis"] == "measured counts" and c["bytes"] == round(1823 * 2.5e8)
+    assert c["stages"]["dedup_signatures"]["units"] == pytest.approx(1823 * 2.5e8)
+    assert c["stages"]["dedup"]["units"] == pytest.approx(1823 * 50_000)
+    assert cluster.measured_sizes(tmp_path / "absent.parquet") == {}
 
 
 def test_plan_cli_prints_the_data_stage_cost():

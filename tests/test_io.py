@@ -199,3 +199,23 @@ def test_an_unwritable_output_directory_is_one_line_naming_it(tmp_path):
     [line] = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert line.startswith(f"error: cannot write into directory {out}: ") and "chattr -i" in line, line
     assert list(out.iterdir()) == []
+
+
+def test_a_stage_that_succeeds_ends_its_log_with_its_own_cpu_and_peak_memory():
+    """`run_cli`'s last line is the process's CPU (user + sys) and peak RSS, which the data-scale benchmark
+    reads per job (Snakemake's benchmark tables sample them); a failing stage ends with its error instead."""
+    import subprocess
+
+    from pipeline.io import RESOURCE_LINE
+
+    busy = "import sys; from pipeline.io import run_cli; run_cli(lambda argv: sum(i * i for i in range(3_000_000)))"
+    out = subprocess.run([sys.executable, "-c", busy], capture_output=True, text=True, check=True)
+    last = out.stderr.strip().splitlines()[-1]
+    m = RESOURCE_LINE.search(last)
+    assert m, out.stderr
+    assert 0.05 < float(m["cpu_s"]) < 60 and float(m["max_rss_mb"]) > 5
+    fail = ("from pipeline.io import run_cli; from pipeline.errors import PipelineError\n"
+            "def main(argv): raise PipelineError('no such shard')\nrun_cli(main)")
+    bad = subprocess.run([sys.executable, "-c", fail], capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == "error: no such shard"
+    assert not RESOURCE_LINE.search(bad.stderr)

@@ -86,7 +86,8 @@ STAGES = {s["name"]: s for s in stage_list(config)}
 # gpu, nodes) from the config and the corpus size (the measured counts once they exist: the exact table,
 # else the plan's sample; else the sources' estimates). A cluster executor turns them into its job
 # requests; locally, --cores caps threads.
-CORPUS_DOCS, CORPUS_TOKENS, _ = tfcl.corpus(config, *tfcl.measured_sizes(run_counts(RUN_DIR)))
+_corpus = tfcl.corpus(config, tfcl.measured_sizes(run_counts(RUN_DIR)))
+CORPUS_DOCS, CORPUS_TOKENS = _corpus["documents"], _corpus["tokens"]
 
 
 TRAIN_HOURS = 0 if TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.get("missing") else train_hours(config)
