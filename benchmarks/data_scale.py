@@ -2,6 +2,7 @@
 the cost plan's prediction (`pipeline.cluster`).
 
     python benchmarks/data_scale.py run --shards 20 --docs 50000 --workdir /tmp/tf-scale [--cores 2]
+    python benchmarks/data_scale.py report /tmp/tf-scale
     python benchmarks/data_scale.py calibrate /tmp/tf-cal-small /tmp/tf-cal-large
     python benchmarks/data_scale.py tokenizer /tmp/tf-scale [--chars 16000000 64000000 256000000]
 
@@ -17,7 +18,8 @@ then every 30 s, and miss a job's last moments), wall seconds and peak RSS (the 
 every data rule has one), beside `pipeline.cluster.data_costs` for the same config and cores, fed what
 the plan knows before the run (the count sample, `R/counts/sample.parquet`); the ratio is
 measured / predicted. Last the whole run's wall time beside the plan's critical-path estimate.
-Results land in WORKDIR/result.json.
+Results land in WORKDIR/result.json; `report` prints a finished run's measurement beside the cost plan
+as it is now (after a change of `pipeline.cluster`, without running again).
 
 `calibrate` reads two finished runs of different sizes (same tokenizer vocabulary, different
 train_chars) and fits, per stage, the CPU seconds per job and the units (bytes, documents, tokens, …
@@ -304,12 +306,20 @@ def main(argv=None) -> None:
     c = sub.add_parser("calibrate")
     c.add_argument("small")
     c.add_argument("large")
+    rep = sub.add_parser("report", help="a finished run's measurement beside the current cost plan (no run)")
+    rep.add_argument("workdir")
+    rep.add_argument("--cores", type=int, default=2)
     t = sub.add_parser("tokenizer")
     t.add_argument("workdir", help="a finished `run`'s workdir (its downloaded shards are read)")
     t.add_argument("--chars", type=int, nargs="+", default=[16_000_000, 64_000_000, 256_000_000])
     args = ap.parse_args(argv)
     if args.cmd == "run":
         run(args)
+    elif args.cmd == "report":
+        work = Path(args.workdir)
+        predicted = predict(work, args.cores)
+        print(format_rows(compare(measure(work), predicted), json.loads((work / "result.json").read_text())["wall_s"],
+                          predicted))
     elif args.cmd == "calibrate":
         calibrate(Path(args.small), Path(args.large))
     else:

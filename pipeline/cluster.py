@@ -30,15 +30,16 @@ from pipeline.stages import mix_targets, tokenizer_sources
 # shards, on the 2-core VM, idle), the tokenizer by its `tokenizer` sweep (16M-256M characters, the
 # mean of two sweeps that differed by 23 %; rustbpe at a 4,096 vocabulary): BENCHMARKS.md "The data
 # half at scale", with the 1M-document rehearsal that checks them. download is a local copy (an hf
-# source's download is network-bound and not predicted). A rate of None: the work per unit was below
-# the measurement's resolution (these jobs read one small metadata file per shard; 8 vs 16 shards made
-# no difference), so only the job's start counts: the mean of the two runs'.
+# source's download is network-bound and not predicted). The count jobs parse each shard's doc_rows
+# list (documents; count_sample takes count's rate, its own fit was within the noise). A rate of None:
+# the work per unit was below the measurement's resolution (these jobs read one small file per shard;
+# 8 vs 16 shards made no difference), so only the job's start counts: the mean of the two runs'.
 RATES = {  # stage: (unit, units per CPU-second, CPU seconds per job)
     "download": ("bytes", 198e6, 0.51),
     "tokenizer": ("train_chars", 6.4e6, 0.5),
     "tokenize": ("bytes", 8.77e6, 0.43),
-    "count_sample": ("shards", None, 0.52),
-    "count": ("shards", None, 0.48),
+    "count_sample": ("documents", 12.2e6, 0.49),
+    "count": ("documents", 12.2e6, 0.47),
     "plan": ("none", None, 0.62),
     "eval_data": ("none", None, 2.27),
     "decontaminate_grams": ("none", None, 2.07),
@@ -234,14 +235,14 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     add("decontaminate_grams", "decontaminate_grams", after=["eval_data"])
     for s, g in gname:
         add(f"tokenize/{s}/{g}", "tokenize", groups[s][g] * sizes[s]["bytes"], [f"download/{s}/{g}", "tokenizer"])
-    sample = sum(min(cfg["count"]["sample_shards"], sum(groups[s])) for s in groups)
-    add("count_sample", "count_sample", sample, [f"tokenize/{s}/{g}" for s, g in gname])
+    sample = sum(min(cfg["count"]["sample_shards"], sum(groups[s])) * sizes[s]["documents"] for s in groups)
+    add("count_sample", "count_sample", sample, [f"tokenize/{s}/{g}" for s, g in gname])  # (each shard's doc_rows)
     add("plan", "plan", after=["count_sample"])
     for s, g in gname:
         add(f"dedup_signatures/{s}/{g}", "dedup_signatures", groups[s][g] * sizes[s]["bytes"], [f"tokenize/{s}/{g}"])
         add(f"decontaminate_flags/{s}/{g}", "decontaminate_flags", groups[s][g] * sizes[s]["bytes"],
             [f"tokenize/{s}/{g}", "decontaminate_grams"])
-    add("count", "count", c["shards"], [f"tokenize/{s}/{g}" for s, g in gname])
+    add("count", "count", c["documents"], [f"tokenize/{s}/{g}" for s, g in gname])
     add("dedup_index", "dedup_index", c["shards"], [f"dedup_signatures/{s}/{g}" for s, g in gname])
     for p in range(parts):
         add(f"dedup_candidates/{p}", "dedup_candidates", c["documents"] / parts, ["dedup_index"])
