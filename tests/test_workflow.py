@@ -514,6 +514,23 @@ def test_corrupt_shard_fails_with_named_file_and_no_output(tmp_path):
     assert not (tmp_path / "data/raw/web/shard_00001.parquet").exists()
 
 
+def test_a_budget_the_shards_cannot_meet_stops_the_run_after_the_plans_sample(tmp_path):
+    """The sample's download and tokenize jobs, count_sample and plan go first (their priority), so the
+    plan's refusal comes after the sample is tokenized, not after every shard."""
+    for i, texts in enumerate(sample_docs(n_shards=6, per_shard=15)):
+        write_text_shard(tmp_path / f"src/web/shard_{i:05d}.parquet", texts)
+    cfg = {**TINY, "sources": {"web": TINY["sources"]["web"]}, "count": {"sample_shards": 1},
+           "mixes": {"pretrain": TINY["mixes"]["pretrain"]},
+           "train": {**TINY["train"], "target_tokens": 10**9, "stages": [{"name": "pretrain"}]}}
+    write_config(tmp_path, cfg)
+    proc = snakemake(tmp_path, "--cores", "1", check=False)
+    assert proc.returncode != 0
+    assert "Error in rule plan" in proc.stdout + proc.stderr
+    assert "budget" in (tmp_path / "logs/t/plan.log").read_text()
+    tokenized = sorted(p.stem for p in (tmp_path / "results/t/tokens/web").glob("shard_*.json"))
+    assert tokenized == ["shard_00000"]  # the sample; the other five shards were never tokenized
+
+
 def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     proc = subprocess.run(

@@ -164,6 +164,16 @@ def group_shards(w):
     return GROUPS[w.source][w.group]
 
 
+# The plan's sample first: the download and tokenize jobs of a group holding a sample shard, and the
+# count_sample and plan jobs, go before the other ready jobs, so a budget the shards cannot meet stops the
+# run after a few shards instead of after all of them.
+SAMPLE_PRIORITY = 10
+
+
+def sample_priority(w):
+    return SAMPLE_PRIORITY if set(GROUPS[w.source][w.group]) & set(SAMPLE[w.source]) else 0
+
+
 # The per-shard chain of one shard group (download → tokenize → dedup_signatures) is one cluster job, the
 # group job "shards-{source}-{group}", joined by its edges (the cluster profile's `group-components` puts
 # every component of one resolved group id in one job). decontaminate_flags stays out of it: the chain

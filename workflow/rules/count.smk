@@ -44,6 +44,7 @@ rule count_sample:
         f"{LOG_DIR}/count/sample.log",
     benchmark:
         f"{BENCH_DIR}/count_sample.tsv"
+    priority: SAMPLE_PRIORITY
     threads: job_threads("plan")
     resources:
         **job_resources("plan"),

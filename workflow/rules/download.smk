@@ -17,6 +17,7 @@ rule download:
         f"{BENCH_DIR}/download/{{source}}/{{group}}.tsv"
     group:
         download_group
+    priority: sample_priority
     threads: job_threads("download")
     resources:
         downloads=1,

@@ -17,6 +17,7 @@ rule plan:
         f"{LOG_DIR}/plan.log",
     benchmark:
         f"{BENCH_DIR}/plan.tsv"
+    priority: SAMPLE_PRIORITY
     threads: job_threads("plan")
     resources:
         **job_resources("plan"),

@@ -17,6 +17,7 @@ rule tokenize:
         f"{BENCH_DIR}/tokenize/{{source}}/{{group}}.tsv"
     group:
         SHARD_CHAIN
+    priority: sample_priority
     threads: job_threads("tokenize")
     resources:
         **job_resources("tokenize"),
