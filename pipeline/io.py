@@ -391,8 +391,9 @@ def filesystem_error_message(e: OSError) -> str | None:
 def run_cli(main_fn, argv=None) -> None:
     """Run a stage's main(argv); a PipelineError (or ConfigError), or an output that cannot be written
     (`filesystem_error_message`), becomes one 'error:' line and exit 1. A stage that succeeds ends its
-    log with the process's own CPU time and peak RSS (`resource_usage`): exact, where Snakemake's
-    `benchmark:` files sample the job's processes (every second, then every 30 s)."""
+    log with the process's own CPU time and peak RSS (`resource_usage`), from its start to the end of
+    its work (the interpreter's exit after it, ~0.1-0.2 s, is not in it), where Snakemake's `benchmark:`
+    files sample the job's processes (every second, then every 30 s) and miss a job's last moments."""
     setup_logging()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
