@@ -15,10 +15,11 @@ per document, the per-core throughputs) and otherwise from stated, generous defa
 """
 from __future__ import annotations
 
+import heapq
 import math
 
 from pipeline.budget import count_params
-from pipeline.config import source_shards
+from pipeline.config import sample_shards, source_shards
 from pipeline.stages import mix_targets, tokenizer_sources
 
 # The data stages' cost: CPU seconds of a stage = its jobs × the CPU of a job's start (interpreter,
@@ -222,9 +223,12 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     def add(name, stage, units=0.0, after=(), threads=1):
         jobs.append({"name": name, "stage": stage, "units": units, "after": list(after), "threads": threads})
 
-    groups = {s: [len(source_shards(cfg, s)[i:i + spj]) for i in range(0, len(source_shards(cfg, s)), spj)]
-              for s in cfg["sources"]}
-    gname = [(s, g) for s in groups for g in range(len(groups[s]))]
+    shards = {s: source_shards(cfg, s) for s in cfg["sources"]}
+    members = {s: [shards[s][i:i + spj] for i in range(0, len(shards[s]), spj)] for s in shards}
+    groups = {s: [len(m) for m in members[s]] for s in shards}
+    in_sample = {(s, g) for s in shards for g, m in enumerate(members[s]) if set(m) & set(sample_shards(cfg, s))}
+    # the plan's sample first, as the rules' priorities run them (workflow/rules/common.smk)
+    gname = sorted(((s, g) for s in groups for g in range(len(groups[s]))), key=lambda sg: sg not in in_sample)
     for s, g in gname:
         add(f"download/{s}/{g}", "download", groups[s][g] * sizes[s]["bytes"])
     train_src = tokenizer_sources(cfg)
@@ -235,8 +239,8 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     add("decontaminate_grams", "decontaminate_grams", after=["eval_data"])
     for s, g in gname:
         add(f"tokenize/{s}/{g}", "tokenize", groups[s][g] * sizes[s]["bytes"], [f"download/{s}/{g}", "tokenizer"])
-    sample = sum(min(cfg["count"]["sample_shards"], sum(groups[s])) * sizes[s]["documents"] for s in groups)
-    add("count_sample", "count_sample", sample, [f"tokenize/{s}/{g}" for s, g in gname])  # (each shard's doc_rows)
+    sample = sum(len(sample_shards(cfg, s)) * sizes[s]["documents"] for s in shards)  # (each shard's doc_rows)
+    add("count_sample", "count_sample", sample, [f"tokenize/{s}/{g}" for s, g in sorted(in_sample)])
     add("plan", "plan", after=["count_sample"])
     for s, g in gname:
         add(f"dedup_signatures/{s}/{g}", "dedup_signatures", groups[s][g] * sizes[s]["bytes"], [f"tokenize/{s}/{g}"])
@@ -265,8 +269,6 @@ def schedule(jobs: list[dict], cores: int) -> dict[str, tuple[float, float]]:
     greedy list scheduler, as Snakemake runs them: whenever cores are free, the first ready jobs in
     order take them; a job of t threads holds min(t, cores) cores. A tokenizer job runs
     TOKENIZER_PARALLELISM times faster than its CPU seconds."""
-    import heapq
-
     waiting = {j["name"]: set(j["after"]) for j in jobs}
     users: dict[str, list[str]] = {}
     for j in jobs:

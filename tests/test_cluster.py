@@ -124,6 +124,10 @@ def test_data_costs_cover_every_stage_and_scale_with_cores_and_partitions():
     st = small["stages"]
     assert st["dedup_candidates"]["jobs"] == 200 and st["tokenize"]["jobs"] == 114
     assert st["decontaminate_flags"]["jobs"] == 114 and st["pack"]["jobs"] == 2
+    # the plan's sample (the first and last shards' groups) is tokenized first and is all count_sample waits for
+    jobs, sample = cluster.data_jobs(cfg), ["tokenize/fineweb/0", "tokenize/fineweb/113"]
+    assert [j["name"] for j in jobs if j["stage"] == "tokenize"][:2] == sample
+    assert next(j for j in jobs if j["stage"] == "count_sample")["after"] == sample
     # tokenize: the shards' text in bytes (no vocabulary in the unit) ÷ the rate, plus each job's start
     unit, rate, per_job = cluster.RATES["tokenize"]
     assert unit == "bytes" and st["tokenize"]["cpu_hours"] == pytest.approx(
