@@ -226,7 +226,8 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     shards = {s: source_shards(cfg, s) for s in cfg["sources"]}
     members = {s: [shards[s][i:i + spj] for i in range(0, len(shards[s]), spj)] for s in shards}
     groups = {s: [len(m) for m in members[s]] for s in shards}
-    in_sample = {(s, g) for s in shards for g, m in enumerate(members[s]) if set(m) & set(sample_shards(cfg, s))}
+    sample = {s: set(sample_shards(cfg, s)) for s in shards}
+    in_sample = {(s, g) for s in shards for g, m in enumerate(members[s]) if set(m) & sample[s]}
     # the plan's sample first, as the rules' priorities run them (workflow/rules/common.smk)
     gname = sorted(((s, g) for s in groups for g in range(len(groups[s]))), key=lambda sg: sg not in in_sample)
     for s, g in gname:
@@ -239,8 +240,8 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     add("decontaminate_grams", "decontaminate_grams", after=["eval_data"])
     for s, g in gname:
         add(f"tokenize/{s}/{g}", "tokenize", groups[s][g] * sizes[s]["bytes"], [f"download/{s}/{g}", "tokenizer"])
-    sample = sum(len(sample_shards(cfg, s)) * sizes[s]["documents"] for s in shards)  # (each shard's doc_rows)
-    add("count_sample", "count_sample", sample, [f"tokenize/{s}/{g}" for s, g in sorted(in_sample)])
+    sample_docs = sum(len(sample[s]) * sizes[s]["documents"] for s in shards)  # (each shard's doc_rows)
+    add("count_sample", "count_sample", sample_docs, [f"tokenize/{s}/{g}" for s, g in sorted(in_sample)])
     add("plan", "plan", after=["count_sample"])
     for s, g in gname:
         add(f"dedup_signatures/{s}/{g}", "dedup_signatures", groups[s][g] * sizes[s]["bytes"], [f"tokenize/{s}/{g}"])
