@@ -31,7 +31,7 @@ run: $(STAMP)
 
 # Two workers, each test file on one (its module-scoped runs shared, its tests in file order).
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests marked slow (the DAG, user-path, parity and multi-process runs).
 test-fast: $(STAMP)

@@ -4,9 +4,26 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-import torch
-from builders import ROOT, trained_run_inputs
+
+def own_cores() -> None:
+    """Under `pytest -n N`, worker i keeps CPUs i, i+N, ... of the machine's set (before torch starts its threads).
+
+    Every subprocess a test starts inherits the set, so `snakemake --cores all`, a training job's threads and
+    torch in this process size themselves to the worker's share. Unpinned, two workers on 2 cores each ran
+    2-thread training beside the other's jobs, and OpenMP's spinning threads made a step 4x slower."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not (worker and count and hasattr(os, "sched_setaffinity")):
+        return
+    cpus, n = sorted(os.sched_getaffinity(0)), int(count)
+    if len(cpus) >= n:
+        os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) % n::n])
+
+
+own_cores()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from builders import ROOT, trained_run_inputs  # noqa: E402
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENFARM_PROGRESS", "0")
