@@ -147,10 +147,17 @@ def isolation() -> str:
     return "namespaces" if ok else "rlimits"
 
 
+def _bound_interpreter() -> str:
+    """The base interpreter as the namespaced child sees it, under BOUND: the private tmpfs hides /tmp, where a
+    venv (a clone in /tmp) may keep sys.executable; the bound prefix holds the real binary."""
+    real, prefix = os.path.realpath(getattr(sys, "_base_executable", sys.executable)), os.path.realpath(sys.base_prefix)
+    return BOUND + real[len(prefix):] if real.startswith(prefix + os.sep) else sys.executable
+
+
 def _command(mode: str, cfg: dict) -> list[str]:
-    python = [sys.executable, "-I", "-c", BOOT, json.dumps(cfg)]
     if mode != "namespaces":
-        return python
+        return [sys.executable, "-I", "-c", BOOT, json.dumps(cfg)]
+    python = [_bound_interpreter(), "-I", "-c", BOOT, json.dumps(cfg)]
     # In the new mount namespace (private propagation: nothing leaks out) the world-writable places are
     # replaced by small private tmpfs before the program starts; its cwd (set by Popen) stays on disk.
     # The interpreter's prefix is bound read-only under the private /tmp, so that the program's uid can

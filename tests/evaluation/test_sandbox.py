@@ -127,6 +127,14 @@ def test_runs_as_its_own_uid():
 
 
 @needs_ns
+def test_a_venv_under_tmp_still_runs(monkeypatch):
+    """The private tmpfs hides /tmp, where a clone's venv (its sys.executable) may live: the child runs the base
+    interpreter through the read-only bound prefix."""
+    monkeypatch.setattr("sys.executable", "/tmp/a-clone/.venv/bin/python")  # gone inside the namespace
+    assert good_item_passes()
+
+
+@needs_ns
 def test_fork_bomb_is_contained():
     # A bounded bomb first: at most nproc processes, every one gone afterwards.
     r = run_program("import os, time\nn = 0\nfor _ in range(40):\n    try:\n        os.fork(); n += 1\n"
