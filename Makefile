@@ -29,13 +29,14 @@ $(STAMP): pyproject.toml Makefile | $(PY)
 run: $(STAMP)
 	$(SNAKE) --cores all
 
-# Two workers, each test file on one (its module-scoped runs shared, its tests in file order).
+# Two workers, each test file on one (its module-scoped runs shared, its tests in file order), the longest
+# files first (tests/conftest.py).
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests marked slow (the DAG, user-path, parity and multi-process runs).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow" $(PYTEST_ARGS)
 
 # ruff over the repo, and snakemake's linter on the default config and every preset (it exits 1 on any lint).
 lint: $(STAMP)

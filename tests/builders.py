@@ -102,6 +102,54 @@ def kill_group(proc: subprocess.Popen, path: Path) -> None:
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
 
+# ----------------------------------------------------------------------------- what a user types, in a copy
+
+def fresh_copy(path: Path) -> Path:
+    """The project as a clone has it (tracked and new files, nothing ignored), using this venv."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        if (ROOT / rel).is_file():
+            (path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (path / rel).write_bytes((ROOT / rel).read_bytes())
+    (path / ".venv").symlink_to(Path(sys.prefix))
+    for rel in ("pyproject.toml", "Makefile"):  # older than the venv's install stamp: `make` installs nothing
+        os.utime(path / rel, (0, 0))
+    return path
+
+
+def user_env() -> dict:
+    """A user's shell: the venv first on PATH, wandb offline."""
+    return dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", WANDB_MODE="offline")
+
+
+# Snakemake's standard subcommands -> what their usual output holds (tests/test_user_path.py on the default
+# config after its run, tests/test_subcommands.py on every preset and overlay)
+SUBCOMMANDS = {
+    "-n": r"Job stats|Nothing to be done",
+    "--unlock": r"Unlock",
+    "--summary": r"output_file\tdate\trule",
+    "--detailed-summary": r"output_file\tdate\trule\tlog-file\(s\)\tinput-file\(s\)\tshellcmd",
+    "--dag": r"digraph snakemake_dag",
+    "--rulegraph": r"digraph snakemake_dag",
+    "--list-rules": r"\btrain\b",
+    "--lint": r"Congratulations|^$",
+    "--touch -n": r"Job stats|Nothing to be done",
+    "--delete-all-output -n": r"Would delete|Nothing to be done|^$",
+    "--rerun-incomplete -n": r"Job stats|Nothing to be done",
+    "--workflow-profile workflow/profiles/slurm -n": r"Job stats|Nothing to be done",
+}
+
+
+def run_subcommand(path: Path, sub: str, configs: str, expect: str) -> None:
+    """`snakemake SUB CONFIGS` in `path` as a user types it: exit 0, no traceback, its usual output."""
+    proc = subprocess.run(["bash", "-c", f"snakemake {sub} {configs}"], cwd=path, env=user_env(),
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out, out[-4000:]
+    assert re.search(expect, out, re.M), out[-3000:]
+
+
 TINY = {
     "run_name": "t",
     "sources": {

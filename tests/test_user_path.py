@@ -1,6 +1,6 @@
 """What a user types, run as typed, in a fresh copy of the project: every command of README's code blocks
 and every Makefile target, in README order, on the default config (`user_run`); then Snakemake's own
-subcommands on the default config (after that real run) and on every preset and overlay.
+subcommands on the default config, after that real run (the presets' are tests/test_subcommands.py's).
 
 A command that needs a GPU node, a cluster or this test suite itself runs in its dry-run form, listed
 below with the reason; any README command or Makefile target missing from these tables fails the suite.
@@ -8,19 +8,26 @@ below with the reason; any README command or Makefile target missing from these 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from builders import ROOT, kill_group, logged_steps, past_checkpoint, wait_for
+from builders import (
+    ROOT,
+    SUBCOMMANDS,
+    fresh_copy,
+    kill_group,
+    logged_steps,
+    past_checkpoint,
+    run_subcommand,
+    user_env,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
-
-BIN = Path(sys.executable).parent
 
 
 @dataclass(frozen=True)
@@ -142,27 +149,14 @@ def test_every_readme_command_and_make_target_is_in_the_tables():
     assert all(c in README for c in RECOVERY)
 
 
-def fresh_copy(path: Path) -> Path:
-    """The project as a clone has it (tracked and new files, nothing ignored), using this venv."""
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, files):
-        if (ROOT / rel).is_file():
-            (path / rel).parent.mkdir(parents=True, exist_ok=True)
-            (path / rel).write_bytes((ROOT / rel).read_bytes())
-    (path / ".venv").symlink_to(Path(sys.prefix))
-    for rel in ("pyproject.toml", "Makefile"):  # older than the venv's install stamp: `make` installs nothing
-        os.utime(path / rel, (0, 0))
-    return path
-
-
-def env() -> dict:
-    return dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", WANDB_MODE="offline")
+SECONDS: dict[str, float] = {}  # each command's wall time in README's sequence: written beside ran.json
 
 
 def sh(path: Path, command: str, stdin: str | None = None, timeout: int = 1200) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["bash", "-c", command], cwd=path, env=env(), input=stdin, capture_output=True, text=True,
-                          timeout=timeout)
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", "-c", command], cwd=path, env=user_env(), input=stdin, capture_output=True,
+                          text=True, timeout=timeout)
+    SECONDS[command] = SECONDS.get(command, 0) + time.monotonic() - t0
     assert proc.returncode == 0, f"`{command}` ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return proc
 
@@ -172,11 +166,12 @@ def kill_during_training(path: Path, command: str) -> None:
     past a checkpoint (a step the resume redoes), and check that no process of it is left."""
     train = path / "results/tiny/train/pretrain"
     log = open(path / "killed-run.log", "w")
-    run = subprocess.Popen(["bash", "-c", command], cwd=path, env=env(), stdout=log, stderr=subprocess.STDOUT,
+    t0 = time.monotonic()
+    run = subprocess.Popen(["bash", "-c", command], cwd=path, env=user_env(), stdout=log, stderr=subprocess.STDOUT,
                            start_new_session=True)
-    # generous: under `make test` a second worker runs the other DAG tests beside this run
-    wait_for(lambda: past_checkpoint(train), run, "pretraining logged a step after a checkpoint", timeout=3600)
+    wait_for(lambda: past_checkpoint(train), run, "pretraining logged a step after a checkpoint", timeout=2400)
     kill_group(run, path)
+    SECONDS[f"{command} (until killed)"] = time.monotonic() - t0
     assert not (train / "final.pt").exists()
 
 
@@ -208,6 +203,7 @@ def readme_sequence(path: Path) -> Path:
     for target, step in MAKE_TARGETS.items():
         if step is not None and target != "clean":
             ran[f"make {target}"] = sh(path, step.run or f"make {target}")
+    path.joinpath("seconds.json").write_text(json.dumps(SECONDS, indent=1))
     path.joinpath("ran.json").write_text(json.dumps({c: p.stdout[-2000:] + p.stderr[-2000:] for c, p in ran.items()}))
     return path
 
@@ -231,61 +227,16 @@ def test_make_report_has_the_loss_and_core_plots(user_run):
 
 # ----------------------------------------------------------------------------- Snakemake's subcommands
 
-CONFIGS = {
-    "config.yaml": "",
-    "llama3-1b": f"--configfile {PRESET}",
-    "gpt-500m": "--configfile configs/gpt-500m-fineweb.yaml",
-    "llama3-1b+4nodes": f"--configfile {PRESET} configs/overlays/llama3-1b-4nodes.yaml",
-    "llama3-8b": "--configfile configs/llama3-8b-fineweb.yaml",
-    "llama3-8b+4nodes": "--configfile configs/llama3-8b-fineweb.yaml configs/overlays/llama3-8b-4nodes.yaml",
-}
-# subcommand -> what its usual output holds
-SUBCOMMANDS = {
-    "-n": r"Job stats|Nothing to be done",
-    "--unlock": r"Unlock",
-    "--summary": r"output_file\tdate\trule",
-    "--detailed-summary": r"output_file\tdate\trule\tlog-file\(s\)\tinput-file\(s\)\tshellcmd",
-    "--dag": r"digraph snakemake_dag",
-    "--rulegraph": r"digraph snakemake_dag",
-    "--list-rules": r"\btrain\b",
-    "--lint": r"Congratulations|^$",
-    "--touch -n": r"Job stats|Nothing to be done",
-    "--delete-all-output -n": r"Would delete|Nothing to be done|^$",
-    "--rerun-incomplete -n": r"Job stats|Nothing to be done",
-    "--workflow-profile workflow/profiles/slurm -n": r"Job stats|Nothing to be done",
-}
-# after a real run only (they read what it wrote): the default config's finished run
+# after a real run only (they read what it wrote); the presets' subcommands are tests/test_subcommands.py's
 AFTER_A_RUN = {
     "--report results/report-2.html": r"Report created",
     "--cleanup-metadata results/tiny/plan.md": r"",
 }
 
 
-@pytest.fixture(scope="module")
-def preset_copy(tmp_path_factory) -> Path:
-    return fresh_copy(tmp_path_factory.mktemp("presets"))
-
-
-@pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("sub", [*SUBCOMMANDS, *AFTER_A_RUN])
-def test_snakemake_subcommands(config, sub, request):
-    if sub in AFTER_A_RUN and config != "config.yaml":
-        pytest.skip("reads a finished run's files: the default config's")
-    path = request.getfixturevalue("user_run" if config == "config.yaml" else "preset_copy")
-    proc = subprocess.run(["bash", "-c", f"snakemake {sub} {CONFIGS[config]}"], cwd=path, env=env(),
-                          capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "Traceback" not in out, out[-4000:]
-    assert re.search({**SUBCOMMANDS, **AFTER_A_RUN}[sub], out, re.M), out[-3000:]
-
-
-def test_a_cluster_run_of_all_cores_jobs_is_refused_before_submitting(preset_copy):
-    """hardware.cpus_per_task 0 (all cores) cannot be an sbatch request: a real SLURM run stops with one
-    line before any job is submitted, while its dry run (and every subcommand above) goes through."""
-    proc = subprocess.run(["bash", "-c", "snakemake --executor slurm --jobs 1"], cwd=preset_copy, env=env(),
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 1 and "hardware.cpus_per_task is 0" in proc.stderr, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr and "sbatch" not in proc.stdout + proc.stderr
+def test_snakemake_subcommands_after_the_run(user_run, sub):
+    run_subcommand(user_run, sub, "", {**SUBCOMMANDS, **AFTER_A_RUN}[sub])
 
 
 def test_make_clean_last(user_run):
