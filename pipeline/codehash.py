@@ -80,13 +80,16 @@ class _ImportsCache:
         try:
             IMPORTS_CACHE.parent.mkdir(exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=IMPORTS_CACHE.parent, prefix=".codehash-")
+        except OSError:  # a read-only install: parse again next time
+            return
+        try:
             with os.fdopen(fd, "w") as f:
                 os.fchmod(f.fileno(), 0o644)  # as readable as the bytecode beside it
                 json.dump(keep, f)
             os.replace(tmp, IMPORTS_CACHE)
             self.added = False
-        except OSError:  # a read-only install: parse again next time
-            pass
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)
 
 
 _IMPORTS = _ImportsCache()
