@@ -224,7 +224,7 @@ def write_config(path: Path, config: dict) -> None:
 
 def snakemake(path: Path, *args: str, check: bool = True, timeout: int = 900,
               snakefile: Path = ROOT / "Snakefile") -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", WANDB_MODE="offline")
+    env = user_env()
     cmd = [SNAKEMAKE, "-s", str(snakefile), "-d", str(path), "--configfile", str(path / "config.yaml"),
            "--cores", "2", *args]
     proc = subprocess.run(cmd, cwd=path, env=env, capture_output=True, text=True, timeout=timeout)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from builders import ROOT
+from builders import ROOT, user_env
 
 from pipeline.config import resolve_config, rule_params
 
@@ -202,7 +201,7 @@ def data_half(project: Path, cfg: dict, *args: str) -> subprocess.CompletedProce
     return subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-s", str(ROOT / "Snakefile"),
                            "-d", str(project), "--configfile", "case.yaml", "--cores", "2", "--until", "accounting",
                            "-q", *args], cwd=project, capture_output=True, text=True, timeout=1800,
-                          env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"))
+                          env=user_env())
 
 
 def run_batch(project: Path, batch: list) -> list[tuple[tuple, object, str | None]]:

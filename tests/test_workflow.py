@@ -25,6 +25,7 @@ from builders import (
     planned_jobs,
     sample_docs,
     snakemake,
+    user_env,
     wait_for,
     write_config,
     write_text_shard,
@@ -532,7 +533,7 @@ def test_a_budget_the_shards_cannot_meet_stops_the_run_after_the_plans_sample(tm
 
 
 def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    env = user_env()
     proc = subprocess.run(
         [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path), "-n",
          "--configfile", str(ROOT / "configs/llama3-1b-fineweb.yaml")],
@@ -555,7 +556,7 @@ def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
 
 def start_snakemake(path: Path, *args: str) -> subprocess.Popen:
     """Snakemake in a session of its own, as from a terminal: its process group is what `kill -9 -PGID` hits."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", WANDB_MODE="offline")
+    env = user_env()
     cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(path), "--configfile", str(path / "config.yaml"),
            "--cores", "2", *args]
     log = open(path / f"snakemake-{len(list(path.glob('snakemake-*.log')))}.log", "w")

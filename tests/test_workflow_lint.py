@@ -4,13 +4,12 @@ The same check as `make lint`; snakemake exits 1 when it prints a lint, and the 
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from builders import ROOT
+from builders import ROOT, user_env
 
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 PRESETS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("*.yaml"))
@@ -18,7 +17,7 @@ PRESETS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob
 
 @pytest.mark.parametrize("configfile", [None, *PRESETS], ids=["config.yaml", *PRESETS])
 def test_snakemake_lint_reports_nothing(configfile):
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    env = user_env()
     cmd = [SNAKEMAKE, "--lint", *(["--configfile", configfile] if configfile else [])]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from builders import ROOT, TINY, make_project
+from builders import ROOT, TINY, make_project, user_env
 
 from pipeline import cluster
 
@@ -51,7 +51,7 @@ SLURM_CONFIG = {
 
 
 def run_snakemake(path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", WANDB_MODE="offline")
+    env = user_env()
     cmd = ["timeout", "-s", "KILL", str(RUN_TIMEOUT), SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(path),
            "--configfile", str(path / "config.yaml"), "--workflow-profile", str(ROOT / "workflow/profiles/slurm"),
            # this cluster has no accounting: no account; jobs here take seconds, so poll every 2 s
