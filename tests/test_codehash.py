@@ -16,7 +16,7 @@ ENTRIES = ("pipeline.data.tokenize", "pipeline.training.train", "pipeline.evalua
 def cache_file(tmp_path, monkeypatch):
     path = tmp_path / "__pycache__" / "codehash-imports.json"
     monkeypatch.setattr(codehash, "IMPORTS_CACHE", path)
-    monkeypatch.setattr(codehash, "_IMPORTS", codehash._ImportsCache())
+    fresh(monkeypatch)
     return path
 
 
