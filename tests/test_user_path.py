@@ -42,6 +42,7 @@ class Step:
 PRESET = "configs/llama3-1b-fineweb.yaml"
 RETRAINS = ("retrains the default model's stages (minutes each on CPU): its dry run here; test_workflow runs "
             "the same kind of rerun for real on the tiny config")
+COMPARE = "python -m pipeline.evaluation.compare results/tiny/eval/pretrain results/tiny/eval/sft"
 # README's commands in README order. Keys are the commands exactly as README writes them (continuations
 # joined, comments dropped).
 README = {
@@ -50,6 +51,9 @@ README = {
     "make test": Step("make test PYTEST_ARGS='--collect-only -q'", "this test suite itself: collected, not rerun"),
     "python -m pipeline.evaluation.chat --ckpt results/tiny/train/sft/final.pt": Step(stdin="Hi!\nHow are you?\n"),
     'python -m pipeline.evaluation.chat --ckpt results/tiny/train/sft/final.pt --prompt "Hi!"': Step(),
+    COMPARE: Step(),
+    "python -c \"import polars as pl; print(pl.read_ndjson('results/tiny/eval/sft/core_items.jsonl', "
+    "infer_schema_length=None).group_by('task').agg(pl.col('correct').mean(), pl.len()))\"": Step(),
     f"snakemake --cores all --configfile {PRESET}": Step(
         f"snakemake -n --configfile {PRESET}", "8×H100 and 1,823 downloaded shards: its dry run"),
     "snakemake --cores all -R dedup": Step("snakemake --cores all -R dedup -n", RETRAINS),
@@ -215,6 +219,7 @@ def test_readme_commands_in_order(user_run):
     assert "Nothing to be done" in ran["snakemake -n"]
     assert json.loads((R / "plan.json").read_text())["num_steps"] > 0
     assert "you> " in ran["python -m pipeline.evaluation.chat --ckpt results/tiny/train/sft/final.pt"]
+    assert "95 % interval" in ran[COMPARE]
     assert (user_run / "my-model/model.safetensors").exists() and (user_run / "imported.pt").exists()
     assert list((user_run / "lmeval-out").rglob("*.json"))
     assert "1,823" in ran[f"python -m pipeline.plan --configfile {PRESET}"]

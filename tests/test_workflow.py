@@ -79,6 +79,18 @@ def test_end_to_end(project):
         assert all(t["items"] + t["too_long"] == 4 for t in cc["tasks"].values())
         assert "## ChatCORE" in (R / f"eval/{s}/report.md").read_text()
     assert "## sft: ChatCORE" in (R / "eval/stages.md").read_text()
+    # issue 31: intervals on every score, per-item logs, consecutive stages paired in the stages report
+    assert report["val_loss_ci"][0] <= report["val_loss"] <= report["val_loss_ci"][1]
+    items = [json.loads(line) for line in (R / "eval/pretrain/core_items.jsonl").read_text().splitlines()]
+    assert len(items) == report["core"]["items"] and {"id", "gold", "pick", "scores", "correct"} <= set(items[0])
+    assert (R / "eval/pretrain/chat_core_items.jsonl").read_text() == ""  # a text stage: no chat tasks
+    comparisons = json.loads((R / "eval/stages.json").read_text())["comparisons"]
+    assert [(c["a"], c["b"]) for c in comparisons] == [("pretrain", "midtrain"), ("midtrain", "sft")]
+    assert all("refused" not in c and "core" in c for c in comparisons), comparisons
+    assert "## pretrain → midtrain: paired differences" in (R / "eval/stages.md").read_text()
+    out = subprocess.run([sys.executable, "-m", "pipeline.evaluation.compare", str(R / "eval/pretrain"),
+                          str(R / "eval/sft")], capture_output=True, text=True, check=True).stdout
+    assert "95 % interval" in out and "| copa (accuracy) |" in out
     assert (project / "logs/t/train/sft.log").exists()
     assert (project / "data/raw/web/shard_00000.parquet").exists()
     # Every stage output carries metadata saying what made it.

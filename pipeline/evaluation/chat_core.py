@@ -46,11 +46,13 @@ import re
 import time
 from collections import Counter
 
+import numpy as np
 import torch
 
 from pipeline.data.tasks import chat_score_name
 from pipeline.distributed import Dist, gather_objects
 from pipeline.errors import PipelineError
+from pipeline.evaluation import stats
 from pipeline.evaluation.chat import stop_ids
 from pipeline.evaluation.core import accuracy_cells, begin_scoring, centered, core_record, headline, scoring_dtype
 from pipeline.evaluation.sandbox import SandboxLimits, humaneval_program, isolation, run_program
@@ -187,12 +189,12 @@ def decode_answer(tokenizer, ids: list[int]) -> str:
 # ----------------------------------------------------------------------------- the suite
 
 def evaluate_chat(model, tokenizer, tasks: dict[str, dict], *, max_items: int | None, max_new_tokens: int,
-                  batch_tokens: int, dist: Dist | None = None, sandbox: SandboxLimits | None = None,
-                  per_item: bool = False) -> dict:
+                  batch_tokens: int, dist: Dist | None = None, sandbox: SandboxLimits | None = None) -> dict:
     """Score the first `max_items` items (all when None) of every chat task on this rank's share, gather,
-    and return the table (module docstring). With a distributed `dist` it is a collective. `per_item`:
-    each task's entry also lists every item in order as ``{"id", "correct", "pick"}`` (categorical: the
-    letter; generative: the answer's text; None when too long) — what the lm-eval parity test compares."""
+    and return the table (module docstring). With a distributed `dist` it is a collective. ``item_log``
+    lists every item, task by task in item order, as ``{"task", "index", "id", "gold", "pick", "correct"}``
+    (pick: categorical, the letter; generative, the answer's text; None when too long, with correct None;
+    HumanEval adds the sandbox's ``status``) — the per-item log, and what the lm-eval parity test compares."""
     device, dtype, max_len, rank, world, was_training = begin_scoring(model, dist)
     stop = stop_ids(tokenizer)
     t0 = time.perf_counter()
@@ -224,10 +226,11 @@ def evaluate_chat(model, tokenizer, tasks: dict[str, dict], *, max_items: int | 
     model.train(was_training)
     results = [r for part in (gather_objects(local, dist) if dist is not None else [local]) for r in part]
     seconds = time.perf_counter() - t0
-    table = {}
+    table, item_log, correct = {}, [], {}
     for name, task in tasks.items():
         rows = sorted((r for r in results if r[0] == name), key=lambda r: r[1])
         scored = [r for r in rows if r[2] is not None]
+        correct[name] = np.array([r[2] for r in scored], dtype=bool)
         acc = sum(r[2] for r in scored) / len(scored) if scored else None
         b = task["random_baseline"]
         entry = {"kind": task["kind"], "items": len(scored), "too_long": len(rows) - len(scored),
@@ -236,21 +239,33 @@ def evaluate_chat(model, tokenizer, tasks: dict[str, dict], *, max_items: int | 
         if task["kind"] == "humaneval":
             entry["sandbox"] = dict(Counter(r[3]["status"] for r in scored))
         items = task["items"]
-        if per_item:
-            entry["per_item"] = [{"id": items[r[1]]["id"], "correct": r[2],
-                                  "pick": None if r[2] is None else r[3] if isinstance(r[3], str) else r[3]["answer"]}
-                                 for r in rows]
+        item_log += [{"task": name, "index": r[1], "id": items[r[1]]["id"], "gold": gold_answer(task, items[r[1]]),
+                      "pick": None if r[2] is None else r[3] if isinstance(r[3], str) else r[3]["answer"],
+                      "correct": r[2], **({"status": r[3]["status"]} if isinstance(r[3], dict) else {})}
+                     for r in rows]
         if task["kind"] != "categorical":
             entry["examples"] = [{"id": items[r[1]]["id"], "correct": r[2],
                                   "answer": r[3] if isinstance(r[3], str) else r[3]["answer"]}
                                  for r in scored[:EXAMPLES]]
         table[name] = entry
+    ci = stats.score_intervals(correct, {n: t["random_baseline"] for n, t in table.items()})
+    for name, t in table.items():
+        t.update(ci["tasks"][name])
     names = [n for n, t in table.items() if t["items"]]
     score = sum(table[n]["centered"] for n in names) / len(names) if names else None
     n_items = sum(t["items"] for t in table.values())
-    return {"score_name": chat_score_name(names), "score": score, "tasks": table, "items": n_items,
+    return {"score_name": chat_score_name(names), "score": score, "score_ci": ci["score_ci"], "tasks": table,
+            "item_log": item_log, "items": n_items,
             "seconds": seconds, "items_per_s": n_items / seconds if seconds > 0 else None, "world_size": world,
             "sandbox_isolation": isolation() if "humaneval" in {t["kind"] for t in tasks.values()} else None}
+
+
+def gold_answer(task: dict, item: dict) -> str | None:
+    """An item's reference answer as the per-item log shows it: the letter, the final number, or for
+    HumanEval None (its tests decide)."""
+    if task["kind"] == "categorical":
+        return LETTERS[item["gold"]]
+    return item["answer"] if task["kind"] == "gsm8k" else None
 
 
 def chat_settings(params: dict, items_key: str = "chat_max_items") -> dict:

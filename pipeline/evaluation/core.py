@@ -56,6 +56,13 @@ training state, `pipeline.perf.eval_batch_tokens`, whose `eval_memory` the plan 
 is safe under the causal mask. Only continuation positions go through the LM head, `ce_chunk_tokens`
 of them at a time, so no [batch, seq, vocab] tensor is formed.
 Per-item results are gathered to every rank, which all compute the same table; rank 0 writes it.
+
+Error bars and the per-item log. Every task's accuracy, centered accuracy and ``core_<n>`` carry a 95 %
+bootstrap interval over the items (`accuracy_ci`, `centered_ci`, `score_ci`; pipeline/evaluation/stats.py).
+``item_log`` lists every scored item in task and item order: ``{"task", "index", "id", "shots", "gold",
+"pick" (the chosen choice; null for language_modeling), "scores" (mean log-probability per token of each
+request), "correct"}`` — written as ``core_items.jsonl`` beside the report (pipeline/evaluation/compare.py
+pairs two of them item by item).
 """
 from __future__ import annotations
 
@@ -66,6 +73,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as torch_dist
 import torch.nn.functional as F
@@ -75,6 +83,7 @@ from pipeline.data.encoding import load_tokenizer
 from pipeline.data.tasks import load_tasks, score_name, task_path
 from pipeline.distributed import Dist, gather_objects, init_distributed
 from pipeline.errors import PipelineError
+from pipeline.evaluation import stats
 from pipeline.io import atomic_path, get_logger, provenance, run_cli, write_json
 from pipeline.model.load import load_model
 from pipeline.perf import eval_batch_tokens
@@ -243,13 +252,19 @@ def score_requests(model, pairs: list[tuple[list[int], list[int]]], max_len: int
     return out  # type: ignore[return-value]
 
 
-def item_correct(task_type: str, gold: int, scored: list[Scored]) -> bool:
-    """multiple_choice / schema: the gold choice has the lowest mean per-token loss (ties: first);
-    language_modeling: the greedy decode reproduces the continuation."""
+def item_pick(task_type: str, scored: list[Scored]) -> int | bool:
+    """The model's answer to an item: multiple_choice / schema, the choice with the lowest mean per-token
+    loss (ties: first); language_modeling, whether the greedy decode reproduces the continuation."""
     if task_type == "language_modeling":
         return scored[0].greedy
     means = [s.logprob / s.n_tokens for s in scored]
-    return max(range(len(means)), key=means.__getitem__) == gold
+    return max(range(len(means)), key=means.__getitem__)
+
+
+def item_correct(task_type: str, gold: int, scored: list[Scored]) -> bool:
+    """Whether `item_pick` is right: the gold choice, or the exact greedy continuation."""
+    pick = item_pick(task_type, scored)
+    return pick if task_type == "language_modeling" else pick == gold
 
 
 def centered(accuracy: float, baseline: float) -> float:
@@ -281,7 +296,7 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
     a distributed `dist` it is a collective: every rank must call it."""
     device, dtype, max_len, rank, world, was_training = begin_scoring(model, dist)
     t0 = time.perf_counter()
-    local = []  # (task, item index, correct, truncated requests, requests)
+    local = []  # (task, item index, correct, truncated requests, requests, shots, pick, per-request scores)
     fitted = {}  # task -> (k, items with fewer shots, items too long even alone); the same on every rank
     for name, task in tasks.items():
         k_max = task_shots(task, shots)
@@ -304,14 +319,18 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
         except PipelineError as e:
             raise PipelineError(f"task {name!r}: {e}") from None
         for i, (a, b) in zip(mine, spans):
-            local.append((name, i, item_correct(task["type"], items[i]["gold"], scored[a:b]),
-                          sum(s.truncated for s in scored[a:b]), b - a))
+            mine_scored = scored[a:b]
+            pick = item_pick(task["type"], mine_scored)
+            local.append((name, i, item_correct(task["type"], items[i]["gold"], mine_scored),
+                          sum(s.truncated for s in mine_scored), b - a, min(fits[i][0], k),
+                          None if task["type"] == "language_modeling" else pick,  # LM: `correct` is the greedy match
+                          [round(s.logprob / s.n_tokens, 6) for s in mine_scored]))
     model.train(was_training)
     results = [r for part in (gather_objects(local, dist) if dist is not None else [local]) for r in part]
     seconds = time.perf_counter() - t0
-    table = {}
+    table, item_log, correct = {}, [], {}
     for name, task in tasks.items():
-        rows = [r for r in results if r[0] == name]
+        rows = sorted((r for r in results if r[0] == name), key=lambda r: r[1])
         acc = sum(r[2] for r in rows) / len(rows) if rows else None  # None: no item fits the context
         b = task["random_baseline"]
         k, fewer, too_long = fitted[name]
@@ -319,26 +338,45 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
                        "fewer_shots": fewer, "too_long": too_long, "items": len(rows),
                        "accuracy": acc, "random_baseline": b, "centered": None if acc is None else centered(acc, b),
                        "requests": sum(r[4] for r in rows), "truncated": sum(r[3] for r in rows)}
+        correct[name] = np.array([r[2] for r in rows], dtype=bool)
+        item_log += [{"task": name, "index": r[1], "id": task["items"][r[1]]["id"], "shots": r[5],
+                      "gold": task["items"][r[1]]["gold"], "pick": r[6], "scores": r[7], "correct": bool(r[2])}
+                     for r in rows]
+    ci = stats.score_intervals(correct, {n: t["random_baseline"] for n, t in table.items()})
+    for name, t in table.items():
+        t.update(ci["tasks"][name])
     scored = [n for n, t in table.items() if t["items"]]
     if len(scored) < len(table):
         log.warning("not scored (no item fits the context of %d tokens even without shots): %s", max_len,
                     ", ".join(n for n in table if n not in scored))
     score = sum(table[n]["centered"] for n in scored) / len(scored) if scored else None
     n_items = sum(t["items"] for t in table.values())
-    return {"score_name": score_name(scored), "score": score, "tasks": table, "items": n_items,
-            "seconds": seconds, "items_per_s": n_items / seconds if seconds > 0 else math.inf, "world_size": world}
+    return {"score_name": score_name(scored), "score": score, "score_ci": ci["score_ci"], "tasks": table,
+            "items": n_items, "seconds": seconds, "items_per_s": n_items / seconds if seconds > 0 else math.inf,
+            "world_size": world, "item_log": item_log}
 
 
 def headline(result: dict, what: str = "") -> str:
     """The score line above a table: `**core_<n>** (mean centered accuracy over n tasks): **score**`."""
     scored = sum(1 for t in result["tasks"].values() if t["items"])
     score = "–" if result["score"] is None else f"{result['score']:.4f}"
-    return f"**{result['score_name']}** ({what}mean centered accuracy over {scored} tasks): **{score}**"
+    ci = result.get("score_ci")
+    ci = f" (95 % CI {ci[0]:+.4f} … {ci[1]:+.4f})" if ci else ""
+    return f"**{result['score_name']}** ({what}mean centered accuracy over {scored} tasks): **{score}**{ci}"
+
+
+def ci_cell(ci: list[float] | None, sign: str = "") -> str:
+    """An interval as a table cell ("–" when there is none)."""
+    return "–" if not ci else f"[{ci[0]:{sign}.3f}, {ci[1]:{sign}.3f}]"
 
 
 def accuracy_cells(t: dict) -> tuple[str, str]:
-    """A task row's accuracy and centered accuracy ("–" for a task with no scored item)."""
-    return ("–", "–") if t["accuracy"] is None else (f"{t['accuracy']:.4f}", f"{t['centered']:+.4f}")
+    """A task row's accuracy and centered accuracy, each with its 95 % interval ("–" for a task with no
+    scored item)."""
+    if t["accuracy"] is None:
+        return "–", "–"
+    return (f"{t['accuracy']:.4f} {ci_cell(t.get('accuracy_ci'))}",
+            f"{t['centered']:+.4f} {ci_cell(t.get('centered_ci'), '+')}")
 
 
 def markdown_table(result: dict) -> str:
@@ -353,7 +391,8 @@ def markdown_table(result: dict) -> str:
     lines += ["", f"Shots: per task the largest k ≤ the asked shots whose prompts fit the context for at least "
               f"{FIT_FRACTION:.0%} of its items; an item that does not fit with k takes the most shots that fit "
               "(fewer shots); an item that does not fit even alone is not scored (too long), and a task none of "
-              "whose items fit is left out of the mean. No item is truncated."]
+              "whose items fit is left out of the mean. No item is truncated. Brackets: 95 % bootstrap intervals "
+              "over the items (pipeline/evaluation/stats.py)."]
     return "\n".join(lines)
 
 
@@ -411,6 +450,11 @@ def core_settings(params: dict, items_key: str = "core_max_items") -> dict:
             "max_items": eval_cfg[items_key], "head_chunk": params["train"]["ce_chunk_tokens"]}
 
 
+def items_path(report: str | Path, kind: str = "core") -> Path:
+    """The per-item log beside a report: ``<dir>/<kind>_items.jsonl`` (kind: core or chat_core)."""
+    return Path(report).parent / f"{kind}_items.jsonl"
+
+
 # ----------------------------------------------------------------------------- CLI
 
 def main(argv=None) -> None:
@@ -419,7 +463,8 @@ def main(argv=None) -> None:
     p.add_argument("--ckpt", required=True, help="R/train/final.pt")
     p.add_argument("--tokenizer", required=True, help="R/tokenizer/encoding.json")
     p.add_argument("--tasks-dir", required=True, help="R/eval_data (task files of the eval_data stage)")
-    p.add_argument("--out", required=True, help="the table as JSON (written by rank 0)")
+    p.add_argument("--out", required=True, help="the table as JSON (written by rank 0; the per-item log beside it, "
+                                                "core_items.jsonl)")
     args = p.parse_args(argv)
     params = params_from_args(args, "evaluate")
 
@@ -431,6 +476,7 @@ def main(argv=None) -> None:
         if dist.is_main:
             result["meta"] = provenance("core", params, [args.ckpt, args.tokenizer]
                                         + [task_path(args.tasks_dir, n) for n in tasks])
+            stats.write_items(items_path(args.out), result.pop("item_log"))
             write_json(args.out, result)
             log.info("%s = %s over %d items (%.1f items/s)", result["score_name"], result["score"], result["items"],
                      result["items_per_s"])

@@ -47,13 +47,21 @@ import torch
 from pipeline.config import add_config_args, params_from_args
 from pipeline.data.encoding import load_tokenizer
 from pipeline.data.loader import PackedLoader
+from pipeline.evaluation import stats
 from pipeline.evaluation.chat import answer_questions
 from pipeline.evaluation.chat_core import chat_settings, evaluate_chat
-from pipeline.evaluation.core import core_settings, evaluate_tasks, load_tasks, markdown_table, plot_core
+from pipeline.evaluation.core import (
+    ci_cell,
+    core_settings,
+    evaluate_tasks,
+    items_path,
+    load_tasks,
+    markdown_table,
+    plot_core,
+)
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_cli, write_json
 from pipeline.model.engine import generate_texts
 from pipeline.model.load import load_trained
-from pipeline.model.losses import chunked_cross_entropy
 from pipeline.stages import is_chat_stage, stage_config, stage_names
 
 log = get_logger(__name__)
@@ -87,19 +95,84 @@ def counted_targets(targets: torch.Tensor, mask: torch.Tensor | None) -> np.ndar
     return (t if mask is None else t[mask.reshape(-1)]).numpy()
 
 
+def token_nats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+    """fp32 cross-entropy of every position, [tokens], with the chunked loss's arithmetic (fp32 logits of
+    `chunk` positions at a time, log-sum-exp minus the target's logit; pipeline/model/losses.py)."""
+    h, t, w = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1), weight.float()
+    out = torch.empty(t.numel(), dtype=torch.float32, device=h.device)
+    with torch.autocast(h.device.type, enabled=False):
+        for s in range(0, t.numel(), chunk):
+            logits = h[s:s + chunk].float() @ w.T
+            out[s:s + chunk] = torch.logsumexp(logits, dim=-1) - logits.gather(1, t[s:s + chunk, None])[:, 0]
+    return out
+
+
+class DocumentSums:
+    """Per-document sums of a split read row by row in order (the unit `stats.ratio_interval` resamples).
+    A document starts at an input ``<|bos|>``, or after an input ``<|eos|>`` not followed by one (the eos
+    policy); a document a concat pack splits across rows continues in the next row. Positions are the
+    documents' of their input token."""
+
+    def __init__(self, bos: int | None, eos: int | None):
+        self.bos, self.eos, self.prev = bos, eos, None
+        self.sums: list[np.ndarray] = []  # [3] nats, tokens, bytes per document, in order
+
+    def add(self, inputs: np.ndarray, values: np.ndarray) -> None:
+        """inputs: [n] input ids in reading order; values: [3, n] nats, counted tokens, bytes per position."""
+        prev = np.concatenate([[-1 if self.prev is None else self.prev], inputs[:-1]])
+        starts = inputs == self.bos if self.bos is not None else np.zeros(inputs.shape, bool)
+        if self.eos is not None:
+            starts |= (prev == self.eos) & ~starts
+        if self.prev is None:
+            starts[0] = True
+        doc = np.cumsum(starts) - int(starts[0])  # 0: the first segment (a new document, or a continued one)
+        local = np.stack([np.bincount(doc, weights=v, minlength=doc[-1] + 1) for v in values], axis=1)
+        if self.sums and not starts[0]:
+            self.sums[-1] = self.sums[-1] + local[0]
+            local = local[1:]
+        self.sums.extend(local)
+        self.prev = int(inputs[-1])
+
+    def arrays(self) -> np.ndarray:
+        """[3, documents]: nats, tokens, bytes."""
+        return np.array(self.sums, dtype=np.float64).reshape(-1, 3).T
+
+
 @torch.no_grad()
-def evaluate_rows(model, loader, device: torch.device, rows: int, chunk: int, byte_lengths: np.ndarray) -> dict:
-    """Σ fp32 CE (nats), counted target tokens and their UTF-8 bytes over all rows of `loader`."""
+def evaluate_rows(model, loader, device: torch.device, rows: int, chunk: int, byte_lengths: np.ndarray,
+                  delimiters: tuple[int | None, int | None] = (None, None)) -> dict:
+    """Σ fp32 CE (nats), counted target tokens and their UTF-8 bytes over all rows of `loader`, and under
+    ``docs`` the same per document ([3, documents]: `DocumentSums` with the tokenizer's (bos, eos) ids;
+    without them a row is the unit)."""
     model.eval()
-    nats, tokens, n_bytes = 0.0, 0, 0
+    docs_sums = DocumentSums(*delimiters)
     for x, y, m, *docs in iter_rows(loader, rows):
         hidden = model.hidden(x.to(device), docs[0].to(device) if docs else None)
-        loss_sum, count = chunked_cross_entropy(hidden, model.lm_head_weight, y.to(device),
-                                                None if m is None else m.to(device), chunk=chunk)
-        nats += float(loss_sum)
-        tokens += int(count)
-        n_bytes += int(byte_lengths[counted_targets(y, m)].sum())
-    return {"nats": nats, "tokens": tokens, "bytes": n_bytes}
+        nats = token_nats(hidden, model.lm_head_weight, y.to(device), chunk).cpu().double().numpy()
+        counted = np.ones(nats.shape) if m is None else m.reshape(-1).double().numpy()
+        values = np.stack([nats * counted, counted, byte_lengths[y.reshape(-1).numpy()] * counted])
+        if delimiters == (None, None):  # every row its own unit
+            for r in range(x.shape[0]):
+                docs_sums.prev = None
+                docs_sums.add(x[r].numpy(), values[:, r * x.shape[1]:(r + 1) * x.shape[1]])
+        else:
+            docs_sums.add(x.reshape(-1).numpy(), values)
+    per_doc = docs_sums.arrays()
+    return {"nats": float(per_doc[0].sum()), "tokens": int(per_doc[1].sum()), "bytes": int(per_doc[2].sum()),
+            "docs": per_doc}
+
+
+def delimiters(tokenizer) -> tuple[int | None, int | None]:
+    """The (bos, eos) ids that mark documents in packed rows under the tokenizer's delimiter policy
+    (`DocumentSums`; None: that token does not delimit documents)."""
+    return tokenizer.bos_id if tokenizer.delimiter in ("bos", "both") else None, tokenizer.eos_id
+
+
+def loss_intervals(sums: dict) -> dict:
+    """95 % intervals of val loss and bits per byte, documents resampled (pipeline/evaluation/stats.py)."""
+    nats, tokens, n_bytes = sums["docs"]
+    return {"loss_ci": stats.ratio_interval(nats, tokens),
+            "bpb_ci": stats.ratio_interval(nats, n_bytes, 1 / math.log(2)), "documents": int(nats.size)}
 
 
 def unigram_counts(loader, vocab_size: int) -> np.ndarray:
@@ -160,15 +233,17 @@ def markdown_report(report: dict) -> str:
     lines = [
         "# Evaluation", "",
         "| metric | value |", "|---|---|",
-        f"| validation loss (fp32 CE, nats/token) | {report['val_loss']:.4f} |",
+        f"| validation loss (fp32 CE, nats/token) | {report['val_loss']:.4f} {ci_cell(report.get('val_loss_ci'))} |",
         f"| validation perplexity | {report['val_perplexity']:.2f} |",
-        f"| validation bits per byte | {report['val_bpb']:.4f} |",
+        f"| validation bits per byte | {report['val_bpb']:.4f} {ci_cell(report.get('val_bpb_ci'))} |",
         f"| unigram baseline (nats/token) | {report['unigram_baseline']:.4f} |",
         f"| unigram baseline (bits per byte) | {report['unigram_baseline_bpb']:.4f} |",
         f"| beats the unigram baseline | {'yes' if report['beats_unigram'] else '**no**'} |",
         f"| validation target tokens / bytes | {report['val_tokens']:,} / {report['val_bytes']:,} |",
         f"| tokens trained (planned) | {s.get('tokens_trained', 0):,} ({s.get('tokens_planned', 0):,}) |",
-        "", "![loss curve](loss.png)", "",
+        "", f"Brackets: 95 % bootstrap intervals (validation: its {report.get('val_documents', 0):,} documents "
+        "resampled; benchmarks: their items; pipeline/evaluation/stats.py). Per-item logs: core_items.jsonl, "
+        "chat_core_items.jsonl.", "", "![loss curve](loss.png)", "",
     ]
     if report.get("core"):
         lines += ["## CORE-style benchmarks", "", markdown_table(report["core"]), "", "![CORE vs step](core.png)", ""]
@@ -176,7 +251,8 @@ def markdown_report(report: dict) -> str:
     for g in report["generations"]:
         lines += [f"**{g['prompt']}**", "", "```", g["prompt"] + g["completion"], "```", ""]
     if "answers" in report:
-        chat = "–" if report["chat_val_loss"] is None else f"{report['chat_val_loss']:.4f}"
+        chat = "–" if report["chat_val_loss"] is None else \
+            f"{report['chat_val_loss']:.4f} {ci_cell(report.get('chat_val_loss_ci'))}"
         lines += ["## Chat", "", f"Chat-format validation loss (assistant tokens only, nats/token): {chat} over "
                   f"{report['chat_val_tokens']:,} tokens.", ""]
         for a in report["answers"]:
@@ -196,9 +272,11 @@ def chat_evaluation(model, tokenizer, params: dict, val_meta: str, device, batch
     if not is_chat_stage(params):
         return {}
     val = PackedLoader(val_meta, 1, shuffle=False, loss="assistant", with_doc_ids=params["stage"]["doc_mask"])
-    sums = evaluate_rows(model, val, device, batch_rows, params["train"]["ce_chunk_tokens"], byte_lengths)
+    sums = evaluate_rows(model, val, device, batch_rows, params["train"]["ce_chunk_tokens"], byte_lengths,
+                         delimiters(tokenizer))
     eval_cfg = params["eval"]
     return {"chat_val_loss": sums["nats"] / sums["tokens"] if sums["tokens"] else None,
+            "chat_val_loss_ci": loss_intervals(sums)["loss_ci"],
             "chat_val_tokens": sums["tokens"],
             "answers": answer_questions(model, tokenizer, eval_cfg["chat_questions"], eval_cfg["max_new_tokens"])}
 
@@ -220,7 +298,9 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
     train = PackedLoader(train_meta, 1, shuffle=False, loss=st["loss"])
 
     train_cfg = params["train"]
-    val_sums = evaluate_rows(model, val, device, batch_rows, train_cfg["ce_chunk_tokens"], byte_lengths)
+    val_sums = evaluate_rows(model, val, device, batch_rows, train_cfg["ce_chunk_tokens"], byte_lengths,
+                             delimiters(tokenizer))
+    val_ci = loss_intervals(val_sums)
     chat = chat_evaluation(model, tokenizer, params, val_meta, device, batch_rows, byte_lengths)
     uni_sums = unigram_baseline(unigram_counts(train, vocab), val, tokenizer.n_vocab, byte_lengths)
     val_loss, val_bpb = per_token_and_bpb(val_sums)
@@ -228,8 +308,11 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
     eval_cfg = params["eval"]
     report = {
         "val_loss": val_loss,
+        "val_loss_ci": val_ci["loss_ci"],
         "val_perplexity": math.exp(val_loss),
         "val_bpb": val_bpb,
+        "val_bpb_ci": val_ci["bpb_ci"],
+        "val_documents": val_ci["documents"],
         "val_tokens": val_sums["tokens"],
         "val_bytes": val_sums["bytes"],
         "val_nats": val_sums["nats"],
@@ -246,20 +329,26 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
         "chat_core": None,
         "meta": provenance("evaluate", params, [ckpt_path, val_meta, train_meta, tokenizer_path, metrics_path]),
     }
+    item_logs = {"core": [], "chat_core": []}  # per-item logs, written beside the report with --eval-data
     if eval_data is not None:
         tasks = load_tasks(eval_data, eval_cfg["tasks"])
         report["core"] = evaluate_tasks(model, tokenizer, tasks, **core_settings(params))
+        item_logs["core"] = report["core"].pop("item_log")
         plot_core(read_metrics(metrics_path), report["core"], outdir / "core.png", report["summary"].get("num_steps"))
         log.info("%s = %s over %d items", report["core"]["score_name"], report["core"]["score"],
                  report["core"]["items"])
     if eval_data is not None and chat and eval_cfg["chat_tasks"]:
         chat_tasks = load_tasks(eval_data, eval_cfg["chat_tasks"], chat=True)
         report["chat_core"] = evaluate_chat(model, tokenizer, chat_tasks, **chat_settings(params))
+        item_logs["chat_core"] = report["chat_core"].pop("item_log")
         log.info("%s = %s over %d items", report["chat_core"]["score_name"], report["chat_core"]["score"],
                  report["chat_core"]["items"])
     if not report["beats_unigram"]:
         log.warning("validation loss %.4f does not beat the unigram baseline %.4f", val_loss, uni_loss)
     plot_loss(read_metrics(metrics_path), outdir / "loss.png", uni_loss)
+    if eval_data is not None:
+        for kind, rows in item_logs.items():
+            stats.write_items(items_path(outdir / "report.json", kind), rows)
     with atomic_write(outdir / "report.md", encoding="utf-8") as f:
         f.write(markdown_report(report))
     write_json(outdir / "report.json", report)

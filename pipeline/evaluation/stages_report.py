@@ -15,6 +15,10 @@ k−1 ended; dashed lines mark the boundaries): train loss per logged step and v
 colour per stage. Stages differ in what their loss counts (all tokens vs the assistant's only), so
 the curves are comparable within a stage; the table says which loss each stage uses.
 
+Each stage is compared with the one before it on the benchmarks both evaluated (CORE; ChatCORE between
+chat stages): the paired differences over the same items with their 95 % intervals
+(pipeline/evaluation/compare.py), or the reason they cannot be paired.
+
 Outputs (atomic): ``stages.json`` (the table, `meta`), ``stages.md`` and ``stages.png`` (both in the
 `snakemake --report`).
 """
@@ -26,6 +30,7 @@ from pathlib import Path
 
 from pipeline.config import add_config_args, params_from_args
 from pipeline.errors import PipelineError
+from pipeline.evaluation import compare
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, read_json, run_cli, write_json
 from pipeline.stages import stage_list
 
@@ -68,6 +73,19 @@ def stage_rows(params: dict, run_dir: Path) -> tuple[list[dict], dict[str, list[
     return rows, curves
 
 
+def consecutive_comparisons(run_dir: Path, names: list[str]) -> list[dict]:
+    """Each stage against the one before it (pipeline/evaluation/compare.py): the paired differences, or
+    why the two evaluations cannot be paired."""
+    out = []
+    for prev, cur in zip(names, names[1:]):
+        a, b = run_dir / "eval" / prev / "report.json", run_dir / "eval" / cur / "report.json"
+        try:
+            out.append({"a": prev, "b": cur, **compare.compare_reports(a, b)})
+        except PipelineError as e:
+            out.append({"a": prev, "b": cur, "refused": str(e)})
+    return out
+
+
 def plot_stages(curves: dict[str, list[dict]], out_png: str | Path) -> None:
     """Loss curves of all stages on one cumulative-token axis (module docstring)."""
     import matplotlib
@@ -98,7 +116,7 @@ def plot_stages(curves: dict[str, list[dict]], out_png: str | Path) -> None:
     plt.close(fig)
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], comparisons: list[dict] = ()) -> str:
     lines = ["# Training stages", "", "![loss curves of all stages](stages.png)", "",
              "| stage | mix | loss | init from | steps | tokens trained | loss tokens | val loss | chat val loss |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -113,6 +131,9 @@ def markdown(rows: list[dict]) -> str:
             from pipeline.evaluation.chat_core import markdown_table as chat_table
 
             lines += ["", f"## {r['stage']}: ChatCORE", "", chat_table(r["chat_core"])]
+    for c in comparisons:
+        lines += ["", f"## {c['a']} → {c['b']}: paired differences", ""]
+        lines.append(f"Not comparable: {c['refused']}" if "refused" in c else compare.markdown(c, c["a"], c["b"]))
     for r in rows:
         if r["answers"]:
             lines += ["", f"## {r['stage']}: answers to the fixed questions", ""]
@@ -124,11 +145,12 @@ def markdown(rows: list[dict]) -> str:
 def stages_report(params: dict, run_dir: str | Path, out_json, out_md, out_png) -> dict:
     run_dir = Path(run_dir)
     rows, curves = stage_rows(params, run_dir)
+    comparisons = consecutive_comparisons(run_dir, [r["stage"] for r in rows])
     plot_stages(curves, out_png)
     with atomic_write(out_md, encoding="utf-8") as f:
-        f.write(markdown(rows))
+        f.write(markdown(rows, comparisons))
     inputs = [run_dir / "train" / r["stage"] / "summary.json" for r in rows]
-    report = {"stages": rows, "total_steps": sum(r["num_steps"] for r in rows),
+    report = {"stages": rows, "comparisons": comparisons, "total_steps": sum(r["num_steps"] for r in rows),
               "total_tokens": sum(r["tokens_trained"] for r in rows), "meta": provenance("stages", params, inputs)}
     write_json(out_json, report)
     log.info("%d stage(s), %d tokens trained in all", len(rows), report["total_tokens"])

@@ -87,8 +87,7 @@ def runs(tmp_path_factory):
     save_checkpoint(d / "final.pt", {"model": model.state_dict(), "params": params, "plan": {},
                                      "summary": {}, "versions": versions()})
     hf_dir = ex.export(d / "final.pt", d / "encoding.json", d / "hf")
-    ours = C.evaluate_chat(model, tok, tasks, max_items=None, max_new_tokens=MAX_NEW, batch_tokens=4 * SEQ,
-                           per_item=True)
+    ours = C.evaluate_chat(model, tok, tasks, max_items=None, max_new_tokens=MAX_NEW, batch_tokens=4 * SEQ)
     local = [chat_lmeval_task(f"chat_{name}", tok, task, task["items"], MAX_NEW) for name, task in tasks.items()]
     theirs = run_lmeval(hf_dir, write_tasks(d / "tasks", local), [t.name for t in local], d / "lmeval.json",
                         batch_size=1, timeout=900)
@@ -102,7 +101,7 @@ def prompt_ids(tok, task, item) -> list[int]:
 @pytest.mark.parametrize("name", ["arc_easy", "arc_challenge", "mmlu"])
 def test_letter_picks_agree_with_lmeval_per_item(runs, name):
     tok, model, hf_dir, tasks, ours, theirs = runs
-    task, mine = tasks[name], ours["tasks"][name]["per_item"]
+    task, mine = tasks[name], [r for r in ours["item_log"] if r["task"] == name]
     reqs = theirs["requests"][f"chat_{name}"]
     docs = theirs["docs"][f"chat_{name}"]
     hf_tok = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
@@ -136,7 +135,7 @@ def test_letter_picks_agree_with_lmeval_per_item(runs, name):
 
 def test_gsm8k_generations_agree_with_lmeval_per_item(runs):
     tok, model, hf_dir, tasks, ours, theirs = runs
-    task, mine = tasks["gsm8k"], ours["tasks"]["gsm8k"]["per_item"]
+    task, mine = tasks["gsm8k"], [r for r in ours["item_log"] if r["task"] == "gsm8k"]
     docs = theirs["docs"]["chat_gsm8k"]
     by_filter = {f: [d for d in docs if d["filter"] == f] for f in ("strict-match", "flexible-extract")}
     texts = correct = strict_found = 0

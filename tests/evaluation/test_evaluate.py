@@ -47,6 +47,10 @@ def test_report_beats_unigram_and_writes_files(data, trained, tmp_path):
     assert report["val_bpb"] < report["unigram_baseline_bpb"]
     assert report["val_tokens"] == PackedLoader(data["val"], 1).n_rows * TRAIN_SEQ  # all rows, no mask
     assert report["val_perplexity"] == pytest.approx(math.exp(report["val_loss"]))
+    # 95 % intervals, documents resampled (every validation document starts with <|bos|>)
+    assert report["val_loss_ci"][0] < report["val_loss"] < report["val_loss_ci"][1]
+    assert report["val_bpb_ci"][0] < report["val_bpb"] < report["val_bpb_ci"][1]
+    assert report["val_documents"] > 10
     assert report["summary"]["tokens_trained"] == 40 * 256
     assert [g["prompt"] for g in report["generations"]] == params["eval"]["prompts"]
     assert all(g["completion"] for g in report["generations"])

@@ -1,6 +1,8 @@
 # Per training stage: validation loss, bits per byte, unigram baseline, CORE-style per-task table,
 # generations, loss and CORE curves; chat stages also a chat-format validation loss and answers to fixed
-# questions. Then all stages side by side (token reconciliation per stage, loss curves on one plot).
+# questions; 95 % intervals on every score and per-item logs of every benchmark (core_items.jsonl,
+# chat_core_items.jsonl: empty where the stage has no chat tasks). Then all stages side by side (token
+# reconciliation per stage, loss curves on one plot, paired comparisons of consecutive stages).
 # metrics.jsonl and summary.json are the train job's, complete once its final.pt exists.
 rule evaluate:
     input:
@@ -17,6 +19,8 @@ rule evaluate:
                    caption="../report/loss.rst"),
         core=report(f"{RUN_DIR}/eval/{{stage}}/core.png", category="Evaluation", subcategory="{stage}",
                     caption="../report/core.rst"),
+        core_items=f"{RUN_DIR}/eval/{{stage}}/core_items.jsonl",
+        chat_core_items=f"{RUN_DIR}/eval/{{stage}}/chat_core_items.jsonl",
     params:
         p=training_stage_params("evaluate"),
         code=code_version("pipeline.evaluation.evaluate"),
@@ -44,6 +48,7 @@ rule stages_report:
     input:
         finals=expand(f"{RUN_DIR}/train/{{stage}}/final.pt", stage=list(STAGES)),
         reports=expand(f"{RUN_DIR}/eval/{{stage}}/report.json", stage=list(STAGES)),
+        item_logs=expand(f"{RUN_DIR}/eval/{{stage}}/{{kind}}_items.jsonl", stage=list(STAGES), kind=("core", "chat_core")),
     output:
         json=f"{RUN_DIR}/eval/stages.json",
         md=report(f"{RUN_DIR}/eval/stages.md", category="Evaluation", caption="../report/stages.rst"),
