@@ -102,11 +102,43 @@ def test_os_system_and_subprocess_fail_the_item(tmp_path):
     assert good_item_passes()
 
 
-def test_workdir_is_fresh_and_removed():
+def test_workdir_is_fresh_and_private():
     r = run_program("import os\nprint(os.getcwd(), sorted(os.listdir('.')))\nopen('left.txt', 'w').write('x')", FAST)
     assert r.passed, r
     cwd = r.output.split()[0]
-    assert "['program.py']" in r.output and not os.path.exists(cwd)
+    assert cwd == "/tmp/work" and "['program.py']" in r.output and not os.path.exists(os.path.join(cwd, "left.txt"))
+
+
+EARLY_EXITS = {  # each completion stops before `check` has run to its end; the answer would be wrong anyway
+    "exit()": "    exit()\n    return a - b\n",
+    "sys.exit(0)": "    import sys\n    sys.exit(0)\n    return a - b\n",
+    "os._exit(0)": "    import os\n    os._exit(0)\n    return a - b\n",
+    "atexit": "    import atexit, os\n    atexit.register(os._exit, 0)\n    return a - b\n",
+    "module-level": "    return a - b\nimport sys\nsys.exit(0)\n",
+}
+
+
+@pytest.mark.parametrize("name", EARLY_EXITS)
+def test_exiting_with_status_0_does_not_pass(name):
+    r = run_program(humaneval_program(PROMPT, EARLY_EXITS[name], TEST, "add"), FAST)
+    assert r.returncode == 0 and not r.passed and r.status == "failed (exit 0 before its end)", r
+
+
+def test_the_pass_token_cannot_be_found_or_forged():
+    """The program looks for the token wherever it could read it (argv, environment, stdin, its fds, /proc) and
+    writes everything it found, and garbage, to every descriptor before exiting 0."""
+    body = ("import os\n"
+            "found = [open('/proc/self/cmdline', 'rb').read(), open('/proc/self/environ', 'rb').read()]\n"
+            "for fd in range(64):\n"
+            "    try:\n        os.set_blocking(fd, False)\n        found.append(os.read(fd, 1 << 16))\n"
+            "    except OSError:\n        pass\n"
+            "blob = b'\\n'.join(found) + b'passed ok 0' * 4\n"
+            "for fd in range(3, 64):\n"
+            "    try:\n        os.write(fd, blob)\n    except OSError:\n        pass\n"
+            "os._exit(0)")
+    r = run_program(hostile(body), FAST)
+    assert r.returncode == 0 and not r.passed, r
+    assert good_item_passes()
 
 
 @needs_ns
@@ -150,14 +182,6 @@ def test_fork_bomb_is_contained():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="root only")
 def test_root_without_namespaces_refuses():
-    with pytest.raises(PipelineError, match="unshare"):
-        run_program("print(1)", FAST, mode="rlimits")
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="the rlimits-only mode as an ordinary user")
-def test_rlimits_fallback_as_user(monkeypatch):
-    monkeypatch.setenv("HF_TOKEN", "s3cret")
-    r = run_program(hostile("import os\nprint(os.environ['HF_TOKEN'])"), FAST, mode="rlimits")
-    assert not r.passed and "s3cret" not in r.output
-    loop = run_program(hostile("while True:\n    pass"), SandboxLimits(timeout_s=1.5), mode="rlimits")
-    assert loop.status == "timeout"
+    for mode in ("none", "user-namespaces"):  # root's processes escape RLIMIT_NPROC: no mode but its own uid
+        with pytest.raises(PipelineError, match="unshare"):
+            run_program("print(1)", FAST, mode=mode)
