@@ -129,12 +129,15 @@ def _harness():
     for n in ("Popen", "run", "call", "check_call", "check_output", "getoutput", "getstatusoutput"):
         setattr(subprocess, n, _refused)
     sys.argv = ["program.py"]
-    write, result = os.write, cfg["result_fd"]  # bound now: a program that replaces os.write cannot drop them
+    # bound now: a program that replaces os.write or os.getpid cannot drop the token
+    write, result, getpid, me = os.write, cfg["result_fd"], os.getpid, os.getpid()
     exec(compile(source, "program.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-    # Reached only when the program's last statement returned (no exit, no exception): the token says so.
+    # Reached only when the program's last statement returned (no exit, no exception): the token says so,
+    # from this process only (a forked child that runs off the end is not the program finishing).
     sys.stdout.flush()
     sys.stderr.flush()
-    write(result, token.encode())
+    if getpid() == me:
+        write(result, token.encode())
 
 
 _harness()
@@ -346,7 +349,7 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits(), mode: str 
             os.close(result_w)
             result_w = -1
             try:
-                proc.stdin.write(f"{token}\n{source}".encode())
+                proc.stdin.write(f"{token}\n{source}".encode("utf-8", "replace"))  # lone surrogates: "?"
                 proc.stdin.close()
             except BrokenPipeError:  # died before reading it (e.g. its setup failed): its status says why
                 pass

@@ -153,6 +153,12 @@ def test_the_pass_token_cannot_be_found_or_forged():
     assert good_item_passes()
 
 
+def test_a_forked_child_running_to_the_end_is_not_a_second_pass():
+    """Only the harness's own process reports: a program whose fork also runs off the end passes once."""
+    r = run_program("import os\npid = os.fork()\nif pid:\n    os.waitpid(pid, 0)\nprint('done')", FAST)
+    assert r.passed and r.output.count("done") == 2, r
+
+
 @needs_ns
 def test_no_network():
     body = ("import socket\n"
@@ -316,13 +322,14 @@ def test_a_missing_sandbox_refuses_before_generating(monkeypatch):
 
 NOBODY = 65534
 # Runs as `nobody` (python -c, the checkout on PYTHONPATH): hostile programs in the unprivileged sandbox,
-# every result as one JSON line. argv: the secret home, the victim file in it, the test's pid.
+# every result as one JSON line. argv: the secret home, the victim file in it, a file of its own elsewhere,
+# the test's pid.
 AS_NOBODY = r'''
 import json, os, socket, sys
 from pipeline.errors import PipelineError
 from pipeline.evaluation.sandbox import SandboxLimits, humaneval_program, isolation, run_program
 
-home, victim, tester = sys.argv[1:]
+home, victim, elsewhere, tester = sys.argv[1:]
 fast = SandboxLimits(timeout_s=5, cpu_s=3, memory_mb=512, nproc=8, output_bytes=64 << 10)
 if isolation() == "none":
     try:
@@ -338,8 +345,8 @@ programs = {
     "environ": "import glob\nfor p in glob.glob('/proc/*/environ') + ['/proc/%s/environ' % os.getppid()]:\n"
                "    try:\n        print(open(p, 'rb').read())\n    except OSError:\n        pass\n"
                f"print(os.getppid(), os.path.exists('/proc/{os.getpid()}'))",
-    "write": f"open({victim!r}, 'a').write('pwned')",
     "read_home": f"print(open({victim!r}).read())",
+    "write_elsewhere": f"open({elsewhere!r}, 'a').write('pwned')",
     "loopback": f"s = socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=2)",
     "daemon": "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(30)\n    os._exit(0)",
     "kill": f"for pid in ({os.getpid()}, {tester}, -1):\n    try:\n        os.kill(pid, 9)\n    except OSError:\n"
@@ -368,7 +375,7 @@ print(json.dumps(out))
 '''
 
 
-def run_as_nobody(home: str, victim: str, stdin: str) -> dict:
+def run_as_nobody(home: str, victim: str, elsewhere: str, stdin: str) -> dict:
     checkout = str(Path(sandbox.__file__).resolve().parents[2])
     python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
     cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-I", "-c"]
@@ -378,35 +385,39 @@ def run_as_nobody(home: str, victim: str, stdin: str) -> dict:
     if ok.returncode != 0:
         pytest.skip(f"`nobody` cannot run {python} with {checkout} (not world-readable here): {ok.stderr[-200:]!r}")
     script = f"import sys; sys.path.insert(0, {checkout!r})\n" + AS_NOBODY
-    r = subprocess.run([*cmd, script, home, victim, str(os.getpid())], env=env, input=stdin, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run([*cmd, script, home, victim, elsewhere, str(os.getpid())], env=env, input=stdin,
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.splitlines()[-1])
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="switching to nobody needs root")
 def test_nobody_is_contained_or_refused():
-    """Without root: user namespaces where the kernel allows them, else a refusal that names the fix."""
-    home = tempfile.mkdtemp(prefix="tokenfarm-sandbox-home-")
-    victim = os.path.join(home, "token")
+    """Without root: user namespaces where the kernel allows them, else a refusal that names the fix. Its home
+    and a file it owns elsewhere are outside /tmp (the sandbox replaces /tmp anyway), under /run."""
+    home = tempfile.mkdtemp(prefix="tokenfarm-sandbox-home-", dir="/run")
+    victim = os.path.join(home, "token")  # hidden with its $HOME
+    elsewhere = home + "-elsewhere"  # visible, read-only
     Path(victim).write_text("hf_file_secret_17")
-    for path in (home, victim):
+    Path(elsewhere).write_text("mine")
+    for path in (home, victim, elsewhere):
         os.chown(path, NOBODY, NOBODY)
     key = random.randrange(1 << 28, 1 << 30)
     try:
-        out = run_as_nobody(home, victim, SHM.format(key=key))
+        out = run_as_nobody(home, victim, elsewhere, SHM.format(key=key))
     finally:
-        content = Path(victim).read_text()
+        content = Path(victim).read_text(), Path(elsewhere).read_text()
         shutil.rmtree(home)
+        os.remove(elsewhere)
         for k in (key, key + 1, key + 2):
             subprocess.run(["ipcrm", "-M", str(k)], capture_output=True)
     if out["mode"] == "none":
         assert out["refused"] and "remove codex_humaneval from eval.chat_tasks" in out["refused"], out
         return
     assert out["mode"] == "user-namespaces" and out["uid"] == NOBODY
-    assert content == "hf_file_secret_17"  # neither written ...
-    assert not out["write"]["passed"] and not out["read_home"]["passed"]  # ... nor read: $HOME is hidden
-    assert "hf_file_secret_17" not in out["read_home"]["output"]
+    assert content == ("hf_file_secret_17", "mine")  # nothing of its user's written ...
+    assert "FileNotFoundError" in out["read_home"]["output"]  # ... nor read: $HOME is hidden
+    assert "Read-only file system" in out["write_elsewhere"]["output"], out["write_elsewhere"]
     env = out["environ"]
     assert env["passed"] and "hf_nobody_secret_42" not in env["output"], env  # no parent environ to read
     assert env["output"].split()[-1] == "False"  # our pid is not in its /proc
@@ -415,5 +426,5 @@ def test_nobody_is_contained_or_refused():
     assert out["kill"]["passed"]  # and this process survived to report it
     assert out["os._exit(0)"]["status"] == "failed (exit 0 before its end)"
     bomb = out["fork_bomb"]
-    assert "forked" in bomb["output"] and int(bomb["output"].split("forked")[1].split()[0]) < FAST.nproc, bomb
+    assert "forked" in bomb["output"] and max(int(line.split()[1]) for line in bomb["output"].splitlines()) < FAST.nproc
     assert out["shm"]["passed"] and not {key, key + 1, key + 2} & set(out["shm_keys"]), out["shm"]
