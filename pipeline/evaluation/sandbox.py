@@ -2,18 +2,19 @@
 
     result = run_program(source, SandboxLimits(timeout_s=10))   # result.passed: it ran to its end, in time
 
-**Pass means the program ran to its end.** The parent draws a random token for each run and hands it
-to the child's harness on its stdin, which the harness reads (and replaces by /dev/null) before the
-program starts; after the program's last statement returns (for HumanEval: ``check(entry_point)``)
-the harness writes the token to a pipe and only then exits. The parent scores ``passed`` iff the
-exit status is 0 **and** the pipe holds exactly that token. So ``exit()``, ``sys.exit(0)``,
-``raise SystemExit``, ``os._exit(0)``, an ``atexit`` handler that exits 0 after a failed assert, or a
-process that kills itself all fail ("failed (exit 0 before its end)" when the status was 0): the token
-is in no argument, variable, file or /proc entry the program can read, and printing cannot forge it.
-(What the harness holds in its own interpreter frame is, like any in-process secret, reachable by code
-that walks the interpreter's frames or memory; a completion doing that is an attack on the harness, not
-an early exit, and is out of this sandbox's scope — as is a completion returning an object whose
-``__eq__`` always holds.)
+**Pass means the program ran to its end.** The parent draws a random token for each run and hands it to
+the child's harness on its stdin, which the harness reads (and replaces by /dev/null) before the
+program starts; after the program's last statement returns (for HumanEval: ``check(entry_point)``) the
+harness writes the token to a pipe (from its own process only: a forked child running off the end does
+not report) and only then exits. The parent scores ``passed`` iff the exit status is 0 **and** the pipe
+holds exactly that token. So ``exit()``, ``sys.exit(0)``, ``raise SystemExit``, ``os._exit(0)``, an
+``atexit`` handler that exits 0 after a failed assert, or a process that kills itself all fail ("failed
+(exit 0 before its end)" when the status was 0): the token is in no argument, environment variable,
+file, descriptor or /proc entry the program can read, and printing cannot forge it. (What the harness
+holds in its own interpreter frame is, like any in-process secret, reachable by code that walks the
+interpreter's frames or memory; a completion doing that is an attack on the harness, not an early exit,
+and is out of this sandbox's scope — as is a completion returning an object whose ``__eq__`` always
+holds.)
 
 Every program runs in its own, fresh ``python -I`` process (isolated mode: no PYTHON* variables, no
 user site, the script's directory not on sys.path), started in a new session, inside fresh **network,
@@ -31,7 +32,9 @@ with:
   tmpfs of ``disk_mb`` (size-capped, memory-backed, gone with the namespace) that holds the working
   directory ``/tmp/work`` (HOME and TMPDIR) and, bound from it, ``/tmp``, ``/var/tmp``, ``/dev/shm``
   and ``/run/lock``: what the program writes anywhere is capped by ``disk_mb`` in total and never
-  reaches the host;
+  reaches the host. The interpreter's prefix is bound read-only at ``/tmp/.python`` and run from there
+  (the program's uid may not enter where it lives, e.g. a pyenv under /root, and a venv under /tmp is
+  hidden);
 * **no privileges**: it runs under ``setpriv --no-new-privs`` with an empty capability bounding set
   (no setuid binary, no mount, no remount); as root, also as a **uid of its own** (from a high range no
   account uses, different for each program run by this process) with no groups;
@@ -52,15 +55,16 @@ with:
 * ``os.system``, ``os.popen``, ``subprocess`` and friends replaced by functions that raise: a program
   that shells out fails (the limits above hold even for one that gets around this, e.g. by ``os.exec*``).
 
-Two modes (``isolation()``, recorded in the evaluation report):
+The modes (``isolation()``, recorded in the evaluation report):
 
 * ``"namespaces"``: running as root (as in our containers and CI); the program drops to its own uid.
 * ``"user-namespaces"``: not root, where the kernel allows unprivileged user namespaces (``unshare
   --user --map-root-user``): the same namespaces, owned by a new user namespace in which the program is
   a capability-less "root" mapped to the evaluating user; the read-only remount keeps it from writing
-  that user's files (a user namespace cannot undo a read-only mount it inherited), the hidden ``$HOME``
-  from reading the usual token files there, and RLIMIT_NPROC counts only the processes in its user
-  namespace. No memory cgroup (see above).
+  that user's files (without capabilities it cannot remount, and a user namespace it makes itself gets
+  every mount locked read-only), the hidden ``$HOME`` from reading the usual token files there, and
+  RLIMIT_NPROC counts only the processes in its user namespace (its init shell included, so the limit
+  is ``nproc`` + 1). No memory cgroup (see above).
 * ``"none"``: neither works (not root and user namespaces forbidden, or no ``unshare``/``setpriv``):
   ``run_program`` refuses to run generated code (``PipelineError``); there is no unisolated mode.
 """
@@ -227,14 +231,15 @@ def check_isolation(mode: str | None = None) -> str:
     if mode == "namespaces" and os.geteuid() == 0 or mode == "user-namespaces" and os.geteuid() != 0:
         return mode
     if os.geteuid() == 0:
-        raise PipelineError("the HumanEval sandbox runs as root but `unshare` cannot create network, PID, IPC and "
-                            "mount namespaces here (or `setpriv` is missing); allow unshare, or remove "
-                            "codex_humaneval from eval.chat_tasks")
+        raise PipelineError("the HumanEval sandbox runs as root but cannot set itself up here: `unshare --net --pid "
+                            "--ipc --mount` with read-only remounts and tmpfs mounts is refused (e.g. a container "
+                            "without CAP_SYS_ADMIN) or util-linux's unshare/setpriv are missing; allow them, or "
+                            "remove humaneval from eval.chat_tasks")
     raise PipelineError("the HumanEval sandbox cannot isolate generated code here: not root and `unshare --user "
                         "--map-root-user --net --pid --ipc --mount` is refused (user namespaces disabled, e.g. "
                         "kernel.unprivileged_userns_clone=0 or user.max_user_namespaces=0) or util-linux's "
                         "unshare/setpriv are missing; run the evaluation as root, allow unprivileged user "
-                        "namespaces, or remove codex_humaneval from eval.chat_tasks")
+                        "namespaces, or remove humaneval from eval.chat_tasks")
 
 
 def _bound_interpreter() -> str:

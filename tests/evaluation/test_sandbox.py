@@ -313,7 +313,7 @@ def test_a_missing_sandbox_refuses_before_generating(monkeypatch):
 
     monkeypatch.setattr(sandbox, "isolation", lambda: "none")
     humaneval = {"kind": "humaneval", "items": [], "random_baseline": 0.0}
-    with pytest.raises(PipelineError, match="codex_humaneval from eval.chat_tasks"):
+    with pytest.raises(PipelineError, match="remove humaneval from eval.chat_tasks"):
         chat_core.evaluate_chat(None, None, {"humaneval": humaneval}, max_items=None, max_new_tokens=1,
                                 batch_tokens=1)
 
@@ -412,7 +412,7 @@ def test_nobody_is_contained_or_refused():
         for k in (key, key + 1, key + 2):
             subprocess.run(["ipcrm", "-M", str(k)], capture_output=True)
     if out["mode"] == "none":
-        assert out["refused"] and "remove codex_humaneval from eval.chat_tasks" in out["refused"], out
+        assert out["refused"] and "remove humaneval from eval.chat_tasks" in out["refused"], out
         return
     assert out["mode"] == "user-namespaces" and out["uid"] == NOBODY
     assert content == ("hf_file_secret_17", "mine")  # nothing of its user's written ...
