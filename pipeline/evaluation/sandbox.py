@@ -183,7 +183,8 @@ def _setup(uid: int | None, disk_mb: int, cgroups: list[str]) -> str:
     return ("set -e; "
             + "".join(f"echo 0 > {q(d)}/cgroup.procs; " for d in cgroups)
             # a private mount namespace: nothing here propagates to the host
-            + 'while read -r _ _ _ _ mp _; do mount -o remount,bind,ro "$mp"; done < /proc/self/mountinfo; '
+            + r'while read -r _ _ _ _ mp _; do case $mp in *\\*) mp=$(printf %b "$mp");; esac; '  # \040: a space
+            + 'mount -o remount,bind,ro "$mp"; done < /proc/self/mountinfo; '
             + f"mount -t tmpfs -o size={int(disk_mb)}m,nr_inodes=16384,mode=1777 tmpfs /tmp; "
             + f'mkdir {BOUND} && mount --bind "$0" {BOUND} && mount -o remount,bind,ro {BOUND}; '
             + 'if [ -d "$1" ] && [ "$1" != / ]; then mount -t tmpfs -o size=64k,mode=755 tmpfs "$1"; fi; shift; '
@@ -204,23 +205,28 @@ def _command(mode: str, cfg: dict, limits: SandboxLimits, cgroups: list[str]) ->
             cfg["prefix"], os.path.expanduser("~"), *drop, "--", *python]
 
 
-@lru_cache(maxsize=1)
 def isolation() -> str:
     """"namespaces" (root), "user-namespaces" (not root, user namespaces allowed) or "none" (module
     docstring): whether the whole setup of a run works here, tried once with `true` as the program."""
+    return _probe()[0]
+
+
+@lru_cache(maxsize=1)
+def _probe() -> tuple[str, str]:
+    """(isolation(), why "none": the setup's last line of error)."""
     if shutil.which("unshare") is None or shutil.which("setpriv") is None:
-        return "none"
+        return "none", "no unshare/setpriv (util-linux) on PATH"
     mode = "namespaces" if os.geteuid() == 0 else "user-namespaces"
     user = ["--user", "--map-root-user"] if mode == "user-namespaces" else []
     setpriv = [shutil.which("setpriv"), "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all"]
     try:
-        ok = subprocess.run([shutil.which("unshare"), *user, *UNSHARE, "/bin/sh", "-c", _setup(None, 1, []),
-                             sys.base_prefix, os.path.expanduser("~"), *setpriv, "--", "/bin/true"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            timeout=30, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    return mode if ok else "none"
+        r = subprocess.run([shutil.which("unshare"), *user, *UNSHARE, "/bin/sh", "-c", _setup(None, 1, []),
+                            sys.base_prefix, os.path.expanduser("~"), *setpriv, "--", "/bin/true"],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           timeout=30, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+        return (mode, "") if r.returncode == 0 else ("none", (r.stderr.strip().splitlines() or ["failed"])[-1])
+    except (OSError, subprocess.SubprocessError) as e:
+        return "none", str(e)
 
 
 def check_isolation(mode: str | None = None) -> str:
@@ -230,15 +236,16 @@ def check_isolation(mode: str | None = None) -> str:
     mode = mode or isolation()
     if mode == "namespaces" and os.geteuid() == 0 or mode == "user-namespaces" and os.geteuid() != 0:
         return mode
+    why = f" ({_probe()[1]})" if _probe()[1] else ""
     if os.geteuid() == 0:
         raise PipelineError("the HumanEval sandbox runs as root but cannot set itself up here: `unshare --net --pid "
                             "--ipc --mount` with read-only remounts and tmpfs mounts is refused (e.g. a container "
-                            "without CAP_SYS_ADMIN) or util-linux's unshare/setpriv are missing; allow them, or "
+                            f"without CAP_SYS_ADMIN) or util-linux's unshare/setpriv are missing{why}; allow them, or "
                             "remove humaneval from eval.chat_tasks")
     raise PipelineError("the HumanEval sandbox cannot isolate generated code here: not root and `unshare --user "
                         "--map-root-user --net --pid --ipc --mount` is refused (user namespaces disabled, e.g. "
                         "kernel.unprivileged_userns_clone=0 or user.max_user_namespaces=0) or util-linux's "
-                        "unshare/setpriv are missing; run the evaluation as root, allow unprivileged user "
+                        f"unshare/setpriv are missing{why}; run the evaluation as root, allow unprivileged user "
                         "namespaces, or remove humaneval from eval.chat_tasks")
 
 
