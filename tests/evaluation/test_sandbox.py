@@ -360,16 +360,15 @@ out = {"mode": isolation(), "uid": os.getuid()}
 for name, body in programs.items():
     src = "import os, socket, time\n" + body + "\n"
     out[name] = run_program(src, fast).to_dict()
-pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
-mine = []
-for p in pids:
+left = []  # our sandbox programs (uid nobody, the harness in their command line) still alive
+for p in (p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):  # this script names it too
     try:
-        with open(f"/proc/{p}/status") as f:
-            if any(line.startswith("Uid:") and int(line.split()[1]) == os.getuid() for line in f):
-                mine.append(p)
+        with open(f"/proc/{p}/cmdline", "rb") as f:
+            if os.stat(f"/proc/{p}").st_uid == os.getuid() and b"_harness()" in f.read():
+                left.append(p)
     except OSError:
         pass
-out["left_behind"] = mine
+out["left_behind"] = left
 out["shm_keys"] = [int(line.split()[0]) for line in open("/proc/sysvipc/shm").read().splitlines()[1:]]
 print(json.dumps(out))
 '''
