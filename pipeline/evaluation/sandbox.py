@@ -70,6 +70,7 @@ The modes (``isolation()``, recorded in the evaluation report):
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -180,22 +181,22 @@ def _setup(uid: int | None, disk_mb: int, cgroups: list[str]) -> str:
     program's command."""
     q = shlex.quote
     owner = f"chown {uid}:{uid} {WORK}; " if uid is not None else ""
-    return ("set -e; "
+    return ("set -e; "  # each step its own command: set -e ignores a failing `a` in `a && b`
             + "".join(f"echo 0 > {q(d)}/cgroup.procs; " for d in cgroups)
             # a private mount namespace: nothing here propagates to the host
             + r'while read -r _ _ _ _ mp _; do case $mp in *\\*) mp=$(printf %b "$mp");; esac; '  # \040: a space
             + 'mount -o remount,bind,ro "$mp"; done < /proc/self/mountinfo; '
             + f"mount -t tmpfs -o size={int(disk_mb)}m,nr_inodes=16384,mode=1777 tmpfs /tmp; "
-            + f'mkdir {BOUND} && mount --bind "$0" {BOUND} && mount -o remount,bind,ro {BOUND}; '
-            + 'if [ -d "$1" ] && [ "$1" != / ]; then mount -t tmpfs -o size=64k,mode=755 tmpfs "$1"; fi; shift; '
-            + "".join(f"if [ -d {d} ]; then mkdir -p -m 1777 /tmp/.{d[1:].replace('/', '-')} && "
+            + f'mkdir {BOUND}; mount --bind "$0" {BOUND}; mount -o remount,bind,ro {BOUND}; '
+            + 'case $1 in /|/tmp|/tmp/*) ;; *) if [ -d "$1" ]; then mount -t tmpfs -o size=64k,mode=755 tmpfs "$1"; '
+            + 'fi;; esac; shift; '  # a $HOME under /tmp is hidden already
+            + "".join(f"if [ -d {d} ]; then mkdir -p -m 1777 /tmp/.{d[1:].replace('/', '-')}; "
                       f"mount --bind /tmp/.{d[1:].replace('/', '-')} {d}; fi; " for d in SHARED)
             + f"mkdir -m 700 {WORK}; {owner}cd {WORK}; "
             + '"$@"')  # sh stays the namespace's init, the program its child
 
 
-def _command(mode: str, cfg: dict, limits: SandboxLimits, cgroups: list[str]) -> list[str]:
-    uid = cfg.pop("uid")
+def _command(mode: str, uid: int | None, cfg: dict, limits: SandboxLimits, cgroups: list[str]) -> list[str]:
     drop = [shutil.which("setpriv"), "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all"]
     if uid is not None:
         drop += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
@@ -213,7 +214,7 @@ def isolation() -> str:
 
 @lru_cache(maxsize=1)
 def _probe() -> tuple[str, str]:
-    """(isolation(), why "none": the setup's last line of error)."""
+    """(isolation(), why "none": the setup's first line of error)."""
     if shutil.which("unshare") is None or shutil.which("setpriv") is None:
         return "none", "no unshare/setpriv (util-linux) on PATH"
     mode = "namespaces" if os.geteuid() == 0 else "user-namespaces"
@@ -224,7 +225,7 @@ def _probe() -> tuple[str, str]:
                             sys.base_prefix, os.path.expanduser("~"), *setpriv, "--", "/bin/true"],
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                            timeout=30, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
-        return (mode, "") if r.returncode == 0 else ("none", (r.stderr.strip().splitlines() or ["failed"])[-1])
+        return (mode, "") if r.returncode == 0 else ("none", (r.stderr.strip().splitlines() or ["failed"])[0])
     except (OSError, subprocess.SubprocessError) as e:
         return "none", str(e)
 
@@ -343,7 +344,7 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits(), mode: str 
     nproc = int(limits.nproc) + (mode == "user-namespaces")
     token = secrets.token_hex(16)
     result_r, result_w = os.pipe()
-    cfg = {"uid": uid, "prefix": sys.base_prefix, "bound": BOUND, "result_fd": result_w,
+    cfg = {"prefix": sys.base_prefix, "bound": BOUND, "result_fd": result_w,
            "limits": {"RLIMIT_CPU": int(limits.cpu_s), "RLIMIT_AS": int(limits.memory_mb) << 20,
                       "RLIMIT_NPROC": nproc, "RLIMIT_FSIZE": int(limits.output_bytes),
                       "RLIMIT_NOFILE": int(limits.open_files), "RLIMIT_CORE": 0}}
@@ -355,16 +356,14 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits(), mode: str 
                "PYTHONIOENCODING": "utf-8"}
         out_path = os.path.join(private, "output")
         with open(out_path, "wb") as out:
-            proc = subprocess.Popen(_command(mode, cfg, limits, cgroups), cwd="/", env=env, stdin=subprocess.PIPE,
+            proc = subprocess.Popen(_command(mode, uid, cfg, limits, cgroups), cwd="/", env=env, stdin=subprocess.PIPE,
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                                     pass_fds=(result_w,))
             os.close(result_w)
             result_w = -1
-            try:
-                proc.stdin.write(f"{token}\n{source}".encode("utf-8", "replace"))  # lone surrogates: "?"
-                proc.stdin.close()
-            except BrokenPipeError:  # died before reading it (e.g. its setup failed): its status says why
-                pass
+            with contextlib.suppress(BrokenPipeError):  # died before reading it (its setup failed): its status says
+                with proc.stdin:
+                    proc.stdin.write(f"{token}\n{source}".encode("utf-8", "replace"))  # lone surrogates: "?"
             timed_out = False
             try:
                 rc = proc.wait(timeout=limits.timeout_s)

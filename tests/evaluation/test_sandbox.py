@@ -308,6 +308,21 @@ def test_it_cannot_signal_or_see_us():
     assert good_item_passes()
 
 
+def test_a_setup_step_that_fails_refuses_with_its_reason(monkeypatch):
+    """Any failing step of the namespace's setup (here: binding a prefix that does not exist) makes the probe,
+    and so the sandbox, refuse, and the message quotes the step's error."""
+    monkeypatch.setattr("sys.base_prefix", "/nonexistent-prefix")
+    sandbox._probe.cache_clear()
+    try:
+        assert isolation() == "none"
+        with pytest.raises(PipelineError, match="nonexistent-prefix.*remove humaneval from eval.chat_tasks"):
+            run_program("print(1)", FAST)
+    finally:
+        monkeypatch.undo()
+        sandbox._probe.cache_clear()
+    assert isolation() != "none"
+
+
 def test_a_missing_sandbox_refuses_before_generating(monkeypatch):
     from pipeline.evaluation import chat_core
 
