@@ -10,11 +10,10 @@ not report) and only then exits. The parent scores ``passed`` iff the exit statu
 holds exactly that token. So ``exit()``, ``sys.exit(0)``, ``raise SystemExit``, ``os._exit(0)``, an
 ``atexit`` handler that exits 0 after a failed assert, or a process that kills itself all fail ("failed
 (exit 0 before its end)" when the status was 0): the token is in no argument, environment variable,
-file, descriptor or /proc entry the program can read, and printing cannot forge it. (What the harness
-holds in its own interpreter frame is, like any in-process secret, reachable by code that walks the
-interpreter's frames or memory; a completion doing that is an attack on the harness, not an early exit,
-and is out of this sandbox's scope — as is a completion returning an object whose ``__eq__`` always
-holds.)
+file, descriptor or /proc entry the program can read, and printing cannot forge it. (Out of scope, like
+any in-process trick: code that rewrites how the tests themselves run — an object whose ``__eq__``
+always holds, a ``sys.settrace`` hook that jumps over the asserts, or walking the interpreter's frames
+to the harness's token; none of these is an exit.)
 
 Every program runs in its own, fresh ``python -I`` process (isolated mode: no PYTHON* variables, no
 user site, the script's directory not on sys.path), started in a new session, inside fresh **network,
