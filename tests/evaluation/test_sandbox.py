@@ -94,17 +94,6 @@ def test_no_inherited_secret(monkeypatch):
     assert good_item_passes()
 
 
-def test_writing_outside_its_dir_is_contained(tmp_path):
-    targets = [tmp_path / "planted.txt", "/tmp/tokenfarm-sandbox-planted.txt", os.path.abspath("planted.txt")]
-    body = ("ok = 0\n"
-            f"for t in {[str(t) for t in targets]!r}:\n"
-            "    try:\n        open(t, 'w').write('pwned')\n        ok += 1\n    except OSError:\n        pass\n"
-            "assert ok == 0, ok")  # /tmp is a private tmpfs: writable, but nothing persists
-    r = run_program(hostile(body), FAST)
-    assert not any(os.path.exists(t) for t in targets), r
-    assert good_item_passes()
-
-
 def test_os_system_and_subprocess_fail_the_item(tmp_path):
     mark = tmp_path / "pwned"
     r = run_program(hostile(f"import os\nos.system('touch {mark}')"), FAST)
@@ -218,7 +207,6 @@ SHM = ("import ctypes\n"  # three 64 MiB System V segments, never attached (no m
        "assert min(ids) >= 0, ctypes.get_errno()")
 
 
-@needs_ns
 def test_shared_memory_does_not_survive_the_item():
     key = random.randrange(1 << 28, 1 << 30)
     try:
@@ -231,10 +219,10 @@ def test_shared_memory_does_not_survive_the_item():
     assert good_item_passes()
 
 
-@needs_ns
 def test_writing_anywhere_does_not_reach_the_host(tmp_path):
     mark = f"tokenfarm-sandbox-planted-{uuid.uuid4().hex}"
-    private = [f"/tmp/{mark}", f"/var/tmp/{mark}", f"/dev/shm/{mark}", f"/run/lock/{mark}"]  # writable inside
+    # writable inside (private), and places of ours it must not reach
+    private = [f"{d}/{mark}" for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock") if os.path.isdir(d)]
     host = [str(tmp_path / mark), os.path.abspath(mark), os.path.expanduser(f"~/{mark}"), f"/etc/{mark}"]
     body = (f"wrote = []\n"
             f"for t in {private + host!r}:\n"
