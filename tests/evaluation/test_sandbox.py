@@ -377,11 +377,12 @@ print(json.dumps(out))
 '''
 
 
-def run_as_nobody(home: str, victim: str, elsewhere: str, stdin: str) -> dict:
+def run_as_nobody(home: str, victim: str, elsewhere: str, stdin: str, path: str = "/usr/bin:/bin") -> dict:
+    """AS_NOBODY's JSON; `path`: its PATH (where it looks for unshare and setpriv)."""
     checkout = str(Path(sandbox.__file__).resolve().parents[2])
     python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
-    cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-I", "-c"]
-    env = {"PATH": "/usr/bin:/bin", "HOME": home, "HF_TOKEN": "hf_nobody_secret_42"}
+    cmd = [shutil.which("setpriv"), f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-I", "-c"]
+    env = {"PATH": path, "HOME": home, "HF_TOKEN": "hf_nobody_secret_42"}
     ok = subprocess.run([*cmd, "import sys; sys.path.insert(0, sys.argv[1]); import pipeline.evaluation.sandbox",
                          checkout], env=env, capture_output=True)
     if ok.returncode != 0:
@@ -430,3 +431,12 @@ def test_nobody_is_contained_or_refused():
     bomb = out["fork_bomb"]
     assert "forked" in bomb["output"] and max(int(line.split()[1]) for line in bomb["output"].splitlines()) < FAST.nproc
     assert out["shm"]["passed"] and not {key, key + 1, key + 2} & set(out["shm_keys"]), out["shm"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="switching to nobody needs root")
+def test_nobody_without_namespaces_is_refused():
+    """The refusal, whatever this kernel allows: as nobody with no unshare on PATH the sandbox cannot isolate,
+    so it runs nothing and says how to go on."""
+    out = run_as_nobody("/nonexistent", "/nonexistent/token", "/nonexistent-file", "", path="/nonexistent")
+    assert out["mode"] == "none" and "not root" in out["refused"] and "no unshare/setpriv" in out["refused"], out
+    assert "remove humaneval from eval.chat_tasks" in out["refused"]
