@@ -28,7 +28,7 @@ with:
   the item;
 * **a read-only filesystem**: in the private mount namespace every mount is remounted read-only and
   the evaluating user's ``$HOME`` is hidden under an empty tmpfs; the only writable places are one
-  tmpfs of ``disk_mb`` (size-capped, memory-backed, gone with the namespace) that holds the working
+  tmpfs of ``disk_mb`` and 16384 inodes (memory-backed, gone with the namespace) that holds the working
   directory ``/tmp/work`` (HOME and TMPDIR) and, bound from it, ``/tmp``, ``/var/tmp``, ``/dev/shm``
   and ``/run/lock``: what the program writes anywhere is capped by ``disk_mb`` in total and never
   reaches the host. The interpreter's prefix is bound read-only at ``/tmp/.python`` and run from there
