@@ -21,7 +21,10 @@ conversation rendered, ending in ``<|assistant_start|>``), and answered in one o
   fenced block of the answer (``` or ```python) or else the whole answer; the program is prompt +
   code + the task's tests + ``check(entry_point)`` — a body completes the prompt's function, a whole
   ``def`` redefines it — run in the sandbox
-  (pipeline/evaluation/sandbox.py); correct iff it exits 0 within the limits.
+  (pipeline/evaluation/sandbox.py); correct iff it runs to its end within the limits (exit status 0
+  and the harness's token after ``check`` returned: exiting early, ``os._exit(0)`` or ``atexit`` does
+  not pass). Where the sandbox cannot isolate generated code, evaluating a HumanEval task is refused
+  before any generation (``check_isolation``).
 
 Fit. An item whose prompt does not fit the model's context (categorical: ``max_seq_len`` tokens;
 generative: room for at least one new token) is not scored and counted as ``too_long``; a task none of
@@ -55,7 +58,7 @@ from pipeline.errors import PipelineError
 from pipeline.evaluation import stats
 from pipeline.evaluation.chat import stop_ids
 from pipeline.evaluation.core import accuracy_cells, begin_scoring, centered, core_record, headline, scoring_dtype
-from pipeline.evaluation.sandbox import SandboxLimits, humaneval_program, isolation, run_program
+from pipeline.evaluation.sandbox import SandboxLimits, check_isolation, humaneval_program, isolation, run_program
 from pipeline.io import get_logger, run_cli
 from pipeline.model.engine import Engine
 
@@ -195,6 +198,8 @@ def evaluate_chat(model, tokenizer, tasks: dict[str, dict], *, max_items: int | 
     lists every item, task by task in item order, as ``{"task", "index", "id", "gold", "pick", "correct"}``
     (pick: categorical, the letter; generative, the answer's text; None when too long, with correct None;
     HumanEval adds the sandbox's ``status``) — the per-item log, and what the lm-eval parity test compares."""
+    if any(t["kind"] == "humaneval" for t in tasks.values()):
+        check_isolation()  # refused here, not after the generation
     device, dtype, max_len, rank, world, was_training = begin_scoring(model, dist)
     stop = stop_ids(tokenizer)
     t0 = time.perf_counter()
