@@ -38,6 +38,7 @@ the ranks; the optimizer holds fp32 master shards.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 from torch import nn
@@ -50,10 +51,17 @@ from pipeline.model.losses import chunked_cross_entropy
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.perf import ce_matmul_precision, fp8_converts
 
+# Test-only: set to 1, a CPU run takes the CUDA precision path (`autocast_dtype`), so that CPU tests run
+# the dtypes a GPU run does. Not a config key: a CPU run for real has no reason to compute in bf16.
+CPU_AS_CUDA_PRECISION = "TOKENFARM_CPU_AS_CUDA_PRECISION"
+
 
 def autocast_dtype(cfg: dict, device: torch.device) -> torch.dtype | None:
-    """bf16 for the body on CUDA when train.precision is bf16; None (fp32) otherwise."""
-    return torch.bfloat16 if device.type == "cuda" and cfg["train"]["precision"] == "bf16" else None
+    """bf16 for the body on CUDA when train.precision is bf16; None (fp32) otherwise. With the test-only
+    environment variable `CPU_AS_CUDA_PRECISION` set to 1, the CPU as CUDA: bf16 autocast of the body and
+    (`shard_model`) bf16-gathered FSDP blocks — the one place it is read."""
+    cuda_like = device.type == "cuda" or os.environ.get(CPU_AS_CUDA_PRECISION) == "1"
+    return torch.bfloat16 if cuda_like and cfg["train"]["precision"] == "bf16" else None
 
 
 def ce_matmul(cfg: dict) -> str:

@@ -20,7 +20,16 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as torch_dist
-from builders import ROOT, TRAIN_SEQ, kill_group, logged_steps, make_params, make_plan
+from builders import (
+    ROOT,
+    TRAIN_SEQ,
+    cuda_precision_inputs,
+    cuda_precision_params,
+    kill_group,
+    logged_steps,
+    make_params,
+    make_plan,
+)
 
 from pipeline.io import write_json
 
@@ -155,6 +164,32 @@ def test_fsdp_stage_from_an_earlier_stage_with_its_optimizer_like_ddp(data, tmp_
     assert len(losses["fsdp"]) == 4 and np.allclose(losses["fsdp"], losses["ddp"], rtol=0, atol=2e-5)
     state = torch.load(tmp_path / "ddp" / "more" / "ckpt" / "step_000004.pt", weights_only=True)["optimizer"]
     assert {float(s["step"]) for s in state["state"].values()} == {6 + 4}  # the DDP run carried it: so did fsdp
+
+
+# ----------------------------------------------------------------------------- the CUDA precision path
+
+@pytest.fixture(scope="module")
+def precision_data(data, tmp_path_factory):
+    return cuda_precision_inputs(data, tmp_path_factory.mktemp("bf16"))
+
+
+@pytest.mark.slow
+def test_fsdp_bf16_compiled_run_validates_samples_and_scores_core(precision_data, tmp_path):
+    """2 processes on the CUDA precision path (TOKENFARM_CPU_AS_CUDA_PRECISION=1: the blocks all-gathered in
+    bf16, the body under bf16 autocast), blocks compiled: validation, the fixed batch, the sample and CORE
+    inside the run, on the gathered bf16 blocks. Before the fix rank 0 died at the first validation
+    ("expected m1 and m2 to have the same dtype": the fp32 residual reached a bf16 linear)."""
+    params, out = cuda_precision_params("fsdp"), tmp_path / "train"
+    torchrun(precision_data, out, params, 2, "--eval-data", precision_data["eval_data"],
+             TOKENFARM_CPU_AS_CUDA_PRECISION="1")
+    records = read_metrics(out)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    for r in records[1::2]:  # steps 2 and 4
+        assert {"val_loss", "ce_fp32", "top1_acc", "sample", "core_1", "core/copa"} <= r.keys(), r.keys()
+        assert np.isfinite([r["val_loss"], r["ce_fp32"], r["core_1"]]).all()
+        assert r["ce_fp32"] == pytest.approx(r["val_loss"], rel=0.05)  # the fixed batch is validation's first rows
+        assert r["sample"].startswith(params["eval"]["prompts"][0])
+    assert records[-1]["loss"] < records[0]["loss"]
 
 
 # ----------------------------------------------------------------------------- exact resume, kill -9
