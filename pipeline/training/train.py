@@ -30,9 +30,9 @@ What runs, per optimizer step (`plan.grad_accum_steps` micro-steps of `plan.micr
 rank; `plan.num_steps` steps):
 
 * **Model**: `LossModel` = the transformer body (`Transformer.hidden`) under bf16 autocast on CUDA
-  when `train.precision` is bf16 (CPU runs fp32, tests aside: `step.autocast_dtype`), followed by
-  `chunked_cross_entropy` *outside* autocast: fp32 logits, chunked over `train.ce_chunk_tokens`
-  tokens, their matmuls' inputs at `train.ce_matmul` precision (pipeline/model/losses.py). DDP wraps `LossModel` first,
+  when `train.precision` is bf16 (CPU: fp32, tests aside), followed by `chunked_cross_entropy`
+  *outside* autocast: fp32 logits, chunked over `train.ce_chunk_tokens` tokens, their matmuls'
+  inputs at `train.ce_matmul` precision (pipeline/model/losses.py). DDP wraps `LossModel` first,
   then `torch.compile` wraps DDP (`train.compile`: auto = on for CUDA, off on CPU); the loss
   compiles with the body (no graph break). fp32 matmuls use TF32 only with `ce_matmul: tf32`.
 * **Parallelism** (`train.parallel`): ``ddp`` as above; ``fsdp`` shards the model at set-up

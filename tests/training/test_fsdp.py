@@ -326,6 +326,54 @@ def test_gathered_model_evaluates_without_collectives_and_reshards(group):
     assert all(isinstance(p, DTensor) for p in sharded.parameters())
 
 
+def test_gathered_bf16_blocks_evaluate_in_the_training_precision(group, data, monkeypatch):
+    """The CUDA precision path (bf16-gathered blocks): every evaluation inside training takes them without
+    an fp32/bf16 mix — the fixed batch is fp32 compute on the bf16-rounded block weights (the plain model
+    with those weights), the sample and the CORE / ChatCORE scorers run the body under bf16 autocast like
+    the plain model under the same autocast. Before the fix each of them failed on the bf16 linears."""
+    import copy
+
+    from pipeline.data.encoding import load_tokenizer
+    from pipeline.evaluation import chat_core, core
+    from pipeline.model.engine import greedy_sample
+    from pipeline.training.step import gathered
+    from pipeline.training.train import fixed_batch_stats
+
+    monkeypatch.setenv("TOKENFARM_CPU_AS_CUDA_PRECISION", "1")
+    plain, sharded, dist = _sharded_pair(make_params(precision="bf16"))
+    rounded = copy.deepcopy(plain)
+    for p in rounded.layers.parameters():
+        p.data = p.data.bfloat16().float()
+    tok, cpu, bf16 = load_tokenizer(data["tokenizer"]), torch.device("cpu"), torch.bfloat16
+    batch = _batches(1)[0]
+    prompts = [[tok.bos_id, *tok.encode(t)] for t in ("The old king", "A small red bird sees", "Every dog")]
+    pairs = [(p[:-2], p[-2:]) for p in prompts]
+
+    def under_bf16(fn):
+        with torch.autocast("cpu", dtype=bf16):
+            return fn()
+
+    sharded.eval()
+    with torch.no_grad(), gathered(sharded):
+        assert {p.dtype for p in sharded.layers.parameters()} == {bf16}
+        assert sharded.lm_head_weight.dtype == torch.float32
+        got = fixed_batch_stats(sharded, batch, chunk=40)
+        want = fixed_batch_stats(rounded, batch, chunk=40)
+        assert got["ce_fp32"] == pytest.approx(want["ce_fp32"], rel=1e-6) and got["top1_acc"] == want["top1_acc"]
+        assert fixed_batch_stats(plain, batch, chunk=40)["ce_fp32"] != want["ce_fp32"]  # the rounding shows
+        assert greedy_sample(sharded, tok, "The old king", 6, cpu, bf16) == \
+            under_bf16(lambda: greedy_sample(plain, tok, "The old king", 6, cpu))
+        assert core.body_dtype(sharded, cpu) is bf16 and core.body_dtype(plain, cpu) is None
+        got = core.score_requests(sharded, pairs, TRAIN_SEQ, 64, cpu, core.body_dtype(sharded, cpu))
+        want = core.score_requests(plain, pairs, TRAIN_SEQ, 64, cpu, bf16)
+        assert [s.logprob for s in got] == pytest.approx([s.logprob for s in want], rel=1e-5)
+        letters = [[5, 6, 7]] * len(prompts)
+        assert chat_core.letter_answers(sharded, prompts, letters, 64, cpu, bf16) == \
+            chat_core.letter_answers(plain, prompts, letters, 64, cpu, bf16)
+        assert chat_core.greedy_answers(sharded, prompts, 5, [], cpu) == \
+            under_bf16(lambda: chat_core.greedy_answers(plain, prompts, 5, [], cpu))
+
+
 def test_parallelism_as_a_launch_runs_it():
     """auto, should the plan not have resolved it, is ddp on one process or the CPU; without a process group
     (no torchrun) a single process trains plain whatever the setting."""
