@@ -537,3 +537,31 @@ def parity_model_config(directory: Path, seq_len: int) -> tuple[dict, Tokenizer]
     build_tokenizer(rule_params(cfg, "tokenizer"), sorted((ROOT / "data/sample/web").glob("*.parquet")),
                     directory / "encoding.json")
     return cfg, load_tokenizer(directory / "encoding.json")
+
+
+# --- The CUDA precision path on the CPU (pipeline.training.step.CPU_AS_CUDA_PRECISION)
+
+PRECISION_SEQ = 128  # the shortest context the first COPA items fit with the tiny tokenizer (none does at 32)
+
+
+def cuda_precision_inputs(data: dict, d: Path) -> dict:
+    """`data`'s tokenizer, rows packed at PRECISION_SEQ tokens and COPA's eval data under `d`: what a tiny
+    bf16 run needs to validate, sample and score CORE items inside training."""
+    from pipeline.data.eval_data import build_eval_data
+
+    tok = load_tokenizer(data["tokenizer"])
+    train_json, val_json = d / "pack" / "pretrain" / "train.json", d / "pack" / "pretrain" / "val.json"
+    write_packed(train_json, tok, sentences(600, seed=2), seq_len=PRECISION_SEQ)
+    write_packed(val_json, tok, sentences(60, seed=3), seq_len=PRECISION_SEQ)
+    build_eval_data({"tasks": ["copa"], "pool_size": 10, "seed": 1}, d / "eval_data")
+    return {**data, "train": str(train_json), "val": str(val_json), "eval_data": str(d / "eval_data")}
+
+
+def cuda_precision_params(parallel: str, steps: int = 4) -> dict:
+    """2 processes, bf16, compile on, micro-batch 1 of PRECISION_SEQ tokens and 2 accumulation micro-steps;
+    validation, the fixed batch, a sample and CORE (4 COPA items) at every second step."""
+    params = make_params(nproc=2, steps=steps, parallel=parallel, precision="bf16", compile=True, micro_batch=1,
+                         seq_len=PRECISION_SEQ, global_batch_tokens=4 * PRECISION_SEQ,
+                         target_tokens=4 * PRECISION_SEQ * steps, val_interval=2, ckpt_interval=steps)
+    params["eval"].update(tasks=["copa"], core_interval=2, core_interval_items=4)
+    return params

@@ -57,7 +57,7 @@ from pipeline.distributed import Dist, gather_objects
 from pipeline.errors import PipelineError
 from pipeline.evaluation import stats
 from pipeline.evaluation.chat import stop_ids
-from pipeline.evaluation.core import accuracy_cells, begin_scoring, centered, core_record, headline, scoring_dtype
+from pipeline.evaluation.core import accuracy_cells, begin_scoring, body_dtype, centered, core_record, headline
 from pipeline.evaluation.sandbox import SandboxLimits, check_isolation, humaneval_program, isolation, run_program
 from pipeline.io import get_logger, run_cli
 from pipeline.model.engine import Engine
@@ -170,7 +170,7 @@ def letter_answers(model, prompts: list[list[int]], letters: list[list[int]], ba
 def greedy_answers(model, prompts: list[list[int]], max_new_tokens: int, stop: list[int], device: torch.device,
                    batch: int = GEN_BATCH) -> list[list[int]]:
     """Greedy new tokens per prompt on the KV-cache engine, `batch` length-sorted prompts at a time."""
-    engine = Engine(model, autocast_dtype=scoring_dtype(device))
+    engine = Engine(model, autocast_dtype=body_dtype(model, device))
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out: list[list[int]] = [[] for _ in prompts]
     for a in range(0, len(order), batch):

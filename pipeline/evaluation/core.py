@@ -47,7 +47,8 @@ Score. accuracy per task; centered accuracy = (acc - b) / (1 - b) with b the tas
 Precision. On CUDA the body runs under bf16 autocast whatever the training precision (`scoring_dtype`:
 fp32 attention with GQA has only the math SDPA kernel there, which materialises the [rows, heads, W, W]
 scores — ~69 GB for a 131K-token batch at W ≈ 2048); the LM head, log-sum-exp and log-probabilities
-are fp32. On CPU everything is fp32.
+are fp32. On CPU everything is fp32, unless the model's weights are not (`body_dtype`: inside training
+under FSDP the blocks are gathered in the training's bf16, and the body then runs under bf16 autocast).
 
 Batching and sharding. Items are sharded across ranks (item i on rank i mod world); a rank's requests
 are sorted by length and packed into batches of at most `core_batch_tokens` padded tokens (by tokens,
@@ -203,6 +204,15 @@ def scoring_dtype(device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if device.type == "cuda" else None
 
 
+def body_dtype(model, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype the scorers run the body under: `scoring_dtype`, or else the dtype of the
+    model's weights when any is below fp32 — FSDP's blocks gathered in the training's bf16 inside
+    training (`pipeline.training.step.gathered`) take no fp32 input, so their matmuls must cast the
+    fp32 residual as training's autocast does."""
+    low = (p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float32)
+    return scoring_dtype(device) or next(low, None)
+
+
 @torch.no_grad()
 def score_requests(model, pairs: list[tuple[list[int], list[int]]], max_len: int, batch_tokens: int,
                    device: torch.device, dtype: torch.dtype | None = None, head_chunk: int = 8192) -> list[Scored]:
@@ -284,7 +294,7 @@ def begin_scoring(model, dist: Dist | None) -> tuple:
     rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
     was_training = model.training
     model.eval()
-    return device, scoring_dtype(device), model.cfg.max_seq_len, rank, world, was_training
+    return device, body_dtype(model, device), model.cfg.max_seq_len, rank, world, was_training
 
 
 def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch_tokens: int,
@@ -292,7 +302,7 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
                    head_chunk: int = 8192) -> dict:
     """Score the first `max_items` items (all when None) of every task on this rank's share, gather,
     and return the table: per task accuracy, centered accuracy, items, truncated requests; and
-    `core_<n>`. The body runs at `scoring_dtype` of the model's device (bf16 autocast on CUDA). With
+    `core_<n>`. The body runs at `body_dtype` (bf16 autocast on CUDA or with bf16 weights). With
     a distributed `dist` it is a collective: every rank must call it."""
     device, dtype, max_len, rank, world, was_training = begin_scoring(model, dist)
     t0 = time.perf_counter()

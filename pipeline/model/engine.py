@@ -23,9 +23,10 @@ The engine is for inference (``torch.inference_mode``, model in eval mode); on C
 ``autocast_dtype=torch.bfloat16`` to run the body in bf16 (the logits are always fp32).
 
 Cache-less sampling for monitoring and the report (``prompt_ids``: a prompt as the model saw
-documents start, BOS first; ``greedy_sample`` during training; ``generate_texts``, seeded, in the
-evaluation report) runs ``Transformer.generate``. Both paths draw each token with ``sample_next``
-(defined beside ``Transformer.generate`` in pipeline/model/model.py): one sampling rule.
+documents start, BOS first; ``greedy_sample`` during training, under the training body's autocast;
+``generate_texts``, seeded, in the evaluation report) runs ``Transformer.generate``. Both paths draw
+each token with ``sample_next`` (defined beside ``Transformer.generate`` in pipeline/model/model.py):
+one sampling rule.
 """
 from __future__ import annotations
 
@@ -209,10 +210,13 @@ def prompt_ids(tokenizer, prompt: str) -> list[int]:
 
 
 @torch.no_grad()
-def greedy_sample(model: Transformer, tokenizer, prompt: str, max_new_tokens: int, device: torch.device) -> str:
-    """A greedy continuation of `prompt` for training's monitoring samples (``Transformer.generate``)."""
+def greedy_sample(model: Transformer, tokenizer, prompt: str, max_new_tokens: int, device: torch.device,
+                  autocast_dtype: torch.dtype | None = None) -> str:
+    """A greedy continuation of `prompt` for training's monitoring samples (``Transformer.generate``),
+    under the training body's `autocast_dtype` (None: fp32): under FSDP the blocks are gathered in it."""
     ids = torch.tensor([prompt_ids(tokenizer, prompt)], device=device)
-    out = model.generate(ids, max_new_tokens, temperature=0.0)
+    with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+        out = model.generate(ids, max_new_tokens, temperature=0.0)
     return prompt + tokenizer.decode(out[0, ids.shape[1]:].tolist())
 
 

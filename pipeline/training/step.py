@@ -32,17 +32,25 @@ the ranks; the optimizer holds fp32 master shards.
 * **Evaluation** inside training (validation, the fixed batch, samples, CORE) runs under
   `gathered(model)`: every rank gathers the whole model once and keeps it (the blocks in their compute
   dtype: + 2 bytes per parameter in a bf16 run) until the block ends, so rank 0 alone can sample without
-  collectives. In a bf16 run the fixed batch's ``ce_fp32`` therefore computes in fp32 with the blocks'
-  bf16-rounded weights (under DDP: the fp32 master weights); on CPU and in fp32 runs nothing differs.
+  collectives. The gathered blocks hold their compute dtype, so in a bf16 run nothing may feed them an
+  fp32 input: validation runs `LossModel` (the body under autocast), the sample and CORE / ChatCORE run
+  the body under the same bf16 autocast (`pipeline.model.engine.greedy_sample`,
+  `pipeline.evaluation.core.body_dtype`), and the fixed batch's ``ce_fp32`` computes in fp32 with the
+  blocks' bf16-rounded weights, each upcast at its use (`plain_hidden`; under DDP: the fp32 master
+  weights); on CPU and in fp32 runs nothing differs. Tests take this path on the CPU with
+  ``TOKENFARM_CPU_AS_CUDA_PRECISION=1`` (`autocast_dtype`).
 """
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.overrides import TorchFunctionMode
 
 from pipeline.distributed import Dist, all_reduce_sum
 from pipeline.errors import PipelineError
@@ -50,10 +58,17 @@ from pipeline.model.losses import chunked_cross_entropy
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.perf import ce_matmul_precision, fp8_converts
 
+# Test-only: set to 1, a CPU run takes the CUDA precision path (`autocast_dtype`), so that CPU tests run
+# the dtypes a GPU run does. Not a config key: a CPU run for real has no reason to compute in bf16.
+CPU_AS_CUDA_PRECISION = "TOKENFARM_CPU_AS_CUDA_PRECISION"
+
 
 def autocast_dtype(cfg: dict, device: torch.device) -> torch.dtype | None:
-    """bf16 for the body on CUDA when train.precision is bf16; None (fp32) otherwise."""
-    return torch.bfloat16 if device.type == "cuda" and cfg["train"]["precision"] == "bf16" else None
+    """bf16 for the body on CUDA when train.precision is bf16; None (fp32) otherwise. With the test-only
+    environment variable `CPU_AS_CUDA_PRECISION` set to 1, the CPU as CUDA: bf16 autocast of the body and
+    (`shard_model`) bf16-gathered FSDP blocks — the one place it is read."""
+    cuda_like = device.type == "cuda" or os.environ.get(CPU_AS_CUDA_PRECISION) == "1"
+    return torch.bfloat16 if cuda_like and cfg["train"]["precision"] == "bf16" else None
 
 
 def ce_matmul(cfg: dict) -> str:
@@ -377,18 +392,34 @@ class _PlainHidden(nn.Module):
         return self.model.hidden(x, doc_ids)
 
 
+class _Fp32Weights(TorchFunctionMode):
+    """Linears and norms compute in fp32 whatever their weights' dtype: a bf16 weight is upcast at its
+    call, so one weight's fp32 copy exists at a time."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (F.linear, F.rms_norm):
+            up = lambda a: a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            args, kwargs = tuple(map(up, args)), {k: up(v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+
 def plain_hidden(model: Transformer, x: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """``model.hidden(x)`` with every linear that fp8 conversion replaced (torchao's Float8Linear
-    subclasses nn.Linear and keeps its high-precision ``weight``) run as a plain nn.Linear: the
-    model's own tensors through a plain skeleton built on the meta device (`torch.func.functional_call`),
-    so the trained model — and the compiled graph's guards on it — is never modified."""
-    if all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear)):
+    """``model.hidden(x)`` in fp32 with every linear that fp8 conversion replaced (torchao's Float8Linear
+    subclasses nn.Linear and keeps its high-precision ``weight``) run as a plain nn.Linear, and weights
+    below fp32 (FSDP's blocks gathered in bf16, `gathered`) upcast at their use: fp32 compute on the
+    bf16-rounded weights. Then the model's own tensors run through a plain skeleton built on the meta
+    device (`torch.func.functional_call`), so the trained model — and the compiled graph's guards on
+    it — is never modified."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if all(type(m) is nn.Linear for m in linears) and all(p.dtype == torch.float32 for p in model.parameters()):
         return model.hidden(x, doc_ids)
     skeleton = _PlainHidden(model.cfg)
     names = {k for k, _ in (*skeleton.named_parameters(), *skeleton.named_buffers())}
     tensors = {f"model.{k}": v for k, v in (*model.named_parameters(), *model.named_buffers())}
-    return torch.func.functional_call(skeleton, {k: v for k, v in tensors.items() if k in names}, (x, doc_ids),
-                                     strict=True)
+    with _Fp32Weights():
+        return torch.func.functional_call(skeleton, {k: v for k, v in tensors.items() if k in names}, (x, doc_ids),
+                                         strict=True)
 
 
 def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:

@@ -30,7 +30,7 @@ What runs, per optimizer step (`plan.grad_accum_steps` micro-steps of `plan.micr
 rank; `plan.num_steps` steps):
 
 * **Model**: `LossModel` = the transformer body (`Transformer.hidden`) under bf16 autocast on CUDA
-  when `train.precision` is bf16 (CPU always runs fp32), followed by `chunked_cross_entropy`
+  when `train.precision` is bf16 (CPU: fp32, tests aside), followed by `chunked_cross_entropy`
   *outside* autocast: fp32 logits, chunked over `train.ce_chunk_tokens` tokens, their matmuls'
   inputs at `train.ce_matmul` precision (pipeline/model/losses.py). DDP wraps `LossModel` first,
   then `torch.compile` wraps DDP (`train.compile`: auto = on for CUDA, off on CPU); the loss
@@ -163,8 +163,9 @@ def fixed_batch_stats(model: Transformer, batch: tuple, chunk: int) -> dict:
     """CE and top-1 accuracy of the whole model in true fp32 (no autocast, no TF32) on the first
     `FIXED_BATCH_ROWS` rows of a batch: the reference that exposes a training loss which only looks
     good in lower precision. fp8 linears run as plain linears here (`plain_hidden`), so an fp8 run's
-    reference is fp32 too. (Few rows: fp32 attention may fall back to a kernel that materialises the
-    T×T scores.)"""
+    reference is fp32 too; under FSDP in a bf16 run the blocks' weights exist only bf16-rounded (gathered
+    in bf16, `step.gathered`), and `plain_hidden` computes in fp32 on them, upcast one at a time.
+    (Few rows: fp32 attention may fall back to a kernel that materialises the T×T scores.)"""
     x, y, m, d = (None if t is None else t[:FIXED_BATCH_ROWS] for t in (*batch, None)[:4])
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
@@ -433,7 +434,7 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
                 if dist.is_main and fixed is not None:
                     record.update(fixed_batch_stats(model, fixed, train_cfg["ce_chunk_tokens"]))
                     record["sample"] = greedy_sample(model, run.tokenizer, prompt, params["eval"]["max_new_tokens"],
-                                                     dist.device)
+                                                     dist.device, autocast_dtype(params, dist.device))
             model.train()
         if is_core:  # every rank scores its share of the items (evaluate_tasks restores train mode)
             with gathered(model):

@@ -1,7 +1,8 @@
 """train.parallel: fsdp (FSDP2) on CPU gloo through torchrun: the same losses as DDP (both optimizers),
 sharded DCP checkpoints that resume exactly (2 and 4 processes), a kill -9 whose rerun finishes with the
-uninterrupted run's artifacts, and the pieces (gathering for evaluation, accumulation modes, Muon on
-DTensors) in a 1-process group.
+uninterrupted run's artifacts, a bf16 compiled run on the CUDA precision path
+(TOKENFARM_CPU_AS_CUDA_PRECISION=1: bf16-gathered blocks) that validates, samples and scores CORE, and the
+pieces (gathering for evaluation, in fp32 and bf16, accumulation modes, Muon on DTensors) in a 1-process group.
 
 The tiny run of test_train.py: 20 steps of 256 tokens (8 rows of 32), micro-batch 2, so 2 processes
 accumulate 2 micro-steps per step and 4 processes one.
@@ -20,7 +21,16 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as torch_dist
-from builders import ROOT, TRAIN_SEQ, kill_group, logged_steps, make_params, make_plan
+from builders import (
+    ROOT,
+    TRAIN_SEQ,
+    cuda_precision_inputs,
+    cuda_precision_params,
+    kill_group,
+    logged_steps,
+    make_params,
+    make_plan,
+)
 
 from pipeline.io import write_json
 
@@ -157,6 +167,32 @@ def test_fsdp_stage_from_an_earlier_stage_with_its_optimizer_like_ddp(data, tmp_
     assert {float(s["step"]) for s in state["state"].values()} == {6 + 4}  # the DDP run carried it: so did fsdp
 
 
+# ----------------------------------------------------------------------------- the CUDA precision path
+
+@pytest.fixture(scope="module")
+def precision_data(data, tmp_path_factory):
+    return cuda_precision_inputs(data, tmp_path_factory.mktemp("bf16"))
+
+
+@pytest.mark.slow
+def test_fsdp_bf16_compiled_run_validates_samples_and_scores_core(precision_data, tmp_path):
+    """2 processes on the CUDA precision path (TOKENFARM_CPU_AS_CUDA_PRECISION=1: the blocks all-gathered in
+    bf16, the body under bf16 autocast), blocks compiled: validation, the fixed batch, the sample and CORE
+    inside the run, on the gathered bf16 blocks. Before the fix rank 0 died at the first validation
+    ("expected m1 and m2 to have the same dtype": the fp32 residual reached a bf16 linear)."""
+    params, out = cuda_precision_params("fsdp"), tmp_path / "train"
+    torchrun(precision_data, out, params, 2, "--eval-data", precision_data["eval_data"],
+             TOKENFARM_CPU_AS_CUDA_PRECISION="1")
+    records = read_metrics(out)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    for r in records[1::2]:  # steps 2 and 4
+        assert {"val_loss", "ce_fp32", "top1_acc", "sample", "core_1", "core/copa"} <= r.keys(), r.keys()
+        assert np.isfinite([r["val_loss"], r["ce_fp32"], r["core_1"]]).all()
+        assert r["ce_fp32"] == pytest.approx(r["val_loss"], rel=0.05)  # the fixed batch is validation's first rows
+        assert r["sample"].startswith(params["eval"]["prompts"][0])
+    assert records[-1]["loss"] < records[0]["loss"]
+
+
 # ----------------------------------------------------------------------------- exact resume, kill -9
 
 @pytest.fixture(scope="module")
@@ -289,6 +325,54 @@ def test_gathered_model_evaluates_without_collectives_and_reshards(group):
             assert torch.allclose(sharded(x), plain(x), atol=1e-5)
         assert not any(isinstance(p, DTensor) for p in sharded.parameters())
     assert all(isinstance(p, DTensor) for p in sharded.parameters())
+
+
+def test_gathered_bf16_blocks_evaluate_in_the_training_precision(group, data, monkeypatch):
+    """The CUDA precision path (bf16-gathered blocks): every evaluation inside training takes them without
+    an fp32/bf16 mix — the fixed batch is fp32 compute on the bf16-rounded block weights (the plain model
+    with those weights), the sample and the CORE / ChatCORE scorers run the body under bf16 autocast like
+    the plain model under the same autocast. Before the fix each of them failed on the bf16 linears."""
+    import copy
+
+    from pipeline.data.encoding import load_tokenizer
+    from pipeline.evaluation import chat_core, core
+    from pipeline.model.engine import greedy_sample
+    from pipeline.training.step import gathered
+    from pipeline.training.train import fixed_batch_stats
+
+    monkeypatch.setenv("TOKENFARM_CPU_AS_CUDA_PRECISION", "1")
+    plain, sharded, dist = _sharded_pair(make_params(precision="bf16"))
+    rounded = copy.deepcopy(plain)
+    for p in rounded.layers.parameters():
+        p.data = p.data.bfloat16().float()
+    tok, cpu, bf16 = load_tokenizer(data["tokenizer"]), torch.device("cpu"), torch.bfloat16
+    batch = _batches(1)[0]
+    prompts = [[tok.bos_id, *tok.encode(t)] for t in ("The old king", "A small red bird sees", "Every dog")]
+    pairs = [(p[:-2], p[-2:]) for p in prompts]
+
+    def under_bf16(fn):
+        with torch.autocast("cpu", dtype=bf16):
+            return fn()
+
+    sharded.eval()
+    with torch.no_grad(), gathered(sharded):
+        assert {p.dtype for p in sharded.layers.parameters()} == {bf16}
+        assert sharded.lm_head_weight.dtype == torch.float32
+        got = fixed_batch_stats(sharded, batch, chunk=40)
+        want = fixed_batch_stats(rounded, batch, chunk=40)
+        assert got["ce_fp32"] == pytest.approx(want["ce_fp32"], rel=1e-6) and got["top1_acc"] == want["top1_acc"]
+        assert fixed_batch_stats(plain, batch, chunk=40)["ce_fp32"] != want["ce_fp32"]  # the rounding shows
+        assert greedy_sample(sharded, tok, "The old king", 6, cpu, bf16) == \
+            under_bf16(lambda: greedy_sample(plain, tok, "The old king", 6, cpu))
+        assert core.body_dtype(sharded, cpu) is bf16 and core.body_dtype(plain, cpu) is None
+        got = core.score_requests(sharded, pairs, TRAIN_SEQ, 64, cpu, core.body_dtype(sharded, cpu))
+        want = core.score_requests(plain, pairs, TRAIN_SEQ, 64, cpu, bf16)
+        assert [s.logprob for s in got] == pytest.approx([s.logprob for s in want], rel=1e-5)
+        letters = [[5, 6, 7]] * len(prompts)
+        assert chat_core.letter_answers(sharded, prompts, letters, 64, cpu, bf16) == \
+            chat_core.letter_answers(plain, prompts, letters, 64, cpu, bf16)
+        assert chat_core.greedy_answers(sharded, prompts, 5, [], cpu) == \
+            under_bf16(lambda: chat_core.greedy_answers(plain, prompts, 5, [], cpu))
 
 
 def test_parallelism_as_a_launch_runs_it():

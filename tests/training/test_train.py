@@ -17,7 +17,15 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as torch_dist
-from builders import ROOT, TRAIN_SEQ, make_params, make_plan, run_inprocess
+from builders import (
+    ROOT,
+    TRAIN_SEQ,
+    cuda_precision_inputs,
+    cuda_precision_params,
+    make_params,
+    make_plan,
+    run_inprocess,
+)
 
 from pipeline.errors import PipelineError
 from pipeline.io import write_json
@@ -498,7 +506,7 @@ def torchrun(data, outdir: Path, params: dict, *extra: str) -> None:
            "--params", json.dumps(params), "--plan", str(plan_path), "--train", data["train"], "--val", data["val"],
            "--tokenizer", data["tokenizer"], "--outdir", str(outdir), *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
@@ -552,6 +560,25 @@ def test_ddp_ranks_agree_and_equal_single_process_accumulation(data, ddp_run, tm
     ddp_recs, single_recs = read_metrics(out), read_metrics(tmp_path)
     assert np.allclose([r["loss"] for r in ddp_recs], [r["loss"] for r in single_recs], atol=1e-5)
     assert np.allclose([r["grad_norm"] for r in ddp_recs], [r["grad_norm"] for r in single_recs], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_ddp_bf16_compiled_run_validates_samples_and_scores_core(data, tmp_path_factory, monkeypatch):
+    """torch.compile(DDP) on 2 gloo processes on the CUDA precision path (TOKENFARM_CPU_AS_CUDA_PRECISION=1:
+    the body under bf16 autocast, fp32 master weights): validation, the fixed batch, the sample and CORE
+    inside the run, and the ranks end with the same weights."""
+    inputs = cuda_precision_inputs(data, tmp_path_factory.mktemp("bf16"))
+    params, out = cuda_precision_params("ddp"), tmp_path_factory.mktemp("ddp_bf16") / "train"
+    monkeypatch.setenv("TOKENFARM_CPU_AS_CUDA_PRECISION", "1")
+    torchrun(inputs, out, params, "--eval-data", inputs["eval_data"])
+    records = read_metrics(out)
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and records[-1]["loss"] < records[0]["loss"]
+    for r in records[1::2]:  # steps 2 and 4
+        assert {"val_loss", "ce_fp32", "top1_acc", "sample", "core_1", "core/copa"} <= r.keys(), r.keys()
+        assert np.isfinite([r["val_loss"], r["ce_fp32"], r["core_1"]]).all()
+        assert r["sample"].startswith(params["eval"]["prompts"][0])
+    r0, r1 = torch.load(out / "rank0.pt"), torch.load(out / "rank1.pt")
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
 
 
 @pytest.mark.slow
