@@ -5,7 +5,8 @@ format has exactly one reader and one writer here (the formats themselves: docs/
 
 * raw shards: `iter_documents` / `DocBatch` — which rows are documents (shared by tokenizer
   training, count and tokenize), `token_cap` (the longest kept document), `raw_label` (a shard as
-  errors name it: the user's file), `open_parquet`, `doc_text`, `iter_document_texts` /
+  errors name it: the user's file), `open_parquet`, `chat_field_problem` (a message field that is
+  not text, with its row: the download check's and tokenize's), `doc_text`, `iter_document_texts` /
   `document_texts` (the text of each tokenized document: dedup and decontaminate);
 * tokenized shards: `DROP_REASONS`, `COUNT_FIELDS` / `NOT_DOCUMENTS` (the exact per-shard counts a
   tokenized shard's metadata carries, read by the count table), `token_dtype`, `token_paths`,
