@@ -321,8 +321,8 @@ def resolve_tokens_per_param(cfg: dict, required: bool = True) -> tuple[dict, di
                             "first (or set a number)")
         return cfg, {"missing": True, "fit": str(path)}
     fit = read_fit(path)
-    if not math.isfinite(fit.get("a", math.nan)) or fit["a"] <= 0:
-        raise PlanError(f"{path}: the sweep found no compute-optimal size (a = {fit.get('a')}; see its report.md): "
+    if not math.isfinite(fit["a"]) or fit["a"] <= 0:
+        raise PlanError(f"{path}: the sweep found no compute-optimal size (a = {fit['a']}; see its report.md): "
                         "widen scaling.depths or scaling.budgets and rerun `" + SCALING_COMMAND + "`, or set a number")
     info = {**run_ratio(fit, count_params(cfg["model"])[0]), "fit": str(path)}
     out = copy.deepcopy(cfg)
