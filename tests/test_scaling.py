@@ -156,7 +156,7 @@ def test_tokens_per_param_scaling_reads_the_fit_or_names_the_command(cfg, tmp_pa
     '{"a": 0.5, "ln_kn": 1.0, "b": 0.5, "ln_kd": 1.0}',  # no bootstrap draws
     '{"a": "0.5", "ln_kn": 1.0, "b": 0.5, "ln_kd": 1.0, "bootstrap": {"samples": []}}',
     '{"a": 0.5, "ln_kn": 1.0, "b": 0.5, "ln_kd": 1.0, "bootstrap": {"samples": [[0.5, 1.0]]}}',
-])
+], ids=["truncated", "empty", "not-utf8", "a-list", "no-bootstrap", "a-string", "short-draw"])
 def test_a_corrupt_fit_is_one_error_naming_it_and_the_command_that_rewrites_it(cfg, tmp_path, text):
     cfg = {**cfg, "results_dir": str(tmp_path), "train": {**cfg["train"], "tokens_per_param": "scaling",
                                                           "target_tokens": None},
