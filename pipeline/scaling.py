@@ -125,7 +125,15 @@ def point_params(cfg: dict, budget: float, depth: int) -> dict:
 
 
 def points(cfg: dict) -> list[dict]:
-    """Every point of the sweep: budget (its name and FLOPs), depth, N, FLOPs per token, steps, tokens."""
+    """Every point of the sweep: budget (its name and FLOPs), depth, N, FLOPs per token, steps, tokens.
+    Two budgets with one name (`budget_name`) are a ConfigError: their points would be the same jobs."""
+    named: dict[str, float] = {}
+    for budget in cfg["scaling"]["budgets"]:  # equal budgets the schema refuses; equal names are caught here
+        if budget_name(budget) in named:
+            raise ConfigError(f"config key 'scaling.budgets': {named[budget_name(budget)]!r} and {budget!r} name the "
+                              f"same points (scaling/{budget_name(budget)}/<depth>: a budget is named by its three "
+                              "significant digits); give budgets that differ within three digits")
+        named[budget_name(budget)] = budget
     out = []
     for budget in cfg["scaling"]["budgets"]:
         c = float(budget_name(budget))  # what the job's wildcard says
@@ -270,6 +278,27 @@ def fit_path(cfg: dict) -> Path:
     return run_dir(cfg) / "scaling" / "fit.json"
 
 
+def read_fit(path: Path) -> dict:
+    """The sweep's fit.json, with what `run_ratio` reads of it; a file that is not (truncated, edited, another
+    file's bytes) is one PlanError naming it and the command that rewrites it."""
+    fix = f"delete it and run `{SCALING_COMMAND}`, which fits it again from the points' reports"
+    try:
+        fit = read_json(path)
+    except (OSError, ValueError) as e:  # ValueError: JSON syntax, or bytes that are not UTF-8
+        raise PlanError(f"{path} is not readable JSON, it is corrupt or truncated ({e}); {fix}") from None
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    boot = fit.get("bootstrap") if isinstance(fit, dict) else None
+    samples = boot.get("samples") if isinstance(boot, dict) else None
+    if not (isinstance(samples, list) and all(number(fit.get(k)) for k in ("a", "ln_kn", "b", "ln_kd"))
+            and all(isinstance(s, list) and len(s) == 4 and all(map(number, s)) for s in samples)):
+        raise PlanError(f"{path} is not a scaling fit (it needs numbers a, ln_kn, b, ln_kd and bootstrap.samples "
+                        f"of four numbers each); {fix}")
+    return fit
+
+
 def resolve_tokens_per_param(cfg: dict, required: bool = True) -> tuple[dict, dict | None]:
     """`cfg` with ``train.tokens_per_param: scaling`` replaced by the fitted ratio where the run's
     model is compute-optimal (`run_ratio`), and what the plan says of it: {tokens_per_param, ci, fit,
@@ -291,9 +320,9 @@ def resolve_tokens_per_param(cfg: dict, required: bool = True) -> tuple[dict, di
             raise PlanError(f"train.tokens_per_param: scaling needs the sweep's fit {path}: run `{SCALING_COMMAND}` "
                             "first (or set a number)")
         return cfg, {"missing": True, "fit": str(path)}
-    fit = read_json(path)
-    if not math.isfinite(fit.get("a", math.nan)) or fit["a"] <= 0:
-        raise PlanError(f"{path}: the sweep found no compute-optimal size (a = {fit.get('a')}; see its report.md): "
+    fit = read_fit(path)
+    if not math.isfinite(fit["a"]) or fit["a"] <= 0:
+        raise PlanError(f"{path}: the sweep found no compute-optimal size (a = {fit['a']}; see its report.md): "
                         "widen scaling.depths or scaling.budgets and rerun `" + SCALING_COMMAND + "`, or set a number")
     info = {**run_ratio(fit, count_params(cfg["model"])[0]), "fit": str(path)}
     out = copy.deepcopy(cfg)

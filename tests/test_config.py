@@ -41,6 +41,12 @@ def test_defaults_filled_from_schema():
          "model.vocab_size", "100282 token ids of cl100k_base"),
         ({"train": {"ce_matmul": "tf32", "precision": "fp32"}}, "train.ce_matmul", "needs train.precision: bf16"),
         ({"train": {"ce_matmul": "fp16"}}, "train.ce_matmul", "bf16"),
+        ({"train": {"micro_batch": 16.0}}, "train.micro_batch", "must be an integer, got 16.0 (write 16)"),
+        ({"train": {"seq_len": 256.0}}, "train.seq_len", "must be an integer, got 256.0"),
+        ({"train": {"target_tokens": 1.5e5}}, "train.target_tokens", "must be an integer or null, got 150000.0"),
+        ({"scaling": {"depths": [4, 6, 4]}}, "scaling.depths", "lists 4 more than once"),
+        ({"scaling": {"budgets": [1e18, 3e18, 1.0e18]}}, "scaling.budgets", "lists 1e+18 more than once"),
+        ({"hardware": {"nccl_env": "sockets"}}, "hardware.nccl_env", "'default' or 'socket' or 'socket-lo' or"),
     ],
 )
 def test_bad_config_names_the_key(over, key, hint):

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+import yaml
+from builders import ROOT, snakemake, user_env, write_config
 
 from pipeline import scaling as sc
 from pipeline.budget import count_params, flops_per_token
 from pipeline.config import load_config, params_json
-from pipeline.errors import PlanError
+from pipeline.errors import ConfigError, PlanError
 from pipeline.plan import format_plan, make_plan
 
 # Hoffmann et al. 2022, approach 3: L(N, D) = E + A / N^alpha + B / D^beta
@@ -96,6 +100,9 @@ def test_a_point_trains_budget_over_flops_per_token_and_holds_no_sweep_list(cfg)
     more = {**cfg, "scaling": {**cfg["scaling"], "budgets": [*cfg["scaling"]["budgets"], 1e13]}}
     assert params_json(sc.point_params(more, budget, depth)) == params_json(p)
     assert sc.budget_name(3e11) == "3e11" and sc.budget_name(1.5e12) == "1.5e12" and float("6.6e11") == 6.6e11
+    # two budgets with one name would be the same jobs, one curve's points twice: refused, naming both
+    with pytest.raises(ConfigError, match=r"'scaling.budgets': 1.001e\+18 and 1.002e\+18 name the same points"):
+        sc.points({**cfg, "scaling": {**cfg["scaling"], "budgets": [1.001e18, 3e18, 1.002e18]}})
 
 
 def test_the_default_sweep_fits_its_mix_and_the_preset_sweep_is_priced(cfg):
@@ -139,3 +146,47 @@ def test_tokens_per_param_scaling_reads_the_fit_or_names_the_command(cfg, tmp_pa
     with pytest.raises(Exception, match="fixed number of tokens"):
         sc.resolve_tokens_per_param({**cfg, "mixes": {**cfg["mixes"], "pretrain": {"weights": {"web": 1.0},
                                                                                   "tokens": "plan"}}})
+
+
+@pytest.mark.parametrize("text", [
+    '{"a": 0.5, "ln_kn": 1.0, "b": 0.5, "ln_kd"',  # truncated
+    "",
+    "\udcff",  # not UTF-8
+    "[1, 2]",
+    '{"a": 0.5, "ln_kn": 1.0, "b": 0.5, "ln_kd": 1.0}',  # no bootstrap draws
+    '{"a": "0.5", "ln_kn": 1.0, "b": 0.5, "ln_kd": 1.0, "bootstrap": {"samples": []}}',
+    '{"a": 0.5, "ln_kn": 1.0, "b": 0.5, "ln_kd": 1.0, "bootstrap": {"samples": [[0.5, 1.0]]}}',
+], ids=["truncated", "empty", "not-utf8", "a-list", "no-bootstrap", "a-string", "short-draw"])
+def test_a_corrupt_fit_is_one_error_naming_it_and_the_command_that_rewrites_it(cfg, tmp_path, text):
+    cfg = {**cfg, "results_dir": str(tmp_path), "train": {**cfg["train"], "tokens_per_param": "scaling",
+                                                          "target_tokens": None},
+           "mixes": {**cfg["mixes"], "pretrain": {**cfg["mixes"]["pretrain"], "tokens": 10**9}}}
+    path = sc.fit_path(cfg)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(PlanError) as e:
+        sc.resolve_tokens_per_param(cfg)
+    msg = str(e.value)
+    assert msg.startswith(str(path)) and "delete it and run `snakemake --cores all scaling`" in msg
+    assert "\n" not in msg
+
+
+def test_a_truncated_fit_stops_the_plan_and_snakemakes_parse_with_one_line(tmp_path):
+    """The two readers of fit.json a user meets: `python -m pipeline.plan` and the Snakefile's parse."""
+    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
+    raw["train"].update(tokens_per_param="scaling", target_tokens=None)
+    raw["mixes"]["pretrain"]["tokens"] = 10**6
+    write_config(tmp_path, raw)
+    (tmp_path / "data").symlink_to(ROOT / "data")
+    fit = tmp_path / "results/tiny/scaling/fit.json"
+    fit.parent.mkdir(parents=True)
+    fit.write_text('{"a": 0.5, "ln_kn": ')
+    plan = subprocess.run([sys.executable, "-m", "pipeline.plan", "--configfile", "config.yaml"], cwd=tmp_path,
+                          env=user_env(), capture_output=True, text=True, timeout=300)
+    parse = snakemake(tmp_path, "-n", check=False)
+    for proc, mark in ((plan, "error: "), (parse, "tokenfarm: ")):
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "Traceback" not in out, out[-3000:]
+        lines = [ln for ln in out.splitlines() if ln.startswith(mark)]
+        assert len(lines) == 1 and "results/tiny/scaling/fit.json is not readable JSON" in lines[0], out[-3000:]
+        assert "snakemake --cores all scaling" in lines[0]

@@ -7,6 +7,9 @@ Snakemake itself, through its API, in one child process (the Snakefile's whole p
 resolution, schema validation, shard discovery, job sizes, the plan): it must parse, or stop with
 `tokenfarm: …` naming the key, never a traceback. The values that parse and change a data stage are then
 run through the data half of the DAG (`test_data_stage_extremes_run`).
+
+Every integer key is also given a float (16.0 for 16): refused at parse time, naming the key
+(`test_every_integer_key_refuses_a_float`; one case through Snakemake's parse).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import yaml
 from builders import ROOT, user_env
 
 from pipeline.config import resolve_config, rule_params
+from pipeline.errors import ConfigError
 
 SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
 DEFAULT = yaml.safe_load((ROOT / "config.yaml").read_text())
@@ -97,6 +101,64 @@ def test_the_walk_covers_the_schema():
     for key in ("dedup.threshold", "decontaminate.ngram", "sources.web.min_chars", "mixes.pretrain.weights.web",
                 "train.stages[1].epochs", "eval.tasks", "hardware.nccl_env", "train.betas"):
         assert key in keys, key
+
+
+def node_at(path: tuple) -> dict:
+    """The schema node at a path of `schema_keys`."""
+    node = SCHEMA
+    for part in path:
+        node = node["items"] if part == "[]" else node["additionalProperties"] if part == "*" \
+            else node["properties"][part]
+    return node
+
+
+def float_cases() -> list[tuple[str, float, dict]]:
+    """(key, value, config) of every integer key given a float that equals one of its valid integers (16.0 for
+    16); an integer list's first item (the list at its shortest, its other items integers)."""
+    out = []
+    for path, node in schema_keys(SCHEMA):
+        types = node.get("type") if isinstance(node.get("type"), list) else [node.get("type")]
+        if "integer" not in types:
+            continue
+        valid = values(node)[0]
+        if path[-1] == "[]":
+            items = [float(valid)] + [valid + i for i in range(1, node_at(path[:-1]).get("minItems", 1))]
+            cfg, key = with_value(path[:-1], items)
+        else:
+            cfg, key = with_value(path, float(valid))
+        out.append((key, float(valid), cfg))
+    return out
+
+
+def test_every_integer_key_refuses_a_float(monkeypatch):
+    """`type: integer` is an int: JSON Schema's own reading (any number with no fractional part) let
+    `train.micro_batch: 16.0` through the parse and the plan, to crash training after the data half ran."""
+    monkeypatch.chdir(ROOT)  # the default config's source globs
+    cases = float_cases()
+    assert {"train.micro_batch", "train.seq_len", "scaling.depths", "sources.web.shards", "train.stages[1].tokens",
+            "mixes.pretrain.tokens", "eval.core_batch_tokens"} <= {key for key, _, _ in cases}
+    assert len(cases) > 50
+    bad = []
+    for key, value, cfg in cases:
+        try:
+            resolve_config(cfg)
+            bad.append(f"{key}={value!r} accepted")
+        except ConfigError as e:
+            msg = str(e)
+            shown = key.replace("[", ".").replace("]", "")  # a list index as the error names it: stages.1
+            if not (f"config key '{shown}" in msg and "integer" in msg and repr(value) in msg and "\n" not in msg):
+                bad.append(f"{key}={value!r}: {msg}")
+    assert not bad, "\n".join(bad)
+
+
+def test_a_float_for_an_integer_key_stops_snakemakes_parse(tmp_path):
+    """The same refusal through the Snakefile: one `tokenfarm:` line naming the key, no job planned."""
+    (tmp_path / "data").symlink_to(ROOT / "data")
+    cfg, _ = with_value(("train", "micro_batch"), 16.0)
+    proc = data_half(tmp_path, cfg, "-n")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out[-2000:]
+    assert "tokenfarm: config key 'train.micro_batch' must be an integer, got 16.0 (write 16)" in out, out[-2000:]
 
 
 def parse_all(workdir: Path, configs: list[dict], procs: int = 2) -> list[tuple[str, str]]:

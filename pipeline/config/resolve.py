@@ -5,6 +5,10 @@ validate it.
 module applies it with jsonschema (Draft 2020-12 with defaults, as Snakemake's `validate` does), then
 the cross-field checks a schema cannot express (`pipeline.config.checks`). Every failure is one
 `ConfigError` that names the offending key and the fix.
+
+One departure from JSON Schema: `type: integer` takes integers only. The standard accepts any number
+with a zero fractional part, so `train.micro_batch: 16.0` would pass and reach the code as a float
+(a slice bound, a tensor shape) long after the parse; here it is refused, naming the key.
 """
 from __future__ import annotations
 
@@ -31,8 +35,14 @@ def load_schema() -> dict:
         return yaml.safe_load(f)
 
 
+# `type: integer` is an int, not a float with no fractional part (JSON Schema's reading) nor a bool.
+_STRICT_TYPES = Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
+_Validator = validators.extend(Draft202012Validator, type_checker=_STRICT_TYPES)
+
+
 def _validator_with_defaults():
-    validate_props = Draft202012Validator.VALIDATORS["properties"]
+    validate_props = _Validator.VALIDATORS["properties"]
 
     def set_defaults(validator, properties, instance, schema):
         if isinstance(instance, dict):
@@ -41,7 +51,7 @@ def _validator_with_defaults():
                     instance[prop] = copy.deepcopy(sub["default"])
         yield from validate_props(validator, properties, instance, schema)
 
-    return validators.extend(Draft202012Validator, {"properties": set_defaults})
+    return validators.extend(_Validator, {"properties": set_defaults})
 
 
 def _key_path(path) -> str:
@@ -49,9 +59,11 @@ def _key_path(path) -> str:
 
 
 def _describe_type(schema: dict) -> str:
-    """'an integer >= 1', "'plan'": one alternative of a oneOf, with its bounds."""
+    """'an integer >= 1', "'plan'", "'a' or 'b'": one alternative of a oneOf, with its bounds."""
     if "const" in schema:
         return repr(schema["const"])
+    if "enum" in schema:
+        return " or ".join(map(repr, schema["enum"]))
     bounds = [f"{op} {schema[k]}" for k, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="),
                                                 ("exclusiveMaximum", "<")) if k in schema]
     return " ".join([f"{'an' if str(schema.get('type'))[0] in 'aeiou' else 'a'} {schema.get('type')}", *bounds])
@@ -69,11 +81,19 @@ def _format_error(err, schema: dict) -> str:
             fix = f"did you mean '{hint[0]}'?" if hint else f"allowed keys: {', '.join(allowed)}"
             msgs.append(f"config key '{full}' is not a known key ({fix})")
         return "; ".join(msgs) if msgs else err.message
+    types = err.schema.get("type") if isinstance(err.schema.get("type"), list) else [err.schema.get("type")]
+    if err.validator == "type" and "integer" in types and isinstance(err.instance, float):
+        want = " or ".join("null" if t == "null" else f"{'an' if t[0] in 'aeiou' else 'a'} {t}" for t in types)
+        fix = f" (write {int(err.instance)})" if err.instance.is_integer() else ""
+        return f"config key '{key}' must be {want}, got {err.instance!r}{fix}"
     if err.validator in ("type", "enum", "const", "oneOf"):
         want = err.schema.get("type") or err.schema.get("enum") or err.schema.get("const")
         if err.validator == "oneOf":
             want = " or ".join(_describe_type(s) for s in err.schema["oneOf"])
         return f"config key '{key}' has value {err.instance!r}; expected {want}"
+    if err.validator == "uniqueItems":
+        twice = next(v for i, v in enumerate(err.instance) if v in err.instance[:i])
+        return f"config key '{key}' lists {twice!r} more than once; give each value once"
     if err.validator == "required":
         return f"config key '{key}': {err.message}"
     return f"config key '{key}': {err.message}"
@@ -130,7 +150,7 @@ def run_dir(cfg: dict) -> Path:
 # ----------------------------------------------------------------------------- command-line overrides
 
 def _valid(value: Any, schema: dict) -> bool:
-    return Draft202012Validator(schema).is_valid(value)
+    return _Validator(schema).is_valid(value)
 
 
 def _subschema(schema: dict, key: str) -> dict:

@@ -5,7 +5,8 @@ format has exactly one reader and one writer here (the formats themselves: docs/
 
 * raw shards: `iter_documents` / `DocBatch` — which rows are documents (shared by tokenizer
   training, count and tokenize), `token_cap` (the longest kept document), `raw_label` (a shard as
-  errors name it: the user's file), `open_parquet`, `doc_text`, `iter_document_texts` /
+  errors name it: the user's file), `open_parquet`, `chat_field_problem` (a message field that is
+  not text, with its row: the download check's and tokenize's), `doc_text`, `iter_document_texts` /
   `document_texts` (the text of each tokenized document: dedup and decontaminate);
 * tokenized shards: `DROP_REASONS`, `COUNT_FIELDS` / `NOT_DOCUMENTS` (the exact per-shard counts a
   tokenized shard's metadata carries, read by the count table), `token_dtype`, `token_paths`,
@@ -95,6 +96,10 @@ def iter_documents(path: str | os.PathLike, source: dict, batch_size: int,
             f"{path}: column '{column}' has type {pf.schema_arrow.field(column).type}; expected "
             + ("list<struct<role: string, content: string>>" if chat else "string or binary")
         )
+    problem = chat_field_problem(pf, column) if chat else None
+    if problem:  # refused here: the cast below would fail as if the file were unreadable
+        raise PipelineError(f"{raw_label(path)}: {problem}; every message's role and content must be a string: fix "
+                            "the export that wrote the file")
     decode = _decode_chat_rows if chat else _decode_text_rows
     groups = None if row_group is None else [row_group]
     start = 0 if row_group is None else sum(pf.metadata.row_group(g).num_rows for g in range(row_group))
@@ -130,6 +135,41 @@ def _bytes_type(typ: pa.DataType, chat: bool) -> pa.DataType | None:
     if pa.types.is_large_string(typ) or pa.types.is_large_binary(typ):
         return pa.large_binary()
     return None
+
+
+def _is_text(typ: pa.DataType) -> bool:
+    """A field a chat message's role or content may have: text, or null only (every value missing)."""
+    return any(is_kind(typ) for is_kind in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                            pa.types.is_large_binary, pa.types.is_null))
+
+
+def chat_field_problem(pf: pq.ParquetFile, column: str) -> str | None:
+    """Which field of a messages column (a list of structs with role and content) holds something other
+    than text, named with the first row that holds such a value: e.g. "row 3, message 1: field 'content'
+    of column 'messages' is 5 (int64), not a string". None when both are text, or when the column is not
+    shaped as messages at all (its type is the other check's)."""
+    typ = pf.schema_arrow.field(column).type
+    if not ((pa.types.is_list(typ) or pa.types.is_large_list(typ)) and pa.types.is_struct(typ.value_type)):
+        return None
+    bad = [f for f in typ.value_type if f.name in ("role", "content") and not _is_text(f.type)]
+    if not bad:
+        return None
+    name, kind = bad[0].name, bad[0].type
+    start = 0
+    for rb in pf.iter_batches(columns=[column], use_threads=False):
+        conversations = rb.column(0)
+        values = pc.struct_field(pc.list_flatten(conversations), name)
+        hits = pc.indices_nonzero(pc.is_valid(values))
+        if len(hits):
+            i = hits[0].as_py()  # the first value, as a position among the batch's messages
+            row = pc.list_parent_indices(conversations)[i].as_py()
+            message = i - (conversations.offsets[row].as_py() - conversations.offsets[0].as_py())
+            shown = repr(values[i].as_py())
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            return (f"row {start + row}, message {message}: field '{name}' of column '{column}' is {shown} "
+                    f"({kind}), not a string")
+        start += rb.num_rows
+    return f"field '{name}' of column '{column}' has type {kind}, not string (every value of it is null)"
 
 
 def _decode_text_rows(values: list[bytes | None], start: int) -> DocBatch:

@@ -55,7 +55,8 @@ error (404, 401, ...) fails at once with a message naming the fix.
 Verification (both types): the sha256 must equal the optional pin ``sources.<name>.sha256[<file>]``
 (keyed by the repo file name for hf, the file's base name for local); the file must be readable
 parquet with the required column (``text_column`` of string or binary type for text sources,
-``messages_column`` of ``list<struct<role, content>>`` for chat), every page of that column must
+``messages_column`` of ``list<struct<role, content>>`` for chat, role and content strings: a field of
+another type is named with the first row that holds a value of it), every page of that column must
 decode, and there must be at least one row. A zero-row shard is an error, not a silent skip: it is
 valid parquet but contributes nothing, and is almost always a broken export or a wrong glob.
 
@@ -90,7 +91,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from pipeline.config import add_config_args, params_from_args, source_files
-from pipeline.data.contract import run_group
+from pipeline.data.contract import chat_field_problem, run_group
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_path, get_logger, progress, provenance, read_json, run_cli, sha256_file, write_json
 
@@ -215,6 +216,10 @@ def verify_parquet(path: str | os.PathLike, name: str, spec: dict, label: str) -
         if problem:
             raise PipelineError(f"{label}: column '{col}' {problem}; check sources.{name}.format and "
                                 f"sources.{name}.{key}")
+        problem = chat_field_problem(pf, col) if spec["format"] == "chat" else None
+        if problem:  # messages shaped right whose role or content is not text: tokenize could not read them
+            raise PipelineError(f"{label}: {problem}; every message's role and content must be a string: fix the "
+                                "export that wrote it")
         try:
             for _ in pf.iter_batches(columns=[col]):
                 pass

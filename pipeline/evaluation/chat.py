@@ -184,9 +184,9 @@ def main(argv=None) -> None:
         raise PipelineError("--device cuda but no CUDA device is visible; use --device cpu")
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if use_cuda else "cpu")
+    model = load_model(args.ckpt, device)  # first: a wrong --ckpt is named as such, not as a missing tokenizer
     tokenizer = load_tokenizer(args.tokenizer or find_tokenizer(args.ckpt))
     check_exported_tokenizer(args.ckpt, tokenizer)
-    model = load_model(args.ckpt, device)
     if tokenizer.n_vocab > model.cfg.vocab_size:
         raise PipelineError(f"{tokenizer.path} has {tokenizer.n_vocab} ids but the model of {args.ckpt} only "
                             f"{model.cfg.vocab_size}: pass the --tokenizer of the run that trained it")

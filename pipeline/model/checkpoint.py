@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import platform
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -89,7 +90,8 @@ def load_checkpoint(path: str | Path, verify: bool = True) -> dict:
     entry) and the page cache is shared between ranks, instead of every rank holding a private copy
     of the whole checkpoint. The file is first verified against its sidecar sha256
     (`verify_checkpoint`; `verify=False` where another process of the job just did, e.g. the other
-    ranks of a resume). A missing, unreadable or corrupt file is a PipelineError."""
+    ranks of a resume). A missing, unreadable or corrupt file is a PipelineError: for a run's own checkpoint
+    (final.pt, a step's) what rewrites it, for any other file that it is not a readable checkpoint."""
     path = Path(path)
     if path.is_dir():
         raise PipelineError(f"{path} is a directory, not a checkpoint file; pass R/train/<stage>/final.pt (an exported "
@@ -102,4 +104,11 @@ def load_checkpoint(path: str | Path, verify: bool = True) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # truncated / corrupt / not a torch file
-        raise PipelineError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); {_fix(path)}") from None
+        why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        if NAME_RE.match(path.name) or path.name == "final.pt":  # a run's own checkpoint, damaged since written
+            raise PipelineError(f"checkpoint {path} cannot be read ({why}); {_fix(path)}") from None
+        # any other file (`chat --ckpt README.md`): not a checkpoint to rewrite, the wrong file to pass
+        if not zipfile.is_zipfile(path):
+            why = "not the zip archive torch.save writes"
+        raise PipelineError(f"{path} is not a readable PyTorch checkpoint ({why}); pass R/train/<stage>/final.pt of a "
+                            "trained run, or an exported Hugging Face directory") from None

@@ -441,11 +441,15 @@ def _corrupt_pages(path: Path) -> None:
         (lambda p: pq.write_table(pa.table({"text": [None, None]}), p), {},
          "column 'text' holds no text, every row is null (parquet type null); fix the export"),
         (lambda p: write_text_shard(p, ["doc"]), {"format": "chat"}, "has no column 'messages'"),
+        (lambda p: pq.write_table(pa.table({"messages": pa.array(
+            [[{"role": None, "content": "hi"}], [{"role": None, "content": "hi"}, {"role": 2, "content": "x"}]],
+            pa.list_(pa.struct([("role", pa.int64()), ("content", pa.string())])))}), p),
+         {"format": "chat"}, ": row 1, message 1: field 'role' of column 'messages' is 2 (int64), not a string"),
         (lambda p: write_text_shard(p, ["doc"]), {"sha256": {"shard_00000.parquet": "f" * 64}},
          "sources.web.sha256['shard_00000.parquet'] pins"),
     ],
     ids=["truncated", "corrupt-pages", "missing-column", "empty", "wrong-type", "all-null", "chat-without-messages",
-         "pin-mismatch"],
+         "chat-role-not-a-string", "pin-mismatch"],
 )
 def test_bad_local_shard_is_a_clear_error_and_places_nothing(tmp_path, make, over, expected):
     src = tmp_path / "src/shard_00000.parquet"

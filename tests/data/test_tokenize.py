@@ -187,6 +187,26 @@ def test_unknown_role_is_one_error_naming_the_users_file_and_row_and_nothing_lef
     assert not list(out.parent.glob("*"))
 
 
+def test_a_chat_content_that_is_not_a_string_names_the_row_and_field_not_a_corrupt_file(tmp_path, toks):
+    """A messages column shaped right whose content is a number (here, or a list of parts elsewhere): the
+    file reads fine, so the error is the row and field to fix, not "corrupt or truncated, re-download it"."""
+    typ = pa.list_(pa.struct([("role", pa.string()), ("content", pa.int64())]))
+    convs = [[{"role": "user", "content": None}], [{"role": "user", "content": None}, {"role": "assistant",
+                                                                                       "content": 7}]]
+    shard = tmp_path / "raw" / "c" / "c0.parquet"
+    shard.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"messages": pa.array(convs, type=typ)}), shard)
+    out = tmp_path / "tokens" / "c" / "c0.json"
+    p = {"sources": {"c": {"type": "local", "format": "chat", "messages_column": "messages"}},
+         "count": {"batch_size": 1}}
+    with pytest.raises(PipelineError) as e:
+        tokenize_shard(toks["bos"], shard, out, "c", "c0", p)
+    assert str(e.value) == (f"{shard}: row 1, message 1: field 'content' of column 'messages' is 7 (int64), not a "
+                            "string; every message's role and content must be a string: fix the export that wrote "
+                            "the file")
+    assert not out.parent.exists() or not list(out.parent.glob("*"))
+
+
 def test_bad_sft_data_is_dropped_and_counted_not_trained_on(tmp_path, toks):
     """A huge conversation (over max_conversation_tokens), a null content and a conversation with no
     assistant turn are dropped and counted — in the counts the tokenize pass tallies and in what it

@@ -8,6 +8,7 @@ import select
 import subprocess
 import sys
 import time
+import zipfile
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from pipeline.data.encoding import load_tokenizer
 from pipeline.data.tokenizer import build_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.evaluation.chat import ChatSession
+from pipeline.evaluation.chat import main as chat_main
 from pipeline.model.checkpoint import save_checkpoint
 from pipeline.model.load import load_model
 from pipeline.model.model import ModelConfig, Transformer
@@ -149,9 +151,21 @@ def test_bad_checkpoint_is_one_clear_error(run, tmp_path):
     out = subprocess.run(cli(tmp_path / "nope.pt", "--tokenizer", str(run.parents[2] / "tokenizer" / "encoding.json"),
                              "--prompt", "x"), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].startswith("error: checkpoint")
-    out = subprocess.run(cli(tmp_path / "nope.pt", "--prompt", "x"), cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 1 and "pass --tokenizer" in out.stderr
+    # without --tokenizer the checkpoint is still what is named (its run's tokenizer is looked for after it)
+    with pytest.raises(PipelineError) as e:
+        chat_main(["--ckpt", str(tmp_path / "nope.pt"), "--prompt", "x"])
+    assert str(e.value) == f"checkpoint {tmp_path / 'nope.pt'} does not exist"
+    # a file that is no checkpoint is the wrong file to pass, not a checkpoint to delete and write again
+    for wrong, why in ((ROOT / "README.md", "not the zip archive torch.save writes"),
+                       (tmp_path / "notes.zip", "RuntimeError: ")):
+        if wrong.suffix == ".zip":
+            zipfile.ZipFile(wrong, "w").writestr("notes.txt", "hello")
+        with pytest.raises(PipelineError) as e:
+            chat_main(["--ckpt", str(wrong), "--tokenizer", str(run.parents[2] / "tokenizer" / "encoding.json"),
+                       "--prompt", "x"])
+        msg = str(e.value)
+        assert msg.startswith(f"{wrong} is not a readable PyTorch checkpoint ({why}") and "\n" not in msg
+        assert msg.endswith("); pass R/train/<stage>/final.pt of a trained run, or an exported Hugging Face directory")
 
 
 def test_an_exported_hugging_face_directory_is_chatted_with_as_its_checkpoint(run, tmp_path):
