@@ -41,7 +41,7 @@ import contextlib
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pipeline.distributed import Dist, all_reduce_sum
@@ -107,16 +107,41 @@ def apply_fp8(model: Transformer, recipe: str) -> None:
                                module_filter_fn=fp8_filter(recipe))
 
 
-def build_model(cfg: dict, device: torch.device) -> Transformer:
-    """The transformer of `cfg` (initialised on CPU from the current torch seed, then moved), with
-    fp8 linears when `train.fp8` asks for them."""
-    model = Transformer(ModelConfig.from_config(cfg)).to(device)
+def build_model(cfg: dict, device: torch.device, dist: Dist | None = None, compile_blocks: bool = False) -> Transformer:
+    """The transformer of `cfg` on `device`, with fp8 linears when `train.fp8` asks for them, FSDP2-sharded
+    over `dist`'s ranks when `dist` is given (`shard_model`, each block compiled when `compile_blocks`),
+    initialised with the values a model built on the CPU from the current torch seed has.
+
+    Built on the ``meta`` device, so no rank ever holds the whole model on the host: construction (no
+    memory), `Transformer.replay_construction_draws` (the CPU generator advanced past the values a host
+    construction draws, one layer at a time), fp8 conversion (before sharding, as torchtitan orders it),
+    sharding, ``to_empty`` on `device` (this rank's shards only), then ``init_weights`` drawing each
+    weight on the host and writing this rank's slice of it (`_write_initial`). Host memory for the
+    weights: the largest weight (the embedding or the output layer) at a time, plus on the CPU the
+    model's own storage (its shards under FSDP)."""
     fp8 = cfg["train"]["fp8"]
+    if fp8 != "none" and device.type != "cuda":
+        raise PipelineError("train.fp8 needs hardware.device: cuda")
+    with torch.device("meta"):
+        model = Transformer(ModelConfig.from_config(cfg))
+    model.replay_construction_draws()
     if fp8 != "none":
-        if device.type != "cuda":
-            raise PipelineError("train.fp8 needs hardware.device: cuda")
         apply_fp8(model, fp8)
+    if dist is not None:
+        shard_model(model, cfg, dist, compile_blocks)
+    model.to_empty(device=device)
+    model.init_weights(load=_write_initial)
     return model
+
+
+def _write_initial(weight: nn.Parameter, value: torch.Tensor) -> None:
+    """Write a weight's whole initial `value` (host, fp32) into `weight`: for a sharded (DTensor) weight
+    its local shard only — the slice of `value` its placements give this rank, taken locally
+    (``src_data_rank=None``: every rank drew the same value, nothing is sent)."""
+    if isinstance(weight, DTensor):
+        value = distribute_tensor(value, weight.device_mesh, weight.placements, src_data_rank=None).to_local()
+        weight = weight.to_local()
+    weight.copy_(value)
 
 
 class LossModel(nn.Module):
