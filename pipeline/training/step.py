@@ -8,6 +8,10 @@ the root `Transformer` (its own parameters: the embedding — the output weight 
 and an untied ``lm_head``). Parameters, gradients and optimizer state are DTensors sharded on dim 0 over
 the ranks; the optimizer holds fp32 master shards.
 
+* **Construction** (`build_model`): the model is built on the ``meta`` device, fp8-converted, sharded,
+  materialized with ``to_empty`` (each rank allocates its shards only) and initialised one weight at a
+  time on the host, with the values a host-built model of the same seed has, bit for bit: no rank ever
+  holds the whole model on the host (the 8B preset's 32 GB per rank, × 8 ranks per node, before).
 * **Mixed precision** (`MixedPrecisionPolicy`): the blocks' parameters are all-gathered in the body's
   autocast dtype (bf16 on CUDA with ``train.precision: bf16``; fp32 on CPU and in fp32 runs, where FSDP
   then computes exactly what DDP does), gradients reduce-scattered in fp32. The root keeps fp32
@@ -193,7 +197,9 @@ def keep_unsharded(n_params: int, param_bytes: int, device: torch.device) -> boo
 def shard_model(model: Transformer, cfg: dict, dist: Dist, compile_blocks: bool) -> None:
     """FSDP2 in place (module docstring): compile each block when `compile_blocks`, ``fully_shard`` each
     block (compute dtype = the body's autocast dtype, fp32 reduce) and the root (fp32), with the root's
-    ``hidden`` registered as a forward method. Call before building the optimizer."""
+    ``hidden`` registered as a forward method. `build_model` calls it on the meta-device model, before
+    materializing it; on a materialized model it shards the weights it has. Call before building the
+    optimizer."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
