@@ -78,8 +78,9 @@ UNMEASURED_MB = 16_000  # jobs whose memory at scale is not measured yet (split,
 # meta device"); the CUDA figure is a stated, generous assumption, not yet measured on a GPU node
 # (a rank's ru_maxrss in a real run should replace it).
 TRAIN_RANK_HOST_MB = {"cuda": 8_000, "cpu": 1_000}
-# build_model draws one fp32 weight at a time on the host: peak growth beyond the shards measured at
-# 1.7× the largest weight (the value plus allocator slack; 128 MB weight, 2 gloo ranks).
+# build_model draws one fp32 weight at a time on the host: a rank's peak growth beyond its shards was
+# measured at 1.7–2× the largest weight (the value plus allocator slack; 128 MB and 16 MB weights, 2 gloo
+# ranks: BENCHMARKS.md "Building the model on the meta device").
 TRAIN_INIT_WEIGHTS = 2
 TRAIN_HOST_MARGIN = 1.25
 SIZE_FIELDS = ("documents", "tokens", "bytes")
