@@ -208,7 +208,8 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.init_weights()
+        if not sin.is_meta:  # a meta-device model has no values: it is initialised after to_empty
+            self.init_weights()
 
     @torch.no_grad()
     def init_weights(self, load: Callable[[nn.Parameter, torch.Tensor], None] | None = None) -> None:
