@@ -1,6 +1,6 @@
 """`build_model` on the meta device (issue 28, item 2): the initial weights equal, bit for bit, those of the
-model built and initialised on the host from the same seed (one process / DDP, and FSDP2 over 2 gloo
-ranks with uneven shards), and a rank's start-up host memory beyond its own shards stays under the
+model built and initialised on the host from the same seed (one process / DDP, FSDP2 over 2 gloo ranks
+with uneven shards, and after torchao's fp8 conversion of the meta model where torchao is installed), and a rank's start-up host memory beyond its own shards stays under the
 largest weight plus a constant (benchmarks/init_memory.py, which also measures the host build it
 replaced, which does not)."""
 from __future__ import annotations
@@ -49,6 +49,28 @@ def test_meta_build_has_the_host_builds_weights(tied):
     assert list(a) == list(b)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert torch.equal(model.rope_cos, ref.rope_cos) and torch.equal(model.rope_sin, ref.rope_sin)
+
+
+def test_fp8_conversion_on_the_meta_model_keeps_the_host_builds_weights():
+    """build_model's order with train.fp8 (CUDA only there; its steps run here on the CPU): replay, torchao's
+    conversion of the meta model, materialization, initialisation — the converted linears get the host
+    build's values (torchao keeps the high-precision weight; its Float8Linear is an nn.Linear)."""
+    pytest.importorskip("torchao.float8", reason="torchao is a GPU extra")
+    from pipeline.training.step import _write_initial, apply_fp8
+
+    cfg = ModelConfig(vocab_size=1024, dim=2048, n_layers=1, n_heads=32, n_kv_heads=8, ffn_dim=8192, max_seq_len=16)
+    torch.manual_seed(5)
+    ref = Transformer(cfg)
+    torch.manual_seed(5)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.replay_construction_draws()
+    apply_fp8(model, "rowwise")
+    model.to_empty(device="cpu")
+    model.init_weights(load=_write_initial)
+    assert any(type(m).__name__ == "Float8Linear" for m in model.modules())
+    a, b = ref.state_dict(), model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 RANKS = """
