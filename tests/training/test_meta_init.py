@@ -1,8 +1,8 @@
-"""`build_model` on the meta device (issue 28, item 2): the initial weights equal, bit for bit, those of the
-model built and initialised on the host from the same seed (one process / DDP, FSDP2 over 2 gloo ranks
-with uneven shards, and after torchao's fp8 conversion of the meta model where torchao is installed), and a rank's start-up host memory beyond its own shards stays under the
-largest weight plus a constant (benchmarks/init_memory.py, which also measures the host build it
-replaced, which does not)."""
+"""`build_model` on the meta device (issue 28, item 2): the initial weights equal, bit for bit, those of
+the model built and initialised on the host from the same seed (one process / DDP, FSDP2 over 2 gloo
+ranks with uneven shards, and after torchao's fp8 conversion of the meta model where torchao is
+installed), and a rank's start-up host memory beyond its own shards stays under the largest weight plus
+a constant (benchmarks/init_memory.py, which also measures the host build it replaced, which does not)."""
 from __future__ import annotations
 
 import copy
