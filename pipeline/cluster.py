@@ -3,7 +3,8 @@ per-core throughputs live.
 
 * `job_resources(cfg, rule)`: ``threads`` and ``resources`` (``cpus_per_task``, ``mem_mb``,
   ``runtime`` in minutes, and for GPU rules ``gpu`` / ``gres``, ``nodes``, ``tasks``) of each rule,
-  computed from the config. The rules declare them; Snakemake's SLURM executor turns them into
+  computed from the config (the train job's ``mem_mb``: `train_host_memory`, which the plan reports).
+  The rules declare them; Snakemake's SLURM executor turns them into
   ``sbatch`` options (a local run uses ``threads`` capped at ``--cores``, and ignores the rest but
   ``mem_mb`` when given ``--resources mem_mb=…``).
 * `data_costs(cfg, documents, tokens, data_cpus)`: the data stages' job counts, CPU-hours (from
@@ -70,6 +71,18 @@ TOKENS_PER_DOCUMENT = 1_000
 BYTES_PER_ESTIMATED_TOKEN = 4.6
 MIN_RUNTIME = 10  # minutes: scheduling slack for the smallest job
 UNMEASURED_MB = 16_000  # jobs whose memory at scale is not measured yet (split, mix, pack): a generous default
+# The train job's host memory (`train_host_memory`). A rank's fixed footprint, whatever the model: the
+# process with torch and its libraries resident; on CUDA also the CUDA context, cuBLAS/NCCL host state,
+# pinned staging buffers and inductor's compile worker processes. The CPU figure covers a gloo rank
+# (265 MB resident after the imports and the process group: BENCHMARKS.md "Building the model on the
+# meta device"); the CUDA figure is a stated, generous assumption, not yet measured on a GPU node
+# (a rank's ru_maxrss in a real run should replace it).
+TRAIN_RANK_HOST_MB = {"cuda": 8_000, "cpu": 1_000}
+# build_model draws one fp32 weight at a time on the host: a rank's peak growth beyond its shards was
+# measured at 1.7–2× the largest weight (the value plus allocator slack; 128 MB and 16 MB weights, 2 gloo
+# ranks: BENCHMARKS.md "Building the model on the meta device").
+TRAIN_INIT_WEIGHTS = 2
+TRAIN_HOST_MARGIN = 1.25
 SIZE_FIELDS = ("documents", "tokens", "bytes")
 
 
@@ -183,7 +196,7 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0,
     if rule == "train":
         nodes, nproc = hw["nodes"], hw["nproc_per_node"]
         res = {"cpus_per_task": many, "nodes": nodes, "runtime": math.ceil(90 * train_hours) + 30,
-               "mem_mb": nproc * (32_000 if cuda else 4_000)}
+               "mem_mb": train_host_memory(cfg)["node_mb"]}
         if nodes > 1:  # one task (a torchrun agent) per node; the rule's shell runs srun itself
             res.update(tasks=nodes, mpi="srun")
             if cuda:
@@ -200,6 +213,41 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0,
             res["gpu"] = 1
         return {"threads": many, "resources": res}
     raise KeyError(f"no resources for rule '{rule}'")
+
+
+def train_host_memory(cfg: dict) -> dict:
+    """Host memory of one node of the train job, in MB (2^20 bytes), from the config: what the train
+    rule requests (``mem_mb``) and the plan reports. Every rank of the node holds its fixed footprint
+    (`TRAIN_RANK_HOST_MB`), the weight being initialised (`TRAIN_INIT_WEIGHTS` × the largest fp32
+    weight: the model is built on the meta device and each weight drawn on the host in turn,
+    pipeline.training.step.build_model — no rank holds the whole model) and the loader's batches (one
+    step read ahead and the one in use, each also in pinned memory on CUDA: 4 int64-sized tensors per
+    token position, inputs, targets, mask, document ids); on a CPU run also its training state, which
+    lives on the host (`pipeline.perf.memory`'s total per rank). Under fsdp, rank 0 gathers the whole fp32
+    model on the host to write final.pt (pipeline.training.checkpoint.full_model_state); ``parallel:
+    auto`` not yet resolved counts as fsdp, the larger. The sum × `TRAIN_HOST_MARGIN`, rounded up, is
+    ``node_mb``; the parts are in MB per rank (``rank_mb`` their sum) and per node (``final_gather_mb``)."""
+    from pipeline.budget import BatchLayout
+    from pipeline.perf import StepSetup, memory
+
+    model, train, hw = cfg["model"], cfg["train"], cfg["hardware"]
+    cuda = hw["device"] == "cuda"
+    d, V = model["dim"], model["vocab_size"]
+    d_kv = model["n_kv_heads"] * (d // model["n_heads"])
+    largest = 4 * max(V * d, d * model["ffn_dim"], d * d, d * d_kv)
+    layout = BatchLayout.from_config(cfg)
+    loader = 2 * (2 if cuda else 1) * layout.grad_accum_steps * layout.micro_batch * train["seq_len"] * 4 * 8
+    parts = {
+        "process_mb": TRAIN_RANK_HOST_MB["cuda" if cuda else "cpu"],
+        "init_mb": TRAIN_INIT_WEIGHTS * largest / 2**20,
+        "loader_mb": loader / 2**20,
+        "state_mb": 0.0 if cuda else memory(StepSetup.from_config(cfg))["total"] * 1e9 / 2**20,
+    }
+    gather = 4 * count_params(model)[0] / 2**20 if train.get("parallel", "ddp") != "ddp" else 0.0
+    rank = sum(parts.values())
+    node = math.ceil(TRAIN_HOST_MARGIN * (hw["nproc_per_node"] * rank + gather))
+    return {**{k: round(v, 1) for k, v in parts.items()}, "rank_mb": round(rank, 1),
+            "ranks_per_node": hw["nproc_per_node"], "final_gather_mb": round(gather, 1), "node_mb": node}
 
 
 # ----------------------------------------------------------------------------- the data stages' cost

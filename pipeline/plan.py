@@ -78,6 +78,11 @@ d_kv = n_kv_heads × d / n_heads):
   most that fits beside the training state, `pipeline.perf.eval_batch_tokens`), ``in_loop`` (training's
   quick subset: fp32 weights, optimizer state and gradients resident) and ``standalone`` (the
   evaluate stage), each checked against the same capacity as training.
+* **Host memory per node** (``host_memory``, `pipeline.cluster.train_host_memory`): what the train
+  job requests as SLURM ``mem_mb`` — per rank its fixed footprint, the weight `build_model` is
+  initialising on the host (built on the meta device, no rank holds the whole model) and the loader's
+  batches (on a CPU run also its training state), × the ranks of a node, plus under fsdp the whole fp32
+  model rank 0 gathers for final.pt, with a margin.
 * **Time**: ``est_hours`` = num_steps × step time / 3600, the step time being, first that applies:
   a measured one (``--measured-step SECONDS`` of one `pipeline.bench` micro-step on one GPU, or the
   ``pipeline.bench --json`` file itself: × grad_accum_steps, with the predicted DDP overhead when
@@ -136,7 +141,7 @@ EXTRA_KEYS = (
     "n_params_embedding", "n_params_lm_head", "target_basis", "trained_tokens", "seq_len", "data_tokens_needed",
     "tokens_available", "shards_per_source", "memory_gb", "step_time_s", "step_time_basis", "mfu", "hardware",
     "stages", "stages_total", "eval_memory_gb", "fits_eval_memory", "parallel", "notes", "tokens_per_param_fit",
-    "scaling_sweep",
+    "scaling_sweep", "host_memory",
 )
 PLAN_KEYS = REQUIRED_KEYS + EXTRA_KEYS  # plan.json adds "meta"
 
@@ -469,6 +474,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "parallel": parallel,
         "notes": notes,
         **extra,
+        "host_memory": cluster.train_host_memory(cfg),
     }
 
 
@@ -545,6 +551,7 @@ def _rows(plan: dict) -> list[tuple[str, str]]:
                                    f"{'fits' if plan['fits_memory'] else 'DOES NOT FIT'} "
                                    f"(peak {mem['peak']:.1f} at the {mem['peak_at']}: {breakdown})"),
         ("evaluation memory (pred.)", _eval_row(plan)),
+        ("host memory per node", _host_row(plan["host_memory"])),
         *_parallel_rows(plan),
         ("step time", f"{plan['step_time_s']:.3g} s per optimizer step ({plan['step_time_basis']})"),
         ("time", f"{plan['est_hours']:.2f} hours on {gpu}, {plan['est_gpu_hours']:.1f} GPU-hours"),
@@ -590,6 +597,14 @@ def _sweep_rows(plan: dict) -> list[tuple[str, str]]:
                                   f"depths), {sweep['est_gpu_hours']:.3g} GPU-hours (pred.), one GPU per point: "
                                   "snakemake --cores all scaling"))
     return rows
+
+
+def _host_row(h: dict) -> str:
+    state = f" + {h['state_mb']:,.0f} training state" if h["state_mb"] else ""
+    gather = f" + {h['final_gather_mb']:,.0f} final.pt gather" if h["final_gather_mb"] else ""
+    return (f"{h['node_mb']:,} MB (2^20 bytes), the train job's mem_mb = {cluster.TRAIN_HOST_MARGIN:g} × "
+            f"({h['ranks_per_node']} rank(s) × ({h['process_mb']:,.0f} process + {h['init_mb']:,.0f} init + "
+            f"{h['loader_mb']:,.0f} loader{state}){gather})")
 
 
 def _eval_row(plan: dict) -> str:

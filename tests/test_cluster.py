@@ -202,3 +202,45 @@ def test_nccl_presets_and_mappings():
         rendezvous.nccl_env("socket-lo", nodes=2)
     with pytest.raises(Exception, match="nccl_env"):
         resolve_config({"hardware": {"nccl_env": {"OMP_NUM_THREADS": 1}}})
+
+
+@pytest.mark.parametrize("preset_file, parallel",
+                         [("llama3-1b-fineweb.yaml", "ddp"), ("llama3-8b-fineweb.yaml", "fsdp")])
+def test_train_job_memory_is_the_host_memory_the_config_implies(preset_file, parallel):
+    """issue 28 item 2: the train job's mem_mb is `train_host_memory`, no constant per GPU: 8 ranks'
+    footprint + twice the largest fp32 weight each (the 128,256 × d embedding) + the loader, and under fsdp
+    the whole fp32 model rank 0 gathers for final.pt, with the margin — for both presets between 8 ranks'
+    fixed footprint and the 256,000 MB the rule asked a node for before (8 × 32,000), the 8B's the larger."""
+    from pipeline.config import load_config
+    from pipeline.perf import resolve_parallel
+
+    cfg = resolve_parallel(load_config(ROOT / "configs" / preset_file))
+    assert cfg["train"]["parallel"] == parallel and cfg["hardware"]["nproc_per_node"] == 8
+    h = cluster.train_host_memory(cfg)
+    res = cluster.job_resources(cfg, "train", train_hours=1.0)["resources"]
+    assert res["mem_mb"] == h["node_mb"]
+    largest = 4 * cfg["model"]["vocab_size"] * cfg["model"]["dim"]  # the embedding is the largest weight
+    assert h["init_mb"] == pytest.approx(cluster.TRAIN_INIT_WEIGHTS * largest / 2**20, abs=0.1)
+    assert 0 < h["loader_mb"] < 100 and h["state_mb"] == 0  # on CUDA the training state is on the GPU
+    gather = 4 * cluster.count_params(cfg["model"])[0] / 2**20 if parallel == "fsdp" else 0
+    assert h["final_gather_mb"] == pytest.approx(gather, abs=0.1)
+    rank = cluster.TRAIN_RANK_HOST_MB["cuda"] + h["init_mb"] + h["loader_mb"]
+    assert h["node_mb"] == math.ceil(cluster.TRAIN_HOST_MARGIN * (8 * rank + gather))
+    assert 8 * cluster.TRAIN_RANK_HOST_MB["cuda"] < h["node_mb"] < 256_000
+    # half the ranks on each of 2 nodes: each node asks for less (the gather is rank 0's, on the first node)
+    two = resolve_parallel(load_config(ROOT / "configs" / preset_file,
+                                       {"hardware": {"nproc_per_node": 4, "nodes": 2}}))
+    assert cluster.train_host_memory(two)["node_mb"] < h["node_mb"]
+
+
+def test_cpu_train_job_memory_counts_the_training_state_on_the_host():
+    """On the CPU the training state lives on the host: the predicted per-rank total of pipeline.perf is
+    part of each rank's request."""
+    from pipeline.perf import StepSetup, memory
+
+    cfg = resolve_config({"hardware": {"nproc_per_node": 2}})
+    h = cluster.train_host_memory(cfg)
+    assert h["state_mb"] > 0
+    assert h["state_mb"] == pytest.approx(memory(StepSetup.from_config(cfg))["total"] * 1e9 / 2**20, abs=0.1)
+    want = cluster.TRAIN_HOST_MARGIN * (2 * h["rank_mb"] + h["final_gather_mb"])
+    assert h["node_mb"] == pytest.approx(want, abs=1)  # the parts are rounded to 0.1 MB

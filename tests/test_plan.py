@@ -539,3 +539,18 @@ def test_dry_run_header_names_the_parallelism_and_refuses_ddp(tmp_path):
                              cwd=tmp_path)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert "tokenfarm: config key 'train.parallel': ddp does not fit" in refused.stderr
+
+
+def test_plan_reports_the_train_jobs_host_memory(capsys):
+    """issue 28 item 2: the plan (json and text) reports the host memory per node the train rule requests
+    (`pipeline.cluster.train_host_memory` of the config with its parallelism resolved)."""
+    from pipeline import cluster
+    from pipeline.perf import resolve_parallel
+
+    main(["--configfile", str(LLAMA_8B), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    cfg = resolve_parallel(load_config(LLAMA_8B))
+    assert out["host_memory"] == cluster.train_host_memory(cfg) and out["host_memory"]["final_gather_mb"] > 0
+    assert cluster.job_resources(cfg, "train")["resources"]["mem_mb"] == out["host_memory"]["node_mb"]
+    main(["--configfile", str(LLAMA_8B)])
+    assert f"host memory per node       {out['host_memory']['node_mb']:,} MB" in capsys.readouterr().out

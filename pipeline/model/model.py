@@ -30,7 +30,10 @@ Parameter names (the trainer builds optimizer groups from them): ``tok_embedding
 """
 from __future__ import annotations
 
+import copy
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -205,26 +208,57 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.init_weights()
+        if not sin.is_meta:  # a meta-device model has no values: it is initialised after to_empty
+            self.init_weights()
 
     @torch.no_grad()
-    def init_weights(self) -> None:
+    def init_weights(self, load: Callable[[nn.Parameter, torch.Tensor], None] | None = None) -> None:
         """Linears ~ N(0, 1/fan_in) (std = fan_in^-1/2); the residual-branch outputs o_proj and
         down_proj ~ N(0, (dim^-1/2 / sqrt(2 n_layers))^2); embeddings ~ N(0, 0.02^2); norms = 1.
-        Also (re)computes the RoPE tables, which ``to_empty`` leaves uninitialized."""
+        Also (re)computes the RoPE tables, which ``to_empty`` leaves uninitialized.
+
+        Without `load` each weight is drawn in place (from the generator of its device). With `load`,
+        each weight's value is drawn into a fresh fp32 CPU tensor of its (global) shape — the CPU
+        generator, in the same order, so the values of a host-built model — and handed to
+        ``load(weight, value)``, which writes it (this rank's shard of it, for a sharded weight): a model
+        materialized on an accelerator or sharded is initialised holding one weight on the host at a time."""
         out_std = self.cfg.dim ** -0.5 / math.sqrt(2 * self.cfg.n_layers)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 std = out_std if name.endswith(("o_proj", "down_proj")) else module.in_features ** -0.5
-                nn.init.normal_(module.weight, mean=0.0, std=std)
+                fill = functools.partial(nn.init.normal_, mean=0.0, std=std)
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                fill = functools.partial(nn.init.normal_, mean=0.0, std=0.02)
             elif isinstance(module, nn.RMSNorm):
-                nn.init.ones_(module.weight)
+                fill = nn.init.ones_
+            else:
+                continue
+            if load is None:
+                fill(module.weight)
+            else:
+                value = torch.empty(module.weight.shape, dtype=torch.float32, device="cpu")
+                fill(value)
+                load(module.weight, value)
+                del value
         cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta,
                                device=self.rope_cos.device)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
+
+    @torch.no_grad()
+    def replay_construction_draws(self) -> None:
+        """Advance the CPU generator past the values that building this model on the CPU draws — each
+        layer's own ``reset_parameters`` at construction (which `init_weights` then overwrites) — by
+        drawing them again, one layer at a time into a discarded host copy of it. A model built on the
+        ``meta`` device draws nothing; after this, its ``init_weights(load=...)`` draws the values a
+        host-built model of the same seed has, bit for bit. Layers are constructed in registration
+        order, so ``self.modules()`` is the construction order. Call before fp8 conversion (it replays
+        the plain layers' initialisation)."""
+        for module in self.modules():
+            if hasattr(module, "reset_parameters") and next(module.parameters(recurse=False), None) is not None:
+                twin = copy.deepcopy(module).to_empty(device="cpu")
+                twin.reset_parameters()
+                del twin
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

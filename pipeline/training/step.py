@@ -8,6 +8,10 @@ the root `Transformer` (its own parameters: the embedding — the output weight 
 and an untied ``lm_head``). Parameters, gradients and optimizer state are DTensors sharded on dim 0 over
 the ranks; the optimizer holds fp32 master shards.
 
+* **Construction** (`build_model`): the model is built on the ``meta`` device, fp8-converted, sharded,
+  materialized with ``to_empty`` (each rank allocates its shards only) and initialised one weight at a
+  time on the host, with the values a host-built model of the same seed has, bit for bit: no rank ever
+  holds the whole model on the host (the 8B preset's 32 GB per rank, × 8 ranks per node, before).
 * **Mixed precision** (`MixedPrecisionPolicy`): the blocks' parameters are all-gathered in the body's
   autocast dtype (bf16 on CUDA with ``train.precision: bf16``; fp32 on CPU and in fp32 runs, where FSDP
   then computes exactly what DDP does), gradients reduce-scattered in fp32. The root keeps fp32
@@ -48,7 +52,7 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.overrides import TorchFunctionMode
 
@@ -122,16 +126,41 @@ def apply_fp8(model: Transformer, recipe: str) -> None:
                                module_filter_fn=fp8_filter(recipe))
 
 
-def build_model(cfg: dict, device: torch.device) -> Transformer:
-    """The transformer of `cfg` (initialised on CPU from the current torch seed, then moved), with
-    fp8 linears when `train.fp8` asks for them."""
-    model = Transformer(ModelConfig.from_config(cfg)).to(device)
+def build_model(cfg: dict, device: torch.device, dist: Dist | None = None, compile_blocks: bool = False) -> Transformer:
+    """The transformer of `cfg` on `device`, with fp8 linears when `train.fp8` asks for them, FSDP2-sharded
+    over `dist`'s ranks when `dist` is given (`shard_model`, each block compiled when `compile_blocks`),
+    initialised with the values a model built on the CPU from the current torch seed has.
+
+    Built on the ``meta`` device, so no rank ever holds the whole model on the host: construction (no
+    memory), `Transformer.replay_construction_draws` (the CPU generator advanced past the values a host
+    construction draws, one layer at a time), fp8 conversion (before sharding, as torchtitan orders it),
+    sharding, ``to_empty`` on `device` (this rank's shards only), then ``init_weights`` drawing each
+    weight on the host and writing this rank's slice of it (`_write_initial`). Host memory for the
+    weights: the largest weight (the embedding or the output layer) at a time, plus on the CPU the
+    model's own storage (its shards under FSDP)."""
     fp8 = cfg["train"]["fp8"]
+    if fp8 != "none" and device.type != "cuda":
+        raise PipelineError("train.fp8 needs hardware.device: cuda")
+    with torch.device("meta"):
+        model = Transformer(ModelConfig.from_config(cfg))
+    model.replay_construction_draws()
     if fp8 != "none":
-        if device.type != "cuda":
-            raise PipelineError("train.fp8 needs hardware.device: cuda")
         apply_fp8(model, fp8)
+    if dist is not None:
+        shard_model(model, cfg, dist, compile_blocks)
+    model.to_empty(device=device)
+    model.init_weights(load=_write_initial)
     return model
+
+
+def _write_initial(weight: nn.Parameter, value: torch.Tensor) -> None:
+    """Write a weight's whole initial `value` (host, fp32) into `weight`: for a sharded (DTensor) weight
+    its local shard only — the slice of `value` its placements give this rank, taken locally
+    (``src_data_rank=None``: every rank drew the same value, nothing is sent)."""
+    if isinstance(weight, DTensor):
+        value = distribute_tensor(value, weight.device_mesh, weight.placements, src_data_rank=None).to_local()
+        weight = weight.to_local()
+    weight.copy_(value)
 
 
 class LossModel(nn.Module):
@@ -183,7 +212,9 @@ def keep_unsharded(n_params: int, param_bytes: int, device: torch.device) -> boo
 def shard_model(model: Transformer, cfg: dict, dist: Dist, compile_blocks: bool) -> None:
     """FSDP2 in place (module docstring): compile each block when `compile_blocks`, ``fully_shard`` each
     block (compute dtype = the body's autocast dtype, fp32 reduce) and the root (fp32), with the root's
-    ``hidden`` registered as a forward method. Call before building the optimizer."""
+    ``hidden`` registered as a forward method. `build_model` calls it on the meta-device model, before
+    materializing it; on a materialized model it shards the weights it has. Call before building the
+    optimizer."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 

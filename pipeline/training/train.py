@@ -122,7 +122,6 @@ from pipeline.training.step import (
     parallelism,
     plain_hidden,
     set_matmul_precision,
-    shard_model,
     use_compile,
     wrap,
     zero_gradients,
@@ -352,9 +351,8 @@ def set_up(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
     set_matmul_precision(ce_matmul(params))
 
     seed_everything(params["seed"])
-    model = build_model(params, dist.device)
-    if parallelism(params, dist) == "fsdp":  # every rank built the same weights: each keeps its shards
-        shard_model(model, params, dist, use_compile(params, dist.device))
+    fsdp = parallelism(params, dist) == "fsdp"  # sharded before initialisation: each rank writes its shards
+    model = build_model(params, dist.device, dist if fsdp else None, use_compile(params, dist.device))
     optimizer = build_optimizer(model, params["train"], dist.device.type)
     st = params["stage"]
     loader = PackedLoader(train_meta, layout.micro_batch, rank=dist.rank, world_size=dist.world_size,

@@ -266,14 +266,13 @@ def group(tmp_path):
 
 def _sharded_pair(params: dict):
     from pipeline.distributed import Dist
-    from pipeline.training.step import build_model, shard_model
+    from pipeline.training.step import build_model
 
     dist = Dist(0, 0, 1, torch.device("cpu"))
     torch.manual_seed(0)
     plain = build_model(params, dist.device)
     torch.manual_seed(0)
-    sharded = build_model(params, dist.device)
-    shard_model(sharded, params, dist, compile_blocks=False)
+    sharded = build_model(params, dist.device, dist)  # sharded on the meta device, then initialised
     return plain, sharded, dist
 
 
