@@ -108,7 +108,7 @@ def test_a_state_maps_to_another_world_size_at_every_optimizer_step(tmp_path, to
     none twice, none skipped. Rows mode (an SFT stage's epochs) runs across the epoch boundary of its
     stream (61 rows of a 23-row pack), its last step padded."""
     meta = write_pack(tmp_path / "p.json", n_rows=23 if total_rows else 41)
-    mk = lambda world, rank=0: PackedLoader(meta, 2, rank=rank, world_size=world, seed=4,  # noqa: E731
+    mk = lambda world, rank=0: PackedLoader(meta, 2, rank=rank, world_size=world, seed=4,
                                             total_rows=total_rows)
     steps = 8 if total_rows else 41 // 8
     ref = {w: step_rows([mk(w, r) for r in range(w)], 4 // w, steps) for w in (1, 2, 4)}
