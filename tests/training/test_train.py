@@ -571,6 +571,28 @@ def test_ddp_resume_is_bitwise_exact(data, ddp_run, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+
+@pytest.mark.slow
+def test_ddp_checkpoint_resumes_in_one_process_like_the_uninterrupted_run(data, ddp_run, tmp_path):
+    """2 DDP processes to step 3, resumed by 1 process (micro-batch 2, now 4 accumulation micro-steps,
+    the plan re-made for it): the consolidated state loads whole, the loader continues with the same
+    global rows; steps 4-6 equal the uninterrupted 2-process run's within fp32 rounding (the tolerances of
+    test_ddp_ranks_agree_and_equal_single_process_accumulation)."""
+    out_full, params = ddp_run
+    out = tmp_path / "train"
+    torchrun(data, out, params, "--max-steps", "3")
+    alone = make_params(nproc=1, steps=6, ckpt_interval=2, val_interval=3, micro_batch=2)
+    assert make_plan(alone)["grad_accum_steps"] == 4
+    summary = run_inprocess(data, out, alone, resume="require")
+    assert summary["tokens_trained"] == summary["tokens_planned"] == 6 * 256 and summary["world_size"] == 1
+    recs, full = read_metrics(out), read_metrics(out_full)
+    assert [r["step"] for r in recs] == list(range(1, 7))
+    assert [r["loss"] for r in recs[:3]] == [r["loss"] for r in full[:3]]  # kept from the 2-process part
+    assert np.allclose([r["loss"] for r in recs], [r["loss"] for r in full], rtol=0, atol=1e-5)
+    assert np.allclose([r["grad_norm"] for r in recs], [r["grad_norm"] for r in full], rtol=1e-5)
+    a, b = torch.load(out_full / "rank0.pt"), final_state(out)
+    assert all(torch.allclose(a[k], b[k], atol=1e-4, rtol=1e-4) for k in a)
+
 # ----------------------------------------------------------------------------- interrupted runs
 
 def test_resume_replaces_the_steps_logged_after_the_checkpoint(data, full_run, tmp_path):
