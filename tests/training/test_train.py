@@ -110,7 +110,7 @@ def test_checkpoint_from_another_config_is_never_resumed(data, tmp_path):
     params = make_params(steps=4)
     run_inprocess(data, tmp_path, params, max_steps=2)
     changed = make_params(steps=4, lr=5e-3)
-    with pytest.raises(PipelineError, match="different config.*train"):
+    with pytest.raises(PipelineError, match=r"different config \(keys differing: train.lr\)"):
         run_inprocess(data, tmp_path, changed, resume="require")
     # auto (what the rule uses: Snakemake reruns train after a config edit) starts over and keeps the
     # old checkpoints aside; the result equals a fresh run of the new config.
@@ -125,6 +125,24 @@ def test_checkpoint_from_another_config_is_never_resumed(data, tmp_path):
     run_inprocess(data, tmp_path / "obs", params, max_steps=2)
     assert run_inprocess(data, tmp_path / "obs", logging_only, resume="require")["tokens_trained"] == 4 * 256
 
+
+
+def test_another_world_size_needs_one_global_loader_position(data, tmp_path):
+    """A checkpoint of another world size whose ranks' loader states differ (not PackedLoader's: a
+    position per rank) has no global position to map: one error naming it, before any step."""
+    from pipeline.model.checkpoint import load_checkpoint, save_checkpoint
+
+    params = make_params(steps=4)
+    run_inprocess(data, tmp_path, params, max_steps=2)
+    path = tmp_path / "ckpt" / "step_000002.pt"
+    state = load_checkpoint(path)
+    loader = state["loader"][0]
+    save_checkpoint(path, {**state, "params": make_params(nproc=2, steps=4), "world_size": 2, "rng": state["rng"] * 2,
+                           "loader": [loader, {**loader, "position": loader["position"] + 1}]})
+    with pytest.raises(PipelineError, match="step_000002.pt cannot be resumed on another world size: its ranks' "
+                                            r"loader states differ.*resume with 2 process\(es\)"):
+        run_inprocess(data, tmp_path, params, resume="require")
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
 
 def test_too_little_data_fails_before_training(data, tmp_path):
     params = make_params(steps=5000)
