@@ -510,7 +510,7 @@ def _save_sharded(path: Path, dist: Dist, model, optimizer, train_state: dict) -
 
 def _load_sharded(path: Path, model, optimizer, with_model: bool = True) -> None:
     """Load a sharded checkpoint's model (unless not `with_model`) and optimizer state in place, each rank
-    reading its own shards (a collective)."""
+    reading what its own shards hold — written by the same ranks, or by another world size's (a collective)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_optimizer_state_dict, set_state_dict
 
