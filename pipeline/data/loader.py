@@ -51,7 +51,8 @@ micro-steps (W'×B rows), which holds at every optimizer step of a global batch 
 divide; a position between them is refused. One thing depends on the world size: at the end of an
 epoch the unused remainder is `n_rows % (W'×B)` rows of the world size that finishes the epoch (a
 state saved exactly at the end of an epoch continues that epoch when W'×B leaves rows of it unread).
-The trainer reads one epoch (steps within `steps_available`), where this never arises.
+The trainer's loader reads at most one epoch (max_epochs 1; rows mode leaves no remainder), where
+this never arises.
 
 Integrity. Opening a pack on rank 0 checks the `.bin` (and `.mask.bin`) against the sha256 its
 metadata recorded when pack wrote it, streamed and once per process (`pipeline.io.verify_sha256`):
