@@ -21,7 +21,10 @@ e])))` (identity with `shuffle=False`). Micro-step `i` of an epoch takes the glo
 `perm[i*W*B : (i+1)*W*B]` (W = world_size, B = micro_batch) and rank `r` takes the contiguous slice
 `[r*B, (r+1)*B)` of it: the ranks' rows of one step are disjoint and together form the block.
 An epoch has `n_rows // (W*B)` micro-steps; the remaining `n_rows % (W*B)` rows of that epoch's
-permutation are not used (every rank takes the same number of steps).
+permutation are not used (every rank takes the same number of steps). So the global order of the rows
+(the permutation, read from its start) does not depend on W or B: W and B only group it into
+micro-steps and split each micro-step over the ranks. An optimizer step of A accumulation micro-steps
+takes the next A*W*B rows of it, the same rows for any W whose A*W*B is the same global batch.
 
 Epochs. After `max_epochs` epochs the loader raises `DataExhausted` naming what the data holds,
 what was asked, and the config knobs to change; `steps_available(global_batch_rows)` lets the
@@ -31,12 +34,25 @@ Rows mode (`total_rows=N`, for an SFT stage's epochs over its examples): the loa
 N rows of the stream epoch 0's permutation, epoch 1's, ... — every row of an epoch is used, none
 dropped — as global row g = (micro-step × W + rank) × B + i. Past N it serves empty rows (pad
 tokens, mask all False, doc id 0) of the same shape, so the last step is padded instead of
-shrunk: no recompilation, and the empty rows add no loss and no gradient.
+shrunk: no recompilation, and the empty rows add no loss and no gradient. Its `epoch` is that of the
+stream's next row (the same on every rank).
 
 Resumption. `state_dict()` is `{epoch, position, seed, shuffle, world_size, micro_batch, n_rows,
-seq_len, data_sha256}`; after `load_state_dict(state)` the loader yields exactly the batches an
-uninterrupted loader would have yielded next. A state made for another world size, micro-batch,
-seed or data file (the packed .bin's sha256 from its metadata) is refused.
+seq_len, data_sha256, total_rows}` (`position`: micro-steps taken in the epoch, or in rows mode of the
+stream; the same on every rank); after `load_state_dict(state)` the loader yields exactly the batches
+an uninterrupted loader would have yielded next. A state made for another micro-batch, seed or data
+file (the packed .bin's sha256 from its metadata) is refused.
+
+A state made for another world size W (a training run resumed on fewer or more processes) is mapped
+to this loader's W': the `position × W × B` rows it consumed of the epoch (of the stream in rows mode)
+become `position' = position × W / W'` micro-steps, so the rows still to come are the same global rows
+in the same order, none served twice and none skipped. That needs a whole number of the new
+micro-steps (W'×B rows), which holds at every optimizer step of a global batch both world sizes
+divide; a position between them is refused. One thing depends on the world size: at the end of an
+epoch the unused remainder is `n_rows % (W'×B)` rows of the world size that finishes the epoch (a
+state saved exactly at the end of an epoch continues that epoch when W'×B leaves rows of it unread).
+The trainer's loader reads at most one epoch (max_epochs 1; rows mode leaves no remainder), where
+this never arises.
 
 Integrity. Opening a pack on rank 0 checks the `.bin` (and `.mask.bin`) against the sha256 its
 metadata recorded when pack wrote it, streamed and once per process (`pipeline.io.verify_sha256`):
@@ -61,7 +77,8 @@ class DataExhausted(PipelineError):
     """The packed data cannot supply the requested number of steps."""
 
 
-STATE_KEYS = ("seed", "shuffle", "world_size", "micro_batch", "n_rows", "seq_len", "data_sha256", "total_rows")
+# What a saved state must match (the world size is mapped instead, module docstring "Resumption")
+STATE_KEYS = ("seed", "shuffle", "micro_batch", "n_rows", "seq_len", "data_sha256", "total_rows")
 LOSSES = {"all": MASK_REAL, "assistant": MASK_ASSISTANT}
 
 
@@ -171,7 +188,7 @@ class PackedLoader:
         if self.total_rows is not None:
             lo = (self.position * self.world_size + self.rank) * self.micro_batch
             self.position += 1
-            self.epoch = lo // self.n_rows
+            self.epoch = self.position * self.rows_per_step // self.n_rows  # of the next row: one for every rank
             return self.batch(self._stream_rows(np.arange(lo, lo + self.micro_batch)))
         epoch, position = (self.epoch + 1, 0) if self.position == self.steps_per_epoch else (self.epoch, self.position)
         if epoch >= self.max_epochs:
@@ -260,15 +277,32 @@ class PackedLoader:
         return {"epoch": self.epoch, "position": self.position, **self._identity()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from `state` (module docstring, "Resumption"): this loader's world size may differ."""
         mine = self._identity()
         diff = [f"{k}: saved {state.get(k)!r}, now {mine[k]!r}" for k in STATE_KEYS if state.get(k) != mine[k]]
         if diff:
             raise PipelineError(
                 f"cannot resume {self.path}: the loader state was saved for different settings ({'; '.join(diff)}); "
-                "resume with the same world size, micro_batch, seed and packed data, or start a fresh run"
+                "resume with the same micro_batch, seed and packed data, or start a fresh run"
             )
+        epoch, position = state["epoch"], state["position"]
+        if state["world_size"] != self.world_size:
+            position = self._mapped_position(state)
         limit = self.steps_per_epoch if self.total_rows is None else float("inf")
-        if not (0 <= state["position"] <= limit and state["epoch"] >= 0):
-            raise PipelineError(f"cannot resume {self.path}: position {state['position']} of epoch {state['epoch']} "
-                                "is out of range")
-        self.epoch, self.position = state["epoch"], state["position"]
+        if not (0 <= position <= limit and epoch >= 0):
+            raise PipelineError(f"cannot resume {self.path}: position {position} of epoch {epoch} is out of range")
+        self.epoch, self.position = epoch, position
+
+    def _mapped_position(self, state: dict) -> int:
+        """The position of this loader's world size at which a loader of `state`'s world size stopped:
+        the same number of global rows consumed (of the epoch, or of the stream in rows mode)."""
+        rows = state["position"] * state["world_size"] * self.micro_batch
+        if rows % self.rows_per_step:
+            where = "of the stream" if self.total_rows is not None else f"of epoch {state['epoch']}"
+            raise PipelineError(
+                f"cannot resume {self.path} on {self.world_size} process(es): the loader state saved by "
+                f"{state['world_size']} stopped after {rows} rows {where}, not a whole number of micro-steps of "
+                f"world_size × micro_batch = {self.rows_per_step} rows; resume with {state['world_size']} "
+                "process(es), or from a checkpoint at an optimizer step of a global batch both world sizes divide"
+            )
+        return rows // self.rows_per_step

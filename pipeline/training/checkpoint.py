@@ -20,9 +20,9 @@ A resumable checkpoint is a dict of tensors and plain Python values only (so tha
 * ``optimizer``: the optimizer's state dict; ``schedule``: ``{"step": …}`` (the LR is a pure
   function of the step, see pipeline/training/optim.py);
 * ``loader``: one loader state per rank, indexed by rank (gathered to rank 0 at save time), so a
-  resumed rank r continues exactly where rank r stopped; resuming needs the same world size. (With
-  pipeline.data.loader the states are equal — a position in the global row order — but storing every
-  rank's keeps the format independent of how a loader shards);
+  resumed rank r continues exactly where rank r stopped. (With pipeline.data.loader the states are
+  equal — a position in the global row order — but storing every rank's keeps the format independent
+  of how a loader shards; a resume on another world size needs them equal, below);
 * ``rng``: one RNG snapshot per rank (`rng_state()`: Python, NumPy, torch CPU, and the CUDA
   generator of the rank's own device — not every visible device, which would create a context on
   each);
@@ -54,16 +54,34 @@ tensor state:
 The directory is written as a temporary ``.step_NNNNNN.dcp.tmp-<host>-<pid>`` (rank 0's, `atomic_dir`)
 and renamed into place once every rank's part and the sums are on disk; one killed mid-write is swept
 by the next run. A resume loads it in place into the sharded model and optimizer
-(``set_state_dict``): each rank reads its shards. The same world size is required (as for every
-checkpoint); a checkpoint of the other parallelism is never resumed (``train.parallel`` is part of the
+(``set_state_dict``): each rank reads its shards — under another world size the parts of them that the
+old ranks wrote (DCP reshards: the checkpoint's metadata maps every saved shard to its place in the
+whole tensor). A checkpoint of the other parallelism is never resumed (``train.parallel`` is part of the
 config that must match).
+
+**Another world size** (``hardware.nodes × hardware.nproc_per_node``, the `WORLD_SIZE_KEYS`: a node lost
+or added, the rest of the config unchanged; the plan re-made for the new world size, as
+pipeline.training.train's `check_plan` requires) resumes too, with the same trajectory up to fp32
+summation order: the global batch (``train.global_batch_tokens``) is fixed by the config, only the
+accumulation steps change (pipeline.budget.BatchLayout), so each optimizer step trains on the same rows
+(pipeline.data.loader: the global row order does not depend on the world size; the saved position is
+mapped to the new one) normalised by the same global token count. The model and optimizer state are
+resharded by DCP (above) or, consolidated (ddp), loaded whole by every rank; the loader states must be
+equal across the saved ranks (a global position: every rank loads rank 0's, mapped); every rank restores
+rank 0's RNG snapshot (every rank is seeded alike, and a training step draws no random numbers). Step,
+token counts and validation losses are global, so `summary.json`'s tokens equal the plan's and the
+metric history continues from the checkpoint's step as after any resume. What cannot be resumed stays
+refused, with the reason: any other config difference (a `train.parallel: auto` that the plan resolves
+otherwise for the new world size among them), a checkpoint of the other parallelism, a world size the
+global batch is not divisible by (the config's own check), a loader position that is not a whole number
+of the new micro-steps.
 
 **final.pt** is one consolidated file either way: a sharded model is gathered to rank 0 on the CPU at the
 end (`full_model_state`: ``get_model_state_dict(full_state_dict=True, cpu_offload=True)``), so
 evaluation, export and chat read the same file as after DDP.
 
 `resume` is how a launch starts: from the newest readable checkpoint when it was made by the same
-config (`trajectory_params`) and world size, else afresh (from `--init` for a stage that starts
+config (`trajectory_params`, at any world size), else afresh (from `--init` for a stage that starts
 from an earlier one); `save_training_checkpoint` writes what it reads back.
 """
 from __future__ import annotations
@@ -99,6 +117,7 @@ __all__ = [
     "clear_checkpoints",
     "archive_checkpoints",
     "OBSERVABILITY_KEYS",
+    "WORLD_SIZE_KEYS",
     "TrainState",
     "trajectory_params",
     "resume_mismatch",
@@ -287,6 +306,9 @@ OBSERVABILITY_KEYS = {
     "hardware": ("assumed_mfu", "gpu_memory_gb", "process_group_timeout_min"),
     "train": ("log_interval", "val_interval", "val_batches", "ckpt_interval", "resume"),
 }
+# Config keys that set the world size: a checkpoint made under other values is resumed, resharded
+# (module docstring, "Another world size").
+WORLD_SIZE_KEYS = {"hardware": ("nodes", "nproc_per_node")}
 
 
 @dataclass
@@ -302,10 +324,10 @@ class TrainState:
     wandb_id: str | None = None
 
 
-def trajectory_params(params: dict) -> dict:
-    """`params` without the OBSERVABILITY_KEYS (what must match for a resume to be exact)."""
+def _without(params: dict, drop: dict) -> dict:
+    """`params` without the sections (None) and section keys of `drop`."""
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in params.items()}
-    for section, keys in OBSERVABILITY_KEYS.items():
+    for section, keys in drop.items():
         if keys is None:
             out.pop(section, None)
         elif section in out:
@@ -314,15 +336,23 @@ def trajectory_params(params: dict) -> dict:
     return out
 
 
-def resume_mismatch(state: dict, params: dict, dist: Dist) -> str | None:
-    """Why a checkpoint cannot be resumed exactly by this launch, or None when it can."""
-    if state["world_size"] != dist.world_size:
-        return f"it was written by {state['world_size']} process(es), this launch has {dist.world_size}"
-    old, new = trajectory_params(state["params"]), trajectory_params(params)
-    if old != new:
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        return f"it was made with a different config (sections differing: {', '.join(diff)})"
-    return None
+def trajectory_params(params: dict) -> dict:
+    """`params` without the OBSERVABILITY_KEYS (what must match for a resume to be exact)."""
+    return _without(params, OBSERVABILITY_KEYS)
+
+
+def resume_mismatch(state: dict, params: dict) -> str | None:
+    """Why a checkpoint cannot be resumed by this launch, or None when it can: its config differs
+    beyond the OBSERVABILITY_KEYS and the WORLD_SIZE_KEYS (another world size is resharded)."""
+    old, new = (_without(trajectory_params(p), WORLD_SIZE_KEYS) for p in (state["params"], params))
+    diff = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):  # name the keys within a section
+            diff += [f"{k}.{sub}" for sub in sorted(set(a) | set(b)) if a.get(sub) != b.get(sub)]
+        elif a != b:
+            diff.append(k)
+    return f"it was made with a different config (keys differing: {', '.join(diff)})" if diff else None
 
 
 def load_init(model, optimizer, path: str, params: dict) -> None:
@@ -371,19 +401,20 @@ def resume(ckpt_dir: Path, mode: str, dist: Dist, *, model, optimizer, loader, p
 
     `mode` is auto | require | never (module docstring of pipeline.training.train). Rank 0 picks the
     checkpoint (moving unreadable ones aside); the others load the one it names. One made with another
-    config or world size is never resumed: `require` fails, `auto` moves the run's checkpoints aside to
-    `stale-<time>/` and starts over. A fresh start loads `init` (a stage starting from an earlier one)
-    and removes any step checkpoints left in `ckpt_dir`. Loads the model, optimizer, this rank's loader
-    and RNG states in place and returns where the run stands."""
+    config is never resumed: `require` fails, `auto` moves the run's checkpoints aside to
+    `stale-<time>/` and starts over; one made by another world size is resumed resharded (module
+    docstring). A fresh start loads `init` (a stage starting from an earlier one) and removes any step
+    checkpoints left in `ckpt_dir`. Loads the model, optimizer, this rank's loader and RNG states in
+    place and returns where the run stands."""
     latest, state = newest_readable(ckpt_dir) if mode != "never" and dist.is_main else (None, None)
     latest = gather_objects(latest, dist)[0]
     if latest is not None and state is None:
         state = load_step_checkpoint(latest, verify=False)  # rank 0's newest_readable verified it
-    stale = resume_mismatch(state, params, dist) if state is not None else None
+    stale = resume_mismatch(state, params) if state is not None else None
     if stale:
         if mode == "require":
-            raise PipelineError(f"{latest} cannot be resumed: {stale}; resume with the same config and "
-                                "nproc_per_node, or set train.resume: auto to start over")
+            raise PipelineError(f"{latest} cannot be resumed: {stale}; resume with the same config, or set "
+                                "train.resume: auto to start over")
         # A rerun after a config edit (what Snakemake does when the rule's params change) starts over;
         # the old checkpoints are kept aside, never silently resumed into a different run.
         log.warning("%s cannot be resumed (%s): starting over", latest, stale)
@@ -400,12 +431,14 @@ def resume(ckpt_dir: Path, mode: str, dist: Dist, *, model, optimizer, loader, p
         else:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-        loader.load_state_dict(state["loader"][dist.rank])
-        set_rng_state(state["rng"][dist.rank])
+        same_world = state["world_size"] == dist.world_size
+        loader.load_state_dict(state["loader"][dist.rank] if same_world else _global_loader_state(latest, state))
+        set_rng_state(state["rng"][dist.rank if same_world else 0])
         resumed = TrainState(step=state["step"], tokens_seen=state["tokens_seen"], loss_tokens=state["loss_tokens"],
                              best_val_loss=state["best_val_loss"], last_val_loss=state["last_val_loss"],
                              wandb_id=state["wandb_id"])
-        log.info("resumed from %s at step %d (%d tokens)", latest, resumed.step, resumed.tokens_seen)
+        log.info("resumed from %s at step %d (%d tokens)%s", latest, resumed.step, resumed.tokens_seen,
+                 "" if same_world else f", resharded from {state['world_size']} to {dist.world_size} process(es)")
         return resumed
     if init is not None:
         load_init(model, optimizer, init, params)
@@ -414,6 +447,16 @@ def resume(ckpt_dir: Path, mode: str, dist: Dist, *, model, optimizer, loader, p
             log.warning("stale checkpoints moved to %s", archive_checkpoints(ckpt_dir))
         clear_checkpoints(ckpt_dir)
     return TrainState()
+
+
+def _global_loader_state(path: Path, state: dict) -> dict:
+    """The loader state a resume on another world size maps (module docstring): the saved ranks' states,
+    which must be one global position."""
+    first = state["loader"][0]
+    if any(other != first for other in state["loader"][1:]):
+        raise PipelineError(f"{path} cannot be resumed on another world size: its ranks' loader states differ, "
+                            f"so they are no global position to map; resume with {state['world_size']} process(es)")
+    return first
 
 
 def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, loader, params: dict, plan: dict,
@@ -467,7 +510,7 @@ def _save_sharded(path: Path, dist: Dist, model, optimizer, train_state: dict) -
 
 def _load_sharded(path: Path, model, optimizer, with_model: bool = True) -> None:
     """Load a sharded checkpoint's model (unless not `with_model`) and optimizer state in place, each rank
-    reading its own shards (a collective)."""
+    reading what its own shards hold — written by the same ranks, or by another world size's (a collective)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_optimizer_state_dict, set_state_dict
 

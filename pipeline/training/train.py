@@ -60,8 +60,12 @@ rank; `plan.num_steps` steps):
   (pipeline/training/checkpoint.py; under fsdp sharded directories written by every rank with
   torch.distributed.checkpoint); `train.resume: auto` (or `--resume auto`) continues from the newest
   readable checkpoint in `outdir/ckpt/` exactly: same per-step losses as an uninterrupted run (bitwise on
-  CPU); an unreadable one is moved to `ckpt/unreadable/` and the one before it used. A checkpoint made with
-  a different config (other than the logging keys in `checkpoint.OBSERVABILITY_KEYS`) or world size is never resumed:
+  CPU); an unreadable one is moved to `ckpt/unreadable/` and the one before it used. A checkpoint made by
+  another world size (`hardware.nodes` × `hardware.nproc_per_node`, the plan re-made for it) is resumed
+  resharded, `auto` and `require` alike: the same global batch of the same rows, the grad_accum_steps of
+  the new layout, so the same losses up to fp32 summation order (pipeline/training/checkpoint.py's
+  docstring, "Another world size"). A checkpoint made with a different config (other than the logging
+  keys in `checkpoint.OBSERVABILITY_KEYS` and the world size) is never resumed:
   `auto` moves it aside to `ckpt/stale-<time>/` and starts over (a Snakemake rerun after a config
   edit), `require` fails instead, and `never` always starts over. Checkpoints load memory-mapped:
   a rank pages in what it copies, not a private copy of the whole file.
@@ -509,7 +513,8 @@ def main(argv=None) -> None:
     p.add_argument("--init", default=None, help="R/train/{init_from}/final.pt for a stage with init_from")
     p.add_argument("--resume", choices=("auto", "require", "never"), default=None,
                    help="default train.resume. auto: continue from the newest readable checkpoint in outdir/ckpt "
-                        "when it matches this run's config and world size, else move it aside and start over; "
+                        "when it matches this run's config (at any world size: resharded), else move it aside and "
+                        "start over; "
                         "require: continue or fail; never: start over")
     p.add_argument("--max-steps", type=int, default=None,
                    help="stop after this many optimizer steps, leaving a checkpoint and no final.pt (testing)")

@@ -86,13 +86,58 @@ def test_resume_refuses_other_settings(tmp_path):
     other = write_pack(tmp_path / "q.json", n_rows=30, salt=1)  # same shape, different data
     state = PackedLoader(meta, 2, world_size=2, seed=1).state_dict()
     for loader, key in [
-        (PackedLoader(meta, 2, world_size=3, seed=1), "world_size"),
         (PackedLoader(meta, 3, world_size=2, seed=1), "micro_batch"),
         (PackedLoader(meta, 2, world_size=2, seed=2), "seed"),
         (PackedLoader(other, 2, world_size=2, seed=1), "data_sha256"),
     ]:
         with pytest.raises(PipelineError, match=key):
             loader.load_state_dict(state)
+
+
+
+def step_rows(loaders, accum: int, steps: int) -> list[list[int]]:
+    """Per optimizer step, the rows all ranks' loaders serve over `accum` micro-steps (micro-step, then rank order)."""
+    return [sum((rows_of(next(ld)) for _ in range(accum) for ld in loaders), []) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("total_rows", [None, 61])
+def test_a_state_maps_to_another_world_size_at_every_optimizer_step(tmp_path, total_rows):
+    """Global batch 8 rows, micro-batch 2: 4 ranks × 1 micro-step or 2 ranks × 2 or 1 rank × 4 per
+    optimizer step. Stopped after any step on one world size and resumed on another, the loaders serve
+    the rows an uninterrupted run on the new world size would (the same rows per step as the old one):
+    none twice, none skipped. Rows mode (an SFT stage's epochs) runs across the epoch boundary of its
+    stream (61 rows of a 23-row pack), its last step padded."""
+    meta = write_pack(tmp_path / "p.json", n_rows=23 if total_rows else 41)
+    mk = lambda world, rank=0: PackedLoader(meta, 2, rank=rank, world_size=world, seed=4,
+                                            total_rows=total_rows)
+    steps = 8 if total_rows else 41 // 8
+    ref = {w: step_rows([mk(w, r) for r in range(w)], 4 // w, steps) for w in (1, 2, 4)}
+    assert ref[4] == ref[2] == ref[1]  # the global order does not depend on the world size
+    for old, new in [(4, 2), (2, 4), (2, 1), (1, 4)]:
+        for k in range(steps + 1):
+            first = [mk(old, r) for r in range(old)]
+            assert step_rows(first, 4 // old, k) == ref[old][:k]
+            state = json.loads(json.dumps(first[0].state_dict()))
+            assert all(ld.state_dict() == state for ld in first)  # one global position
+            resumed = [mk(new, r) for r in range(new)]
+            for ld in resumed:
+                ld.load_state_dict(state)
+            assert step_rows(resumed, 4 // new, steps - k) == ref[new][k:], (old, new, k)
+            if total_rows is None:
+                with pytest.raises(DataExhausted):
+                    next(resumed[0])
+
+
+def test_a_position_between_the_new_micro_steps_is_refused(tmp_path):
+    meta = write_pack(tmp_path / "p.json", n_rows=30)
+    loader = PackedLoader(meta, 2, world_size=2, seed=1)
+    next(loader)  # 4 rows of epoch 0 consumed: not a whole micro-step of 3 ranks × 2 rows
+    with pytest.raises(PipelineError, match=r"saved by 2 stopped after 4 rows of epoch 0, not a whole number of "
+                                            r"micro-steps of world_size × micro_batch = 6 rows; resume with 2"):
+        PackedLoader(meta, 2, world_size=3, seed=1).load_state_dict(loader.state_dict())
+    alone = PackedLoader(meta, 2, seed=1)  # 4 rows = 2 micro-steps of 1 rank × 2 rows
+    alone.load_state_dict(loader.state_dict())
+    assert alone.position == 2 and rows_of(next(alone)) == epoch_permutation(30, 1, 0)[4:6].tolist()
 
 
 def test_data_exhausted(tmp_path):

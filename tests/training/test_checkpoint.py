@@ -1,5 +1,5 @@
 """pipeline.model.checkpoint (the file format) and pipeline.training.checkpoint: RNG capture,
-weights_only round trips, atomic writes, the latest pointer."""
+weights_only round trips, atomic writes, the latest pointer, which configs may resume."""
 from __future__ import annotations
 
 import pickle
@@ -17,6 +17,7 @@ from pipeline.training.checkpoint import (
     latest_checkpoint,
     newest_readable,
     prune_checkpoints,
+    resume_mismatch,
     rng_state,
     set_rng_state,
     write_latest,
@@ -128,3 +129,15 @@ def test_a_step_checkpoint_not_matching_its_checksum_is_moved_aside_and_the_prev
     assert "step_000002.pt is corrupt (sha256 mismatch" in caplog.text and "moved it aside" in caplog.text
     assert sorted(p.name for p in (tmp_path / "unreadable").iterdir()) == ["step_000002.pt", "step_000002.pt.sha256"]
     assert latest_checkpoint(tmp_path) == path
+
+
+def test_a_checkpoint_of_another_world_size_may_resume_but_not_of_another_config():
+    from builders import make_params
+
+    state = {"params": make_params(nproc=4, micro_batch=2), "world_size": 4}
+    assert resume_mismatch(state, make_params(nproc=2, micro_batch=2)) is None  # resharded
+    assert resume_mismatch(state, make_params(nproc=2, micro_batch=2, log_interval=5)) is None  # logging only
+    assert resume_mismatch(state, make_params(nproc=2, micro_batch=2, parallel="fsdp", lr=5e-3)) == \
+        "it was made with a different config (keys differing: train.lr, train.parallel)"
+    assert resume_mismatch(state, {**make_params(nproc=2, micro_batch=2), "seed": 8}) == \
+        "it was made with a different config (keys differing: seed)"

@@ -1,8 +1,9 @@
 """train.parallel: fsdp (FSDP2) on CPU gloo through torchrun: the same losses as DDP (both optimizers),
-sharded DCP checkpoints that resume exactly (2 and 4 processes), a kill -9 whose rerun finishes with the
-uninterrupted run's artifacts, a bf16 compiled run on the CUDA precision path
-(TOKENFARM_CPU_AS_CUDA_PRECISION=1: bf16-gathered blocks) that validates, samples and scores CORE, and the
-pieces (gathering for evaluation, in fp32 and bf16, accumulation modes, Muon on DTensors) in a 1-process group.
+sharded DCP checkpoints that resume exactly (2 and 4 processes) and resharded (4 processes resumed by 2),
+a kill -9 whose rerun finishes with the uninterrupted run's artifacts, a bf16 compiled run on the CUDA
+precision path (TOKENFARM_CPU_AS_CUDA_PRECISION=1: bf16-gathered blocks) that validates, samples and scores
+CORE, and the pieces (gathering for evaluation, in fp32 and bf16, accumulation modes, Muon on DTensors) in a
+1-process group.
 
 The tiny run of test_train.py: 20 steps of 256 tokens (8 rows of 32), micro-batch 2, so 2 processes
 accumulate 2 micro-steps per step and 4 processes one.
@@ -252,6 +253,36 @@ def test_fsdp_kill_9_and_rerun_finishes_like_the_uninterrupted_run(data, fsdp_fu
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [p for p in out.rglob("*") if ".tmp-" in p.name] == []
 
+
+
+@pytest.mark.slow
+def test_fsdp_resumes_on_another_world_size_like_the_uninterrupted_run(data, fsdp_full, tmp_path):
+    """4 processes to step 7's checkpoint, then resumed by 2 (a node lost; the plan re-made for 2: 2
+    accumulation micro-steps instead of 1) with train.resume: require. DCP reshards the 4 ranks' model and
+    optimizer shards onto 2, the loader continues with the same global rows: steps 1-7 are the 4-process
+    run's, steps 8-20 the uninterrupted 2-process run's within fp32 rounding (the tolerances of
+    test_fsdp_trains_like_ddp: gradients summed in another order), every step logged once, the planned
+    tokens trained."""
+    out = tmp_path / "train"
+    torchrun(data, out, params_for(4), 4, "--max-steps", "7")
+    assert len(list((out / "ckpt" / "step_000007.dcp").glob("__*_*.distcp"))) == 4
+    torchrun(data, out, params_for(2), 2, "--resume", "require")
+    recs, four, two = read_metrics(out), read_metrics(fsdp_full[4]), read_metrics(fsdp_full[2])
+    assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
+    assert [r["loss"] for r in recs[:7]] == [r["loss"] for r in four[:7]]  # kept from the 4-process part
+    for key, tol in (("loss", {"rtol": 0, "atol": 2e-5}), ("grad_norm", {"rtol": 1e-4}), ("val_loss", {"rtol": 1e-4}),
+                     ("param_norm/embedding", {"rtol": 1e-4})):
+        got, want = [r.get(key) for r in recs[7:]], [r.get(key) for r in two[7:]]
+        assert [g is None for g in got] == [w is None for w in want], key
+        assert np.allclose([g for g in got if g is not None], [w for w in want if w is not None], **tol), key
+    assert recs[-1]["loss"] < recs[0]["loss"] - 0.5
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tokens_trained"] == summary["tokens_planned"] == STEPS * 256 and summary["world_size"] == 2
+    a, b = final_model(fsdp_full[2]), final_model(out)
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-4, rtol=1e-4) for k in a)
+    last = out / "ckpt" / f"step_{STEPS:06d}.dcp"
+    assert len(list(last.glob("__*_*.distcp"))) == 2
+    assert torch.load(last / "train_state.pt", weights_only=True)["world_size"] == 2
 
 # ----------------------------------------------------------------------------- the pieces, one process
 

@@ -118,7 +118,7 @@ def test_checkpoint_from_another_config_is_never_resumed(data, tmp_path):
     params = make_params(steps=4)
     run_inprocess(data, tmp_path, params, max_steps=2)
     changed = make_params(steps=4, lr=5e-3)
-    with pytest.raises(PipelineError, match="different config.*train"):
+    with pytest.raises(PipelineError, match=r"different config \(keys differing: train.lr\)"):
         run_inprocess(data, tmp_path, changed, resume="require")
     # auto (what the rule uses: Snakemake reruns train after a config edit) starts over and keeps the
     # old checkpoints aside; the result equals a fresh run of the new config.
@@ -133,6 +133,24 @@ def test_checkpoint_from_another_config_is_never_resumed(data, tmp_path):
     run_inprocess(data, tmp_path / "obs", params, max_steps=2)
     assert run_inprocess(data, tmp_path / "obs", logging_only, resume="require")["tokens_trained"] == 4 * 256
 
+
+
+def test_another_world_size_needs_one_global_loader_position(data, tmp_path):
+    """A checkpoint of another world size whose ranks' loader states differ (not PackedLoader's: a
+    position per rank) has no global position to map: one error naming it, before any step."""
+    from pipeline.model.checkpoint import load_checkpoint, save_checkpoint
+
+    params = make_params(steps=4)
+    run_inprocess(data, tmp_path, params, max_steps=2)
+    path = tmp_path / "ckpt" / "step_000002.pt"
+    state = load_checkpoint(path)
+    loader = state["loader"][0]
+    save_checkpoint(path, {**state, "params": make_params(nproc=2, steps=4), "world_size": 2, "rng": state["rng"] * 2,
+                           "loader": [loader, {**loader, "position": loader["position"] + 1}]})
+    with pytest.raises(PipelineError, match="step_000002.pt cannot be resumed on another world size: its ranks' "
+                                            r"loader states differ.*resume with 2 process\(es\)"):
+        run_inprocess(data, tmp_path, params, resume="require")
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
 
 def test_too_little_data_fails_before_training(data, tmp_path):
     params = make_params(steps=5000)
@@ -597,6 +615,28 @@ def test_ddp_resume_is_bitwise_exact(data, ddp_run, tmp_path):
     a, b = torch.load(out_full / "rank1.pt"), torch.load(out / "rank1.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
+
+
+@pytest.mark.slow
+def test_ddp_checkpoint_resumes_in_one_process_like_the_uninterrupted_run(data, ddp_run, tmp_path):
+    """2 DDP processes to step 3, resumed by 1 process (micro-batch 2, now 4 accumulation micro-steps,
+    the plan re-made for it): the consolidated state loads whole, the loader continues with the same
+    global rows; steps 4-6 equal the uninterrupted 2-process run's within fp32 rounding (the tolerances of
+    test_ddp_ranks_agree_and_equal_single_process_accumulation)."""
+    out_full, params = ddp_run
+    out = tmp_path / "train"
+    torchrun(data, out, params, "--max-steps", "3")
+    alone = make_params(nproc=1, steps=6, ckpt_interval=2, val_interval=3, micro_batch=2)
+    assert make_plan(alone)["grad_accum_steps"] == 4
+    summary = run_inprocess(data, out, alone, resume="require")
+    assert summary["tokens_trained"] == summary["tokens_planned"] == 6 * 256 and summary["world_size"] == 1
+    recs, full = read_metrics(out), read_metrics(out_full)
+    assert [r["step"] for r in recs] == list(range(1, 7))
+    assert [r["loss"] for r in recs[:3]] == [r["loss"] for r in full[:3]]  # kept from the 2-process part
+    assert np.allclose([r["loss"] for r in recs], [r["loss"] for r in full], rtol=0, atol=1e-5)
+    assert np.allclose([r["grad_norm"] for r in recs], [r["grad_norm"] for r in full], rtol=1e-5)
+    a, b = torch.load(out_full / "rank0.pt"), final_state(out)
+    assert all(torch.allclose(a[k], b[k], atol=1e-4, rtol=1e-4) for k in a)
 
 # ----------------------------------------------------------------------------- interrupted runs
 
