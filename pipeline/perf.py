@@ -754,11 +754,26 @@ def smaller_micro_batch(cfg: dict, parallel: str) -> tuple[int, float] | None:
     return None
 
 
+def adamw8bit_keys(cfg: dict) -> list[str]:
+    """The config keys that set the optimizer to adamw8bit: ``train.optimizer`` and any stage's override."""
+    train = cfg["train"]
+    keys = ["train.optimizer"] if train["optimizer"] == "adamw8bit" else []
+    return keys + [f"train.stages[{i}].optimizer" for i, st in enumerate(train.get("stages") or [])
+                   if st.get("optimizer") == "adamw8bit"]
+
+
+# Why fsdp refuses adamw8bit (pipeline.config's check of train.parallel: fsdp, `resolve_parallel`'s of auto,
+# the trainer's `build_optimizer` as a backstop).
+ADAMW8BIT_FSDP = ("adamw8bit cannot step train.parallel: fsdp's sharded parameters (bitsandbytes' 8-bit kernels "
+                  "take plain CUDA tensors, not FSDP2's DTensor shards: an illegal memory access)")
+
+
 def resolve_parallel(cfg: dict) -> dict:
     """`cfg` with ``train.parallel`` resolved to ddp or fsdp (`choose_parallel`), refusing a choice whose
     predicted memory per GPU does not fit: one `PlanError` naming train.parallel and the fix (fsdp, a
-    smaller micro-batch that fits, more GPUs or activation checkpointing). What the Snakefile does at
-    parse time, so rules and the trainer receive a concrete value."""
+    smaller micro-batch that fits, more GPUs or activation checkpointing), and ``auto`` resolving to fsdp
+    beside adamw8bit (`ADAMW8BIT_FSDP`; an explicit fsdp is refused by pipeline.config's checks). What the
+    Snakefile does at parse time, so rules and the trainer receive a concrete value."""
     c = choose_parallel(cfg)
     parallel, cap, mem, fits = c["parallel"], c["capacity_gb"], c["memory"], c["fits"]
     if not fits[parallel]:
@@ -787,5 +802,10 @@ def resolve_parallel(cfg: dict) -> dict:
             f"{_gpu_words(cfg, cap)}" + (f"; fsdp would need {mem['fsdp']['total']:.1f} GB"
                                           if parallel == "ddp" and not fits["fsdp"] else "")
             + "; " + " or ".join(fixes))
+    if parallel == "fsdp" and adamw8bit_keys(cfg):
+        raise PlanError(
+            f"config key 'train.parallel': {c['reason']}, but {' and '.join(adamw8bit_keys(cfg))} set "
+            f"adamw8bit: {ADAMW8BIT_FSDP}; use adamw or muon there, or "
+            "make ddp fit (a smaller train.micro_batch, train.activation_checkpointing: block)")
     out = {**cfg, "train": {**cfg["train"], "parallel": parallel}}
     return out

@@ -41,6 +41,10 @@ def test_defaults_filled_from_schema():
          "model.vocab_size", "100282 token ids of cl100k_base"),
         ({"train": {"ce_matmul": "tf32", "precision": "fp32"}}, "train.ce_matmul", "needs train.precision: bf16"),
         ({"train": {"ce_matmul": "fp16"}}, "train.ce_matmul", "bf16"),
+        ({"train": {"parallel": "fsdp", "optimizer": "adamw8bit"}, "hardware": {"device": "cuda"}},
+         "train.optimizer", "adamw8bit cannot step train.parallel: fsdp's sharded parameters"),
+        ({"train": {"parallel": "fsdp", "stages": [{"name": "a"}, {"name": "b", "optimizer": "adamw8bit"}]},
+          "hardware": {"device": "cuda"}}, "train.stages[1].optimizer", "use adamw or muon, or train.parallel: ddp"),
     ],
 )
 def test_bad_config_names_the_key(over, key, hint):

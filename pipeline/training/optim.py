@@ -10,11 +10,11 @@ Parameter groups (by parameter name of the unwrapped model, see pipeline/model/m
 | `no_decay`  | 1-D parameters: norm gains, biases           | lr                      | 0            |
 
 `train.optimizer`: `adamw` (torch AdamW, fused kernels on CUDA, foreach on CPU), `adamw8bit`
-(bitsandbytes AdamW8bit, CUDA only) or `muon` (torch.optim.Muon for the `matrix` group — the 2-D
-weights of the transformer blocks — with `adjust_lr_fn="match_rms_adamw"` so that the AdamW lr and
-weight decay carry over; AdamW for the other groups). Every group records its `base_lr`; the
-schedule sets ``lr = base_lr × lr_factor(step)`` before each optimizer step, so the whole schedule
-state is the step number (nothing else to checkpoint).
+(bitsandbytes AdamW8bit, CUDA only, not under ``train.parallel: fsdp``: its kernels take plain tensors)
+or `muon` (torch.optim.Muon for the `matrix` group — the 2-D weights of the transformer blocks — with
+`adjust_lr_fn="match_rms_adamw"` so that the AdamW lr and weight decay carry over; AdamW for the other
+groups). Every group records its `base_lr`; the schedule sets ``lr = base_lr × lr_factor(step)`` before
+each optimizer step, so the whole schedule state is the step number (nothing else to checkpoint).
 
 Sharded parameters (``train.parallel: fsdp``, DTensors): AdamW is elementwise and runs on the local
 shards. Muon's Newton-Schulz orthogonalisation needs the whole matrix: `Muon` gathers each matrix's
@@ -145,6 +145,12 @@ def _adamw(groups: list[dict], tcfg: dict, device_type: str) -> torch.optim.Opti
 
 
 def _adamw8bit(groups: list[dict], tcfg: dict, device_type: str) -> torch.optim.Optimizer:
+    from torch.distributed.tensor import DTensor
+
+    from pipeline.perf import ADAMW8BIT_FSDP
+
+    if any(isinstance(p, DTensor) for g in groups for p in g["params"]):  # the config checks refuse it first
+        raise PipelineError(f"train.optimizer: {ADAMW8BIT_FSDP}; use adamw or muon, or train.parallel: ddp")
     if device_type != "cuda":
         raise PipelineError("train.optimizer: adamw8bit needs hardware.device: cuda "
                             "(bitsandbytes kernels are CUDA-only)")

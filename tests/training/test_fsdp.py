@@ -291,6 +291,19 @@ def test_gathered_model_evaluates_without_collectives_and_reshards(group):
     assert all(isinstance(p, DTensor) for p in sharded.parameters())
 
 
+def test_the_trainer_refuses_adamw8bit_on_sharded_parameters(group):
+    """The backstop behind the config checks: bitsandbytes on DTensor shards would hit an illegal memory
+    access on the GPU; build_optimizer refuses before it looks for CUDA or bitsandbytes."""
+    from pipeline.errors import PipelineError
+    from pipeline.training.optim import build_optimizer
+
+    params = make_params()  # (the config checks refuse adamw8bit on the CPU, and under fsdp)
+    _, sharded, _ = _sharded_pair(params)
+    with pytest.raises(PipelineError, match=r"^train\.optimizer: adamw8bit cannot step train\.parallel: fsdp's "
+                                            r"sharded parameters .*use adamw or muon, or train\.parallel: ddp$"):
+        build_optimizer(sharded, {**params["train"], "optimizer": "adamw8bit"}, "cuda")
+
+
 def test_parallelism_as_a_launch_runs_it():
     """auto, should the plan not have resolved it, is ddp on one process or the CPU; without a process group
     (no torchrun) a single process trains plain whatever the setting."""
