@@ -291,6 +291,21 @@ def test_gathered_model_evaluates_without_collectives_and_reshards(group):
     assert all(isinstance(p, DTensor) for p in sharded.parameters())
 
 
+def test_the_planner_counts_what_gathered_holds(group):
+    """pipeline.perf's evaluation term (`fsdp_evaluation_gathered_bytes`) is the bytes of the unsharded
+    parameters `gathered()` really holds (fp32 here: the CPU gathers in fp32, as the planner's setup says)."""
+    from pipeline.perf import StepSetup, fsdp_evaluation_gathered_bytes
+    from pipeline.training.step import gathered
+
+    for tied in (True, False):
+        params = make_params()
+        params["model"] = {**params["model"], "tie_embeddings": tied, "n_layers": 3}  # > the 2 a step holds
+        _, sharded, _ = _sharded_pair(params)
+        with torch.no_grad(), gathered(sharded):
+            held = sum(p.numel() * p.element_size() for p in sharded.parameters())
+        assert held == fsdp_evaluation_gathered_bytes(StepSetup.from_config(params, parallel="fsdp")), tied
+
+
 def test_the_trainer_refuses_adamw8bit_on_sharded_parameters(group):
     """The backstop behind the config checks: bitsandbytes on DTensor shards would hit an illegal memory
     access on the GPU; build_optimizer refuses before it looks for CUDA or bitsandbytes."""
