@@ -76,7 +76,8 @@ Step time of one optimizer step on one GPU = grad_accum × micro-step + optimize
   traffic (`CE_BYTES_PER_LOGIT` per logit: eager vs compiled) at the HBM bandwidth × `ETA["memory"]`.
 * uncompiled runs: the body's time × `EAGER_FACTOR` (kernel launches and unfused elementwise ops).
 * optimizer: bytes moved per parameter (`OPTIMIZER_BYTES`, incl. clipping) at the HBM bandwidth,
-  plus Muon's Newton–Schulz matmuls (5 iterations of 4m²n + 2m³ FLOPs per m×n matrix, m ≤ n) in bf16.
+  plus Muon's Newton–Schulz matmuls (5 iterations of 4m²n + 2m³ FLOPs per m×n matrix, m ≤ n) in bf16;
+  under fsdp each matrix has one owner rank (pipeline/training/optim.py), so a rank runs 1/W of them.
 
 FSDP (``train.parallel: fsdp``: FSDP2 ``fully_shard`` per transformer block and on the root, bf16
 parameters in compute under bf16 training, fp32 reduce-scatter, fp32 master weights), W = world size
@@ -666,8 +667,8 @@ def step_time(s: StepSetup) -> dict[str, float]:
     kernel = s.optimizer if s.optimizer != "adamw" else f"adamw-{s.adamw_kernel}"
     fsdp = s.parallel == "fsdp"
     optimizer = s.params / (s.world_size if fsdp else 1) * OPTIMIZER_BYTES[kernel] / bw  # fsdp: its shard
-    if s.optimizer == "muon":
-        optimizer += muon_flops(s) / (_peak(s, "bf16") * ETA["train"]["bf16"])
+    if s.optimizer == "muon":  # fsdp: one owner rank per matrix orthogonalises it
+        optimizer += muon_flops(s) / (s.world_size if fsdp else 1) / (_peak(s, "bf16") * ETA["train"]["bf16"])
     out = {"body": s.grad_accum * body, "logits": s.grad_accum * logits, "optimizer": optimizer}
     total = sum(out.values())
     if s.world_size > 1:

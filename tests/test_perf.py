@@ -296,6 +296,20 @@ def test_fsdp_eval_memory_counts_the_whole_gathered_model():
         (blocks + 4 * eight_b.root_params) / 1e9, abs=1e-3)
 
 
+def test_fsdp_muon_orthogonalises_one_share_per_rank():
+    """Under fsdp each block matrix has one owner rank for Newton-Schulz: a rank's share is 1/W of the FLOPs
+    (beside the optimizer's bytes, on its 1/W shard); ddp orthogonalises every matrix on every rank."""
+    from pipeline.budget import HBM_BYTES_PER_S, PEAK_FLOPS
+    from pipeline.perf import ETA, OPTIMIZER_BYTES, muon_flops
+
+    s = SMALL_FSDP.replace(optimizer="muon")
+    ns = muon_flops(s) / (PEAK_FLOPS["H100"]["bf16"] * ETA["train"]["bf16"])
+    bw = HBM_BYTES_PER_S["H100"] * ETA["memory"]
+    assert step_time(s)["optimizer"] == pytest.approx(s.params / 8 * OPTIMIZER_BYTES["muon"] / bw + ns / 8)
+    assert step_time(s.replace(parallel="ddp"))["optimizer"] == pytest.approx(
+        s.params * OPTIMIZER_BYTES["muon"] / bw + ns)
+
+
 def test_fsdp_shards_over_every_rank_of_the_job():
     """Multi-node: the state is sharded over nodes × GPUs per node, the gathered units are not."""
     one, four = memory(SMALL_FSDP), memory(SMALL_FSDP.replace(world_size=32, nodes=4))

@@ -171,6 +171,9 @@ def _orthogonalise_sharded(updates: list, group: dict) -> list:
                             f"got placements {sorted({str(u.placements) for u in updates})}")
     pg, W, rank = mesh.get_group(), mesh.size(), mesh.get_local_rank()
     owners = muon_owners([tuple(u.shape) for u in updates], W)
+    # the dtype the iteration returns (torch's: bf16), in which the owners send: found on the meta device
+    sent = {dtype: newton_schulz(torch.empty(1, 1, dtype=dtype, device="meta")).dtype
+            for dtype in {u.dtype for u in updates}}
     out: list = [None] * len(updates)
     for r in range(max(k for k, _ in owners) + 1):
         members = [i for i, (k, _) in enumerate(owners) if k == r]
@@ -197,8 +200,7 @@ def _orthogonalise_sharded(updates: list, group: dict) -> list:
         received, works = {}, []
         for i in members:
             u = updates[i]
-            dtype = newton_schulz(torch.empty(1, 1, dtype=u.dtype, device="meta")).dtype  # what the owner sends
-            received[i] = torch.empty((rows[i], *u.shape[1:]), dtype=dtype, device=u.to_local().device)
+            received[i] = torch.empty((rows[i], *u.shape[1:]), dtype=sent[u.dtype], device=u.to_local().device)
             works.append(dist.scatter(received[i], pieces if owners[i][1] == rank else None, src=src[i], group=pg,
                                       async_op=True))
         for w in works:
