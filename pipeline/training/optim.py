@@ -18,15 +18,16 @@ each optimizer step, so the whole schedule state is the step number (nothing els
 
 Sharded parameters (``train.parallel: fsdp``, DTensors sharded on dim 0 over a 1-D mesh): AdamW is
 elementwise and runs on the local shards. Muon's Newton-Schulz orthogonalisation needs the whole matrix,
-so `Muon` gives each matrix **one owner rank** (as torchtitan's DistMuon and Dion do): the matrices,
+so `Muon` gives each matrix **one owner rank** (the scheme of distributed Muons such as Dion's): the matrices,
 largest Newton-Schulz cost first, are dealt in rounds of one per rank (`muon_owners`; a round's matrices
 have about the same cost, so no rank waits long on another); in a round every rank sends its shard of
 each matrix's momentum-corrected update to that matrix's owner (``gather``), each owner orthogonalises
 its one whole matrix, and sends every rank its shard of the result back (``scatter``). Rows are padded to
-the largest shard for the collectives and cut again. The update is DDP's bit for bit (the same
-orthogonalisation of the same whole update, on one rank instead of all: tested), at 1/world of the
-Newton-Schulz FLOPs per rank and no whole matrix received by a rank that does not own it. Momentum
-buffers and weights stay sharded; a rank holds at most one whole update and its result at a time.
+the largest shard for the collectives and cut again. Given the same gradients the update is torch's
+Muon's on the whole matrices bit for bit (the same orthogonalisation of the same whole update, on one
+rank instead of all: tested on 2 ranks), at 1/world of the Newton-Schulz FLOPs per rank, and no rank
+receives a whole matrix it does not own. Momentum buffers and weights stay sharded; a rank holds at
+most one whole update and its result at a time.
 """
 from __future__ import annotations
 

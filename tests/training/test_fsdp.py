@@ -1,7 +1,8 @@
 """train.parallel: fsdp (FSDP2) on CPU gloo through torchrun: the same losses as DDP (both optimizers),
 sharded DCP checkpoints that resume exactly (2 and 4 processes), a kill -9 whose rerun finishes with the
 uninterrupted run's artifacts, and the pieces (gathering for evaluation, accumulation modes, Muon on
-DTensors) in a 1-process group.
+DTensors, the adamw8bit refusal, the planner's evaluation term) in a 1-process group; sharded Muon's one
+owner per matrix on 2 gloo ranks.
 
 The tiny run of test_train.py: 20 steps of 256 tokens (8 rows of 32), micro-batch 2, so 2 processes
 accumulate 2 micro-steps per step and 4 processes one.
