@@ -128,6 +128,7 @@ from dataclasses import dataclass
 
 from pipeline.budget import GPU_TYPE_ALIASES, HBM_BYTES_PER_S, PEAK_FLOPS, BatchLayout, flops_per_token
 from pipeline.errors import PlanError
+from pipeline.stages import ADAMW8BIT_FSDP, adamw8bit_keys
 
 GB = 1e9
 GIB = 2 ** 30
@@ -797,20 +798,6 @@ def smaller_micro_batch(cfg: dict, parallel: str) -> tuple[int, float] | None:
         if total <= cap:
             return mb, total
     return None
-
-
-def adamw8bit_keys(cfg: dict) -> list[str]:
-    """The config keys that set the optimizer to adamw8bit: ``train.optimizer`` and any stage's override."""
-    train = cfg["train"]
-    keys = ["train.optimizer"] if train["optimizer"] == "adamw8bit" else []
-    return keys + [f"train.stages[{i}].optimizer" for i, st in enumerate(train.get("stages") or [])
-                   if st.get("optimizer") == "adamw8bit"]
-
-
-# Why fsdp refuses adamw8bit (pipeline.config's check of train.parallel: fsdp, `resolve_parallel`'s of auto,
-# the trainer's `build_optimizer` as a backstop).
-ADAMW8BIT_FSDP = ("adamw8bit cannot step train.parallel: fsdp's sharded parameters (bitsandbytes' 8-bit kernels "
-                  "take plain CUDA tensors, not FSDP2's DTensor shards: an illegal memory access)")
 
 
 def resolve_parallel(cfg: dict) -> dict:

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pipeline.budget import BatchLayout
 from pipeline.config.sources import source_shards
 from pipeline.errors import ConfigError
-from pipeline.perf import ADAMW8BIT_FSDP, adamw8bit_keys
-from pipeline.stages import stage_list
+from pipeline.stages import ADAMW8BIT_FSDP, adamw8bit_keys, stage_list
 
 # Token ids of the stock tiktoken encodings (their own special tokens included); tokenfarm's
 # special tokens are appended after them (pipeline.data.tokenizer.build_tokenizer).
