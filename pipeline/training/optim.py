@@ -143,20 +143,20 @@ class Muon(torch.optim.Muon):
             params, grads, bufs = [], [], []
             self._init_group(group, params, grads, bufs)
             lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
-            updates = []
             for grad, buf in zip(grads, bufs, strict=True):
                 buf.lerp_(grad, 1 - momentum)
-                updates.append(grad.lerp(buf, momentum) if group["nesterov"] else buf)
-            for p, ortho in zip(params, _orthogonalise_sharded(updates, group), strict=True):
+            for i, ortho in _orthogonalised_sharded(grads, bufs, group):
+                p = params[i]
                 p.mul_(1 - lr * wd)
                 p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
         return None
 
 
-def _orthogonalise_sharded(updates: list, group: dict) -> list:
-    """Each sharded update's Newton-Schulz orthogonalisation, as a DTensor sharded like the update (in the
-    dtype the iteration returns): per round of `muon_owners`, the owners gather their matrices,
-    orthogonalise them and scatter the shards back."""
+def _orthogonalised_sharded(grads: list, bufs: list, group: dict):
+    """Yields (i, the Newton-Schulz orthogonalisation of matrix i's momentum-corrected update), a DTensor
+    sharded like the update in the dtype the iteration returns, round by round of `muon_owners`: the
+    updates of a round made (Nesterov: from the gradient and the updated momentum `bufs`), gathered by
+    their owners, orthogonalised, scattered back as shards."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Shard
     from torch.optim._muon import _zeropower_via_newtonschulz
@@ -164,31 +164,34 @@ def _orthogonalise_sharded(updates: list, group: dict) -> list:
     def newton_schulz(x: torch.Tensor) -> torch.Tensor:
         return _zeropower_via_newtonschulz(x, group["ns_coefficients"], group["ns_steps"], group["eps"])
 
-    if not updates:
-        return []
-    mesh = updates[0].device_mesh
-    if mesh.ndim != 1 or any(u.device_mesh != mesh or tuple(u.placements) != (Shard(0),) for u in updates):
+    def update(i: int):
+        return grads[i].lerp(bufs[i], group["momentum"]) if group["nesterov"] else bufs[i]
+
+    if not bufs:
+        return
+    mesh = bufs[0].device_mesh
+    if mesh.ndim != 1 or any(b.device_mesh != mesh or tuple(b.placements) != (Shard(0),) for b in bufs):
         raise PipelineError("Muon steps parameters sharded on dim 0 over one 1-D mesh (train.parallel: fsdp); "
-                            f"got placements {sorted({str(u.placements) for u in updates})}")
+                            f"got placements {sorted({str(b.placements) for b in bufs})}")
     pg, W, rank = mesh.get_group(), mesh.size(), mesh.get_local_rank()
-    owners = muon_owners([tuple(u.shape) for u in updates], W)
+    owners = muon_owners([tuple(b.shape) for b in bufs], W)
     # the dtype the iteration returns (torch's: bf16), in which the owners send: found on the meta device
     sent = {dtype: newton_schulz(torch.empty(1, 1, dtype=dtype, device="meta")).dtype
-            for dtype in {u.dtype for u in updates}}
-    out: list = [None] * len(updates)
+            for dtype in {b.dtype for b in bufs}}
     for r in range(max(k for k, _ in owners) + 1):
         members = [i for i, (k, _) in enumerate(owners) if k == r]
+        updates = {i: update(i) for i in members}
         # rows of the largest shard (Shard(0) cuts like torch.chunk): every shard padded to it for the collectives
         rows = {i: -(-updates[i].shape[0] // W) for i in members}
         src = {i: dist.get_global_rank(pg, owners[i][1]) for i in members}
-        mine, works = None, []
+        mine, sends, works = None, [], []  # (the sent tensors kept alive until the collectives finish)
         for i in members:
             local = updates[i].to_local()
-            padded = local.new_zeros(rows[i], *local.shape[1:])
-            padded[:local.shape[0]] = local
-            parts = [torch.empty_like(padded) for _ in range(W)] if owners[i][1] == rank else None
+            sends.append(local.new_zeros(rows[i], *local.shape[1:]))
+            sends[-1][:local.shape[0]] = local
+            parts = [torch.empty_like(sends[-1]) for _ in range(W)] if owners[i][1] == rank else None
             mine = (i, parts) if parts is not None else mine
-            works.append(dist.gather(padded, parts, dst=src[i], group=pg, async_op=True))
+            works.append(dist.gather(sends[-1], parts, dst=src[i], group=pg, async_op=True))
         for w in works:
             w.wait()
         pieces = None
@@ -209,8 +212,7 @@ def _orthogonalise_sharded(updates: list, group: dict) -> list:
         for i in members:
             u = updates[i]
             local = received[i][:u.to_local().shape[0]]
-            out[i] = DTensor.from_local(local, mesh, u.placements, run_check=False, shape=u.shape, stride=u.stride())
-    return out
+            yield i, DTensor.from_local(local, mesh, u.placements, run_check=False, shape=u.shape, stride=u.stride())
 
 
 def member_optimizers(optimizer) -> list[torch.optim.Optimizer]:
