@@ -186,7 +186,9 @@ DDP_EFFICIENCY = 50_000 / 55_540  # 8×H100 run: 400k tok/s ÷ 8 GPUs vs the 1-G
 # cache had room to grow; the reference write-up's rows (tests/test_perf.py) 1–8 % (37 % in its eager SDPA
 # row). 6 %: the largest of the near-capacity steps, the ratio a plan at the edge of the GPU must leave.
 ALLOCATOR_SLACK = 0.06
-CUDA_CONTEXT_GB = 0.5  # CUDA context and cuBLAS workspace of one process (1-GPU rows: no NCCL)
+# CUDA context and cuBLAS workspace of one process: assumed (typically 0.3-0.6 GB on an H100 with CUDA 12; the
+# H100 session recorded torch's allocator only, so this part of the card was not measured here).
+CUDA_CONTEXT_GB = 0.5
 # NCCL's device memory per process of a multi-GPU job, outside torch's allocator (one communicator: the job's
 # process group; DDP and FSDP2 use no other): per channel and peer a FIFO per protocol (Simple 4 MiB =
 # NCCL_BUFFSIZE, LL128 ~4.6 MiB, LL 256 KiB: NCCL docs, env.html), up to 32 channels on NVLink H100s; reported
