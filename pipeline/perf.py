@@ -53,9 +53,11 @@ Memory (bytes; GB = 1e9, as torch reports) — n = micro_batch × seq_len tokens
   graph) is not established; `compiled_block_excess` adds the transient × n / `COMPILED_BLOCK_TOKENS`
   (fitted to those three points: +20 / +40 / +80 %) so the plan does not promise what the GPU refused
   to give. fsdp compiles per block (a different graph), which nothing here has measured.
-* reserved = peak × (1 + `ALLOCATOR_SLACK`) (the caching allocator's rounding and fragmentation);
-  total = reserved + `CUDA_CONTEXT_GB` (CUDA context, cuBLAS/NCCL workspaces) — what must fit in
-  the GPU, whose nominal ``hardware.gpu_memory_gb`` is GiB (an "80 GB" H100 has 85.9e9 bytes).
+* reserved = peak × (1 + `ALLOCATOR_SLACK`) (the caching allocator's rounding and fragmentation: 6 %,
+  from the H100's near-capacity rows; the constant's comment gives every measured ratio);
+  total = reserved + ``outside_allocator`` (`CUDA_CONTEXT_GB`: CUDA context and cuBLAS workspace, and in a
+  multi-GPU job `NCCL_BUFFERS_GB`: NCCL's FIFOs, sourced from NVIDIA's reports, not measured here) — what
+  must fit in the GPU, whose nominal ``hardware.gpu_memory_gb`` is GiB (an "80 GB" H100 has 85.9e9 bytes).
 
 Step time of one optimizer step on one GPU = grad_accum × micro-step + optimizer, divided by
 `DDP_EFFICIENCY` when several GPUs train (the reference's 8×H100 rate over its 1×H100 bench):
@@ -74,7 +76,8 @@ Step time of one optimizer step on one GPU = grad_accum × micro-step + optimize
   traffic (`CE_BYTES_PER_LOGIT` per logit: eager vs compiled) at the HBM bandwidth × `ETA["memory"]`.
 * uncompiled runs: the body's time × `EAGER_FACTOR` (kernel launches and unfused elementwise ops).
 * optimizer: bytes moved per parameter (`OPTIMIZER_BYTES`, incl. clipping) at the HBM bandwidth,
-  plus Muon's Newton–Schulz matmuls (5 iterations of 4m²n + 2m³ FLOPs per m×n matrix, m ≤ n) in bf16.
+  plus Muon's Newton–Schulz matmuls (5 iterations of 4m²n + 2m³ FLOPs per m×n matrix, m ≤ n) in bf16;
+  under fsdp each matrix has one owner rank (pipeline/training/optim.py), so a rank runs 1/W of them.
 
 FSDP (``train.parallel: fsdp``: FSDP2 ``fully_shard`` per transformer block and on the root, bf16
 parameters in compute under bf16 training, fp32 reduce-scatter, fp32 master weights), W = world size
@@ -90,9 +93,13 @@ only, so the chunked fp32 CE reads the gathered fp32 output weight, pipeline/tra
   backward); ``reduce_buffers`` (from the first block backward on) = B · (p + 4 if p = 2, else 4): one
   block's gradients in the gathered dtype and their fp32 reduce-scatter copy, + 4·V·d: the lm_head's
   fp32 gradient, reduce-scattered with the root at the end of backward. No autocast copies (the gathered
-  bf16 parameters are the compute copies). Activations, the fp32 CE chunk and the moments are ddp's.
-  CORE scoring in the training loop holds the same shards and gathered units; the standalone evaluate
-  stage loads the consolidated final.pt (ddp's figure).
+  bf16 parameters are the compute copies). Activations, the fp32 CE chunk and the moments are ddp's,
+  plus a third: the root's reduce-scatter at the end of backward (activations freed; the root's unsharded
+  fp32 gradients and FSDP2's fp32 reduce-scatter input, 8 bytes per root parameter, beside its gathered
+  fp32 parameters: `fsdp_root_reduce_bytes`). CORE scoring in the training loop holds the same shards
+  and, under ``gathered()``, the whole model unsharded (`fsdp_evaluation_gathered_bytes`: every block in
+  the gathered dtype, the root in fp32); the standalone evaluate stage loads the consolidated final.pt
+  (ddp's figure).
 * time: the compute is ddp's, with the optimizer on the 1/W shard, and the multi-GPU overhead
   `DDP_EFFICIENCY` fitted on the reference's 8-GPU run applies to both; fsdp adds the exposed part of
   its collectives (`fsdp_comm`): per micro-step all-gathers of `FSDP_BLOCK_GATHERS` · L · B · p +
@@ -121,6 +128,7 @@ from dataclasses import dataclass
 
 from pipeline.budget import GPU_TYPE_ALIASES, HBM_BYTES_PER_S, PEAK_FLOPS, BatchLayout, flops_per_token
 from pipeline.errors import PlanError
+from pipeline.stages import ADAMW8BIT_FSDP, adamw8bit_keys
 
 GB = 1e9
 GIB = 2 ** 30
@@ -171,8 +179,22 @@ FP8_SPEEDUP = {"tensorwise": 1.146, "rowwise": 0.975}  # fp8 linears' matmul tim
 OPTIMIZER_BYTES = {"adamw-fused": 36, "adamw-foreach": 81, "adamw8bit": 24, "muon": 36}  # per parameter, with clipping
 CE_BYTES_PER_LOGIT = {"eager": 32, "compiled": 20}  # ours: memory traffic of the chunked softmax per logit
 DDP_EFFICIENCY = 50_000 / 55_540  # 8×H100 run: 400k tok/s ÷ 8 GPUs vs the 1-GPU bench's 64×2048 / 2.36 s
-ALLOCATOR_SLACK = 0.02
+# reserved / peak allocated − 1 of the caching allocator (rounding, fragmentation, cache). Measured on the H100
+# (BENCHMARKS.md "Measured on an H100": our 7 steps and 2 CORE scorings) 3–11 %: 3.0 / 4.2 / 6.0 % for the
+# three steps that reserved within 7 GB of the 85.5 GB card (under pressure the allocator frees its cached
+# blocks and retries before it reports out-of-memory, so what remains is fragmentation), 5.8–11.4 % where the
+# cache had room to grow; the reference write-up's rows (tests/test_perf.py) 1–8 % (37 % in its eager SDPA
+# row). 6 %: the largest of the near-capacity steps, the ratio a plan at the edge of the GPU must leave.
+ALLOCATOR_SLACK = 0.06
+# CUDA context and cuBLAS workspace of one process: assumed (typically 0.3-0.6 GB on an H100 with CUDA 12; the
+# H100 session recorded torch's allocator only, so this part of the card was not measured here).
 CUDA_CONTEXT_GB = 0.5
+# NCCL's device memory per process of a multi-GPU job, outside torch's allocator (one communicator: the job's
+# process group; DDP and FSDP2 use no other): per channel and peer a FIFO per protocol (Simple 4 MiB =
+# NCCL_BUFFSIZE, LL128 ~4.6 MiB, LL 256 KiB: NCCL docs, env.html), up to 32 channels on NVLink H100s; reported
+# about 1.06 GB on 8 H100s after init (NVIDIA/nccl#1685) and 1.6 GB with one communicator after an all-reduce,
+# context included (NVIDIA/nccl#864). 1 GB: the latter less `CUDA_CONTEXT_GB`, rounded. Not measured here.
+NCCL_BUFFERS_GB = 1.0
 COMPILED_BLOCK_TOKENS = 163_840  # compiled + block checkpointing: transient × tokens / this (H100, measured)
 MUON_NS_STEPS = 5
 
@@ -457,17 +479,27 @@ def memory(s: StepSetup) -> dict[str, float]:
         "block backward": state + parts["gradients"] + parts["reduce_buffers"] + parts["activations"]
         + parts["recompute"] + 3 * 4 * n * d,
     }
+    if fsdp:  # the root unit's reduce-scatter, when every activation is freed (`fsdp_root_reduce_bytes`)
+        moments["root reduce-scatter"] = state + parts["gradients"] + fsdp_root_reduce_bytes(s)
     if s.optimizer == "adamw" and s.adamw_kernel == "foreach":
         moments["optimizer step"] = state - parts["gathered"] + 2 * parts["gradients"]
     where = max(moments, key=moments.get)
     parts["compiled_excess"] = compiled_block_excess(s, moments[where] - state - parts["gradients"])
     peak = moments[where] + parts["compiled_excess"]
     out = {k: v / GB for k, v in parts.items()}
-    out.update(peak=peak / GB, reserved=peak * (1 + ALLOCATOR_SLACK) / GB)
-    out["total"] = out["reserved"] + (CUDA_CONTEXT_GB if s.device == "cuda" else 0)
+    out.update(peak=peak / GB, reserved=peak * (1 + ALLOCATOR_SLACK) / GB, outside_allocator=outside_allocator_gb(s))
+    out["total"] = out["reserved"] + out["outside_allocator"]
     out = {k: round(v, 3) for k, v in out.items()}
     out["peak_at"] = where
     return out
+
+
+def outside_allocator_gb(s: StepSetup) -> float:
+    """GPU memory outside torch's caching allocator, in GB: the CUDA context (`CUDA_CONTEXT_GB`) and, when
+    several processes train, NCCL's buffers (`NCCL_BUFFERS_GB`); none on the CPU."""
+    if s.device != "cuda":
+        return 0.0
+    return CUDA_CONTEXT_GB + (NCCL_BUFFERS_GB if s.world_size > 1 else 0.0)
 
 
 def compiled_block_excess(s: StepSetup, transient: float) -> float:
@@ -484,6 +516,13 @@ def fsdp_gathered_bytes(s: StepSetup) -> float:
     (embedding, final norm, an untied lm_head): blocks in the gathered dtype (`StepSetup.param_bytes`),
     the root in fp32 (`FSDP_ROOT_BYTES`)."""
     return FSDP_GATHERED_BLOCKS * s.block_params * s.param_bytes + s.root_params * FSDP_ROOT_BYTES
+
+
+def fsdp_root_reduce_bytes(s: StepSetup) -> float:
+    """What the root unit adds at the end of fsdp's backward, beyond its gathered parameters: its unsharded
+    fp32 gradients (the embedding's, computed last, and an untied lm_head's) and FSDP2's fp32 reduce-scatter
+    input, into which they are copied before they are freed: 2 × 4 bytes per root parameter."""
+    return 2 * 4 * s.root_params
 
 
 def fsdp_reduce_buffer_bytes(s: StepSetup) -> float:
@@ -509,9 +548,12 @@ def eval_memory(s: StepSetup, batch_tokens: int, in_loop: bool) -> dict[str, flo
     over batches of `batch_tokens` padded tokens: ``in_loop`` beside the training state (training's
     quick subset every ``eval.core_interval`` steps: fp32 weights, optimizer state and the gradients,
     which zero_grad keeps allocated; the step's activations are freed by then), else standalone (the
-    evaluate stage: the fp32 weights only). On CUDA the body runs under bf16 autocast whatever the
-    training precision (flash attention: no [heads, T, T] scores), which caches bf16 copies of the
-    block matrices for the forward; the logits are fp32, ``ce_chunk`` continuation positions at a time.
+    evaluate stage: the fp32 weights only). Under fsdp in the loop the weights, optimizer state and
+    gradients are 1/world_size shards and ``gathered`` is the whole model, which ``gathered()`` keeps
+    unsharded through the evaluation (`fsdp_evaluation_gathered_bytes`). On CUDA the body runs under bf16
+    autocast whatever the training precision (flash attention: no [heads, T, T] scores), which caches
+    bf16 copies of the block matrices for the forward (none when fsdp gathered them in bf16); the logits
+    are fp32, ``ce_chunk`` continuation positions at a time.
     The peak is the larger of two moments of a batch: inside a block's MLP (the fp32 residual and
     norm output 8d, and silu(gate), up and their product 3·a·f per token, a = 2 bf16 / 4 fp32) and
     the LM head (the fp32 final hidden states 4nd and one chunk's fp32 logits with log-sum-exp's
@@ -522,16 +564,14 @@ def eval_memory(s: StepSetup, batch_tokens: int, in_loop: bool) -> dict[str, flo
     c = min(s.ce_chunk, n)
     sharded = in_loop and s.parallel == "fsdp"  # the FSDP2 model scores as it trains; standalone: final.pt whole
     W = s.world_size if sharded else 1
-    copies = 2 * s.matrix_params if bf16 else 0
-    if sharded:  # gathered blocks are bf16 already under bf16 training; fp32 ones are cast per gathered block
-        copies = 2 * FSDP_GATHERED_BLOCKS * (s.attention_matrix_params + s.mlp_matrix_params) \
-            if bf16 and s.param_bytes == 4 else 0
+    # autocast caches a bf16 copy of every block matrix it casts: none when fsdp gathered them in bf16 already
+    copies = 2 * s.matrix_params if bf16 and not (sharded and s.param_bytes == 2) else 0
     parts = {
         "weights": 4 * P / W,
         "optimizer": optimizer_bytes(s) / W if in_loop else 0,
         "gradients": 4 * P / W if in_loop else 0,
         "autocast_copies": copies,
-        "gathered": fsdp_gathered_bytes(s) if sharded else 0,
+        "gathered": fsdp_evaluation_gathered_bytes(s) if sharded else 0,
         "forward": n * (8 * d + 3 * a * f),
         "logits": 4 * n * d + 8 * c * V,
     }
@@ -539,12 +579,20 @@ def eval_memory(s: StepSetup, batch_tokens: int, in_loop: bool) -> dict[str, flo
     moments = {"block forward": state + parts["forward"], "lm head": state + parts["logits"]}
     where = max(moments, key=moments.get)
     out = {k: v / GB for k, v in parts.items()}
-    out.update(peak=moments[where] / GB, reserved=moments[where] * (1 + ALLOCATOR_SLACK) / GB)
-    out["total"] = out["reserved"] + (CUDA_CONTEXT_GB if s.device == "cuda" else 0)
+    out.update(peak=moments[where] / GB, reserved=moments[where] * (1 + ALLOCATOR_SLACK) / GB,
+               outside_allocator=outside_allocator_gb(s))
+    out["total"] = out["reserved"] + out["outside_allocator"]
     out = {k: round(v, 3) for k, v in out.items()}
     out["peak_at"] = where
     out["batch_tokens"] = batch_tokens
     return out
+
+
+def fsdp_evaluation_gathered_bytes(s: StepSetup) -> float:
+    """The unsharded parameters of an evaluation under fsdp: ``gathered()`` (pipeline/training/step.py)
+    unshards every unit and keeps them through the evaluation: all L blocks in the gathered dtype
+    (`StepSetup.param_bytes`) and the root in fp32 (`FSDP_ROOT_BYTES`)."""
+    return s.n_layers * s.block_params * s.param_bytes + s.root_params * FSDP_ROOT_BYTES
 
 
 def default_eval_batch_tokens(s: StepSetup, capacity: float) -> int:
@@ -622,8 +670,8 @@ def step_time(s: StepSetup) -> dict[str, float]:
     kernel = s.optimizer if s.optimizer != "adamw" else f"adamw-{s.adamw_kernel}"
     fsdp = s.parallel == "fsdp"
     optimizer = s.params / (s.world_size if fsdp else 1) * OPTIMIZER_BYTES[kernel] / bw  # fsdp: its shard
-    if s.optimizer == "muon":
-        optimizer += muon_flops(s) / (_peak(s, "bf16") * ETA["train"]["bf16"])
+    if s.optimizer == "muon":  # fsdp: one owner rank per matrix orthogonalises it
+        optimizer += muon_flops(s) / (s.world_size if fsdp else 1) / (_peak(s, "bf16") * ETA["train"]["bf16"])
     out = {"body": s.grad_accum * body, "logits": s.grad_accum * logits, "optimizer": optimizer}
     total = sum(out.values())
     if s.world_size > 1:
@@ -757,8 +805,9 @@ def smaller_micro_batch(cfg: dict, parallel: str) -> tuple[int, float] | None:
 def resolve_parallel(cfg: dict) -> dict:
     """`cfg` with ``train.parallel`` resolved to ddp or fsdp (`choose_parallel`), refusing a choice whose
     predicted memory per GPU does not fit: one `PlanError` naming train.parallel and the fix (fsdp, a
-    smaller micro-batch that fits, more GPUs or activation checkpointing). What the Snakefile does at
-    parse time, so rules and the trainer receive a concrete value."""
+    smaller micro-batch that fits, more GPUs or activation checkpointing), and ``auto`` resolving to fsdp
+    beside adamw8bit (`ADAMW8BIT_FSDP`; an explicit fsdp is refused by pipeline.config's checks). What the
+    Snakefile does at parse time, so rules and the trainer receive a concrete value."""
     c = choose_parallel(cfg)
     parallel, cap, mem, fits = c["parallel"], c["capacity_gb"], c["memory"], c["fits"]
     if not fits[parallel]:
@@ -787,5 +836,10 @@ def resolve_parallel(cfg: dict) -> dict:
             f"{_gpu_words(cfg, cap)}" + (f"; fsdp would need {mem['fsdp']['total']:.1f} GB"
                                           if parallel == "ddp" and not fits["fsdp"] else "")
             + "; " + " or ".join(fixes))
+    if parallel == "fsdp" and adamw8bit_keys(cfg):
+        raise PlanError(
+            f"config key 'train.parallel': {c['reason']}, but {' and '.join(adamw8bit_keys(cfg))} set "
+            f"adamw8bit: {ADAMW8BIT_FSDP}; use adamw or muon there, or "
+            "make ddp fit (a smaller train.micro_batch, train.activation_checkpointing: block)")
     out = {**cfg, "train": {**cfg["train"], "parallel": parallel}}
     return out

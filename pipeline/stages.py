@@ -94,6 +94,21 @@ def stage_list(cfg: dict) -> list[dict]:
     return out
 
 
+def adamw8bit_keys(cfg: dict) -> list[str]:
+    """The config keys that set the optimizer to adamw8bit: ``train.optimizer`` and any stage's override
+    (refused under fsdp: `ADAMW8BIT_FSDP`)."""
+    train = cfg["train"]
+    keys = ["train.optimizer"] if train["optimizer"] == "adamw8bit" else []
+    return keys + [f"train.stages[{i}].optimizer" for i, st in enumerate(train.get("stages") or [])
+                   if st.get("optimizer") == "adamw8bit"]
+
+
+# Why fsdp refuses adamw8bit: pipeline.config's check of train.parallel: fsdp, pipeline.perf.resolve_parallel's
+# of auto, the trainer's build_optimizer as a backstop.
+ADAMW8BIT_FSDP = ("adamw8bit cannot step train.parallel: fsdp's sharded parameters (bitsandbytes' 8-bit kernels "
+                  "take plain CUDA tensors, not FSDP2's DTensor shards: an illegal memory access)")
+
+
 def stage_names(cfg: dict) -> list[str]:
     return [s["name"] for s in stage_list(cfg)]
 

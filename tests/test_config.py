@@ -47,6 +47,11 @@ def test_defaults_filled_from_schema():
         ({"scaling": {"depths": [4, 6, 4]}}, "scaling.depths", "lists 4 more than once"),
         ({"scaling": {"budgets": [1e18, 3e18, 1.0e18]}}, "scaling.budgets", "lists 1e+18 more than once"),
         ({"hardware": {"nccl_env": "sockets"}}, "hardware.nccl_env", "'default' or 'socket' or 'socket-lo' or"),
+
+        ({"train": {"parallel": "fsdp", "optimizer": "adamw8bit"}, "hardware": {"device": "cuda"}},
+         "train.optimizer", "adamw8bit cannot step train.parallel: fsdp's sharded parameters"),
+        ({"train": {"parallel": "fsdp", "stages": [{"name": "a"}, {"name": "b", "optimizer": "adamw8bit"}]},
+          "hardware": {"device": "cuda"}}, "train.stages[1].optimizer", "use adamw or muon, or train.parallel: ddp"),
     ],
 )
 def test_bad_config_names_the_key(over, key, hint):

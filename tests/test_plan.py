@@ -519,6 +519,19 @@ def test_a_refusal_names_the_smaller_micro_batch_that_fits():
         resolve_parallel(load_config(LLAMA_8B, {"hardware": {"gpu_memory_gb": 24}}))
 
 
+def test_auto_resolving_to_fsdp_refuses_adamw8bit():
+    """bitsandbytes cannot step FSDP2's DTensor shards: auto that resolves to fsdp beside adamw8bit is refused at
+    parse time (an explicit fsdp is refused by the config checks: test_config.py); auto that resolves to ddp, or
+    ddp itself, keeps adamw8bit."""
+    from pipeline.perf import resolve_parallel
+
+    with pytest.raises(PlanError, match=r"^config key 'train\.parallel': auto: ddp does not fit .*, but "
+                                        r"train\.optimizer set adamw8bit: .*use adamw or muon there"):
+        resolve_parallel(load_config(LLAMA_8B, {"train": {"parallel": "auto", "optimizer": "adamw8bit"}}))
+    eight_bit = {"parallel": "auto", "optimizer": "adamw8bit"}
+    assert resolve_parallel(load_config(LLAMA_1B, {"train": eight_bit}))["train"]["parallel"] == "ddp"
+
+
 def test_cli_refuses_ddp_for_the_8b_in_one_line(capsys):
     proc = subprocess.run([sys.executable, "-m", "pipeline.plan", "--configfile", str(LLAMA_8B), "--set",
                            "train.parallel=ddp"], capture_output=True, text=True, cwd=ROOT)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pipeline.budget import BatchLayout
 from pipeline.config.sources import source_shards
 from pipeline.errors import ConfigError
-from pipeline.stages import stage_list
+from pipeline.stages import ADAMW8BIT_FSDP, adamw8bit_keys, stage_list
 
 # Token ids of the stock tiktoken encodings (their own special tokens included); tokenfarm's
 # special tokens are appended after them (pipeline.data.tokenizer.build_tokenizer).
@@ -100,6 +100,8 @@ def check_consistency(cfg: dict) -> None:
     if cfg["hardware"]["device"] == "cpu" and (train["fp8"] != "none" or train["optimizer"] == "adamw8bit"):
         fail("train.fp8" if train["fp8"] != "none" else "train.optimizer",
              "fp8 and adamw8bit need hardware.device: cuda")
+    if train["parallel"] == "fsdp" and adamw8bit_keys(cfg):
+        fail(adamw8bit_keys(cfg)[0], f"{ADAMW8BIT_FSDP}; use adamw or muon, or train.parallel: ddp")
     if train["ce_matmul"] == "tf32" and (train["precision"] != "bf16" or cfg["hardware"]["device"] != "cuda"):
         fail("train.ce_matmul", "tf32 sets torch's float32 matmul precision for the whole step, so it needs "
                                 "train.precision: bf16 on hardware.device: cuda; use fp32 or bf16")

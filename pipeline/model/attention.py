@@ -11,10 +11,14 @@ Two kernels, chosen by the device (`document_mask`):
 * ``sdpa`` (CPU and any device without flex support): a boolean [B, 1, T, T] mask for
   ``F.scaled_dot_product_attention``. Materializes T×T booleans per row and runs the math/efficient
   kernel: right for tests and CPU runs, too slow for long GPU rows.
-* ``flex`` (CUDA): ``torch.nn.attention.flex_attention`` with a block-sparse ``BlockMask`` built
-  from the same predicate (``create_block_mask``); fully masked 128×128 blocks (other documents,
-  the future) are skipped, and the kernel is compiled (``torch.compile(flex_attention)``; under a
-  compiled trainer the call is traced into the trainer's graph). flex_attention has no CPU backward,
+* ``flex`` (CUDA): ``torch.nn.attention.flex_attention`` with a block-sparse ``BlockMask`` of the
+  same predicate; fully masked 128×128 blocks (other documents, the future) are skipped, and the
+  kernel is compiled (``torch.compile(flex_attention)``; under a compiled trainer the call is traced
+  into the trainer's graph). The BlockMask is built from the document ids block by block
+  (`document_block_mask`: which documents each block holds), never from the [T, T] predicate that
+  ``create_block_mask`` evaluates — uncompiled, as on the FSDP path's eager forward, that holds
+  int64 and bool [B, T, T] tensors every micro-step (≈ 0.7 GiB at T = 8192); the two give the same
+  BlockMask (tested). flex_attention has no CPU backward,
   so CPU training always uses ``sdpa``; the flex forward on CPU is used by the tests to check that
   both kernels compute the same attention.
 """
@@ -36,15 +40,62 @@ def document_causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:
     return (same_doc & causal)[:, None]
 
 
+BLOCK = 128  # flex_attention's default sparse block size (queries and keys)
+
+
+def _block_classes(doc_ids: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial, full) [B, 1, n, n] int8 over the n = ⌈T / block⌉ query × key blocks of
+    `document_causal_mask`: blocks where some but not every (query, key) pair may attend, and blocks
+    where every pair may — what ``create_block_mask`` finds by summing the dense mask padded to whole
+    blocks (padding masked), here from which documents each block holds: O(B·T·n), no [T, T] tensor.
+
+    A key block before a query block holds an allowed pair iff the two share a document (every key
+    of it precedes every query); a diagonal block always does (a query attends to itself); a later
+    key block never. Every pair is allowed iff the key block precedes, the query block is whole
+    (not padded) and both hold one and the same document."""
+    B, T = doc_ids.shape
+    n = -(-T // block)
+    # dense per-row ranks of the ids (0..T-1): arbitrary ids without a host sync
+    sorted_ids, order = doc_ids.sort(dim=1)
+    ranks = torch.zeros_like(doc_ids, dtype=torch.long)
+    ranks[:, 1:] = (sorted_ids[:, 1:] != sorted_ids[:, :-1]).long().cumsum(dim=1)
+    label = torch.empty_like(ranks).scatter_(1, order, ranks)
+    position_block = (torch.arange(T, device=doc_ids.device) // block).expand(B, T)
+    holds = torch.zeros(B, n, T, device=doc_ids.device)  # holds[b, i, d]: block i of row b holds document d
+    holds[torch.arange(B, device=doc_ids.device)[:, None], position_block, label] = 1.0
+    shared = (holds @ holds.transpose(1, 2)) > 0  # [B, query block, key block]
+    qi = torch.arange(n, device=doc_ids.device)
+    before, diagonal = qi[None, :] < qi[:, None], qi[None, :] == qi[:, None]  # key block j vs query block i
+    some = (shared & before) | diagonal
+    pad = torch.full((B, n * block - T), -1, dtype=torch.long, device=doc_ids.device)  # matches no document
+    blocks = torch.cat((label, pad), dim=1).view(B, n, block)
+    single = blocks.amin(dim=2) == blocks.amax(dim=2)  # one document, whole (padding is -1)
+    lone = torch.where(single, blocks[:, :, 0], -2)
+    every = before & (lone[:, :, None] == lone[:, None, :]) & single[:, :, None]
+    partial = (some & ~every).to(torch.int8)[:, None]
+    return partial, every.to(torch.int8)[:, None]
+
+
+def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(number of blocks per row, their indices first) as flex_attention orders a dense block mask."""
+    blocks = blocks.to(torch.int32)
+    return blocks.sum(dim=-1).to(torch.int32), torch.argsort(blocks, dim=-1, descending=True, stable=True).to(
+        torch.int32)
+
+
 def document_block_mask(doc_ids: torch.Tensor):
-    """The same predicate as `document_causal_mask`, as a flex_attention BlockMask (heads broadcast)."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    """The same predicate as `document_causal_mask`, as a flex_attention BlockMask (heads broadcast),
+    built from the document ids block by block (`_block_classes`): ``create_block_mask``'s BlockMask
+    without its [B, T, T] evaluation of the predicate."""
+    from torch.nn.attention.flex_attention import BlockMask
 
     def same_document_causal(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (doc_ids[b, q_idx] == doc_ids[b, kv_idx])
 
-    B, T = doc_ids.shape
-    return create_block_mask(same_document_causal, B=B, H=None, Q_LEN=T, KV_LEN=T, device=doc_ids.device)
+    T = doc_ids.shape[1]
+    partial, full = _block_classes(doc_ids, BLOCK)
+    return BlockMask.from_kv_blocks(*_ordered(partial), *_ordered(full), BLOCK_SIZE=BLOCK,
+                                    mask_mod=same_document_causal, seq_lengths=(T, T))
 
 
 def document_mask(doc_ids: torch.Tensor | None, kernel: str | None = None):

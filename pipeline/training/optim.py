@@ -10,17 +10,24 @@ Parameter groups (by parameter name of the unwrapped model, see pipeline/model/m
 | `no_decay`  | 1-D parameters: norm gains, biases           | lr                      | 0            |
 
 `train.optimizer`: `adamw` (torch AdamW, fused kernels on CUDA, foreach on CPU), `adamw8bit`
-(bitsandbytes AdamW8bit, CUDA only) or `muon` (torch.optim.Muon for the `matrix` group — the 2-D
-weights of the transformer blocks — with `adjust_lr_fn="match_rms_adamw"` so that the AdamW lr and
-weight decay carry over; AdamW for the other groups). Every group records its `base_lr`; the
-schedule sets ``lr = base_lr × lr_factor(step)`` before each optimizer step, so the whole schedule
-state is the step number (nothing else to checkpoint).
+(bitsandbytes AdamW8bit, CUDA only, not under ``train.parallel: fsdp``: its kernels take plain tensors)
+or `muon` (torch.optim.Muon for the `matrix` group — the 2-D weights of the transformer blocks — with
+`adjust_lr_fn="match_rms_adamw"` so that the AdamW lr and weight decay carry over; AdamW for the other
+groups). Every group records its `base_lr`; the schedule sets ``lr = base_lr × lr_factor(step)`` before
+each optimizer step, so the whole schedule state is the step number (nothing else to checkpoint).
 
-Sharded parameters (``train.parallel: fsdp``, DTensors): AdamW is elementwise and runs on the local
-shards. Muon's Newton-Schulz orthogonalisation needs the whole matrix: `Muon` gathers each matrix's
-momentum-corrected update (``full_tensor``), orthogonalises it on every rank (the same bits everywhere),
-and keeps its own shard of the result — the update DDP computes, at one all-gather per matrix and the
-Newton-Schulz FLOPs repeated on every rank. Momentum buffers and weights stay sharded.
+Sharded parameters (``train.parallel: fsdp``, DTensors sharded on dim 0 over a 1-D mesh): AdamW is
+elementwise and runs on the local shards. Muon's Newton-Schulz orthogonalisation needs the whole matrix,
+so `Muon` gives each matrix **one owner rank** (the scheme of distributed Muons such as Dion's): the matrices,
+largest Newton-Schulz cost first, are dealt in rounds of one per rank (`muon_owners`; a round's matrices
+have about the same cost, so no rank waits long on another); in a round every rank sends its shard of
+each matrix's momentum-corrected update to that matrix's owner (``gather``), each owner orthogonalises
+its one whole matrix, and sends every rank its shard of the result back (``scatter``). Rows are padded to
+the largest shard for the collectives and cut again. Given the same gradients the update is torch's
+Muon's on the whole matrices bit for bit (the same orthogonalisation of the same whole update, on one
+rank instead of all: tested on 2 ranks), at 1/world of the Newton-Schulz FLOPs per rank, and no rank
+receives a whole matrix it does not own. Momentum buffers and weights stay sharded; a rank holds at
+most one whole update and its result at a time.
 """
 from __future__ import annotations
 
@@ -104,14 +111,29 @@ class CombinedOptimizer:
             o.load_state_dict(s)
 
 
+def muon_owners(shapes: list[tuple[int, int]], world_size: int) -> list[tuple[int, int]]:
+    """(round, owner rank) of each matrix of `shapes` for sharded Muon (module docstring): the matrices in
+    order of decreasing Newton-Schulz cost (4m²n + 2m³ per iteration, m ≤ n; ties keep their order) dealt
+    one per rank per round. A function of the shapes alone, so every rank computes the same."""
+    def cost(shape: tuple[int, int]) -> int:
+        m, n = sorted(shape)
+        return 4 * m * m * n + 2 * m ** 3
+
+    order = sorted(range(len(shapes)), key=lambda i: -cost(shapes[i]))
+    owners = [(0, 0)] * len(shapes)
+    for k, i in enumerate(order):
+        owners[i] = divmod(k, world_size)
+    return owners
+
+
 class Muon(torch.optim.Muon):
-    """torch.optim.Muon that also steps sharded (DTensor) matrices (module docstring); plain tensors take
-    torch's own step."""
+    """torch.optim.Muon that also steps sharded (DTensor) matrices, each orthogonalised by one owner rank
+    (module docstring); plain tensors take torch's own step."""
 
     @torch.no_grad()
     def step(self, closure=None):
-        from torch.distributed.tensor import DTensor, distribute_tensor
-        from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+        from torch.distributed.tensor import DTensor
+        from torch.optim._muon import _adjust_lr
 
         if not any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"]):
             return super().step(closure)
@@ -121,16 +143,76 @@ class Muon(torch.optim.Muon):
             params, grads, bufs = [], [], []
             self._init_group(group, params, grads, bufs)
             lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
-            for p, grad, buf in zip(params, grads, bufs, strict=True):
+            for grad, buf in zip(grads, bufs, strict=True):
                 buf.lerp_(grad, 1 - momentum)
-                update = grad.lerp(buf, momentum) if group["nesterov"] else buf
-                whole = update.full_tensor() if isinstance(update, DTensor) else update
-                ortho = _zeropower_via_newtonschulz(whole, group["ns_coefficients"], group["ns_steps"], group["eps"])
-                if isinstance(update, DTensor):  # this rank's shard, cut locally (src_data_rank=None: no scatter)
-                    ortho = distribute_tensor(ortho, update.device_mesh, update.placements, src_data_rank=None)
+            for i, ortho in _orthogonalised_sharded(grads, bufs, group):
+                p = params[i]
                 p.mul_(1 - lr * wd)
                 p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
         return None
+
+
+def _orthogonalised_sharded(grads: list, bufs: list, group: dict):
+    """Yields (i, the Newton-Schulz orthogonalisation of matrix i's momentum-corrected update), a DTensor
+    sharded like the update in the dtype the iteration returns, round by round of `muon_owners`: the
+    updates of a round made (Nesterov: from the gradient and the updated momentum `bufs`), gathered by
+    their owners, orthogonalised, scattered back as shards."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    def newton_schulz(x: torch.Tensor) -> torch.Tensor:
+        return _zeropower_via_newtonschulz(x, group["ns_coefficients"], group["ns_steps"], group["eps"])
+
+    def update(i: int):
+        return grads[i].lerp(bufs[i], group["momentum"]) if group["nesterov"] else bufs[i]
+
+    if not bufs:
+        return
+    mesh = bufs[0].device_mesh
+    if mesh.ndim != 1 or any(b.device_mesh != mesh or tuple(b.placements) != (Shard(0),) for b in bufs):
+        raise PipelineError("Muon steps parameters sharded on dim 0 over one 1-D mesh (train.parallel: fsdp); "
+                            f"got placements {sorted({str(b.placements) for b in bufs})}")
+    pg, W, rank = mesh.get_group(), mesh.size(), mesh.get_local_rank()
+    owners = muon_owners([tuple(b.shape) for b in bufs], W)
+    # the dtype the iteration returns (torch's: bf16), in which the owners send: found on the meta device
+    sent = {dtype: newton_schulz(torch.empty(1, 1, dtype=dtype, device="meta")).dtype
+            for dtype in {b.dtype for b in bufs}}
+    for r in range(max(k for k, _ in owners) + 1):
+        members = [i for i, (k, _) in enumerate(owners) if k == r]
+        updates = {i: update(i) for i in members}
+        # rows of the largest shard (Shard(0) cuts like torch.chunk): every shard padded to it for the collectives
+        rows = {i: -(-updates[i].shape[0] // W) for i in members}
+        src = {i: dist.get_global_rank(pg, owners[i][1]) for i in members}
+        mine, sends, works = None, [], []  # (the sent tensors kept alive until the collectives finish)
+        for i in members:
+            local = updates[i].to_local()
+            sends.append(local.new_zeros(rows[i], *local.shape[1:]))
+            sends[-1][:local.shape[0]] = local
+            parts = [torch.empty_like(sends[-1]) for _ in range(W)] if owners[i][1] == rank else None
+            mine = (i, parts) if parts is not None else mine
+            works.append(dist.gather(sends[-1], parts, dst=src[i], group=pg, async_op=True))
+        for w in works:
+            w.wait()
+        pieces = None
+        if mine is not None:  # this rank's matrix of the round, whole: orthogonalised, cut into padded shards
+            i, parts = mine
+            ortho = newton_schulz(torch.cat(parts)[:updates[i].shape[0]])
+            padded = ortho.new_zeros(rows[i] * W, *ortho.shape[1:])
+            padded[:ortho.shape[0]] = ortho
+            pieces = list(padded.chunk(W))
+        received, works = {}, []
+        for i in members:
+            u = updates[i]
+            received[i] = torch.empty((rows[i], *u.shape[1:]), dtype=sent[u.dtype], device=u.to_local().device)
+            works.append(dist.scatter(received[i], pieces if owners[i][1] == rank else None, src=src[i], group=pg,
+                                      async_op=True))
+        for w in works:
+            w.wait()
+        for i in members:
+            u = updates[i]
+            local = received[i][:u.to_local().shape[0]]
+            yield i, DTensor.from_local(local, mesh, u.placements, run_check=False, shape=u.shape, stride=u.stride())
 
 
 def member_optimizers(optimizer) -> list[torch.optim.Optimizer]:
@@ -145,6 +227,12 @@ def _adamw(groups: list[dict], tcfg: dict, device_type: str) -> torch.optim.Opti
 
 
 def _adamw8bit(groups: list[dict], tcfg: dict, device_type: str) -> torch.optim.Optimizer:
+    from torch.distributed.tensor import DTensor
+
+    from pipeline.stages import ADAMW8BIT_FSDP
+
+    if any(isinstance(p, DTensor) for g in groups for p in g["params"]):  # the config checks refuse it first
+        raise PipelineError(f"train.optimizer: {ADAMW8BIT_FSDP}; use adamw or muon, or train.parallel: ddp")
     if device_type != "cuda":
         raise PipelineError("train.optimizer: adamw8bit needs hardware.device: cuda "
                             "(bitsandbytes kernels are CUDA-only)")

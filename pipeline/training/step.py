@@ -261,20 +261,32 @@ def gathered(model: nn.Module):
             m.reshard()
 
 
+def no_buffer_sync() -> dict:
+    """DDP's keyword argument for no buffer broadcast per forward (`wrap`): ``forward_sync_buffers=False``
+    where DDP has it (torch ≥ 2.13, which deprecates the other), else ``broadcast_buffers=False`` (older
+    torch, e.g. the 2.11 of a lent H100; it also skips the sync at construction, harmless for tables every
+    rank computes alike)."""
+    import inspect
+
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
 def wrap(loss_model: LossModel, dist: Dist, compile_model: bool) -> tuple[nn.Module, nn.Module]:
     """(ddp, fwd): for a sharded model (`shard_model`, compiled per block there) the sharded root and the
     loss model; else DDP around the loss model when a process group exists, then torch.compile
     around that. `fwd` is what to call; `ddp` owns `no_sync`. No buffer broadcast per forward
-    (``forward_sync_buffers=False``, torch 2.13's name for ``broadcast_buffers=False``, which it
-    deprecates): the only buffers are the RoPE cos/sin tables, computed identically on every rank
-    from the config, so DDP's default (broadcast them from rank 0 before every forward) is a wasted
-    collective per micro-step. DDP still syncs them once at construction."""
+    (`no_buffer_sync`: ``forward_sync_buffers=False``, torch 2.13's name for ``broadcast_buffers=False``,
+    which older torch takes instead): the only buffers are the RoPE cos/sin tables, computed identically
+    on every rank from the config, so DDP's default (broadcast them from rank 0 before every forward) is
+    a wasted collective per micro-step. DDP still syncs them once at construction (torch ≥ 2.13)."""
     if is_sharded(loss_model.model):
         return loss_model.model, loss_model
     ddp = loss_model
     if dist.distributed:
         ids = [dist.local_rank] if dist.device.type == "cuda" else None
-        ddp = DDP(loss_model, device_ids=ids, gradient_as_bucket_view=True, forward_sync_buffers=False)
+        ddp = DDP(loss_model, device_ids=ids, gradient_as_bucket_view=True, **no_buffer_sync())
     fwd = torch.compile(ddp) if compile_model else ddp
     return ddp, fwd
 

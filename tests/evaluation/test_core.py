@@ -333,10 +333,11 @@ def test_batch_tokens_default_is_bounded_by_memory_not_the_training_batch():
     assert n % 2048 == 0 and eval_memory(s, n, in_loop=True)["total"] <= capacity_gb(80, "cuda")
     other_batch = {**cfg, "train": {**cfg["train"], "micro_batch": 4}}
     assert core.core_settings(other_batch)["batch_tokens"] == n  # not the training micro-batch
-    small_gpu = {**cfg, "hardware": {**cfg["hardware"], "gpu_memory_gb": 24}}
+    # (a 24 GB card no longer holds the training state, the CUDA context and NCCL's buffers: 26.9 GB at 2048)
+    small_gpu = {**cfg, "hardware": {**cfg["hardware"], "gpu_memory_gb": 32}}
     n_small = core.core_settings(small_gpu)["batch_tokens"]
     assert 2048 <= n_small < n
-    assert eval_memory(s, n_small, in_loop=True)["total"] <= capacity_gb(24, "cuda") < \
+    assert eval_memory(s, n_small, in_loop=True)["total"] <= capacity_gb(32, "cuda") < \
         eval_memory(s, n_small + 2048, in_loop=True)["total"]
     assert core.core_settings(cfg, "core_interval_items")["max_items"] == cfg["eval"]["core_interval_items"]
     explicit = {**cfg, "eval": {**cfg["eval"], "core_batch_tokens": 512}}

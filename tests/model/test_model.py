@@ -258,3 +258,51 @@ def test_flex_block_mask_computes_the_same_attention_as_the_sdpa_mask():
         flex = attend(q, k, v, document_mask(docs, kernel="flex"))
     torch.testing.assert_close(flex, attend(q, k, v, document_mask(docs, kernel="sdpa")), rtol=0, atol=1e-5)
     assert type(document_mask(docs)).__name__ == "Tensor" and document_mask(None) is None  # CPU default: sdpa
+
+
+def test_document_block_mask_equals_create_block_mask_without_a_t_by_t_tensor():
+    """The BlockMask built block by block from the document ids is create_block_mask's (every index tensor
+    and the dense mask) for packed and shuffled ids, lengths that are and are not whole 128-blocks, and
+    arbitrary id values; and it never holds a [T, T] tensor, which an uncompiled create_block_mask builds
+    every micro-step on the FSDP path (the largest tensor here is [B, T / 128, T])."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pipeline.model.attention import document_block_mask
+
+    def reference(doc_ids):
+        def same_document_causal(b, h, q_idx, kv_idx):
+            return (q_idx >= kv_idx) & (doc_ids[b, q_idx] == doc_ids[b, kv_idx])
+
+        B, T = doc_ids.shape
+        return create_block_mask(same_document_causal, B=B, H=None, Q_LEN=T, KV_LEN=T, device="cpu")
+
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.zeros(2, 300, dtype=torch.long),  # one document
+             torch.repeat_interleave(torch.arange(4), 256)[None].repeat(2, 1),  # documents of whole blocks
+             torch.sort(torch.randint(0, 9, (3, 700), generator=g), dim=1).values,  # packed rows
+             torch.randint(0, 3, (2, 520), generator=g),  # shuffled
+             torch.randint(-5, 1000, (1, 77), generator=g)]  # shorter than a block, any id values
+    for docs in cases:
+        got, want = document_block_mask(docs), reference(docs)
+        pairs = list(zip(got.as_tuple(), want.as_tuple(), strict=True))
+        tensors = [(a, b) for a, b in pairs if isinstance(a, torch.Tensor)]
+        assert len(tensors) >= 8 and all(torch.equal(a, b) for a, b in tensors), docs.shape
+        assert torch.equal(got.to_dense(), want.to_dense()) and got.to_dense().any()
+
+    class LargestTensor(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.largest = max(self.largest, t.numel())
+            return out
+
+    T = 2048
+    docs = torch.sort(torch.randint(0, 12, (1, T), generator=g), dim=1).values
+    for build, bound in ((document_block_mask, T * T // 128), (reference, T * T)):
+        with LargestTensor() as mode:
+            build(docs)
+        assert (mode.largest <= bound) if build is document_block_mask else mode.largest >= bound, build

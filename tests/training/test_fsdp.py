@@ -2,8 +2,9 @@
 sharded DCP checkpoints that resume exactly (2 and 4 processes) and resharded (4 processes resumed by 2),
 a kill -9 whose rerun finishes with the uninterrupted run's artifacts, a bf16 compiled run on the CUDA
 precision path (TOKENFARM_CPU_AS_CUDA_PRECISION=1: bf16-gathered blocks) that validates, samples and scores
-CORE, and the pieces (gathering for evaluation, in fp32 and bf16, accumulation modes, Muon on DTensors) in a
-1-process group.
+CORE, the pieces (gathering for evaluation, in fp32 and bf16, accumulation modes, Muon on DTensors, the
+adamw8bit refusal, the planner's evaluation term) in a 1-process group, and sharded Muon's one owner per
+matrix on 2 gloo ranks.
 
 The tiny run of test_train.py: 20 steps of 256 tokens (8 rows of 32), micro-batch 2, so 2 processes
 accumulate 2 micro-steps per step and 4 processes one.
@@ -403,6 +404,102 @@ def test_gathered_bf16_blocks_evaluate_in_the_training_precision(group, data, mo
             chat_core.letter_answers(plain, prompts, letters, 64, cpu, bf16)
         assert chat_core.greedy_answers(sharded, prompts, 5, [], cpu) == \
             under_bf16(lambda: chat_core.greedy_answers(plain, prompts, 5, [], cpu))
+
+def test_the_planner_counts_what_gathered_holds(group):
+    """pipeline.perf's evaluation term (`fsdp_evaluation_gathered_bytes`) is the bytes of the unsharded
+    parameters `gathered()` really holds (fp32 here: the CPU gathers in fp32, as the planner's setup says)."""
+    from pipeline.perf import StepSetup, fsdp_evaluation_gathered_bytes
+    from pipeline.training.step import gathered
+
+    for tied in (True, False):
+        params = make_params()
+        params["model"] = {**params["model"], "tie_embeddings": tied, "n_layers": 3}  # > the 2 a step holds
+        _, sharded, _ = _sharded_pair(params)
+        with torch.no_grad(), gathered(sharded):
+            held = sum(p.numel() * p.element_size() for p in sharded.parameters())
+        assert held == fsdp_evaluation_gathered_bytes(StepSetup.from_config(params, parallel="fsdp")), tied
+
+
+def test_the_trainer_refuses_adamw8bit_on_sharded_parameters(group):
+    """The backstop behind the config checks: bitsandbytes on DTensor shards would hit an illegal memory
+    access on the GPU; build_optimizer refuses before it looks for CUDA or bitsandbytes."""
+    from pipeline.errors import PipelineError
+    from pipeline.training.optim import build_optimizer
+
+    params = make_params()  # (the config checks refuse adamw8bit on the CPU, and under fsdp)
+    _, sharded, _ = _sharded_pair(params)
+    with pytest.raises(PipelineError, match=r"^train\.optimizer: adamw8bit cannot step train\.parallel: fsdp's "
+                                            r"sharded parameters .*use adamw or muon, or train\.parallel: ddp$"):
+        build_optimizer(sharded, {**params["train"], "optimizer": "adamw8bit"}, "cuda")
+
+
+# Two gloo ranks step the same matrices, sharded (our Muon) and whole (torch's), and write what they find.
+MUON_RANKS = """
+import json, sys
+import torch
+import torch.distributed as dist
+import torch.optim._muon as M
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from pipeline.training.optim import Muon, muon_owners
+
+rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+mesh = init_device_mesh("cpu", (2,))
+shapes = [(8, 16), (5, 8), (1, 8), (16, 8), (8, 16), (12, 12), (3, 7)]  # uneven and empty shards too
+g = torch.Generator().manual_seed(0)
+whole = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+start = [p.detach().clone() for p in whole]
+sharded = [torch.nn.Parameter(distribute_tensor(p.detach().clone(), mesh, [Shard(0)])) for p in whole]
+settings = dict(lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+plain, ours = torch.optim.Muon(whole, **settings), Muon(sharded, **settings)
+seen, ns = [], M._zeropower_via_newtonschulz
+def counted(x, *a):
+    if x.device.type != "meta":
+        seen.append(tuple(x.shape))
+    return ns(x, *a)
+for step in range(3):
+    for p, q in zip(whole, sharded):
+        p.grad = torch.randn(p.shape, generator=g)
+        q.grad = distribute_tensor(p.grad.clone(), mesh, [Shard(0)])
+    plain.step()
+    M._zeropower_via_newtonschulz = counted
+    ours.step()
+    M._zeropower_via_newtonschulz = ns
+equal = [torch.equal(p.detach(), q.detach().full_tensor()) for p, q in zip(whole, sharded)]
+mine = sorted(tuple(s) for s, (_, owner) in zip(shapes, muon_owners(shapes, 2)) if owner == rank)
+json.dump({"equal": equal, "moved": [not torch.equal(p.detach(), p0) for p, p0 in zip(whole, start)],
+           "orthogonalised": sorted(seen), "owned": mine * 3}, open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+def test_sharded_muon_gives_each_matrix_one_owner_and_torchs_update_bit_for_bit(tmp_path):
+    """Three Muon steps on 2 gloo ranks: the sharded matrices end bit for bit where torch's Muon takes the
+    whole ones (uneven shards, an empty one, 7 matrices of 4 shapes), and each rank ran Newton-Schulz on
+    its own matrices only (`muon_owners`), not on all seven as when every rank orthogonalised everything."""
+    script = tmp_path / "muon_ranks.py"
+    script.write_text(MUON_RANKS)
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"),
+                               str(tmp_path / f"{r}.json")], env=env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    found = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+    for r in found:
+        assert r["equal"] == r["moved"] == [True] * 7
+        assert [tuple(s) for s in r["orthogonalised"]] == sorted(tuple(s) for s in r["owned"])
+    assert sorted(len(r["owned"]) for r in found) == [3 * 3, 3 * 4]  # 7 matrices dealt over 2 ranks, 3 steps
+
+
+def test_muon_owners_deal_rounds_by_cost():
+    from pipeline.training.optim import muon_owners
+
+    shapes = [(4, 4), (64, 8), (8, 64), (2, 2), (16, 16)]  # costs 384, 3072, 3072, 48, 24576
+    assert muon_owners(shapes, 2) == [(1, 1), (0, 1), (1, 0), (2, 0), (0, 0)]
+    assert muon_owners(shapes, 8) == [(0, 3), (0, 1), (0, 2), (0, 4), (0, 0)]
+    assert muon_owners(shapes, 1) == [(3, 0), (1, 0), (2, 0), (4, 0), (0, 0)]
 
 
 def test_parallelism_as_a_launch_runs_it():

@@ -59,6 +59,34 @@ def test_gradients_stay_bucket_views_across_accumulation(tmp_path, set_to_none):
         torch_dist.destroy_process_group()
 
 
+def test_ddp_skips_the_buffer_broadcast_on_old_and_new_torch(tmp_path, monkeypatch):
+    """forward_sync_buffers=False where DDP takes it (torch ≥ 2.13), broadcast_buffers=False on older torch,
+    whose DDP has no such keyword (the lent H100's 2.11): DDP built either way broadcasts no buffers per forward."""
+    import warnings
+
+    import pipeline.training.step as step
+
+    class OldDDP(step.DDP):  # torch 2.11's keywords: no forward_sync_buffers
+        def __init__(self, module, device_ids=None, broadcast_buffers=True, gradient_as_bucket_view=False):
+            taken.append(broadcast_buffers)
+            super().__init__(module, device_ids=device_ids, gradient_as_bucket_view=gradient_as_bucket_view,
+                             forward_sync_buffers=broadcast_buffers)
+
+    torch_dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)  # no deprecated keyword on torch 2.13
+            new, _ = wrap(tiny_loss_model(), CPU, compile_model=False)
+        assert step.no_buffer_sync() == {"forward_sync_buffers": False} and new.forward_sync_buffers is False
+        taken: list = []
+        monkeypatch.setattr(step, "DDP", OldDDP)
+        assert step.no_buffer_sync() == {"broadcast_buffers": False}
+        old, _ = wrap(tiny_loss_model(), CPU, compile_model=False)
+        assert taken == [False] and old.forward_sync_buffers is False
+    finally:
+        torch_dist.destroy_process_group()
+
+
 # ----------------------------------------------------------------------------- fp32 peak
 
 def test_fp32_run_is_measured_against_the_true_fp32_peak():
