@@ -49,11 +49,11 @@ Memory (bytes; GB = 1e9, as torch reports) — n = micro_batch × seq_len tokens
   d(W) product at a time — whatever ``train.compile`` says; the compiled body holds the bf16 casts of
   every block matrix (`autocast_copies`). The H100 rows (2026-11-25, BENCHMARKS.md "Measured on an
   H100") were measured while the loss was still traced into the step's graph, where Inductor kept
-  every chunk's fp32 d(W) product alive at once (3 at 4 chunks, 7 at 8, 16 at 16: counted on CPU);
-  that count plus the casts puts the 16 × 2048 rows (none / every 2nd / every block) and the
-  32 × 2048 block row within −2 … +4 % of the measured peaks, but leaves 9.0 GB of the 64 × 2048
-  block row (75.9 GB) unexplained — the casts and products explain 17.3 of its 23.5 GB above the
-  plain byte count. Whether that part went with the traced loss (e.g. several chunks' [chunk, vocab]
+  several chunks' fp32 d(W) products alive at once (issue 28 counted 3 at 4 chunks and 16 at 16 on
+  CPU; 7 at 8 is interpolated); those products plus the casts put the 16 × 2048 rows (none / every
+  2nd / every block) and the 32 × 2048 block row within −2 … +4 % of the measured peaks, but leave
+  9.0 GB of the 64 × 2048 block row (75.9 GB) unexplained — they explain 14.6 of its 23.5 GB above
+  the former byte count. Whether that part went with the traced loss (e.g. several chunks' [chunk, vocab]
   logits kept alive, 4.3 GB each) is not established: `make gpu-check`'s loss-memory rows measure the
   untraced loss at 16 / 32 / 64 rows against this model. fsdp compiles per block (no casts: the
   gathered bf16 parameters are the compute copies), which nothing here has measured.
@@ -418,7 +418,9 @@ def autocast_copies(s: StepSetup) -> float:
     """bf16 copies of the block matrices held from forward to backward: eager autocast saves them for
     the matmul backward, except inside checkpointed regions (rebuilt there); a compiled step holds
     every block matrix's cast whatever the checkpointing (what the H100 rows need beside the traced
-    loss's products: module docstring; inferred from them, not seen in a memory snapshot)."""
+    loss's products: module docstring; inferred from them, not seen in a memory snapshot — on CPU the
+    compiled forward graph saves the casts without checkpointing but not with every block
+    checkpointed, where they may still be alive in backward: an assumption to check on a GPU)."""
     if not s.bf16:
         return 0.0
     if s.compile:

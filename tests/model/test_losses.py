@@ -294,8 +294,9 @@ def _most_alive(code: str, numel: int) -> int:
 def test_compiled_step_holds_no_weight_product_whatever_the_chunk_count(monkeypatch):
     """Issue 28: traced into the compiled step, the CUDA bf16 form of d(W)'s accumulation
     (``d(W) += product``, forced here on CPU) let Inductor fuse the chain of adds into one kernel after
-    every chunk's matmul, so the compiled code held every chunk's fp32 [vocab, dim] product at once (their
-    number grew with the chunk count). The loss is no longer compiled: the step's Inductor code holds no
+    the chunks' matmuls, so the compiled code held several chunks' fp32 [vocab, dim] products at once, more
+    with more chunks (before this fix this test counted 3 at 2 chunks, 4 at 8). The loss is no longer
+    compiled: the step's Inductor code holds no
     [vocab, dim] buffer at any chunk count, and the eager loss holds one product at a time
     (`test_backward_accumulates_the_weight_gradient_in_place` counts its allocations)."""
     from torch._inductor.utils import run_and_get_code
