@@ -282,6 +282,8 @@ def one_rank_group(device: torch.device):
     if torch_dist.is_initialized():
         raise PipelineError("gpu-check's fsdp rows start their own 1-rank process group: run it without torchrun")
     cuda = device.type == "cuda"
+    if cuda and device.index is None:  # nccl's device_id names one GPU
+        device = torch.device("cuda", torch.cuda.current_device())
     torch_dist.init_process_group("nccl" if cuda else "gloo", store=torch_dist.HashStore(), rank=0, world_size=1,
                                   device_id=device if cuda else None)
     try:
