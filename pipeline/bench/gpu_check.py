@@ -7,9 +7,10 @@ Four parts, each written to ``--out`` as it finishes (atomically; a crash keeps 
 **time budget** (`Budget`, ``--budget-s``: 600 s on CUDA, so that a GPU lent for 15 minutes spends them
 measuring): before it runs, every row is estimated (`row_seconds`: `ROW_SETUP_S`, `COMPILE_S` when it
 compiles — assumed, not yet measured — and its steps at pipeline.perf's predicted step time); the total
-is printed first, and a row that would end past the budget (the seconds spent so far plus its estimate)
-is listed as left out. Rows run in order of priority: smoke rows, the fsdp rows, the loss-memory rows,
-then the reference suite. ``gpu-check.md`` ends with every row's estimated and real seconds.
+is printed first, and a row that would end past the budget (the time used so far — seconds spent, or the
+rows admitted so far at their estimates if more — plus its own estimate) is listed as left out. Rows run
+in order of priority: smoke rows, the fsdp rows, the loss-memory rows, then the reference suite.
+``gpu-check.md`` ends with every row's estimated and real seconds.
 
 1. **Smoke steps** (`SMOKE_ROWS`): `--steps` optimizer steps of the trainer's own step (the model,
    `LossModel`, optimizer and fp8 conversion of pipeline.training) on one fixed random batch of a small
