@@ -21,8 +21,8 @@ Memory (bytes; GB = 1e9, as torch reports) — n = micro_batch × seq_len tokens
 
 * state: fp32 weights 4P; optimizer: AdamW 8P, 8-bit AdamW 2P, Muon 4 B per block-matrix
   parameter (momentum) + AdamW's 8 B for the rest; bf16 autocast copies of the block matrices
-  (2 B each) held from forward to backward by an *eager* step outside checkpointed regions (a
-  compiled step recomputes such casts, fp8's included, from the fp32 weight in backward).
+  (2 B each) held from forward to backward by an *eager* step outside checkpointed regions; a
+  compiled ddp step holds the casts of every block matrix whatever the checkpointing (`autocast_copies`).
 * gradients: fp32 4P, held throughout by ours; allocated during backward by the reference (only the
   lm-head/embedding gradient 4·V·d exists when the loss backward starts).
 * activations per token and layer, a = 2 under bf16 autocast else 4, the residual stream fp32:
@@ -44,15 +44,19 @@ Memory (bytes; GB = 1e9, as torch reports) — n = micro_batch × seq_len tokens
   every stored activation, the logits term) and the first checkpointed block's backward (state, all
   gradients, stored activations, one rebuilt region and its backward buffers, 3 × 4nd); an
   unfused AdamW adds a third: the optimizer step's temporaries (4P).
-* measured on an H100 (2026-11-25, BENCHMARKS.md "Measured on an H100"), our whole-step-compiled
-  ddp step with every block checkpointed holds more than these byte counts: the transient part of
-  the peak (peak − weights, optimizer state, gradients) grew by 20 / 35 / 72 % at 16 / 32 / 64 ×
-  2048 tokens of the 1.24B preset, while the same step eager at 64 × 2048 matched the count (+2 %),
-  as did compiled steps without checkpointing (+7 %) or with every second block (+4 %). The cause
-  (how Inductor schedules the checkpointed recompute and the unrolled loss chunks of one whole-step
-  graph) is not established; `compiled_block_excess` adds the transient × n / `COMPILED_BLOCK_TOKENS`
-  (fitted to those three points: +20 / +40 / +80 %) so the plan does not promise what the GPU refused
-  to give. fsdp compiles per block (a different graph), which nothing here has measured.
+* the compiled step, from its parts (issue 28): the loss is never compiled (pipeline/model/losses.py:
+  a deliberate graph break), so its memory is the eager loss's above — one chunk's temporaries, one
+  d(W) product at a time — whatever ``train.compile`` says; the compiled body holds the bf16 casts of
+  every block matrix (`autocast_copies`). The H100 rows (2026-11-25, BENCHMARKS.md "Measured on an
+  H100") were measured while the loss was still traced into the step's graph, where Inductor kept
+  several chunks' fp32 d(W) products alive at once (issue 28 counted 3 at 4 chunks and 16 at 16 on
+  CPU; 7 at 8 is interpolated); those products plus the casts put the 16 × 2048 rows (none / every
+  2nd / every block) and the 32 × 2048 block row within −2 … +4 % of the measured peaks, but leave
+  9.0 GB of the 64 × 2048 block row (75.9 GB) unexplained — they explain 14.6 of its 23.5 GB above
+  the former byte count. Whether that part went with the traced loss (e.g. several chunks' [chunk, vocab]
+  logits kept alive, 4.3 GB each) is not established: `make gpu-check`'s loss-memory rows measure the
+  untraced loss at 16 / 32 / 64 rows against this model. fsdp compiles per block (no casts: the
+  gathered bf16 parameters are the compute copies), which nothing here has measured.
 * reserved = peak × (1 + `ALLOCATOR_SLACK`) (the caching allocator's rounding and fragmentation: 6 %,
   from the H100's near-capacity rows; the constant's comment gives every measured ratio);
   total = reserved + ``outside_allocator`` (`CUDA_CONTEXT_GB`: CUDA context and cuBLAS workspace, and in a
@@ -73,7 +77,8 @@ Step time of one optimizer step on one GPU = grad_accum × micro-step + optimize
   thresholds): the others keep the bf16 time and store bf16 inputs.
 * logits: ``bf16-materialized`` runs its matmuls with the body; ``ours`` runs them at ``ce_matmul``'s
   peak (bf16 989, TF32 494.5, fp32 67 TFLOP/s on an H100) × ETA, plus the chunked softmax's memory
-  traffic (`CE_BYTES_PER_LOGIT` per logit: eager vs compiled) at the HBM bandwidth × `ETA["memory"]`.
+  traffic (`CE_BYTES_PER_LOGIT` per logit: the loss runs eagerly, compiled step or not) at the HBM
+  bandwidth × `ETA["memory"]`.
 * uncompiled runs: the body's time × `EAGER_FACTOR` (kernel launches and unfused elementwise ops).
 * optimizer: bytes moved per parameter (`OPTIMIZER_BYTES`, incl. clipping) at the HBM bandwidth,
   plus Muon's Newton–Schulz matmuls (5 iterations of 4m²n + 2m³ FLOPs per m×n matrix, m ≤ n) in bf16;
@@ -177,7 +182,7 @@ ETA = {
 EAGER_FACTOR = {"bf16": 1.42, "fp32": 1.10}  # uncompiled body time / compiled (8×2048 bf16; 3 vs 4×2048 fp32)
 FP8_SPEEDUP = {"tensorwise": 1.146, "rowwise": 0.975}  # fp8 linears' matmul time ÷ this (reference −10% / +2%)
 OPTIMIZER_BYTES = {"adamw-fused": 36, "adamw-foreach": 81, "adamw8bit": 24, "muon": 36}  # per parameter, with clipping
-CE_BYTES_PER_LOGIT = {"eager": 32, "compiled": 20}  # ours: memory traffic of the chunked softmax per logit
+CE_BYTES_PER_LOGIT = 32  # ours: memory traffic of the chunked softmax per logit (eager: never compiled)
 DDP_EFFICIENCY = 50_000 / 55_540  # 8×H100 run: 400k tok/s ÷ 8 GPUs vs the 1-GPU bench's 64×2048 / 2.36 s
 # reserved / peak allocated − 1 of the caching allocator (rounding, fragmentation, cache). Measured on the H100
 # (BENCHMARKS.md "Measured on an H100": our 7 steps and 2 CORE scorings) 3–11 %: 3.0 / 4.2 / 6.0 % for the
@@ -195,7 +200,6 @@ CUDA_CONTEXT_GB = 0.5
 # about 1.06 GB on 8 H100s after init (NVIDIA/nccl#1685) and 1.6 GB with one communicator after an all-reduce,
 # context included (NVIDIA/nccl#864). 1 GB: the latter less `CUDA_CONTEXT_GB`, rounded. Not measured here.
 NCCL_BUFFERS_GB = 1.0
-COMPILED_BLOCK_TOKENS = 163_840  # compiled + block checkpointing: transient × tokens / this (H100, measured)
 MUON_NS_STEPS = 5
 
 # ---- FSDP2 (train.parallel: fsdp): stated assumptions, not fitted (no FSDP step has been measured on a GPU
@@ -434,10 +438,15 @@ def optimizer_bytes(s: StepSetup) -> float:
 
 def autocast_copies(s: StepSetup) -> float:
     """bf16 copies of the block matrices held from forward to backward: eager autocast saves them for
-    the matmul backward, except inside checkpointed regions (rebuilt there); a compiled step
-    recomputes the cast from the fp32 weight instead of saving it (so do fp8 casts)."""
-    if not s.bf16 or s.compile:
+    the matmul backward, except inside checkpointed regions (rebuilt there); a compiled step holds
+    every block matrix's cast whatever the checkpointing (what the H100 rows need beside the traced
+    loss's products: module docstring; inferred from them, not seen in a memory snapshot — on CPU the
+    compiled forward graph saves the casts without checkpointing but not with every block
+    checkpointed, where they may still be alive in backward: an assumption to check on a GPU)."""
+    if not s.bf16:
         return 0.0
+    if s.compile:
+        return 2.0 * s.matrix_params
     L = s.n_layers
     held = {
         "none": L * (s.attention_matrix_params + s.mlp_matrix_params),
@@ -484,8 +493,7 @@ def memory(s: StepSetup) -> dict[str, float]:
     if s.optimizer == "adamw" and s.adamw_kernel == "foreach":
         moments["optimizer step"] = state - parts["gathered"] + 2 * parts["gradients"]
     where = max(moments, key=moments.get)
-    parts["compiled_excess"] = compiled_block_excess(s, moments[where] - state - parts["gradients"])
-    peak = moments[where] + parts["compiled_excess"]
+    peak = moments[where]
     out = {k: v / GB for k, v in parts.items()}
     out.update(peak=peak / GB, reserved=peak * (1 + ALLOCATOR_SLACK) / GB, outside_allocator=outside_allocator_gb(s))
     out["total"] = out["reserved"] + out["outside_allocator"]
@@ -500,15 +508,6 @@ def outside_allocator_gb(s: StepSetup) -> float:
     if s.device != "cuda":
         return 0.0
     return CUDA_CONTEXT_GB + (NCCL_BUFFERS_GB if s.world_size > 1 else 0.0)
-
-
-def compiled_block_excess(s: StepSetup, transient: float) -> float:
-    """What our whole-step-compiled ddp step with every block checkpointed held on an H100 beyond the
-    byte counts: `transient` (the peak's bytes beyond weights, optimizer state and gradients) × n /
-    `COMPILED_BLOCK_TOKENS` (module docstring: measured, cause not established); 0 for any other step."""
-    applies = (s.device == "cuda" and s.compile and s.checkpoint == "block" and s.logits == "ours"
-               and s.parallel == "ddp")
-    return transient * s.tokens / COMPILED_BLOCK_TOKENS if applies else 0.0
 
 
 def fsdp_gathered_bytes(s: StepSetup) -> float:
@@ -663,8 +662,7 @@ def step_time(s: StepSetup) -> dict[str, float]:
     else:
         ce_peak = _peak(s, s.ce_matmul) if s.device == "cuda" else peak
         eta = ETA["train"]["fp32" if s.ce_matmul == "fp32" else "bf16"]
-        kind = "compiled" if s.compile else "eager"
-        logits = lm_flops / (ce_peak * eta) + n * V * CE_BYTES_PER_LOGIT[kind] / bw
+        logits = lm_flops / (ce_peak * eta) + n * V * CE_BYTES_PER_LOGIT / bw
     if not s.compile:
         body *= EAGER_FACTOR[body_precision]
     kernel = s.optimizer if s.optimizer != "adamw" else f"adamw-{s.adamw_kernel}"

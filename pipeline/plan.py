@@ -533,7 +533,7 @@ def _rows(plan: dict) -> list[tuple[str, str]]:
         for s, r in plan["shards_per_source"].items()
     )
     parts = ("weights", "optimizer", "autocast_copies", "gradients", "gathered", "reduce_buffers", "activations",
-             "logits", "recompute", "compiled_excess")
+             "logits", "recompute")
     breakdown = ", ".join(f"{k.replace('_', ' ')} {mem[k]:.1f}" for k in parts if mem[k])
     hw = plan["hardware"]
     nominal = f" ({hw['gpu_memory_gb']:g} GiB)" if hw["capacity_gb"] != hw["gpu_memory_gb"] else ""

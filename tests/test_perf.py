@@ -122,13 +122,49 @@ MEASURED_H100 = [  # (micro_batch, checkpoint, compile, measured peak allocated 
 ]
 
 
+# The rows were measured while the loss was traced into the compiled step (issue 28), where Inductor kept several
+# chunks' fp32 [vocab, dim] d(W) products alive at once: chunks -> products alive (ce_chunk_tokens 8192: 4 chunks at
+# 16 rows, 8 at 32, 16 at 64). 4 -> 3 and 16 -> 16 are issue 28's count (on CPU, the loss alone); 8 -> 7 is
+# interpolated, not counted. (At a tiny shape, vocab 1000 × dim 24, this branch's CPU count of the traced loss's
+# Inductor code was 3 at 2 chunks and 4 at 4, 8 and 16: the issue's 16 at 16 was not reproduced there; the count
+# depends on Inductor's schedule and the shapes.) The loss no longer compiles (one product at a time, what `memory`
+# counts), so these extra products are the old step's, not ours.
+TRACED_LOSS_PRODUCTS = {4: 3, 8: 7, 16: 16}
+
+
+def _as_measured(m: dict, s: StepSetup) -> float:
+    """`memory`'s peak of the step as it ran on the H100: with the traced loss's extra products at the moment
+    the loss ran (the loss-backward moment's parts: the products were summed into d(W) in the forward)."""
+    if not s.compile:
+        return m["peak"]
+    extra = (TRACED_LOSS_PRODUCTS[s.tokens // s.ce_chunk] - 1) * 4 * s.vocab * s.dim / 1e9
+    loss = sum(m[k] for k in ("weights", "optimizer", "autocast_copies", "gradients", "activations", "logits"))
+    return max(m["peak"], loss + extra)
+
+
 @pytest.mark.parametrize("micro_batch,checkpoint,compile_,measured", MEASURED_H100)
 def test_our_step_against_the_h100(micro_batch, checkpoint, compile_, measured):
-    """Within 10 % of the measured peak; the compiled block-checkpointed rows only with `compiled_block_excess`
-    (without it the 64 × 2048 row was predicted 52.3 GB: 31 % under the GPU's 75.9)."""
-    m = memory(OURS.replace(micro_batch=micro_batch, checkpoint=checkpoint, compile=compile_))
-    assert 0.9 * measured <= m["peak"] <= 1.1 * measured, m
-    assert m["total"] <= capacity_gb(80, "cuda")  # every row ran
+    """The mechanism, not a fitted excess: the byte counts (the compiled body holding the bf16 casts of the
+    block matrices) plus the traced loss's products explain every row within −3 … +5 % but the compiled
+    64 × 2048 block row, of which 9 ± 1.5 GB stays unexplained (BENCHMARKS.md "The compiled loss's memory");
+    this test fails when a change to the model explains it or makes it worse. Every row ran: each fits."""
+    s = OURS.replace(micro_batch=micro_batch, checkpoint=checkpoint, compile=compile_)
+    m = memory(s)
+    if (micro_batch, checkpoint, compile_) == (64, "block", True):
+        assert measured - _as_measured(m, s) == pytest.approx(9.0, abs=1.5), m
+    else:
+        assert 0.97 * measured <= _as_measured(m, s) <= 1.05 * measured, (_as_measured(m, s), m)
+    assert m["total"] <= capacity_gb(80, "cuda")
+
+
+def test_compiled_loss_memory_does_not_grow_with_the_chunk_count():
+    """Issue 28: with the loss traced, a smaller ce_chunk_tokens raised the compiled step's memory (more products
+    alive). Now the loss term is one chunk's: fewer tokens per chunk, less memory, compiled or not."""
+    s = OURS.replace(micro_batch=64, checkpoint="block")
+    for compile_ in (True, False):
+        loss = [memory(s.replace(compile=compile_, ce_chunk=c))["logits"] for c in (2048, 4096, 8192)]
+        assert loss[0] < loss[1] < loss[2]
+    assert memory(s)["logits"] == memory(s.replace(compile=False))["logits"]
 
 
 # The same steps' reserved GB (`torch.cuda.max_memory_reserved`, BENCHMARKS.md): 3–11 % above the peak.
@@ -174,8 +210,7 @@ def test_our_loss_needs_less_memory_than_materialized_logits():
     for changes in (dict(checkpoint="block", micro_batch=64), dict(checkpoint="block"), dict()):
         a, b = memory(ours.replace(**changes)), memory(REFERENCE.replace(grads_persistent=True, **changes))
         assert a["logits"] < b["logits"]
-        if a["compiled_excess"] == 0:  # same gradient handling; but see test_our_step_against_the_h100
-            assert a["reserved"] < b["reserved"]
+        assert a["reserved"] < b["reserved"]
     big = dict(checkpoint="block", micro_batch=64)
     assert memory(ours.replace(**big))["logits"] < memory(REFERENCE.replace(**big))["logits"] / 3
     # one chunk's fp32 logits, never [tokens, vocab]: the term grows with the micro-batch only by the
@@ -251,11 +286,13 @@ def test_fsdp_memory_against_a_hand_computation():
     assert fsdp["reduce_buffers"] == round((block * (2 + 4) + 4 * 32_000 * 1024) / 1e9, 3) == 0.222
     assert ddp["gathered"] == ddp["reduce_buffers"] == 0
     # the same activations and loss; at the loss backward (the peak of both, no checkpointing) the peaks
-    # differ by 7/8 of the 16 B/param state less the gathered units (backward's buffers come later)
+    # differ by 7/8 of the 16 B/param state less the gathered units (backward's buffers come later), and by
+    # ddp's compiled body's bf16 casts of the block matrices (fsdp's gathered bf16 parameters are its casts)
     for k in ("activations", "logits", "recompute"):
         assert fsdp[k] == ddp[k]
     assert fsdp["peak_at"] == ddp["peak_at"] == "loss backward"
-    saved = 16 * P * 7 / 8 - (2 * block * 2 + root * 4)
+    assert fsdp["autocast_copies"] == 0 and ddp["autocast_copies"] == round(2 * 4 * (block - 2_048) / 1e9, 3)
+    saved = 16 * P * 7 / 8 - (2 * block * 2 + root * 4) + 2 * 4 * (block - 2_048)
     assert ddp["peak"] - fsdp["peak"] == pytest.approx(saved / 1e9, abs=2e-3)
     # fp32 training gathers fp32 parameters and reduce-scatters them without a copy
     fp32 = memory(s.replace(bf16=False))

@@ -79,9 +79,9 @@ def test_llama_1b_preset_plan():
     assert plan["trained_tokens"] >= plan["target_tokens"] > plan["trained_tokens"] - plan["tokens_per_step"]
     assert plan["n_params_non_embedding"] == plan["n_params"] - 131072 * 2048 and plan["n_params_lm_head"] == 0
     assert plan["shards_available"] == 1823 and plan["shards_needed"] <= 1823
-    # fits, with the compiled block-checkpointed step's measured excess (pipeline.perf.compiled_block_excess):
-    # one H100 held 75.9 GB allocated, 79.1 reserved at this micro-step (BENCHMARKS.md)
-    assert plan["fits_memory"] and 78 <= plan["est_memory_gb"] <= 85.9
+    # fits: predicted from the parts, the loss untraced (pipeline.perf, issue 28); one H100 held 75.9 GB allocated
+    # at this micro-step with the loss traced, 9 GB of it unexplained (BENCHMARKS.md "The compiled loss's memory")
+    assert plan["fits_memory"] and 54 <= plan["est_memory_gb"] <= 58
 
 
 def test_gpt_500m_preset_accumulates_gradients():

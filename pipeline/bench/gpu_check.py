@@ -1,9 +1,16 @@
 """`make gpu-check` (`python -m pipeline.bench --gpu-check`): the acceptance check of a user's first GPU node.
 
-    python -m pipeline.bench --gpu-check [--out results/gpu-check] [--device cuda|cpu] [--steps 5]
-        [--suite-steps 10] [--suite-warmup 3] [--configfile configs/llama3-1b-fineweb.yaml]
+    python -m pipeline.bench --gpu-check [--out results/gpu-check] [--device cuda|cpu] [--smoke-steps 5]
+        [--steps 10] [--warmup 3] [--budget-s 600] [--configfile configs/llama3-1b-fineweb.yaml]
 
-Three parts, each written to ``--out`` as it finishes (atomically; a crash keeps what was done):
+Four parts, each written to ``--out`` as it finishes (atomically; a crash keeps what was done), within a
+**time budget** (`Budget`, ``--budget-s``: 600 s on CUDA, so that a GPU lent for 15 minutes spends them
+measuring): before it runs, every row is estimated (`row_seconds`: `ROW_SETUP_S`, `COMPILE_S` when it
+compiles — assumed, not yet measured — and its steps at pipeline.perf's predicted step time); the total
+is printed first, and a row that would end past the budget (the time used so far — seconds spent, or the
+rows admitted so far at their estimates if more — plus its own estimate) is listed as left out. Rows run
+in order of priority: smoke rows, the fsdp rows, the loss-memory rows, then the reference suite.
+``gpu-check.md`` ends with every row's estimated and real seconds.
 
 1. **Smoke steps** (`SMOKE_ROWS`): `--steps` optimizer steps of the trainer's own step (the model,
    `LossModel`, optimizer and fp8 conversion of pipeline.training) on one fixed random batch of a small
@@ -21,20 +28,32 @@ Three parts, each written to ``--out`` as it finishes (atomically; a crash keeps
    quantisation error is a few percent of the loss (measured on an H100, BENCHMARKS.md). The CPU row
    (chunked CE, eager fp32) always runs; a CUDA row on a
    machine without CUDA (CI) is listed as skipped with the reason, so the command runs everywhere.
-2. **The reference suite** (`pipeline.bench.suite`, the reference write-up's 1×H100 rows) on
+   The **fsdp rows** (``train.parallel: fsdp``; `run_fsdp_row`) shard the model with FSDP2 over a
+   1-rank process group started in-process (`one_rank_group`: gloo on CPU — CI runs this row —,
+   nccl on CUDA: bf16 gathers, blocks compiled one by one), train the same steps, then validate and
+   sample as training does, under `gathered` in eval mode: the validation batch's CE is held to the
+   row's tolerance against the reference model's, and a greedy sample of `SAMPLE_TOKENS` tokens must
+   come out.
+2. **The compiled loss's memory** (`LOSS_MEMORY_ROWS`, CUDA only): the ``--configfile`` preset's compiled
+   bf16 step with every block checkpointed at 16 / 32 / 64 rows, one warm-up and one timed step, its
+   peak allocated memory against pipeline.perf (issue 28: with the loss traced into the compiled graph
+   the 64-row step held 9 GB nothing explained; BENCHMARKS.md).
+3. **The reference suite** (`pipeline.bench.suite`, the reference write-up's 1×H100 rows) on
    ``--configfile`` (default the 1.2B preset); on CPU on a tiny model (`CPU_SUITE_MODEL`, 1 timed
    step: the plumbing, not the GPU).
-3. **Measured vs predicted** (``gpu-check.md`` / ``.json``): for every smoke and suite row, the measured
+4. **Measured vs predicted** (``gpu-check.md`` / ``.json``): for every smoke and suite row, the measured
    step time and peak allocated memory (CUDA only) beside `pipeline.perf`'s prediction and the ratio
    measured / predicted. The smoke rows' step time is the median of the steps after the first
    (compilation).
 
 Files in ``--out``: ``smoke.json``, ``reference.md`` + ``reference.json`` (the suite, rewritten after
-every row), ``gpu-check.md`` + ``gpu-check.json`` (the combined table and every row). Exit status 1
+every row), ``gpu-check.md`` + ``gpu-check.json`` (the combined tables and every row, the loss-memory
+rows and the budget's estimates and real seconds included). Exit status 1
 when a smoke row that ran is outside its tolerance (everything is written first).
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -42,22 +61,35 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from pipeline.bench.suite import format_suite, predict, release_device, run_suite, skip_reason, write_suite
+from pipeline.bench.suite import (
+    REFERENCE_SUITE,
+    format_suite,
+    predict,
+    release_device,
+    run_suite,
+    skip_reason,
+    suite_config,
+    write_suite,
+)
 from pipeline.budget import gpu_type_of
 from pipeline.config import deep_merge, load_config, resolve_config
-from pipeline.distributed import seed_everything
+from pipeline.distributed import Dist, seed_everything
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_write, get_logger, write_json
 from pipeline.training.metrics import memory_stats
 from pipeline.training.optim import build_optimizer
 from pipeline.training.step import (
     LossModel,
+    accumulate_gradients,
     autocast_dtype,
     build_model,
     ce_matmul,
     clip_gradients,
+    gathered,
     set_matmul_precision,
+    shard_model,
     use_compile,
+    wrap,
     zero_gradients,
 )
 
@@ -83,7 +115,65 @@ SMOKE_ROWS = [
      "torchao fp8 (tensorwise) on the filtered linears"),
     ("cuda compile bf16 fp8 rowwise", "cuda", {"precision": "bf16", "compile": True, "fp8": "rowwise"}, False,
      "torchao fp8 (rowwise) on the filtered linears"),
+    ("cpu fsdp fp32", "cpu", {"precision": "fp32", "compile": False, "parallel": "fsdp"}, False,
+     "FSDP2 on a 1-rank gloo group: sharded steps, then a validation and a sample under gathered()"),
+    ("cuda fsdp compile bf16", "cuda", {"precision": "bf16", "compile": True, "parallel": "fsdp"}, False,
+     "FSDP2 on a 1-rank nccl group: bf16 gathers, per-block compile, a validation and a sample under gathered()"),
 ]
+SAMPLE_TOKENS = 8  # greedy tokens the fsdp rows sample from the gathered model
+
+# The compiled loss's memory (issue 28): the preset's compiled bf16 step with every block checkpointed at
+# 16 / 32 / 64 rows, peak allocated after one warm-up step against pipeline.perf (suite rows: name, micro-batch,
+# checkpointing, fp8, optimizer).
+LOSS_MEMORY_ROWS = [(f"loss memory {mb} block", mb, "block", "none", "adamw") for mb in (16, 32, 64)]
+LOSS_MEMORY_STEPS, LOSS_MEMORY_WARMUP = 1, 1
+# The time budget (`Budget`): one H100 lent for 15 minutes, of which start-up and transfers take some.
+BUDGET_S = 600.0
+# Assumed seconds per row beyond its predicted steps, not measured yet (gpu-check.json records each row's real
+# seconds beside its estimate, so the next GPU run can correct them): building the model and optimizer and
+# releasing them, and torch.compile of a smoke model (2 layers) or of the preset (16 layers, checkpointed).
+ROW_SETUP_S = 5.0
+COMPILE_S = {"smoke": 40.0, "preset": 75.0}
+
+
+class Budget:
+    """The rows of a gpu-check in order of priority (smoke rows, the fsdp rows, the loss-memory rows, then the
+    reference suite), each estimated before it runs (`row_seconds`): a row runs when the time used so far —
+    the seconds spent, or the admitted rows' estimates if more — plus its estimate fits `seconds` (None: no
+    budget), else it is listed as left out. ``rows`` keeps every row's estimate and, once run, its real seconds."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds, self.start, self.rows, self.planned = seconds, time.perf_counter(), [], 0.0
+
+    def spent(self) -> float:
+        return time.perf_counter() - self.start
+
+    def admit(self, name: str, estimate_s: float) -> str | None:
+        """None when the row may run (its timing starts now), else the reason it is left out."""
+        self._close()
+        used = max(self.spent(), self.planned)
+        fits = self.seconds is None or used + estimate_s <= self.seconds
+        self.rows.append({"name": name, "estimate_s": round(estimate_s, 1), "ran": fits, "seconds": None,
+                          "_start": time.perf_counter()})
+        if fits:
+            self.planned += estimate_s
+            return None
+        return f"left out: {used:.0f} s used + {estimate_s:.0f} s estimated > the {self.seconds:.0f} s budget"
+
+    def _close(self) -> None:
+        if self.rows and self.rows[-1]["ran"] and self.rows[-1]["seconds"] is None:
+            self.rows[-1]["seconds"] = round(time.perf_counter() - self.rows[-1]["_start"], 1)
+
+    def report(self) -> list[dict]:
+        self._close()
+        return [{k: v for k, v in r.items() if k != "_start"} for r in self.rows]
+
+
+def row_seconds(cfg: dict, steps: int, compile_kind: str) -> float:
+    """A row's estimated seconds: `ROW_SETUP_S`, `COMPILE_S` when it compiles, and `steps` predicted steps
+    (pipeline.perf; on CPU its nominal 1 TFLOP/s)."""
+    compiled = use_compile(cfg, torch.device(cfg["hardware"]["device"]))
+    return ROW_SETUP_S + (COMPILE_S[compile_kind] if compiled else 0.0) + steps * predict(cfg)["step_time_s"]
 
 
 def smoke_config(device: str, model: dict | None = None) -> dict:
@@ -125,8 +215,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def reference_losses(cfg: dict, steps: int, masked: bool) -> list[float]:
-    """The oracle: `steps` AdamW steps on the CPU in fp32, eager, unchunked CE over model.forward's logits."""
+def reference_losses(cfg: dict, steps: int, masked: bool) -> dict:
+    """The oracle: `steps` AdamW steps on the CPU in fp32, eager, unchunked CE over model.forward's logits:
+    ``{"losses": per step, "val_loss": the trained model's CE on the validation batch (`smoke_batch` seed 1)}``."""
     cfg = deep_merge(cfg, {"hardware": {"device": "cpu"}, "train": {"precision": "fp32", "compile": False,
                                                                      "fp8": "none"}})
     set_matmul_precision("fp32")
@@ -144,7 +235,11 @@ def reference_losses(cfg: dict, steps: int, masked: bool) -> list[float]:
         optimizer.step()
         zero_gradients(optimizer)
         losses.append(float(loss.detach()))
-    return losses
+    vx, vy, _ = smoke_batch(cfg, seed=1)
+    with torch.no_grad():
+        logits = model(vx)
+        val = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), vy.reshape(-1))
+    return {"losses": losses, "val_loss": float(val)}
 
 
 def run_smoke_row(cfg: dict, steps: int, masked: bool) -> dict:
@@ -179,6 +274,70 @@ def run_smoke_row(cfg: dict, steps: int, masked: bool) -> dict:
             "reserved_gb": mem.get("mem/reserved_gb")}
 
 
+@contextlib.contextmanager
+def one_rank_group(device: torch.device):
+    """A process group of this process alone (gloo on CPU, nccl on CUDA; an in-process store, no
+    torchrun): what FSDP2 needs to shard over one rank. Destroyed at the exit."""
+    import torch.distributed as torch_dist
+
+    if torch_dist.is_initialized():
+        raise PipelineError("gpu-check's fsdp rows start their own 1-rank process group: run it without torchrun")
+    cuda = device.type == "cuda"
+    if cuda and device.index is None:  # nccl's device_id names one GPU
+        device = torch.device("cuda", torch.cuda.current_device())
+    torch_dist.init_process_group("nccl" if cuda else "gloo", store=torch_dist.HashStore(), rank=0, world_size=1,
+                                  device_id=device if cuda else None)
+    try:
+        yield Dist(0, 0, 1, device, owns_group=True)
+    finally:
+        torch_dist.destroy_process_group()
+
+
+def run_fsdp_row(cfg: dict, steps: int, masked: bool) -> dict:
+    """`run_smoke_row` under FSDP2 as the trainer shards (`shard_model`: blocks compiled one by one when
+    compiling, bf16 gathers in a bf16 run; `accumulate_gradients`), on a 1-rank group; then, as training
+    validates, under `gathered` in eval mode: the CE of the validation batch (``val_loss``, compared with
+    the reference's) and a greedy sample of `SAMPLE_TOKENS` tokens (``sample``)."""
+    device = torch.device(cfg["hardware"]["device"])
+    train = cfg["train"]
+    set_matmul_precision(ce_matmul(cfg))
+    seed_everything(cfg["seed"])
+    model = build_model(cfg, device)  # the reference's weights, sharded below
+    x, y, doc_ids = (v.to(device) for v in smoke_batch(cfg))
+    batch = (x, y, None, doc_ids if masked else None)
+    n_targets = torch.tensor(y.numel(), device=device)
+    with one_rank_group(device) as dist:
+        compiled = use_compile(cfg, device)
+        shard_model(model, cfg, dist, compiled)
+        optimizer = build_optimizer(model, train, device.type)
+        loss_model = LossModel(model, autocast_dtype(cfg, device), train["ce_chunk_tokens"], ce_matmul(cfg))
+        root, fwd = wrap(loss_model, dist, compiled)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        losses, times = [], []
+        for _ in range(steps):
+            _sync(device)
+            start = time.perf_counter()
+            loss_sum = accumulate_gradients(root, fwd, [batch], n_targets, dist.world_size)
+            clip_gradients(params, train["grad_clip"])
+            optimizer.step()
+            zero_gradients(optimizer)
+            _sync(device)
+            times.append(time.perf_counter() - start)
+            losses.append(float(loss_sum / y.numel()))
+        mem = memory_stats(device)
+        vx, vy, _ = (v.to(device) for v in smoke_batch(cfg, seed=1))
+        model.eval()
+        with gathered(model), torch.no_grad():
+            val_sum, val_count = loss_model(vx, vy)
+            sample = model.generate(x[:1, :SAMPLE_TOKENS], SAMPLE_TOKENS, temperature=0.0)[0, SAMPLE_TOKENS:]
+        model.train()
+    return {"losses": losses, "step_time_s": statistics.median(times[1:] or times), "peak_gb": mem.get("mem/peak_gb"),
+            "reserved_gb": mem.get("mem/reserved_gb"), "val_loss": float(val_sum / val_count),
+            "sample": sample.tolist()}
+
+
 def _skip_reason(device: str, overrides: dict, cuda: bool) -> str | None:
     if device == "cuda" and not cuda:
         return "needs CUDA: no CUDA device is visible"
@@ -190,31 +349,44 @@ def _skip_reason(device: str, overrides: dict, cuda: bool) -> str | None:
     return None
 
 
-def run_smoke(steps: int, cuda: bool, on_row=None, gpu: str = "H100") -> list[dict]:
+def _smoke_row_config(cuda: bool, device: str, overrides: dict, gpu: str) -> dict:
+    cfg = deep_merge(smoke_config("cuda" if cuda else "cpu"), {"hardware": {"device": device}, "train": overrides})
+    return deep_merge(cfg, {"hardware": {"gpu_type": gpu if device == "cuda" else "cpu"}})  # predict for it
+
+
+def run_smoke(steps: int, cuda: bool, on_row=None, gpu: str = "H100", budget: Budget | None = None) -> list[dict]:
     """Every SMOKE_ROWS row: {name, checks, device, precision, tolerance, losses, reference, max_abs_diff,
-    loss_diff, passed, step_time_s, peak_gb, predicted, skipped}. A row's exception is recorded (skipped),
-    never raised."""
+    loss_diff, passed, step_time_s, peak_gb, predicted, skipped} (fsdp rows: also val_loss,
+    reference_val_loss, sample). A row's exception is recorded (skipped), never raised; a row the
+    `budget` has no time for is left out (skipped, with the reason)."""
+    budget = budget or Budget(None)
     references: dict[tuple[str, bool], list[float]] = {}
     rows = []
     for name, device, overrides, masked, checks in SMOKE_ROWS:
-        cfg = deep_merge(smoke_config("cuda" if cuda else "cpu"), {"hardware": {"device": device},
-                                                                  "train": overrides})
-        cfg = deep_merge(cfg, {"hardware": {"gpu_type": gpu if device == "cuda" else "cpu"}})  # predict for it
+        cfg = _smoke_row_config(cuda, device, overrides, gpu)
         kind = "fp8" if overrides.get("fp8", "none") != "none" else overrides["precision"]
         row = {"name": name, "checks": checks, "device": device, "precision": kind, "doc_mask": masked,
                "tolerance": TOLERANCE[kind], "model": cfg["model"], "losses": None, "reference": None,
                "max_abs_diff": None, "loss_diff": None, "passed": None, "step_time_s": None, "peak_gb": None,
                "predicted": predict(cfg), "skipped": _skip_reason(device, overrides, cuda)}
         if row["skipped"] is None:
+            row["skipped"] = budget.admit(name, row_seconds(cfg, steps, "smoke"))
+        if row["skipped"] is None:
             try:
                 key = (str(cfg["model"]), masked)
                 if key not in references:
                     references[key] = reference_losses(cfg, steps, masked)
-                row["reference"] = references[key]
-                row.update(run_smoke_row(cfg, steps, masked))
+                row["reference"] = references[key]["losses"]
+                fsdp = overrides.get("parallel") == "fsdp"
+                row.update((run_fsdp_row if fsdp else run_smoke_row)(cfg, steps, masked))
                 row["max_abs_diff"] = max(abs(a - b) for a, b in zip(row["losses"], row["reference"]))
                 row["loss_diff"] = loss_diff(row["losses"], row["reference"])
                 row["passed"] = row["loss_diff"] <= row["tolerance"]
+                if fsdp:  # the validation after training is held to the same tolerance; the sample must exist
+                    row["reference_val_loss"] = references[key]["val_loss"]
+                    val_diff = loss_diff([row["val_loss"]], [row["reference_val_loss"]])
+                    row["passed"] = row["passed"] and val_diff <= row["tolerance"] and \
+                        len(row["sample"]) == SAMPLE_TOKENS
             except Exception as e:  # one row's failure is that row's result
                 row["skipped"] = skip_reason(e)
                 log.warning("smoke row %r: %s", name, row["skipped"])
@@ -267,23 +439,45 @@ def format_check(smoke: list[dict], suite: list[dict], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def format_loss_memory(rows: list[dict]) -> str:
+    """Markdown: the loss-memory rows' peak allocated GB, measured / predicted / ratio."""
+    lines = ["## The compiled loss's memory (issue 28): peak allocated vs pipeline.perf", "",
+             "| row | peak allocated GB (meas. / pred. / ratio) |", "|---|---|"]
+    for r in rows:
+        m, p = r["measured"], r["predicted"]
+        if m is None:
+            lines.append(f"| {r['name']} | {r['skipped']}; pred. {p['peak_gb']:.1f} |")
+        else:
+            lines.append(f"| {r['name']} | {_num(m['peak_gb'], '.1f')} / {p['peak_gb']:.1f} / "
+                         f"{_ratio(m['peak_gb'], p['peak_gb'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def format_budget(budget: dict) -> str:
+    """Markdown: the time budget, and every row's estimated and real seconds."""
+    limit = "none" if budget["seconds"] is None else f"{budget['seconds']:.0f} s"
+    lines = ["## Time (`Budget`)", "", f"Budget {limit}; every row estimated {budget['estimate_all_s']:.0f} s; "
+             f"this run took {budget['spent_s']:.0f} s.", "", "| row | estimated s | real s |", "|---|---|---|"]
+    lines += [f"| {r['name']} | {r['estimate_s']:.0f} | {'left out' if not r['ran'] else _num(r['seconds'], '.0f')} |"
+              for r in budget["rows"]]
+    return "\n".join(lines) + "\n"
+
+
 def run_gpu_check(out: str | Path, bench, configfile: str, device: str | None = None, steps: int = 5,
-                  suite_steps: int = 10, suite_warmup: int = 3) -> dict:
-    """The three parts (module docstring), the suite's rows timed by ``bench(cfg, steps, warmup)``
-    (`pipeline.bench.step.run_bench`) on `configfile` (CUDA only); returns {device, smoke, suite, passed}."""
+                  suite_steps: int = 10, suite_warmup: int = 3, budget_s: float | None = None) -> dict:
+    """The parts (module docstring), the suite's and the loss-memory rows timed by ``bench(cfg, steps, warmup)``
+    (`pipeline.bench.step.run_bench`) on `configfile` (CUDA only), within `budget_s` seconds (None: `BUDGET_S`
+    on CUDA, no budget on CPU; ≤ 0: no budget); returns {device, smoke, loss_memory, suite, budget, passed}."""
     cuda = torch.cuda.is_available() if device is None else device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise PipelineError("--device cuda: no CUDA device is visible")
+    if budget_s is None:
+        budget_s = BUDGET_S if cuda else 0
+    budget = Budget(budget_s if budget_s > 0 else None)
     out = Path(out)
     name = torch.cuda.get_device_properties(0).name if cuda else "cpu"
     gpu = gpu_type_of(name)  # an unknown GPU is refused here, before any work
     header = {"device": name, "gpu_type": gpu}
-
-    def smoke_progress(row: dict, rows: list[dict]) -> None:
-        write_json(out / "smoke.json", {**header, "rows": rows})
-        print(f"smoke {row['name']}: {row['skipped'] or ('pass' if row['passed'] else 'FAIL')}", flush=True)
-
-    smoke = run_smoke(steps, cuda, on_row=smoke_progress, gpu=gpu if cuda else "H100")
     if cuda:
         suite_cfg = deep_merge(load_config(configfile), {"hardware": {"device": "cuda", "gpu_type": gpu}})
         title = f"Reference suite on {name}: {configfile}"
@@ -295,17 +489,52 @@ def run_gpu_check(out: str | Path, bench, configfile: str, device: str | None = 
                                     "hardware": {"device": "cpu", "gpu_type": "cpu"}})
         suite_steps, suite_warmup = 1, 0
         title = "Reference suite on cpu: a tiny model (the plumbing, not the GPU)"
+    estimates = [row_seconds(_smoke_row_config(cuda, device_, overrides, gpu if cuda else "H100"), steps, "smoke")
+                 for _, device_, overrides, *_ in SMOKE_ROWS if cuda or device_ == "cpu"]
+    estimates += [row_seconds(suite_config(suite_cfg, *r[1:]), LOSS_MEMORY_STEPS + LOSS_MEMORY_WARMUP, "preset")
+                  for r in LOSS_MEMORY_ROWS if cuda]
+    estimates += [row_seconds(suite_config(suite_cfg, *r[1:]), suite_steps + suite_warmup, "preset")
+                  for r in REFERENCE_SUITE]
+    estimate_all = sum(estimates)
+    limit = "no budget" if budget.seconds is None else f"budget {budget.seconds:.0f} s"
+    print(f"gpu-check: every row estimated at {estimate_all:.0f} s ({limit}; rows over it are left out)", flush=True)
+
+    def smoke_progress(row: dict, rows: list[dict]) -> None:
+        write_json(out / "smoke.json", {**header, "rows": rows})
+        print(f"smoke {row['name']}: {row['skipped'] or ('pass' if row['passed'] else 'FAIL')}", flush=True)
+
+    smoke = run_smoke(steps, cuda, on_row=smoke_progress, gpu=gpu if cuda else "H100", budget=budget)
+
+    def admit(compile_kind: str, n_steps: int):
+        def skip(row_name: str, row_cfg: dict) -> str | None:
+            if not cuda and compile_kind == "preset" and row_name.startswith("loss memory"):
+                return "needs CUDA: the preset's compiled step on a GPU"
+            return budget.admit(row_name, row_seconds(row_cfg, n_steps, compile_kind))
+        return skip
+
+    def row_progress(kind: str):
+        def progress(row: dict, rows: list[dict]) -> None:
+            m = row["measured"]
+            print(f"{kind} {row['name']}: {row['skipped'] or format(m['step_time_s'], '.3f') + ' s'}", flush=True)
+        return progress
+
+    loss_memory = run_suite(suite_cfg, LOSS_MEMORY_STEPS, LOSS_MEMORY_WARMUP, bench, on_row=row_progress("loss"),
+                            suite=LOSS_MEMORY_ROWS, skip=admit("preset", LOSS_MEMORY_STEPS + LOSS_MEMORY_WARMUP))
     suite_header = {**header, "configfile": configfile if cuda else None}
 
     def suite_progress(row: dict, rows: list[dict]) -> None:
         write_suite(out / "reference.md", format_suite(rows, title), suite_header, rows)
-        m = row["measured"]
-        print(f"suite {row['name']}: {row['skipped'] or format(m['step_time_s'], '.3f') + ' s'}", flush=True)
+        row_progress("suite")(row, rows)
 
-    suite = run_suite(suite_cfg, suite_steps, suite_warmup, bench, on_row=suite_progress)
+    suite = run_suite(suite_cfg, suite_steps, suite_warmup, bench, on_row=suite_progress,
+                      skip=admit("preset", suite_steps + suite_warmup))
     passed = all(r["passed"] is not False for r in smoke)
-    result = {**header, "passed": passed, "smoke": smoke, "suite": suite}
-    text = format_check(smoke, suite, f"make gpu-check on {name} ({gpu})")
+    timing = {"seconds": budget.seconds, "estimate_all_s": round(estimate_all, 1), "spent_s": round(budget.spent(), 1),
+              "rows": budget.report()}
+    result = {**header, "passed": passed, "smoke": smoke, "loss_memory": loss_memory, "suite": suite,
+              "budget": timing}
+    text = (format_check(smoke, suite, f"make gpu-check on {name} ({gpu})") + "\n" + format_loss_memory(loss_memory)
+            + "\n" + format_budget(timing))
     with atomic_write(out / "gpu-check.md", encoding="utf-8") as f:
         f.write(text)
     write_json(out / "gpu-check.json", result)

@@ -204,6 +204,8 @@ def main(argv=None) -> None:
                    help="the GPU acceptance check (pipeline.bench.gpu_check; `make gpu-check`): smoke steps vs the "
                         "CPU fp32 reference, the reference suite, measured vs predicted; --out is its directory")
     p.add_argument("--smoke-steps", type=int, default=5, help="--gpu-check: optimizer steps per smoke row")
+    p.add_argument("--budget-s", type=float, help="--gpu-check: seconds it may take; rows that would not fit are "
+                                                  "left out (default 600 on CUDA, no budget on CPU; 0: no budget)")
     p.add_argument("--out", help="--suite: also write the table here (markdown) and its rows beside it (.json); "
                                  "--gpu-check: the output directory (default results/gpu-check)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -223,7 +225,7 @@ def main(argv=None) -> None:
         if args.smoke_steps < 2:
             p.error("--smoke-steps must be >= 2 (the first step is compilation, not timed)")
         run_gpu_check(args.out or "results/gpu-check", run_bench, args.configfile or SUITE_CONFIG, args.device,
-                      args.smoke_steps, args.steps, args.warmup)
+                      args.smoke_steps, args.steps, args.warmup, args.budget_s)
         return None
     if args.suite:
         return main_suite(args)

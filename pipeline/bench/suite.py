@@ -89,12 +89,13 @@ def release_device(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def run_suite(cfg: dict, steps: int, warmup: int, bench, on_row=None, suite=None) -> list[dict]:
+def run_suite(cfg: dict, steps: int, warmup: int, bench, on_row=None, suite=None, skip=None) -> list[dict]:
     """Every row of `suite` (default REFERENCE_SUITE) on cfg's device, each timed by
     ``bench(cfg, steps, warmup)`` (`pipeline.bench.step.run_bench`): {name, settings, predicted,
     measured (or None), skipped (None, a reason, "OOM", or "failed: <exception>")}. Any exception of
     a row is recorded in its row (`skip_reason`), never raised. `on_row(row, rows)` is called after
-    each row with the rows so far (to write them as they finish)."""
+    each row with the rows so far (to write them as they finish). ``skip(name, row_cfg)``, when
+    given, returns a reason to leave a row out (`pipeline.bench.gpu_check`'s time budget) or None."""
     device = cfg["hardware"]["device"]
     rows = []
     for name, mb, ckpt, fp8, opt in suite or REFERENCE_SUITE:
@@ -103,6 +104,8 @@ def run_suite(cfg: dict, steps: int, warmup: int, bench, on_row=None, suite=None
                "predicted": predict(row_cfg), "measured": None, "skipped": None}
         if device != "cuda" and (fp8 != "none" or opt == "adamw8bit"):
             row["skipped"] = CUDA_ONLY
+        elif skip and (reason := skip(name, row_cfg)):
+            row["skipped"] = reason
         else:
             try:
                 r = bench(row_cfg, steps, warmup)

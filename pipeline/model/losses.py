@@ -25,13 +25,20 @@ gradients d(hidden) = (softmax − onehot)·W and d(W) += (softmax − onehot)�
 backward keeps only d(hidden) [tokens, dim] and d(W) [vocab, dim] alive and recomputes nothing.
 Both are written in place (``mm(out=)`` into d(hidden)'s rows, ``addmm_`` into d(W)): no chunk
 allocates a [vocab, dim] fp32 product beside d(W) (1.07 GB at the 1.2B preset), except with bf16
-operands on CUDA, where torch has no fp32 in-place accumulate of bf16 products (`_mm_into`; counted
-by pipeline.perf).
+operands on CUDA, where torch has no fp32 in-place accumulate of bf16 products (`_mm_into`: one
+chunk's product at a time, counted by pipeline.perf).
 Under ``torch.no_grad`` (validation) no gradient work is done at all.
 
-Compiled: the function is traceable (no graph break), so under the trainer's torch.compile the
-chunk loop is unrolled into the step's graph and the softmax's elementwise work is fused; the
-compiled graphs hold no [tokens, vocab] tensor either (tested on the graphs aot_autograd produces).
+Never compiled (issue 28): `chunked_cross_entropy` is wrapped in ``torch.compiler.disable``, so
+under the trainer's torch.compile it is a deliberate graph break — the body before it compiles as one graph,
+the loss runs eagerly, chunk after chunk, and its backward (in-place scaling) runs eagerly too.
+Traced into the step's graph (as it was), the chunk loop was unrolled and Inductor fused the chain
+``d(W) = d(W) + product_k`` of the CUDA bf16 path into one kernel after all the chunks' matmuls, so
+every chunk's fp32 [vocab, dim] product was alive at once (measured on CPU with that form: the
+count grew with the number of chunks; tests/model/test_losses.py), and a *smaller*
+``ce_chunk_tokens`` *raised* the peak. Eager, each product is freed by the add that consumes it.
+The price is the softmax's elementwise work unfused (pipeline.perf prices the loss's memory traffic
+as eager whatever ``train.compile`` says).
 
 The loss is returned as a **sum** with a token **count** so that callers can form the exact
 token-weighted mean over micro-steps and ranks (see pipeline/training/train.py).
@@ -65,18 +72,25 @@ def _mm(a: torch.Tensor, b: torch.Tensor, bf16: bool) -> torch.Tensor:
     return a.float() @ b.float()
 
 
+def _accumulates_in_place(device: torch.device, bf16: bool) -> bool:
+    """Whether ``out += a @ b`` (fp32 `out`) can be written in place (``addmm_``): always, except for
+    bf16 operands on CUDA — torch's fp32-output ``mm(out_dtype=)`` has no accumulating form (its
+    ``addmm(out_dtype=)`` requires the accumulator in the operands' dtype)."""
+    return not (bf16 and device.type == "cuda")
+
+
 def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bf16: bool, accumulate: bool) -> None:
     """out (fp32) = a @ b, or out += a @ b when `accumulate`, without a temporary of out's size where
-    torch allows it: fp32 operands (fp32/tf32, and bf16-rounded operands on CPU, upcast exactly) go
-    through ``addmm_`` / ``mm(out=)``. bf16 operands on CUDA cannot: torch's fp32-output
-    ``addmm(out_dtype=)`` requires the accumulator in the operands' dtype, so their product is
-    formed in fp32 and added (a [rows(a), cols(b)] fp32 temporary; for d(W) the 4·V·d bytes that
-    pipeline.perf's memory model counts under ``ce_matmul: bf16``)."""
+    torch allows it (`_accumulates_in_place`): fp32 operands (fp32/tf32, and bf16-rounded operands on
+    CPU, upcast exactly) go through ``addmm_`` / ``mm(out=)``. Otherwise the product is formed in fp32
+    and added: a [rows(a), cols(b)] fp32 temporary, for d(W) the 4·V·d bytes that pipeline.perf's
+    memory model counts under ``ce_matmul: bf16`` — one at a time, because the loss runs eagerly
+    (module docstring)."""
+    if accumulate and not _accumulates_in_place(a.device, bf16):
+        out += _mm(a, b, bf16)
+        return
     if bf16 and a.device.type == "cuda":
-        if accumulate:
-            out += torch.mm(a, b, out_dtype=torch.float32)
-        else:
-            torch.mm(a, b, out_dtype=torch.float32, out=out)
+        torch.mm(a, b, out_dtype=torch.float32, out=out)
         return
     if bf16:
         a, b = a.float(), b.float()
@@ -151,6 +165,7 @@ def _check(chunk: int, matmul: str) -> None:
         raise ValueError(f"matmul must be one of {CE_MATMUL}, got {matmul!r}")
 
 
+@torch.compiler.disable  # a deliberate graph break: the loss runs eagerly, one chunk at a time (module docstring)
 def chunked_cross_entropy(
     hidden: torch.Tensor,
     lm_head_weight: torch.Tensor,
@@ -165,7 +180,8 @@ def chunked_cross_entropy(
     targets: [...] int64; mask: optional [...] loss mask (1 = count the token, 0 = ignore it);
     matmul: the logit matmuls' input precision (module docstring). Returns ``(loss_sum, count)``: the
     fp32 sum of per-token losses over counted tokens (differentiable w.r.t. hidden and
-    lm_head_weight) and the number of counted tokens (fp32 tensor, no grad).
+    lm_head_weight) and the number of counted tokens (fp32 tensor, no grad). Never traced by
+    torch.compile (a graph break): it runs eagerly inside a compiled step.
     """
     _check(chunk, matmul)
     h, t, m = _flatten(hidden, targets, mask)

@@ -165,8 +165,9 @@ def _write_initial(weight: nn.Parameter, value: torch.Tensor) -> None:
 
 class LossModel(nn.Module):
     """What DDP wraps and torch.compile compiles: the body under autocast, then the fp32 chunked CE
-    outside autocast, its logit matmuls at `ce_matmul` precision (pipeline/model/losses.py). The
-    whole of it traces into one graph (no graph break: tested with torch._dynamo.explain).
+    outside autocast, its logit matmuls at `ce_matmul` precision (pipeline/model/losses.py). The body
+    traces into one graph; the loss is the one, deliberate, graph break (``torch.compiler.disable``: it
+    runs eagerly, one chunk's [vocab, dim] product at a time; tested with torch._dynamo.explain).
 
     forward(inputs, targets, mask=None, doc_ids=None) -> (loss_sum, count); with `doc_ids` [B, T]
     attention stays within each packed document (`model.hidden(..., doc_mask=doc_ids)`).

@@ -34,7 +34,7 @@ rank; `plan.num_steps` steps):
   *outside* autocast: fp32 logits, chunked over `train.ce_chunk_tokens` tokens, their matmuls'
   inputs at `train.ce_matmul` precision (pipeline/model/losses.py). DDP wraps `LossModel` first,
   then `torch.compile` wraps DDP (`train.compile`: auto = on for CUDA, off on CPU); the loss
-  compiles with the body (no graph break). fp32 matmuls use TF32 only with `ce_matmul: tf32`.
+  runs eagerly (a deliberate graph break after the body). fp32 matmuls use TF32 only with `ce_matmul: tf32`.
 * **Parallelism** (`train.parallel`): ``ddp`` as above; ``fsdp`` shards the model at set-up
   (pipeline/training/step.py's docstring: fully_shard per block and root, bf16 compute copies of the
   blocks, the loss's output weight gathered in fp32, blocks compiled one by one, accumulation modes);
