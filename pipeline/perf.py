@@ -47,14 +47,14 @@ Memory (bytes; GB = 1e9, as torch reports) — n = micro_batch × seq_len tokens
 * the compiled step, from its parts (issue 28): the loss is never compiled (pipeline/model/losses.py:
   a deliberate graph break), so its memory is the eager loss's above — one chunk's temporaries, one
   d(W) product at a time — whatever ``train.compile`` says; the compiled body holds the bf16 casts of
-  every block matrix (`autocast_copies`). The H100 rows (2026-11-25, BENCHMARKS.md "Measured on an
-  H100") were measured while the loss was still traced into the step's graph, where Inductor kept
-  several chunks' fp32 d(W) products alive at once (issue 28 counted 3 at 4 chunks and 16 at 16 on
-  CPU; 7 at 8 is interpolated); those products plus the casts put the 16 × 2048 rows (none / every
-  2nd / every block) and the 32 × 2048 block row within −2 … +4 % of the measured peaks, but leave
-  9.0 GB of the 64 × 2048 block row (75.9 GB) unexplained — they explain 14.6 of its 23.5 GB above
-  the former byte count. Whether that part went with the traced loss (e.g. several chunks' [chunk, vocab]
-  logits kept alive, 4.3 GB each) is not established: `make gpu-check`'s loss-memory rows measure the
+  every block matrix unless every block is checkpointed (`autocast_copies`). The H100 rows
+  (2026-11-25, BENCHMARKS.md "Measured on an H100") were measured while the loss was still traced
+  into the step's graph, where Inductor kept several chunks' fp32 d(W) products alive at once (issue
+  28 counted 3 at 4 chunks and 16 at 16 on CPU; 7 at 8 is interpolated); those products plus the
+  casts put the 16 × 2048 rows (none / every 2nd / every block) and the 32 × 2048 block row within
+  −2 … +4 % of the measured peaks, but leave 10.9 GB of the 64 × 2048 block row (75.9 GB)
+  unexplained. Whether that part went with the traced loss (e.g. several chunks' [chunk, vocab] logits
+  kept alive, 4.3 GB each) is not established: `make gpu-check`'s loss-memory rows measure the
   untraced loss at 16 / 32 / 64 rows against this model. fsdp compiles per block (no casts: the
   gathered bf16 parameters are the compute copies), which nothing here has measured.
 * reserved = peak × (1 + `ALLOCATOR_SLACK`) (the caching allocator's rounding and fragmentation: 6 %,
@@ -439,13 +439,13 @@ def optimizer_bytes(s: StepSetup) -> float:
 def autocast_copies(s: StepSetup) -> float:
     """bf16 copies of the block matrices held from forward to backward: eager autocast saves them for
     the matmul backward, except inside checkpointed regions (rebuilt there); a compiled step holds
-    every block matrix's cast whatever the checkpointing (what the H100 rows need beside the traced
-    loss's products: module docstring; inferred from them, not seen in a memory snapshot — on CPU the
-    compiled forward graph saves the casts without checkpointing but not with every block
-    checkpointed, where they may still be alive in backward: an assumption to check on a GPU)."""
+    every block matrix's cast unless every block is checkpointed (inferred from the H100 rows beside
+    the traced loss's products, module docstring; with every block checkpointed the reference
+    write-up's compiled step (29.0 GB at 16 × 2048, tests/test_perf.py) leaves no room for them and
+    on CPU the compiled forward graph does not save them — not seen in a GPU memory snapshot)."""
     if not s.bf16:
         return 0.0
-    if s.compile:
+    if s.compile and s.checkpoint != "block":
         return 2.0 * s.matrix_params
     L = s.n_layers
     held = {
