@@ -29,12 +29,15 @@ def raw_web(n: int = 400, seed: int = 0) -> list[str]:
     """Raw-crawl-like pages: prose from the sample mixed with menus, lorem ipsum, javascript, spam lists,
     repeated lines, bullets, non-Latin script, e-mail and IP addresses (seeded)."""
     rng = random.Random(seed)
-    prose = [p for t in sample_web()[:300] for p in t.split("\n") if len(p) > 80]
+    # Prose: the sample's long lines that are mostly letters and end a sentence (its Python docs have code).
+    prose = [p for t in sample_web()[:300] for p in t.split("\n")
+             if len(p) > 80 and p.endswith(".") and sum(c.isalpha() or c == " " for c in p) > 0.95 * len(p)]
     docs = []
     for _ in range(n):
         parts = []
-        for _ in range(rng.randint(1, 12)):
-            kind = rng.random()
+        clean = rng.random() < 0.4  # mostly prose with one bit of junk: what the filters should keep
+        for j in range(rng.randint(1, 12)):
+            kind = rng.random() if not clean or j == 0 else 0.0
             if kind < 0.45:
                 parts.append(rng.choice(prose))
             elif kind < 0.52:
