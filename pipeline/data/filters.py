@@ -71,15 +71,18 @@ from pipeline.errors import ConfigError
 
 # A word, as spaCy's English tokenizer splits one: it splits text on whitespace, then peels punctuation off
 # each chunk's ends and splits only a few infixes. So: a chunk of punctuation only (----, ):); an ellipsis;
-# a contraction's parts (do|n't, it|'s, can|not); an initial (I., J.); word characters joined by any inner
-# punctuation except a hyphen between letters, one of :<>=/ before a letter, an ellipsis or a contraction
-# (3.5, example.com, UTF-8, o'er, a@b.org), with a trailing dash run (him.--); any other single non-space
-# character (the punctuation peeled off a word's ends).
+# a contraction's parts (do|n't, it|'s, can|not); an initial (I., J.); an option (-m, --help); letters and
+# digits joined by any inner punctuation or underscores (class_getitem; edge ones are split off) except a
+# hyphen between letters, one of :<>=/ before a letter, an ellipsis or a contraction (3.5, example.com,
+# UTF-8, o'er, a@b.org), with a trailing dash run (him.--); any other single non-space character (the
+# punctuation peeled off a word's ends).
 _WORD = re.compile(
     r"(?<!\S)(?![<>=])[^\w\s]{2,}(?!\S)|\.\.+"
     r"|\w+?(?=n['’]t(?!\w))|n['’]t(?!\w)|['’](?:s|S|ll|re|ve|m)(?!\w)|\b[Cc]an(?=not\b)|(?<!\S)[A-Za-z]\.(?!\S)"
-    r"|\w+(?:(?!(?<=[^\W\d_])-+[^\W\d_]|[:<>=/][^\W\d_]|\.\.|['’](?:s|S|ll|re|ve|m)(?!\w)|n['’]t(?!\w))[^\w\s]+\w+)*(?:[^\w\s]*--+(?!\S))?"
-    r"|[^\w\s]")
+    r"|(?<!\S)--?[^\W_]+(?!\S)"
+    r"|[^\W_]+(?:(?!(?<=[^\W\d_])-+[^\W\d_]|[:<>=/][^\W\d_]|\.\.|['’](?:s|S|ll|re|ve|m)(?!\w)|n['’]t(?!\w))"
+    r"(?:[^\w\s]|_)+[^\W_]+)*(?:[^\w\s]*--+(?!\S))?"
+    r"|[^\w\s]|_")
 _HAS_WORDCHAR = re.compile(r"\w")
 _HAS_ALPHA = re.compile(r"[^\W\d_]")
 _PARAGRAPH = re.compile(r"\n{2,}")
