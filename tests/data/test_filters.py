@@ -60,6 +60,26 @@ def test_removal_names_filter_rule_and_measured_value():
     assert res.reason(0) == "gopher_repetition: dup_line_frac 0.5 > 0.3"
 
 
+def test_ngram_rules_hand_computed():
+    text = " ".join(["aa", "bb"] * 3 + ["cc"])  # 20 characters; "aa bb" three times = 15 characters
+    res = F.run_chain([text], F.build_chain([{"name": "gopher_repetition"}]))
+    assert (res.rule[0], res.value[0]) == ("top_2_gram_char_frac", pytest.approx(15 / 20))
+    # 12 words aa bb ...: the 5-gram at 2 repeats the one at 0 (10 characters), the scan skips to 7, whose
+    # 5-gram repeats the one at 1 (10 more): 20 of 35 characters.
+    only_5 = {"top_n_grams": {}, "dup_n_grams": {5: 0.15}}
+    res = F.run_chain([" ".join(["aa", "bb"] * 6)], F.build_chain([{"name": "gopher_repetition", "settings": only_5}]))
+    assert (res.rule[0], res.value[0]) == ("dup_5_gram_char_frac", pytest.approx(20 / 35))
+
+
+def test_c4_sentences_and_fineweb_ratios_hand_computed():
+    four = "One sentence here. Two sentences here! Mr. Smith said three? Yes, four of them."
+    res = F.run_chain([four], F.build_chain([{"name": "c4"}]))
+    assert (res.rule[0], res.value[0]) == ("sentences", 4)  # "Mr." ends no sentence
+    lines = "\n".join(["A line that ends with a full stop and is long."] + [f"menu item {i}" for i in range(9)])
+    res = F.run_chain([lines], F.build_chain([{"name": "fineweb_quality"}]))
+    assert (res.rule[0], res.value[0]) == ("line_punct_ratio", pytest.approx(0.1))
+
+
 def test_c4_removes_lines_and_pii_counts_spans():
     text = _prose(6) + "\nHome | About\nPlease enable javascript to see this page now.\nMail bob@corp.com or 8.8.8.8."
     res = F.run_chain([text], F.build_chain([{"name": "c4"}, {"name": "pii"}]))
