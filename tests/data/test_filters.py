@@ -1,0 +1,207 @@
+"""The raw-web-text filters (pipeline/data/filters.py): decisions, config errors, agreement with datatrove.
+
+Agreement (issue 30 item 4): datatrove 0.10.1's GopherRepetitionFilter, GopherQualityFilter, C4QualityFilter,
+FineWebQualityFilter and PIIFormatter run, in that order, beside our chain on the same documents: a slice
+of the sample's web shards, a raw-web-like set and threshold sweeps (tests/data/filter_corpora.py). The
+keep/drop decisions must agree on >= 99.5 % of documents. The one disagreement class seen is the word
+tokenizer: datatrove uses spaCy's English tokenizer, we use one regular expression (`filters._WORD`) that
+follows it on ordinary prose but not on every exception in spaCy's tables (``e.g.``, ``inclin'd.--``), and
+counts symbols like ``©`` as non-words; on documents sitting within ~1 % of a word-based threshold
+(``alpha_words_ratio`` 0.8 on Shakespeare and Python docs) the two can fall on different sides.
+datatrove's LanguageFilter needs lid.176.bin downloaded at run time, so language ID is checked against
+hand-made examples instead.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+from filter_corpora import raw_web, sample_web, threshold_sweeps
+
+from pipeline.data import filters as F
+from pipeline.errors import ConfigError
+
+NO_LANG = [{"name": n} for n in ("gopher_repetition", "gopher_quality", "c4", "fineweb_quality", "pii")]
+
+
+_SENTENCES = [
+    "The river that runs through the old town has been a source of water and trade for centuries.",
+    "Farmers brought their grain to the market by boat, and merchants built warehouses along the banks.",
+    "In the spring the water rises quickly, so the people who live there have learned to build on stilts.",
+    "A stone bridge was finished in the last century to connect the two halves of the growing city.",
+    "Today the quays are lined with cafes, and tourists come to watch the boats pass under the arches.",
+    "Local historians have collected letters and maps that describe how the harbour changed over time.",
+    "Some of the oldest houses still have iron rings in their walls where ropes were once tied.",
+    "The museum near the cathedral keeps a model of the port as it looked before the great flood.",
+    "Children learn about the river at school, and many of them spend their summers swimming in it.",
+    "Engineers are now studying how to protect the banks from erosion without harming the wildlife.",
+    "Every autumn a festival celebrates the harvest with music, food and a parade of decorated barges.",
+    "Visitors who stay longer often take the ferry downstream to the villages and vineyards by the sea.",
+]
+
+
+def _prose(n: int = 12) -> str:
+    return "\n".join(_SENTENCES[:n])
+
+
+def test_kept_document_and_decision_columns():
+    res = F.run_chain([_prose()], F.build_chain())
+    assert res.kept.tolist() == [True] and res.reason(0) == ""
+    assert res.language == ["en"] and res.language_score[0] > 0.65
+    assert res.lines_removed[0] == 0 and res.spans_replaced[0] == 0
+
+
+def test_removal_names_filter_rule_and_measured_value():
+    text = "\n".join(["Same line repeated here, with the words of the day."] * 6 + _prose(4).split("\n"))
+    res = F.run_chain([text], F.build_chain(NO_LANG))
+    assert not res.kept[0]
+    assert (res.filter[0], res.rule[0]) == ("gopher_repetition", "dup_line_frac")
+    assert res.value[0] == pytest.approx(5 / 10) and res.threshold[0] == 0.3
+    assert res.reason(0) == "gopher_repetition: dup_line_frac 0.5 > 0.3"
+
+
+def test_ngram_rules_hand_computed():
+    text = " ".join(["aa", "bb"] * 3 + ["cc"])  # 20 characters; "aa bb" three times = 15 characters
+    res = F.run_chain([text], F.build_chain([{"name": "gopher_repetition"}]))
+    assert (res.rule[0], res.value[0]) == ("top_2_gram_char_frac", pytest.approx(15 / 20))
+    # 12 words aa bb ...: the 5-gram at 2 repeats the one at 0 (10 characters), the scan skips to 7, whose
+    # 5-gram repeats the one at 1 (10 more): 20 of 35 characters.
+    only_5 = {"top_n_grams": {}, "dup_n_grams": {5: 0.15}}
+    res = F.run_chain([" ".join(["aa", "bb"] * 6)], F.build_chain([{"name": "gopher_repetition", "settings": only_5}]))
+    assert (res.rule[0], res.value[0]) == ("dup_5_gram_char_frac", pytest.approx(20 / 35))
+
+
+def test_c4_sentences_and_fineweb_ratios_hand_computed():
+    four = "One sentence here. Two sentences here! Mr. Smith said three? Yes, four of them."
+    res = F.run_chain([four], F.build_chain([{"name": "c4"}]))
+    assert (res.rule[0], res.value[0]) == ("sentences", 4)  # "Mr." ends no sentence
+    lines = "\n".join(["A line that ends with a full stop and is long."] + [f"menu item {i}" for i in range(9)])
+    res = F.run_chain([lines], F.build_chain([{"name": "fineweb_quality"}]))
+    assert (res.rule[0], res.value[0]) == ("line_punct_ratio", pytest.approx(0.1))
+
+
+def test_c4_removes_lines_and_pii_counts_spans():
+    text = _prose(6) + "\nHome | About\nPlease enable javascript to see this page now.\nMail bob@corp.com or 8.8.8.8."
+    res = F.run_chain([text], F.build_chain([{"name": "c4"}, {"name": "pii"}]))
+    assert res.kept[0] and res.lines_removed[0] == 2
+    assert res.spans_replaced[0] == 2
+    assert "email@example.com" in res.text[0] and "22.214.171.124" in res.text[0]
+    assert "javascript" not in res.text[0] and "Home" not in res.text[0]
+
+
+def test_private_ips_are_kept():
+    res = F.run_chain(["host 192.168.1.1 and 10.0.0.1 and 8.8.4.4"], F.build_chain([{"name": "pii"}]))
+    assert res.text[0] == "host 192.168.1.1 and 10.0.0.1 and 22.214.171.124" and res.spans_replaced[0] == 1
+
+
+def test_chat_documents_are_never_line_filtered():
+    text = _prose(6) + "\nuser: hi\nassistant: Use a dict such as {1: 2} for that, it is simple."
+    chain = F.build_chain([{"name": "c4"}])
+    assert not F.run_chain([text], chain).kept[0]  # the curly bracket removes the web document
+    res = F.run_chain([text], chain, chat=True)
+    assert res.kept[0] and res.text[0] == text and res.lines_removed[0] == 0
+
+
+def test_every_filter_switches_off_and_rules_take_null():
+    junk = "lorem ipsum {"
+    assert not F.run_chain([junk], F.build_chain(NO_LANG)).kept[0]
+    off = [{"name": e["name"], "enabled": False} for e in NO_LANG]
+    assert F.run_chain([junk], F.build_chain(off)).kept[0]
+    short = "Few words here."
+    assert not F.run_chain([short], F.build_chain([{"name": "gopher_quality"}])).kept[0]
+    nulls = {k: None for k in ("min_doc_words", "min_avg_word_length", "min_stop_words", "min_alpha_words_ratio")}
+    assert F.run_chain([short], F.build_chain([{"name": "gopher_quality", "settings": nulls}])).kept[0]
+
+
+def test_language_id_hand_checked():
+    texts = ["The cat sat on the mat and looked out of the window at the rain.",
+             "Le chat est assis sur le tapis et regarde la pluie par la fenêtre.",
+             "Die Katze sitzt auf der Matte und schaut aus dem Fenster in den Regen.",
+             "猫はマットの上に座って、窓の外の雨を見ていた。"]
+    res = F.run_chain(texts, F.build_chain([{"name": "language"}]))
+    assert res.language == ["en", "fr", "de", "ja"]
+    assert res.kept.tolist() == [True, False, False, False]
+    assert res.rule[1] == "language_fr" and res.reason(1).startswith("language: language_fr (score")
+    both = F.run_chain(texts, F.build_chain([{"name": "language", "settings": {"languages": ["fr", "de"]}}]))
+    assert both.kept.tolist() == [False, True, True, False]
+    low = F.run_chain(texts[:1], F.build_chain([{"name": "language", "settings": {"min_score": 1.0}}]))
+    assert low.rule[0] == "language_score" and not low.kept[0]
+
+
+@pytest.mark.parametrize("spec, key", [
+    ([{"name": "gopher_qualty"}], r"filter\[0\]\.name: unknown filter 'gopher_qualty'"),
+    ([{"name": "c4"}, {"name": "gopher_repetition", "settings": {"dup_line_frac": 1.5}}],
+     r"filter\[1\]\.settings\.dup_line_frac: 1\.5 is outside 0\.\.1"),
+    ([{"name": "gopher_quality", "settings": {"min_doc_words": 2.5}}], r"min_doc_words: 2\.5 is not an integer"),
+    ([{"name": "pii", "settings": {"remove_email": True}}], r"settings\.remove_email: unknown setting of pii"),
+    ([{"name": "language", "settings": {"languages": ["en", "xx"]}}], r"languages: xx unknown to the lid\.176"),
+    ([{"name": "fasttext_classifier", "settings": {"path": "/nonexistent.bin", "label": "hq"}}],
+     r"settings\.path: classifier file '/nonexistent\.bin' not found"),
+    ([{"name": "fasttext_classifier", "settings": {"label": "hq"}}], r"settings\.path: required"),
+    (["c4"], r"filter\[0\]: give \{name"),
+])
+def test_bad_config_is_one_error_naming_the_key(spec, key):
+    with pytest.raises(ConfigError, match=key):
+        F.build_chain(spec)
+
+
+def test_fasttext_classifier_hook(tmp_path):
+    # fasttext-predict cannot train; the bundled lid.176 model stands in for a user's supervised classifier.
+    chain = F.build_chain([{"name": "fasttext_classifier",
+                            "settings": {"path": str(F._lid_model_path()), "label": "en", "min_score": 0.5}}])
+    res = F.run_chain(["The cat sat on the mat.", "Le chat est assis sur le tapis."], chain)
+    assert res.kept.tolist() == [True, False] and res.rule[1] == "score_en" and res.value[1] < 0.5
+
+
+# ------------------------------------------------------------------------------------ agreement with datatrove
+
+
+def _datatrove_chain():
+    pytest.importorskip("datatrove")
+    pytest.importorskip("spacy")  # datatrove's English word tokenizer
+    from datatrove.data import Document
+    from datatrove.pipeline.filters import (
+        C4QualityFilter,
+        FineWebQualityFilter,
+        GopherQualityFilter,
+        GopherRepetitionFilter,
+    )
+    from datatrove.pipeline.formatters import PIIFormatter
+
+    steps = [GopherRepetitionFilter(), GopherQualityFilter(), C4QualityFilter(), FineWebQualityFilter()]
+
+    def run(text: str) -> tuple[bool, str]:
+        doc = Document(text=text, id="0")
+        for step in steps:
+            if step.filter(doc) is not True:
+                return False, doc.text
+        return True, PIIFormatter().format(doc.text)  # fresh: its placeholders cycle from the first per document
+
+    return run
+
+
+def test_agreement_with_datatrove():
+    reference = _datatrove_chain()
+    parts = [sample_web()[::10], raw_web(300), threshold_sweeps()]
+    docs = [d for part in parts for d in part]
+    t = time.perf_counter()
+    ours = F.run_chain(docs, F.build_chain(NO_LANG))
+    ours_s = time.perf_counter() - t
+    t = time.perf_counter()
+    theirs = [reference(d) for d in docs]
+    theirs_s = time.perf_counter() - t
+    disagree = [i for i, (k, _) in enumerate(theirs) if bool(ours.kept[i]) != k]
+    agreement = 1 - len(disagree) / len(docs)
+    detail = [(ours.reason(i) or "kept", docs[i][:80]) for i in disagree]
+    assert agreement >= 0.995, (agreement, detail)
+    # Every disagreement is the word-tokenizer class: a word-based Gopher quality rule near its threshold.
+    assert all(ours.filter[i] in ("gopher_quality", "") for i in disagree), detail
+    # Each corpus part has documents kept and removed, so the agreement is not trivially all-kept or all-removed.
+    start = 0
+    for part in parts:
+        assert 0 < ours.kept[start:start + len(part)].sum() < len(part)
+        start += len(part)
+    # Kept documents carry the same text: C4's line removal and the PII placeholders agree.
+    same = [i for i, (k, text) in enumerate(theirs) if k and ours.kept[i]]
+    assert sum(ours.text[i] == theirs[i][1] for i in same) >= 0.99 * len(same)
+    print(f"agreement {agreement:.4f} over {len(docs)} docs; ours {ours_s:.2f}s, datatrove {theirs_s:.2f}s")
