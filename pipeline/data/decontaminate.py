@@ -27,7 +27,7 @@ still is too short to be evidence and is only counted (`texts_too_short`).
 Hash. A gram of words w_1..w_L hashes to `fmix64(Horner(SHINGLE_SEED, SHINGLE_MULT; word_hash(w_i)))`
 over uint64 (the MinHash shingle polynomial, all 64 bits kept and finalised). All grams of all texts
 are hashed vectorised (one numpy pass per word position of the gram) into one sorted array per gram
-length, with the task each came from.
+length, with the task and the scored item (or the pool) each came from.
 
 Document side. The documents are the tokenized ones (as for dedup: document `doc` is raw row
 `doc_rows[doc]`, chat documents are their message contents joined by newlines). A shard's documents
@@ -35,13 +35,22 @@ are hashed in batches with the same kernels: every window of `ngram` words, and 
 each short-text length L, inside a document; a document is contaminated when any window's hash is
 in the eval set of its length (a 2^-64 false-positive rate per window).
 
-Outputs. `R/decontam/grams.parquet`: one row per distinct eval gram (`length`, `hash` uint64,
-`task` index; task names and per-task counts in its metadata). `R/decontam/{source}/{shard}.parquet`,
+Item side. The same matches, joined the other way: an eval item is seen (contaminated) when a
+document of the run shares one of its grams, whether or not the split then removes that document.
+Each flags job collects the distinct matching grams of its shards and looks up every scored item
+they came from (all tasks owning the gram, not only the first, which names the document's flag; pool
+items are not scored, so never reported), a few numpy calls per shard; the report unions them. The
+evaluate stage reads the report to score the clean items (pipeline/evaluation/core.py).
+
+Outputs. `R/decontam/grams.parquet`: one row per distinct (eval gram, task, item) (`length`, `hash`
+uint64, `task` index, `item`: index of the task's scored item, -1 for the pool; task names, per-task
+counts and the scored items' ids in its metadata). `R/decontam/{source}/{shard}.parquet`,
 one row per tokenized document in order: `doc` (int64), `contaminated` (bool), `tasks` (string: the
 matching tasks, comma-separated, "" when none), and beside it the shard's report part; and the
 report: per source and per task documents and tokens flagged (tokens = the document's span in the
-token file, delimiters included, as dedup and split count them), the eval-side counts, a few examples
-(source, shard, doc, task, the matching words) and the throughput. With `enabled: false` no document
+token file, delimiters included, as dedup and split count them), the eval-side counts, per task the
+scored items seen (`contaminated_items`: `items` in the task file, `count`, `ids` in item order), a
+few examples (source, shard, doc, task, the matching words) and the throughput. With `enabled: false` no document
 is flagged. Params: `{"decontaminate": {"enabled", "ngram", "min_words"}, "eval_tasks": [...],
 "sources": {name: {format, text_column, messages_column}}}`.
 """
@@ -381,7 +390,8 @@ def flag_group(params: dict, grams: EvalGrams, source: str, raws: list, tokens: 
 
 def merge_report(params: dict, grams: EvalGrams, parts: list[dict], inputs: list) -> dict:
     """The report from the shards' parts, in (source, shard) order: per source and per task documents and
-    tokens flagged, the eval-side counts, the first examples, the throughput (module docstring)."""
+    tokens flagged, the eval-side counts, per task the scored items seen, the first examples, the
+    throughput (module docstring)."""
     dc = params["decontaminate"]
     seen = set()
     per_source: dict = {}
