@@ -131,6 +131,12 @@ def gram_hash(words: list[str]) -> int:
     return int(acc[0])
 
 
+def _increasing(h: np.ndarray, t: np.ndarray, item: np.ndarray) -> bool:
+    """Whether the rows (h, t, item) are strictly increasing: sorted and distinct."""
+    same_h, same_t = h[1:] == h[:-1], t[1:] == t[:-1]
+    return bool(np.all((h[1:] > h[:-1]) | same_h & ((t[1:] > t[:-1]) | same_t & (item[1:] > item[:-1]))))
+
+
 @dataclass
 class EvalGrams:
     """The eval grams per gram length as rows (hash, task index, scored item index or -1 for a pool
@@ -151,11 +157,13 @@ class EvalGrams:
 
     def __post_init__(self):
         for L, (h, t, item) in self.rows.items():
-            order = np.lexsort((item, t, h))
-            h, t, item = h[order], t[order], item[order]
-            new = np.ones(len(h), bool)
-            new[1:] = (h[1:] != h[:-1]) | (t[1:] != t[:-1]) | (item[1:] != item[:-1])
-            h, t, item = self.rows[L] = h[new], t[new], item[new]
+            if not _increasing(h, t, item):  # (rows read back from the table are: no sort in every flags job)
+                order = np.lexsort((item, t, h))
+                h, t, item = h[order], t[order], item[order]
+                new = np.ones(len(h), bool)
+                new[1:] = (h[1:] != h[:-1]) | (t[1:] != t[:-1]) | (item[1:] != item[:-1])
+                h, t, item = h[new], t[new], item[new]
+            self.rows[L] = h, t, item
             first = np.ones(len(h), bool)  # one owner per hash: the first configured task
             first[1:] = h[1:] != h[:-1]
             self.hashes[L], self.task_of[L] = h[first], t[first]
