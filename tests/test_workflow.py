@@ -18,7 +18,9 @@ from builders import (
     ROOT,
     SNAKEMAKE,
     TINY,
+    copa_item,
     kill_group,
+    lambada_passage,
     logged_steps,
     make_project,
     past_checkpoint,
@@ -154,6 +156,28 @@ def test_leaked_benchmark_document_is_removed_before_the_split(project):
     assert split["split"][split["doc"].index(doc)] == "contam"
     acct = json.loads((R / "accounting.json").read_text())
     assert acct["total"]["contam_tokens"] == decontam["total"]["tokens"] > 0
+    # issue 31 item 4, the other direction: the leaked items are reported seen although split removed their
+    # documents; the planted COPA item (the first the run scores) is left out of COPA's clean subset
+    passage = lambada_passage()
+    lam = next(it["id"] for it in json.loads((R / "eval_data/lambada.json").read_text())["items"]
+               if it["contexts"][0] in passage)
+    assert decontam["contaminated_items"]["lambada"]["ids"] == [lam]
+    copa = copa_item(project / "config.yaml")["id"]
+    assert decontam["contaminated_items"]["copa"]["ids"] == [copa]
+    report = json.loads((R / "eval/pretrain/report.json").read_text())["core"]
+    items = [json.loads(line) for line in (R / "eval/pretrain/core_items.jsonl").read_text().splitlines()]
+    assert [(i["task"], i["id"]) for i in items if i["contaminated"]] == [("copa", copa)]
+    assert all(i["contaminated"] is False for i in items if i["id"] != copa)
+    t = report["tasks"]["copa"]
+    clean = [i["correct"] for i in items if i["task"] == "copa" and i["id"] != copa]
+    assert t["contaminated"] == 1 and t["clean_items"] == t["items"] - 1 == len(clean)
+    assert t["clean_accuracy"] == sum(clean) / len(clean) and len(t["clean_centered_ci"]) == 2
+    assert report["clean_score"] is not None and report["tasks"]["lambada"]["contaminated"] == 0  # not scored: too long
+    md = (R / "eval/pretrain/report.md").read_text()
+    assert "| contaminated | clean accuracy | clean centered |" in md and "On clean items (1 scored items" in md
+    chat = json.loads((R / "eval/sft/report.json").read_text())["chat_core"]
+    assert all(t["contaminated"] is None for t in chat["tasks"].values()) and chat["clean_score"] is None
+    assert "not checked" in (R / "eval/sft/report.md").read_text()
 
 
 def test_report_shows_the_evaluation(project):

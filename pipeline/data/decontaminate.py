@@ -27,7 +27,7 @@ still is too short to be evidence and is only counted (`texts_too_short`).
 Hash. A gram of words w_1..w_L hashes to `fmix64(Horner(SHINGLE_SEED, SHINGLE_MULT; word_hash(w_i)))`
 over uint64 (the MinHash shingle polynomial, all 64 bits kept and finalised). All grams of all texts
 are hashed vectorised (one numpy pass per word position of the gram) into one sorted array per gram
-length, with the task each came from.
+length, with the task and the scored item (or the pool) each came from.
 
 Document side. The documents are the tokenized ones (as for dedup: document `doc` is raw row
 `doc_rows[doc]`, chat documents are their message contents joined by newlines). A shard's documents
@@ -35,13 +35,22 @@ are hashed in batches with the same kernels: every window of `ngram` words, and 
 each short-text length L, inside a document; a document is contaminated when any window's hash is
 in the eval set of its length (a 2^-64 false-positive rate per window).
 
-Outputs. `R/decontam/grams.parquet`: one row per distinct eval gram (`length`, `hash` uint64,
-`task` index; task names and per-task counts in its metadata). `R/decontam/{source}/{shard}.parquet`,
+Item side. The same matches, joined the other way: an eval item is seen (contaminated) when a
+document of the run shares one of its grams, whether or not the split then removes that document.
+Each flags job collects the distinct matching grams of its shards and looks up every scored item
+they came from (all tasks owning the gram, not only the first, which names the document's flag; pool
+items are not scored, so never reported), a few numpy calls per shard; the report unions them. The
+evaluate stage reads the report to score the clean items (pipeline/evaluation/core.py).
+
+Outputs. `R/decontam/grams.parquet`: one row per distinct (eval gram, task, item) (`length`, `hash`
+uint64, `task` index, `item`: index of the task's scored item, -1 for the pool; task names, per-task
+counts and the scored items' ids in its metadata). `R/decontam/{source}/{shard}.parquet`,
 one row per tokenized document in order: `doc` (int64), `contaminated` (bool), `tasks` (string: the
 matching tasks, comma-separated, "" when none), and beside it the shard's report part; and the
 report: per source and per task documents and tokens flagged (tokens = the document's span in the
-token file, delimiters included, as dedup and split count them), the eval-side counts, a few examples
-(source, shard, doc, task, the matching words) and the throughput. With `enabled: false` no document
+token file, delimiters included, as dedup and split count them), the eval-side counts, per task the
+scored items seen (`contaminated_items`: `items` in the task file, `count`, `ids` in item order), a
+few examples (source, shard, doc, task, the matching words) and the throughput. With `enabled: false` no document
 is flagged. Params: `{"decontaminate": {"enabled", "ngram", "min_words"}, "eval_tasks": [...],
 "sources": {name: {format, text_column, messages_column}}}`.
 """
@@ -122,21 +131,43 @@ def gram_hash(words: list[str]) -> int:
     return int(acc[0])
 
 
+def _increasing(h: np.ndarray, t: np.ndarray, item: np.ndarray) -> bool:
+    """Whether the rows (h, t, item) are strictly increasing: sorted and distinct."""
+    same_h, same_t = h[1:] == h[:-1], t[1:] == t[:-1]
+    return bool(np.all((h[1:] > h[:-1]) | same_h & ((t[1:] > t[:-1]) | same_t & (item[1:] > item[:-1]))))
+
+
 @dataclass
 class EvalGrams:
-    """Sorted gram hashes per gram length, each with the index of the task it came from, and per length
-    a filter indexed by the hashes' top bits (about 16 slots per gram): a window whose slot is clear
-    is no eval gram; the exact lookup (binary search) runs only for the few percent whose slot is set."""
+    """The eval grams per gram length as rows (hash, task index, scored item index or -1 for a pool
+    item's gram) sorted by hash, task, item (`rows`: one per distinct triple); derived from them, the
+    distinct hashes (`hashes`) each with the first task it came from (`task_of`, what a document's flag
+    names), and per length a filter indexed by the hashes' top bits (about 16 slots per gram): a window
+    whose slot is clear is no eval gram; the exact lookup (binary search) runs only for the few percent
+    whose slot is set. `item_ids`: per task the ids of its scored items (an item index's id)."""
 
     tasks: list[str]
-    hashes: dict[int, np.ndarray]
-    task_of: dict[int, np.ndarray]
+    rows: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
     counts: dict
+    item_ids: dict[str, list[str]]
+    hashes: dict[int, np.ndarray] = field(default_factory=dict)
+    task_of: dict[int, np.ndarray] = field(default_factory=dict)
     shift: dict[int, np.uint64] = field(default_factory=dict)
     filters: dict[int, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self):
-        for L, h in self.hashes.items():
+        for L, (h, t, item) in self.rows.items():
+            if not _increasing(h, t, item):  # (rows read back from the table are: no sort in every flags job)
+                order = np.lexsort((item, t, h))
+                h, t, item = h[order], t[order], item[order]
+                new = np.ones(len(h), bool)
+                new[1:] = (h[1:] != h[:-1]) | (t[1:] != t[:-1]) | (item[1:] != item[:-1])
+                h, t, item = h[new], t[new], item[new]
+            self.rows[L] = h, t, item
+            first = np.ones(len(h), bool)  # one owner per hash: the first configured task
+            first[1:] = h[1:] != h[:-1]
+            self.hashes[L], self.task_of[L] = h[first], t[first]
+            h = self.hashes[L]
             b = int(min(max(np.ceil(np.log2(max(len(h), 1) * 16)), 12), 28))  # <= 256 MiB for huge sets
             self.shift[L] = U64(64 - b)
             self.filters[L] = np.zeros(1 << b, bool)
@@ -150,52 +181,63 @@ class EvalGrams:
         hit = table[at] == h[cand]
         return cand[hit], at[hit]
 
+    def items_of(self, L: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(task index, scored item index) of every scored item one of the length-L grams `h` came from."""
+        rh, rt, ri = self.rows[L]
+        u = np.unique(h)
+        lo, hi = np.searchsorted(rh, u, "left"), np.searchsorted(rh, u, "right")
+        n = hi - lo
+        at = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())  # every row of each hash
+        at = at[ri[at] >= 0]
+        return rt[at], ri[at]
+
 
 def eval_texts(task: dict) -> list[str]:
     """The texts of a task that training documents must not share n-grams with (module docstring)."""
+    return [text for text, _ in _owned_texts(task)]
+
+
+def _owned_texts(task: dict) -> list[tuple[str, int]]:
+    """`eval_texts` with the scored item each text belongs to (its index in `items`; -1: the pool)."""
     out = []
-    for item in task["pool"] + task["items"]:
-        out.append(item["text"])
+    for i, item in enumerate(task["pool"] + task["items"]):
+        owner = i - len(task["pool"])
+        out.append((item["text"], owner))
         if task["type"] == "multiple_choice":
-            out += item["continuations"]
+            out += [(c, owner) for c in item["continuations"]]
     return out
 
 
 def eval_grams(tasks: dict[str, dict], ngram: int, min_words: int) -> EvalGrams:
     names = list(tasks)
-    hashes: dict[int, list] = {}
-    owners: dict[int, list] = {}
+    rows: dict[int, list] = {}
     counts = {}
     for t, name in enumerate(names):
-        texts = eval_texts(tasks[name])
+        owned = _owned_texts(tasks[name])
+        texts, owner = [x for x, _ in owned], np.array([i for _, i in owned], np.int32)
         wh, off = doc_word_hashes(pa.array(texts, pa.large_string()))
         n_words = np.diff(off)
         windows = Windows(wh, off)
+        text_of = np.repeat(np.arange(len(texts)), n_words)  # each word's text
         short = np.flatnonzero((n_words < ngram) & (n_words >= min_words))
-        h, _ = windows.hashes(ngram)
-        hashes.setdefault(ngram, []).append(h)
-        owners.setdefault(ngram, []).append(np.full(len(h), t, np.int32))
+        h, pos = windows.hashes(ngram)
+        rows.setdefault(ngram, []).append((h, np.full(len(h), t, np.int32), owner[text_of[pos]]))
         for L in np.unique(n_words[short]).tolist():
             hs, pos = windows.hashes(L)  # a short text's only L-window starts at its first word
-            hs = hs[np.isin(pos, off[short[n_words[short] == L]])]
-            hashes.setdefault(L, []).append(hs)
-            owners.setdefault(L, []).append(np.full(len(hs), t, np.int32))
+            keep = np.isin(pos, off[short[n_words[short] == L]])
+            hs, pos = hs[keep], pos[keep]
+            rows.setdefault(L, []).append((hs, np.full(len(hs), t, np.int32), owner[text_of[pos]]))
         counts[name] = {"texts": len(texts), "texts_long": int((n_words >= ngram).sum()), "texts_short": len(short),
-                        "texts_too_short": int((n_words < min_words).sum()), "grams": len(h) + len(short)}
-    out_h, out_t = {}, {}
-    for L in hashes:
-        h, t = np.concatenate(hashes[L]), np.concatenate(owners[L])
-        order = np.argsort(h, kind="stable")
-        h, t = h[order], t[order]
-        first = np.ones(len(h), bool)  # one owner per hash: the first configured task
-        first[1:] = h[1:] != h[:-1]
-        out_h[L], out_t[L] = h[first], t[first]
-    return EvalGrams(names, out_h, out_t, counts)
+                        "texts_too_short": int((n_words < min_words).sum()), "grams": len(h) + len(short),
+                        "items": len(tasks[name]["items"])}
+    return EvalGrams(names, {L: tuple(map(np.concatenate, zip(*parts))) for L, parts in rows.items()}, counts,
+                     {name: [it["id"] for it in tasks[name]["items"]] for name in names})
 
 
 def find_hits(grams: EvalGrams, wh: np.ndarray, word_off: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(document index, task index, first word position, gram length) of every matching window of a batch."""
-    docs, tasks, starts, lengths = [], [], [], []
+    """(document index, task index, first word position, gram length, gram hash) of every matching window
+    of a batch."""
+    docs, tasks, starts, lengths, hashes = [], [], [], [], []
     windows = Windows(wh, word_off)
     for L, table in grams.hashes.items():
         if len(table) == 0:
@@ -207,9 +249,10 @@ def find_hits(grams: EvalGrams, wh: np.ndarray, word_off: np.ndarray) -> tuple[n
         tasks.append(grams.task_of[L][at])
         starts.append(pos)
         lengths.append(np.full(len(pos), L))
+        hashes.append(grams.hashes[L][at])
     if not docs:
-        return (np.zeros(0, np.int64),) * 4
-    return tuple(np.concatenate(x) for x in (docs, tasks, starts, lengths))
+        return (*(np.zeros(0, np.int64),) * 4, np.zeros(0, U64))
+    return tuple(np.concatenate(x) for x in (docs, tasks, starts, lengths, hashes))
 
 
 # ----------------------------------------------------------------------------- the stage
@@ -218,15 +261,17 @@ def _name(path: Path, suffix: str) -> tuple[str, str]:
     return path.parent.name, path.name.removesuffix(suffix)
 
 
-def flag_shard(texts: pa.Array, grams: EvalGrams, enabled: bool) -> tuple[np.ndarray, list[set], list]:
+def flag_shard(texts: pa.Array, grams: EvalGrams, enabled: bool) -> tuple[np.ndarray, list[set], list, dict]:
     """(contaminated bool per document, matching task indices per document, one example per flagged
-    document as (doc, task index, word position in the document, gram length))."""
+    document as (doc, task index, word position in the document, gram length), and the item side:
+    {task index: sorted indices of the scored items that share a gram with a document of the shard})."""
     n = len(texts)
     flags = np.zeros(n, dtype=bool)
     which: list[set] = [set() for _ in range(n)]
     examples = []
+    matched: dict[int, list] = {}  # gram length -> the hashes that matched, per batch
     if not enabled:
-        return flags, which, examples
+        return flags, which, examples, {}
     ends = np.cumsum(pc.fill_null(pc.binary_length(texts), 0).to_numpy(zero_copy_only=False))
     cuts = np.unique(np.searchsorted(ends, np.arange(BATCH_BYTES, ends[-1] if n else 0, BATCH_BYTES)) + 1)
     bounds = [0, *cuts[cuts < n].tolist(), n]
@@ -234,42 +279,53 @@ def flag_shard(texts: pa.Array, grams: EvalGrams, enabled: bool) -> tuple[np.nda
         if b == a:
             continue
         wh, off = doc_word_hashes(texts.slice(a, b - a))
-        docs, tasks, starts, lengths = find_hits(grams, wh, off)
+        docs, tasks, starts, lengths, hashes = find_hits(grams, wh, off)
         for d, t, s, L in zip(docs.tolist(), tasks.tolist(), starts.tolist(), lengths.tolist()):
             if not which[a + d]:
                 examples.append((a + d, t, s - int(off[d]), L))
             which[a + d].add(t)
         flags[a + np.unique(docs)] = True
-    return flags, which, examples
+        for L in np.unique(lengths).tolist():
+            matched.setdefault(L, []).append(np.unique(hashes[lengths == L]))
+    seen: dict[int, set] = {}  # the matched grams' scored items: every owner, not only the flag's first task
+    for L, hs in matched.items():
+        for t, i in zip(*(x.tolist() for x in grams.items_of(L, np.concatenate(hs)))):
+            seen.setdefault(t, set()).add(i)
+    return flags, which, examples, {t: sorted(v) for t, v in sorted(seen.items())}
 
 
 def decontaminate_shard(raw: Path, tokens_json: Path, source: dict, grams: EvalGrams, enabled: bool, out: Path,
                         meta: dict) -> tuple:
     """One shard: read its documents' text, flag them, write the flag file. Returns (texts, span
-    tokens, flags, matching task indices, examples) for the report."""
+    tokens, flags, matching task indices, examples, scored items seen) for the report."""
     tok_meta, tokens = load_doc_tokens(tokens_json)
     texts = document_texts(raw, source, tok_meta["doc_rows"])
-    flags, which, examples = flag_shard(texts, grams, enabled)
+    flags, which, examples, seen = flag_shard(texts, grams, enabled)
     names = [",".join(grams.tasks[t] for t in sorted(w)) for w in which]
     table = pa.table({"doc": np.arange(len(texts), dtype=np.int64), "contaminated": flags,
                       "tasks": pa.array(names, pa.string())})
     write_parquet(out, table, meta)
-    return texts, tokens, flags, which, examples
+    return texts, tokens, flags, which, examples, seen
 
 
 # ----------------------------------------------------------------------------- the eval n-gram table (one job)
 
 def write_grams(grams: EvalGrams, out, meta: dict) -> None:
-    """The eval side as one parquet file (`grams` job): a row per (gram length, hash, task index), the
-    task names and per-task counts in its metadata (with the provenance)."""
-    lengths = sorted(grams.hashes)
+    """The eval side as one parquet file (`grams` job): a row per (gram length, hash, task index, scored
+    item index or -1), the task names, per-task counts and scored item ids in its metadata (with the
+    provenance)."""
+    lengths = sorted(grams.rows)
+
+    def column(k, dtype):
+        return pa.array(np.concatenate([grams.rows[L][k] for L in lengths]) if lengths else np.zeros(0, dtype))
+
     table = pa.table({
-        "length": pa.array(np.concatenate([np.full(len(grams.hashes[L]), L, np.int32) for L in lengths])
+        "length": pa.array(np.concatenate([np.full(len(grams.rows[L][0]), L, np.int32) for L in lengths])
                            if lengths else np.zeros(0, np.int32)),
-        "hash": pa.array(np.concatenate([grams.hashes[L] for L in lengths]) if lengths else np.zeros(0, U64)),
-        "task": pa.array(np.concatenate([grams.task_of[L] for L in lengths]) if lengths else np.zeros(0, np.int32)),
+        "hash": column(0, U64), "task": column(1, np.int32), "item": column(2, np.int32),
     })
-    write_parquet(out, table, {**meta, "tasks": grams.tasks, "eval": grams.counts, "lengths": lengths})
+    write_parquet(out, table, {**meta, "tasks": grams.tasks, "eval": grams.counts, "lengths": lengths,
+                               "item_ids": grams.item_ids})
 
 
 def read_grams(path) -> EvalGrams:
@@ -279,13 +335,12 @@ def read_grams(path) -> EvalGrams:
     try:
         info = read_parquet_meta(path)
         table = pq.ParquetFile(path).read()  # (pq.read_table would import pyarrow.dataset: ~0.8 s a job)
-        lengths, tasks, counts = info["lengths"], info["tasks"], info["eval"]
+        lengths, tasks, counts, item_ids = info["lengths"], info["tasks"], info["eval"], info["item_ids"]
+        length, h, t, item = (table[k].to_numpy() for k in ("length", "hash", "task", "item"))
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
         raise PipelineError(f"{path}: not an eval n-gram table ({e!r}); rerun the decontaminate_grams rule") from None
-    length = table["length"].to_numpy()
-    h, t = table["hash"].to_numpy(), table["task"].to_numpy()
-    hashes = {int(L): h[length == L] for L in lengths}
-    return EvalGrams(tasks, hashes, {int(L): t[length == L] for L in lengths}, counts)
+    return EvalGrams(tasks, {int(L): (h[length == L], t[length == L], item[length == L]) for L in lengths}, counts,
+                     item_ids)
 
 
 # ----------------------------------------------------------------------------- flags per shard group
@@ -302,7 +357,7 @@ def flag_one(params: dict, grams: EvalGrams, source: str, raw, tokens_json, out)
     shard = Path(tokens_json).name.removesuffix(".json")
     meta = provenance("decontaminate", params, [raw, tokens_json], source=source, shard=shard)
     t0 = time.perf_counter()
-    texts, tokens, flags, which, ex = decontaminate_shard(Path(raw), Path(tokens_json), params["sources"][source],
+    texts, tokens, flags, which, ex, seen = decontaminate_shard(Path(raw), Path(tokens_json), params["sources"][source],
                                                           grams, params["decontaminate"]["enabled"], Path(out), meta)
     by_task: dict = {}
     for d in np.flatnonzero(flags):
@@ -317,6 +372,7 @@ def flag_one(params: dict, grams: EvalGrams, source: str, raw, tokens_json, out)
                          "words": " ".join(words[s:s + L])})
     part = {"source": source, "shard": shard, "documents": len(texts), "tokens": int(tokens.sum()),
             "flagged": {"documents": int(flags.sum()), "tokens": int(tokens[flags].sum())}, "by_task": by_task,
+            "items_seen": {grams.tasks[t]: items for t, items in seen.items()},
             "examples": examples, "seconds": time.perf_counter() - t0, "meta": meta}
     write_json(stats_path(out), part)
     return part
@@ -342,11 +398,13 @@ def flag_group(params: dict, grams: EvalGrams, source: str, raws: list, tokens: 
 
 def merge_report(params: dict, grams: EvalGrams, parts: list[dict], inputs: list) -> dict:
     """The report from the shards' parts, in (source, shard) order: per source and per task documents and
-    tokens flagged, the eval-side counts, the first examples, the throughput (module docstring)."""
+    tokens flagged, the eval-side counts, per task the scored items seen, the first examples, the
+    throughput (module docstring)."""
     dc = params["decontaminate"]
     seen = set()
     per_source: dict = {}
     examples = []
+    items_seen: dict[str, set] = {name: set() for name in grams.tasks}
     for part in sorted(parts, key=lambda p: (p["source"], p["shard"])):
         key = (part["source"], part["shard"])
         if key in seen:
@@ -362,6 +420,8 @@ def merge_report(params: dict, grams: EvalGrams, parts: list[dict], inputs: list
             bt = src["by_task"].setdefault(task, {"documents": 0, "tokens": 0})
             bt["documents"] += v["documents"]
             bt["tokens"] += v["tokens"]
+        for task, items in part["items_seen"].items():
+            items_seen[task].update(items)
         examples += part["examples"][:max(0, N_EXAMPLES - len(examples))]
     seconds = sum(p["seconds"] for p in parts)
     n_docs = sum(p["documents"] for p in parts)
@@ -369,6 +429,9 @@ def merge_report(params: dict, grams: EvalGrams, parts: list[dict], inputs: list
         "enabled": dc["enabled"], "ngram": dc["ngram"], "min_words": dc["min_words"], "tasks": grams.tasks,
         "eval": grams.counts, "per_source": per_source,
         "total": {k: sum(s["flagged"][k] for s in per_source.values()) for k in ("documents", "tokens")},
+        "contaminated_items": {task: {"items": len(grams.item_ids[task]), "count": len(items_seen[task]),
+                                      "ids": [grams.item_ids[task][i] for i in sorted(items_seen[task])]}
+                               for task in grams.tasks},
         "examples": examples, "documents": n_docs, "seconds": seconds,
         "docs_per_s": n_docs / seconds if seconds > 0 else None,
         "meta": provenance("decontaminate", params, inputs),

@@ -40,6 +40,11 @@ answer (specials dropped, as its decode does) and the same correctness. HumanEva
 Score. Per task accuracy and centered accuracy ``(acc − base) / (1 − base)``; ``chat_core_<n>`` is the
 mean centered accuracy over the n scored tasks. Items are sharded across ranks like CORE's (item i on
 rank i mod world) and gathered; every rank returns the same table.
+
+Contamination. The decontaminate stage matches training documents against the task files of
+`eval.tasks` only, never against these (ARC, MMLU, GSM8K, HumanEval), so the evaluate stage passes no
+`seen`: every task's ``contaminated`` and clean scores are None and the table says "not checked" (the
+fields are CORE's, `core.evaluate_tasks`, from `stats.clean_scores`).
 """
 from __future__ import annotations
 
@@ -57,7 +62,17 @@ from pipeline.distributed import Dist, gather_objects
 from pipeline.errors import PipelineError
 from pipeline.evaluation import stats
 from pipeline.evaluation.chat import stop_ids
-from pipeline.evaluation.core import accuracy_cells, begin_scoring, body_dtype, centered, core_record, headline
+from pipeline.evaluation.core import (
+    accuracy_cells,
+    begin_scoring,
+    body_dtype,
+    centered,
+    clean_cells,
+    clean_line,
+    contaminated,
+    core_record,
+    headline,
+)
 from pipeline.evaluation.sandbox import SandboxLimits, check_isolation, humaneval_program, isolation, run_program
 from pipeline.io import get_logger, run_cli
 from pipeline.model.engine import Engine
@@ -192,12 +207,14 @@ def decode_answer(tokenizer, ids: list[int]) -> str:
 # ----------------------------------------------------------------------------- the suite
 
 def evaluate_chat(model, tokenizer, tasks: dict[str, dict], *, max_items: int | None, max_new_tokens: int,
-                  batch_tokens: int, dist: Dist | None = None, sandbox: SandboxLimits | None = None) -> dict:
+                  batch_tokens: int, dist: Dist | None = None, sandbox: SandboxLimits | None = None,
+                  seen: dict[str, set] | None = None) -> dict:
     """Score the first `max_items` items (all when None) of every chat task on this rank's share, gather,
-    and return the table (module docstring). With a distributed `dist` it is a collective. ``item_log``
-    lists every item, task by task in item order, as ``{"task", "index", "id", "gold", "pick", "correct"}``
-    (pick: categorical, the letter; generative, the answer's text; None when too long, with correct None;
-    HumanEval adds the sandbox's ``status``) — the per-item log, and what the lm-eval parity test compares."""
+    and return the table (module docstring; `seen` as `core.evaluate_tasks`'). With a distributed `dist`
+    it is a collective. ``item_log`` lists every item, task by task in item order, as ``{"task", "index",
+    "id", "gold", "pick", "correct", "contaminated"}`` (pick: categorical, the letter; generative, the
+    answer's text; None when too long, with correct None; HumanEval adds the sandbox's ``status``) — the
+    per-item log, and what the lm-eval parity test compares."""
     if any(t["kind"] == "humaneval" for t in tasks.values()):
         check_isolation()  # refused here, not after the generation
     device, dtype, max_len, rank, world, was_training = begin_scoring(model, dist)
@@ -231,11 +248,12 @@ def evaluate_chat(model, tokenizer, tasks: dict[str, dict], *, max_items: int | 
     model.train(was_training)
     results = [r for part in (gather_objects(local, dist) if dist is not None else [local]) for r in part]
     seconds = time.perf_counter() - t0
-    table, item_log, correct = {}, [], {}
+    table, item_log, correct, ids = {}, [], {}, {}
     for name, task in tasks.items():
         rows = sorted((r for r in results if r[0] == name), key=lambda r: r[1])
         scored = [r for r in rows if r[2] is not None]
         correct[name] = np.array([r[2] for r in scored], dtype=bool)
+        ids[name] = [task["items"][r[1]]["id"] for r in scored]
         acc = sum(r[2] for r in scored) / len(scored) if scored else None
         b = task["random_baseline"]
         entry = {"kind": task["kind"], "items": len(scored), "too_long": len(rows) - len(scored),
@@ -246,20 +264,23 @@ def evaluate_chat(model, tokenizer, tasks: dict[str, dict], *, max_items: int | 
         items = task["items"]
         item_log += [{"task": name, "index": r[1], "id": items[r[1]]["id"], "gold": gold_answer(task, items[r[1]]),
                       "pick": None if r[2] is None else r[3] if isinstance(r[3], str) else r[3]["answer"],
-                      "correct": r[2], **({"status": r[3]["status"]} if isinstance(r[3], dict) else {})}
+                      "correct": r[2], "contaminated": contaminated(seen, name, items[r[1]]["id"]),
+                      **({"status": r[3]["status"]} if isinstance(r[3], dict) else {})}
                      for r in rows]
         if task["kind"] != "categorical":
             entry["examples"] = [{"id": items[r[1]]["id"], "correct": r[2],
                                   "answer": r[3] if isinstance(r[3], str) else r[3]["answer"]}
                                  for r in scored[:EXAMPLES]]
         table[name] = entry
-    ci = stats.score_intervals(correct, {n: t["random_baseline"] for n, t in table.items()})
+    baselines = {n: t["random_baseline"] for n, t in table.items()}
+    ci, clean = stats.score_intervals(correct, baselines), stats.clean_scores(correct, ids, seen, baselines)
     for name, t in table.items():
-        t.update(ci["tasks"][name])
+        t.update(ci["tasks"][name], **clean["tasks"][name])
     names = [n for n, t in table.items() if t["items"]]
     score = sum(table[n]["centered"] for n in names) / len(names) if names else None
     n_items = sum(t["items"] for t in table.values())
-    return {"score_name": chat_score_name(names), "score": score, "score_ci": ci["score_ci"], "tasks": table,
+    return {"score_name": chat_score_name(names), "score": score, "score_ci": ci["score_ci"],
+            "clean_score": clean["clean_score"], "clean_score_ci": clean["clean_score_ci"], "tasks": table,
             "item_log": item_log, "items": n_items,
             "seconds": seconds, "items_per_s": n_items / seconds if seconds > 0 else None, "world_size": world,
             "sandbox_isolation": isolation() if "humaneval" in {t["kind"] for t in tasks.values()} else None}
@@ -291,12 +312,14 @@ def chat_record(result: dict) -> dict:
 def markdown_table(result: dict) -> str:
     """The per-task table for reports."""
     lines = [headline(result, "ChatCORE: "), "",
-             "| task | kind | items | too long | correct | accuracy | random | centered |",
-             "|---|---|---|---|---|---|---|---|"]
+             clean_line(result, "the decontaminate stage matches training documents against eval.tasks only"), "",
+             "| task | kind | items | too long | correct | accuracy | random | centered | contaminated | "
+             "clean accuracy | clean centered |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, t in result["tasks"].items():
         acc, cen = accuracy_cells(t)
         lines.append(f"| {name} | {t['kind']} | {t['items']} | {t['too_long']} | {t['correct']} | {acc} | "
-                     f"{t['random_baseline']:.2f} | {cen} |")
+                     f"{t['random_baseline']:.2f} | {cen} | " + " | ".join(clean_cells(t)) + " |")
     ran = result["tasks"].get("humaneval", {}).get("sandbox")
     if ran:
         lines += ["", f"HumanEval programs ran in the sandbox ({result['sandbox_isolation']} isolation): "

@@ -62,8 +62,15 @@ Error bars and the per-item log. Every task's accuracy, centered accuracy and ``
 bootstrap interval over the items (`accuracy_ci`, `centered_ci`, `score_ci`; pipeline/evaluation/stats.py).
 ``item_log`` lists every scored item in task and item order: ``{"task", "index", "id", "shots", "gold",
 "pick" (the chosen choice; null for language_modeling), "scores" (mean log-probability per token of each
-request), "correct"}`` — written as ``core_items.jsonl`` beside the report (pipeline/evaluation/compare.py
-pairs two of them item by item).
+request), "correct", "contaminated"}`` — written as ``core_items.jsonl`` beside the report
+(pipeline/evaluation/compare.py pairs two of them item by item).
+
+Clean subset. Given `seen` (per task the ids of the items that a training document of the run shared a
+decontamination n-gram with, removed by the split or not: the decontamination report's
+``contaminated_items``), every task adds ``contaminated`` (its scored items seen), ``clean_items``,
+``clean_accuracy``, ``clean_centered`` and their intervals, and the result ``clean_score`` (with
+``clean_score_ci``), all by `stats.clean_scores`; an item's ``contaminated`` is true or false. A task
+`seen` does not name was not checked: None everywhere (never counted as clean).
 """
 from __future__ import annotations
 
@@ -299,11 +306,12 @@ def begin_scoring(model, dist: Dist | None) -> tuple:
 
 def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch_tokens: int,
                    shots: int | None = None, max_items: int | None = None, dist: Dist | None = None,
-                   head_chunk: int = 8192) -> dict:
+                   head_chunk: int = 8192, seen: dict[str, set] | None = None) -> dict:
     """Score the first `max_items` items (all when None) of every task on this rank's share, gather,
-    and return the table: per task accuracy, centered accuracy, items, truncated requests; and
-    `core_<n>`. The body runs at `body_dtype` (bf16 autocast on CUDA or with bf16 weights). With
-    a distributed `dist` it is a collective: every rank must call it."""
+    and return the table: per task accuracy, centered accuracy, items, truncated requests, the clean
+    subset's scores given `seen` (module docstring); and `core_<n>`. The body runs at `body_dtype` (bf16
+    autocast on CUDA or with bf16 weights). With a distributed `dist` it is a collective: every rank must
+    call it."""
     device, dtype, max_len, rank, world, was_training = begin_scoring(model, dist)
     t0 = time.perf_counter()
     local = []  # (task, item index, correct, truncated requests, requests, shots, pick, per-request scores)
@@ -338,9 +346,10 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
     model.train(was_training)
     results = [r for part in (gather_objects(local, dist) if dist is not None else [local]) for r in part]
     seconds = time.perf_counter() - t0
-    table, item_log, correct = {}, [], {}
+    table, item_log, correct, ids = {}, [], {}, {}
     for name, task in tasks.items():
         rows = sorted((r for r in results if r[0] == name), key=lambda r: r[1])
+        ids[name] = [task["items"][r[1]]["id"] for r in rows]
         acc = sum(r[2] for r in rows) / len(rows) if rows else None  # None: no item fits the context
         b = task["random_baseline"]
         k, fewer, too_long = fitted[name]
@@ -349,21 +358,28 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
                        "accuracy": acc, "random_baseline": b, "centered": None if acc is None else centered(acc, b),
                        "requests": sum(r[4] for r in rows), "truncated": sum(r[3] for r in rows)}
         correct[name] = np.array([r[2] for r in rows], dtype=bool)
-        item_log += [{"task": name, "index": r[1], "id": task["items"][r[1]]["id"], "shots": r[5],
-                      "gold": task["items"][r[1]]["gold"], "pick": r[6], "scores": r[7], "correct": bool(r[2])}
-                     for r in rows]
-    ci = stats.score_intervals(correct, {n: t["random_baseline"] for n, t in table.items()})
+        item_log += [{"task": name, "index": r[1], "id": i, "shots": r[5], "gold": task["items"][r[1]]["gold"],
+                      "pick": r[6], "scores": r[7], "correct": bool(r[2]), "contaminated": contaminated(seen, name, i)}
+                     for r, i in zip(rows, ids[name])]
+    baselines = {n: t["random_baseline"] for n, t in table.items()}
+    ci, clean = stats.score_intervals(correct, baselines), stats.clean_scores(correct, ids, seen, baselines)
     for name, t in table.items():
-        t.update(ci["tasks"][name])
+        t.update(ci["tasks"][name], **clean["tasks"][name])
     scored = [n for n, t in table.items() if t["items"]]
     if len(scored) < len(table):
         log.warning("not scored (no item fits the context of %d tokens even without shots): %s", max_len,
                     ", ".join(n for n in table if n not in scored))
     score = sum(table[n]["centered"] for n in scored) / len(scored) if scored else None
     n_items = sum(t["items"] for t in table.values())
-    return {"score_name": score_name(scored), "score": score, "score_ci": ci["score_ci"], "tasks": table,
+    return {"score_name": score_name(scored), "score": score, "score_ci": ci["score_ci"],
+            "clean_score": clean["clean_score"], "clean_score_ci": clean["clean_score_ci"], "tasks": table,
             "items": n_items, "seconds": seconds, "items_per_s": n_items / seconds if seconds > 0 else math.inf,
             "world_size": world, "item_log": item_log}
+
+
+def contaminated(seen: dict[str, set] | None, task: str, item_id: str) -> bool | None:
+    """Whether a training document shared an n-gram with the item (None: its task was not checked)."""
+    return None if seen is None or task not in seen else item_id in seen[task]
 
 
 def headline(result: dict, what: str = "") -> str:
@@ -373,6 +389,29 @@ def headline(result: dict, what: str = "") -> str:
     ci = result.get("score_ci")
     ci = f" (95 % CI {ci[0]:+.4f} … {ci[1]:+.4f})" if ci else ""
     return f"**{result['score_name']}** ({what}mean centered accuracy over {scored} tasks): **{score}**{ci}"
+
+
+def clean_line(result: dict, why: str = "no decontamination report given") -> str:
+    """The clean-subset line under a headline: the aggregate over the items no training document shared an
+    n-gram with, or which tasks were not checked and `why`."""
+    unchecked = [n for n, t in result["tasks"].items() if t.get("contaminated") is None]
+    if unchecked:
+        return f"Contamination not checked for {', '.join(unchecked)} ({why}): no clean-subset score."
+    score, ci = result.get("clean_score"), result.get("clean_score_ci")
+    value = "–" if score is None else f"{score:.4f}" + (f" (95 % CI {ci[0]:+.4f} … {ci[1]:+.4f})" if ci else "")
+    n = sum(t["contaminated"] for t in result["tasks"].values())
+    return (f"On clean items ({n} scored items share a decontamination n-gram with a training document of "
+            f"the run, removed or not; left out): {result['score_name']} **{value}**.")
+
+
+def clean_cells(t: dict) -> tuple[str, str, str]:
+    """A task row's contaminated count and clean-subset accuracy and centered accuracy with intervals."""
+    if t.get("contaminated") is None:
+        return "not checked", "–", "–"
+    if t["clean_accuracy"] is None:
+        return str(t["contaminated"]), "–", "–"
+    return (str(t["contaminated"]), f"{t['clean_accuracy']:.4f} {ci_cell(t['clean_accuracy_ci'])}",
+            f"{t['clean_centered']:+.4f} {ci_cell(t['clean_centered_ci'], '+')}")
 
 
 def ci_cell(ci: list[float] | None, sign: str = "") -> str:
@@ -391,18 +430,22 @@ def accuracy_cells(t: dict) -> tuple[str, str]:
 
 def markdown_table(result: dict) -> str:
     """The per-task table for reports."""
-    lines = [headline(result), "",
-             "| task | type | shots (asked) | items | accuracy | random | centered | fewer shots | too long |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [headline(result), "", clean_line(result), "",
+             "| task | type | shots (asked) | items | accuracy | random | centered | fewer shots | too long | "
+             "contaminated | clean accuracy | clean centered |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, t in result["tasks"].items():
         acc, cen = accuracy_cells(t)
         lines.append(f"| {name} | {t['type']} | {t['shots']} ({t['shots_asked']}) | {t['items']} | {acc} | "
-                     f"{t['random_baseline']:.2f} | {cen} | {t['fewer_shots']} | {t['too_long']} |")
+                     f"{t['random_baseline']:.2f} | {cen} | {t['fewer_shots']} | {t['too_long']} | "
+                     + " | ".join(clean_cells(t)) + " |")
     lines += ["", f"Shots: per task the largest k ≤ the asked shots whose prompts fit the context for at least "
               f"{FIT_FRACTION:.0%} of its items; an item that does not fit with k takes the most shots that fit "
               "(fewer shots); an item that does not fit even alone is not scored (too long), and a task none of "
               "whose items fit is left out of the mean. No item is truncated. Brackets: 95 % bootstrap intervals "
-              "over the items (pipeline/evaluation/stats.py)."]
+              "over the items (pipeline/evaluation/stats.py). Contaminated: scored items that share a "
+              "decontamination n-gram with a training document of the run (R/decontam/report.json); clean: the "
+              "others."]
     return "\n".join(lines)
 
 

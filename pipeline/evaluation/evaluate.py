@@ -2,7 +2,8 @@
 
     python -m pipeline.evaluation.evaluate --params JSON --ckpt R/train/S/final.pt --val R/pack/M/val.json \\
         --train R/pack/M/train.json --tokenizer R/tokenizer/encoding.json \\
-        --metrics R/train/S/metrics.jsonl --outdir R/eval/S [--eval-data R/eval_data] [--batch-rows 8]
+        --metrics R/train/S/metrics.jsonl --outdir R/eval/S [--eval-data R/eval_data] \\
+        [--decontam R/decontam/report.json] [--batch-rows 8]
 
 Definitions (every counted target token of every validation row; a bestfit pack's loss mask
 decides what is counted, exactly as in training):
@@ -19,7 +20,11 @@ decides what is counted, exactly as in training):
   ``unigram_baseline_bpb`` is the same in bits per byte. ``beats_unigram`` = val_loss < unigram_baseline.
 * ``core``: with ``--eval-data``, the CORE-style suite of pipeline/evaluation/core.py on the first
   ``eval.core_max_items`` items of every ``eval.tasks`` task (all when null): per-task accuracy and
-  centered accuracy, ``core_<n>``, truncated requests, items per second.
+  centered accuracy, ``core_<n>``, truncated requests, items per second. With ``--decontam`` (the
+  decontamination report of the run) each task also counts its ``contaminated`` items (those a training
+  document shared an n-gram with, whether or not the split removed it) and scores the clean rest
+  (``clean_accuracy``, ``clean_centered``, intervals; ``clean_score``); without it, and always for
+  ChatCORE (the decontaminate stage covers ``eval.tasks`` only), they are "not checked" (None).
 * generations: each prompt of ``eval.prompts`` (BOS first) continued for ``eval.max_new_tokens``
   tokens at ``eval.temperature`` (0 = greedy; otherwise sampled with a generator seeded by `seed`).
 * per training stage (``--params`` from the rule are the stage's view, pipeline/stages.py): the
@@ -47,6 +52,7 @@ import torch
 from pipeline.config import add_config_args, params_from_args
 from pipeline.data.encoding import load_tokenizer
 from pipeline.data.loader import PackedLoader
+from pipeline.errors import PipelineError
 from pipeline.evaluation import stats
 from pipeline.evaluation.chat import answer_questions
 from pipeline.evaluation.chat_core import chat_settings, evaluate_chat
@@ -281,8 +287,29 @@ def chat_evaluation(model, tokenizer, params: dict, val_meta: str, device, batch
             "answers": answer_questions(model, tokenizer, eval_cfg["chat_questions"], eval_cfg["max_new_tokens"])}
 
 
+def read_seen(path: str | Path, tasks: list[str]) -> dict[str, set]:
+    """Per task of `tasks` the ids of the items that training documents shared an n-gram with, from the
+    decontamination report's ``contaminated_items``; {} (nothing checked) when decontamination is off.
+    One error when the report is unreadable or predates the item side, or misses a task."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+        if not report["enabled"]:
+            return {}
+        items = report["contaminated_items"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise PipelineError(f"{path}: not a decontamination report with contaminated_items ({e!r}); rerun the "
+                            "decontaminate rule") from None
+    missing = [t for t in tasks if t not in items]
+    if missing:
+        raise PipelineError(f"{path}: no contaminated_items for {', '.join(missing)} (eval.tasks changed since it "
+                            "was written); rerun the decontaminate rule")
+    return {t: set(items[t]["ids"]) for t in tasks}
+
+
 def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, tokenizer_path: str, metrics_path: str,
-             outdir: str, batch_rows: int = BATCH_ROWS, eval_data: str | None = None) -> dict:
+             outdir: str, batch_rows: int = BATCH_ROWS, eval_data: str | None = None,
+             decontam: str | None = None) -> dict:
     """Compute the report (module docstring) and write report.json, report.md and loss.png."""
     outdir = Path(outdir)
     want_cuda = params["hardware"]["device"] == "cuda" and torch.cuda.is_available()
@@ -327,12 +354,14 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
         "summary": final.get("summary", {}),
         "core": None,
         "chat_core": None,
-        "meta": provenance("evaluate", params, [ckpt_path, val_meta, train_meta, tokenizer_path, metrics_path]),
+        "meta": provenance("evaluate", params, [ckpt_path, val_meta, train_meta, tokenizer_path, metrics_path,
+                                                *([decontam] if decontam is not None else [])]),
     }
     item_logs = {"core": [], "chat_core": []}  # per-item logs, written beside the report with --eval-data
     if eval_data is not None:
         tasks = load_tasks(eval_data, eval_cfg["tasks"])
-        report["core"] = evaluate_tasks(model, tokenizer, tasks, **core_settings(params))
+        seen = read_seen(decontam, eval_cfg["tasks"]) if decontam is not None else None
+        report["core"] = evaluate_tasks(model, tokenizer, tasks, seen=seen, **core_settings(params))
         item_logs["core"] = report["core"].pop("item_log")
         plot_core(read_metrics(metrics_path), report["core"], outdir / "core.png", report["summary"].get("num_steps"))
         log.info("%s = %s over %d items", report["core"]["score_name"], report["core"]["score"],
@@ -365,11 +394,12 @@ def main(argv=None) -> None:
     p.add_argument("--tokenizer", required=True, help="R/tokenizer/encoding.json")
     p.add_argument("--metrics", required=True, help="R/train/{stage}/metrics.jsonl (for the loss curve)")
     p.add_argument("--outdir", required=True, help="R/eval")
+    p.add_argument("--decontam", help="R/decontam/report.json: count the contaminated items and score the clean ones")
     p.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help="validation rows per forward pass")
     p.add_argument("--eval-data", help="R/eval_data: score the CORE-style tasks (eval.tasks) too")
     args = p.parse_args(argv)
     evaluate(params_from_args(args, "evaluate"), args.ckpt, args.val, args.train, args.tokenizer, args.metrics,
-             args.outdir, args.batch_rows, args.eval_data)
+             args.outdir, args.batch_rows, args.eval_data, args.decontam)
 
 
 if __name__ == "__main__":

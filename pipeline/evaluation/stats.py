@@ -10,6 +10,10 @@ Every interval is a 95 % percentile bootstrap with `N_BOOT` replicates drawn by 
   items, not of tasks) and averages the replicate's centered accuracies.
 * **val loss and bits per byte**: documents resampled (a ratio estimator: Σ nats / Σ tokens of the drawn
   documents), since tokens of one document are not independent.
+* **the clean subset** (`clean_scores`): the same intervals over only the items that no training
+  document shared a decontamination n-gram with (whether or not the split then removed the document);
+  its aggregate ``clean_score`` averages the tasks that keep a clean item, and exists only when every
+  task with items was checked (a task the decontamination did not cover is "not checked", never clean).
 * **a paired difference** (`paired`: model B − model A on the same items): one set of resampling indices
   per task serves both models, so the interval is that of the difference, far narrower than two
   independent intervals when the models agree on most items. A difference whose interval excludes 0 is
@@ -65,6 +69,34 @@ def score_intervals(correct: dict[str, np.ndarray], baselines: dict[str, float])
         tasks[name] = {"accuracy_ci": _bounds(means), "centered_ci": _bounds(cen)}
     score_ci = _bounds(np.mean(replicates, axis=0)) if replicates else None
     return {"tasks": tasks, "score_ci": score_ci}
+
+
+def clean_scores(correct: dict[str, np.ndarray], ids: dict[str, list[str]], seen: dict[str, set] | None,
+                 baselines: dict[str, float]) -> dict:
+    """Scores on the uncontaminated items. `correct` and `ids` per task in item order; `seen`: per task the
+    ids of its items a training document shared an n-gram with (a task absent, or `seen` None: not
+    checked). ``{"tasks": {name: {"contaminated", "clean_items", "clean_accuracy", "clean_centered",
+    "clean_accuracy_ci", "clean_centered_ci"}}, "clean_score", "clean_score_ci"}``; None where not checked
+    or no clean item is left."""
+    seen = seen or {}
+    tasks, clean = {}, {}
+    for name, c in correct.items():
+        tasks[name] = dict.fromkeys(("contaminated", "clean_items", "clean_accuracy", "clean_centered",
+                                     "clean_accuracy_ci", "clean_centered_ci"))
+        if name not in seen:
+            continue
+        dirty = np.array([i in seen[name] for i in ids[name]], dtype=bool)
+        clean[name] = np.asarray(c, dtype=bool)[~dirty]
+        acc = float(clean[name].mean()) if clean[name].size else None
+        tasks[name].update(contaminated=int(dirty.sum()), clean_items=int(clean[name].size), clean_accuracy=acc,
+                           clean_centered=None if acc is None else float(centered(acc, baselines[name])))
+    ci = score_intervals(clean, baselines)
+    for name, t in ci["tasks"].items():
+        tasks[name].update(clean_accuracy_ci=t["accuracy_ci"], clean_centered_ci=t["centered_ci"])
+    kept = [n for n in clean if clean[n].size]
+    checked = all(n in clean for n, c in correct.items() if len(c))
+    score = float(np.mean([tasks[n]["clean_centered"] for n in kept])) if checked and kept else None
+    return {"tasks": tasks, "clean_score": score, "clean_score_ci": ci["score_ci"] if score is not None else None}
 
 
 def ratio_interval(numerators: np.ndarray, denominators: np.ndarray, scale: float = 1.0) -> list[float] | None:

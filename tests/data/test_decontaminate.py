@@ -109,6 +109,63 @@ def test_report_reconciles_with_the_flag_files(planted):
     assert report["eval"]["copa"]["texts_short"] > 0 and report["docs_per_s"] > 0
 
 
+def test_the_report_names_the_scored_items_documents_shared_grams_with(planted):
+    """The item side: the lambada item copied whole and the short COPA item are seen; the boolq passage
+    came from the few-shot pool, which is not scored (its passage's scored questions, if any share it, are)."""
+    root, report, _, docs = planted
+    tasks = {n: load_task(root / "eval_data" / f"{n}.json") for n in TASKS}
+    seen = report["contaminated_items"]
+    assert seen["lambada"] == {"items": len(tasks["lambada"]["items"]), "count": 1,
+                               "ids": [tasks["lambada"]["items"][0]["id"]]}
+    copa = [it["id"] for it in tasks["copa"]["items"] if it["text"] in docs["short_whole"]]
+    assert seen["copa"]["ids"] == copa and seen["copa"]["count"] == 1
+    passage = " ".join(normalize_text(tasks["boolq"]["pool"][0]["text"]).split()[5:25])
+    assert seen["boolq"]["ids"] == [it["id"] for it in tasks["boolq"]["items"]
+                                    if passage in " ".join(normalize_text(it["text"]).split())]
+
+
+def test_the_evaluation_reads_the_seen_items_of_removed_documents(planted, tmp_path):
+    """The join: the lambada item whose text a document held is seen by the evaluation although that
+    document is flagged, so the split took it out of train and val; a disabled stage checked nothing; a
+    report without the item side, or without a configured task, is one error naming the fix."""
+    from pipeline.evaluation.evaluate import read_seen
+
+    root, report, flags, _ = planted
+    assert flags["exact"]["contaminated"]  # split's `contam`: removed from the run
+    lam = load_task(root / "eval_data" / "lambada.json")["items"][0]["id"]
+    seen = read_seen(root / "decontam" / "report.json", TASKS)
+    assert seen["lambada"] == {lam} and set(seen) == set(TASKS)
+    for name, body, match in (("off.json", {**report, "enabled": False}, None),
+                              ("old.json", {k: v for k, v in report.items() if k != "contaminated_items"},
+                               "old.json: not a decontamination report with contaminated_items.*decontaminate rule"),
+                              ("fewer.json", {**report, "contaminated_items": {"copa": report["contaminated_items"]
+                                                                                ["copa"]}},
+                               "fewer.json: no contaminated_items for boolq, lambada.*rerun the decontaminate rule")):
+        (tmp_path / name).write_text(json.dumps(body))
+        if match is None:
+            assert read_seen(tmp_path / name, TASKS) == {}
+        else:
+            with pytest.raises(dc.PipelineError, match=match):
+                read_seen(tmp_path / name, TASKS)
+
+
+def test_an_item_is_seen_whichever_task_its_gram_is_flagged_under():
+    """Two tasks share a text: a document holding it is flagged under the first task only, but the
+    scored items of both are seen; a pool item is never reported, a clean item never seen."""
+    words = " ".join(FILLER[:14])
+    lm = lambda i, text: {"id": f"x{i}", "text": text}
+    tasks = {"first": {"type": "language_modeling", "pool": [lm(9, "zulu " + words)], "items": [lm(0, words)]},
+             "second": {"type": "multiple_choice", "pool": [],
+                        "items": [{"id": "q0", "text": "an unrelated question", "continuations": [words, " no"]},
+                                  {"id": "q1", "text": " ".join(FILLER[5:]), "continuations": [" yes"]}]}}
+    grams = dc.eval_grams(tasks, ngram=13, min_words=8)
+    flags, which, _, seen = dc.flag_shard(pa.array(["intro " + words + " outro", "clean text"], pa.large_string()),
+                                          grams, True)
+    assert flags.tolist() == [True, False] and which[0] == {0}
+    assert seen == {0: [0], 1: [0]}
+    assert dc.flag_shard(pa.array([words], pa.large_string()), grams, False)[3] == {}
+
+
 def test_disabled_flags_nothing(planted, tmp_path):
     root, *_ = planted
     raws = sorted((root / "raw" / "web").glob("*.parquet"))
@@ -188,6 +245,8 @@ def test_the_eval_table_reads_back_as_built(planted, tmp_path):
     for L in grams.hashes:
         assert back.hashes[L].tolist() == grams.hashes[L].tolist()
         assert back.task_of[L].tolist() == grams.task_of[L].tolist()
+        assert [x.tolist() for x in back.rows[L]] == [x.tolist() for x in grams.rows[L]]
+    assert back.item_ids == grams.item_ids
     (tmp_path / "bad.parquet").write_bytes(b"not parquet")
     with pytest.raises(dc.PipelineError, match="bad.parquet.*decontaminate_grams"):
         dc.read_grams(tmp_path / "bad.parquet")

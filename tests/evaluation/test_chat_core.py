@@ -218,6 +218,11 @@ def test_suite_matches_the_full_forward_and_cacheless_greedy(tokenizer):
     assert r["score_name"] == "chat_core_2"
     assert r["score"] == pytest.approx((r["tasks"]["cat"]["centered"] + r["tasks"]["gsm"]["centered"]) / 2)
     assert "| cat | categorical | 6 | 0 |" in C.markdown_table(r)
+    # decontamination never covers the chat tasks: "not checked", no clean score (not "0 contaminated")
+    assert "| not checked | – | – |" in C.markdown_table(r) and "matches training documents against eval.tasks only" \
+        in C.markdown_table(r)
+    assert r["clean_score"] is None and r["tasks"]["cat"]["contaminated"] is None
+    assert {i["contaminated"] for i in r["item_log"]} == {None}
     assert C.chat_record(r) == {"chat_core_2": r["score"], "chat_core/cat": r["tasks"]["cat"]["centered"],
                                 "chat_core/gsm": r["tasks"]["gsm"]["centered"]}
 

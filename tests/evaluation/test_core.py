@@ -108,6 +108,32 @@ def test_micro_example_by_hand():
     assert result["items"] == 4 and t["mc"]["requests"] == 2 and t["lm"]["truncated"] == 0
 
 
+def test_clean_subset_leaves_out_the_seen_items_and_says_what_was_not_checked():
+    """`seen` marks lm's item 1 (the wrong one) contaminated: lm's clean accuracy is item 0's alone; a task
+    `seen` does not name is "not checked" (None, never clean) and then there is no clean aggregate."""
+    tok, model = CharTokenizer(VOCAB), Bigram(TABLE, ["<bos>"] + VOCAB)
+    r = core.evaluate_tasks(model, tok, micro_tasks(), seed=0, batch_tokens=1000, seen={"lm": {"1"}, "mc": set()})
+    t = r["tasks"]
+    assert (t["lm"]["contaminated"], t["lm"]["clean_items"], t["lm"]["clean_accuracy"]) == (1, 1, 1.0)
+    assert t["lm"]["clean_centered"] == 1.0 and t["lm"]["clean_centered_ci"] == [1.0, 1.0]
+    assert t["mc"]["contaminated"] == 0 and t["mc"]["clean_accuracy"] == t["mc"]["accuracy"]
+    assert t["schema"]["contaminated"] is None and t["schema"]["clean_accuracy"] is None
+    assert r["clean_score"] is None and r["clean_score_ci"] is None
+    assert [(i["task"], i["id"], i["contaminated"]) for i in r["item_log"]] == [
+        ("mc", "0", False), ("schema", "0", None), ("lm", "0", False), ("lm", "1", True)]
+    md = core.markdown_table(r)
+    assert "| 1 | 1.0000 [1.000, 1.000] | +1.0000 [+1.000, +1.000] |" in md
+    assert "| not checked | – | – |" in md and "not checked for schema" in md
+    every = core.evaluate_tasks(model, tok, micro_tasks(), seed=0, batch_tokens=1000,
+                                seen={"lm": {"1"}, "mc": set(), "schema": {"0"}})
+    # schema's only item is seen: no clean item left, so the clean mean is over mc and lm
+    assert every["tasks"]["schema"]["clean_items"] == 0 and every["tasks"]["schema"]["clean_accuracy"] is None
+    assert every["clean_score"] == 1.0 and every["score"] == pytest.approx(2.5 / 3)
+    assert "(2 scored items share a decontamination n-gram" in core.markdown_table(every)
+    unchecked = core.evaluate_tasks(model, tok, micro_tasks(), seed=0, batch_tokens=1000)
+    assert all(i["contaminated"] is None for i in unchecked["item_log"]) and unchecked["clean_score"] is None
+
+
 def test_boundary_whitespace_moves_to_the_continuation():
     tok = CharTokenizer(VOCAB)
     # "ab " + "c": the context's trailing space joins the continuation, so " c" stays one token

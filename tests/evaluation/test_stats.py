@@ -32,6 +32,29 @@ def test_task_interval_covers_the_estimate_and_shrinks_with_items():
         "tasks": {"e": {"accuracy_ci": None, "centered_ci": None}}, "score_ci": None}
 
 
+def test_clean_scores_are_the_scores_of_the_unseen_items():
+    """The clean subset's accuracy and intervals are those of `score_intervals` over the unseen items alone."""
+    rng = np.random.default_rng(3)
+    correct = {"a": rng.random(200) < 0.7, "b": rng.random(50) < 0.4}
+    ids = {n: [f"{n}{i}" for i in range(len(c))] for n, c in correct.items()}
+    seen = {"a": {f"a{i}" for i in range(0, 200, 4)} | {"not-scored"}, "b": set()}
+    base = {"a": 0.25, "b": 0.5}
+    r = stats.clean_scores(correct, ids, seen, base)
+    keep = np.arange(200) % 4 != 0
+    ref = stats.score_intervals({"a": correct["a"][keep], "b": correct["b"]}, base)
+    a = r["tasks"]["a"]
+    assert a["contaminated"] == 50 and a["clean_items"] == 150
+    assert a["clean_accuracy"] == pytest.approx(correct["a"][keep].mean())
+    assert a["clean_centered"] == pytest.approx((a["clean_accuracy"] - 0.25) / 0.75)
+    assert a["clean_centered_ci"] == ref["tasks"]["a"]["centered_ci"] and r["clean_score_ci"] == ref["score_ci"]
+    b = r["tasks"]["b"]
+    assert b["contaminated"] == 0 and b["clean_accuracy"] == pytest.approx(correct["b"].mean())
+    assert r["clean_score"] == pytest.approx((a["clean_centered"] + b["clean_centered"]) / 2)
+    part = stats.clean_scores(correct, ids, {"a": seen["a"]}, base)  # b not checked: no clean aggregate
+    assert part["tasks"]["b"]["contaminated"] is None and part["clean_score"] is None
+    assert part["tasks"]["a"] == a
+
+
 def test_ratio_interval_resamples_documents():
     rng = np.random.default_rng(2)
     tokens = rng.integers(10, 200, size=400).astype(float)

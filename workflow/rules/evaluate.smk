@@ -1,5 +1,6 @@
 # Per training stage: validation loss, bits per byte, unigram baseline, CORE-style per-task table,
-# generations, loss and CORE curves; chat stages also a chat-format validation loss and answers to fixed
+# generations, loss and CORE curves, scores on the items no training document shared a decontamination
+# n-gram with; chat stages also a chat-format validation loss and answers to fixed
 # questions; 95 % intervals on every score and per-item logs of every benchmark (core_items.jsonl,
 # chat_core_items.jsonl: empty where the stage has no chat tasks). Then all stages side by side (token
 # reconciliation per stage, loss curves on one plot, paired comparisons of consecutive stages).
@@ -11,6 +12,7 @@ rule evaluate:
         train=stage_pack("train"),
         tokenizer=TOKENIZER,
         tasks=f"{RUN_DIR}/eval_data/tasks.json",
+        decontam=f"{RUN_DIR}/decontam/report.json",  # which items training documents shared n-grams with
     output:
         json=f"{RUN_DIR}/eval/{{stage}}/report.json",
         md=report(f"{RUN_DIR}/eval/{{stage}}/report.md", category="Evaluation", subcategory="{stage}",
@@ -37,7 +39,8 @@ rule evaluate:
     shell:
         "OMP_NUM_THREADS={threads} python -m pipeline.evaluation.evaluate --params {params.p:q} --ckpt {input.ckpt:q} "
         "--val {input.val:q} --train {input.train:q} --tokenizer {input.tokenizer:q} "
-        "--metrics {params.metrics:q} --eval-data {params.eval_data:q} --outdir {params.outdir:q} 2>&1 | tee {log:q}"
+        "--metrics {params.metrics:q} --eval-data {params.eval_data:q} --decontam {input.decontam:q} "
+        "--outdir {params.outdir:q} 2>&1 | tee {log:q}"
 
 
 localrules:
