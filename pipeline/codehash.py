@@ -549,15 +549,15 @@ def recorded_versions(workdir: Path, rule: str) -> dict[str, int]:
     names a record of `code_version(record=...)`."""
     meta, records = workdir / ".snakemake" / "metadata", workdir / RECORD_DIR
     found: dict[str, int] = {}
-    for path in sorted(meta.glob("*")) if meta.is_dir() else []:
+    for path in sorted(p for p in meta.rglob("*") if p.is_file()):  # (a long output path is split into dirs)
         try:
             m = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
         if m.get("rule") != rule:
             continue
-        for p in m.get("params") or []:
-            v = p.strip("'\"") if isinstance(p, str) else ""
+        for param in m.get("params") or []:  # each as repr(): a code hash is "'0123456789abcdef'"
+            v = param.strip("'\"") if isinstance(param, str) else ""
             if re.fullmatch(r"[0-9a-f]{16}", v) and (records / f"{v}.json").exists():
                 found[v] = found.get(v, 0) + 1
     return found

@@ -163,3 +163,25 @@ def test_why_without_a_run_names_the_rule_and_the_fix(tmp_path):
                           cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert "no output of rule dedup" in proc.stderr and "--directory" in proc.stderr
+
+
+def test_why_names_what_changed_since_the_recorded_hash(tmp_path):
+    """Snakemake's metadata of two outputs of rule dedup holds a code hash recorded earlier: one definition
+    changed since, one removed, one added; an output of another rule is not read."""
+    now = codehash.package().definitions("pipeline.data.dedup")
+    was = {k: v for k, v in now.items() if k != "pipeline.data.minhash:signatures"}
+    was["pipeline.data.dedup:main"] = "0" * 16
+    was["pipeline.data.dedup:gone"] = "1" * 16
+    old = "0123456789abcdef"
+    (tmp_path / codehash.RECORD_DIR).mkdir(parents=True)
+    (tmp_path / codehash.RECORD_DIR / f"{old}.json").write_text(json.dumps(
+        {"entries": ["pipeline.data.dedup"], "definitions": was}))
+    meta = tmp_path / ".snakemake/metadata"
+    meta.mkdir()
+    for i, rule in enumerate(("dedup", "dedup", "split")):
+        (meta / f"out{i}").write_text(json.dumps({"rule": rule, "params": ["'{\"x\": 1}'", f"'{old}'"]}))
+    assert codehash.why(tmp_path, "dedup").splitlines() == [
+        f"rule dedup: 2 output(s) made with code {old}, now {codehash.digest(now)} (pipeline.data.dedup)",
+        "  removed  pipeline.data.dedup:gone",
+        "  changed  pipeline.data.dedup:main",
+        "  added    pipeline.data.minhash:signatures"]

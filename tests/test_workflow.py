@@ -259,7 +259,7 @@ def hashed() -> dict[str, set[str]]:
 def test_rules_hash_what_their_entries_reach():
     h = hashed()
     assert {"pipeline.perf:resolve_parallel", "pipeline.stages:stage_list"} <= h["plan"]
-    assert "pipeline.perf:resolve_parallel" in h["train"] and "pipeline.training.rendezvous:main" in h["train"]
+    assert "pipeline.perf:choose_parallel" in h["train"] and "pipeline.training.rendezvous:main" in h["train"]
     assert all("pipeline.data.contract:iter_documents" in h[r] for r in ("tokenize", "dedup_signatures", "count"))
     assert any(d.startswith("pipeline.evaluation.core:") for d in h["train"])  # imported inside a function
     # issue 29: the import closure of 12 rules held minhash; its functions are hashed by the rules that call them
