@@ -47,7 +47,7 @@ def project(tmp_path_factory):
     # test_every_function_a_rule_ran_is_hashed
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TOKENFARM_TRACE_CALLS", str(traced(path)))
-        snakemake(path)
+        snakemake(path, timeout=1800)  # (a traced run, on a shared machine: more than the usual 900 s)
         snakemake(path, "export")  # export is built on request only
     return path
 
