@@ -410,7 +410,16 @@ def _trace_calls(out_dir: Path) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"{os.getpid()}.json").write_text(json.dumps({"main": spec and spec.name, "calls": calls}))
 
+    def write_then(exec_fn):
+        def replaced(*args):
+            write()  # the process image is replaced: no exit, no atexit
+            return exec_fn(*args)
+        return replaced
+
     atexit.register(write)
+    # a process that replaces itself (pipeline.training.rendezvous execs torchrun) writes its record first:
+    # os.execvp/execvpe/execl* all end in one of these two
+    os.execv, os.execve = write_then(os.execv), write_then(os.execve)
     threading.setprofile(profile)
     sys.setprofile(profile)
 

@@ -158,11 +158,20 @@ def test_code_version_records_its_definitions(tmp_path):
     assert codehash.digest(record["definitions"]) == version and "pipeline.data.tokenize:main" in record["definitions"]
 
 
-def test_why_without_a_run_names_the_rule_and_the_fix(tmp_path):
+def test_why_without_a_run_names_the_rule_and_the_fix_and_the_tracer_records_it(tmp_path):
+    """One error line; with TOKENFARM_TRACE_CALLS (pipeline.io.run_cli) the process's record names its module
+    and the package functions it ran, as tests/test_workflow.py's check of whole runs reads them."""
     proc = subprocess.run([sys.executable, "-m", "pipeline.codehash", "--why", "dedup", "--directory", str(tmp_path)],
-                          cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, env=dict(user_env(), TOKENFARM_TRACE_CALLS=str(tmp_path / "traced")),
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert "no output of rule dedup" in proc.stderr and "--directory" in proc.stderr
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "traced").glob("*.json")]
+    ran = {(Path(f).relative_to(ROOT).as_posix(), q) for f, _, q in record["calls"]}
+    assert record["main"] == "pipeline.codehash"
+    assert {("pipeline/codehash.py", "main"), ("pipeline/codehash.py", "why"),
+            ("pipeline/codehash.py", "recorded_versions")} <= ran
+    assert not {q for _, q in ran if q in ("run_cli", "_trace_calls")}  # from the tracer's start on only
 
 
 def test_why_names_what_changed_since_the_recorded_hash(tmp_path):
