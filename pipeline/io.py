@@ -389,7 +389,8 @@ def filesystem_error_message(e: OSError) -> str | None:
 
 
 def _trace_calls(out_dir: Path) -> None:
-    """TOKENFARM_TRACE_CALLS=DIR: record every function of the package this process runs from here on, written
+    """TOKENFARM_TRACE_CALLS=DIR: record every function of the package this process runs from here on (its code
+    flagged CO_OPTIMIZED, 1: a module's or a class's body, run by an import, is not a function), written
     at its exit to DIR/<pid>.json as [file, first line, qualified name] with the `python -m` module (the test
     that a rule's code hash, pipeline/codehash.py, covers what the rule runs: tests/test_workflow.py)."""
     import atexit
@@ -405,8 +406,8 @@ def _trace_calls(out_dir: Path) -> None:
     def write() -> None:
         sys.setprofile(None)
         spec = getattr(sys.modules["__main__"], "__spec__", None)
-        calls = sorted({(c.co_filename, c.co_firstlineno, c.co_qualname) for c in seen
-                        if c.co_filename.startswith(package)})
+        calls = sorted({(c.co_filename, c.co_firstlineno, c.co_qualname) for c in seen  # functions only: not
+                        if c.co_filename.startswith(package) and c.co_flags & 1})  # a module's or class's body
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"{os.getpid()}.json").write_text(json.dumps({"main": spec and spec.name, "calls": calls}))
 
