@@ -388,6 +388,43 @@ def filesystem_error_message(e: OSError) -> str | None:
             "writable (chmod u+w, chattr -i) or point results_dir elsewhere, and rerun")
 
 
+def _trace_calls(out_dir: Path) -> None:
+    """TOKENFARM_TRACE_CALLS=DIR: record every function of the package this process runs from here on (its code
+    flagged CO_OPTIMIZED, 1: a module's or a class's body, run by an import, is not a function), written
+    at its exit to DIR/<pid>.json as [file, first line, qualified name] with the `python -m` module (the test
+    that a rule's code hash, pipeline/codehash.py, covers what the rule runs: tests/test_workflow.py)."""
+    import atexit
+    import threading
+
+    package = str(Path(__file__).resolve().parent) + os.sep
+    seen: set = set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            seen.add(frame.f_code)
+
+    def write() -> None:
+        sys.setprofile(None)
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        calls = sorted({(c.co_filename, c.co_firstlineno, c.co_qualname) for c in seen  # functions only: not
+                        if c.co_filename.startswith(package) and c.co_flags & 1})  # a module's or class's body
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"{os.getpid()}.json").write_text(json.dumps({"main": spec and spec.name, "calls": calls}))
+
+    def write_then(exec_fn):
+        def replaced(*args):
+            write()  # the process image is replaced: no exit, no atexit
+            return exec_fn(*args)
+        return replaced
+
+    atexit.register(write)
+    # a process that replaces itself (pipeline.training.rendezvous execs torchrun) writes its record first:
+    # os.execvp/execvpe/execl* all end in one of these two
+    os.execv, os.execve = write_then(os.execv), write_then(os.execve)
+    threading.setprofile(profile)
+    sys.setprofile(profile)
+
+
 def run_cli(main_fn, argv=None) -> None:
     """Run a stage's main(argv); a PipelineError (or ConfigError), or an output that cannot be written
     (`filesystem_error_message`), becomes one 'error:' line and exit 1. A stage that succeeds ends its
@@ -396,6 +433,8 @@ def run_cli(main_fn, argv=None) -> None:
     files sample the job's processes (every second, then every 30 s) and miss a job's last moments."""
     setup_logging()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if os.environ.get("TOKENFARM_TRACE_CALLS"):
+        _trace_calls(Path(os.environ["TOKENFARM_TRACE_CALLS"]))
     try:
         main_fn(argv)
         logging.getLogger("pipeline").info("%s", resource_usage())

@@ -1,6 +1,7 @@
 """Builders shared by the test modules: tiny shards, packs, tokenizers, projects, and watching a run."""
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -577,3 +578,35 @@ def cuda_precision_params(parallel: str, steps: int = 4) -> dict:
                          target_tokens=4 * PRECISION_SEQ * steps, val_interval=2, ckpt_interval=steps)
     params["eval"].update(tasks=["copa"], core_interval=2, core_interval_items=4)
     return params
+
+# --- Code edits that change a definition's AST, or nothing but docs (pipeline/codehash.py's tests)
+
+def insert_pass(source: str, name: str) -> str:
+    """A `pass` as the first statement of top-level function/class `name`: its AST changes, not what it does."""
+    node = next(n for n in ast.parse(source).body if getattr(n, "name", None) == name)
+    first = node.body[0]
+    lines = source.splitlines(keepends=True)
+    lines.insert(first.lineno - 1, " " * first.col_offset + "pass\n")
+    return "".join(lines)
+
+
+def pass_insertable(source: str) -> set[str]:
+    """The top-level functions and classes `insert_pass` can edit: bound once, their body on lines of its own."""
+    nodes = [n for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    names = [n.name for n in nodes]
+    return {n.name for n in nodes if names.count(n.name) == 1 and n.body[0].lineno > n.lineno}
+
+
+def reword_docs(source: str) -> str:
+    """Every docstring reworded, comments and blank lines added (every line moves), a line broken differently."""
+    tree = ast.parse(source)
+    docs = [n.body[0].value for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)
+            and isinstance(n.body[0].value.value, str)]
+    lines = source.splitlines(keepends=True)
+    for d in sorted(docs, key=lambda d: (d.lineno, d.col_offset), reverse=True):
+        line = lines[d.lineno - 1]
+        at = d.col_offset + re.match(r"""[rRuU]?('{3}|"{3}|'|")""", line[d.col_offset:]).end()
+        lines[d.lineno - 1] = line[:at] + "Reworded. " + line[at:]
+    return "# a comment\n\n\n" + "".join(lines).replace("(\n", "(  # a comment\n")

@@ -59,6 +59,7 @@ README = {
     "snakemake --cores all -R dedup": Step("snakemake --cores all -R dedup -n", RETRAINS),
     "snakemake --cores all --until count": Step(),
     "snakemake -n": Step(),
+    "python -m pipeline.codehash --why dedup": Step(),
     f"python -m pipeline.plan --configfile {PRESET}": Step(),
     f"python -m pipeline.plan --configfile {PRESET} --json": Step(),
     f"snakemake -n --configfile {PRESET}": Step(),

@@ -5,6 +5,7 @@ below; rerun tests then edit the config and ask Snakemake (dry run) which jobs i
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,12 +20,15 @@ from builders import (
     SNAKEMAKE,
     TINY,
     copa_item,
+    insert_pass,
     kill_group,
     lambada_passage,
     logged_steps,
     make_project,
+    pass_insertable,
     past_checkpoint,
     planned_jobs,
+    reword_docs,
     sample_docs,
     snakemake,
     user_env,
@@ -33,7 +37,7 @@ from builders import (
     write_text_shard,
 )
 
-from pipeline.codehash import import_closure, package_modules
+from pipeline.codehash import Package, definition_at, module_name, module_path
 from pipeline.io import read_parquet_meta
 
 pytestmark = pytest.mark.slow
@@ -41,8 +45,17 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     path = make_project(tmp_path_factory.mktemp("tiny"), TINY)
-    snakemake(path)
+    # every stage process records the package functions it runs (pipeline.io.run_cli), for
+    # test_every_function_a_rule_ran_is_hashed
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOKENFARM_TRACE_CALLS", str(traced(path)))
+        snakemake(path, timeout=1800)  # (a traced run, on a shared machine: more than the usual 900 s)
+        snakemake(path, "export")  # export is built on request only
     return path
+
+
+def traced(project: Path) -> Path:
+    return project.with_name(project.name + "-traced")
 
 
 def test_end_to_end(project):
@@ -264,8 +277,8 @@ ENTRIES = rule_entries(ROOT / "workflow/rules")
 
 
 def test_every_rule_hashes_the_modules_its_command_runs():
-    """Each rule's code param names exactly the `python -m` modules of its shell command; the modules
-    hashed are their import closure (pipeline/codehash.py), never a hand-kept list."""
+    """Each rule's code param names exactly the `python -m` modules of its shell command; the definitions
+    hashed are those they reach (pipeline/codehash.py), never a hand-kept list."""
     blocks = rule_blocks(ROOT / "workflow/rules")
     assert len(ENTRIES) >= 19
     for rule, mods in ENTRIES.items():
@@ -273,16 +286,31 @@ def test_every_rule_hashes_the_modules_its_command_runs():
         assert declared and re.findall(r'"([\w.]+)"', declared.group(1)) == mods, rule
 
 
-def closures() -> dict[str, set[str]]:
-    return {r: set(import_closure(*m)) for r, m in ENTRIES.items()}
+def hashed() -> dict[str, set[str]]:
+    """{rule: the definitions ("module:name") its code param hashes}."""
+    p = Package()
+    return {r: set(p.definitions(*m)) for r, m in ENTRIES.items()}
 
 
-def test_closures_hold_what_the_hand_kept_lists_missed():
-    c = closures()
-    assert {"pipeline.perf", "pipeline.stages"} <= c["plan"] and "pipeline.perf" in c["train"]
-    assert all("pipeline.data.contract" in c[r] for r in ("split", "mix", "count", "tokenize", "dedup", "dedup_index"))
-    assert "pipeline.distributed" in c["evaluate"]
-    assert {"pipeline.evaluation.core", "pipeline.training.rendezvous"} <= c["train"]  # imported inside functions
+def test_rules_hash_what_their_entries_reach():
+    h = hashed()
+    assert {"pipeline.perf:resolve_parallel", "pipeline.stages:stage_list"} <= h["plan"]
+    assert "pipeline.perf:choose_parallel" in h["train"] and "pipeline.training.rendezvous:main" in h["train"]
+    assert all("pipeline.data.contract:shard_name" in h[r] for r in ("tokenize", "dedup_signatures"))
+    assert any(d.startswith("pipeline.evaluation.core:") for d in h["train"])  # imported inside a function
+    # issue 29: the import closure of 12 rules held minhash; its functions are hashed by the rules that call them
+    minhash = {r for r, d in h.items() if any(k.startswith("pipeline.data.minhash:") and k[22].islower() for k in d)}
+    assert {"dedup_signatures", "dedup", "decontaminate_grams"} <= minhash
+    assert not minhash & {"download", "tokenizer", "tokenize", "count", "train", "evaluate", "plan"}
+
+
+def editable(definitions: set[str]) -> list[str]:
+    """The definitions among `definitions` that `insert_pass` can edit, sorted."""
+    out = []
+    for module in sorted({d.split(":")[0] for d in definitions}):
+        names = pass_insertable(module_path(module).read_text())
+        out += sorted(d for d in definitions if d.split(":")[0] == module and d.split(":")[1] in names)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -297,22 +325,32 @@ def outputs_by_rule(project) -> dict[str, list[str]]:
     return out
 
 
-def run_after_editing(project: Path, code_copy: Path, module: str, *args: str) -> subprocess.CompletedProcess:
-    """Snakemake with `args` on the workflow copy after appending a comment to `module`."""
-    path = code_copy / (module.replace(".", "/") + ".py")
-    if not path.exists():
-        path = code_copy / module.replace(".", "/") / "__init__.py"
-    source = path.read_text()
-    path.write_text(source + "\n# an edit\n")
+@contextlib.contextmanager
+def edited_copy(code_copy: Path, edits: dict):
+    """The workflow copy, edited for the `with` block: `edits` maps a module to its edit (source -> source),
+    or a definition ("module:name") to None, a `pass` inserted in its body."""
+    olds = {}
     try:
-        return snakemake(project, *args, snakefile=code_copy / "Snakefile")
+        for target, edit in edits.items():
+            module, _, name = target.partition(":")
+            path = module_path(module, code_copy / "pipeline")
+            olds[path] = path.read_text()
+            path.write_text(edit(olds[path]) if edit else insert_pass(olds[path], name))
+        yield code_copy
     finally:
-        path.write_text(source)
+        for path, old in olds.items():
+            path.write_text(old)
 
 
-def dry_run_after_editing(project: Path, code_copy: Path, module: str, *args: str) -> dict[str, set[str]]:
-    """{rule: reasons} of a dry run of the workflow copy after appending a comment to `module`."""
-    return scheduled_for_code(run_after_editing(project, code_copy, module, "-n", *args))
+def run_after_editing(project: Path, code_copy: Path, edits: dict, *args: str) -> subprocess.CompletedProcess:
+    """Snakemake with `args` on the workflow copy after `edits` (edited_copy)."""
+    with edited_copy(code_copy, edits):
+        return snakemake(project, *args, snakefile=code_copy / "Snakefile")
+
+
+def dry_run_after_editing(project: Path, code_copy: Path, definition: str, *args: str) -> dict[str, set[str]]:
+    """{rule: reasons} of a dry run of the workflow copy after a `pass` is inserted in `definition`."""
+    return scheduled_for_code(run_after_editing(project, code_copy, {definition: None}, "-n", *args))
 
 
 def summary_status(proc: subprocess.CompletedProcess, outputs: list[str]) -> set[str]:
@@ -337,27 +375,27 @@ SWEEP_RULES = {"scaling", "scaling_point"}
 
 @pytest.mark.parametrize("rule", sorted(set(ENTRIES) - SWEEP_RULES))
 def test_a_code_edit_reruns_the_rules_that_run_it(project, code_copy, outputs_by_rule, rule):
-    """A comment appended to a module of the rule's import closure makes its own params (the code hash)
-    differ: the rule alone allowed (so that no upstream rerun hides its own check), its outputs are
-    scheduled for "params changed". A module outside its closure does not.
+    """A body edit of a definition the rule reaches makes its own params (the code hash) differ: the rule
+    alone allowed (so that no upstream rerun hides its own check), its outputs are scheduled for "params
+    changed". A definition it does not reach does not.
 
     temp() outputs are gone once the run is over: for the rule writing them the outputs asked for are
     those of the rule reading them (Snakemake keeps the removed outputs' metadata, so it reruns the
     writer for its changed params, then the reader), and a rerun of the reader reruns the writer first
     (so either is allowed with its partner, and an edit outside both reruns neither); the reader's own
     reason is then the writer's new outputs, so its params change is read from `--summary`."""
-    c = closures()
-    inside = sorted(c[rule] - set(ENTRIES[rule]))  # an import, not the entry module itself
-    edit = min(inside, key=lambda m: (sum(m in other for other in c.values()), -m.count("."), m))
+    c = hashed()
+    inside = [d for d in editable(c[rule]) if d.split(":")[0] not in ENTRIES[rule]]  # reached, not the entry
+    edit = min(inside, key=lambda d: (sum(d in other for other in c.values()), d))
     partners = {r for pair in TEMP_CONSUMERS.items() if rule in pair for r in pair} - {rule}
-    outside = max(sorted(set().union(*c.values()) - c[rule] - set().union(*(c[p] for p in partners))),
-                  key=lambda m: sum(m in other for other in c.values()), default="pipeline.bench.suite")
+    outside = max(editable(set().union(*c.values()) - c[rule] - set().union(*(c[p] for p in partners))),
+                  key=lambda d: sum(d in other for other in c.values()))
     target = TEMP_CONSUMERS.get(rule, rule)
     only = ["--allowed-rules", rule, *partners, "--", *outputs_by_rule[target]]
     plan = dry_run_after_editing(project, code_copy, edit, *only)
     assert set(plan) == {rule, *partners}, (edit, plan)
     if rule in TEMP_CONSUMERS.values():
-        summary = run_after_editing(project, code_copy, edit, "--summary", *outputs_by_rule[target])
+        summary = run_after_editing(project, code_copy, {edit: None}, "--summary", *outputs_by_rule[target])
         assert summary_status(summary, outputs_by_rule[rule]) == {"params changed"}, (edit, summary.stdout[-3000:])
     else:  # a stage's train job after another's: its input (the earlier stage's final.pt) is rewritten too
         params = lambda r: "Params have changed" in r or "params before and now" in r
@@ -367,10 +405,67 @@ def test_a_code_edit_reruns_the_rules_that_run_it(project, code_copy, outputs_by
     assert dry_run_after_editing(project, code_copy, outside, *only) == {}, outside
 
 
-def test_an_edit_to_a_module_no_rule_runs_reruns_nothing(project, code_copy):
-    unused = sorted(set(package_modules()) - set().union(*closures().values()))
-    assert "pipeline.bench.suite" in unused
-    assert dry_run_after_editing(project, code_copy, "pipeline.bench.suite") == {}
+def test_a_definition_no_rule_reaches_reruns_nothing(project, code_copy):
+    unused = editable({f"pipeline.bench.suite:{n}" for n in Package().summary("pipeline.bench.suite")["defs"]}
+                      - set().union(*hashed().values()))
+    assert unused
+    assert dry_run_after_editing(project, code_copy, unused[0]) == {}
+
+
+def test_every_function_a_rule_ran_is_hashed(project):
+    """Sound: in the fixture's run (every rule but the IsoFLOP sweep's, export included), each process recorded
+    the package functions it ran (TOKENFARM_TRACE_CALLS, pipeline.io.run_cli); every one of them is among the
+    definitions hashed by each rule that runs its module. (Functions only: a module's or class's body, run by
+    an import, is not checked this way; the effects hashed are those of every module a rule's processes import.)"""
+    records = [json.loads(p.read_text()) for p in traced(project).glob("*.json")]
+    rules = sorted(set(ENTRIES) - SWEEP_RULES)
+    assert {m for r in rules for m in ENTRIES[r]} <= {r["main"] for r in records}  # every entry ran, traced
+    h = hashed()
+    missing, ran = set(), set()
+    for record in records:
+        for file, line, qualname in record["calls"]:
+            module = module_name(Path(file))
+            definition = f"{module}:{definition_at(module, line)}"
+            ran.add(definition)
+            missing |= {(r, definition, qualname) for r in rules if record["main"] in ENTRIES[r]
+                        and definition not in h[r]}
+    assert not missing, sorted(missing)
+    # dedup's maths ran; so did the trainer under torchrun, and rendezvous, which execs torchrun
+    assert {"pipeline.data.minhash:signatures", "pipeline.training.train:main", "pipeline.training.rendezvous:main"
+            } <= ran
+
+
+def test_docstring_comment_and_formatting_edits_rerun_nothing(project, code_copy):
+    """Issue 29: the hash was over raw bytes, so a docstring typo fixed in pipeline/io.py reran every rule."""
+    edits = {module_name(p): reword_docs for p in ROOT.joinpath("pipeline").rglob("*.py")}
+    assert planned_jobs(run_after_editing(project, code_copy, edits, "-n", "all", "export")) == {}
+
+
+DEDUP_AND_AFTER = {"dedup_signatures", "dedup_index", "dedup_candidates", "dedup", "split", "mix", "pack",
+                   "accounting", "train", "evaluate", "stages_report", "export", "all"}
+
+
+def test_a_minhash_edit_reruns_dedup_and_after_and_why_names_it(project, code_copy):
+    """Dedup's maths: every dedup rule and what follows reruns, not download, tokenizer or tokenize (whose
+    modules import minhash too); `python -m pipeline.codehash --why` names the edited function."""
+    with edited_copy(code_copy, {"pipeline.data.minhash:signatures": None}):
+        plan = planned_jobs(snakemake(project, "-n", "all", "export", snakefile=code_copy / "Snakefile"))
+        why = subprocess.run([sys.executable, "-m", "pipeline.codehash", "--why", "dedup_signatures"], cwd=project,
+                             env=dict(user_env(), PYTHONPATH=str(code_copy)), capture_output=True, text=True,
+                             timeout=300)
+    assert {"dedup_signatures", "dedup_index", "dedup", "split", "train"} <= set(plan) <= DEDUP_AND_AFTER, plan
+    assert why.returncode == 0, why.stderr
+    assert re.match(r"rule dedup_signatures: \d+ output\(s\) made with code \w{16}, now \w{16}", why.stdout), why.stdout
+    assert [ln.split() for ln in why.stdout.splitlines()[1:]] == [["changed", "pipeline.data.minhash:signatures"]]
+
+
+def test_a_training_edit_reruns_training_and_after_not_the_data(project, code_copy):
+    """A function only the trainer reaches (no data rule, nor the plan): train and what follows."""
+    h = hashed()
+    data = set().union(*(h[r] for r in DATA_RULES))
+    edit = editable({d for d in h["train"] - data if d.startswith("pipeline.training.")})[0]
+    plan = planned_jobs(run_after_editing(project, code_copy, {edit: None}, "-n", "all", "export"))
+    assert "train" in plan and set(plan) <= {"train", "evaluate", "stages_report", "export", "all"}, (edit, plan)
 
 
 def planned_after_edit(project, edit) -> dict[str, int]:

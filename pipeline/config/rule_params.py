@@ -4,8 +4,8 @@ A rule declares its slice as `params:` (so an edit to it reruns the rule and its
 nothing else) and passes it to its module's CLI as ``--params JSON``; by hand the CLI takes
 ``--configfile`` (and ``--set``) and cuts the same slice here. What a rule's *code* is (the other
 half of its identity) is its `code=code_version("pipeline.…")` param (pipeline/codehash.py): the
-import closure of the module it runs, which holds this module and the rest of `pipeline.config`,
-since every module's CLI reads its params through `params_from_args`.
+definitions the module it runs can reach, which hold this module's (`RULE_PARAMS`, and through it every
+rule's slice function), since every module's CLI reads its params through `params_from_args`.
 
 For the per-shard rules (download, tokenize, dedup_signatures, decontaminate_flags) `source` narrows the slice to the
 job's own source, so editing one source reruns no job of another; for mix and pack `mix` narrows it

@@ -15,7 +15,7 @@ BASE = Path(workflow.basedir)
 sys.path.insert(0, str(BASE))
 from pipeline import cluster as tfcl  # noqa: E402
 from pipeline import config as tfc  # noqa: E402
-from pipeline.codehash import code_version  # noqa: E402 - every rule's code param (import closure)
+from pipeline import codehash as tfch  # noqa: E402
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.perf import resolve_parallel  # noqa: E402
 from pipeline.plan import format_plan, make_plan, run_counts, train_hours  # noqa: E402
@@ -108,6 +108,12 @@ onstart:
     if not workflow.local_exec and not config["hardware"]["cpus_per_task"]:
         sys.exit("tokenfarm: hardware.cpus_per_task is 0 (all cores), which a cluster job cannot request: set "
                  "it to the cores one job may use, e.g. --config hardware='{cpus_per_task: 16}'")
+
+
+def code_version(*entries):
+    """A rule's code param: the hash of the definitions its `python -m` entries can run (pipeline/codehash.py),
+    each hash's definitions kept in .snakemake/tokenfarm-codehash/ for `python -m pipeline.codehash --why RULE`."""
+    return tfch.code_version(*entries, record=tfch.RECORD_DIR)
 
 
 def rule_params(rule):
