@@ -192,14 +192,18 @@ def lambada_passage() -> str:
     return r["doc"]["query"] + r["request"]["continuation"]
 
 
-def copa_item(config_path: Path) -> dict:
+def copa_item(config_path: Path) -> dict | None:
     """The first scored COPA item of a project's run (its eval_data seed and pool size), planted in a
     training shard: evaluation must count it contaminated and score COPA's clean rest."""
     from pipeline.config import load_config
     from pipeline.data.eval_data import build_task, wheel_record
     from pipeline.data.tasks import TASKS
+    from pipeline.errors import ConfigError
 
-    cfg = load_config(config_path)
+    try:
+        cfg = load_config(config_path)
+    except ConfigError:  # a test of a refused config: its run never starts, nothing to plant
+        return None
     return build_task(TASKS["copa"], *wheel_record(), cfg["eval"]["core_pool_size"], cfg["seed"])["items"][0]
 
 
@@ -224,7 +228,9 @@ def make_project(path: Path, config: dict) -> Path:
     shards[2][0] = shards[0][0]  # a cross-shard exact duplicate, as real dumps have
     shards[1][3] = shards[1][3][:1000] + "\n\n" + lambada_passage()  # a benchmark item leaked into the web
     write_config(path, config)
-    shards[0][5] = shards[0][5][:1000] + "\n\n" + copa_item(path / "config.yaml")["text"]  # one the run scores
+    copa = copa_item(path / "config.yaml")
+    if copa is not None:
+        shards[0][5] = shards[0][5][:1000] + "\n\n" + copa["text"]  # one the run scores
     for i, texts in enumerate(shards):
         write_text_shard(path / f"src/web/shard_{i:05d}.parquet", texts)
     write_chat_shard(path / "src/chat/shard_00000.parquet", sample_chats())

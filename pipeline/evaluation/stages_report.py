@@ -80,7 +80,7 @@ def consecutive_comparisons(run_dir: Path, names: list[str]) -> list[dict]:
     for prev, cur in zip(names, names[1:]):
         a, b = run_dir / "eval" / prev / "report.json", run_dir / "eval" / cur / "report.json"
         try:
-            out.append({"a": prev, "b": cur, **compare.compare_reports(a, b)})
+            out.append({**compare.compare_reports(a, b), "a": prev, "b": cur})
         except PipelineError as e:
             out.append({"a": prev, "b": cur, "refused": str(e)})
     return out

@@ -112,7 +112,7 @@ onstart:
 
 def code_version(*entries):
     """A rule's code param: the hash of the definitions its `python -m` entries can run (pipeline/codehash.py),
-    each hash's definitions kept in .snakemake/tokenfarm-codehash/ for `python -m pipeline.codehash --why RULE`."""
+    each hash's definitions kept in .snakemake/tokenfarm-codehash/ for codehash's `--why RULE` (docs/code-hash.md)."""
     return tfch.code_version(*entries, record=tfch.RECORD_DIR)
 
 
