@@ -47,7 +47,7 @@ lint: $(STAMP)
 # The tiny DAG on a real single-host SLURM cluster (tests/slurm/cluster.sh: installs slurm-wlm + munge
 # with apt and starts the daemons; needs root). CI runs it after `make test`.
 test-slurm: $(STAMP)
-	TOKENFARM_SLURM_TESTS=1 timeout -s KILL 1200 $(PY) -m pytest -q tests/slurm $(PYTEST_ARGS)
+	TOKENFARM_SLURM_TESTS=1 timeout -s KILL 1800 $(PY) -m pytest -q tests/slurm $(PYTEST_ARGS)
 
 # The acceptance check of a GPU node (pipeline/bench/gpu_check.py): smoke steps of compile, bf16, chunked CE,
 # flex doc masking, fp8 and 1-rank FSDP2 against the CPU fp32 reference, the compiled loss's memory at 16/32/64

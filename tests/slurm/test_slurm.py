@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
-RUN_TIMEOUT = 420  # s, the whole DAG; everything is also under `timeout -s KILL`
+RUN_TIMEOUT = 720  # s, the whole DAG (its evaluations run the sandbox check too); also under `timeout -s KILL`
 
 pytestmark = [
     pytest.mark.slow,
