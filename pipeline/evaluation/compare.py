@@ -29,10 +29,6 @@ from pipeline.io import read_json, run_cli
 KINDS = ("core", "chat_core")
 
 
-def items_file(report: Path, kind: str) -> Path:
-    return report.parent / f"{kind}_items.jsonl"
-
-
 def resolve(path: str | Path) -> Path:
     """The report.json a command-line argument names (module docstring)."""
     p = Path(path)
@@ -92,12 +88,12 @@ def compare_reports(path_a: str | Path, path_b: str | Path) -> dict:
         if not (a.get(kind) and b.get(kind)):
             continue
         comparable(a[kind], b[kind], kind)
-        for r in (ra, rb):
-            if not items_file(r, kind).is_file():
-                raise PipelineError(f"{items_file(r, kind)} is missing: the per-item log of {r}; rerun its evaluate "
-                                    "rule (evaluations before per-item logs cannot be paired)")
-        ca, cb = aligned(stats.item_correctness(items_file(ra, kind)), stats.item_correctness(items_file(rb, kind)),
-                         kind)
+        logs = [stats.items_path(r, kind) for r in (ra, rb)]
+        for r, log in zip((ra, rb), logs):
+            if not log.is_file():
+                raise PipelineError(f"{log} is missing: the per-item log of {r}; rerun its evaluate rule "
+                                    "(evaluations before per-item logs cannot be paired)")
+        ca, cb = aligned(*(stats.item_correctness(log) for log in logs), kind)
         order = [n for n in a[kind]["tasks"] if n in ca]
         baselines = {n: t["random_baseline"] for n, t in a[kind]["tasks"].items()}
         result = stats.paired({n: ca[n] for n in order}, {n: cb[n] for n in order}, baselines)

@@ -503,11 +503,6 @@ def core_settings(params: dict, items_key: str = "core_max_items") -> dict:
             "max_items": eval_cfg[items_key], "head_chunk": params["train"]["ce_chunk_tokens"]}
 
 
-def items_path(report: str | Path, kind: str = "core") -> Path:
-    """The per-item log beside a report: ``<dir>/<kind>_items.jsonl`` (kind: core or chat_core)."""
-    return Path(report).parent / f"{kind}_items.jsonl"
-
-
 # ----------------------------------------------------------------------------- CLI
 
 def main(argv=None) -> None:
@@ -529,7 +524,7 @@ def main(argv=None) -> None:
         if dist.is_main:
             result["meta"] = provenance("core", params, [args.ckpt, args.tokenizer]
                                         + [task_path(args.tasks_dir, n) for n in tasks])
-            stats.write_items(items_path(args.out), result.pop("item_log"))
+            stats.write_items(stats.items_path(args.out), result.pop("item_log"))
             write_json(args.out, result)
             log.info("%s = %s over %d items (%.1f items/s)", result["score_name"], result["score"], result["items"],
                      result["items_per_s"])

@@ -56,15 +56,7 @@ from pipeline.errors import PipelineError
 from pipeline.evaluation import stats
 from pipeline.evaluation.chat import answer_questions
 from pipeline.evaluation.chat_core import chat_settings, evaluate_chat
-from pipeline.evaluation.core import (
-    ci_cell,
-    core_settings,
-    evaluate_tasks,
-    items_path,
-    load_tasks,
-    markdown_table,
-    plot_core,
-)
+from pipeline.evaluation.core import ci_cell, core_settings, evaluate_tasks, load_tasks, markdown_table, plot_core
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_cli, write_json
 from pipeline.model.engine import generate_texts
 from pipeline.model.load import load_trained
@@ -377,7 +369,7 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
     plot_loss(read_metrics(metrics_path), outdir / "loss.png", uni_loss)
     if eval_data is not None:
         for kind, rows in item_logs.items():
-            stats.write_items(items_path(outdir / "report.json", kind), rows)
+            stats.write_items(stats.items_path(outdir / "report.json", kind), rows)
     with atomic_write(outdir / "report.md", encoding="utf-8") as f:
         f.write(markdown_report(report))
     write_json(outdir / "report.json", report)

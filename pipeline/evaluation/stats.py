@@ -137,6 +137,11 @@ def _difference(a: float, b: float, replicates: np.ndarray) -> dict:
     return {"a": a, "b": b, "diff": b - a, "diff_ci": ci, "significant": ci[0] > 0 or ci[1] < 0}
 
 
+def items_path(report: str | Path, kind: str = "core") -> Path:
+    """The per-item log beside a report: ``<dir>/<kind>_items.jsonl`` (kind: core or chat_core)."""
+    return Path(report).parent / f"{kind}_items.jsonl"
+
+
 def write_items(path: str | Path, rows: list[dict]) -> None:
     """Per-item log (one JSON object per line, like lm-eval's --log_samples), written atomically."""
     with atomic_write(path, encoding="utf-8") as f:
