@@ -60,14 +60,7 @@ def _write_run(tmp_path, seeds=(0, 1)):
         res = F.run_chain(texts, chain)
         dec = tmp_path / "filtered" / "web" / f"shard_{i:05d}.decisions.parquet"
         dec.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table({
-            "kept": pa.array(res.kept), "filter": res.filter, "rule": res.rule,
-            "value": pa.array(res.value, pa.float64()), "threshold": pa.array(res.threshold, pa.float64()),
-            "chars_in": pa.array([len(t) for t in texts], pa.int64()),
-            "chars_out": pa.array([len(t) if k else 0 for t, k in zip(res.text, res.kept)], pa.int64()),
-            "lines_removed": pa.array(res.lines_removed, pa.int32()),
-            "spans_replaced": pa.array(res.spans_replaced, pa.int32()),
-            "language": res.language, "language_score": pa.array(res.language_score, pa.float32())}), dec)
+        pq.write_table(F.decisions_table(texts, res), dec)
         raws.append(str(raw))
         decisions.append(str(dec))
         results.append((texts, res))
