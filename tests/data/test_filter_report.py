@@ -181,3 +181,25 @@ def test_bad_decisions_are_one_clear_error(tmp_path):
                                             r"language that the filter list \(gopher_quality\) does not enable"):
         filter_report({**PARAMS, "filter": [{"name": "gopher_quality"}]}, raws[:1], decisions[:1], tmp_path / "x.json",
                       tmp_path / "x.md", tmp_path / "x.png")
+
+
+def test_filter_funnel_script_writes_the_same_decisions_and_report(tmp_path):
+    """scripts/filter_funnel.py (the chain and the report outside a run) agrees with the report over the
+    decisions written here, examples included."""
+    import importlib.util
+
+    from filter_corpora import ROOT
+
+    raws, decisions, _ = _write_run(tmp_path)
+    spec = importlib.util.spec_from_file_location("filter_funnel", ROOT / "scripts" / "filter_funnel.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--out", str(tmp_path / "script"), "--seed", str(PARAMS["seed"]), *raws])
+    for d in decisions:
+        written = pq.read_table(tmp_path / "script" / "web" / d.rsplit("/", 1)[1])
+        assert written.schema == pq.read_table(d).schema
+        assert written.to_pandas().equals(pq.read_table(d).to_pandas())  # NaN values (kept rows) compare equal
+    ours = _run(tmp_path, raws, decisions)
+    theirs = json.loads((tmp_path / "script" / "report.json").read_text())
+    assert theirs["sources"] == json.loads(json.dumps(ours["sources"]))
+    assert (tmp_path / "script" / "report.md").read_text() == (tmp_path / "report" / "r.md").read_text()
