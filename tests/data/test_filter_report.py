@@ -203,3 +203,27 @@ def test_filter_funnel_script_writes_the_same_decisions_and_report(tmp_path):
     theirs = json.loads((tmp_path / "script" / "report.json").read_text())
     assert theirs["sources"] == json.loads(json.dumps(ours["sources"]))
     assert (tmp_path / "script" / "report.md").read_text() == (tmp_path / "report" / "r.md").read_text()
+
+
+def test_chat_source_beside_a_text_source(tmp_path):
+    """Each source has its own funnel; a chat source's examples are its conversations' contents."""
+    raws, decisions, _ = _write_run(tmp_path, seeds=(0,))
+    convs = [[{"role": "user", "content": "Hello there, how are you?"}, {"role": "assistant", "content": "Fine."}]]
+    convs += [[{"role": "user", "content": PROSE[i]}, {"role": "assistant", "content": " ".join(PROSE[i + 1:i + 6])}]
+              for i in range(3)]
+    raw = tmp_path / "raw" / "chat" / "shard_00000.parquet"
+    raw.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"messages": convs}), raw)
+    texts = ["\n".join(m["content"] for m in c) for c in convs]
+    res = F.run_chain(texts, F.build_chain(), chat=True)
+    dec = tmp_path / "filtered" / "chat" / "shard_00000.decisions.parquet"
+    dec.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(F.decisions_table(texts, res), dec)
+    params = {**PARAMS, "sources": {"web": {"format": "text"}, "chat": {"format": "chat"}}}
+    rep = filter_report(params, [*raws, str(raw)], [*decisions, str(dec)], tmp_path / "r.json", tmp_path / "r.md",
+                        tmp_path / "r.png")
+    web, chat = rep["sources"]
+    assert (web["source"], web["documents_in"], chat["source"], chat["documents_in"]) == ("web", 12, "chat", len(convs))
+    assert chat["documents_kept"] == int(res.kept.sum()) < len(convs)
+    examples = [e for st in chat["funnel"] for e in st["examples"]]
+    assert examples and all(texts[e["row"]].startswith(e["excerpt"].removesuffix("…")) for e in examples)
