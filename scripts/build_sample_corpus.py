@@ -445,12 +445,13 @@ def prose_lines(texts: list[str]) -> list[str]:
 
 
 def raw_web_pages(prose: list[str], n: int, rng: random.Random) -> list[str]:
-    """`n` raw-crawl-like pages of 1..12 parts joined by newlines or blank lines. 40 % are clean: a prose
-    line then prose (the filters should keep most of them); the others draw each part from a fixed table
-    (see the thresholds below): a prose line, a navigation bar, lorem ipsum, a javascript notice, a spam
-    list, a prose line repeated 2..5 times, 2..8 bullet lines cut from prose, a Russian or Chinese sentence
-    repeated 1..4 times, an e-mail address with a public and a private IP, a cookie notice, a line of code,
-    "Read more...", or hashtags and a copyright line."""
+    """`n` raw-crawl-like pages of 1..12 parts joined by newlines or blank lines. Each part is drawn from a
+    fixed table (see the thresholds below), except in the 40 % of pages that are clean, where every part
+    after the first is a prose line (the filters should keep most of them). The table: a prose line, a
+    navigation bar, lorem ipsum, a javascript notice, a spam list, a prose line repeated 2..5 times, 2..8
+    bullet lines cut from prose, a Russian or Chinese sentence repeated 1..4 times, an e-mail address with a
+    public and a private IP, a cookie notice, a line of code, "Read more...", or hashtags and a copyright
+    line."""
     docs = []
     for _ in range(n):
         parts = []
@@ -756,8 +757,9 @@ C4, FineWeb quality, PII) removes or scrubs some of them (tests/test_sample_corp
 docs/filters.md). Made by `raw_web_pages` in `scripts/build_sample_corpus.py` with
 `random.Random("{crawl['generator']['seed']}")`: the real text is the **prose lines of the `web/` shards
 above** (lines over 80 characters ending in a period, more than 95 % letters and spaces: Shakespeare,
-Milton and the Python documentation, under their licences above). 40 % of the pages are a prose line
-followed by more prose; the others are 1–12 parts, each drawn from a fixed table: a prose line (45 %), a
+Milton and the Python documentation, under their licences above). A page is 1–12 parts, each drawn
+from a fixed table, except that in 40 % of the pages every part after the first is a prose line. The
+table: a prose line (45 %), a
 navigation bar, lorem ipsum, a "please enable JavaScript" notice, a spam keyword list, a prose line
 repeated 2–5 times, 2–8 bullet lines cut from prose, one Russian or Chinese sentence (written for this
 table) repeated 1–4 times, an invented e-mail address with a public and a private IP address, a cookie
