@@ -89,8 +89,17 @@ def raw_excerpts(raw: str | Path, rows: list[int], source: dict) -> list[str]:
     """The first EXCERPT_CHARS characters of the given rows' text (a conversation's contents joined)."""
     pf = open_parquet(raw)
     column = source_column(pf, raw, source)
+    # only the row groups that hold the rows: a web shard's text column can be gigabytes
+    starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)])
+    group_of = {r: int(np.searchsorted(starts, r, side="right")) - 1 for r in rows}
+    groups = sorted(set(group_of.values()))
+    shift, before = {}, 0  # a row's place in the table of the groups read: r - starts[g] + rows of earlier groups
+    for g in groups:
+        shift[g] = before - int(starts[g])
+        before += int(starts[g + 1] - starts[g])
     out = []
-    for v in pf.read(columns=[column]).column(column).take(rows).to_pylist():
+    table = pf.read_row_groups(groups, columns=[column])
+    for v in table.column(column).take([r + shift[group_of[r]] for r in rows]).to_pylist():
         text = v.decode("utf-8", "replace") if isinstance(v, bytes) else doc_text(v or "")
         out.append(text[:EXCERPT_CHARS] + ("…" if len(text) > EXCERPT_CHARS else ""))
     return out

@@ -56,7 +56,7 @@ def _write_run(tmp_path, seeds=(0, 1)):
         texts = _docs(seed)
         raw = tmp_path / "raw" / "web" / f"shard_{i:05d}.parquet"
         raw.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table({"text": texts}), raw)
+        pq.write_table(pa.table({"text": texts}), raw, row_group_size=5)  # examples are read by row group
         res = F.run_chain(texts, chain)
         dec = tmp_path / "filtered" / "web" / f"shard_{i:05d}.decisions.parquet"
         dec.parent.mkdir(parents=True, exist_ok=True)
