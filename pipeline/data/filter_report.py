@@ -9,7 +9,8 @@ docs/filters.md): one row per input row of the raw shard, in row order, with col
 (``""`` when kept), `rule`, `value`, `threshold`, `chars_in`, `chars_out` (0 when removed), `lines_removed`,
 `spans_replaced`, `language`, `language_score`. ``--raw`` and ``--decisions`` are parallel lists: the i-th
 decisions file belongs to the i-th raw shard (the same source directory and shard name), and holds exactly
-one row per row of it; anything else is one error naming both files.
+one row per row of it; anything else is one error naming both files. The filtered shard beside a decisions
+file (``{shard}.parquet``), where there is one, must have as many rows as the decisions keep.
 
 ``--params`` is ``{filter, sources, seed}``: the ``filter:`` list (its order is the removal order; ``null``
 is the default chain of `pipeline.data.filters`), how each source's text is read (``format``,
@@ -153,6 +154,15 @@ def source_funnel(name: str, chain: list[Filter], raws: list[str], dec: list[dic
     }
 
 
+def check_filtered(decisions: Path, kept: int) -> None:
+    """The filtered shard beside the decisions (``{shard}.parquet``), where there is one (a run; not
+    scripts/filter_funnel.py), must hold exactly the documents they keep."""
+    filtered = decisions.with_name(decisions.name.removesuffix(".decisions.parquet") + ".parquet")
+    if filtered.exists() and (n := open_parquet(filtered).metadata.num_rows) != kept:
+        raise PipelineError(f"{filtered}: {n} documents but its decisions keep {kept}; the filter job was "
+                            "interrupted or its outputs mixed: rerun the filter rule")
+
+
 def add_tokens(report: dict, tokens: list[str], kept_per_shard: dict[tuple[str, str], int]) -> None:
     """Add each source's tokens after tokenize (the tokenized shards' `counts`); every shard's row count must
     equal the documents the filter kept there (the filtered shard is what tokenize read)."""
@@ -259,7 +269,8 @@ def filter_report(params: dict, raw: list[str], decisions: list[str], out_json, 
         by_source.setdefault(name, ([], []))
         by_source[name][0].append(str(r))
         by_source[name][1].append(d)
-        kept_per_shard[_shard_key(r, ".parquet")] = int(d["kept"].sum())
+        kept = kept_per_shard[_shard_key(r, ".parquet")] = int(d["kept"].sum())
+        check_filtered(Path(dpath), kept)
     seed = params["seed"]
     report = {"filters": [f.name for f in chain], "seed": seed, "sources": [
         source_funnel(n, chain, rs, ds, params["sources"][n], seed, examples) for n, (rs, ds) in by_source.items()]}

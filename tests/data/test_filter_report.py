@@ -227,3 +227,15 @@ def test_chat_source_beside_a_text_source(tmp_path):
     assert chat["documents_kept"] == int(res.kept.sum()) < len(convs)
     examples = [e for st in chat["funnel"] for e in st["examples"]]
     assert examples and all(texts[e["row"]].startswith(e["excerpt"].removesuffix("…")) for e in examples)
+
+
+def test_the_filtered_shard_holds_the_kept_documents(tmp_path):
+    raws, decisions, results = _write_run(tmp_path)
+    for d, (_, res) in zip(decisions, results):
+        kept = [t for t, k in zip(res.text, res.kept) if k]
+        pq.write_table(pa.table({"text": kept}), d.replace(".decisions.parquet", ".parquet"))
+    assert _run(tmp_path, raws, decisions)["sources"][0]["documents_kept"] == sum(int(r.kept.sum()) for _, r in results)
+    pq.write_table(pa.table({"text": kept[:-1]}), decisions[1].replace(".decisions.parquet", ".parquet"))
+    with pytest.raises(PipelineError, match=rf"shard_00001\.parquet: {len(kept) - 1} documents but its decisions keep "
+                                            rf"{len(kept)}; .*rerun the filter rule"):
+        _run(tmp_path, raws, decisions)
