@@ -14,7 +14,9 @@ file (``{shard}.parquet``), where there is one, must have as many rows as the de
 
 ``--params`` is ``{filter, sources, seed}``: the ``filter:`` list (its order is the removal order; ``null``
 is the default chain of `pipeline.data.filters`), how each source's text is read (``format``,
-``text_column``, ``messages_column``) and the run's seed. Per source, the report gives:
+``text_column``, ``messages_column``) and the run's seed (``--configfile`` cuts it once
+pipeline/config/rule_params.py has a ``filter_report`` slice, added with the rule). Per source, the report
+gives:
 
 * the funnel: for each enabled filter in chain order, the documents and characters (``chars_in``) it
   removed, by rule, and the documents and characters left after it; ``input = kept + Σ removed`` holds
@@ -45,14 +47,12 @@ import pyarrow.parquet as pq
 
 from pipeline.config import add_config_args, params_from_args
 from pipeline.data.contract import doc_text, load_shard_meta, open_parquet, source_column
-from pipeline.data.filters import PII, Filter, build_chain
+from pipeline.data.filters import DECISION_COLUMNS, PII, Filter, build_chain
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_cli, write_json
 
 log = get_logger(__name__)
 
-DECISION_COLUMNS = ("kept", "filter", "rule", "value", "threshold", "chars_in", "chars_out", "lines_removed",
-                    "spans_replaced", "language", "language_score")
 EXCERPT_CHARS = 400  # of a removed document's raw text shown in the report
 TOP_LANGUAGES = 8  # languages listed by name per source; the rest are summed as "other"
 

@@ -687,12 +687,17 @@ def run_chain(texts: Sequence[str], chain: Sequence[Filter], chat: bool = False)
     return ChainResult(kept, flt, rule, value, threshold, out, lines_removed, spans, language, score, ops)
 
 
+DECISION_COLUMNS = ("kept", "filter", "rule", "value", "threshold", "chars_in", "chars_out", "lines_removed",
+                    "spans_replaced", "language", "language_score")
+"""The columns of a decisions file, in order (`decisions_table`)."""
+
+
 def decisions_table(texts: Sequence[str], res: ChainResult) -> pa.Table:
     """The decisions of a shard as the filter stage writes them (``{shard}.decisions.parquet``, read by
     pipeline/data/filter_report.py): one row per input document of `run_chain`, in input order, with
     ``kept``, ``filter`` and ``rule`` (``""`` when kept), ``value``, ``threshold``, ``chars_in``, ``chars_out``
     (0 when removed), ``lines_removed``, ``spans_replaced``, ``language`` and ``language_score``."""
-    return pa.table({
+    columns = {
         "kept": pa.array(res.kept, pa.bool_()), "filter": pa.array(res.filter, pa.string()),
         "rule": pa.array(res.rule, pa.string()), "value": pa.array(res.value, pa.float64()),
         "threshold": pa.array(res.threshold, pa.float64()),
@@ -701,4 +706,5 @@ def decisions_table(texts: Sequence[str], res: ChainResult) -> pa.Table:
         "lines_removed": pa.array(res.lines_removed, pa.int32()),
         "spans_replaced": pa.array(res.spans_replaced, pa.int32()),
         "language": pa.array(res.language, pa.string()), "language_score": pa.array(res.language_score, pa.float32()),
-    })
+    }
+    return pa.table({c: columns[c] for c in DECISION_COLUMNS})
