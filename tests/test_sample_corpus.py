@@ -9,6 +9,7 @@ import importlib.util
 import json
 import random
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -125,6 +126,31 @@ def test_chat_shards_alternate_roles(chat, manifest):
             assert all(m["content"] and m["content"].strip() for m in conv)
         ids += table.column("id").to_pylist()
     assert len(ids) == len(set(ids)) == manifest["sources"]["chat"]["documents"]
+
+
+def test_crawl_is_regenerated_from_the_shipped_web_shards(web, manifest, tmp_path):
+    texts = [t for table in web.values() for t in table.column("text").to_pylist()]
+    shards = builder.crawl_shards(texts)
+    assert len(shards) == manifest["sources"]["crawl"]["shards"]
+    assert sum(map(len, shards)) == manifest["sources"]["crawl"]["documents"]
+    for i, shard in enumerate(shards):
+        rel = f"crawl/{builder.shard_name(i)}.parquet"
+        builder.write_shard(tmp_path / rel, builder.web_table(shard))
+        assert (tmp_path / rel).read_bytes() == (SAMPLE / rel).read_bytes(), rel
+
+
+def test_every_default_filter_removes_some_crawl_pages():
+    """The crawl/ source shows the whole default filter chain at work (docs/filters.md), and some pages survive."""
+    from pipeline.data import filters as F
+
+    shards = sorted((SAMPLE / "crawl").glob("*.parquet"))
+    res = F.run_chain([t for p in shards for t in pq.read_table(p).column("text").to_pylist()], F.build_chain())
+    removed = Counter(f for f, k in zip(res.filter, res.kept) if not k)
+    for name in ("language", "gopher_repetition", "gopher_quality", "c4", "fineweb_quality"):
+        assert removed[name] > 0, name
+    assert {"language_ru", "language_zh"} <= set(res.rule)  # whole pages in another language
+    assert res.lines_removed[res.kept].sum() > 0 and res.spans_replaced[res.kept].sum() > 0  # c4 lines, pii
+    assert 0.1 < res.kept.mean() < 0.5
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,9 @@ returns a `ChainResult`, one row per input document, in columns:
 * ``lines_removed`` (``c4``) and ``spans_replaced`` (``pii``) per document;
 * ``language`` and ``language_score`` (``language``; ``""``/NaN when that filter is absent or off).
 
+`decisions_table` turns a shard's result into the per-document decisions file that the funnel report
+(pipeline/data/filter_report.py) reads.
+
 Filters (``name``: what it does; the defaults are the published thresholds):
 
 * ``language`` — fastText's lid.176 model (Joulin et al. 2016), the compressed ``lid.176.ftz`` that the
@@ -64,6 +67,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from pipeline.errors import ConfigError
 
@@ -681,3 +685,26 @@ def run_chain(texts: Sequence[str], chain: Sequence[Filter], chat: bool = False)
                 break
         out[i] = text
     return ChainResult(kept, flt, rule, value, threshold, out, lines_removed, spans, language, score, ops)
+
+
+DECISION_COLUMNS = ("kept", "filter", "rule", "value", "threshold", "chars_in", "chars_out", "lines_removed",
+                    "spans_replaced", "language", "language_score")
+"""The columns of a decisions file, in order (`decisions_table`)."""
+
+
+def decisions_table(texts: Sequence[str], res: ChainResult) -> pa.Table:
+    """The decisions of a shard as the filter stage writes them (``{shard}.decisions.parquet``, read by
+    pipeline/data/filter_report.py): one row per input document of `run_chain`, in input order, with
+    ``kept``, ``filter`` and ``rule`` (``""`` when kept), ``value``, ``threshold``, ``chars_in``, ``chars_out``
+    (0 when removed), ``lines_removed``, ``spans_replaced``, ``language`` and ``language_score``."""
+    columns = {
+        "kept": pa.array(res.kept, pa.bool_()), "filter": pa.array(res.filter, pa.string()),
+        "rule": pa.array(res.rule, pa.string()), "value": pa.array(res.value, pa.float64()),
+        "threshold": pa.array(res.threshold, pa.float64()),
+        "chars_in": pa.array([len(t) for t in texts], pa.int64()),
+        "chars_out": pa.array([len(t) if k else 0 for t, k in zip(res.text, res.kept)], pa.int64()),
+        "lines_removed": pa.array(res.lines_removed, pa.int32()),
+        "spans_replaced": pa.array(res.spans_replaced, pa.int32()),
+        "language": pa.array(res.language, pa.string()), "language_score": pa.array(res.language_score, pa.float32()),
+    }
+    return pa.table({c: columns[c] for c in DECISION_COLUMNS})

@@ -4,8 +4,11 @@ Shared by tests/data/test_filters.py (agreement with datatrove) and benchmarks/f
 """
 from __future__ import annotations
 
+import functools
 import glob
+import importlib.util
 import random
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -19,54 +22,22 @@ def sample_web() -> list[str]:
             for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
 
 
-_NAV = ["Home", "About us", "Contact", "Blog", "Shop", "Login", "Register", "FAQ", "Careers", "Sitemap"]
-_SPAM = ["cheap watches", "best price", "buy now", "free shipping", "casino bonus", "viagra online", "loans fast"]
-_RU = "Москва является столицей России и крупнейшим городом страны. Город расположен на реке Москве."
-_ZH = "北京是中华人民共和国的首都，也是全国的政治和文化中心。这座城市有着三千多年的历史。"
+@functools.cache
+def _builder():
+    """scripts/build_sample_corpus.py, whose raw-web generator makes the sample's crawl/ source too."""
+    spec = importlib.util.spec_from_file_location("build_sample_corpus", ROOT / "scripts" / "build_sample_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
 
 
 def raw_web(n: int = 400, seed: int = 0) -> list[str]:
-    """Raw-crawl-like pages: prose from the sample mixed with menus, lorem ipsum, javascript, spam lists,
-    repeated lines, bullets, non-Latin script, e-mail and IP addresses (seeded)."""
-    rng = random.Random(seed)
-    # Prose: the sample's long lines that are mostly letters and end a sentence (its Python docs have code).
-    prose = [p for t in sample_web()[:300] for p in t.split("\n")
-             if len(p) > 80 and p.endswith(".") and sum(c.isalpha() or c == " " for c in p) > 0.95 * len(p)]
-    docs = []
-    for _ in range(n):
-        parts = []
-        clean = rng.random() < 0.4  # mostly prose with one bit of junk: what the filters should keep
-        for j in range(rng.randint(1, 12)):
-            kind = rng.random() if not clean or j == 0 else 0.0
-            if kind < 0.45:
-                parts.append(rng.choice(prose))
-            elif kind < 0.52:
-                parts.append(" | ".join(rng.sample(_NAV, rng.randint(3, 8))))
-            elif kind < 0.55:
-                parts.append("Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor.")
-            elif kind < 0.60:
-                parts.append("Please enable JavaScript to view the comments powered by Disqus.")
-            elif kind < 0.66:
-                parts.extend(rng.choice(_SPAM) for _ in range(rng.randint(3, 15)))
-            elif kind < 0.72:
-                parts.extend([rng.choice(prose)] * rng.randint(2, 5))
-            elif kind < 0.78:
-                parts.extend(f"- {rng.choice(prose)[:rng.randint(10, 60)]}" for _ in range(rng.randint(2, 8)))
-            elif kind < 0.82:
-                parts.append(rng.choice([_RU, _ZH]) * rng.randint(1, 4))
-            elif kind < 0.87:
-                parts.append(f"Write to jane.doe{rng.randint(0, 99)}@mail-host.com or ping 8.8.{rng.randint(0, 9)}.4 "
-                             f"(gateway 192.168.0.{rng.randint(1, 254)}).")
-            elif kind < 0.90:
-                parts.append("We use cookies to improve your experience. Read our privacy policy.")
-            elif kind < 0.93:
-                parts.append("function f() { return 1; }")
-            elif kind < 0.96:
-                parts.append("Read more...")
-            else:
-                parts.append("#tag " * rng.randint(1, 10) + "©2024 All rights reserved")
-        docs.append(rng.choice(["\n", "\n\n"]).join(parts))
-    return docs
+    """Raw-crawl-like pages (`raw_web_pages` of the sample builder: menus, lorem ipsum, javascript, spam lists,
+    repeated lines, bullets, non-Latin script, e-mail and IP addresses) around prose lines of the sample's
+    first 300 web documents (seeded)."""
+    b = _builder()
+    return b.raw_web_pages(b.prose_lines(sample_web()[:300]), n, random.Random(seed))
 
 
 def _sentences(rng: random.Random, k: int) -> list[str]:
@@ -81,7 +52,8 @@ def _sentences(rng: random.Random, k: int) -> list[str]:
 def threshold_sweeps(seed: int = 0) -> list[str]:
     """For every rule, documents whose measured value steps across its threshold, plus empty/one-word ones."""
     rng = random.Random(seed)
-    docs = ["", " ", "\n", "word", "Word.", "the and", "#", "...", _RU, _ZH, "a\n\nb", "{}", "lorem ipsum"]
+    docs = ["", " ", "\n", "word", "Word.", "the and", "#", "...", _builder().RUSSIAN, _builder().CHINESE, "a\n\nb",
+            "{}", "lorem ipsum"]
     base = _sentences(rng, 40)
     for k in range(0, 21):  # duplicated lines / paragraphs / line characters
         lines = base[:20] + [base[0]] * k

@@ -1,0 +1,37 @@
+# The filter funnel (pipeline/data/filter_report.py): per source and per filter, in removal order, the
+# documents and characters removed, the lines removed and spans replaced, the languages, the tokens left
+# after tokenize, and a few seeded removed documents each; a funnel plot. Reads the filter rule's decisions
+# (R/filtered/{source}/{shard}.decisions.parquet, one row per raw row) beside the raw shards they judge.
+# Not included from the Snakefile yet: it needs the filter rule and a `filter_report` slice in
+# pipeline/config/rule_params.py ({filter, sources: TEXT_KEYS of each, seed}).
+localrules:
+    filter_report,
+
+
+rule filter_report:
+    input:
+        filtered=group_manifests(f"{RUN_DIR}/filtered"),
+        tokens=group_manifests(f"{RUN_DIR}/tokens"),
+    output:
+        json=f"{RUN_DIR}/filtered/report.json",
+        md=report(f"{RUN_DIR}/filtered/report.md", category="Data", caption="../report/filter.rst"),
+        png=report(f"{RUN_DIR}/filtered/funnel.png", category="Data", caption="../report/filter.rst"),
+    params:
+        p=rule_params("filter_report"),
+        code=code_version("pipeline.data.filter_report"),
+        raw=shard_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
+        decisions=shard_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.decisions.parquet"),
+        tokens=shard_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
+    log:
+        f"{LOG_DIR}/filter_report.log",
+    benchmark:
+        f"{BENCH_DIR}/filter_report.tsv"
+    threads: job_threads("plan")
+    resources:
+        **job_resources("plan"),
+    conda:
+        "../../envs/data.yaml"
+    shell:
+        "python -m pipeline.data.filter_report --params {params.p:q} --raw {params.raw:q} "
+        "--decisions {params.decisions:q} --tokens {params.tokens:q} --out-json {output.json:q} "
+        "--out-md {output.md:q} --out-png {output.png:q} 2>&1 | tee {log:q}"
