@@ -197,7 +197,8 @@ def _lm(i, r):
 
 
 CONVERTERS = {
-    "hellaswag": (read_arrow, _hellaswag), "hellaswag_zeroshot": (read_arrow, _hellaswag), "arc_easy": (read_arrow, _arc), "arc_challenge": (read_arrow, _arc),
+    "hellaswag": (read_arrow, _hellaswag), "hellaswag_zeroshot": (read_arrow, _hellaswag),
+    "arc_easy": (read_arrow, _arc), "arc_challenge": (read_arrow, _arc),
     "piqa": (read_arrow, _piqa), "copa": (read_arrow, _copa), "commonsense_qa": (read_arrow, _csqa),
     "openbookqa": (read_arrow, _obqa), "boolq": (read_arrow, _boolq), "winogrande": (read_arrow, _winogrande),
     "lambada": (read_requests, _lm), "squad": (read_requests, _lm), "coqa": (read_requests, _lm),

