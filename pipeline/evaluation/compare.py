@@ -9,10 +9,10 @@ For CORE and ChatCORE, where both reports have them, it prints per task and for 
 (pipeline/evaluation/stats.py), and flags (``*``) the differences whose interval excludes 0.
 
 Two tables are compared only when they measure the same thing: the same tasks in the same order, the same
-shots per task, the same random baselines, and the same scored items (ids, read from the per-item logs
-``core_items.jsonl`` / ``chat_core_items.jsonl`` beside each report). Otherwise it stops, naming the task
-and what differs (one ``tokenfarm:`` line). The stages report (pipeline/evaluation/stages_report.py)
-compares each stage with the one before it this way.
+shots per task, the same random baselines (and baseline table, `baselines`), and the same scored items (ids,
+read from the per-item logs ``core_items.jsonl`` / ``chat_core_items.jsonl`` beside each report). Otherwise
+it stops, naming the task and what differs (one ``tokenfarm:`` line). The stages report
+(pipeline/evaluation/stages_report.py) compares each stage with the one before it this way.
 """
 from __future__ import annotations
 
@@ -48,7 +48,11 @@ def _tasks_signature(table: dict) -> dict:
 
 
 def comparable(a: dict, b: dict, kind: str) -> None:
-    """Refuse (PipelineError) two tables that do not measure the same thing: tasks, shots, baselines."""
+    """Refuse (PipelineError) two tables that do not measure the same thing: tasks, shots, baselines
+    (the baseline table's version and each task's baseline)."""
+    if a.get("baselines") != b.get("baselines"):
+        raise PipelineError(f"{kind}: random baselines from table {a.get('baselines')!r} vs {b.get('baselines')!r} "
+                            "(CORE scores of two baseline tables are not comparable); rerun the older evaluation")
     ta, tb = _tasks_signature(a), _tasks_signature(b)
     if list(ta) != list(tb):
         raise PipelineError(f"{kind}: the task lists differ ({', '.join(ta)} vs {', '.join(tb)}); compare "

@@ -42,7 +42,9 @@ language_modeling items are correct when the greedy decode reproduces the contin
 (every continuation token is the argmax given the true prefix, which is the same thing).
 
 Score. accuracy per task; centered accuracy = (acc - b) / (1 - b) with b the task's random baseline
-(pipeline/data/tasks.py); `core_<n>` = mean centered accuracy over the n scored tasks.
+(pipeline/data/tasks.py); `core_<n>` = mean centered accuracy over the n scored tasks. The result records
+`baselines`, the version of the baseline table (tasks.BASELINES), and the markdown table the task list
+and that version, so that two scores say whether they are comparable.
 
 Precision. On CUDA the body runs under bf16 autocast whatever the training precision (`scoring_dtype`:
 fp32 attention with GQA has only the math SDPA kernel there, which materialises the [rows, heads, W, W]
@@ -88,7 +90,7 @@ import torch.nn.functional as F
 
 from pipeline.config import add_config_args, params_from_args
 from pipeline.data.encoding import load_tokenizer
-from pipeline.data.tasks import load_tasks, score_name, task_path
+from pipeline.data.tasks import BASELINES, load_tasks, score_name, task_path
 from pipeline.distributed import Dist, gather_objects, init_distributed
 from pipeline.errors import PipelineError
 from pipeline.evaluation import stats
@@ -371,7 +373,7 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
                     ", ".join(n for n in table if n not in scored))
     score = sum(table[n]["centered"] for n in scored) / len(scored) if scored else None
     n_items = sum(t["items"] for t in table.values())
-    return {"score_name": score_name(scored), "score": score, "score_ci": ci["score_ci"],
+    return {"score_name": score_name(scored), "score": score, "score_ci": ci["score_ci"], "baselines": BASELINES,
             "clean_score": clean["clean_score"], "clean_score_ci": clean["clean_score_ci"], "tasks": table,
             "items": n_items, "seconds": seconds, "items_per_s": n_items / seconds if seconds > 0 else math.inf,
             "world_size": world, "item_log": item_log}
@@ -429,8 +431,10 @@ def accuracy_cells(t: dict) -> tuple[str, str]:
 
 
 def markdown_table(result: dict) -> str:
-    """The per-task table for reports."""
-    lines = [headline(result), "", clean_line(result), "",
+    """The per-task table for reports, under the score, the task list and the baseline table's version."""
+    lines = [headline(result), "", f"Tasks ({len(result['tasks'])}): {', '.join(result['tasks'])}; random "
+             f"baselines: {result.get('baselines', 'unrecorded')} (pipeline/data/tasks.py BASELINES).", "",
+             clean_line(result), "",
              "| task | type | shots (asked) | items | accuracy | random | centered | fewer shots | too long | "
              "contaminated | clean accuracy | clean centered |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

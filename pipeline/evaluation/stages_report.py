@@ -69,6 +69,9 @@ def stage_rows(params: dict, run_dir: Path) -> tuple[list[dict], dict[str, list[
             "loss_tokens": summary["loss_tokens"], "val_loss": report["val_loss"],
             "chat_val_loss": report.get("chat_val_loss"), "answers": report.get("answers", []),
             "chat_core": report.get("chat_core"),
+            # what the stage's CORE score is over: its task list and baseline table (compare refuses a mismatch)
+            "core_tasks": list((report.get("core") or {}).get("tasks", {})),
+            "core_baselines": (report.get("core") or {}).get("baselines"),
         })
     return rows, curves
 
@@ -126,6 +129,10 @@ def markdown(rows: list[dict], comparisons: list[dict] = ()) -> str:
                      f"| {r['tokens_trained']:,} | {r['loss_tokens']:,} | {r['val_loss']:.4f} | {chat} |")
     lines.append(f"| **total** | | | | {sum(r['num_steps'] for r in rows):,} "
                  f"| {sum(r['tokens_trained'] for r in rows):,} | {sum(r['loss_tokens'] for r in rows):,} | | |")
+    core = [f"- {r['stage']}: {len(r['core_tasks'])} tasks ({', '.join(r['core_tasks'])}); random baselines "
+            f"{r.get('core_baselines') or 'unrecorded'}" for r in rows if r.get("core_tasks")]
+    if core:
+        lines += ["", "CORE tasks and baseline table per stage:", "", *core]
     for r in rows:
         if r.get("chat_core"):
             from pipeline.evaluation.chat_core import markdown_table as chat_table

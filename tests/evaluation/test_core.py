@@ -106,6 +106,9 @@ def test_micro_example_by_hand():
     assert t["lm"]["accuracy"] == 0.5 and t["lm"]["centered"] == 0.5
     assert result["score_name"] == "core_3" and result["score"] == pytest.approx((1.0 + 1.0 + 0.5) / 3)
     assert result["items"] == 4 and t["mc"]["requests"] == 2 and t["lm"]["truncated"] == 0
+    # the report says which tasks and which baseline table the score is over
+    assert result["baselines"] == "dclm-v2"
+    assert "Tasks (3): mc, schema, lm; random baselines: dclm-v2" in core.markdown_table(result)
 
 
 def test_clean_subset_leaves_out_the_seen_items_and_says_what_was_not_checked():

@@ -31,7 +31,10 @@ def fake_run(tmp_path, tokens_trained=None):
                 f.write(json.dumps({"step": s, "tokens": s * 1000, "loss": loss - s * 0.1,
                                     **({"val_loss": loss} if s == steps else {})}) + "\n")
         write_json(tmp_path / "eval" / name / "report.json",
-                   {"val_loss": loss, **({"chat_val_loss": 2.5, "answers": [{"question": "Hi?", "answer": "Hello."}]}
+                   {"val_loss": loss, "core": {"score_name": "core_2", "baselines": "dclm-v1",
+                                               "tasks": {"copa": {"shots": 0, "random_baseline": 0.5},
+                                                         "hellaswag": {"shots": 10, "random_baseline": 0.25}}},
+                    **({"chat_val_loss": 2.5, "answers": [{"question": "Hi?", "answer": "Hello."}]}
                                          if name == "sft" else {})})
     return params
 
@@ -45,6 +48,7 @@ def test_stages_report_table_plot_and_totals(tmp_path):
     assert "| sft | sft | assistant | pretrain | 2 | 2,000 | 800 | 3.0000 | 2.5000 |" in md
     assert "| **total** | | | | 6 | 6,000 | 2,400 | | |" in md and "**Hi?**" in md and "Hello." in md
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+    assert "- sft: 2 tasks (copa, hellaswag); random baselines dclm-v1" in md
 
 
 def test_a_stage_whose_tokens_do_not_reconcile_fails_naming_it(tmp_path):

@@ -96,13 +96,13 @@ def test_document_sums_split_at_bos_and_continue_across_rows():
     assert both.arrays()[1].tolist() == [3, 3]
 
 
-def write_eval(d, tasks: dict, shots=0, baseline=0.25):
+def write_eval(d, tasks: dict, shots=0, baseline=0.25, table_version="dclm-v1"):
     """A minimal evaluation directory: report.json with a CORE table and core_items.jsonl."""
     d.mkdir(parents=True)
     table = {n: {"type": "multiple_choice", "shots": shots, "random_baseline": baseline, "items": len(c),
                  "accuracy": float(np.mean(c))} for n, c in tasks.items()}
-    (d / "report.json").write_text(json.dumps({"core": {"score_name": f"core_{len(tasks)}", "tasks": table},
-                                               "chat_core": None}))
+    (d / "report.json").write_text(json.dumps({"core": {"score_name": f"core_{len(tasks)}", "tasks": table,
+                                                        "baselines": table_version}, "chat_core": None}))
     stats.write_items(d / "core_items.jsonl", [{"task": n, "index": i, "id": f"{n}-{i}", "correct": bool(x)}
                                                for n, c in tasks.items() for i, x in enumerate(c)])
     return d
@@ -125,6 +125,9 @@ def test_compare_prints_a_paired_table_and_refuses_what_differs(tmp_path, capsys
         compare.compare_reports(A, write_eval(tmp_path / "d", {"copa": a["copa"]}))
     with pytest.raises(PipelineError, match="random baseline"):
         compare.compare_reports(A, write_eval(tmp_path / "e", a, baseline=0.5))
+    # the same per-task baselines but another table's version: refused, naming both
+    with pytest.raises(PipelineError, match="core: random baselines from table 'dclm-v1' vs 'dclm-v2'"):
+        compare.compare_reports(A, write_eval(tmp_path / "v", a, table_version="dclm-v2"))
     with pytest.raises(PipelineError, match="copa: the scored items differ"):
         compare.compare_reports(A, write_eval(tmp_path / "f", {"copa": a["copa"][:100], "hellaswag": a["hellaswag"]}))
     with pytest.raises(PipelineError, match="neither an evaluation report"):
