@@ -200,6 +200,35 @@ def test_memory_outside_the_allocator():
     assert core["total"] == pytest.approx(core["reserved"] + 1.5, abs=2e-3)
 
 
+def test_default_eval_batch_tokens_is_the_row_by_row_answer():
+    """The bisection finds what a row-by-row scan finds (the most seq_len rows whose in-loop scoring fits, at
+    most EVAL_MAX_BATCH_TOKENS, EVAL_CPU_BATCH_TOKENS on the CPU; seq_len when none fits): capacities from
+    none fitting to all, CPU and CUDA, ddp and fsdp, three sequence lengths."""
+    from pipeline.perf import EVAL_CPU_BATCH_TOKENS, EVAL_MAX_BATCH_TOKENS, default_eval_batch_tokens
+
+    def most(s):
+        return EVAL_MAX_BATCH_TOKENS if s.device == "cuda" else EVAL_CPU_BATCH_TOKENS
+
+    def scan(s, capacity):
+        best = s.seq_len
+        for rows in range(1, most(s) // s.seq_len + 1):
+            if eval_memory(s, rows * s.seq_len, in_loop=True)["total"] > capacity:
+                break
+            best = rows * s.seq_len
+        return best
+
+    setups = [OURS, OURS.replace(seq_len=256, device="cpu", bf16=False), OURS.replace(seq_len=4096),
+              OURS.replace(parallel="fsdp", world_size=8)]
+    for s in setups:
+        smallest, largest = (eval_memory(s, n, in_loop=True)["total"] for n in (s.seq_len, most(s)))
+        found = set()
+        for capacity in [smallest - 1, smallest, *(smallest + (largest - smallest) * k / 7 for k in range(1, 7)),
+                         largest, largest + 1]:
+            found.add(default_eval_batch_tokens(s, capacity))
+            assert default_eval_batch_tokens(s, capacity) == scan(s, capacity), (s, capacity)
+        assert {s.seq_len, most(s)} <= found and len(found) > 2  # none fits, all fit, between
+
+
 def test_eval_memory_against_the_h100():
     """CORE scoring of the 1.24B preset at 131,072 tokens a batch, measured on the same H100
     (`python benchmarks/eval_memory.py`): standalone 16.578 GB, in the training loop 31.477 GB allocated."""

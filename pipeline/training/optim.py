@@ -13,8 +13,13 @@ Parameter groups (by parameter name of the unwrapped model, see pipeline/model/m
 (bitsandbytes AdamW8bit, CUDA only, not under ``train.parallel: fsdp``: its kernels take plain tensors)
 or `muon` (torch.optim.Muon for the `matrix` group — the 2-D weights of the transformer blocks — with
 `adjust_lr_fn="match_rms_adamw"` so that the AdamW lr and weight decay carry over; AdamW for the other
-groups). Every group records its `base_lr`; the schedule sets ``lr = base_lr × lr_factor(step)`` before
-each optimizer step, so the whole schedule state is the step number (nothing else to checkpoint).
+groups). Muon's Newton-Schulz iteration is torch's, in bf16, except on the CPU, where `newton_schulz` runs
+the same iteration in fp32: a CPU without bf16 matrix instructions (AVX2 only, like the 2-core development
+and CI VMs) emulates bf16 matmuls at ~7× the time of fp32 ones, which made the default model's Muon step
+(1.1 s on one core) cost as much as its two micro-steps' forward and backward.
+
+Every group records its `base_lr`; the schedule sets ``lr = base_lr × lr_factor(step)`` before each
+optimizer step, so the whole schedule state is the step number (nothing else to checkpoint).
 
 Sharded parameters (``train.parallel: fsdp``, DTensors sharded on dim 0 over a 1-D mesh): AdamW is
 elementwise and runs on the local shards. Muon's Newton-Schulz orthogonalisation needs the whole matrix,
@@ -23,7 +28,7 @@ largest Newton-Schulz cost first, are dealt in rounds of one per rank (`muon_own
 have about the same cost, so no rank waits long on another); in a round every rank sends its shard of
 each matrix's momentum-corrected update to that matrix's owner (``gather``), each owner orthogonalises
 its one whole matrix, and sends every rank its shard of the result back (``scatter``). Rows are padded to
-the largest shard for the collectives and cut again. Given the same gradients the update is torch's
+the largest shard for the collectives and cut again. Given the same gradients the update is the unsharded
 Muon's on the whole matrices bit for bit (the same orthogonalisation of the same whole update, on one
 rank instead of all: tested on 2 ranks), at 1/world of the Newton-Schulz FLOPs per rank, and no rank
 receives a whole matrix it does not own. Momentum buffers and weights stay sharded; a rank holds at
@@ -38,8 +43,8 @@ import torch
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger
 
-__all__ = ["param_groups", "build_optimizer", "CombinedOptimizer", "Muon", "member_optimizers", "lr_factor",
-           "set_lr"]
+__all__ = ["param_groups", "build_optimizer", "CombinedOptimizer", "Muon", "newton_schulz", "member_optimizers",
+           "lr_factor", "set_lr"]
 
 log = get_logger(__name__)
 
@@ -126,9 +131,28 @@ def muon_owners(shapes: list[tuple[int, int]], world_size: int) -> list[tuple[in
     return owners
 
 
+def newton_schulz(x: torch.Tensor, group: dict, on: str | None = None) -> torch.Tensor:
+    """Muon's Newton-Schulz orthogonalisation of the matrix `x` with `group`'s coefficients, steps and eps, for
+    a step on device type `on` (default: `x`'s): torch's iteration in bf16, or on the CPU the same iteration
+    in fp32 (module docstring)."""
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    if (on or x.device.type) != "cpu":
+        return _zeropower_via_newtonschulz(x, group["ns_coefficients"], group["ns_steps"], group["eps"])
+    a, b, c = group["ns_coefficients"]
+    tall = x.size(0) > x.size(1)
+    y = x.float().T if tall else x.float()
+    y = y / y.norm().clamp(min=group["eps"])  # out of place: for an fp32 `x`, x.float() is `x` itself
+    for _ in range(group["ns_steps"]):
+        gram = y @ y.T
+        y = torch.addmm(y, torch.addmm(gram, gram, gram, beta=b, alpha=c), y, beta=a)
+    return y.T if tall else y
+
+
 class Muon(torch.optim.Muon):
-    """torch.optim.Muon that also steps sharded (DTensor) matrices, each orthogonalised by one owner rank
-    (module docstring); plain tensors take torch's own step."""
+    """torch.optim.Muon that also steps sharded (DTensor) matrices, each orthogonalised by one owner rank,
+    and orthogonalises with `newton_schulz` (module docstring); plain tensors off the CPU take torch's own
+    step."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -136,7 +160,9 @@ class Muon(torch.optim.Muon):
         from torch.optim._muon import _adjust_lr
 
         if not any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"]):
-            return super().step(closure)
+            if not any(p.device.type == "cpu" for g in self.param_groups for p in g["params"]):
+                return super().step(closure)
+            return self._plain_step(closure)
         if closure is not None:
             raise PipelineError("Muon on sharded parameters takes no closure")
         for group in self.param_groups:
@@ -151,6 +177,25 @@ class Muon(torch.optim.Muon):
                 p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
         return None
 
+    def _plain_step(self, closure):
+        """torch's step (torch.optim._muon._single_tensor_muon) with `newton_schulz` orthogonalising."""
+        from torch.optim._muon import _adjust_lr
+
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, bufs = [], [], []
+            self._init_group(group, params, grads, bufs)  # (it refuses complex and sparse, as torch's step)
+            lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
+            for p, grad, buf in zip(params, grads, bufs, strict=True):
+                buf.lerp_(grad, 1 - momentum)
+                ortho = newton_schulz(grad.lerp(buf, momentum) if group["nesterov"] else buf, group)
+                p.mul_(1 - lr * wd)
+                p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+        return loss
+
 
 def _orthogonalised_sharded(grads: list, bufs: list, group: dict):
     """Yields (i, the Newton-Schulz orthogonalisation of matrix i's momentum-corrected update), a DTensor
@@ -159,10 +204,6 @@ def _orthogonalised_sharded(grads: list, bufs: list, group: dict):
     their owners, orthogonalised, scattered back as shards."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Shard
-    from torch.optim._muon import _zeropower_via_newtonschulz
-
-    def newton_schulz(x: torch.Tensor) -> torch.Tensor:
-        return _zeropower_via_newtonschulz(x, group["ns_coefficients"], group["ns_steps"], group["eps"])
 
     def update(i: int):
         return grads[i].lerp(bufs[i], group["momentum"]) if group["nesterov"] else bufs[i]
@@ -175,8 +216,10 @@ def _orthogonalised_sharded(grads: list, bufs: list, group: dict):
                             f"got placements {sorted({str(b.placements) for b in bufs})}")
     pg, W, rank = mesh.get_group(), mesh.size(), mesh.get_local_rank()
     owners = muon_owners([tuple(b.shape) for b in bufs], W)
-    # the dtype the iteration returns (torch's: bf16), in which the owners send: found on the meta device
-    sent = {dtype: newton_schulz(torch.empty(1, 1, dtype=dtype, device="meta")).dtype
+    # the dtype the iteration returns (torch's: bf16; fp32 on the CPU), in which the owners send: found on the
+    # meta device
+    on = bufs[0].to_local().device.type
+    sent = {dtype: newton_schulz(torch.empty(1, 1, dtype=dtype, device="meta"), group, on).dtype
             for dtype in {b.dtype for b in bufs}}
     for r in range(max(k for k, _ in owners) + 1):
         members = [i for i, (k, _) in enumerate(owners) if k == r]
@@ -197,7 +240,7 @@ def _orthogonalised_sharded(grads: list, bufs: list, group: dict):
         pieces = None
         if mine is not None:  # this rank's matrix of the round, whole: orthogonalised, cut into padded shards
             i, parts = mine
-            ortho = newton_schulz(torch.cat(parts)[:updates[i].shape[0]])
+            ortho = newton_schulz(torch.cat(parts)[:updates[i].shape[0]], group)
             padded = ortho.new_zeros(rows[i] * W, *ortho.shape[1:])
             padded[:ortho.shape[0]] = ortho
             pieces = list(padded.chunk(W))

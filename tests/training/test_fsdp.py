@@ -42,27 +42,12 @@ STEPS = 20
 
 # The train CLI with test-only hooks, chosen by environment variables: TF_HANG_AT_STEP=k makes rank 0 hang
 # while writing step k's checkpoint (its DCP files written, the train state not yet: a partial temporary
-# directory), after touching TF_HANG_MARKER — the moment the kill test kills the job. TF_MUON_NS_FP32=1
-# runs Muon's Newton-Schulz iteration in fp32 instead of torch's bf16 (test_fsdp_trains_like_ddp).
+# directory), after touching TF_HANG_MARKER — the moment the kill test kills the job.
 LAUNCH = """
 import os, time
-import torch
-import torch.optim._muon as M
 import pipeline.training.checkpoint as C
 from pipeline.io import run_cli
 import pipeline.training.train as T
-
-def ns_fp32(grad, coefficients, steps, eps):
-    a, b, c = coefficients
-    x = grad.float()
-    x = x.T if grad.size(0) > grad.size(1) else x
-    x = x / x.norm().clamp(min=eps)
-    for _ in range(steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if grad.size(0) > grad.size(1) else x
-if os.environ.get("TF_MUON_NS_FP32"):
-    M._zeropower_via_newtonschulz = ns_fp32
 
 hang = int(os.environ.get("TF_HANG_AT_STEP", 0))
 _save = C.save_checkpoint
@@ -121,16 +106,15 @@ def test_fsdp_trains_like_ddp(data, tmp_path, optimizer):
     final weights of fsdp equal DDP's within fp32 rounding (gradient sums in another order), and final.pt
     is one consolidated file with the plain model's names.
 
-    Muon runs its Newton-Schulz iteration in fp32 here: torch's runs it in bf16, which turns the fp32
-    rounding differences of the two runs' gradients into bf16 rounding flips of the update (measured:
-    losses up to 6e-5 apart, gradient norms 7e-4 relative, not growing over the 20 steps) — the same
-    amplification between any two DDP runs that sum gradients in another order, not a difference
-    between the parallelisms, which fp32 shows."""
+    Muon runs its Newton-Schulz iteration in fp32 on the CPU (pipeline.training.optim.newton_schulz): torch's
+    bf16 one (on CUDA) turns the fp32 rounding differences of the two runs' gradients into bf16 rounding flips
+    of the update (measured: losses up to 6e-5 apart, gradient norms 7e-4 relative, not growing over the 20
+    steps) — the same amplification between any two DDP runs that sum gradients in another order, not a
+    difference between the parallelisms, which fp32 shows."""
     runs = {}
     for parallel in ("ddp", "fsdp"):
         runs[parallel] = tmp_path / parallel
-        torchrun(data, runs[parallel], params_for(parallel=parallel, optimizer=optimizer),
-                 **({"TF_MUON_NS_FP32": "1"} if optimizer == "muon" else {}))
+        torchrun(data, runs[parallel], params_for(parallel=parallel, optimizer=optimizer))
     ddp, fsdp = read_metrics(runs["ddp"]), read_metrics(runs["fsdp"])
     assert [r["step"] for r in fsdp] == list(range(1, STEPS + 1))
     assert ddp[-1]["loss"] < ddp[0]["loss"] - 0.5  # it trains
@@ -433,14 +417,15 @@ def test_the_trainer_refuses_adamw8bit_on_sharded_parameters(group):
         build_optimizer(sharded, {**params["train"], "optimizer": "adamw8bit"}, "cuda")
 
 
-# Two gloo ranks step the same matrices, sharded (our Muon) and whole (torch's), and write what they find.
+# Two gloo ranks step the same matrices, sharded and whole (our Muon: on the CPU torch's step with its
+# Newton-Schulz iteration in fp32, tests/training/test_optim.py), and write what they find.
 MUON_RANKS = """
 import json, sys
 import torch
 import torch.distributed as dist
-import torch.optim._muon as M
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
+import pipeline.training.optim as O
 from pipeline.training.optim import Muon, muon_owners
 
 rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -453,8 +438,8 @@ whole = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
 start = [p.detach().clone() for p in whole]
 sharded = [torch.nn.Parameter(distribute_tensor(p.detach().clone(), mesh, [Shard(0)])) for p in whole]
 settings = dict(lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
-plain, ours = torch.optim.Muon(whole, **settings), Muon(sharded, **settings)
-seen, ns = [], M._zeropower_via_newtonschulz
+plain, ours = Muon(whole, **settings), Muon(sharded, **settings)
+seen, ns = [], O.newton_schulz
 def counted(x, *a):
     if x.device.type != "meta":
         seen.append(tuple(x.shape))
@@ -464,9 +449,9 @@ for step in range(3):
         p.grad = torch.randn(p.shape, generator=g)
         q.grad = distribute_tensor(p.grad.clone(), mesh, [Shard(0)])
     plain.step()
-    M._zeropower_via_newtonschulz = counted
+    O.newton_schulz = counted
     ours.step()
-    M._zeropower_via_newtonschulz = ns
+    O.newton_schulz = ns
 equal = [torch.equal(p.detach(), q.detach().full_tensor()) for p, q in zip(whole, sharded)]
 mine = sorted(tuple(s) for s, (_, owner) in zip(shapes, muon_owners(shapes, 2)) if owner == rank)
 json.dump({"equal": equal, "moved": [not torch.equal(p.detach(), p0) for p, p0 in zip(whole, start)],
@@ -475,8 +460,8 @@ dist.destroy_process_group()
 """
 
 
-def test_sharded_muon_gives_each_matrix_one_owner_and_torchs_update_bit_for_bit(tmp_path):
-    """Three Muon steps on 2 gloo ranks: the sharded matrices end bit for bit where torch's Muon takes the
+def test_sharded_muon_gives_each_matrix_one_owner_and_the_whole_matrices_update_bit_for_bit(tmp_path):
+    """Three Muon steps on 2 gloo ranks: the sharded matrices end bit for bit where Muon takes the
     whole ones (uneven shards, an empty one, 7 matrices of 4 shapes), and each rank ran Newton-Schulz on
     its own matrices only (`muon_owners`), not on all seven as when every rank orthogonalised everything."""
     script = tmp_path / "muon_ranks.py"

@@ -91,6 +91,49 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
                        muon.state_dict()["state"][0]["momentum_buffer"])
 
 
+def test_muon_on_cpu_is_torchs_step_with_newton_schulz_in_fp32(monkeypatch):
+    """On the CPU our Muon takes torch's step bit for bit, its Newton-Schulz iteration run in fp32 instead of
+    bf16 (a tall, a wide and a square matrix, nesterov on and off, three steps); off the CPU `newton_schulz`
+    is torch's bf16 iteration itself."""
+    import torch.optim._muon as M
+
+    from pipeline.training.optim import Muon, newton_schulz
+
+    def ns_fp32(grad, coefficients, steps, eps):  # torch's iteration, written out in fp32
+        a, b, c = coefficients
+        x = grad.float()
+        x = x.T if grad.size(0) > grad.size(1) else x
+        x = x / x.norm().clamp(min=eps)
+        for _ in range(steps):
+            gram = x @ x.T
+            x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        return x.T if grad.size(0) > grad.size(1) else x
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(24, 8), (8, 24), (12, 12)]
+    for nesterov in (True, False):
+        ours = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+        torchs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+        bf16 = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+        settings = dict(lr=0.02, weight_decay=0.1, nesterov=nesterov, adjust_lr_fn="match_rms_adamw")
+        opts = Muon(ours, **settings), torch.optim.Muon(torchs, **settings), torch.optim.Muon(bf16, **settings)
+        for _ in range(3):
+            for p, q, r in zip(ours, torchs, bf16):
+                p.grad = torch.randn(p.shape, generator=g)
+                q.grad, r.grad = p.grad.clone(), p.grad.clone()
+            opts[0].step()
+            opts[2].step()
+            with monkeypatch.context() as m:
+                m.setattr(M, "_zeropower_via_newtonschulz", ns_fp32)
+                opts[1].step()
+        assert all(torch.equal(p, q) for p, q in zip(ours, torchs))
+        assert not any(torch.equal(p, r) for p, r in zip(ours, bf16))  # fp32 is what differs from torch's
+    x, group = torch.randn(24, 8, generator=g), opts[0].param_groups[0]
+    assert newton_schulz(x, group).dtype == torch.float32
+    want = M._zeropower_via_newtonschulz(x, group["ns_coefficients"], group["ns_steps"], group["eps"])
+    assert want.dtype == torch.bfloat16 and torch.equal(newton_schulz(x, group, on="cuda"), want)
+
+
 def test_adamw8bit_needs_cuda():
     with pytest.raises(PipelineError, match="adamw8bit needs hardware.device: cuda"):
         build_optimizer(tiny(tied=True), {**TRAIN, "optimizer": "adamw8bit"}, "cpu")
