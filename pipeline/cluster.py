@@ -292,24 +292,28 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     add("count_sample", "count_sample", sample_docs, [f"tokenize/{s}/{g}" for s, g in sorted(in_sample)])
     add("plan", "plan", after=["count_sample"])
     for s, g in gname:
-        add(f"dedup_signatures/{s}/{g}", "dedup_signatures", groups[s][g] * sizes[s]["bytes"], [f"tokenize/{s}/{g}"])
+        add(f"dedup_signatures/{s}/{g}", "dedup_signatures", groups[s][g] * sizes[s]["bytes"],
+            [f"download/{s}/{g}", f"tokenize/{s}/{g}"])
         add(f"decontaminate_flags/{s}/{g}", "decontaminate_flags", groups[s][g] * sizes[s]["bytes"],
-            [f"tokenize/{s}/{g}", "decontaminate_grams"])
-    add("count", "count", c["documents"], [f"tokenize/{s}/{g}" for s, g in gname])
+            [f"download/{s}/{g}", f"tokenize/{s}/{g}", "decontaminate_grams"])
+    tokenized = [f"tokenize/{s}/{g}" for s, g in gname]
+    add("count", "count", c["documents"], tokenized)
     add("dedup_index", "dedup_index", c["shards"], [f"dedup_signatures/{s}/{g}" for s, g in gname])
     for p in range(parts):
         add(f"dedup_candidates/{p}", "dedup_candidates", c["documents"] / parts, ["dedup_index"])
-    add("dedup", "dedup", c["documents"], [f"dedup_candidates/{p}" for p in range(parts)])
-    add("decontaminate", "decontaminate", c["shards"], [f"decontaminate_flags/{s}/{g}" for s, g in gname])
-    add("split", "split", c["documents"], ["dedup", "decontaminate"])
+    add("dedup", "dedup", c["documents"], ["dedup_index", *(f"dedup_candidates/{p}" for p in range(parts))])
+    add("decontaminate", "decontaminate", c["shards"],
+        ["decontaminate_grams", *(f"decontaminate_flags/{s}/{g}" for s, g in gname)])
+    add("split", "split", c["documents"], ["dedup", "decontaminate", *tokenized])
     packs = []
     for m in cfg["mixes"]:
         docs = sum(sizes[s]["documents"] * sum(groups[s]) for s in cfg["mixes"][m]["weights"])
-        add(f"mix/{m}", "mix", docs, ["split", "plan"])
+        add(f"mix/{m}", "mix", docs, ["split"])
         for split, tokens in zip(("train", "val"), _mix_tokens(cfg, m)):
             packs.append(f"pack/{m}/{split}")
-            add(packs[-1], "pack", tokens, [f"mix/{m}"])
-    add("accounting", "accounting", c["documents"], ["count", "split", *packs])
+            add(packs[-1], "pack", tokens,
+                [f"mix/{m}", *(f"tokenize/{s}/{g}" for s, g in gname if s in cfg["mixes"][m]["weights"])])
+    add("accounting", "accounting", c["documents"], ["count", "dedup", "decontaminate", "split", *tokenized, *packs])
     return jobs
 
 

@@ -244,3 +244,33 @@ def test_cpu_train_job_memory_counts_the_training_state_on_the_host():
     assert h["state_mb"] == pytest.approx(memory(StepSetup.from_config(cfg))["total"] * 1e9 / 2**20, abs=0.1)
     want = cluster.TRAIN_HOST_MARGIN * (2 * h["rank_mb"] + h["final_gather_mb"])
     assert h["node_mb"] == pytest.approx(want, abs=1)  # the parts are rounded to 0.1 MB
+
+
+def snakemake_edges(workdir: Path, configfile: Path) -> tuple[set[tuple[str, str]], dict[str, int]]:
+    """The rule-level edges (upstream, downstream) and the jobs per rule of the DAG Snakemake builds for
+    `configfile`: `snakemake --d3dag` (its nodes carry the rule; `--dag`'s labels would hide the wildcards)."""
+    proc = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-s", str(ROOT / "Snakefile"),
+                           "-d", str(workdir), "--configfile", str(configfile), "--d3dag"],
+                          cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dag = json.loads(proc.stdout)
+    rule = {n["id"]: n["value"]["rule"] for n in dag["nodes"]}
+    counts: dict[str, int] = {}
+    for r in rule.values():
+        counts[r] = counts.get(r, 0) + 1
+    return {(rule[e["u"]], rule[e["v"]]) for e in dag["edges"]}, counts
+
+
+@pytest.mark.parametrize("configfile", ["config.yaml", "configs/llama3-1b-fineweb.yaml"])
+def test_the_cost_plans_job_graph_has_snakemakes_edges(configfile, tmp_path, monkeypatch):
+    """The plan schedules the data jobs on the edges Snakemake builds, edge for edge (a drift such as mix
+    waiting for plan, which mix.smk does not, fails here), and as many jobs of each rule."""
+    (tmp_path / "data").symlink_to(ROOT / "data")  # the default config's sample shards (the preset needs none)
+    monkeypatch.chdir(tmp_path)
+    edges, counts = snakemake_edges(tmp_path, ROOT / configfile)
+    jobs = cluster.data_jobs(resolve_config(yaml.safe_load((ROOT / configfile).read_text())))
+    stage = {j["name"]: j["stage"] for j in jobs}
+    planned = {(stage[a], j["stage"]) for j in jobs for a in j["after"]}
+    assert planned == {(u, v) for u, v in edges if u in stage.values() and v in stage.values()}
+    per_rule = {s: sum(1 for j in jobs if j["stage"] == s) for s in set(stage.values())}
+    assert per_rule == {r: counts[r] for r in per_rule}
