@@ -7,6 +7,7 @@ import math
 import re
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -70,31 +71,30 @@ def test_every_rule_has_resources():
         assert r["threads"] >= 1 and r["resources"]["mem_mb"] > 0 and r["resources"]["runtime"] >= 10, rule
 
 
-def data_rules() -> set[str]:
-    """The rules with a `benchmark:` table: every data rule (workflow/rules/*.smk)."""
-    rules = set()
-    for smk in (ROOT / "workflow/rules").glob("*.smk"):
-        for block in re.split(r"^rule ", smk.read_text(), flags=re.M)[1:]:
-            if "\n    benchmark:" in block:
-                rules.add(block.split(":", 1)[0])
-    return rules
+@pytest.fixture(scope="module")
+def workflow_rules(tmp_path_factory) -> dict:
+    """{name: rule} of the workflow Snakemake parses on the default config."""
+    path = tmp_path_factory.mktemp("workflow")
+    (path / "data").symlink_to(ROOT / "data")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(path)
+        with snakemake_workflow(path, ROOT / "config.yaml") as workflow:
+            return {r.name: r for r in workflow.rules}
 
 
-def test_the_cost_plan_and_the_rehearsal_cover_every_data_rule():
+def test_the_cost_plan_and_the_rehearsal_cover_every_data_rule(workflow_rules):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import data_scale
 
-    rules = data_rules()
+    rules = {name for name, r in workflow_rules.items() if r.benchmark}  # every data rule has a benchmark table
     assert "decontaminate_flags" in rules and "pack" in rules and "dedup_index" in rules
     assert set(cluster.RATES) == rules
     assert set(cluster.stage_work(preset())) == rules  # every stage has its jobs in the DAG the plan schedules
-    # the rehearsal reads each job's own CPU from its log: the globs are the rules' `log:` paths
-    for smk in (ROOT / "workflow/rules").glob("*.smk"):
-        for block in re.split(r"^rule ", smk.read_text(), flags=re.M)[1:]:
-            name = block.split(":", 1)[0]
-            if name in rules:
-                log = re.search(r'\n    log:\n\s+f"\{LOG_DIR\}/([^"]+)"', block).group(1)
-                assert re.sub(r"\{\{\w+\}\}", "*", log) == data_scale.LOGS[name], name
+    # the rehearsal reads each job's own CPU from its log: the globs are the rules' `log:` paths (under
+    # logs/{run_name}/), each wildcard a *
+    for name in rules:
+        log = "/".join(Path(str(workflow_rules[name].log[0])).parts[2:])
+        assert re.sub(r"\{[^}]*\}", "*", log) == data_scale.LOGS[name], name
 
 
 def jobs(*spec) -> list[dict]:
@@ -117,7 +117,7 @@ def test_schedule_runs_jobs_on_the_cores_after_what_they_wait_for():
 def test_data_costs_cover_every_stage_and_scale_with_cores_and_partitions():
     cfg = preset()
     small, big = cluster.data_costs(cfg, data_cpus=64), cluster.data_costs(cfg, data_cpus=1024)
-    assert set(small["stages"]) == data_rules()
+    assert set(small["stages"]) == set(cluster.RATES)  # every data rule (checked against the workflow above)
     assert small["cpu_hours"] == pytest.approx(big["cpu_hours"]) and big["wall_hours"] < small["wall_hours"]
     for c in (small, big):  # the wall time is bounded by the cores and by the longest chain of jobs
         assert c["wall_hours"] >= max(c["cpu_hours"] / c["data_cpus"], c["critical_path_hours"]) * 0.999
@@ -246,20 +246,27 @@ def test_cpu_train_job_memory_counts_the_training_state_on_the_host():
     assert h["node_mb"] == pytest.approx(want, abs=1)  # the parts are rounded to 0.1 MB
 
 
-def snakemake_jobs(workdir: Path, configfile: Path) -> dict[tuple[str, tuple], set[tuple[str, tuple]]]:
-    """The DAG Snakemake builds for `configfile` (in-process, through its API as `snakemake -n` does):
-    {(rule, wildcards): the (rule, wildcards) of the jobs it depends on}."""
+@contextmanager
+def snakemake_workflow(workdir: Path, configfile: Path):
+    """The workflow Snakemake parses for `configfile` in `workdir` (in-process, through its API)."""
     from snakemake.api import SnakemakeApi
     from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
-
-    def key(job):
-        return job.rule.name, tuple(sorted(job.wildcards.items()))
 
     with SnakemakeApi(OutputSettings()) as api:
         wf = api.workflow(resource_settings=ResourceSettings(cores=1), snakefile=ROOT / "Snakefile",
                           config_settings=ConfigSettings(configfiles=[configfile]), workdir=workdir)
         wf.dag(DAGSettings())
-        workflow = wf._workflow  # (the API prints a DAG but hands none out: what printd3dag does, kept)
+        yield wf._workflow  # (the API prints a DAG but hands none out: its Workflow, as printd3dag uses it)
+
+
+def snakemake_jobs(workdir: Path, configfile: Path) -> dict[tuple[str, tuple], set[tuple[str, tuple]]]:
+    """The DAG Snakemake builds for `configfile` (as `snakemake -n` does):
+    {(rule, wildcards): the (rule, wildcards) of the jobs it depends on}."""
+
+    def key(job):
+        return job.rule.name, tuple(sorted(job.wildcards.items()))
+
+    with snakemake_workflow(workdir, configfile) as workflow:
         workflow._prepare_dag(forceall=False, ignore_incomplete=True, lock_warn_only=True)
         workflow._build_dag()
         dag = workflow.dag
