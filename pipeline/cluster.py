@@ -1,5 +1,5 @@
-"""Job sizes for a cluster executor, and what the data stages cost: the one place the measured
-per-core throughputs live.
+"""Job sizes for a cluster executor, and what the data stages cost from the measured per-core
+throughputs (each data rule's rate and the rules it waits for: pipeline/rules.py).
 
 * `job_resources(cfg, rule)`: ``threads`` and ``resources`` (``cpus_per_task``, ``mem_mb``,
   ``runtime`` in minutes, and for GPU rules ``gpu`` / ``gres``, ``nodes``, ``tasks``) of each rule,
@@ -21,41 +21,11 @@ import math
 
 from pipeline.budget import count_params
 from pipeline.config import sample_shards, source_shards
+from pipeline.rules import BY_NAME, RULES
 from pipeline.stages import mix_targets, tokenizer_sources
 
-# The data stages' cost: CPU seconds of a stage = its jobs × the CPU of a job's start (interpreter,
-# imports, its fixed reads) + its work in `unit`s ÷ the rate (units per CPU-second, one single-threaded
-# process). Units: bytes of UTF-8 text of the shards it reads (known from a shard's size before any
-# tokenizer exists, and the same whatever the vocabulary), documents, packed tokens, shards, the
-# tokenizer's train_chars, or none. Fitted by `python benchmarks/data_scale.py calibrate` through two
-# Snakemake runs of realistic shards (FineWeb-shaped, 500 and 50K documents of ~2 KB each, 16 and 8
-# shards, on the 2-core VM, idle), the tokenizer by its `tokenizer` sweep (16M-256M characters, the
-# mean of two sweeps that differed by 23 %; rustbpe at a 4,096 vocabulary): BENCHMARKS.md "The data
-# half at scale", with the 1M-document rehearsal that checks them. download is a local copy (an hf
-# source's download is network-bound and not predicted). The count jobs parse each shard's doc_rows
-# list (documents; count_sample takes count's rate, its own fit was within the noise). A rate of None:
-# the work per unit was below the measurement's resolution (these jobs read one small file per shard;
-# 8 vs 16 shards made no difference), so only the job's start counts: the mean of the two runs'.
-RATES = {  # stage: (unit, units per CPU-second, CPU seconds per job)
-    "download": ("bytes", 198e6, 0.51),
-    "tokenizer": ("train_chars", 6.4e6, 0.5),
-    "tokenize": ("bytes", 8.77e6, 0.43),
-    "count_sample": ("documents", 12.2e6, 0.49),
-    "count": ("documents", 12.2e6, 0.47),
-    "plan": ("none", None, 0.62),
-    "eval_data": ("none", None, 2.27),
-    "decontaminate_grams": ("none", None, 2.07),
-    "decontaminate_flags": ("bytes", 27.4e6, 0.74),
-    "decontaminate": ("shards", None, 0.71),
-    "dedup_signatures": ("bytes", 37.5e6, 0.67),
-    "dedup_index": ("shards", None, 0.37),
-    "dedup_candidates": ("documents", 138e3, 0.55),
-    "dedup": ("documents", 1.13e6, 0.57),
-    "split": ("documents", 299e3, 0.59),
-    "mix": ("documents", 893e3, 0.63),
-    "pack": ("tokens", 45.3e6, 0.56),
-    "accounting": ("documents", 781e3, 0.58),
-}
+# The data stages' cost (pipeline.rules: each rule's rate beside the rules it waits for).
+RATES = {r.name: r.rate for r in RULES}  # stage: (unit, units per CPU-second, CPU seconds per job)
 # rustbpe's training threads kept busy on the 2-core VM (its CPU ÷ wall seconds): the tokenizer job's
 # speed-up over one core in the wall-time estimate (more cores are not assumed to help more).
 TOKENIZER_PARALLELISM = 1.85
@@ -262,14 +232,20 @@ def _mix_tokens(cfg: dict, mix: str) -> tuple[int, int]:
 
 def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     """Every data job of the DAG (download … pack, accounting): {name, stage, units, after: [names],
-    threads}, in the order Snakemake would find them ready; `units` of RATES[stage]'s unit."""
+    threads}, in the order Snakemake would find them ready; `units` of RATES[stage]'s unit. A job waits
+    for the jobs of its rule's `after` rules (pipeline.rules) that share its wildcards and that it reads."""
     sizes = shard_sizes(cfg, measured)
     spj, parts = cfg["shards_per_job"], cfg["dedup"]["partitions"]
     c = corpus(cfg, measured)
     jobs: list[dict] = []
+    wildcards: dict[str, dict] = {}  # job name -> its wildcards (source, group, mix, part)
+    reads: dict[str, set] = {}  # job name -> the (source, group)s it reads, where not all of them
 
-    def add(name, stage, units=0.0, after=(), threads=1):
-        jobs.append({"name": name, "stage": stage, "units": units, "after": list(after), "threads": threads})
+    def add(name, stage, units=0.0, threads=1, groups_read=None, **wild):
+        jobs.append({"name": name, "stage": stage, "units": units, "threads": threads})
+        wildcards[name] = wild
+        if groups_read is not None:
+            reads[name] = set(groups_read)
 
     shards = {s: source_shards(cfg, s) for s in cfg["sources"]}
     members = {s: [shards[s][i:i + spj] for i in range(0, len(shards[s]), spj)] for s in shards}
@@ -279,37 +255,46 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     # the plan's sample first, as the rules' priorities run them (workflow/rules/common.smk)
     gname = sorted(((s, g) for s in groups for g in range(len(groups[s]))), key=lambda sg: sg not in in_sample)
     for s, g in gname:
-        add(f"download/{s}/{g}", "download", groups[s][g] * sizes[s]["bytes"])
+        add(f"download/{s}/{g}", "download", groups[s][g] * sizes[s]["bytes"], source=s, group=g)
     train_src = tokenizer_sources(cfg)
     chars = min(cfg["tokenizer"]["train_chars"], sum(sizes[s]["bytes"] * sum(groups[s]) for s in train_src))
-    add("tokenizer", "tokenizer", chars if cfg["tokenizer"]["kind"] == "bpe" else 0,
-        [f"download/{s}/{g}" for s, g in gname if s in train_src], threads=threads(cfg))
+    add("tokenizer", "tokenizer", chars if cfg["tokenizer"]["kind"] == "bpe" else 0, threads=threads(cfg),
+        groups_read=[(s, g) for s, g in gname if s in train_src])
     add("eval_data", "eval_data")
-    add("decontaminate_grams", "decontaminate_grams", after=["eval_data"])
+    add("decontaminate_grams", "decontaminate_grams")
     for s, g in gname:
-        add(f"tokenize/{s}/{g}", "tokenize", groups[s][g] * sizes[s]["bytes"], [f"download/{s}/{g}", "tokenizer"])
+        add(f"tokenize/{s}/{g}", "tokenize", groups[s][g] * sizes[s]["bytes"], source=s, group=g)
     sample_docs = sum(len(sample[s]) * sizes[s]["documents"] for s in shards)  # (each shard's doc_rows)
-    add("count_sample", "count_sample", sample_docs, [f"tokenize/{s}/{g}" for s, g in sorted(in_sample)])
-    add("plan", "plan", after=["count_sample"])
+    add("count_sample", "count_sample", sample_docs, groups_read=in_sample)
+    add("plan", "plan")
     for s, g in gname:
-        add(f"dedup_signatures/{s}/{g}", "dedup_signatures", groups[s][g] * sizes[s]["bytes"], [f"tokenize/{s}/{g}"])
+        add(f"dedup_signatures/{s}/{g}", "dedup_signatures", groups[s][g] * sizes[s]["bytes"], source=s, group=g)
         add(f"decontaminate_flags/{s}/{g}", "decontaminate_flags", groups[s][g] * sizes[s]["bytes"],
-            [f"tokenize/{s}/{g}", "decontaminate_grams"])
-    add("count", "count", c["documents"], [f"tokenize/{s}/{g}" for s, g in gname])
-    add("dedup_index", "dedup_index", c["shards"], [f"dedup_signatures/{s}/{g}" for s, g in gname])
+            source=s, group=g)
+    add("count", "count", c["documents"])
+    add("dedup_index", "dedup_index", c["shards"])
     for p in range(parts):
-        add(f"dedup_candidates/{p}", "dedup_candidates", c["documents"] / parts, ["dedup_index"])
-    add("dedup", "dedup", c["documents"], [f"dedup_candidates/{p}" for p in range(parts)])
-    add("decontaminate", "decontaminate", c["shards"], [f"decontaminate_flags/{s}/{g}" for s, g in gname])
-    add("split", "split", c["documents"], ["dedup", "decontaminate"])
-    packs = []
+        add(f"dedup_candidates/{p}", "dedup_candidates", c["documents"] / parts, part=p)
+    add("dedup", "dedup", c["documents"])
+    add("decontaminate", "decontaminate", c["shards"])
+    add("split", "split", c["documents"])
     for m in cfg["mixes"]:
         docs = sum(sizes[s]["documents"] * sum(groups[s]) for s in cfg["mixes"][m]["weights"])
-        add(f"mix/{m}", "mix", docs, ["split", "plan"])
+        add(f"mix/{m}", "mix", docs, mix=m)
         for split, tokens in zip(("train", "val"), _mix_tokens(cfg, m)):
-            packs.append(f"pack/{m}/{split}")
-            add(packs[-1], "pack", tokens, [f"mix/{m}"])
-    add("accounting", "accounting", c["documents"], ["count", "split", *packs])
+            add(f"pack/{m}/{split}", "pack", tokens, mix=m,
+                groups_read=[(s, g) for s, g in gname if s in cfg["mixes"][m]["weights"]])
+    add("accounting", "accounting", c["documents"])
+
+    by_stage: dict[str, list[str]] = {}
+    for j in jobs:
+        by_stage.setdefault(j["stage"], []).append(j["name"])
+    for j in jobs:
+        own, read = wildcards[j["name"]], reads.get(j["name"])
+        j["after"] = [u for rule in BY_NAME[j["stage"]].after for u in by_stage.get(rule, [])
+                      if all(own[k] == v for k, v in wildcards[u].items() if k in own)
+                      and (read is None or "group" not in wildcards[u]
+                           or (wildcards[u]["source"], wildcards[u]["group"]) in read)]
     return jobs
 
 

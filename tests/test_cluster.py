@@ -7,6 +7,7 @@ import math
 import re
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import yaml
 from builders import ROOT
 
 from pipeline import cluster
-from pipeline.config import resolve_config
+from pipeline.config import resolve_config, shard_groups
 from pipeline.errors import PipelineError
 from pipeline.plan import train_hours
 from pipeline.stages import mix_targets
@@ -61,40 +62,39 @@ def test_dedup_candidate_jobs_stay_under_1gb_on_the_preset_and_grow_with_fewer_p
     assert more > 3 * mem
 
 
-def test_every_rule_has_resources():
-    cfg = resolve_config({})
-    for rule in ("download", "tokenize", "dedup_signatures", "dedup_candidates", "dedup", "tokenizer",
-                 "plan", "accounting", "split", "mix", "pack", "train", "evaluate", "export", "decontaminate_grams",
-                 "decontaminate_flags", "eval_data"):
-        r = cluster.job_resources(cfg, rule, 1000, 10**6)
-        assert r["threads"] >= 1 and r["resources"]["mem_mb"] > 0 and r["resources"]["runtime"] >= 10, rule
+def test_every_rule_has_resources(workflow_rules):
+    """Every rule Snakemake parses (but the `all` target) asks for memory and a runtime (a cluster job without
+    them gets whatever the profile's defaults are), as job_resources sizes them on the default config."""
+    for name, rule in workflow_rules.items():
+        if name != "all":
+            mem, runtime = rule.resources["mem_mb"], rule.resources["runtime"]
+            assert mem.value > 0 and (runtime.is_evaluable() or runtime.value >= 10), name  # (scaling_point: per point)
 
 
-def data_rules() -> set[str]:
-    """The rules with a `benchmark:` table: every data rule (workflow/rules/*.smk)."""
-    rules = set()
-    for smk in (ROOT / "workflow/rules").glob("*.smk"):
-        for block in re.split(r"^rule ", smk.read_text(), flags=re.M)[1:]:
-            if "\n    benchmark:" in block:
-                rules.add(block.split(":", 1)[0])
-    return rules
+@pytest.fixture(scope="module")
+def workflow_rules(tmp_path_factory) -> dict:
+    """{name: rule} of the workflow Snakemake parses on the default config."""
+    path = tmp_path_factory.mktemp("workflow")
+    (path / "data").symlink_to(ROOT / "data")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(path)
+        with snakemake_workflow(path, ROOT / "config.yaml") as workflow:
+            return {r.name: r for r in workflow.rules}
 
 
-def test_the_cost_plan_and_the_rehearsal_cover_every_data_rule():
+def test_the_cost_plan_and_the_rehearsal_cover_every_data_rule(workflow_rules):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import data_scale
 
-    rules = data_rules()
+    rules = {name for name, r in workflow_rules.items() if r.benchmark}  # every data rule has a benchmark table
     assert "decontaminate_flags" in rules and "pack" in rules and "dedup_index" in rules
     assert set(cluster.RATES) == rules
     assert set(cluster.stage_work(preset())) == rules  # every stage has its jobs in the DAG the plan schedules
-    # the rehearsal reads each job's own CPU from its log: the globs are the rules' `log:` paths
-    for smk in (ROOT / "workflow/rules").glob("*.smk"):
-        for block in re.split(r"^rule ", smk.read_text(), flags=re.M)[1:]:
-            name = block.split(":", 1)[0]
-            if name in rules:
-                log = re.search(r'\n    log:\n\s+f"\{LOG_DIR\}/([^"]+)"', block).group(1)
-                assert re.sub(r"\{\{\w+\}\}", "*", log) == data_scale.LOGS[name], name
+    # the rehearsal reads each job's own CPU from its log: the globs are the rules' `log:` paths (under
+    # logs/{run_name}/), each wildcard a *
+    for name in rules:
+        log = "/".join(Path(str(workflow_rules[name].log[0])).parts[2:])
+        assert re.sub(r"\{[^}]*\}", "*", log) == data_scale.LOGS[name], name
 
 
 def jobs(*spec) -> list[dict]:
@@ -117,7 +117,7 @@ def test_schedule_runs_jobs_on_the_cores_after_what_they_wait_for():
 def test_data_costs_cover_every_stage_and_scale_with_cores_and_partitions():
     cfg = preset()
     small, big = cluster.data_costs(cfg, data_cpus=64), cluster.data_costs(cfg, data_cpus=1024)
-    assert set(small["stages"]) == data_rules()
+    assert set(small["stages"]) == set(cluster.RATES)  # every data rule (checked against the workflow above)
     assert small["cpu_hours"] == pytest.approx(big["cpu_hours"]) and big["wall_hours"] < small["wall_hours"]
     for c in (small, big):  # the wall time is bounded by the cores and by the longest chain of jobs
         assert c["wall_hours"] >= max(c["cpu_hours"] / c["data_cpus"], c["critical_path_hours"]) * 0.999
@@ -244,3 +244,52 @@ def test_cpu_train_job_memory_counts_the_training_state_on_the_host():
     assert h["state_mb"] == pytest.approx(memory(StepSetup.from_config(cfg))["total"] * 1e9 / 2**20, abs=0.1)
     want = cluster.TRAIN_HOST_MARGIN * (2 * h["rank_mb"] + h["final_gather_mb"])
     assert h["node_mb"] == pytest.approx(want, abs=1)  # the parts are rounded to 0.1 MB
+
+
+@contextmanager
+def snakemake_workflow(workdir: Path, configfile: Path):
+    """The workflow Snakemake parses for `configfile` in `workdir` (in-process, through its API)."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+
+    with SnakemakeApi(OutputSettings()) as api:
+        wf = api.workflow(resource_settings=ResourceSettings(cores=1), snakefile=ROOT / "Snakefile",
+                          config_settings=ConfigSettings(configfiles=[configfile]), workdir=workdir)
+        wf.dag(DAGSettings())
+        yield wf._workflow  # (the API prints a DAG but hands none out: its Workflow, as printd3dag uses it)
+
+
+def snakemake_jobs(workdir: Path, configfile: Path) -> dict[tuple[str, tuple], set[tuple[str, tuple]]]:
+    """The DAG Snakemake builds for `configfile` (as `snakemake -n` does):
+    {(rule, wildcards): the (rule, wildcards) of the jobs it depends on}."""
+
+    def key(job):
+        return job.rule.name, tuple(sorted(job.wildcards.items()))
+
+    with snakemake_workflow(workdir, configfile) as workflow:
+        workflow._prepare_dag(forceall=False, ignore_incomplete=True, lock_warn_only=True)
+        workflow._build_dag()
+        dag = workflow.dag
+        return {key(j): {key(d) for d in dag.dependencies[j]} for j in dag.jobs}
+
+
+@pytest.mark.parametrize("configfile", ["config.yaml", "configs/llama3-1b-fineweb.yaml"])
+def test_the_cost_plans_job_graph_has_snakemakes_edges(configfile, tmp_path, monkeypatch):
+    """The plan schedules the data jobs on the edges Snakemake builds, job for job and edge for edge (a
+    drift such as mix waiting for plan, which mix.smk does not, fails here)."""
+    (tmp_path / "data").symlink_to(ROOT / "data")  # the default config's sample shards (the preset needs none)
+    monkeypatch.chdir(tmp_path)
+    cfg = resolve_config(yaml.safe_load((ROOT / configfile).read_text()))
+    group_index = {(s, g): i for s in cfg["sources"] for i, g in enumerate(shard_groups(cfg, s))}
+
+    def name(rule: str, wildcards: tuple) -> str:  # a Snakemake job as data_jobs names it
+        w = dict(wildcards)
+        if "group" in w:
+            return f"{rule}/{w['source']}/{group_index[w['source'], w['group']]}"
+        return "/".join([rule, *(w[k] for k in ("mix", "split", "part") if k in w)])
+
+    jobs = cluster.data_jobs(cfg)
+    data_rules = {j["stage"] for j in jobs}
+    built = {name(*job): {name(*d) for d in deps if d[0] in data_rules}
+             for job, deps in snakemake_jobs(tmp_path, ROOT / configfile).items() if job[0] in data_rules}
+    assert {j["name"]: set(j["after"]) for j in jobs} == built

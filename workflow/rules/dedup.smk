@@ -48,6 +48,9 @@ rule dedup_index:
         f"{LOG_DIR}/dedup/index.log",
     benchmark:
         f"{BENCH_DIR}/dedup_index.tsv"
+    threads: job_threads("plan")  # a reducer over small per-shard files, sized as the plan rule (cluster.data_costs)
+    resources:
+        **job_resources("plan"),
     conda:
         "../../envs/data.yaml"
     shell:
