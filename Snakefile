@@ -5,6 +5,7 @@
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/download.smk"
+include: "workflow/rules/filter.smk"
 include: "workflow/rules/tokenizer.smk"
 include: "workflow/rules/count.smk"
 include: "workflow/rules/plan.smk"

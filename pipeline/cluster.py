@@ -38,6 +38,9 @@ from pipeline.stages import mix_targets, tokenizer_sources
 # 8 vs 16 shards made no difference), so only the job's start counts: the mean of the two runs'.
 RATES = {  # stage: (unit, units per CPU-second, CPU seconds per job)
     "download": ("bytes", 198e6, 0.51),
+    # filter: the whole default chain's 0.61 MB/CPU-s (BENCHMARKS.md "Filter chain", language ID included;
+    # the presets' language ID + PII only is faster, so this prices them high); its per-job start not measured
+    "filter": ("bytes", 0.61e6, 0.5),
     "tokenizer": ("train_chars", 6.4e6, 0.5),
     "tokenize": ("bytes", 8.77e6, 0.43),
     "count_sample": ("documents", 12.2e6, 0.49),
@@ -174,6 +177,9 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0,
         # one shard at a time: its text (~4.5 B/token) and tokens (4 B), twice over while converting
         return {**one, "resources": {"mem_mb": 2000 + math.ceil(17 * shard_tokens / 2**20),
                                      "runtime": _minutes(job_cpu_s(rule, spj * shard_bytes))}}
+    if rule == "filter":  # one shard's kept rows and decisions at a time: its text, twice over while writing
+        return {**one, "resources": {"mem_mb": 2000 + math.ceil(9 * shard_tokens / 2**20),
+                                     "runtime": _minutes(job_cpu_s(rule, spj * shard_bytes))}}
     if rule in ("dedup_signatures", "decontaminate_flags"):  # one record batch of text at a time
         return {**one, "resources": {"mem_mb": 2000 + math.ceil(9 * shard_tokens / 2**20),
                                      "runtime": _minutes(job_cpu_s(rule, spj * shard_bytes))}}
@@ -280,14 +286,16 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     gname = sorted(((s, g) for s in groups for g in range(len(groups[s]))), key=lambda sg: sg not in in_sample)
     for s, g in gname:
         add(f"download/{s}/{g}", "download", groups[s][g] * sizes[s]["bytes"])
+    for s, g in gname:
+        add(f"filter/{s}/{g}", "filter", groups[s][g] * sizes[s]["bytes"], [f"download/{s}/{g}"])
     train_src = tokenizer_sources(cfg)
     chars = min(cfg["tokenizer"]["train_chars"], sum(sizes[s]["bytes"] * sum(groups[s]) for s in train_src))
     add("tokenizer", "tokenizer", chars if cfg["tokenizer"]["kind"] == "bpe" else 0,
-        [f"download/{s}/{g}" for s, g in gname if s in train_src], threads=threads(cfg))
+        [f"filter/{s}/{g}" for s, g in gname if s in train_src], threads=threads(cfg))
     add("eval_data", "eval_data")
     add("decontaminate_grams", "decontaminate_grams", after=["eval_data"])
     for s, g in gname:
-        add(f"tokenize/{s}/{g}", "tokenize", groups[s][g] * sizes[s]["bytes"], [f"download/{s}/{g}", "tokenizer"])
+        add(f"tokenize/{s}/{g}", "tokenize", groups[s][g] * sizes[s]["bytes"], [f"filter/{s}/{g}", "tokenizer"])
     sample_docs = sum(len(sample[s]) * sizes[s]["documents"] for s in shards)  # (each shard's doc_rows)
     add("count_sample", "count_sample", sample_docs, [f"tokenize/{s}/{g}" for s, g in sorted(in_sample)])
     add("plan", "plan", after=["count_sample"])
