@@ -542,12 +542,14 @@ def _check_setting(key: str, name: str, value: Any, default: Any) -> Any:
     if name in ("top_n_grams", "dup_n_grams"):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: give a mapping of n (words) to a character fraction, e.g. {default}")
+        # JSON (a rule's --params) has string keys only: "5" is the n-gram size 5 a YAML config gives
+        value = {int(n) if isinstance(n, str) and n.isdigit() else n: frac for n, frac in value.items()}
         for n, frac in value.items():
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ConfigError(f"{key}: n-gram size {n!r} is not a positive integer")
             if frac is not None:
                 _check_number(f"{key}.{n}", frac, True, False)
-        return dict(value)
+        return value
     if name == "languages":
         if value is None:
             return None
