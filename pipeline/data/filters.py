@@ -605,7 +605,8 @@ def build_chain(spec: Iterable[dict] | None = None, key: str = "filter") -> list
         if name == "fasttext_classifier" and values.get("enabled", True):
             for k in ("path", "label"):
                 if k not in values:
-                    raise ConfigError(f"{where}.settings.{k}: required by fasttext_classifier")
+                    raise ConfigError(f"{where}.settings.{k}: required by {where}.name fasttext_classifier; give "
+                                      "the classifier's path and the label to keep")
         chain.append(cls(**values))
     return chain
 
