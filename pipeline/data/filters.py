@@ -1,8 +1,8 @@
 """Filters for raw web text: language ID, Gopher repetition and quality, C4, FineWeb quality, PII scrubbing.
 
-The library half of issue 30 (the Snakemake `filter` rule is plumbing on top of it). A chain is a list of
-``{name, settings}`` entries, applied in order (`build_chain`); `run_chain` runs it over a whole shard and
-returns a `ChainResult`, one row per input document, in columns:
+The library half of issue 30 (the Snakemake `filter` rule, pipeline/data/filter.py, is plumbing on top of it).
+A chain is a list of ``{name, settings}`` entries, applied in order (`build_chain`); `run_chain` runs it over
+a whole shard and returns a `ChainResult`, one row per input document, in columns:
 
 * ``kept`` — whether the document survives; otherwise ``filter``/``rule``/``value``/``threshold`` name the
   first filter and rule that removed it and the measured value, e.g. ``gopher_repetition: dup_line_frac
@@ -51,8 +51,8 @@ sentence-ending punctuation followed by more text, where spaCy's sentencizer spl
 single letter or a common abbreviation (``Mr.``, ``e.g.``) does not end one. The agreement with datatrove
 on keep/drop decisions (tests/data/test_filters.py, docs/filters.md) is >= 99.5 %.
 
-The config section this will become (``filter:`` in workflow/schemas/config.schema.yaml) is drafted in
-docs/filters.md.
+The chain is the config's ``filter:`` section (workflow/schemas/config.schema.yaml, docs/filters.md), checked at
+parse time by `build_chain`; the ``filter`` stage (pipeline/data/filter.py) runs it over every shard.
 """
 from __future__ import annotations
 

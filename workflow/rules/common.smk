@@ -180,12 +180,13 @@ def sample_priority(w):
     return SAMPLE_PRIORITY if set(GROUPS[w.source][w.group]) & set(SAMPLE[w.source]) else 0
 
 
-# The per-shard chain of one shard group (download → tokenize → dedup_signatures) is one cluster job, the
+# The per-shard chain of one shard group (download → filter → tokenize → dedup_signatures) is one cluster job, the
 # group job "shards-{source}-{group}", joined by its edges (the cluster profile's `group-components` puts
 # every component of one resolved group id in one job). decontaminate_flags stays out of it: the chain
 # does not wait for the eval tasks (eval_data), which only the flags need. A source the tokenizer is
-# trained on keeps its download a job of its own: the tokenizer job (which needs every such download) sits
-# between that download and the rest, and a group job may not be left and entered again. Locally
+# trained on keeps its download and its filter jobs of their own (download_group): the tokenizer job (which
+# needs every such filtered shard) sits between them and the rest, and a group job may not be left and
+# entered again. Locally
 # (`--cores`) Snakemake runs no group jobs: every job is its own process as before.
 SHARD_CHAIN = "shards-{source}-{group}"
 
