@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pipeline.budget import BatchLayout
 from pipeline.config.sources import source_shards
-from pipeline.data.filters import build_chain
 from pipeline.errors import ConfigError
 from pipeline.stages import ADAMW8BIT_FSDP, adamw8bit_keys, stage_list
 
@@ -49,9 +48,6 @@ def check_consistency(cfg: dict) -> None:
     for s in tok.get("train_sources", []):
         if s not in sources:
             fail("tokenizer.train_sources", f"unknown source '{s}' (sources: {', '.join(sources)})")
-
-    # every filter's settings (ranges, language codes, the classifier file): the schema checks the names only
-    build_chain(cfg["filter"], "filter")
 
     dedup = cfg["dedup"]
     if dedup["bands"] * dedup["rows"] != dedup["num_perm"]:

@@ -16,6 +16,7 @@ sys.path.insert(0, str(BASE))
 from pipeline import cluster as tfcl  # noqa: E402
 from pipeline import config as tfc  # noqa: E402
 from pipeline import codehash as tfch  # noqa: E402
+from pipeline.data.filters import build_chain  # noqa: E402
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.perf import resolve_parallel  # noqa: E402
 from pipeline.plan import format_plan, make_plan, run_counts, train_hours  # noqa: E402
@@ -65,6 +66,12 @@ except (ConfigError, PlanError) as _e:
     stop(_e)
 config.clear()
 config.update(_resolved)
+# The filter chain's settings (ranges, language codes, a classifier file): the schema checks the filter names
+# only; pipeline.data.filters.build_chain (which the filter stage runs) checks the rest, naming the key.
+try:
+    build_chain(config["filter"], "filter")
+except ConfigError as _e:
+    stop(_e)
 
 RUN_NAME = config["run_name"]
 RUN_DIR = str(tfc.run_dir(config))  # results of this run
