@@ -76,11 +76,13 @@ def _scrub_messages(messages: list[dict], scrubbers: list[Filter]) -> tuple[list
     return out, spans
 
 
-def _filter_batch(table: pa.Table, batch, column: str, chain: list[Filter], chat: bool) -> tuple[pa.Table, dict, bool]:
-    """One batch of raw rows: (its kept rows, filtered; its decision columns; whether any row changed)."""
+def _filter_batch(table: pa.Table, start: int, batch, column: str, chain: list[Filter], chat: bool
+                  ) -> tuple[pa.Table, dict, bool]:
+    """One batch of raw rows from row `start`: (its kept rows, filtered; its decision columns; whether any row
+    changed)."""
     n = table.num_rows
     res = run_chain([doc_text(d) for d in batch.docs], chain, chat=chat)
-    local = np.asarray(batch.rows, dtype=np.int64) - batch.rows[0] if batch.rows else np.zeros(0, np.int64)
+    local = np.asarray(batch.rows, dtype=np.int64) - start  # the documents' rows within the batch
     keep = np.ones(n, dtype=bool)
     keep[local] = res.kept
     chars_in = np.zeros(n, np.int64)
@@ -131,10 +133,11 @@ def filter_shard(chain: list[Filter], input_path: str | os.PathLike, out: str | 
     pf = open_parquet(input_path)
     column = source_column(pf, input_path, src)
     tables = pf.iter_batches(batch_size=BATCH_ROWS, use_threads=False)
-    kept_parts, decisions, changed = [], {name: [] for name in DECISION_SCHEMA.names}, False
+    kept_parts, decisions, changed, start = [], {name: [] for name in DECISION_SCHEMA.names}, False, 0
     for batch in iter_documents(input_path, src, BATCH_ROWS):
         table = pa.Table.from_batches([next(tables)])
-        kept, dec, c = _filter_batch(table, batch, column, chain, chat)
+        kept, dec, c = _filter_batch(table, start, batch, column, chain, chat)
+        start += table.num_rows
         kept_parts.append(kept)
         changed |= c
         for name in decisions:
