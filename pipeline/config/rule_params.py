@@ -83,9 +83,7 @@ def _per_shard(cfg: dict, names: list[str], mix: str | None) -> dict:
 
 def _filter(cfg: dict, names: list[str], mix: str | None) -> dict:
     # the chain and how the source's text is read: the filtered shards and decisions depend on nothing else
-    # through JSON: the n-gram sizes (`top_n_grams: {2: 0.2}`) become strings however the config wrote them (YAML
-    # ints, or strings from JSON), so the params sort, and compare, the same either way
-    return {"filter": json.loads(json.dumps(cfg["filter"])), "sources": _source_slice(cfg, names, TEXT_KEYS)}
+    return {"filter": cfg["filter"], "sources": _source_slice(cfg, names, TEXT_KEYS)}
 
 
 def _dedup_signatures(cfg: dict, names: list[str], mix: str | None) -> dict:
