@@ -1,10 +1,12 @@
-# tokenfarm: raw web-text shards -> tokenizer -> tokenize (with each shard's exact counts) -> dedup +
+# tokenfarm: raw web-text shards -> filter (language, quality, PII) -> tokenizer -> tokenize (with each shard's exact counts) -> dedup +
 # decontaminate -> split -> mixes -> packed rows; plan (from a sample of the counts) -> DDP training ->
 # evaluation. Configuration and helpers: workflow/rules/common.smk.
 
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/download.smk"
+include: "workflow/rules/filter.smk"
+include: "workflow/rules/filter_report.smk"
 include: "workflow/rules/tokenizer.smk"
 include: "workflow/rules/count.smk"
 include: "workflow/rules/plan.smk"
@@ -27,5 +29,6 @@ rule all:
     input:
         f"{RUN_DIR}/plan.json",
         f"{RUN_DIR}/accounting.json",
+        f"{RUN_DIR}/filtered/report.json",
         expand(f"{RUN_DIR}/eval/{{stage}}/report.json", stage=list(STAGES)),
         f"{RUN_DIR}/eval/stages.json",

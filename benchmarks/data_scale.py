@@ -57,13 +57,15 @@ from pipeline.io import RESOURCE_LINE  # noqa: E402
 # Each data rule's logs under logs/{run_name}/ (workflow/rules/*.smk `log:`); benchmark tables are at
 # R/benchmarks/{rule}/… (`rule_cpu.per_rule`).
 LOGS = {
-    "download": "download/*/*.log", "tokenizer": "tokenizer.log", "tokenize": "tokenize/*/*.log",
+    "download": "download/*/*.log", "filter": "filter/*/*.log", "tokenizer": "tokenizer.log",
+    "tokenize": "tokenize/*/*.log",
     "count_sample": "count/sample.log", "count": "count/aggregate.log", "plan": "plan.log",
     "eval_data": "eval_data.log", "decontaminate_grams": "decontaminate/grams.log",
     "decontaminate_flags": "decontaminate/flags/*/*.log", "decontaminate": "decontaminate/report.log",
     "dedup_signatures": "dedup/sig/*/*.log", "dedup_index": "dedup/index.log",
     "dedup_candidates": "dedup/candidates/*.log", "dedup": "dedup/clusters.log", "split": "split.log",
     "mix": "mix/*.log", "pack": "pack/*/*.log", "accounting": "accounting.log",
+    "filter_report": "filter_report.log",
 }
 
 

@@ -144,6 +144,9 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0,
         # one shard at a time: its text (~4.5 B/token) and tokens (4 B), twice over while converting
         return {**one, "resources": {"mem_mb": 2000 + math.ceil(17 * shard_tokens / 2**20),
                                      "runtime": _minutes(job_cpu_s(rule, spj * shard_bytes))}}
+    if rule == "filter":  # one shard's kept rows and decisions at a time: its text, twice over while writing
+        return {**one, "resources": {"mem_mb": 2000 + math.ceil(9 * shard_tokens / 2**20),
+                                     "runtime": _minutes(job_cpu_s(rule, spj * shard_bytes))}}
     if rule in ("dedup_signatures", "decontaminate_flags"):  # one record batch of text at a time
         return {**one, "resources": {"mem_mb": 2000 + math.ceil(9 * shard_tokens / 2**20),
                                      "runtime": _minutes(job_cpu_s(rule, spj * shard_bytes))}}
@@ -158,7 +161,7 @@ def job_resources(cfg: dict, rule: str, documents: float = 0, tokens: float = 0,
         chars = cfg["tokenizer"]["train_chars"]
         return {"threads": many, "resources": {"cpus_per_task": many, "mem_mb": 4000 + math.ceil(12 * chars / 2**20),
                                                "runtime": _minutes(job_cpu_s(rule, chars), safety=5)}}
-    if rule in ("plan", "accounting", "eval_data", "decontaminate_grams", "stages_report"):
+    if rule in ("plan", "accounting", "eval_data", "decontaminate_grams", "stages_report", "filter_report"):
         return {**one, "resources": {"mem_mb": 2000, "runtime": MIN_RUNTIME}}
     if rule in ("split", "mix", "pack"):  # memory not measured at scale: a generous default (profile's set-resources)
         cpu = job_cpu_s(rule, tokens if rule == "pack" else documents)
@@ -256,6 +259,8 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     gname = sorted(((s, g) for s in groups for g in range(len(groups[s]))), key=lambda sg: sg not in in_sample)
     for s, g in gname:
         add(f"download/{s}/{g}", "download", groups[s][g] * sizes[s]["bytes"], source=s, group=g)
+    for s, g in gname:
+        add(f"filter/{s}/{g}", "filter", groups[s][g] * sizes[s]["bytes"], source=s, group=g)
     train_src = tokenizer_sources(cfg)
     chars = min(cfg["tokenizer"]["train_chars"], sum(sizes[s]["bytes"] * sum(groups[s]) for s in train_src))
     add("tokenizer", "tokenizer", chars if cfg["tokenizer"]["kind"] == "bpe" else 0, threads=threads(cfg),
@@ -285,6 +290,7 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
             add(f"pack/{m}/{split}", "pack", tokens, mix=m,
                 groups_read=[(s, g) for s, g in gname if s in cfg["mixes"][m]["weights"]])
     add("accounting", "accounting", c["documents"])
+    add("filter_report", "filter_report")
 
     by_stage: dict[str, list[str]] = {}
     for j in jobs:

@@ -205,9 +205,11 @@ def _tokens_per_shard(cfg: dict, source: str, counted: dict | None, counts_path,
         total, n = counted[source]
         if total > 0:
             where = Path(counts_path).name if counts_path else "the counts file"
+            # the counts are of tokenized shards, which tokenize made from the filtered ones
+            of = f"in {where}; tokens after the filter stage"
             if available is not None and n < available:
-                return total / n, f"sampled ({n} of {available} shards counted in {where})"
-            return total / n, f"measured ({n} counted shard(s) in {where})"
+                return total / n, f"sampled ({n} of {available} shards counted {of})"
+            return total / n, f"measured ({n} counted shard(s) {of})"
         if strict:  # this run's counts: every document of the source was filtered out
             raise PlanError(f"{counts_path}: source '{source}' has no usable tokens in its {n} counted shard(s): "
                             f"every document was filtered out; check sources.{source}.min_chars and its text column")

@@ -43,23 +43,28 @@ class DataRule:
 # 8 vs 16 shards made no difference), so only the job's start counts: the mean of the two runs'.
 RULES = (
     DataRule("download", ("bytes", 198e6, 0.51)),
-    DataRule("tokenizer", ("train_chars", 6.4e6, 0.5), after=("download",)),
-    DataRule("tokenize", ("bytes", 8.77e6, 0.43), after=("download", "tokenizer")),
+    # filter: the whole default chain's 0.61 MB/CPU-s (BENCHMARKS.md "Filter chain", language ID included; the
+    # presets' language ID + PII only is faster, so this prices them high); its per-job start is not measured
+    DataRule("filter", ("bytes", 0.61e6, 0.5), after=("download",)),
+    DataRule("tokenizer", ("train_chars", 6.4e6, 0.5), after=("filter",)),
+    DataRule("tokenize", ("bytes", 8.77e6, 0.43), after=("filter", "tokenizer")),
     DataRule("count_sample", ("documents", 12.2e6, 0.49), after=("tokenize",)),
     DataRule("count", ("documents", 12.2e6, 0.47), after=("tokenize",)),
     DataRule("plan", ("none", None, 0.62), after=("count_sample",)),
     DataRule("eval_data", ("none", None, 2.27)),
     DataRule("decontaminate_grams", ("none", None, 2.07), after=("eval_data",)),
-    DataRule("decontaminate_flags", ("bytes", 27.4e6, 0.74), after=("download", "tokenize", "decontaminate_grams")),
+    DataRule("decontaminate_flags", ("bytes", 27.4e6, 0.74), after=("filter", "tokenize", "decontaminate_grams")),
     DataRule("decontaminate", ("shards", None, 0.71), after=("decontaminate_grams", "decontaminate_flags")),
-    DataRule("dedup_signatures", ("bytes", 37.5e6, 0.67), after=("download", "tokenize")),
+    DataRule("dedup_signatures", ("bytes", 37.5e6, 0.67), after=("filter", "tokenize")),
     DataRule("dedup_index", ("shards", None, 0.37), after=("dedup_signatures",)),
     DataRule("dedup_candidates", ("documents", 138e3, 0.55), after=("dedup_index",)),
     DataRule("dedup", ("documents", 1.13e6, 0.57), after=("dedup_index", "dedup_candidates")),
     DataRule("split", ("documents", 299e3, 0.59), after=("dedup", "decontaminate", "tokenize")),
     DataRule("mix", ("documents", 893e3, 0.63), after=("split",)),
     DataRule("pack", ("tokens", 45.3e6, 0.56), after=("mix", "tokenize")),
+    # filter_report reads every shard's decisions and a few raw rows; its work is not measured: only a job's start
+    DataRule("filter_report", ("none", None, 0.6), after=("filter", "tokenize")),
     DataRule("accounting", ("documents", 781e3, 0.58),
-             after=("count", "dedup", "decontaminate", "split", "tokenize", "pack")),
+             after=("count", "filter", "dedup", "decontaminate", "split", "tokenize", "pack")),
 )
 BY_NAME = {r.name: r for r in RULES}

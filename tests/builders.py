@@ -176,6 +176,8 @@ TINY = {
         ],
     },
     "wandb": {"mode": "offline"},
+    # the default config's chain, every filter on, loosened to keep the sample's documents
+    "filter": yaml.safe_load((ROOT / "config.yaml").read_text())["filter"],
     "eval": {"max_new_tokens": 8, "tasks": ["copa", "winogrande", "lambada"], "core_max_items": 8,
              "core_interval": 50, "core_interval_items": 4, "chat_max_items": 4,
              "chat_questions": ["Hi! How are you?", "What do you like?"]},

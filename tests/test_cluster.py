@@ -128,6 +128,12 @@ def test_data_costs_cover_every_stage_and_scale_with_cores_and_partitions():
     jobs, sample = cluster.data_jobs(cfg), ["tokenize/fineweb/0", "tokenize/fineweb/113"]
     assert [j["name"] for j in jobs if j["stage"] == "tokenize"][:2] == sample
     assert next(j for j in jobs if j["stage"] == "count_sample")["after"] == sample
+    # filter: after its group's download, before its tokenize; priced on the shards' bytes like tokenize
+    assert next(j for j in jobs if j["name"] == "filter/fineweb/0")["after"] == ["download/fineweb/0"]
+    assert "filter/fineweb/0" in next(j for j in jobs if j["name"] == "tokenize/fineweb/0")["after"]
+    unit, rate, per_job = cluster.RATES["filter"]
+    assert st["filter"]["jobs"] == 114 and st["filter"]["cpu_hours"] == pytest.approx(
+        (small["bytes"] / rate + 114 * per_job) / 3600, rel=1e-6)
     # tokenize: the shards' text in bytes (no vocabulary in the unit) ÷ the rate, plus each job's start
     unit, rate, per_job = cluster.RATES["tokenize"]
     assert unit == "bytes" and st["tokenize"]["cpu_hours"] == pytest.approx(

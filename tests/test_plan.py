@@ -159,7 +159,7 @@ def test_counts_file_overrides_the_estimate(tmp_path):
     assert plan["shards_needed"] == math.ceil((plan["data_tokens_needed"] + 1) / 120_000_000) == 83
     # two counted shards of the source's 100: a sample (the plan rule's R/counts/sample.parquet)
     assert plan["shards_per_source"]["fineweb"]["tokens_per_shard_basis"] == (
-        "sampled (2 of 100 shards counted in counts.parquet)")
+        "sampled (2 of 100 shards counted in counts.parquet; tokens after the filter stage)")
 
 
 def test_usable_tokens_leave_out_what_tokenize_drops_as_long(tmp_path):
@@ -234,7 +234,7 @@ def test_cli_uses_the_runs_measured_counts(tmp_path, monkeypatch, capsys):
     # 65,792 scheduled tokens (whole steps and rows) + the default 50,000-token val reserve, at 50,000 per shard
     assert plan["tokens_per_shard"] == 50_000 and plan["shards_needed"] == 3
     basis = plan["shards_per_source"]["web"]["tokens_per_shard_basis"]
-    assert basis == "measured (4 counted shard(s) in counts.parquet)"
+    assert basis == "measured (4 counted shard(s) in counts.parquet; tokens after the filter stage)"
 
 
 def test_the_plans_sample_serves_until_the_exact_table_exists(tmp_path, capsys):
@@ -250,7 +250,7 @@ def test_the_plans_sample_serves_until_the_exact_table_exists(tmp_path, capsys):
     plan = json.loads(capsys.readouterr().out)
     assert plan["tokens_per_shard"] == 50_000
     assert plan["shards_per_source"]["web"]["tokens_per_shard_basis"] == (
-        "sampled (2 of 4 shards counted in sample.parquet)")
+        "sampled (2 of 4 shards counted in sample.parquet; tokens after the filter stage)")
     write_counts(run / "counts/counts.parquet", [("web", f"shard_{i:05d}", 29_999, 1, 0, 0) for i in range(4)])
     assert run_counts(run) == run / "counts/counts.parquet"
     main(["--configfile", str(cfg_file), "--json"])

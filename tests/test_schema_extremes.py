@@ -31,7 +31,7 @@ SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text
 DEFAULT = yaml.safe_load((ROOT / "config.yaml").read_text())
 LARGE = 10**9
 # A wildcard of the schema (a mapping's entries, a list's items) -> the entry a case edits.
-ENTRY = {"sources": "web", "mixes": "pretrain", "weights": "web", "stages": 1}
+ENTRY = {"sources": "web", "mixes": "pretrain", "weights": "web", "stages": 1, "filter": 0}
 CHAT_ONLY = {"max_conversation_tokens"}  # source keys only a chat source reads: walked on the default's chat source
 
 
@@ -98,8 +98,9 @@ def walk() -> list[tuple[tuple, object]]:
 def test_the_walk_covers_the_schema():
     keys = {k for k, _, _ in cases()}
     assert len(keys) > 90
-    for key in ("dedup.threshold", "decontaminate.ngram", "sources.web.min_chars", "mixes.pretrain.weights.web",
-                "train.stages[1].epochs", "eval.tasks", "hardware.nccl_env", "train.betas"):
+    for key in ("dedup.threshold", "decontaminate.ngram", "filter[0].name", "sources.web.min_chars",
+                "mixes.pretrain.weights.web", "train.stages[1].epochs", "eval.tasks", "hardware.nccl_env",
+                "train.betas"):
         assert key in keys, key
 
 
@@ -209,6 +210,28 @@ def test_refusals_are_real(outcomes):
     refused = {(k, v) for k, v, kind, _ in outcomes if kind == "exit"}
     assert {("dedup.partitions", LARGE), ("hardware.nodes", LARGE), ("tokenizer.kind", "tiktoken")} <= refused
     assert ("shards_per_job", LARGE) not in refused
+
+
+BAD_FILTERS = [
+    ([{"name": "gopher"}], "filter[0].name"),  # an unknown filter (the schema's enum)
+    ([{"name": "pii"}, {"name": "c4", "settings": {"min_num_sentences": 2.5}}], "filter[1].settings.min_num_sentences"),
+    ([{"name": "gopher_repetition", "settings": {"dup_line_frac": 1.5}}], "filter[0].settings.dup_line_frac"),
+    ([{"name": "language", "settings": {"languages": ["xx"]}}], "filter[0].settings.languages"),
+    ([{"name": "gopher_quality", "settings": {"min_words": 3}}], "filter[0].settings.min_words"),  # unknown setting
+    ([{"name": "fasttext_classifier", "settings": {"path": "no/such/model.bin", "label": "hq"}}],
+     "filter[0].settings.path"),
+    ([{"name": "pii", "enabled": "no"}], "filter[0].enabled"),
+]
+
+
+def test_a_bad_filter_stops_snakemakes_parse_naming_its_key(tmp_path):
+    """The schema (names, types) and build_chain (ranges, language codes, the classifier file) through the
+    Snakefile: one `tokenfarm:` line naming the key."""
+    def flat(text):  # the schema names a list item filter.0.name, build_chain filter[0].name
+        return text.replace("[", ".").replace("]", "").replace("'", "")
+    outcomes = parse_all(tmp_path, [{**copy.deepcopy(DEFAULT), "filter": f} for f, _ in BAD_FILTERS])
+    for (_, key), (kind, message) in zip(BAD_FILTERS, outcomes):
+        assert kind == "exit" and message.startswith("tokenfarm: ") and flat(key) in flat(message), (key, message)
 
 
 # ----------------------------------------------------------------------------- the data stages, run

@@ -124,7 +124,7 @@ def test_end_to_end(project):
     assert not list((R / "dedup/pairs").glob("*.parquet")) and (R / "dedup/keep/web/shard_00000.parquet").exists()
 
 
-DATA_RULES = ("download", "tokenizer", "tokenize", "count", "count_sample", "dedup_signatures", "dedup_index",
+DATA_RULES = ("download", "filter", "tokenizer", "tokenize", "count", "count_sample", "dedup_signatures", "dedup_index",
               "dedup_candidates", "dedup", "eval_data", "decontaminate_grams", "decontaminate_flags", "decontaminate",
               "split", "mix", "pack", "accounting", "plan")
 
@@ -489,12 +489,33 @@ def test_tokenizer_edit_reruns_tokenizer_and_downstream_not_download(project):
     assert jobs["count"] == 1 and jobs["count_sample"] == 1  # joined again from the new tokenize metadata
 
 
+def test_filter_edit_reruns_filter_and_after_not_download(project):
+    """A filter's setting, a filter added at the end or one removed: every filter job and what reads the
+    filtered shards rerun, never download; an unrelated edit (a dedup threshold) reruns no filter job."""
+    def setting(cfg):
+        cfg["filter"][1]["settings"]["dup_line_frac"] = 0.5
+    def added(cfg):
+        cfg["filter"].append({"name": "language", "settings": {"languages": None}})
+    def removed(cfg):
+        cfg["filter"].pop()  # pii
+    for edit in (setting, added, removed):
+        jobs = planned_after_edit(project, edit)
+        assert "download" not in jobs, edit.__name__
+        assert jobs["filter"] == 4 and jobs["tokenizer"] == 1 and jobs["tokenize"] == 4, edit.__name__
+        assert {"dedup_signatures", "decontaminate_flags", "count", "split", "train"} <= set(jobs), edit.__name__
+
+    def threshold(cfg):
+        cfg["dedup"] = {"threshold": 0.8}
+    assert "filter" not in planned_after_edit(project, threshold)
+
+
 def test_dedup_edit_reruns_dedup_and_after_not_tokenize(project):
     def threshold(cfg):
         cfg["dedup"] = {"threshold": 0.8}
     jobs = planned_after_edit(project, threshold)
     assert {"dedup", "split", "mix", "pack", "accounting", "train", "evaluate"} <= set(jobs)
-    assert not {"download", "tokenizer", "tokenize", "count", "dedup_signatures", "decontaminate_flags"} & set(jobs)
+    assert not {"download", "filter", "tokenizer", "tokenize", "count", "dedup_signatures",
+                "decontaminate_flags"} & set(jobs)
 
     def partitions(cfg):  # the signatures write their band keys partitioned for the candidate jobs
         cfg["dedup"] = {"partitions": 3}

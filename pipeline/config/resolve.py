@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -115,6 +116,10 @@ def resolve_config(config: dict) -> dict:
     # Defaults may have been inserted after a nested default object was created: run again to fill them.
     validator.validate(cfg)
     check_consistency(cfg)
+    # The filter settings' n-gram sizes (`top_n_grams: {2: 0.2}`) as strings, as JSON has them: a config written
+    # in YAML (int keys) and the same config passed through JSON (--config, a rule's params) are then one config,
+    # and every rule's params (sorted JSON) compare equal.
+    cfg["filter"] = json.loads(json.dumps(cfg["filter"]))
     return cfg
 
 

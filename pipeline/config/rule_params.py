@@ -7,8 +7,8 @@ half of its identity) is its `code=code_version("pipeline.…")` param (pipeline
 definitions the module it runs can reach, which hold this module's (`RULE_PARAMS`, and through it every
 rule's slice function), since every module's CLI reads its params through `params_from_args`.
 
-For the per-shard rules (download, tokenize, dedup_signatures, decontaminate_flags) `source` narrows the slice to the
-job's own source, so editing one source reruns no job of another; for mix and pack `mix` narrows it
+For the per-shard rules (download, filter, tokenize, dedup_signatures, decontaminate_flags) `source` narrows
+the slice to the job's own source, so editing one source reruns no job of another; for mix and pack `mix` narrows it
 to the job's own mix, so editing one mix (or a training stage on another mix) reruns no job of
 another.
 """
@@ -79,6 +79,16 @@ def _tokenizer(cfg: dict, names: list[str], mix: str | None) -> dict:
 def _per_shard(cfg: dict, names: list[str], mix: str | None) -> dict:
     # count.sample_shards picks the plan's sample (which tokenized shards it reads), never an output of these
     return {"sources": _source_slice(cfg, names), "count": {"batch_size": cfg["count"]["batch_size"]}}
+
+
+def _filter(cfg: dict, names: list[str], mix: str | None) -> dict:
+    # the chain and how the source's text is read: the filtered shards and decisions depend on nothing else
+    return {"filter": cfg["filter"], "sources": _source_slice(cfg, names, TEXT_KEYS)}
+
+
+def _filter_report(cfg: dict, names: list[str], mix: str | None) -> dict:
+    # the funnel of every source: the chain (its removal order), how each source's text is read, the examples' seed
+    return {**_filter(cfg, list(cfg["sources"]), mix), "seed": cfg["seed"]}
 
 
 def _dedup_signatures(cfg: dict, names: list[str], mix: str | None) -> dict:
@@ -156,6 +166,8 @@ def _accounting(cfg: dict, names: list[str], mix: str | None) -> dict:
 
 RULE_PARAMS: dict[str, Callable[[dict, list[str], str | None], dict]] = {
     "download": _download,
+    "filter": _filter,
+    "filter_report": _filter_report,
     "tokenizer": _tokenizer,
     "tokenize": _per_shard,
     "dedup_signatures": _dedup_signatures,

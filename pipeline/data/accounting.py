@@ -2,8 +2,11 @@
 
 The flow, per shard, summed per source and over the run:
 
-    counted (R/counts/counts.parquet: each tokenize job's tally of its raw shard as read and encoded,
-             before any drop; joined by the count rule)
+    downloaded (D/{source}/{shard}.parquet.json: the placed shard's rows)
+      → filtered (R/filtered/*/*.decisions.parquet: one decision per raw row; the kept rows and their
+        characters after filtering)
+      → counted (R/counts/counts.parquet: each tokenize job's tally of its filtered shard as read and
+             encoded, before any drop; joined by the count rule)
       → tokenized (R/tokens/*/*.json + .idx.npy): document tokens + delimiters; empty / invalid-UTF-8 /
         short documents, and conversations with a null content, no assistant turn or over
         max_conversation_tokens, dropped and counted
@@ -22,6 +25,8 @@ unbalanced line with both numbers. Nothing is written then.
 
 Balance lines (`lhs == rhs`):
 
+    download → filter  downloaded rows == decision rows
+    filter → tokenize  kept rows == counted rows; kept characters (after c4 and pii) == counted characters
     count → tokenize   counted rows == tokenized docs + dropped empty + invalid UTF-8 + short + null
                        content + no assistant + long;
                        counted empty / invalid / short / null-content / no-assistant / long documents
@@ -88,6 +93,9 @@ class Line:
 
 # (arrow, check, lhs terms, rhs terms): terms are quantity names of a shard, summed
 SHARD_EQUATIONS = [
+    ("download → filter", "rows", ["downloaded_rows"], ["decision_rows"]),
+    ("filter → tokenize", "rows", ["filter_kept_rows"], ["counted_rows"]),
+    ("filter → tokenize", "characters", ["filter_chars_out"], ["counted_chars"]),
     ("count → tokenize", "rows", ["counted_rows"], ["tokenized_rows"]),
     ("count → tokenize", "documents", ["counted_rows"],
      ["tokenized_docs", "dropped_empty", "dropped_invalid_utf8", "dropped_short", "dropped_null_content",
@@ -181,9 +189,23 @@ class ShardData:
     delimiters_per_doc: int
 
 
-def shard_quantities(run: Path, count: dict, dedup_enabled: bool, decontam_enabled: bool = True
+def filter_quantities(data_dir: Path, run: Path, source: str, shard: str) -> dict:
+    """The download and filter numbers of one shard: the placed shard's rows (its download sidecar) and the
+    filter's decisions (rows, kept rows, their characters after filtering)."""
+    side = data_dir / source / f"{shard}.parquet.json"
+    if not side.exists():
+        raise PipelineError(f"{side}: not found; run the download stage for {source}/{shard}")
+    d = _read_table(run / "filtered" / source / f"{shard}.decisions.parquet", ["kept", "chars_out"],
+                    f"run the filter stage for {source}/{shard}")
+    kept = d.column("kept").to_numpy(zero_copy_only=False)
+    return {"downloaded_rows": int(read_json(side)["rows"]), "decision_rows": d.num_rows,
+            "filter_kept_rows": int(kept.sum()), "filter_chars_out": int(d.column("chars_out").to_numpy().sum())}
+
+
+def shard_quantities(run: Path, count: dict, dedup_enabled: bool, decontam_enabled: bool, data_dir: Path
                      ) -> tuple[dict, ShardData]:
-    """Every number of one shard's flow (names as in SHARD_EQUATIONS)."""
+    """Every number of one shard's flow (names as in SHARD_EQUATIONS); `data_dir`: where its raw shard was
+    placed (the config's data_dir)."""
     source, shard = count["source"], count["shard"]
     tok_json = run / "tokens" / source / f"{shard}.json"
     if not tok_json.exists():
@@ -196,7 +218,9 @@ def shard_quantities(run: Path, count: dict, dedup_enabled: bool, decontam_enabl
         raise PipelineError(f"{tok_json}: offsets hold {len(spans)} documents, metadata {n}; rerun tokenize for this "
                             "shard")
     q = {
+        **filter_quantities(data_dir, run, source, shard),
         "counted_rows": count["documents"],
+        "counted_chars": count["chars"],
         "counted_empty": count["empty_documents"],
         "counted_invalid_utf8": count["invalid_utf8_documents"],
         "counted_short": count["short_documents"],
@@ -354,7 +378,7 @@ def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
     """Reconcile the run's token flow; returns the report, raises PipelineError if unbalanced."""
     run = Path(run_dir)
     columns = ["source", "shard", "documents", "empty_documents", "invalid_utf8_documents", "short_documents",
-               "null_content_documents", "no_assistant_documents", "long_documents", "tokens"]
+               "null_content_documents", "no_assistant_documents", "long_documents", "tokens", "chars"]
     counts = _read_table(run / "counts" / "counts.parquet", columns, "run the count rule").to_pylist()
     missing = sorted(set(params["sources"]) - {c["source"] for c in counts})
     if missing:
@@ -365,7 +389,8 @@ def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
     shards: dict[str, ShardData] = {}
     for c in counts:
         q, shards[f"{c['source']}/{c['shard']}"] = shard_quantities(run, c, params["dedup"]["enabled"],
-                                                                     params["decontaminate"]["enabled"])
+                                                                     params["decontaminate"]["enabled"],
+                                                                     Path(params["data_dir"]))
         ledger.equations(q, f"{c['source']}/{c['shard']}", keep=False)
         for k, v in q.items():
             by_source[c["source"]][k] += v

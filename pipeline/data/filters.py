@@ -1,8 +1,8 @@
 """Filters for raw web text: language ID, Gopher repetition and quality, C4, FineWeb quality, PII scrubbing.
 
-The library half of issue 30 (the Snakemake `filter` rule is plumbing on top of it). A chain is a list of
-``{name, settings}`` entries, applied in order (`build_chain`); `run_chain` runs it over a whole shard and
-returns a `ChainResult`, one row per input document, in columns:
+The library half of issue 30 (the Snakemake `filter` rule, pipeline/data/filter.py, is plumbing on top of it).
+A chain is a list of ``{name, settings}`` entries, applied in order (`build_chain`); `run_chain` runs it over
+a whole shard and returns a `ChainResult`, one row per input document, in columns:
 
 * ``kept`` — whether the document survives; otherwise ``filter``/``rule``/``value``/``threshold`` name the
   first filter and rule that removed it and the measured value, e.g. ``gopher_repetition: dup_line_frac
@@ -54,8 +54,8 @@ sentence-ending punctuation followed by more text, where spaCy's sentencizer spl
 single letter or a common abbreviation (``Mr.``, ``e.g.``) does not end one. The agreement with datatrove
 on keep/drop decisions (tests/data/test_filters.py, docs/filters.md) is >= 99.5 %.
 
-The config section this will become (``filter:`` in workflow/schemas/config.schema.yaml) is drafted in
-docs/filters.md.
+The chain is the config's ``filter:`` section (workflow/schemas/config.schema.yaml, docs/filters.md), checked at
+parse time by `build_chain`; the ``filter`` stage (pipeline/data/filter.py) runs it over every shard.
 """
 from __future__ import annotations
 
@@ -546,12 +546,14 @@ def _check_setting(key: str, name: str, value: Any, default: Any) -> Any:
     if name in ("top_n_grams", "dup_n_grams"):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: give a mapping of n (words) to a character fraction, e.g. {default}")
+        # JSON (a rule's --params) has string keys only: "5" is the n-gram size 5 a YAML config gives
+        value = {int(n) if isinstance(n, str) and n.isdigit() else n: frac for n, frac in value.items()}
         for n, frac in value.items():
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ConfigError(f"{key}: n-gram size {n!r} is not a positive integer")
             if frac is not None:
                 _check_number(f"{key}.{n}", frac, True, False)
-        return dict(value)
+        return value
     if name == "languages":
         if value is None:
             return None
@@ -607,7 +609,8 @@ def build_chain(spec: Iterable[dict] | None = None, key: str = "filter") -> list
         if name == "fasttext_classifier" and values.get("enabled", True):
             for k in ("path", "label"):
                 if k not in values:
-                    raise ConfigError(f"{where}.settings.{k}: required by fasttext_classifier")
+                    raise ConfigError(f"{where}.settings.{k}: required by {where}.name fasttext_classifier; give "
+                                      "the classifier's path and the label to keep")
         chain.append(cls(**values))
     return chain
 

@@ -14,12 +14,15 @@ from builders import CHATS, corpus, make_tokenizer, write_chat_shard
 from pipeline.config import params_json, resolve_config, rule_params
 from pipeline.data.accounting import main, reconcile
 from pipeline.data.count import write_aggregate
+from pipeline.data.filter import filter_shard
+from pipeline.data.filters import build_chain
 from pipeline.data.pack import pack
 from pipeline.data.tokenize import tokenize_shard
 from pipeline.errors import PipelineError
 from pipeline.io import read_json, write_json
 
 SHARDS = [("web", "a"), ("web", "b"), ("chat", "c")]
+SPAM = "\n".join(["buy cheap watches now"] * 20)  # a page the filter stage removes
 # SFT rows that are dropped and counted (null content, no assistant turn, over max_conversation_tokens),
 # and one with a system turn, which is kept
 BAD_CHATS = [
@@ -33,6 +36,11 @@ BAD_CHATS = [
 
 def config(tmp, dedup=True):
     return resolve_config({
+        "data_dir": f"{tmp}/raw",
+        # duplicated lines only: removes the planted SPAM page and nothing the checks below count
+        "filter": [{"name": "gopher_repetition", "settings": {
+            "dup_para_frac": None, "dup_line_char_frac": None, "dup_para_char_frac": None, "top_n_grams": {},
+            "dup_n_grams": {}}}, {"name": "pii"}],
         "sources": {"web": {"type": "local", "glob": f"{tmp}/raw/web/*.parquet", "min_chars": 12},
                     "chat": {"type": "local", "glob": f"{tmp}/raw/chat/*.parquet", "format": "chat",
                              "max_conversation_tokens": 400}},
@@ -101,13 +109,18 @@ def build_run(tmp, dedup=True):
     cfg = config(tmp, dedup)
     run = tmp / "run"
     tok = make_tokenizer(tmp, "bos")
-    write_web_shard(tmp / "raw/web/a.parquet", corpus(40, seed=20))
+    write_web_shard(tmp / "raw/web/a.parquet", corpus(40, seed=20) + [SPAM])
     write_web_shard(tmp / "raw/web/b.parquet", corpus(25, seed=21))
     write_chat_shard(tmp / "raw/chat/c.parquet", CHATS + BAD_CHATS)
     flagged = {}
+    chain = build_chain(cfg["filter"])
     for source, shard in SHARDS:
         raw = tmp / f"raw/{source}/{shard}.parquet"
-        tokenize_shard(tok, raw, run / f"tokens/{source}/{shard}.json", source, shard, rule_params(cfg, "tokenize"))
+        write_json(f"{raw}.json", {"rows": pq.read_metadata(raw).num_rows})  # the download sidecar's row count
+        filtered = run / f"filtered/{source}/{shard}.parquet"
+        filter_shard(chain, raw, filtered, source, rule_params(cfg, "filter"))
+        tokenize_shard(tok, filtered, run / f"tokens/{source}/{shard}.json", source, shard,
+                       rule_params(cfg, "tokenize"))
         flagged[source] = flagged.get(source, 0) + dedup_and_split(run, source, shard, dedup)
     write_json(run / "decontam/report.json",
                {"per_source": {s: {"flagged": {"tokens": t}} for s, t in flagged.items()}})
@@ -136,8 +149,10 @@ def test_balanced_run(built, tmp_path):
     rep = read_json(out)
     t = rep["total"]
     assert rep["ok"] and all(ln["lhs"] == ln["rhs"] for ln in rep["lines"])
-    assert {"count → tokenize", "tokenize → dedup", "tokenize → decontaminate", "dedup → split",
-            "decontaminate → split", "split → mix", "mix → pack", "pack"} <= {ln["arrow"] for ln in rep["lines"]}
+    assert t["downloaded_rows"] == t["decision_rows"] > t["filter_kept_rows"] == t["counted_rows"]  # some removed
+    assert {"download → filter", "filter → tokenize", "count → tokenize", "tokenize → dedup",
+            "tokenize → decontaminate", "dedup → split", "decontaminate → split", "split → mix", "mix → pack",
+            "pack"} <= {ln["arrow"] for ln in rep["lines"]}
     web = rep["sources"]["web"]
     short = sum(len(t) < 12 for t in corpus(40, seed=20) + corpus(25, seed=21)) + 2  # + one "tiny" per shard
     assert (web["dropped_empty"], web["dropped_invalid_utf8"], web["dropped_short"]) == (4, 2, short)
@@ -208,7 +223,15 @@ def _split_disagrees_with_dedup(run):
     pq.write_table(pa.Table.from_pylist(t), run / "split/web/b.parquet")
 
 
+def _filter_keeps_a_char_more(run):
+    path = run / "filtered/web/a.decisions.parquet"
+    d = pq.read_table(path).to_pydict()
+    d["chars_out"][0] += 1
+    pq.write_table(pa.table(d, schema=pq.read_schema(path)), path)
+
+
 @pytest.mark.parametrize("tamper, line", [
+    (_filter_keeps_a_char_more, r"web/a: characters: filter_chars_out = \d+ but counted_chars = \d+ \(off by -1\)"),
     (_drop_split_row, r"web/a: split-file rows: tokenized_docs = \d+ but split_rows = \d+"),
     (_count_plus_one, r"chat/c: document tokens: counted_tokens = \d+ but .*\(off by -1\)"),
     (_pack_loses_a_token, r"pre/train: tokens in: tokens_in = (\d+) but packed \+ dropped tail \+ truncated = \d+ "

@@ -1,7 +1,8 @@
-# Reconcile every token: counted -> tokenized -> kept -> train/val -> mixed -> packed (+ tail).
+# Reconcile every token: downloaded rows -> filtered -> counted -> tokenized -> kept -> train/val -> mixed -> packed (+ tail).
 rule accounting:
     input:
         counts=f"{RUN_DIR}/counts/summary.json",
+        filtered=group_manifests(f"{RUN_DIR}/filtered"),
         tokens=group_manifests(f"{RUN_DIR}/tokens"),
         split=f"{RUN_DIR}/split/report.json",
         dedup=f"{RUN_DIR}/dedup/report.json",

@@ -16,6 +16,7 @@ sys.path.insert(0, str(BASE))
 from pipeline import cluster as tfcl  # noqa: E402
 from pipeline import config as tfc  # noqa: E402
 from pipeline import codehash as tfch  # noqa: E402
+from pipeline.data.filters import build_chain  # noqa: E402
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.perf import resolve_parallel  # noqa: E402
 from pipeline.plan import format_plan, make_plan, run_counts, train_hours  # noqa: E402
@@ -65,6 +66,12 @@ except (ConfigError, PlanError) as _e:
     stop(_e)
 config.clear()
 config.update(_resolved)
+# The filter chain's settings (ranges, language codes, a classifier file): the schema checks the filter names
+# only; pipeline.data.filters.build_chain (which the filter stage runs) checks the rest, naming the key.
+try:
+    build_chain(config["filter"], "filter")
+except ConfigError as _e:
+    stop(_e)
 
 RUN_NAME = config["run_name"]
 RUN_DIR = str(tfc.run_dir(config))  # results of this run
@@ -180,12 +187,13 @@ def sample_priority(w):
     return SAMPLE_PRIORITY if set(GROUPS[w.source][w.group]) & set(SAMPLE[w.source]) else 0
 
 
-# The per-shard chain of one shard group (download → tokenize → dedup_signatures) is one cluster job, the
+# The per-shard chain of one shard group (download → filter → tokenize → dedup_signatures) is one cluster job, the
 # group job "shards-{source}-{group}", joined by its edges (the cluster profile's `group-components` puts
 # every component of one resolved group id in one job). decontaminate_flags stays out of it: the chain
 # does not wait for the eval tasks (eval_data), which only the flags need. A source the tokenizer is
-# trained on keeps its download a job of its own: the tokenizer job (which needs every such download) sits
-# between that download and the rest, and a group job may not be left and entered again. Locally
+# trained on keeps its download and its filter jobs of their own (download_group): the tokenizer job (which
+# needs every such filtered shard) sits between them and the rest, and a group job may not be left and
+# entered again. Locally
 # (`--cores`) Snakemake runs no group jobs: every job is its own process as before.
 SHARD_CHAIN = "shards-{source}-{group}"
 

@@ -30,14 +30,14 @@ rule decontaminate_grams:
 rule decontaminate_flags:
     input:
         grams=f"{RUN_DIR}/decontam/grams.parquet",
-        download=f"{DATA_DIR}/{{source}}/_manifest/{{group}}.json",
+        filtered=f"{RUN_DIR}/filtered/{{source}}/_manifest/{{group}}.json",
         tokens=f"{RUN_DIR}/tokens/{{source}}/_manifest/{{group}}.json",
     output:
         f"{RUN_DIR}/decontam/{{source}}/_manifest/{{group}}.json",
     params:
         p=source_params("decontaminate"),
         code=code_version("pipeline.data.decontaminate"),
-        inputs=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
+        inputs=group_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet"),
         tokens=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
         files=group_files(f"{RUN_DIR}/decontam/{{source}}/{{shard}}.parquet"),
     log:

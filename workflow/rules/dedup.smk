@@ -4,14 +4,14 @@
 # the report (its declared output).
 rule dedup_signatures:
     input:
-        download=f"{DATA_DIR}/{{source}}/_manifest/{{group}}.json",
+        filtered=f"{RUN_DIR}/filtered/{{source}}/_manifest/{{group}}.json",
         tokens=f"{RUN_DIR}/tokens/{{source}}/_manifest/{{group}}.json",
     output:
         f"{RUN_DIR}/dedup/sig/{{source}}/_manifest/{{group}}.json",
     params:
         p=source_params("dedup_signatures"),
         code=code_version("pipeline.data.dedup"),
-        inputs=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
+        inputs=group_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet"),
         tokens=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
         files=group_files(f"{RUN_DIR}/dedup/sig/{{source}}/{{shard}}.parquet"),
     log:

@@ -2,8 +2,6 @@
 # documents and characters removed, the lines removed and spans replaced, the languages, the tokens left
 # after tokenize, and a few seeded removed documents each; a funnel plot. Reads the filter rule's decisions
 # (R/filtered/{source}/{shard}.decisions.parquet, one row per raw row) beside the raw shards they judge.
-# Not included from the Snakefile yet: it needs the filter rule and a `filter_report` slice in
-# pipeline/config/rule_params.py ({filter, sources: TEXT_KEYS of each, seed}).
 localrules:
     filter_report,
 
@@ -26,9 +24,9 @@ rule filter_report:
         f"{LOG_DIR}/filter_report.log",
     benchmark:
         f"{BENCH_DIR}/filter_report.tsv"
-    threads: job_threads("plan")
+    threads: job_threads("filter_report")
     resources:
-        **job_resources("plan"),
+        **job_resources("filter_report"),
     conda:
         "../../envs/data.yaml"
     shell:

@@ -2,14 +2,14 @@
 # policy (docs/data-contract.md); one job (one process) per group of shards.
 rule tokenize:
     input:
-        download=f"{DATA_DIR}/{{source}}/_manifest/{{group}}.json",
+        filtered=f"{RUN_DIR}/filtered/{{source}}/_manifest/{{group}}.json",
         tokenizer=TOKENIZER,
     output:
         f"{RUN_DIR}/tokens/{{source}}/_manifest/{{group}}.json",
     params:
         p=source_params("tokenize"),
         code=code_version("pipeline.data.tokenize"),
-        inputs=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
+        inputs=group_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet"),
         files=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
     log:
         f"{LOG_DIR}/tokenize/{{source}}/{{group}}.log",

@@ -1,13 +1,13 @@
 # Train (or load) the run's tokenizer on a sample of the training sources.
 rule tokenizer:
     input:
-        group_manifests(DATA_DIR, tokenizer_sources(config)),
+        group_manifests(f"{RUN_DIR}/filtered", tokenizer_sources(config)),
     output:
         TOKENIZER,
     params:
         p=rule_params("tokenizer"),
         code=code_version("pipeline.data.tokenizer"),
-        files=shard_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet", tokenizer_sources(config)),
+        files=shard_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet", tokenizer_sources(config)),
     log:
         f"{LOG_DIR}/tokenizer.log",
     benchmark:

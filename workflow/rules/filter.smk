@@ -1,0 +1,28 @@
+# Filter each downloaded shard into RUN_DIR/filtered/{source}/{shard}.parquet (the kept documents, filtered)
+# and {shard}.decisions.parquet (one decision per document) by the `filter:` chain (docs/data-contract.md,
+# docs/filters.md); one job (one process) per group of shards. Every rule that reads documents reads these.
+rule filter:
+    input:
+        download=f"{DATA_DIR}/{{source}}/_manifest/{{group}}.json",
+    output:
+        f"{RUN_DIR}/filtered/{{source}}/_manifest/{{group}}.json",
+    params:
+        p=source_params("filter"),
+        code=code_version("pipeline.data.filter"),
+        inputs=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
+        files=group_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet"),
+    log:
+        f"{LOG_DIR}/filter/{{source}}/{{group}}.log",
+    benchmark:
+        f"{BENCH_DIR}/filter/{{source}}/{{group}}.tsv"
+    group:
+        download_group
+    priority: sample_priority
+    threads: job_threads("filter")
+    resources:
+        **job_resources("filter"),
+    conda:
+        "../../envs/data.yaml"
+    shell:
+        "python -m pipeline.data.filter --params {params.p:q} --source {wildcards.source} "
+        "--inputs {params.inputs:q} --outputs {params.files:q} --manifest {output:q} 2>&1 | tee {log:q}"
