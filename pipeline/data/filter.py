@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config import add_config_args, params_from_args
 from pipeline.data.contract import add_group_args, doc_text, iter_documents, open_parquet, run_group, source_column
-from pipeline.data.filters import PII, Filter, build_chain, run_chain
+from pipeline.data.filters import DECISION_SCHEMA, PII, Filter, build_chain, run_chain
 from pipeline.io import atomic_path, get_logger, provenance, run_cli, write_json
 
 log = get_logger(__name__)
@@ -43,20 +43,6 @@ log = get_logger(__name__)
 STAGE = "filter"
 BATCH_ROWS = 1024  # raw rows filtered at once; the results do not depend on it
 
-# The decisions file's columns (docs/data-contract.md): the funnel report reads them by these names.
-DECISION_SCHEMA = pa.schema([
-    ("kept", pa.bool_()),
-    ("filter", pa.string()),  # "" when kept
-    ("rule", pa.string()),
-    ("value", pa.float64()),
-    ("threshold", pa.float64()),
-    ("chars_in", pa.int64()),
-    ("chars_out", pa.int64()),  # 0 when removed
-    ("lines_removed", pa.int32()),
-    ("spans_replaced", pa.int32()),
-    ("language", pa.string()),
-    ("language_score", pa.float32()),
-])
 
 
 def decisions_path(out: str | os.PathLike) -> Path:

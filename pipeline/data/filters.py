@@ -690,9 +690,22 @@ def run_chain(texts: Sequence[str], chain: Sequence[Filter], chat: bool = False)
     return ChainResult(kept, flt, rule, value, threshold, out, lines_removed, spans, language, score, ops)
 
 
-DECISION_COLUMNS = ("kept", "filter", "rule", "value", "threshold", "chars_in", "chars_out", "lines_removed",
-                    "spans_replaced", "language", "language_score")
-"""The columns of a decisions file, in order (`decisions_table`)."""
+# The decisions file's columns (docs/data-contract.md, "Filtered shard"): the filter stage writes them, the
+# funnel report reads them by these names.
+DECISION_SCHEMA = pa.schema([
+    ("kept", pa.bool_()),
+    ("filter", pa.string()),  # "" when kept
+    ("rule", pa.string()),
+    ("value", pa.float64()),
+    ("threshold", pa.float64()),
+    ("chars_in", pa.int64()),
+    ("chars_out", pa.int64()),  # 0 when removed
+    ("lines_removed", pa.int32()),
+    ("spans_replaced", pa.int32()),
+    ("language", pa.string()),
+    ("language_score", pa.float32()),
+])
+DECISION_COLUMNS = tuple(DECISION_SCHEMA.names)
 
 
 def decisions_table(texts: Sequence[str], res: ChainResult) -> pa.Table:
@@ -700,14 +713,8 @@ def decisions_table(texts: Sequence[str], res: ChainResult) -> pa.Table:
     pipeline/data/filter_report.py): one row per input document of `run_chain`, in input order, with
     ``kept``, ``filter`` and ``rule`` (``""`` when kept), ``value``, ``threshold``, ``chars_in``, ``chars_out``
     (0 when removed), ``lines_removed``, ``spans_replaced``, ``language`` and ``language_score``."""
-    columns = {
-        "kept": pa.array(res.kept, pa.bool_()), "filter": pa.array(res.filter, pa.string()),
-        "rule": pa.array(res.rule, pa.string()), "value": pa.array(res.value, pa.float64()),
-        "threshold": pa.array(res.threshold, pa.float64()),
-        "chars_in": pa.array([len(t) for t in texts], pa.int64()),
-        "chars_out": pa.array([len(t) if k else 0 for t, k in zip(res.text, res.kept)], pa.int64()),
-        "lines_removed": pa.array(res.lines_removed, pa.int32()),
-        "spans_replaced": pa.array(res.spans_replaced, pa.int32()),
-        "language": pa.array(res.language, pa.string()), "language_score": pa.array(res.language_score, pa.float32()),
-    }
-    return pa.table({c: columns[c] for c in DECISION_COLUMNS})
+    return pa.Table.from_pydict({
+        "kept": res.kept, "filter": res.filter, "rule": res.rule, "value": res.value, "threshold": res.threshold,
+        "chars_in": [len(t) for t in texts], "chars_out": [len(t) if k else 0 for t, k in zip(res.text, res.kept)],
+        "lines_removed": res.lines_removed, "spans_replaced": res.spans_replaced, "language": res.language,
+        "language_score": res.language_score}, schema=DECISION_SCHEMA)
