@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import os
@@ -618,3 +619,51 @@ def reword_docs(source: str) -> str:
         at = d.col_offset + re.match(r"""[rRuU]?('{3}|"{3}|'|")""", line[d.col_offset:]).end()
         lines[d.lineno - 1] = line[:at] + "Reworded. " + line[at:]
     return "# a comment\n\n\n" + "".join(lines).replace("(\n", "(  # a comment\n")
+
+
+# ----------------------------------------------------------------------------- the workflow as Snakemake parses it
+
+_RULE_FACTS = r"""
+import json, re, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.io import is_flagged
+from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+
+root, configfile = Path(sys.argv[1]), Path(sys.argv[2])
+with SnakemakeApi(OutputSettings()) as api:
+    wf = api.workflow(resource_settings=ResourceSettings(cores=1), snakefile=root / "Snakefile",
+                      config_settings=ConfigSettings(configfiles=[configfile]), workdir=Path.cwd())
+    wf.dag(DAGSettings())
+    facts = {}
+    for r in wf._workflow.rules:
+        code = getattr(r.params, "code", None)
+        record = Path(".snakemake/tokenfarm-codehash") / f"{code}.json"
+        facts[r.name] = {
+            "modules": list(dict.fromkeys(re.findall(r"-m (pipeline(?:\.\w+)+)", r.shellcmd or ""))),
+            "conda": str((root / "workflow/rules" / r.conda_env).resolve()) if r.conda_env else None,
+            "code_entries": json.loads(record.read_text())["entries"] if code and record.exists() else None,
+            "temp_outputs": any(is_flagged(o, "temp") for o in r.output),
+            "benchmark": bool(r.benchmark),
+        }
+print("RULE_FACTS " + json.dumps(facts))
+"""
+
+
+@functools.cache
+def workflow_rule_facts(configfile: str = "config.yaml") -> dict[str, dict]:
+    """{rule: facts} of the workflow as Snakemake parses it on `configfile` (its API, in a subprocess and an
+    empty directory beside the sample data): the `python -m pipeline.…` modules of its shell command, its
+    conda env file (resolved), the entry modules its `code=code_version(...)` param hashed (read back from
+    codehash's record), whether it has temp() outputs and a benchmark table. Tests ask Snakemake these
+    questions instead of reading the .smk text."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "data").symlink_to(ROOT / "data")
+        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        proc = subprocess.run([sys.executable, "-c", _RULE_FACTS, str(ROOT), str(ROOT / configfile)], cwd=tmp,
+                              env=env, capture_output=True, text=True, timeout=600)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RULE_FACTS ")]
+    assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(line[-1].removeprefix("RULE_FACTS "))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from builders import ROOT
+from builders import ROOT, workflow_rule_facts
 
 # import name -> conda (or pip) package name
 PACKAGE = {
@@ -20,13 +20,11 @@ PACKAGE = {
 
 
 def rules():
-    """(rule file, conda env file, set of pipeline modules its shell commands run)."""
-    for smk in sorted((ROOT / "workflow/rules").glob("*.smk")):
-        text = smk.read_text()
-        envs = re.findall(r'conda:\s*\n\s*"([^"]+)"', text)
-        mods = set(re.findall(r"-m (pipeline(?:\.\w+)+)", text))
-        if mods:
-            yield smk.name, {(smk.parent / e).resolve() for e in envs}, mods
+    """(rule, its conda env file or None, the pipeline modules its shell command runs), as Snakemake parses
+    the workflow (tests/builders.py)."""
+    for name, f in workflow_rule_facts().items():
+        if f["modules"]:
+            yield name, Path(f["conda"]) if f["conda"] else None, set(f["modules"])
 
 
 def third_party_imports(module: str, seen=None) -> set[str]:
@@ -69,12 +67,11 @@ def test_env_files_parse(env):
     assert {"python", "pip"} <= env_packages(env)
 
 
-@pytest.mark.parametrize("smk, envs, mods", list(rules()), ids=lambda x: x if isinstance(x, str) else "")
-def test_rule_env_lists_its_imports(smk, envs, mods):
-    assert len(envs) == 1, f"{smk}: every rule needs a conda: env"
-    env = envs.pop()
-    assert env.exists(), f"{smk}: {env} missing"
+@pytest.mark.parametrize("rule, env, mods", list(rules()), ids=lambda x: x if isinstance(x, str) else "")
+def test_rule_env_lists_its_imports(rule, env, mods):
+    assert env is not None, f"rule {rule}: every rule needs a conda: env"
+    assert env.exists(), f"rule {rule}: {env} missing"
     listed = env_packages(env)
     needed = set().union(*(third_party_imports(m) for m in mods))
     missing = {PACKAGE.get(n, n).lower() for n in needed} - listed
-    assert not missing, f"{smk} runs {sorted(mods)} which import {sorted(missing)}, not listed in {env.name}"
+    assert not missing, f"rule {rule} runs {sorted(mods)} which import {sorted(missing)}, not listed in {env.name}"

@@ -3,9 +3,8 @@ importing one above it: `model` and `data` below `evaluation`, below `training`,
 rule module importing another (a rule module is what a rule runs: `python -m pipeline.…` in
 workflow/rules/*.smk), a torch-free top level, and no snakemake import anywhere in the package."""
 import ast
-import re
 
-from builders import ROOT
+from builders import ROOT, workflow_rule_facts
 
 from pipeline.codehash import imported_modules, module_name, package_modules
 
@@ -22,10 +21,8 @@ def graph(top_level_only: bool = False) -> dict[str, set[str]]:
 
 
 def rule_modules() -> set[str]:
-    found = set()
-    for smk in (ROOT / "workflow/rules").glob("*.smk"):
-        found |= set(re.findall(r"-m (pipeline(?:\.\w+)+)", smk.read_text()))
-    return found
+    """The `python -m` modules of every rule's command, as Snakemake parses the workflow."""
+    return {m for f in workflow_rule_facts().values() for m in f["modules"]}
 
 
 def test_rules_run_modules_that_exist():

@@ -33,6 +33,7 @@ from builders import (
     snakemake,
     user_env,
     wait_for,
+    workflow_rule_facts,
     write_config,
     write_text_shard,
 )
@@ -234,19 +235,6 @@ def test_nothing_to_do_after_a_run(project):
 
 # ----------------------------------------------------------------------------- code edits
 
-def rule_blocks(rules_dir: Path) -> dict[str, str]:
-    """{rule: its text}, train's command (TRAIN_ARGS, defined beside the rule) included."""
-    train_args = (rules_dir / "train.smk").read_text()
-    return {b.split()[1].rstrip(":"): b.replace("{TRAIN_ARGS}", train_args)
-            for smk in sorted(rules_dir.glob("*.smk")) for b in re.split(r"(?m)^(?=rule \w+:)", smk.read_text())[1:]}
-
-
-def rule_entries(rules_dir: Path) -> dict[str, list[str]]:
-    """Each rule of the workflow that runs code: the `python -m pipeline.…` modules of its shell command."""
-    found = {r: re.findall(r"-m (pipeline(?:\.\w+)+)", b) for r, b in rule_blocks(rules_dir).items()}
-    return {r: list(dict.fromkeys(mods)) for r, mods in found.items() if mods}
-
-
 def scheduled_for_code(proc: subprocess.CompletedProcess) -> dict[str, set[str]]:
     """{rule: reasons} of the jobs a dry run lists (a dry run prints the jobs of a group job indented
     under it: the per-shard chain's `group:`)."""
@@ -273,17 +261,19 @@ def code_copy(project, tmp_path_factory):
     return path
 
 
-ENTRIES = rule_entries(ROOT / "workflow/rules")
+# Each rule of the workflow that runs code: the `python -m pipeline.…` modules of its shell command, as
+# Snakemake parses the workflow (tests/builders.py).
+ENTRIES = {r: f["modules"] for r, f in workflow_rule_facts().items() if f["modules"]}
 
 
 def test_every_rule_hashes_the_modules_its_command_runs():
-    """Each rule's code param names exactly the `python -m` modules of its shell command; the definitions
-    hashed are those they reach (pipeline/codehash.py), never a hand-kept list."""
-    blocks = rule_blocks(ROOT / "workflow/rules")
-    assert len(ENTRIES) >= 19
+    """Each rule's code param hashed exactly the `python -m` modules of its shell command (the entries codehash
+    recorded for the param's value); the definitions hashed are those they reach (pipeline/codehash.py), never
+    a hand-kept list."""
+    facts = workflow_rule_facts()
+    assert len(ENTRIES) >= 21
     for rule, mods in ENTRIES.items():
-        declared = re.search(r"code=code_version\(([^)]*)\)", blocks[rule])
-        assert declared and re.findall(r'"([\w.]+)"', declared.group(1)) == mods, rule
+        assert facts[rule]["code_entries"] is not None and sorted(facts[rule]["code_entries"]) == sorted(mods), rule
 
 
 def hashed() -> dict[str, set[str]]:
@@ -364,8 +354,7 @@ TEMP_CONSUMERS = {"dedup_candidates": "dedup"}
 
 
 def test_temp_outputs_are_those_of_the_rules_listed():
-    blocks = rule_blocks(ROOT / "workflow/rules")
-    assert {r for r, b in blocks.items() if re.search(r"output:\s*(#.*\s*)*temp\(", b)} == set(TEMP_CONSUMERS)
+    assert {r for r, f in workflow_rule_facts().items() if f["temp_outputs"]} == set(TEMP_CONSUMERS)
 
 
 # The IsoFLOP sweep's rules are outside `all` (the finished run has no sweep outputs): their reruns are
