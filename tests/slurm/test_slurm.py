@@ -99,15 +99,16 @@ def test_the_dag_runs_end_to_end_as_slurm_jobs(dag):
             "split", "mix", "pack", "accounting", "train", "evaluate"} <= set(submitted)
     assert submitted.count("dedup_candidates") == 2
     assert set(re.findall(r"^localrule (\w+)", out, flags=re.M)) == {"all", "count", "count_sample", "plan",
-                                                                       "stages_report", "dedup_index", "decontaminate"}
+                                                                       "stages_report", "dedup_index", "decontaminate",
+                                                                       "filter_report"}
     # ... and the per-shard chain went as one job per shard group (shards_per_job 4: one group a source), the
-    # download included where the tokenizer does not sit between (chat; web trains the tokenizer)
+    # download and filter included where the tokenizer does not sit between (chat; web trains the tokenizer)
     assert not {"tokenize", "dedup_signatures"} & set(submitted)
     groups = dict(re.findall(r"SLURM jobid \d+ \(log: \S*/group_shards-(web|chat)-(\S+?)/", out))
     assert set(groups) == {"web", "chat"}, out[-3000:]
     assert groups["web"].endswith("_dedup_signatures_tokenize"), groups
-    assert groups["chat"].endswith("_dedup_signatures_download_tokenize"), groups
-    assert submitted.count("download") == 1
+    assert groups["chat"].endswith("_dedup_signatures_download_filter_tokenize"), groups
+    assert submitted.count("download") == 1 and submitted.count("filter") == 1
 
 
 def test_parse_time_plan_prints_only_in_the_main_process(dag):
