@@ -11,7 +11,8 @@ English sentences of the sample corpus, data/sample/web, drawn at random into do
 log-normal length, ~2 KB mean, so that no two documents share text by chance; --dup-rate of them
 copies or near copies of an earlier document, in any shard; --contam-rate of them carry an item of an
 eval task), writes a complete config for it (one local source, `rehearsal_config`), and runs the data
-half of the DAG (`R/plan.json` and `R/accounting.json`: download … pack and the accounting) with
+half of the DAG (`R/plan.json`, `R/accounting.json`, `R/filtered/report.json`: download … pack, the
+accounting and the filter funnel) with
 `snakemake --cores C`, timed. Then per rule: jobs, CPU seconds (each job's own count, the `resources:`
 line `pipeline.io.run_cli` ends its log with; Snakemake's `benchmark:` tables sample it every second,
 then every 30 s, and miss a job's last moments), wall seconds and peak RSS (the `benchmark:` tables,
@@ -224,7 +225,8 @@ def run(args) -> dict:
     cfg = rehearsal_config(work, corpus_dir, corpus, args.shards_per_job, args.partitions, args.train_chars)
     (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     rdir = run_dir(resolve_config(cfg))
-    cmd = [sys.executable, "-m", "snakemake", f"{rdir}/plan.json", f"{rdir}/accounting.json", "-s",
+    cmd = [sys.executable, "-m", "snakemake", f"{rdir}/plan.json", f"{rdir}/accounting.json",
+           f"{rdir}/filtered/report.json", "-s",
            str(ROOT / "Snakefile"), "-d", str(work), "--configfile", str(work / "config.yaml"), "--cores",
            str(args.cores), "--forceall", "--quiet", "rules"]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}

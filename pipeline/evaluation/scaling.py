@@ -55,8 +55,13 @@ def plot(rows: list[dict], fit: dict, out_png: str | Path) -> None:
                  label=f"N* ∝ C^{fit['a']:.2f} [{fit['a_ci'][0]:.2f}, {fit['a_ci'][1]:.2f}]")
         ax2.plot(grid, np.exp(fit["ln_kd"]) * grid ** fit["b"], "-", color="C1",
                  label=f"D* ∝ C^{fit['b']:.2f} [{fit['b_ci'][0]:.2f}, {fit['b_ci'][1]:.2f}]")
-    ax2.set(xscale="log", yscale="log", xlabel="compute C (FLOPs)", title="compute-optimal N and D")
-    ax2.legend(fontsize=8)
+    ax2.set(xlabel="compute C (FLOPs)", title="compute-optimal N and D")
+    if ok:
+        ax2.set(xscale="log", yscale="log")
+        ax2.legend(fontsize=8)
+    else:  # (a log axis with no point fails to lay out)
+        ax2.text(0.5, 0.5, "no budget has an interior minimum yet:\nadd depths around the lowest loss",
+                 ha="center", va="center", transform=ax2.transAxes)
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
