@@ -604,7 +604,8 @@ def build_chain(spec: Iterable[dict] | None = None, key: str = "filter") -> list
         known = {f for f in defaults.__dataclass_fields__ if f not in ("name", "line_filter")}
         for k in settings:
             if k not in known:
-                raise ConfigError(f"{where}.settings.{k}: unknown setting of {name} ({where}.name); known: {', '.join(sorted(known))}")
+                raise ConfigError(f"{where}.settings.{k}: unknown setting of {name} ({where}.name); "
+                                  f"known: {', '.join(sorted(known))}")
         values = {k: _check_setting(f"{where}.settings.{k}", k, v, getattr(defaults, k)) for k, v in settings.items()}
         if name == "fasttext_classifier" and values.get("enabled", True):
             for k in ("path", "label"):
