@@ -15,6 +15,22 @@ import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# Plain English prose lines that pass every filter: the threshold sweeps and the report tests build on them.
+PROSE = [
+    "The river that runs through the old town has been a source of water and trade for centuries.",
+    "Farmers brought their grain to the market by boat, and merchants built warehouses along the banks.",
+    "In the spring the water rises quickly, so the people who live there have learned to build on stilts.",
+    "A stone bridge was finished in the last century to connect the two halves of the growing city.",
+    "Today the quays are lined with cafes, and tourists come to watch the boats pass under the arches.",
+    "Local historians have collected letters and maps that describe how the harbour changed over time.",
+    "Some of the oldest houses still have iron rings in their walls where ropes were once tied.",
+    "The museum near the cathedral keeps a model of the port as it looked before the great flood.",
+    "Children learn about the river at school, and many of them spend their summers swimming in it.",
+    "Engineers are now studying how to protect the banks from erosion without harming the wildlife.",
+    "Every autumn a festival celebrates the harvest with music, food and a parade of decorated barges.",
+    "Visitors who stay longer often take the ferry downstream to the villages and vineyards by the sea.",
+]
+
 
 def sample_web() -> list[str]:
     """Every document of data/sample/web/*.parquet (FineWeb-shaped: already filtered upstream)."""

@@ -13,21 +13,13 @@ from collections import Counter
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from filter_corpora import PROSE as CORPUS_PROSE
 
 from pipeline.data import filters as F
 from pipeline.data.filter_report import filter_report, main
 from pipeline.errors import PipelineError
 
-PROSE = [
-    "The river that runs through the old town has been a source of water and trade for centuries.",
-    "Farmers brought their grain to the market by boat, and merchants built warehouses along the banks.",
-    "In the spring the water rises quickly, so the people who live there have learned to build on stilts.",
-    "A stone bridge was finished in the last century to connect the two halves of the growing city.",
-    "Today the quays are lined with cafes, and tourists come to watch the boats pass under the arches.",
-    "Local historians have collected letters and maps that describe how the harbour changed over time.",
-    "Some of the oldest houses still have iron rings in their walls where ropes were once tied.",
-    "The museum near the cathedral keeps a model of the port as it looked before the great flood.",
-]
+PROSE = CORPUS_PROSE[:8]
 FRENCH = ("Le chat est assis sur le tapis et regarde la pluie par la fenêtre pendant que la famille prépare le "
           "dîner dans la cuisine de la vieille maison.")
 
