@@ -400,10 +400,11 @@ def bench_group(args) -> dict:
     import tempfile
     from pathlib import Path
 
-    from pipeline.config import params_json, resolve_config, rule_params
+    from pipeline.config import params_json, resolve_config
     from pipeline.data.contract import iter_documents
     from pipeline.data.encoding import load_tokenizer
     from pipeline.io import read_json
+    from pipeline.rules import rule_params
 
     tok = load_tokenizer(args.tokenizer)
     with tempfile.TemporaryDirectory() as tmp:

@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from rule_cpu import per_rule  # noqa: E402
 
-from pipeline import cluster  # noqa: E402
+from pipeline import cluster, sizes  # noqa: E402
 from pipeline.config import resolve_config, run_dir  # noqa: E402
 from pipeline.io import RESOURCE_LINE  # noqa: E402
 
@@ -82,9 +82,9 @@ def contamination(n: int = 200) -> list[str]:
     """Up to `n` eval items' texts (the tasks of the default config), as decontamination sees them."""
     import tempfile
 
-    from pipeline.config import rule_params
     from pipeline.data.decontaminate import eval_texts
     from pipeline.data.eval_data import build_eval_data
+    from pipeline.rules import rule_params
 
     with tempfile.TemporaryDirectory() as tmp:
         build_eval_data(rule_params(resolve_config({}), "eval_data"), tmp)
@@ -177,8 +177,8 @@ def measure(workdir: Path) -> dict:
 def predict(workdir: Path, cores: int) -> dict:
     """The cost plan for the run in `workdir` from what the plan rule knows: the count sample."""
     cfg = resolve_config(yaml.safe_load((workdir / "config.yaml").read_text()))
-    sizes = cluster.measured_sizes(workdir / run_dir(cfg) / "counts" / "sample.parquet")
-    return cluster.data_costs(cfg, sizes, data_cpus=cores)
+    measured = sizes.measured_sizes(workdir / run_dir(cfg) / "counts" / "sample.parquet")
+    return cluster.data_costs(cfg, measured, data_cpus=cores)
 
 
 def compare(measured: dict, predicted: dict) -> list[dict]:
@@ -246,8 +246,8 @@ def calibrate(small: Path, large: Path) -> dict:
     points = []
     for work in (small, large):
         cfg = resolve_config(yaml.safe_load((work / "config.yaml").read_text()))
-        sizes = cluster.measured_sizes(work / run_dir(cfg) / "counts" / "counts.parquet")  # the exact table
-        points.append((cluster.stage_work(cfg, sizes), measure(work)))
+        measured = sizes.measured_sizes(work / run_dir(cfg) / "counts" / "counts.parquet")  # the exact table
+        points.append((cluster.stage_work(cfg, measured), measure(work)))
     fitted = {}
     for stage, (unit, _, _) in cluster.RATES.items():
         (w0, m0), (w1, m1) = points
@@ -272,7 +272,7 @@ def tokenizer_sweep(workdir: Path, chars: list[int]) -> list[tuple[int, float, f
     import resource
     import tempfile
 
-    from pipeline.config import rule_params
+    from pipeline.rules import rule_params
 
     cfg = resolve_config(yaml.safe_load((workdir / "config.yaml").read_text()))
     files = [str(p) for p in sorted((Path(cfg["data_dir"]) / "web").glob("*.parquet"))]

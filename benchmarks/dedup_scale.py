@@ -30,8 +30,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.config import resolve_config, rule_params  # noqa: E402
+from pipeline.config import resolve_config  # noqa: E402
 from pipeline.data import dedup, minhash  # noqa: E402
+from pipeline.rules import rule_params  # noqa: E402
 
 DD = {"ngram": 5, "num_perm": 120, "bands": 20, "rows": 6, "seed": 1}
 

@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from dedup_scale import measured  # noqa: E402
 
-from pipeline.config import resolve_config, rule_params  # noqa: E402
+from pipeline.config import resolve_config  # noqa: E402
+from pipeline.rules import rule_params  # noqa: E402
 
 
 def build_shard(out: Path, n_docs: int, row_group: int, words: int = 300) -> int:

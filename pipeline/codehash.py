@@ -1,7 +1,8 @@
 """The code a rule runs, as a hash of what it does: the package definitions its entry points can reach.
 
-A rule declares `code=code_version("pipeline.data.tokenize")` (the modules its shell command runs with
-`python -m`) as a param, so Snakemake reruns the rule when that code changes, and only then.
+A rule declares `code=rule_code("tokenize")` as a param: the hash of the modules its shell command runs with
+`python -m` (its spec's `modules`, pipeline/rules.py), so Snakemake reruns the rule when that code changes,
+and only then.
 
 **What is hashed.** The unit is a top-level statement of a package module, called a definition here: a
 function, a class (with all its methods: a method is reached through its class), an assignment (a constant,

@@ -78,7 +78,7 @@ d_kv = n_kv_heads × d / n_heads):
   most that fits beside the training state, `pipeline.perf.eval_batch_tokens`), ``in_loop`` (training's
   quick subset: fp32 weights, optimizer state and gradients resident) and ``standalone`` (the
   evaluate stage), each checked against the same capacity as training.
-* **Host memory per node** (``host_memory``, `pipeline.cluster.train_host_memory`): what the train
+* **Host memory per node** (``host_memory``, `pipeline.sizes.train_host_memory`): what the train
   job requests as SLURM ``mem_mb`` — per rank its fixed footprint, the weight `build_model` is
   initialising on the host (built on the meta device, no rank holds the whole model) and the loader's
   batches (on a CPU run also its training state), × the ranks of a node, plus under fsdp the whole fp32
@@ -101,7 +101,7 @@ import json
 import math
 from pathlib import Path
 
-from pipeline import cluster
+from pipeline import cluster, sizes
 from pipeline.budget import (
     BatchLayout,
     count_params,
@@ -111,7 +111,15 @@ from pipeline.budget import (
     token_target,
     trained_tokens,
 )
-from pipeline.config import add_config_args, load_config, params_from_args, parse_overrides, run_dir, source_files
+from pipeline.config import (
+    add_config_args,
+    load_config,
+    params_from_args,
+    parse_overrides,
+    plan_slice,
+    run_dir,
+    source_files,
+)
 from pipeline.errors import ConfigError, PipelineError, PlanError
 from pipeline.io import atomic_write, get_logger, provenance, run_cli, write_json
 from pipeline.perf import (
@@ -476,7 +484,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "parallel": parallel,
         "notes": notes,
         **extra,
-        "host_memory": cluster.train_host_memory(cfg),
+        "host_memory": sizes.train_host_memory(cfg),
     }
 
 
@@ -604,7 +612,7 @@ def _sweep_rows(plan: dict) -> list[tuple[str, str]]:
 def _host_row(h: dict) -> str:
     state = f" + {h['state_mb']:,.0f} training state" if h["state_mb"] else ""
     gather = f" + {h['final_gather_mb']:,.0f} final.pt gather" if h["final_gather_mb"] else ""
-    return (f"{h['node_mb']:,} MB (2^20 bytes), the train job's mem_mb = {cluster.TRAIN_HOST_MARGIN:g} × "
+    return (f"{h['node_mb']:,} MB (2^20 bytes), the train job's mem_mb = {sizes.TRAIN_HOST_MARGIN:g} × "
             f"({h['ranks_per_node']} rank(s) × ({h['process_mb']:,.0f} process + {h['init_mb']:,.0f} init + "
             f"{h['loader_mb']:,.0f} loader{state}){gather})")
 
@@ -666,7 +674,7 @@ def main(argv=None) -> None:
             counts, strict = found, False
             log.info("tokens per shard from the measured counts in %s", found)
     else:
-        params = params_from_args(args, "plan")
+        params = params_from_args(args, plan_slice)
     from pipeline.scaling import resolve_tokens_per_param  # train.tokens_per_param: scaling → the fitted ratio
 
     params, fitted = resolve_tokens_per_param(params) if "results_dir" in params else (params, None)
@@ -686,7 +694,7 @@ def main(argv=None) -> None:
         return
     print(format_plan(plan))
     if args.configfile:  # the data stages' cost on a cluster (pipeline/cluster.py)
-        print("\n" + cluster.format_costs(cluster.data_costs(params, cluster.measured_sizes(found), args.data_cpus)))
+        print("\n" + cluster.format_costs(cluster.data_costs(params, sizes.measured_sizes(found), args.data_cpus)))
 
 
 if __name__ == "__main__":

@@ -1,70 +1,160 @@
-"""The data rules as the cost plan sees them: one `DataRule` per rule, its cost rate beside the rules its
-jobs wait for, at one call site each (like datatrove's `examples/fineweb.py`, where a step's resources
-and `depends=` sit together).
+"""Every rule of the workflow, one `Rule` each: what a rule is, in one place (like datatrove's
+`examples/fineweb.py`, where a step's config, resources and `depends=` sit at one call site).
 
-`pipeline.cluster` reads these: `RATES` is their `rate`s, and `data_jobs` links each job to the jobs of
-its `after` rules, the edges Snakemake builds from the rules' inputs (tests/test_cluster.py compares
-them with `snakemake --d3dag` on the default config and a preset, edge for edge). Adding a data rule is
-one entry here and its `.smk` file (docs/adding-a-rule.md).
+A rule's entry says
+- `modules`: the `python -m` modules its shell command runs, which its code hash covers (`code` param,
+  pipeline/codehash.py), named within the package (`data.mix` for `pipeline.data.mix`, `entries` gives the
+  full names): codehash takes a string holding a full module name for a process the code launches, and the
+  table launches nothing;
+- `params` and `scope`: its config slice (a `*_slice` function of pipeline/config/rule_params.py), declared
+  as its `params:` so that an edit to the slice reruns it, and what narrows the slice per job: the whole run
+  (`run`), the job's `source`, its `mix`, its training `stage`, a scaling `point`, or the sweep's `fit`;
+- `size`: its threads and resources (a function of pipeline/sizes.py);
+- for a data rule, its cost in the plan: `rate` (unit, units per CPU-second or None, CPU seconds per job) and
+  `after`, the data rules whose outputs it reads (the edges Snakemake builds: tests/test_cluster.py compares
+  `pipeline.cluster.data_jobs` with Snakemake's DAG, edge for edge, on the default config and a preset);
+- `shard_chain`: a per-shard rule that runs in the SLURM group job of its shard group (download → filter →
+  tokenize → dedup_signatures). A rule the tokenizer waits for (download, filter) joins the chain only for
+  the sources the tokenizer does not read: the tokenizer job sits between them and the rest, and a group job
+  may not be left and entered again.
 
-Which jobs of an `after` rule a job waits for follows from the wildcards they share: a per-group job
-(`{source}/{group}`) waits for the same group's job of a per-group rule, a per-mix job for the same
-mix's; otherwise it waits for every job of that rule that it reads (a job's `sources`: count_sample's
-sample groups, pack's mix's sources). Torch-free, and imported by no rule's module (so editing a rate
-reruns no job but `plan`, which prints the costs).
+workflow/rules/common.smk reads these (`rule_params`, `rule_code`, `job_threads`, `job_resources`,
+`job_group`), `pipeline.cluster` reads the sizes and the data rules' costs, and the tests check each entry
+against the rule as Snakemake parses it (tests/test_rules.py). A rule's module reads its slice through its
+own `*_slice` function, never through this table (`params_from_args(args, mix_slice)`): the table is in the
+code hash of `plan` alone, so editing one rule's size or rate reruns no job but the plan. Adding a rule:
+docs/adding-a-rule.md.
+
+The rates: CPU seconds of a stage = its jobs × the CPU of a job's start (interpreter, imports, its fixed
+reads) + its work in `unit`s ÷ the rate (units per CPU-second, one single-threaded process). Units: bytes of
+UTF-8 text of the shards it reads (known from a shard's size before any tokenizer exists, and the same
+whatever the vocabulary), documents, packed tokens, shards, the tokenizer's train_chars, or none. Fitted by
+`python benchmarks/data_scale.py calibrate` through two Snakemake runs of realistic shards (FineWeb-shaped,
+500 and 50K documents of ~2 KB each, 16 and 8 shards, on the 2-core VM, idle), the tokenizer by its
+`tokenizer` sweep (16M-256M characters, the mean of two sweeps that differed by 23 %; rustbpe at a 4,096
+vocabulary): BENCHMARKS.md "The data half at scale", with the 1M-document rehearsal that checks them.
+download is a local copy (an hf source's download is network-bound and not predicted). The count jobs parse
+each shard's doc_rows list (documents; count_sample takes count's rate, its own fit was within the noise).
+A rate of None: the work per unit was below the measurement's resolution (these jobs read one small file per
+shard; 8 vs 16 shards made no difference), so only the job's start counts: the mean of the two runs'.
+Torch-free and snakemake-free.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+from pipeline import scaling, sizes
+from pipeline.config import rule_params as rp
+
+SCOPES = ("run", "source", "mix", "stage", "point", "fit")
 
 
 @dataclass(frozen=True)
-class DataRule:
-    """A data rule: `rate` = (unit, units per CPU-second or None, CPU seconds per job) (see `RULES`);
-    `after`: the data rules whose outputs it reads."""
+class Rule:
+    """One rule of the workflow (see the module docstring)."""
 
     name: str
-    rate: tuple[str, float | None, float]
+    modules: tuple[str, ...]
+    params: Callable | None
+    size: Callable[[dict, sizes.Demand], dict]
+    scope: str = "run"
+    rate: tuple[str, float | None, float] | None = None
     after: tuple[str, ...] = ()
+    shard_chain: bool = False
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        """The full names of `modules` (what `python -m` runs and `pipeline.codehash.code_version` takes)."""
+        return tuple(f"{__package__}.{m}" for m in self.modules)
 
 
-# The data stages' cost: CPU seconds of a stage = its jobs × the CPU of a job's start (interpreter,
-# imports, its fixed reads) + its work in `unit`s ÷ the rate (units per CPU-second, one single-threaded
-# process). Units: bytes of UTF-8 text of the shards it reads (known from a shard's size before any
-# tokenizer exists, and the same whatever the vocabulary), documents, packed tokens, shards, the
-# tokenizer's train_chars, or none. Fitted by `python benchmarks/data_scale.py calibrate` through two
-# Snakemake runs of realistic shards (FineWeb-shaped, 500 and 50K documents of ~2 KB each, 16 and 8
-# shards, on the 2-core VM, idle), the tokenizer by its `tokenizer` sweep (16M-256M characters, the
-# mean of two sweeps that differed by 23 %; rustbpe at a 4,096 vocabulary): BENCHMARKS.md "The data
-# half at scale", with the 1M-document rehearsal that checks them. download is a local copy (an hf
-# source's download is network-bound and not predicted). The count jobs parse each shard's doc_rows
-# list (documents; count_sample takes count's rate, its own fit was within the noise). A rate of None:
-# the work per unit was below the measurement's resolution (these jobs read one small file per shard;
-# 8 vs 16 shards made no difference), so only the job's start counts: the mean of the two runs'.
 RULES = (
-    DataRule("download", ("bytes", 198e6, 0.51)),
+    # ---- the data rules, in DAG order (each after the rules it waits for)
+    Rule("download", ("data.download",), rp.download_slice, sizes.download_size, "source",
+         rate=("bytes", 198e6, 0.51), shard_chain=True),
     # filter: the whole default chain's 0.61 MB/CPU-s (BENCHMARKS.md "Filter chain", language ID included; the
     # presets' language ID + PII only is faster, so this prices them high); its per-job start is not measured
-    DataRule("filter", ("bytes", 0.61e6, 0.5), after=("download",)),
-    DataRule("tokenizer", ("train_chars", 6.4e6, 0.5), after=("filter",)),
-    DataRule("tokenize", ("bytes", 8.77e6, 0.43), after=("filter", "tokenizer")),
-    DataRule("count_sample", ("documents", 12.2e6, 0.49), after=("tokenize",)),
-    DataRule("count", ("documents", 12.2e6, 0.47), after=("tokenize",)),
-    DataRule("plan", ("none", None, 0.62), after=("count_sample",)),
-    DataRule("eval_data", ("none", None, 2.27)),
-    DataRule("decontaminate_grams", ("none", None, 2.07), after=("eval_data",)),
-    DataRule("decontaminate_flags", ("bytes", 27.4e6, 0.74), after=("filter", "tokenize", "decontaminate_grams")),
-    DataRule("decontaminate", ("shards", None, 0.71), after=("decontaminate_grams", "decontaminate_flags")),
-    DataRule("dedup_signatures", ("bytes", 37.5e6, 0.67), after=("filter", "tokenize")),
-    DataRule("dedup_index", ("shards", None, 0.37), after=("dedup_signatures",)),
-    DataRule("dedup_candidates", ("documents", 138e3, 0.55), after=("dedup_index",)),
-    DataRule("dedup", ("documents", 1.13e6, 0.57), after=("dedup_index", "dedup_candidates")),
-    DataRule("split", ("documents", 299e3, 0.59), after=("dedup", "decontaminate", "tokenize")),
-    DataRule("mix", ("documents", 893e3, 0.63), after=("split",)),
-    DataRule("pack", ("tokens", 45.3e6, 0.56), after=("mix", "tokenize")),
+    Rule("filter", ("data.filter",), rp.filter_slice, sizes.shard_text_size, "source",
+         rate=("bytes", 0.61e6, 0.5), after=("download",), shard_chain=True),
+    Rule("tokenizer", ("data.tokenizer",), rp.tokenizer_slice, sizes.tokenizer_size,
+         rate=("train_chars", 6.4e6, 0.5), after=("filter",)),
+    Rule("tokenize", ("data.tokenize",), rp.tokenize_slice, sizes.tokenize_size, "source",
+         rate=("bytes", 8.77e6, 0.43), after=("filter", "tokenizer"), shard_chain=True),
+    Rule("count_sample", ("data.count",), None, sizes.small_size,
+         rate=("documents", 12.2e6, 0.49), after=("tokenize",)),
+    Rule("count", ("data.count",), None, sizes.small_size,
+         rate=("documents", 12.2e6, 0.47), after=("tokenize",)),
+    Rule("plan", ("plan",), rp.plan_slice, sizes.small_size,
+         rate=("none", None, 0.62), after=("count_sample",)),
+    Rule("eval_data", ("data.eval_data",), rp.eval_data_slice, sizes.small_size,
+         rate=("none", None, 2.27)),
+    Rule("decontaminate_grams", ("data.decontaminate",), rp.decontaminate_grams_slice, sizes.small_size,
+         rate=("none", None, 2.07), after=("eval_data",)),
+    Rule("decontaminate_flags", ("data.decontaminate",), rp.decontaminate_slice, sizes.shard_text_size,
+         "source", rate=("bytes", 27.4e6, 0.74), after=("filter", "tokenize", "decontaminate_grams")),
+    Rule("decontaminate", ("data.decontaminate",), rp.decontaminate_grams_slice, sizes.small_size,
+         rate=("shards", None, 0.71), after=("decontaminate_grams", "decontaminate_flags")),
+    Rule("dedup_signatures", ("data.dedup",), rp.dedup_signatures_slice, sizes.shard_text_size, "source",
+         rate=("bytes", 37.5e6, 0.67), after=("filter", "tokenize"), shard_chain=True),
+    Rule("dedup_index", ("data.dedup",), None, sizes.small_size,
+         rate=("shards", None, 0.37), after=("dedup_signatures",)),
+    Rule("dedup_candidates", ("data.dedup",), rp.dedup_slice, sizes.dedup_candidates_size,
+         rate=("documents", 138e3, 0.55), after=("dedup_index",)),
+    Rule("dedup", ("data.dedup",), rp.dedup_slice, sizes.dedup_size,
+         rate=("documents", 1.13e6, 0.57), after=("dedup_index", "dedup_candidates")),
+    Rule("split", ("data.split",), rp.split_slice, sizes.unmeasured_size,
+         rate=("documents", 299e3, 0.59), after=("dedup", "decontaminate", "tokenize")),
+    Rule("mix", ("data.mix",), rp.mix_slice, sizes.unmeasured_size, "mix",
+         rate=("documents", 893e3, 0.63), after=("split",)),
+    Rule("pack", ("data.pack",), rp.pack_slice, sizes.unmeasured_size, "mix",
+         rate=("tokens", 45.3e6, 0.56), after=("mix", "tokenize")),
     # filter_report reads every shard's decisions and a few raw rows; its work is not measured: only a job's start
-    DataRule("filter_report", ("none", None, 0.6), after=("filter", "tokenize")),
-    DataRule("accounting", ("documents", 781e3, 0.58),
-             after=("count", "filter", "dedup", "decontaminate", "split", "tokenize", "pack")),
+    Rule("filter_report", ("data.filter_report",), rp.filter_report_slice, sizes.small_size,
+         rate=("none", None, 0.6), after=("filter", "tokenize")),
+    Rule("accounting", ("data.accounting",), rp.accounting_slice, sizes.small_size,
+         rate=("documents", 781e3, 0.58),
+         after=("count", "filter", "dedup", "decontaminate", "split", "tokenize", "pack")),
+    # ---- training, evaluation and what follows them
+    Rule("train", ("training.launch", "training.rendezvous", "training.train"),
+         rp.train_slice, sizes.train_size, "stage"),
+    Rule("evaluate", ("evaluation.evaluate",), rp.evaluate_slice, sizes.evaluate_size, "stage"),
+    Rule("stages_report", ("evaluation.stages_report",), rp.evaluate_slice, sizes.small_size),
+    Rule("export", ("evaluation.export",), rp.export_slice, sizes.export_size),
+    # the IsoFLOP sweep: a point trains and evaluates with the train rule's trainer (its params: its own view of
+    # the config, pipeline.scaling); the fit reads the points
+    Rule("scaling_point", ("training.launch", "training.train", "evaluation.evaluate"),
+         scaling.point_params, sizes.scaling_point_size, "point"),
+    Rule("scaling", ("evaluation.scaling",), scaling.fit_params, sizes.fit_size, "fit"),
 )
 BY_NAME = {r.name: r for r in RULES}
+DATA_RULES = tuple(r.name for r in RULES if r.rate is not None)
+
+
+def rule(name: str) -> Rule:
+    """The spec of rule `name`; a KeyError naming the rules when there is none."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"no rule {name!r} in pipeline/rules.py (rules: {', '.join(BY_NAME)})") from None
+
+
+def rule_params(cfg: dict, name: str, source: str | None = None, mix: str | None = None) -> dict:
+    """The config slice of rule `name` (its `params`), narrowed to `source` / `mix` when given: what the rule
+    declares as `params:` (for a `stage` rule, before `pipeline.stages.stage_config` takes the job's stage)."""
+    spec = rule(name)
+    if spec.params is None or spec.scope in ("point", "fit"):
+        raise KeyError(f"rule {name!r} has no config slice of its own ({spec.scope} params)" if spec.params
+                       else f"rule {name!r} takes no config slice")
+    return rp.cut(spec.params, cfg, source, mix)
+
+
+def feeds_tokenizer(name: str) -> bool:
+    """Whether the tokenizer job waits, directly or not, for rule `name`'s jobs (download, filter)."""
+    todo, seen = list(BY_NAME["tokenizer"].after), set()
+    while todo:
+        r = todo.pop()
+        if r not in seen:
+            seen.add(r)
+            todo += BY_NAME[r].after
+    return name in seen

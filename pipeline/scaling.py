@@ -46,7 +46,7 @@ import math
 from pathlib import Path
 
 from pipeline.budget import count_params, flops_per_token
-from pipeline.config import rule_params, run_dir
+from pipeline.config import cut, run_dir, train_slice
 from pipeline.errors import ConfigError, PlanError
 from pipeline.io import read_json
 from pipeline.stages import stage_budget, stage_config, stage_list
@@ -121,7 +121,7 @@ def point_config(cfg: dict, budget: float, depth: int) -> dict:
 def point_params(cfg: dict, budget: float, depth: int) -> dict:
     """What one point's train and evaluate commands get (`stage_config` of the point's config)."""
     pc = point_config(cfg, budget, depth)
-    return stage_config(rule_params(pc, "train"), pc["train"]["mix"])
+    return stage_config(cut(train_slice, pc), pc["train"]["mix"])
 
 
 def points(cfg: dict) -> list[dict]:

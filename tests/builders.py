@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ import torch
 import yaml
 
 from pipeline import plan as plan_module
-from pipeline.config import resolve_config, rule_params
+from pipeline.config import resolve_config
 from pipeline.data import dedup
 from pipeline.data.contract import MASK_REAL, open_tokens, pack_paths
 from pipeline.data.encoding import Tokenizer, load_tokenizer
@@ -30,6 +31,7 @@ from pipeline.data.tokenizer import build_tokenizer
 from pipeline.distributed import Dist
 from pipeline.io import read_json, write_json
 from pipeline.model.model import ModelConfig, Transformer
+from pipeline.rules import rule_params
 from pipeline.stages import stage_config
 from pipeline.training.step import LossModel
 
@@ -667,3 +669,16 @@ def workflow_rule_facts(configfile: str = "config.yaml") -> dict[str, dict]:
     line = [x for x in proc.stdout.splitlines() if x.startswith("RULE_FACTS ")]
     assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(line[-1].removeprefix("RULE_FACTS "))
+
+
+@contextmanager
+def snakemake_workflow(workdir: Path, configfile: Path):
+    """The workflow Snakemake parses for `configfile` in `workdir` (in-process, through its API)."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+
+    with SnakemakeApi(OutputSettings()) as api:
+        wf = api.workflow(resource_settings=ResourceSettings(cores=1), snakefile=ROOT / "Snakefile",
+                          config_settings=ConfigSettings(configfiles=[configfile]), workdir=workdir)
+        wf.dag(DAGSettings())
+        yield wf._workflow  # (the API prints a DAG but hands none out: its Workflow, as printd3dag uses it)

@@ -7,14 +7,13 @@ import math
 import re
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
-from builders import ROOT
+from builders import ROOT, snakemake_workflow
 
-from pipeline import cluster
+from pipeline import cluster, sizes
 from pipeline.config import resolve_config, shard_groups
 from pipeline.errors import PipelineError
 from pipeline.plan import train_hours
@@ -51,10 +50,10 @@ def test_train_job_is_one_allocation_of_n_nodes_with_gpus_per_node():
 
 def test_dedup_candidate_jobs_stay_under_1gb_on_the_preset_and_grow_with_fewer_partitions():
     cfg = preset()
-    c = cluster.corpus(cfg)
+    c = sizes.corpus(cfg)
     assert c["shards"] == 1823 and 90e6 < c["documents"] < 110e6
     # before any count: the estimate's GPT-2 tokens at 4.6 bytes each, ~250 MB of text a shard
-    assert c["bytes"] == pytest.approx(c["tokens"] * cluster.BYTES_PER_ESTIMATED_TOKEN)
+    assert c["bytes"] == pytest.approx(c["tokens"] * sizes.BYTES_PER_ESTIMATED_TOKEN)
     mem = cluster.job_resources(cfg, "dedup_candidates", c["documents"], c["tokens"])["resources"]["mem_mb"]
     assert mem <= 1000
     fewer = resolve_config({**PRESET, "dedup": {"partitions": 20}})
@@ -143,7 +142,7 @@ def test_data_costs_cover_every_stage_and_scale_with_cores_and_partitions():
     # each candidate job reads its 1/P of the band keys: twice the jobs cost only their start-up again
     more = cluster.data_costs(resolve_config({**PRESET, "dedup": {"partitions": 400}}), data_cpus=64)
     assert more["stages"]["dedup_candidates"]["cpu_hours"] == pytest.approx(
-        st["dedup_candidates"]["cpu_hours"] + 200 * cluster.job_cpu_s("dedup_candidates", 0, 1823) / 3600)
+        st["dedup_candidates"]["cpu_hours"] + 200 * sizes.job_cpu_s(cluster.RATES["dedup_candidates"], 0, 1823) / 3600)
 
 
 def test_data_costs_use_the_measured_sample_sizes(tmp_path):
@@ -153,13 +152,13 @@ def test_data_costs_use_the_measured_sample_sizes(tmp_path):
     table = tmp_path / "sample.parquet"
     pq.write_table(pa.table({"source": ["fineweb"] * 2, "documents": [40_000, 60_000], "tokens": [3e7, 5e7],
                              "bytes": [2e8, 3e8]}), table)
-    measured = cluster.measured_sizes(table)
+    measured = sizes.measured_sizes(table)
     assert measured == {"fineweb": {"documents": 50_000, "tokens": 4e7, "bytes": 2.5e8}}
     c = cluster.data_costs(preset(), measured, data_cpus=64)
     assert c["basis"] == "measured counts" and c["bytes"] == round(1823 * 2.5e8)
     assert c["stages"]["dedup_signatures"]["units"] == pytest.approx(1823 * 2.5e8)
     assert c["stages"]["dedup"]["units"] == pytest.approx(1823 * 50_000)
-    assert cluster.measured_sizes(tmp_path / "absent.parquet") == {}
+    assert sizes.measured_sizes(tmp_path / "absent.parquet") == {}
 
 
 def test_plan_cli_prints_the_data_stage_cost():
@@ -222,21 +221,21 @@ def test_train_job_memory_is_the_host_memory_the_config_implies(preset_file, par
 
     cfg = resolve_parallel(load_config(ROOT / "configs" / preset_file))
     assert cfg["train"]["parallel"] == parallel and cfg["hardware"]["nproc_per_node"] == 8
-    h = cluster.train_host_memory(cfg)
+    h = sizes.train_host_memory(cfg)
     res = cluster.job_resources(cfg, "train", train_hours=1.0)["resources"]
     assert res["mem_mb"] == h["node_mb"]
     largest = 4 * cfg["model"]["vocab_size"] * cfg["model"]["dim"]  # the embedding is the largest weight
-    assert h["init_mb"] == pytest.approx(cluster.TRAIN_INIT_WEIGHTS * largest / 2**20, abs=0.1)
+    assert h["init_mb"] == pytest.approx(sizes.TRAIN_INIT_WEIGHTS * largest / 2**20, abs=0.1)
     assert 0 < h["loader_mb"] < 100 and h["state_mb"] == 0  # on CUDA the training state is on the GPU
-    gather = 4 * cluster.count_params(cfg["model"])[0] / 2**20 if parallel == "fsdp" else 0
+    gather = 4 * sizes.count_params(cfg["model"])[0] / 2**20 if parallel == "fsdp" else 0
     assert h["final_gather_mb"] == pytest.approx(gather, abs=0.1)
-    rank = cluster.TRAIN_RANK_HOST_MB["cuda"] + h["init_mb"] + h["loader_mb"]
-    assert h["node_mb"] == math.ceil(cluster.TRAIN_HOST_MARGIN * (8 * rank + gather))
-    assert 8 * cluster.TRAIN_RANK_HOST_MB["cuda"] < h["node_mb"] < 256_000
+    rank = sizes.TRAIN_RANK_HOST_MB["cuda"] + h["init_mb"] + h["loader_mb"]
+    assert h["node_mb"] == math.ceil(sizes.TRAIN_HOST_MARGIN * (8 * rank + gather))
+    assert 8 * sizes.TRAIN_RANK_HOST_MB["cuda"] < h["node_mb"] < 256_000
     # half the ranks on each of 2 nodes: each node asks for less (the gather is rank 0's, on the first node)
     two = resolve_parallel(load_config(ROOT / "configs" / preset_file,
                                        {"hardware": {"nproc_per_node": 4, "nodes": 2}}))
-    assert cluster.train_host_memory(two)["node_mb"] < h["node_mb"]
+    assert sizes.train_host_memory(two)["node_mb"] < h["node_mb"]
 
 
 def test_cpu_train_job_memory_counts_the_training_state_on_the_host():
@@ -245,24 +244,11 @@ def test_cpu_train_job_memory_counts_the_training_state_on_the_host():
     from pipeline.perf import StepSetup, memory
 
     cfg = resolve_config({"hardware": {"nproc_per_node": 2}})
-    h = cluster.train_host_memory(cfg)
+    h = sizes.train_host_memory(cfg)
     assert h["state_mb"] > 0
     assert h["state_mb"] == pytest.approx(memory(StepSetup.from_config(cfg))["total"] * 1e9 / 2**20, abs=0.1)
-    want = cluster.TRAIN_HOST_MARGIN * (2 * h["rank_mb"] + h["final_gather_mb"])
+    want = sizes.TRAIN_HOST_MARGIN * (2 * h["rank_mb"] + h["final_gather_mb"])
     assert h["node_mb"] == pytest.approx(want, abs=1)  # the parts are rounded to 0.1 MB
-
-
-@contextmanager
-def snakemake_workflow(workdir: Path, configfile: Path):
-    """The workflow Snakemake parses for `configfile` in `workdir` (in-process, through its API)."""
-    from snakemake.api import SnakemakeApi
-    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
-
-    with SnakemakeApi(OutputSettings()) as api:
-        wf = api.workflow(resource_settings=ResourceSettings(cores=1), snakefile=ROOT / "Snakefile",
-                          config_settings=ConfigSettings(configfiles=[configfile]), workdir=workdir)
-        wf.dag(DAGSettings())
-        yield wf._workflow  # (the API prints a DAG but hands none out: its Workflow, as printd3dag uses it)
 
 
 def snakemake_jobs(workdir: Path, configfile: Path) -> dict[tuple[str, tuple], set[tuple[str, tuple]]]:

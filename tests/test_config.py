@@ -2,8 +2,9 @@
 import pytest
 import yaml
 
-from pipeline.config import load_config, resolve_config, rule_params
+from pipeline.config import load_config, resolve_config
 from pipeline.errors import ConfigError
+from pipeline.rules import rule_params
 
 
 def _cfg(**over):

@@ -454,7 +454,7 @@ def test_an_explicit_scoring_batch_that_cannot_fit_is_reported():
 def test_the_plan_rules_params_carry_the_scoring_batch():
     """The plan rule plans from its params slice (pipeline.config.rule_params 'plan'): it carries
     eval.core_batch_tokens, which the evaluation memory depends on, and nothing else of eval."""
-    from pipeline.config import rule_params
+    from pipeline.rules import rule_params
 
     cfg = load_config(LLAMA_1B)
     cfg["eval"]["core_batch_tokens"] = 4096
@@ -491,8 +491,8 @@ def test_llama_8b_preset_fits_with_fsdp_and_ddp_is_refused():
 
 @pytest.mark.parametrize("preset,want", [(LLAMA_8B, "fsdp"), (LLAMA_1B, "ddp")])
 def test_auto_picks_fsdp_only_when_ddp_does_not_fit(preset, want):
-    from pipeline.config import rule_params
     from pipeline.perf import choose_parallel, resolve_parallel
+    from pipeline.rules import rule_params
 
     cfg = load_config(preset, {"train": {"parallel": "auto"}})
     assert choose_parallel(cfg)["parallel"] == want
@@ -556,14 +556,14 @@ def test_dry_run_header_names_the_parallelism_and_refuses_ddp(tmp_path):
 
 def test_plan_reports_the_train_jobs_host_memory(capsys):
     """issue 28 item 2: the plan (json and text) reports the host memory per node the train rule requests
-    (`pipeline.cluster.train_host_memory` of the config with its parallelism resolved)."""
-    from pipeline import cluster
+    (`pipeline.sizes.train_host_memory` of the config with its parallelism resolved)."""
+    from pipeline import cluster, sizes
     from pipeline.perf import resolve_parallel
 
     main(["--configfile", str(LLAMA_8B), "--json"])
     out = json.loads(capsys.readouterr().out)
     cfg = resolve_parallel(load_config(LLAMA_8B))
-    assert out["host_memory"] == cluster.train_host_memory(cfg) and out["host_memory"]["final_gather_mb"] > 0
+    assert out["host_memory"] == sizes.train_host_memory(cfg) and out["host_memory"]["final_gather_mb"] > 0
     assert cluster.job_resources(cfg, "train")["resources"]["mem_mb"] == out["host_memory"]["node_mb"]
     main(["--configfile", str(LLAMA_8B)])
     assert f"host memory per node       {out['host_memory']['node_mb']:,} MB" in capsys.readouterr().out

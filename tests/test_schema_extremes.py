@@ -24,8 +24,9 @@ import pytest
 import yaml
 from builders import ROOT, user_env
 
-from pipeline.config import resolve_config, rule_params
+from pipeline.config import resolve_config
 from pipeline.errors import ConfigError
+from pipeline.rules import rule_params
 
 SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
 DEFAULT = yaml.safe_load((ROOT / "config.yaml").read_text())

@@ -37,7 +37,7 @@ def test_stages_resolve_in_order_with_overrides_and_init_chain():
 
 def test_a_stage_sees_only_the_sources_its_mix_reads():
     """A chat-only source edit is no part of the pretraining's identity (params, resume check)."""
-    from pipeline.config import rule_params
+    from pipeline.rules import rule_params
 
     edited = {**SOURCES, "chat": {**SOURCES["chat"], "min_chars": 1, "glob": "elsewhere/*.parquet"}}
     before, after = cfg(), resolve_config({**cfg(), "sources": edited})

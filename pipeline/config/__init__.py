@@ -5,10 +5,11 @@
   the cross-field checks of `pipeline.config.checks`;
 * `pipeline.config.sources`: a source's shards, the shard groups of the per-shard rules, and the
   content hashes of local shards;
-* `pipeline.config.rule_params`: the table of what each rule depends on (its params slice) and the
-  `--params` / `--configfile` arguments of a rule module's CLI.
+* `pipeline.config.rule_params`: what each rule depends on (its params slice: the `*_slice` functions, which
+  each rule's spec in pipeline/rules.py names) and the `--params` / `--configfile` arguments of a rule
+  module's CLI.
 
-The public names are re-exported here: `from pipeline.config import load_config, rule_params`.
+The public names are re-exported here: `from pipeline.config import load_config, mix_slice`.
 Torch-free and snakemake-free (the Snakefile imports it at parse time).
 """
 from pipeline.config.checks import STOCK_VOCAB, check_consistency, n_special_tokens
@@ -27,11 +28,28 @@ from pipeline.config.rule_params import (
     NOT_DOWNLOAD_KEYS,
     PLAN_TRAIN_KEYS,
     RESOURCE_KEYS,
-    RULE_PARAMS,
+    accounting_slice,
     add_config_args,
+    cut,
+    decontaminate_grams_slice,
+    decontaminate_slice,
+    dedup_signatures_slice,
+    dedup_slice,
+    download_slice,
+    eval_data_slice,
+    evaluate_slice,
+    export_slice,
+    filter_report_slice,
+    filter_slice,
+    mix_slice,
+    pack_slice,
     params_from_args,
     params_json,
-    rule_params,
+    plan_slice,
+    split_slice,
+    tokenize_slice,
+    tokenizer_slice,
+    train_slice,
 )
 from pipeline.config.sources import (
     SOURCE_HASH_CACHE,
@@ -44,9 +62,12 @@ from pipeline.config.sources import (
 )
 
 __all__ = [
-    "NOT_DOWNLOAD_KEYS", "PLAN_TRAIN_KEYS", "RESOURCE_KEYS", "ROOT", "RULE_PARAMS", "SCHEMA_PATH", "SOURCE_HASH_CACHE",
-    "STOCK_VOCAB", "add_config_args", "check_consistency", "deep_merge", "hf_filenames", "load_config",
-    "load_schema", "local_shard_hashes", "n_special_tokens", "params_from_args", "params_json", "parse_overrides",
-    "resolve_config", "rule_params", "run_dir", "sample_shards", "shard_groups", "source_files", "source_shards",
-    "typed_overrides",
+    "accounting_slice", "add_config_args", "check_consistency", "cut", "decontaminate_grams_slice",
+    "decontaminate_slice", "dedup_signatures_slice", "dedup_slice", "deep_merge", "download_slice",
+    "eval_data_slice", "evaluate_slice", "export_slice", "filter_report_slice", "filter_slice", "hf_filenames",
+    "load_config", "load_schema", "local_shard_hashes", "mix_slice", "n_special_tokens", "NOT_DOWNLOAD_KEYS",
+    "pack_slice", "params_from_args", "params_json", "parse_overrides", "plan_slice", "PLAN_TRAIN_KEYS",
+    "resolve_config", "RESOURCE_KEYS", "ROOT", "run_dir", "sample_shards", "SCHEMA_PATH", "shard_groups",
+    "source_files", "SOURCE_HASH_CACHE", "source_shards", "split_slice", "STOCK_VOCAB", "tokenize_slice",
+    "tokenizer_slice", "train_slice", "typed_overrides",
 ]

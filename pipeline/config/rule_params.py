@@ -1,11 +1,12 @@
-"""What each rule depends on: its slice of the config, one function per rule in `RULE_PARAMS`.
+"""What each rule depends on: its slice of the config, one `*_slice` function per kind of rule, which the
+rule's spec (pipeline/rules.py, `Rule.params`) names.
 
 A rule declares its slice as `params:` (so an edit to it reruns the rule and its downstream, and
 nothing else) and passes it to its module's CLI as ``--params JSON``; by hand the CLI takes
-``--configfile`` (and ``--set``) and cuts the same slice here. What a rule's *code* is (the other
-half of its identity) is its `code=code_version("pipeline.…")` param (pipeline/codehash.py): the
-definitions the module it runs can reach, which hold this module's (`RULE_PARAMS`, and through it every
-rule's slice function), since every module's CLI reads its params through `params_from_args`.
+``--configfile`` (and ``--set``) and cuts the same slice here (`params_from_args(args, mix_slice)`: a
+module names its slice function, not its rule, so the table of every rule is not in its code hash). What a
+rule's *code* is (the other half of its identity) is its `code` param (pipeline/codehash.py): the
+definitions the module it runs can reach, its own slice function among them and no other rule's.
 
 For the per-shard rules (download, filter, tokenize, dedup_signatures, decontaminate_flags) `source` narrows
 the slice to the job's own source, so editing one source reruns no job of another; for mix and pack `mix` narrows it
@@ -66,66 +67,66 @@ def _run_description(cfg: dict) -> dict:
 # ----------------------------------------------------------------------------- one slice per rule
 # Each takes (cfg, names of the sources in scope, the mix in scope or None).
 
-def _download(cfg: dict, names: list[str], mix: str | None) -> dict:
+def download_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     return {"sources": _sources_without(cfg, names, NOT_DOWNLOAD_KEYS), "download": cfg["download"]}
 
 
-def _tokenizer(cfg: dict, names: list[str], mix: str | None) -> dict:
+def tokenizer_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     # sampling reads text only: min_chars (and the chat cap) apply at tokenize time
     return {"tokenizer": cfg["tokenizer"], "sources": _source_slice(cfg, tokenizer_sources(cfg), TEXT_KEYS),
             "seed": cfg["seed"]}
 
 
-def _per_shard(cfg: dict, names: list[str], mix: str | None) -> dict:
+def tokenize_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     # count.sample_shards picks the plan's sample (which tokenized shards it reads), never an output of these
     return {"sources": _source_slice(cfg, names), "count": {"batch_size": cfg["count"]["batch_size"]}}
 
 
-def _filter(cfg: dict, names: list[str], mix: str | None) -> dict:
+def filter_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     # the chain and how the source's text is read: the filtered shards and decisions depend on nothing else
     return {"filter": cfg["filter"], "sources": _source_slice(cfg, names, TEXT_KEYS)}
 
 
-def _filter_report(cfg: dict, names: list[str], mix: str | None) -> dict:
+def filter_report_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     # the funnel of every source: the chain (its removal order), how each source's text is read, the examples' seed
-    return {**_filter(cfg, list(cfg["sources"]), mix), "seed": cfg["seed"]}
+    return {**filter_slice(cfg, list(cfg["sources"]), mix), "seed": cfg["seed"]}
 
 
-def _dedup_signatures(cfg: dict, names: list[str], mix: str | None) -> dict:
-    return {**_per_shard(cfg, names, mix), "dedup": {k: cfg["dedup"][k] for k in SIGNATURE_KEYS}}
+def dedup_signatures_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
+    return {**tokenize_slice(cfg, names, mix), "dedup": {k: cfg["dedup"][k] for k in SIGNATURE_KEYS}}
 
 
-def _dedup(cfg: dict, names: list[str], mix: str | None) -> dict:
+def dedup_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     return {"dedup": cfg["dedup"], "seed": cfg["seed"]}
 
 
-def _split(cfg: dict, names: list[str], mix: str | None) -> dict:
+def split_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     return {"split": cfg["split"], "seed": cfg["seed"]}
 
 
-def _eval_data(cfg: dict, names: list[str], mix: str | None) -> dict:
+def eval_data_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     # the task files depend on the task lists and the pool only
     evaluation = cfg["eval"]
     return {"tasks": evaluation["tasks"], "pool_size": evaluation["core_pool_size"], "seed": cfg["seed"],
             "chat_tasks": evaluation["chat_tasks"]}
 
 
-def _decontaminate_grams(cfg: dict, names: list[str], mix: str | None) -> dict:
+def decontaminate_grams_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     # the eval n-gram table and the report: no source's key (a source edit reruns that source's flags only)
     return {"decontaminate": cfg["decontaminate"], "eval_tasks": cfg["eval"]["tasks"]}
 
 
-def _decontaminate(cfg: dict, names: list[str], mix: str | None) -> dict:
-    return {**_decontaminate_grams(cfg, names, mix), "sources": _source_slice(cfg, names, TEXT_KEYS)}
+def decontaminate_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
+    return {**decontaminate_grams_slice(cfg, names, mix), "sources": _source_slice(cfg, names, TEXT_KEYS)}
 
 
-def _pack(cfg: dict, names: list[str], mix: str | None) -> dict:
+def pack_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     mixes = cfg["mixes"] if mix is None else {mix: cfg["mixes"][mix]}
     return {"mixes": mixes, "seq_len": cfg["train"]["seq_len"], "seed": cfg["seed"]}
 
 
-def _mix(cfg: dict, names: list[str], mix: str | None) -> dict:
-    params = _pack(cfg, names, mix)
+def mix_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
+    params = pack_slice(cfg, names, mix)
     plan_mixes = [name for name, spec in params["mixes"].items() if spec["tokens"] == "plan"]
     if plan_mixes:
         # `tokens: plan` resolved here rather than read from plan.json: the figure (the most any
@@ -136,12 +137,12 @@ def _mix(cfg: dict, names: list[str], mix: str | None) -> dict:
     return params
 
 
-def _export(cfg: dict, names: list[str], mix: str | None) -> dict:
+def export_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     # what an exported model directory depends on (the checkpoint brings the weights)
     return {"model": cfg["model"], "tokenizer": cfg["tokenizer"], "train": {"seq_len": cfg["train"]["seq_len"]}}
 
 
-def _plan(cfg: dict, names: list[str], mix: str | None) -> dict:
+def plan_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     # budget, batch layout and memory only: an lr edit reruns train, not the data rules
     run = _run_description(cfg)
     keep = ("run_name", "seed", "tokenizer", "split", "mixes", "model", "hardware", "sources")
@@ -150,48 +151,26 @@ def _plan(cfg: dict, names: list[str], mix: str | None) -> dict:
 
 
 # train, evaluate and accounting depend on (almost) the whole run description.
-def _evaluate(cfg: dict, names: list[str], mix: str | None) -> dict:
+def evaluate_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     return {k: v for k, v in _run_description(cfg).items() if k != "download"}
 
 
-def _train(cfg: dict, names: list[str], mix: str | None) -> dict:
+def train_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     # training's CORE subset has its own item cap: an edit of the final evaluation's cap reruns evaluate only
-    params = _evaluate(cfg, names, mix)
+    params = evaluate_slice(cfg, names, mix)
     return {**params, "eval": {k: v for k, v in params["eval"].items() if k != "core_max_items"}}
 
 
-def _accounting(cfg: dict, names: list[str], mix: str | None) -> dict:
-    return {k: v for k, v in _evaluate(cfg, names, mix).items() if k != "eval"}  # reads no eval.* key
+def accounting_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
+    return {k: v for k, v in evaluate_slice(cfg, names, mix).items() if k != "eval"}  # reads no eval.* key
 
 
-RULE_PARAMS: dict[str, Callable[[dict, list[str], str | None], dict]] = {
-    "download": _download,
-    "filter": _filter,
-    "filter_report": _filter_report,
-    "tokenizer": _tokenizer,
-    "tokenize": _per_shard,
-    "dedup_signatures": _dedup_signatures,
-    "dedup": _dedup,
-    "eval_data": _eval_data,
-    "decontaminate": _decontaminate,
-    "decontaminate_grams": _decontaminate_grams,
-    "split": _split,
-    "mix": _mix,
-    "pack": _pack,
-    "plan": _plan,
-    "train": _train,
-    "evaluate": _evaluate,
-    "accounting": _accounting,
-    "export": _export,
-}
+Slice = Callable[[dict, list[str], "str | None"], dict]
 
 
-def rule_params(cfg: dict, rule: str, source: str | None = None, mix: str | None = None) -> dict:
-    """The config slice rule `rule` depends on (`RULE_PARAMS`), narrowed to `source` / `mix` when given."""
-    try:
-        slice_of = RULE_PARAMS[rule]
-    except KeyError:
-        raise KeyError(f"unknown rule {rule!r} (rules with params: {', '.join(RULE_PARAMS)})") from None
+def cut(slice_of: Slice, cfg: dict, source: str | None = None, mix: str | None = None) -> dict:
+    """The config slice `slice_of` (one of the `*_slice` functions above) of `cfg`, narrowed to `source` / `mix`
+    when given (a per-shard job's own source, a per-mix job's own mix)."""
     return slice_of(cfg, list(cfg["sources"]) if source is None else [source], mix)
 
 
@@ -207,11 +186,13 @@ def add_config_args(parser) -> None:
                              "read as YAML and typed by the schema); repeatable")
 
 
-def params_from_args(args, rule: str) -> dict:
-    """The params of rule `rule` from a CLI's --params, or cut from its --configfile (and --set)."""
+def params_from_args(args, slice_of: Slice) -> dict:
+    """A rule's params from its CLI's --params, or cut from its --configfile (and --set) by `slice_of`, the
+    rule's slice function (the one its spec in pipeline/rules.py names; a module names it rather than the rule,
+    so its code hash reaches its own slice only)."""
     overrides = getattr(args, "set", None)
     if args.params is not None:
         if overrides:
             raise ConfigError("--set applies to --configfile only; --params is the resolved slice a rule passes")
         return json.loads(args.params)
-    return rule_params(load_config(args.configfile, parse_overrides(overrides)), rule)
+    return cut(slice_of, load_config(args.configfile, parse_overrides(overrides)))

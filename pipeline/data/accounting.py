@@ -60,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import accounting_slice, add_config_args, params_from_args
 from pipeline.data.contract import DROP_REASONS, shard_keys, token_column_mismatches
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_write, get_logger, provenance, read_json, run_cli, write_json
@@ -488,7 +488,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True, help="R/accounting.json")
     ap.add_argument("--out-md", required=True, help="R/accounting.md")
     args = ap.parse_args(argv)
-    run_accounting(params_from_args(args, "accounting"), args.run_dir, args.out, args.out_md)
+    run_accounting(params_from_args(args, accounting_slice), args.run_dir, args.out, args.out_md)
 
 
 if __name__ == "__main__":

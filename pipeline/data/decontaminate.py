@@ -65,7 +65,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, decontaminate_slice, params_from_args
 from pipeline.data.contract import add_group_args, document_texts, load_doc_tokens, write_manifest
 from pipeline.data.minhash import SHINGLE_MULT, SHINGLE_SEED, doc_word_hashes, normalize_text, word_hash
 from pipeline.data.tasks import load_tasks
@@ -499,7 +499,7 @@ def main(argv=None) -> None:
     r.add_argument("--parts", nargs="+", required=True, help="R/decontam/{source}/{shard}.json, every shard")
     r.add_argument("--report", required=True, help="R/decontam/report.json")
     args = ap.parse_args(argv)
-    params = params_from_args(args, "decontaminate")
+    params = params_from_args(args, decontaminate_slice)
     if args.cmd == "grams":
         grams = build_grams(params, args.eval_data)
         write_grams(grams, args.out, provenance("decontaminate", params, [Path(args.eval_data) / "tasks.json"]))

@@ -69,7 +69,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, dedup_signatures_slice, dedup_slice, params_from_args
 from pipeline.data import minhash
 from pipeline.data.contract import (
     add_group_args,
@@ -697,7 +697,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.command == "signatures":
         tune_allocator()
-        params = params_from_args(args, "dedup_signatures")
+        params = params_from_args(args, dedup_signatures_slice)
         if len(args.tokens) != len(args.inputs):
             raise PipelineError(f"{len(args.inputs)} --inputs but {len(args.tokens)} --tokens; pass one per shard")
         run_group("dedup_signatures", list(zip(args.inputs, args.tokens, strict=True)), args.outputs, args.manifest,
@@ -705,9 +705,9 @@ def main(argv=None) -> None:
     elif args.command == "index":
         write_index(args.manifests, args.out)
     elif args.command == "candidates":
-        write_candidates(signature_files(args), args.part, args.out, params_from_args(args, "dedup"))
+        write_candidates(signature_files(args), args.part, args.out, params_from_args(args, dedup_slice))
     else:
-        run_clusters(signature_files(args), args.outdir, args.report, params_from_args(args, "dedup"), args.pairs)
+        run_clusters(signature_files(args), args.outdir, args.report, params_from_args(args, dedup_slice), args.pairs)
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from pipeline.config import add_config_args, params_from_args, source_files
+from pipeline.config import add_config_args, download_slice, params_from_args, source_files
 from pipeline.data.contract import chat_field_problem, run_group
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_path, get_logger, progress, provenance, read_json, run_cli, sha256_file, write_json
@@ -561,7 +561,7 @@ def download_shard(params: dict, source: str, shard: str, out: str | os.PathLike
                    resolved: dict | None = None) -> dict:
     """Place shard `shard` of `source` at `out` with its `{out}.json` sidecar; return the sidecar record.
 
-    `params` is `rule_params(cfg, "download")`: {"sources": ..., "download": {retries, ...}}.
+    `params` is `cut(download_slice, cfg)`: {"sources": ..., "download": {retries, ...}}.
     `resolved`: the revisions this job resolved to commits so far (shared by the shards of a group,
     so that one job fetches every shard at one commit).
     """
@@ -591,7 +591,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     # httpx2 logs every request at INFO, including signed CDN URLs: keep those out of the logs.
     logging.getLogger("httpx2").setLevel(logging.WARNING)
-    params = params_from_args(args, STAGE)
+    params = params_from_args(args, download_slice)
     resolved: dict = {}  # the group's revision -> commit, resolved once (by its first shard's HEAD)
     run_group(STAGE, args.shards, args.outputs, args.manifest,
               lambda shard, out: download_shard(params, args.source, shard, out, resolved))

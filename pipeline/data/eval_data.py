@@ -35,7 +35,7 @@ import re
 from importlib import metadata
 from pathlib import Path
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, eval_data_slice, params_from_args
 from pipeline.data import bigbench
 from pipeline.data.tasks import (
     BIGBENCH,
@@ -381,7 +381,7 @@ def main(argv=None) -> None:
     add_config_args(p)
     p.add_argument("--outdir", required=True, help="R/eval_data")
     args = p.parse_args(argv)
-    build_eval_data(params_from_args(args, "eval_data"), args.outdir)
+    build_eval_data(params_from_args(args, eval_data_slice), args.outdir)
 
 
 if __name__ == "__main__":

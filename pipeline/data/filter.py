@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, filter_slice, params_from_args
 from pipeline.data.contract import add_group_args, doc_text, iter_documents, open_parquet, run_group, source_column
 from pipeline.data.filters import DECISION_SCHEMA, PII, Filter, build_chain, run_chain
 from pipeline.io import atomic_path, get_logger, provenance, run_cli, write_json
@@ -155,7 +155,7 @@ def main(argv=None) -> None:
     add_group_args(ap, "raw shards D/{source}/{shard}.parquet",
                    "R/filtered/{source}/{shard}.parquet, one per input (siblings .decisions.parquet, .parquet.json)")
     args = ap.parse_args(argv)
-    params = params_from_args(args, STAGE)
+    params = params_from_args(args, filter_slice)
     chain = build_chain(params["filter"])
     run_group(STAGE, args.inputs, args.outputs, args.manifest,
               lambda inp, out: filter_shard(chain, inp, out, args.source, params))

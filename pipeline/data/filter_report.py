@@ -14,8 +14,8 @@ file (``{shard}.parquet``), where there is one, must have as many rows as the de
 
 ``--params`` is ``{filter, sources, seed}``: the ``filter:`` list (its order is the removal order; ``null``
 is the default chain of `pipeline.data.filters`), how each source's text is read (``format``,
-``text_column``, ``messages_column``) and the run's seed (``--configfile`` cuts it once
-pipeline/config/rule_params.py has a ``filter_report`` slice, added with the rule). Per source, the report
+``text_column``, ``messages_column``) and the run's seed (``--configfile`` cuts it by
+``filter_report_slice``, the slice its spec in pipeline/rules.py names). Per source, the report
 gives:
 
 * the funnel: for each enabled filter in chain order, the documents and characters (``chars_in``) it
@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, filter_report_slice, params_from_args
 from pipeline.data.contract import doc_text, load_shard_meta, open_parquet, source_column
 from pipeline.data.filters import DECISION_COLUMNS, PII, Filter, build_chain
 from pipeline.errors import PipelineError
@@ -298,7 +298,7 @@ def main(argv=None) -> None:
     p.add_argument("--out-md", required=True)
     p.add_argument("--out-png", required=True)
     args = p.parse_args(argv)
-    filter_report(params_from_args(args, "filter_report"), args.raw, args.decisions, args.out_json, args.out_md,
+    filter_report(params_from_args(args, filter_report_slice), args.raw, args.decisions, args.out_json, args.out_md,
                   args.out_png, args.tokens, args.examples)
 
 

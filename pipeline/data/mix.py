@@ -48,7 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, mix_slice, params_from_args
 from pipeline.data.contract import rank_by_hash
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, provenance, read_json, run_cli, write_json, write_parquet
@@ -75,7 +75,7 @@ def target_tokens(mix_name: str, params: dict) -> int:
         trained = trained.get(mix_name)
     if not isinstance(trained, int):
         raise PipelineError(f"mixes.{mix_name}.tokens is 'plan' but the params carry no integer 'trained_tokens'; "
-                            "pass --configfile, or params made by pipeline.config.rule_params(cfg, 'mix')")
+                            "pass --configfile, or params made by pipeline.rules.rule_params(cfg, 'mix')")
     return trained
 
 
@@ -345,7 +345,7 @@ def main(argv=None) -> None:
     ap.add_argument("--split-dir", required=True, help="R/split")
     ap.add_argument("--outdir", required=True, help="R/mix/NAME")
     args = ap.parse_args(argv)
-    run_mix(params_from_args(args, "mix"), args.mix, args.split_dir, args.outdir)
+    run_mix(params_from_args(args, mix_slice), args.mix, args.split_dir, args.outdir)
 
 
 if __name__ == "__main__":

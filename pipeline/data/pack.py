@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, pack_slice, params_from_args
 from pipeline.data.contract import (
     MASK_REAL,
     open_tokens,
@@ -316,7 +316,7 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens-dir", required=True, help="R/tokens")
     ap.add_argument("--out", required=True, help="R/pack/{mix}/{split}.json (siblings .bin, .docs.npy, .mask.bin)")
     args = ap.parse_args(argv)
-    pack(params_from_args(args, "pack"), args.mix, args.split, args.schedule, args.tokens_dir, args.out)
+    pack(params_from_args(args, pack_slice), args.mix, args.split, args.schedule, args.tokens_dir, args.out)
 
 
 if __name__ == "__main__":

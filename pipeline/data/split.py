@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, params_from_args, split_slice
 from pipeline.data.contract import load_doc_tokens, rank_by_hash
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, provenance, read_json, run_cli, write_json, write_parquet
@@ -267,7 +267,7 @@ def main(argv=None) -> None:
     ap.add_argument("--outdir", required=True, help="R/split")
     ap.add_argument("--report", required=True, help="R/split/report.json")
     args = ap.parse_args(argv)
-    run_split(params_from_args(args, "split"), args.keep, args.tokens, args.outdir, args.report, args.decontam)
+    run_split(params_from_args(args, split_slice), args.keep, args.tokens, args.outdir, args.report, args.decontam)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, params_from_args, tokenize_slice
 from pipeline.data.contract import (
     COUNT_FIELDS,
     DROP_REASONS,
@@ -265,7 +265,7 @@ def main(argv=None) -> None:
                    "R/tokens/{source}/{shard}.json, one per input (siblings .bin, .idx.npy, .mask.bin)")
     ap.add_argument("--threads", type=int, default=1, help="tiktoken encoding threads (default 1: one job per core)")
     args = ap.parse_args(argv)
-    params = params_from_args(args, "tokenize")
+    params = params_from_args(args, tokenize_slice)
     tok = load_tokenizer(args.tokenizer)
     run_group("tokenize", args.inputs, args.outputs, args.manifest,
               lambda inp, out: tokenize_shard(tok, inp, out, args.source, shard_name(inp), params,

@@ -23,7 +23,7 @@ import random
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, params_from_args, tokenizer_slice
 from pipeline.data.contract import doc_text, iter_documents, open_parquet
 from pipeline.data.encoding import RANKS_FILE, format_ranks, special_token_names, tokenizer_sha256
 from pipeline.errors import PipelineError
@@ -254,7 +254,7 @@ def main(argv=None) -> None:
     ap.add_argument("--inputs", nargs="*", default=[], help="raw shards {data_dir}/{source}/{shard}.parquet")
     ap.add_argument("--out", required=True, help="R/tokenizer/encoding.json (the ranks file goes next to it)")
     args = ap.parse_args(argv)
-    build_tokenizer(params_from_args(args, "tokenizer"), args.inputs, args.out)
+    build_tokenizer(params_from_args(args, tokenizer_slice), args.inputs, args.out)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ import torch
 import torch.distributed as torch_dist
 import torch.nn.functional as F
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, evaluate_slice, params_from_args
 from pipeline.data.encoding import load_tokenizer
 from pipeline.data.tasks import BASELINES, load_tasks, score_name, task_path
 from pipeline.distributed import Dist, gather_objects, init_distributed
@@ -518,7 +518,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True, help="the table as JSON (written by rank 0; the per-item log beside it, "
                                                 "core_items.jsonl)")
     args = p.parse_args(argv)
-    params = params_from_args(args, "evaluate")
+    params = params_from_args(args, evaluate_slice)
 
     dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
     try:

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, evaluate_slice, params_from_args
 from pipeline.data.encoding import load_tokenizer
 from pipeline.data.loader import PackedLoader
 from pipeline.errors import PipelineError
@@ -390,7 +390,7 @@ def main(argv=None) -> None:
     p.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help="validation rows per forward pass")
     p.add_argument("--eval-data", help="R/eval_data: score the CORE-style tasks (eval.tasks) too")
     args = p.parse_args(argv)
-    evaluate(params_from_args(args, "evaluate"), args.ckpt, args.val, args.train, args.tokenizer, args.metrics,
+    evaluate(params_from_args(args, evaluate_slice), args.ckpt, args.val, args.train, args.tokenizer, args.metrics,
              args.outdir, args.batch_rows, args.eval_data, args.decontam)
 
 

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import params_from_args, rule_params
+from pipeline.config import cut, export_slice, params_from_args, tokenizer_slice
 from pipeline.data.encoding import ASSISTANT_END, BOS, CHAT_TOKENS, EOS, chat_template, load_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_dir, get_logger, provenance, read_json, run_cli, write_json
@@ -107,7 +107,7 @@ def check_tokenizer(ckpt_params: dict, tok, where: str) -> None:
     if made_with is None or not {"tokenizer", "sources", "seed"} <= set(ckpt_params):
         log.warning("cannot check that %s belongs to %s (one of them records no config)", tok.path, where)
         return
-    diffs = differences(rule_params(ckpt_params, "tokenizer"), made_with)
+    diffs = differences(cut(tokenizer_slice, ckpt_params), made_with)
     if diffs:
         path, ours, theirs = diffs[0]
         raise PipelineError(f"{tok.path} was made with {path} = {theirs!r} but {where} was trained with {ours!r}: "
@@ -333,7 +333,7 @@ def main(argv=None) -> None:
     g.add_argument("--params", help="the export slice of the run config as JSON (what the rule passes)")
     g.add_argument("--configfile", help="a full config YAML the checkpoint must come from")
     args = ap.parse_args(argv)
-    config_params = params_from_args(args, "export") if (args.params or args.configfile) else None
+    config_params = params_from_args(args, export_slice) if (args.params or args.configfile) else None
     if args.from_hf:
         if args.ckpt or args.tokenizer:
             ap.error("--from-hf takes no --ckpt/--tokenizer")

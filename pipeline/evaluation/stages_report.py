@@ -28,7 +28,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, evaluate_slice, params_from_args
 from pipeline.errors import PipelineError
 from pipeline.evaluation import compare
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, read_json, run_cli, write_json
@@ -173,7 +173,7 @@ def main(argv=None) -> None:
     p.add_argument("--out-md", required=True)
     p.add_argument("--out-png", required=True)
     args = p.parse_args(argv)
-    stages_report(params_from_args(args, "evaluate"), args.run_dir, args.out_json, args.out_md, args.out_png)
+    stages_report(params_from_args(args, evaluate_slice), args.run_dir, args.out_json, args.out_md, args.out_png)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import rule_params
+from pipeline.config import cut, export_slice
 from pipeline.errors import PipelineError
 from pipeline.io import read_json
 from pipeline.model.checkpoint import versions
@@ -88,7 +88,7 @@ def check_same_config(ckpt_params: dict, config_params: dict, where: str) -> Non
     """The checkpoint's run must have the config the caller passes (its `export` slice; a checkpoint
     imported from a foreign directory knows only its model and seq_len, so only those are compared)."""
     if "tokenizer" in ckpt_params:
-        ours = rule_params(ckpt_params, "export")
+        ours = cut(export_slice, ckpt_params)
     else:
         ours = {"model": ckpt_params["model"], "train": {"seq_len": ckpt_params["train"]["seq_len"]}}
         config_params = {k: config_params[k] for k in ours}

@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, params_from_args, train_slice
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, run_cli
 
@@ -141,7 +141,7 @@ def main(argv=None) -> None:
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     if not train_args:
         ap.error("give the trainer after --, e.g. -- -m pipeline.training.train ...")
-    hw = params_from_args(args, "train")["hardware"]
+    hw = params_from_args(args, train_slice)["hardware"]
     nodes, nproc = hw["nodes"], hw["nproc_per_node"]
     check_world(nodes, nproc, args.plan)
     env = dict(os.environ, **nccl_env(hw["nccl_env"], nodes))

@@ -97,7 +97,7 @@ import torch
 import torch.distributed as torch_dist
 
 from pipeline.budget import BatchLayout, canonical_gpu_type, flops_per_token, gpu_type_of, peak_flops
-from pipeline.config import add_config_args, params_from_args
+from pipeline.config import add_config_args, params_from_args, train_slice
 from pipeline.data.encoding import Tokenizer, load_tokenizer
 from pipeline.data.loader import DataExhausted, PackedLoader
 from pipeline.distributed import Dist, all_reduce_sum, close_distributed, init_distributed, seed_everything
@@ -521,7 +521,7 @@ def main(argv=None) -> None:
     p.add_argument("--keep-ckpts", type=int, default=2, help="step checkpoints kept on disk (newest)")
     p.add_argument("--eval-data", help="R/eval_data: score a CORE subset every eval.core_interval steps")
     args = p.parse_args(argv)
-    params = params_from_args(args, "train")
+    params = params_from_args(args, train_slice)
     if "stage" not in params:
         params = stage_config(params, args.stage or stage_names(params)[0])
     plan = read_json(args.plan) if args.plan is not None else batch_plan(params)

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from builders import CHATS, corpus, make_tokenizer, write_chat_shard
 
-from pipeline.config import params_json, resolve_config, rule_params
+from pipeline.config import params_json, resolve_config
 from pipeline.data.accounting import main, reconcile
 from pipeline.data.count import write_aggregate
 from pipeline.data.filter import filter_shard
@@ -20,6 +20,7 @@ from pipeline.data.pack import pack
 from pipeline.data.tokenize import tokenize_shard
 from pipeline.errors import PipelineError
 from pipeline.io import read_json, write_json
+from pipeline.rules import rule_params
 
 SHARDS = [("web", "a"), ("web", "b"), ("chat", "c")]
 SPAM = "\n".join(["buy cheap watches now"] * 20)  # a page the filter stage removes

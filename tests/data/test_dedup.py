@@ -12,9 +12,9 @@ import pytest
 from builders import add_shard, make_config, run_dedup, write_text_shard, write_token_index
 from datasketch import MinHash
 
-from pipeline.config import rule_params
 from pipeline.data import contract, dedup, minhash
 from pipeline.errors import PipelineError
+from pipeline.rules import rule_params
 
 NGRAM = 5
 

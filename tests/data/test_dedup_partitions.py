@@ -11,9 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from builders import ROOT
 
-from pipeline.config import resolve_config, rule_params
+from pipeline.config import resolve_config
 from pipeline.data import dedup, minhash
 from pipeline.errors import PipelineError
+from pipeline.rules import rule_params
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from dedup_scale import write_synthetic

@@ -21,10 +21,11 @@ import pytest
 from builders import ROOT, write_chat_shard, write_text_shard
 from mockhub import MockHub
 
-from pipeline.config import resolve_config, rule_params
+from pipeline.config import resolve_config
 from pipeline.data import download
 from pipeline.data.download import download_shard, main, sidecar_path
 from pipeline.errors import PipelineError
+from pipeline.rules import rule_params
 
 REPO = "org/fineweb-mini"
 PATTERN = "data/shard_{index:05d}.parquet"

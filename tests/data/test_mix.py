@@ -13,9 +13,10 @@ import pytest
 from builders import ROOT
 
 from pipeline import plan as plan_module
-from pipeline.config import load_config, rule_params
+from pipeline.config import load_config
 from pipeline.data import mix
 from pipeline.errors import PipelineError
+from pipeline.rules import rule_params
 
 SEQ_LEN = 64
 

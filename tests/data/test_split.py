@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from builders import add_shard, make_config, run_dedup, write_token_index
 
-from pipeline.config import rule_params
 from pipeline.data import split
 from pipeline.errors import PipelineError
+from pipeline.rules import rule_params
 
 
 def write_keep(path, cluster: list[int], keep: list[bool]) -> None:

@@ -22,7 +22,6 @@ import torch
 from builders import parity_model_config
 from transformers import AutoTokenizer
 
-from pipeline.config import rule_params
 from pipeline.data.eval_data import build_chat_task, wheel_record
 from pipeline.data.tasks import chat_task_spec
 from pipeline.evaluation import chat_core as C
@@ -30,6 +29,7 @@ from pipeline.evaluation import export as ex
 from pipeline.evaluation.lmeval_harness import chat_lmeval_task, run_lmeval, write_tasks  # lm-eval: the dev extra
 from pipeline.model.checkpoint import save_checkpoint, versions
 from pipeline.model.model import ModelConfig, Transformer
+from pipeline.rules import rule_params
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4

@@ -15,13 +15,13 @@ import pytest
 import torch
 from builders import parity_model_config
 
-from pipeline.config import rule_params
 from pipeline.data.eval_data import build_eval_data
 from pipeline.evaluation import core
 from pipeline.evaluation import export as ex
 from pipeline.evaluation.lmeval_harness import LocalTask, run_lmeval, write_tasks  # lm-eval: the dev extra
 from pipeline.model.checkpoint import save_checkpoint, versions
 from pipeline.model.model import ModelConfig, Transformer
+from pipeline.rules import rule_params
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4

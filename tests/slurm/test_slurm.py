@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from builders import ROOT, TINY, make_project, user_env
 
-from pipeline import cluster
+from pipeline import sizes
 
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -127,9 +127,9 @@ def test_jobs_request_the_resources_their_rules_declare(dag):
     _, out = dag
     cand = scontrol_job(slurm_job_ids(out, "dedup_candidates")[0])
     assert "NumNodes=1 " in cand and "NumCPUs=1 " in cand
-    # pipeline.cluster.dedup_job_mb(documents / 2 partitions): a few hundred documents -> its fixed part
+    # pipeline.sizes.dedup_job_mb(documents / 2 partitions): a few hundred documents -> its fixed part
     mem = int(re.search(r"MinMemoryNode=(\d+)M", cand).group(1))
-    assert cluster.DEDUP_JOB_BASE_MB <= mem <= cluster.dedup_job_mb(1000), cand
+    assert sizes.DEDUP_JOB_BASE_MB <= mem <= sizes.dedup_job_mb(1000), cand
 
 
 def test_train_is_one_two_node_allocation_with_a_torchrun_rendezvous(dag):

@@ -13,7 +13,7 @@ rule accounting:
         md=report(f"{RUN_DIR}/accounting.md", category="Data", caption="../report/accounting.rst"),
     params:
         p=rule_params("accounting"),
-        code=code_version("pipeline.data.accounting"),
+        code=rule_code("accounting"),
         run_dir=lambda w, output: Path(output.json).parent,
     log:
         f"{LOG_DIR}/accounting.log",

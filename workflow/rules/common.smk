@@ -15,7 +15,9 @@ BASE = Path(workflow.basedir)
 sys.path.insert(0, str(BASE))
 from pipeline import cluster as tfcl  # noqa: E402
 from pipeline import config as tfc  # noqa: E402
+from pipeline import sizes as tfsz  # noqa: E402
 from pipeline import codehash as tfch  # noqa: E402
+from pipeline import rules as tfr  # noqa: E402
 from pipeline.data.filters import build_chain  # noqa: E402
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.perf import resolve_parallel  # noqa: E402
@@ -89,11 +91,14 @@ TOKENIZER = f"{RUN_DIR}/tokenizer/encoding.json"
 # input of the stages that init from it.
 STAGES = {s["name"]: s for s in stage_list(config)}
 
-# Job sizes (pipeline/cluster.py): every rule's threads and resources (cpus_per_task, mem_mb, runtime,
+# Every rule's facts are its spec in pipeline/rules.py: the modules it runs (`rule_code`), its config slice
+# (`rule_params`), its size (`job_threads`, `job_resources`) and whether it runs in its shard group's SLURM
+# job (`job_group`); a rule's .smk holds its inputs, outputs and command, and names its spec through these.
+# Job sizes (pipeline/sizes.py): every rule's threads and resources (cpus_per_task, mem_mb, runtime,
 # gpu, nodes) from the config and the corpus size (the measured counts once they exist: the exact table,
 # else the plan's sample; else the sources' estimates). A cluster executor turns them into its job
 # requests; locally, --cores caps threads.
-_corpus = tfcl.corpus(config, tfcl.measured_sizes(run_counts(RUN_DIR)))
+_corpus = tfsz.corpus(config, tfsz.measured_sizes(run_counts(RUN_DIR)))
 CORPUS_DOCS, CORPUS_TOKENS = _corpus["documents"], _corpus["tokens"]
 
 
@@ -117,26 +122,29 @@ onstart:
                  "it to the cores one job may use, e.g. --config hardware='{cpus_per_task: 16}'")
 
 
-def code_version(*entries):
-    """A rule's code param: the hash of the definitions its `python -m` entries can run (pipeline/codehash.py),
-    each hash's definitions kept in .snakemake/tokenfarm-codehash/ for codehash's `--why RULE` (docs/code-hash.md)."""
-    return tfch.code_version(*entries, record=tfch.RECORD_DIR)
+def rule_code(rule):
+    """A rule's code param: the hash of the definitions the `python -m` modules of its spec can run
+    (pipeline/codehash.py), each hash's definitions kept in .snakemake/tokenfarm-codehash/ for codehash's
+    `--why RULE` (docs/code-hash.md)."""
+    return tfch.code_version(*tfr.rule(rule).entries, record=tfch.RECORD_DIR)
 
 
 def rule_params(rule):
-    """A rule's config slice as canonical JSON: declared as params so that editing it reruns the rule."""
-    return tfc.params_json(tfc.rule_params(config, rule))
-
-
-def mix_params(rule):
-    """Param function of mix/pack: the slice of the job's own mix only."""
-    return lambda w: tfc.params_json(tfc.rule_params(config, rule, mix=w.mix))
-
-
-def training_stage_params(rule):
-    """Param function of train/evaluate: the config as the job's training stage sees it (its own
-    train section and mix): an edit to another stage reruns nothing of this one."""
-    return lambda w: tfc.params_json(stage_config(tfc.rule_params(config, rule), w.stage))
+    """A rule's config slice (its spec's `params`) as canonical JSON, declared as params so that editing it
+    reruns the rule; narrowed per job by the spec's `scope`: the job's source, its mix, its training stage
+    (`stage_config`: an edit to another stage reruns nothing of this one), its scaling point."""
+    spec = tfr.rule(rule)
+    if spec.scope == "run":
+        return tfc.params_json(tfr.rule_params(config, rule))
+    if spec.scope == "fit":
+        return tfc.params_json(spec.params(config))
+    if spec.scope == "source":
+        return lambda w: tfc.params_json(tfr.rule_params(config, rule, source=w.source))
+    if spec.scope == "mix":
+        return lambda w: tfc.params_json(tfr.rule_params(config, rule, mix=w.mix))
+    if spec.scope == "stage":
+        return lambda w: tfc.params_json(stage_config(tfr.rule_params(config, rule), w.stage))
+    return lambda w: tfc.params_json(spec.params(config, float(w.budget), int(w.depth)))  # point
 
 
 def stage_pack(split):
@@ -148,11 +156,6 @@ def stage_init(w):
     """Input function: the final.pt of the stage the job's training stage starts from (none for scratch)."""
     init = STAGES[w.stage]["init_from"]
     return [f"{RUN_DIR}/train/{init}/final.pt"] if init else []
-
-
-def source_params(rule):
-    """Param function of a per-shard rule: the slice of the job's own source only."""
-    return lambda w: tfc.params_json(tfc.rule_params(config, rule, w.source))
 
 
 # Per-shard stages run one job per group of `shards_per_job` shards, one process per job: the stage
@@ -187,19 +190,25 @@ def sample_priority(w):
     return SAMPLE_PRIORITY if set(GROUPS[w.source][w.group]) & set(SAMPLE[w.source]) else 0
 
 
-# The per-shard chain of one shard group (download → filter → tokenize → dedup_signatures) is one cluster job, the
-# group job "shards-{source}-{group}", joined by its edges (the cluster profile's `group-components` puts
+# The per-shard chain of one shard group (download → filter → tokenize → dedup_signatures: the rules whose spec
+# has `shard_chain`) is one cluster job, the group job "shards-{source}-{group}", joined by its edges (the cluster profile's `group-components` puts
 # every component of one resolved group id in one job). decontaminate_flags stays out of it: the chain
 # does not wait for the eval tasks (eval_data), which only the flags need. A source the tokenizer is
-# trained on keeps its download and its filter jobs of their own (download_group): the tokenizer job (which
+# trained on keeps its download and its filter jobs of their own (`job_group`): the tokenizer job (which
 # needs every such filtered shard) sits between them and the rest, and a group job may not be left and
 # entered again. Locally
 # (`--cores`) Snakemake runs no group jobs: every job is its own process as before.
 SHARD_CHAIN = "shards-{source}-{group}"
 
 
-def download_group(w):
-    return None if w.source in tokenizer_sources(config) else SHARD_CHAIN.format(source=w.source, group=w.group)
+def job_group(rule):
+    """`group:` of the rules in the shard chain (`shard_chain` in pipeline/rules.py), the shard group's job; for
+    those the tokenizer waits for, that job only for the sources the tokenizer does not read."""
+    if not tfr.rule(rule).shard_chain:
+        raise ValueError(f"rule {rule} is not in the shard chain (pipeline/rules.py)")
+    if not tfr.feeds_tokenizer(rule):
+        return SHARD_CHAIN
+    return lambda w: None if w.source in tokenizer_sources(config) else SHARD_CHAIN.format(source=w.source, group=w.group)
 
 
 # `benchmark:` of every data rule: Snakemake's per-job table (wall s, peak RSS/VMS MB, I/O, CPU s, ...) at

@@ -14,15 +14,15 @@ rule count:
         table=f"{RUN_DIR}/counts/counts.parquet",
         summary=f"{RUN_DIR}/counts/summary.json",
     params:
-        code=code_version("pipeline.data.count"),
+        code=rule_code("count"),
         files=shard_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
     log:
         f"{LOG_DIR}/count/aggregate.log",
     benchmark:
         f"{BENCH_DIR}/count.tsv"
-    threads: job_threads("plan")
+    threads: job_threads("count")
     resources:
-        **job_resources("plan"),
+        **job_resources("count"),
     conda:
         "../../envs/data.yaml"
     shell:
@@ -38,16 +38,16 @@ rule count_sample:
         table=f"{RUN_DIR}/counts/sample.parquet",
         summary=f"{RUN_DIR}/counts/sample.json",
     params:
-        code=code_version("pipeline.data.count"),
+        code=rule_code("count_sample"),
         files=[f"{RUN_DIR}/tokens/{s}/{sh}.json" for s in SOURCES for sh in SAMPLE[s]],
     log:
         f"{LOG_DIR}/count/sample.log",
     benchmark:
         f"{BENCH_DIR}/count_sample.tsv"
     priority: SAMPLE_PRIORITY
-    threads: job_threads("plan")
+    threads: job_threads("count_sample")
     resources:
-        **job_resources("plan"),
+        **job_resources("count_sample"),
     conda:
         "../../envs/data.yaml"
     shell:

@@ -11,7 +11,7 @@ rule decontaminate_grams:
         f"{RUN_DIR}/decontam/grams.parquet",
     params:
         p=rule_params("decontaminate_grams"),
-        code=code_version("pipeline.data.decontaminate"),
+        code=rule_code("decontaminate_grams"),
         eval_data=lambda w, input: Path(input.tasks).parent,
     log:
         f"{LOG_DIR}/decontaminate/grams.log",
@@ -35,8 +35,8 @@ rule decontaminate_flags:
     output:
         f"{RUN_DIR}/decontam/{{source}}/_manifest/{{group}}.json",
     params:
-        p=source_params("decontaminate"),
-        code=code_version("pipeline.data.decontaminate"),
+        p=rule_params("decontaminate_flags"),
+        code=rule_code("decontaminate_flags"),
         inputs=group_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet"),
         tokens=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
         files=group_files(f"{RUN_DIR}/decontam/{{source}}/{{shard}}.parquet"),
@@ -67,16 +67,16 @@ rule decontaminate:
     output:
         report=f"{RUN_DIR}/decontam/report.json",
     params:
-        p=rule_params("decontaminate_grams"),
-        code=code_version("pipeline.data.decontaminate"),
+        p=rule_params("decontaminate"),
+        code=rule_code("decontaminate"),
         parts=shard_files(f"{RUN_DIR}/decontam/{{source}}/{{shard}}.json"),
     log:
         f"{LOG_DIR}/decontaminate/report.log",
     benchmark:
         f"{BENCH_DIR}/decontaminate.tsv"
-    threads: job_threads("plan")
+    threads: job_threads("decontaminate")
     resources:
-        **job_resources("plan"),
+        **job_resources("decontaminate"),
     conda:
         "../../envs/data.yaml"
     shell:

@@ -9,8 +9,8 @@ rule dedup_signatures:
     output:
         f"{RUN_DIR}/dedup/sig/{{source}}/_manifest/{{group}}.json",
     params:
-        p=source_params("dedup_signatures"),
-        code=code_version("pipeline.data.dedup"),
+        p=rule_params("dedup_signatures"),
+        code=rule_code("dedup_signatures"),
         inputs=group_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet"),
         tokens=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
         files=group_files(f"{RUN_DIR}/dedup/sig/{{source}}/{{shard}}.parquet"),
@@ -19,7 +19,7 @@ rule dedup_signatures:
     benchmark:
         f"{BENCH_DIR}/dedup_signatures/{{source}}/{{group}}.tsv"
     group:
-        SHARD_CHAIN
+        job_group("dedup_signatures")
     threads: job_threads("dedup_signatures")
     resources:
         **job_resources("dedup_signatures"),
@@ -43,14 +43,14 @@ rule dedup_index:
     output:
         f"{RUN_DIR}/dedup/sig/index.json",
     params:
-        code=code_version("pipeline.data.dedup"),
+        code=rule_code("dedup_index"),
     log:
         f"{LOG_DIR}/dedup/index.log",
     benchmark:
         f"{BENCH_DIR}/dedup_index.tsv"
-    threads: job_threads("plan")  # a reducer over small per-shard files, sized as the plan rule (cluster.data_costs)
+    threads: job_threads("dedup_index")
     resources:
-        **job_resources("plan"),
+        **job_resources("dedup_index"),
     conda:
         "../../envs/data.yaml"
     shell:
@@ -64,8 +64,8 @@ rule dedup_candidates:
         # read by the merge job only: removed once it has run (a rerun of the merge reruns its candidates)
         temp(f"{RUN_DIR}/dedup/pairs/{{part}}.parquet"),
     params:
-        p=rule_params("dedup"),
-        code=code_version("pipeline.data.dedup"),
+        p=rule_params("dedup_candidates"),
+        code=rule_code("dedup_candidates"),
     log:
         f"{LOG_DIR}/dedup/candidates/{{part}}.log",
     benchmark:
@@ -88,7 +88,7 @@ rule dedup:
         report=f"{RUN_DIR}/dedup/report.json",
     params:
         p=rule_params("dedup"),
-        code=code_version("pipeline.data.dedup"),
+        code=rule_code("dedup"),
         outdir=lambda w, output: Path(output.report).parent,
     log:
         f"{LOG_DIR}/dedup/clusters.log",

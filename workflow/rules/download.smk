@@ -4,11 +4,11 @@ rule download:
     output:
         f"{DATA_DIR}/{{source}}/_manifest/{{group}}.json",
     params:
-        p=source_params("download"),
+        p=rule_params("download"),
         # local sources: each shard file's sha256, so an edited shard reruns its download and what follows,
         # while a file only touched (same content, new mtime) reruns nothing
         content=lambda w: tfc.local_shard_hashes(config, w.source, GROUPS[w.source][w.group]),
-        code=code_version("pipeline.data.download"),
+        code=rule_code("download"),
         shards=group_shards,
         files=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
     log:
@@ -16,7 +16,7 @@ rule download:
     benchmark:
         f"{BENCH_DIR}/download/{{source}}/{{group}}.tsv"
     group:
-        download_group
+        job_group("download")
     priority: sample_priority
     threads: job_threads("download")
     resources:

@@ -5,7 +5,7 @@ rule eval_data:
         f"{RUN_DIR}/eval_data/tasks.json",
     params:
         p=rule_params("eval_data"),
-        code=code_version("pipeline.data.eval_data"),
+        code=rule_code("eval_data"),
         outdir=lambda w, output: Path(output[0]).parent,
     log:
         f"{LOG_DIR}/eval_data.log",

@@ -24,8 +24,8 @@ rule evaluate:
         core_items=f"{RUN_DIR}/eval/{{stage}}/core_items.jsonl",
         chat_core_items=f"{RUN_DIR}/eval/{{stage}}/chat_core_items.jsonl",
     params:
-        p=training_stage_params("evaluate"),
-        code=code_version("pipeline.evaluation.evaluate"),
+        p=rule_params("evaluate"),
+        code=rule_code("evaluate"),
         eval_data=lambda w, input: Path(input.tasks).parent,
         outdir=lambda w, output: Path(output.json).parent,
         metrics=lambda w, input: Path(input.ckpt).parent / "metrics.jsonl",  # train's, complete with final.pt
@@ -57,8 +57,8 @@ rule stages_report:
         md=report(f"{RUN_DIR}/eval/stages.md", category="Evaluation", caption="../report/stages.rst"),
         png=report(f"{RUN_DIR}/eval/stages.png", category="Evaluation", caption="../report/stages.rst"),
     params:
-        p=rule_params("evaluate"),
-        code=code_version("pipeline.evaluation.stages_report"),
+        p=rule_params("stages_report"),
+        code=rule_code("stages_report"),
         run_dir=lambda w, output: Path(output.json).parent.parent,
     log:
         f"{LOG_DIR}/evaluate/stages.log",

@@ -10,7 +10,7 @@ rule export:
         directory(f"{RUN_DIR}/export/hf"),
     params:
         p=rule_params("export"),
-        code=code_version("pipeline.evaluation.export"),
+        code=rule_code("export"),
     log:
         f"{LOG_DIR}/export.log",
     threads: job_threads("export")

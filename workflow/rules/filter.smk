@@ -7,8 +7,8 @@ rule filter:
     output:
         f"{RUN_DIR}/filtered/{{source}}/_manifest/{{group}}.json",
     params:
-        p=source_params("filter"),
-        code=code_version("pipeline.data.filter"),
+        p=rule_params("filter"),
+        code=rule_code("filter"),
         inputs=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
         files=group_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet"),
     log:
@@ -16,7 +16,7 @@ rule filter:
     benchmark:
         f"{BENCH_DIR}/filter/{{source}}/{{group}}.tsv"
     group:
-        download_group
+        job_group("filter")
     priority: sample_priority
     threads: job_threads("filter")
     resources:

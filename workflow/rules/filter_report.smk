@@ -16,7 +16,7 @@ rule filter_report:
         png=report(f"{RUN_DIR}/filtered/funnel.png", category="Data", caption="../report/filter.rst"),
     params:
         p=rule_params("filter_report"),
-        code=code_version("pipeline.data.filter_report"),
+        code=rule_code("filter_report"),
         raw=shard_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
         decisions=shard_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.decisions.parquet"),
         tokens=shard_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),

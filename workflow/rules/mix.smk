@@ -7,8 +7,8 @@ rule mix:
         val=f"{RUN_DIR}/mix/{{mix}}/val.parquet",
         report=f"{RUN_DIR}/mix/{{mix}}/report.json",
     params:
-        p=mix_params("mix"),
-        code=code_version("pipeline.data.mix"),
+        p=rule_params("mix"),
+        code=rule_code("mix"),
         split_dir=lambda w, input: Path(input.split).parent,
         outdir=lambda w, output: Path(output.report).parent,
     log:

@@ -8,8 +8,8 @@ rule pack:
         docs=f"{RUN_DIR}/pack/{{mix}}/{{split}}.docs.npy",
         meta=f"{RUN_DIR}/pack/{{mix}}/{{split}}.json",
     params:
-        p=mix_params("pack"),
-        code=code_version("pipeline.data.pack"),
+        p=rule_params("pack"),
+        code=rule_code("pack"),
         tokens_dir=f"{RUN_DIR}/tokens",
     log:
         f"{LOG_DIR}/pack/{{mix}}/{{split}}.log",

@@ -12,7 +12,7 @@ rule plan:
         md=report(f"{RUN_DIR}/plan.md", category="Plan", caption="../report/plan.rst"),
     params:
         p=rule_params("plan"),
-        code=code_version("pipeline.plan"),
+        code=rule_code("plan"),
     log:
         f"{LOG_DIR}/plan.log",
     benchmark:

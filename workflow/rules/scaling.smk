@@ -21,12 +21,6 @@ except ConfigError as _e:
     stop(_e)
 
 
-_POINT_RESOURCES = tfcl.job_resources(
-    {**config, "hardware": {**config["hardware"], "nproc_per_node": 1, "nodes": 1}}, "train")["resources"]
-if config["hardware"]["device"] == "cpu":
-    _POINT_RESOURCES["cpus_per_task"] = 1
-
-
 rule scaling_point:
     input:
         train=f"{RUN_DIR}/pack/{SCALING_MIX}/train.json",
@@ -35,10 +29,10 @@ rule scaling_point:
     output:
         json=f"{SCALING_DIR}/{{budget}}/{{depth}}/report.json",
     params:
-        p=lambda w: tfc.params_json(tfsc.point_params(config, float(w.budget), int(w.depth))),
-        # what the job runs; pipeline.scaling only computes the params above (an edit of the fit or the
-        # plot must not retrain the points)
-        code=code_version("pipeline.training.launch", "pipeline.training.train", "pipeline.evaluation.evaluate"),
+        # the point's own view of the config (pipeline.scaling.point_params); the code is what the job runs:
+        # pipeline.scaling only computes the params (an edit of the fit or the plot must not retrain the points)
+        p=rule_params("scaling_point"),
+        code=rule_code("scaling_point"),
         outdir=lambda w, output: Path(output.json).parent,
         ckpt=lambda w, output: Path(output.json).parent / "train" / "final.pt",
         metrics=lambda w, output: Path(output.json).parent / "train" / "metrics.jsonl",
@@ -48,10 +42,10 @@ rule scaling_point:
         budget=r"[0-9.]+e[0-9]+",
         depth=r"\d+",
     # one process per point: one GPU, or on CPU one core (points run side by side on --cores)
-    threads: 1 if config["hardware"]["device"] == "cpu" else job_threads("train")
+    threads: job_threads("scaling_point")
     resources:
         # runtime: the planner's predicted hours of the point (its own config through plan.train_hours) × 1.5
-        **{**_POINT_RESOURCES, "runtime": lambda w: math.ceil(
+        **{**job_resources("scaling_point"), "runtime": lambda w: math.ceil(
             90 * train_hours(tfsc.point_config(config, float(w.budget), int(w.depth)))) + 30},
     conda:
         "../../envs/train.yaml"
@@ -72,14 +66,13 @@ rule scaling:
         md=report(f"{SCALING_DIR}/report.md", category="Scaling", caption="../report/scaling.rst"),
         png=report(f"{SCALING_DIR}/scaling.png", category="Scaling", caption="../report/scaling.rst"),
     params:
-        p=tfc.params_json(tfsc.fit_params(config)),
-        code=code_version("pipeline.evaluation.scaling"),
+        p=rule_params("scaling"),
+        code=rule_code("scaling"),
     log:
         f"{LOG_DIR}/scaling/fit.log",
-    threads: 1
+    threads: job_threads("scaling")
     resources:
-        mem_mb=2000,
-        runtime=30,
+        **job_resources("scaling"),
     conda:
         "../../envs/train.yaml"
     shell:

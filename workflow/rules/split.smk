@@ -10,7 +10,7 @@ rule split:
         report=f"{RUN_DIR}/split/report.json",
     params:
         p=rule_params("split"),
-        code=code_version("pipeline.data.split"),
+        code=rule_code("split"),
         keep=shard_files(f"{RUN_DIR}/dedup/keep/{{source}}/{{shard}}.parquet"),
         tokens=shard_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
         decontam=shard_files(f"{RUN_DIR}/decontam/{{source}}/{{shard}}.parquet"),

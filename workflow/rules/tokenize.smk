@@ -7,8 +7,8 @@ rule tokenize:
     output:
         f"{RUN_DIR}/tokens/{{source}}/_manifest/{{group}}.json",
     params:
-        p=source_params("tokenize"),
-        code=code_version("pipeline.data.tokenize"),
+        p=rule_params("tokenize"),
+        code=rule_code("tokenize"),
         inputs=group_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet"),
         files=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
     log:
@@ -16,7 +16,7 @@ rule tokenize:
     benchmark:
         f"{BENCH_DIR}/tokenize/{{source}}/{{group}}.tsv"
     group:
-        SHARD_CHAIN
+        job_group("tokenize")
     priority: sample_priority
     threads: job_threads("tokenize")
     resources:

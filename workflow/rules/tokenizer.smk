@@ -6,7 +6,7 @@ rule tokenizer:
         TOKENIZER,
     params:
         p=rule_params("tokenizer"),
-        code=code_version("pipeline.data.tokenizer"),
+        code=rule_code("tokenizer"),
         files=shard_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet", tokenizer_sources(config)),
     log:
         f"{LOG_DIR}/tokenizer.log",

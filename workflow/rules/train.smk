@@ -1,7 +1,7 @@
 # Compiled DDP training, one job per training stage (train.stages), launched by torchrun (gloo on CPU,
 # nccl on GPU) through pipeline.training.rendezvous: one node: torchrun --standalone, nproc_per_node
 # processes; hardware.nodes = N > 1: the job is one SLURM allocation of N nodes (resources
-# nodes/tasks/gres from pipeline/cluster.py) and the launcher runs `srun torchrun --nnodes N …
+# nodes/tasks/gres from pipeline/sizes.py) and the launcher runs `srun torchrun --nnodes N …
 # --rdzv-backend c10d` with the rendezvous on the first node.
 # It runs under pipeline.training.launch, which owns the job's processes: a kill of the job (its process
 # group, or SIGTERM/SIGINT) ends every worker (or the srun step) within seconds, which torchrun alone
@@ -34,8 +34,8 @@ rule train:
     output:
         final=f"{RUN_DIR}/train/{{stage}}/final.pt",
     params:
-        p=training_stage_params("train"),
-        code=code_version("pipeline.training.launch", "pipeline.training.rendezvous", "pipeline.training.train"),
+        p=rule_params("train"),
+        code=rule_code("train"),
         outdir=lambda w, output: Path(output.final).parent,
         init=lambda w, input: f"--init {shlex.quote(str(input.init[0]))}" if input.init else "",
         core=lambda w, input: f"--eval-data {Path(input.tasks[0]).parent}" if input.tasks else "",

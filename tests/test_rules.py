@@ -1,0 +1,118 @@
+"""Each rule's spec (pipeline/rules.py) is what Snakemake parses: its modules' code hash, its config slice per
+job, its threads and resources, its SLURM group; and a rule's module reaches its own slice, never the table."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from builders import ROOT, snakemake_workflow
+
+from pipeline import cluster, codehash
+from pipeline.config import params_json
+from pipeline.rules import BY_NAME, RULES, feeds_tokenizer, rule_params
+from pipeline.stages import stage_config
+
+CONFIGS = ("config.yaml", "configs/llama3-1b-fineweb.yaml")
+
+
+@pytest.fixture(scope="module", params=CONFIGS)
+def parsed(request, tmp_path_factory):
+    """(the rules Snakemake parses for a config, its resolved config, the corpus the sizes were computed for)."""
+    path = tmp_path_factory.mktemp("rules")
+    (path / "data").symlink_to(ROOT / "data")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(path)
+        with snakemake_workflow(path, ROOT / request.param) as workflow:
+            g = workflow.globals
+            return ({r.name: r for r in workflow.rules if r.name != "all"}, dict(workflow.config),
+                    (g["CORPUS_DOCS"], g["CORPUS_TOKENS"], g["TRAIN_HOURS"]))
+
+
+def job_wildcards(cfg: dict, spec) -> list[SimpleNamespace]:
+    """A job's wildcards for each value of the spec's scope (every source, mix, stage; one scaling point)."""
+    if spec.scope == "source":
+        return [SimpleNamespace(source=s) for s in cfg["sources"]]
+    if spec.scope == "mix":
+        return [SimpleNamespace(mix=m) for m in cfg["mixes"]]
+    if spec.scope == "stage":
+        return [SimpleNamespace(stage=s["name"]) for s in cfg["train"]["stages"]]
+    return [SimpleNamespace(budget=str(cfg["scaling"]["budgets"][0]), depth=str(cfg["scaling"]["depths"][0]))]
+
+
+def expected_params(cfg: dict, spec, w) -> str:
+    if spec.scope == "source":
+        return params_json(rule_params(cfg, spec.name, source=w.source))
+    if spec.scope == "mix":
+        return params_json(rule_params(cfg, spec.name, mix=w.mix))
+    if spec.scope == "stage":
+        return params_json(stage_config(rule_params(cfg, spec.name), w.stage))
+    return params_json(spec.params(cfg, float(w.budget), int(w.depth)))
+
+
+def test_every_rule_snakemake_parses_is_its_spec(parsed):
+    rules, cfg, corpus = parsed
+    assert set(rules) == set(BY_NAME)
+    for name, rule in rules.items():
+        spec = BY_NAME[name]
+        # the code param: the hash of the spec's modules
+        assert rule.params.code == codehash.code_version(*spec.entries), name
+        # the config slice, per job as the scope narrows it
+        assert ("p" in rule.params.keys()) == (spec.params is not None), name
+        p = rule.params.get("p")
+        if spec.params is None:
+            pass
+        elif spec.scope == "run":
+            assert p == params_json(rule_params(cfg, name)), name
+        elif spec.scope == "fit":
+            assert p == params_json(spec.params(cfg)), name
+        else:
+            for w in job_wildcards(cfg, spec):
+                assert p(w) == expected_params(cfg, spec, w), (name, w)
+        # its size
+        want = cluster.job_resources(cfg, name, *corpus)
+        got = {k: v.value for k, v in rule.resources.items() if not v.is_evaluable()}
+        for key, value in want["resources"].items():
+            if key == "runtime" and name == "scaling_point":  # per point, from the point's own config
+                assert rule.resources["runtime"].is_evaluable()
+                continue
+            assert got[key] == value, (name, key)
+        assert rule.resources["_cores"].value == want["threads"], name
+        # its SLURM group: the shard group's job, or (upstream of the tokenizer) a function of the source
+        group = rule._group  # (Rule.group answers None in a local run)
+        if not spec.shard_chain:
+            assert group is None, name
+        elif feeds_tokenizer(name):
+            assert callable(group), name
+        else:
+            assert group == "shards-{source}-{group}", name
+
+
+def test_the_shard_chain_is_the_per_shard_rules_before_the_signatures():
+    assert [r.name for r in RULES if r.shard_chain] == ["download", "filter", "tokenize", "dedup_signatures"]
+    assert [r.name for r in RULES if r.shard_chain and feeds_tokenizer(r.name)] == ["download", "filter"]
+
+
+def test_a_rules_module_reaches_its_own_slice_and_never_the_table_of_rules():
+    """A rule's code hash holds the slice function its spec names (its module reads its params through it) and
+    none of the table: no spec, size or rate. Only `plan` (which prints the costs) reaches the table, so an edit
+    of one rule's size or rate reruns the plan and nothing else."""
+    for spec in RULES:
+        defs = codehash.package().definitions(*spec.entries)
+        if spec.params is not None and spec.scope not in ("point", "fit"):  # (pipeline.scaling's, at parse time)
+            assert f"{spec.params.__module__}:{spec.params.__name__}" in defs, spec.name
+        table = {k for k in defs if k.split(":")[0] in ("pipeline.rules", "pipeline.sizes", "pipeline.cluster")}
+        assert bool(table) == (spec.name == "plan"), (spec.name, sorted(table)[:5])
+    slices = {k for k in codehash.package().definitions(*BY_NAME["mix"].entries) if k.endswith("_slice")}
+    assert slices == {"pipeline.config.rule_params:mix_slice", "pipeline.config.rule_params:pack_slice"}
+
+
+def test_rule_params_names_the_rules_and_refuses_a_rule_without_a_slice(tmp_path):
+    from pipeline.config import resolve_config
+
+    cfg = resolve_config({})
+    with pytest.raises(KeyError, match="no rule 'mixx'.*rules: download, filter"):
+        rule_params(cfg, "mixx")
+    with pytest.raises(KeyError, match="rule 'count' takes no config slice"):
+        rule_params(cfg, "count")
+    assert json.loads(params_json(rule_params(cfg, "dedup_candidates"))) == rule_params(cfg, "dedup")
