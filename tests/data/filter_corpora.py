@@ -39,8 +39,9 @@ def sample_web() -> list[str]:
 
 
 @functools.cache
-def _builder():
-    """scripts/build_sample_corpus.py, whose raw-web generator makes the sample's crawl/ source too."""
+def sample_builder():
+    """scripts/build_sample_corpus.py as a module (the sample corpus's builder, whose raw-web generator makes the
+    sample's crawl/ source too)."""
     spec = importlib.util.spec_from_file_location("build_sample_corpus", ROOT / "scripts" / "build_sample_corpus.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up here
@@ -52,7 +53,7 @@ def raw_web(n: int = 400, seed: int = 0) -> list[str]:
     """Raw-crawl-like pages (`raw_web_pages` of the sample builder: menus, lorem ipsum, javascript, spam lists,
     repeated lines, bullets, non-Latin script, e-mail and IP addresses) around prose lines of the sample's
     first 300 web documents (seeded)."""
-    b = _builder()
+    b = sample_builder()
     return b.raw_web_pages(b.prose_lines(sample_web()[:300]), n, random.Random(seed))
 
 
@@ -68,7 +69,8 @@ def _sentences(rng: random.Random, k: int) -> list[str]:
 def threshold_sweeps(seed: int = 0) -> list[str]:
     """For every rule, documents whose measured value steps across its threshold, plus empty/one-word ones."""
     rng = random.Random(seed)
-    docs = ["", " ", "\n", "word", "Word.", "the and", "#", "...", _builder().RUSSIAN, _builder().CHINESE, "a\n\nb",
+    b = sample_builder()
+    docs = ["", " ", "\n", "word", "Word.", "the and", "#", "...", b.RUSSIAN, b.CHINESE, "a\n\nb",
             "{}", "lorem ipsum"]
     base = _sentences(rng, 40)
     for k in range(0, 21):  # duplicated lines / paragraphs / line characters

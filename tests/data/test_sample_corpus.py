@@ -5,33 +5,24 @@ docs/data-contract.md; the second checks the builder's pure functions on small i
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from filter_corpora import sample_builder
 
 from pipeline.io import sha256_file
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "data" / "sample"
 MAX_BYTES = 15 * 1024 * 1024
 
 
-def _load_builder():
-    spec = importlib.util.spec_from_file_location("build_sample_corpus", ROOT / "scripts" / "build_sample_corpus.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-builder = _load_builder()
+builder = sample_builder()
 
 
 @pytest.fixture(scope="module")
