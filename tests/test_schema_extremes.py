@@ -271,8 +271,11 @@ def touches_data(cfg: dict, section: str) -> bool:
 
 
 # The data half's base: the default config with each source's shards in one job (shards_per_job is walked too),
-# so a run is ~25 jobs instead of 59: a job is ~1 CPU-s of start-up on the sample corpus, most of a run.
-GROUPED = {**DEFAULT, "shards_per_job": 8}
+# so a run is ~25 jobs instead of 59: a job is ~1 CPU-s of start-up on the sample corpus, most of a run; and the
+# presets' filter chain (language ID + PII: 2.4 CPU-s a sample web shard, the default's whole chain 5.5), which
+# every batch editing a source reruns. The default chain runs in test_workflow's DAG and tests/data.
+PRESET_FILTER = yaml.safe_load((ROOT / "configs/llama3-1b-fineweb.yaml").read_text())["filter"]
+GROUPED = {**DEFAULT, "shards_per_job": 8, "filter": PRESET_FILTER}
 
 
 def merged(batch: list[tuple[tuple, object]]) -> dict:
