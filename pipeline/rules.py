@@ -47,7 +47,7 @@ from typing import Callable
 from pipeline import scaling, sizes
 from pipeline.config import rule_params as rp
 
-SCOPES = ("run", "source", "mix", "stage", "point", "fit")
+SCOPES = ("run", "source", "mix", "stage", "point", "fit")  # what narrows a rule's slice per job
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,10 @@ class Rule:
     rate: tuple[str, float | None, float] | None = None
     after: tuple[str, ...] = ()
     shard_chain: bool = False
+
+    def __post_init__(self):
+        if self.scope not in SCOPES:
+            raise ValueError(f"pipeline/rules.py: rule {self.name}'s scope {self.scope!r} is not one of {SCOPES}")
 
     @property
     def entries(self) -> tuple[str, ...]:
