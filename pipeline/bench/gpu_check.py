@@ -254,6 +254,19 @@ def run_smoke_row(cfg: dict, steps: int, masked: bool) -> dict:
     loss_model = LossModel(model, autocast_dtype(cfg, device), train["ce_chunk_tokens"], ce_matmul(cfg))
     fwd = torch.compile(loss_model) if use_compile(cfg, device) else loss_model
     x, y, doc_ids = (v.to(device) for v in smoke_batch(cfg))
+
+    def loss_and_backward():
+        loss_sum, count = fwd(x, y, None, doc_ids if masked else None)
+        (loss_sum / count).backward()
+        return loss_sum.detach() / count
+
+    return _timed_steps(model, optimizer, train["grad_clip"], device, steps, loss_and_backward)
+
+
+def _timed_steps(model, optimizer, grad_clip: float, device: torch.device, steps: int, loss_and_backward) -> dict:
+    """`steps` optimizer steps, each `loss_and_backward()` (the forward and backward; it returns the step's mean
+    loss), gradient clipping, the update: the per-step losses, the median step time after the first, and on
+    CUDA the peak allocated and reserved memory (GB)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -261,14 +274,13 @@ def run_smoke_row(cfg: dict, steps: int, masked: bool) -> dict:
     for _ in range(steps):
         _sync(device)
         start = time.perf_counter()
-        loss_sum, count = fwd(x, y, None, doc_ids if masked else None)
-        (loss_sum / count).backward()
-        clip_gradients(params, train["grad_clip"])
+        loss = loss_and_backward()
+        clip_gradients(params, grad_clip)
         optimizer.step()
         zero_gradients(optimizer)
         _sync(device)
         times.append(time.perf_counter() - start)
-        losses.append(float(loss_sum.detach() / count))
+        losses.append(float(loss))
     mem = memory_stats(device)
     return {"losses": losses, "step_time_s": statistics.median(times[1:] or times), "peak_gb": mem.get("mem/peak_gb"),
             "reserved_gb": mem.get("mem/reserved_gb")}
@@ -312,30 +324,15 @@ def run_fsdp_row(cfg: dict, steps: int, masked: bool) -> dict:
         optimizer = build_optimizer(model, train, device.type)
         loss_model = LossModel(model, autocast_dtype(cfg, device), train["ce_chunk_tokens"], ce_matmul(cfg))
         root, fwd = wrap(loss_model, dist, compiled)
-        params = [p for p in model.parameters() if p.requires_grad]
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        losses, times = [], []
-        for _ in range(steps):
-            _sync(device)
-            start = time.perf_counter()
-            loss_sum = accumulate_gradients(root, fwd, [batch], n_targets, dist.world_size)
-            clip_gradients(params, train["grad_clip"])
-            optimizer.step()
-            zero_gradients(optimizer)
-            _sync(device)
-            times.append(time.perf_counter() - start)
-            losses.append(float(loss_sum / y.numel()))
-        mem = memory_stats(device)
+        row = _timed_steps(model, optimizer, train["grad_clip"], device, steps,
+                           lambda: accumulate_gradients(root, fwd, [batch], n_targets, dist.world_size) / y.numel())
         vx, vy, _ = (v.to(device) for v in smoke_batch(cfg, seed=1))
         model.eval()
         with gathered(model), torch.no_grad():
             val_sum, val_count = loss_model(vx, vy)
             sample = model.generate(x[:1, :SAMPLE_TOKENS], SAMPLE_TOKENS, temperature=0.0)[0, SAMPLE_TOKENS:]
         model.train()
-    return {"losses": losses, "step_time_s": statistics.median(times[1:] or times), "peak_gb": mem.get("mem/peak_gb"),
-            "reserved_gb": mem.get("mem/reserved_gb"), "val_loss": float(val_sum / val_count),
-            "sample": sample.tolist()}
+    return {**row, "val_loss": float(val_sum / val_count), "sample": sample.tolist()}
 
 
 def _skip_reason(device: str, overrides: dict, cuda: bool) -> str | None:
