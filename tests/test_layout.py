@@ -118,3 +118,14 @@ def test_package_never_imports_snakemake():
 
 def test_errors_is_a_leaf():
     assert graph()["pipeline.errors"] == set()
+
+
+def test_readmes_first_screen_is_short_and_the_detail_is_in_docs():
+    """README's first screen (what it is, the two commands, what they make, where to look: everything before its
+    second section) fits 60 lines; the architecture it links to is in docs/."""
+    readme = (ROOT / "README.md").read_text().splitlines()
+    sections = [i for i, line in enumerate(readme) if line.startswith("## ")]
+    assert readme[sections[0]] == "## Set-up on a fresh machine" and len(sections) > 2
+    assert sections[1] <= 60, f"README's first screen is {sections[1]} lines"
+    assert "make run" in "\n".join(readme[:sections[1]]) and "make test" in "\n".join(readme[:sections[1]])
+    assert "(docs/architecture.md)" in "\n".join(readme[:sections[1]]) and (ROOT / "docs/architecture.md").exists()
