@@ -37,6 +37,7 @@ from builders import (
     write_config,
     write_text_shard,
 )
+from snakemake.benchmark import BENCHMARK_INTERVAL_SHORT
 
 from pipeline.codehash import Package, definition_at, module_name, module_path
 from pipeline.io import read_parquet_meta
@@ -137,7 +138,10 @@ def test_every_data_job_leaves_its_benchmark(project):
     for tsv in bench.rglob("*.tsv"):
         header, row = tsv.read_text().splitlines()[:2]
         cols = dict(zip(header.split("\t"), row.split("\t")))
-        assert float(cols["s"]) > 0 and float(cols["max_rss"]) > 0 and "cpu_time" in cols, tsv
+        # Snakemake samples a job's memory every 0.5 s from soon after its start (snakemake.benchmark): a job
+        # that ends before the first sample (dedup_index once, in 0.37 s) has none, and its max_rss is 0
+        assert float(cols["s"]) > 0 and "cpu_time" in cols, tsv
+        assert float(cols["max_rss"]) > 0 or float(cols["s"]) < 2 * BENCHMARK_INTERVAL_SHORT, tsv
 
 
 def test_core_table_in_the_report_and_curve_during_training(project):
