@@ -190,14 +190,14 @@ def sample_priority(w):
     return SAMPLE_PRIORITY if set(GROUPS[w.source][w.group]) & set(SAMPLE[w.source]) else 0
 
 
-# The per-shard chain of one shard group (download → filter → tokenize → dedup_signatures: the rules whose spec
-# has `shard_chain`) is one cluster job, the group job "shards-{source}-{group}", joined by its edges (the cluster profile's `group-components` puts
-# every component of one resolved group id in one job). decontaminate_flags stays out of it: the chain
-# does not wait for the eval tasks (eval_data), which only the flags need. A source the tokenizer is
-# trained on keeps its download and its filter jobs of their own (`job_group`): the tokenizer job (which
-# needs every such filtered shard) sits between them and the rest, and a group job may not be left and
-# entered again. Locally
-# (`--cores`) Snakemake runs no group jobs: every job is its own process as before.
+# The per-shard chain of one shard group (download → filter → tokenize → dedup_signatures: the rules whose
+# spec has `shard_chain`) is one cluster job, the group job "shards-{source}-{group}", joined by its edges (the
+# cluster profile's `group-components` puts every component of one resolved group id in one job).
+# decontaminate_flags stays out of it: the chain does not wait for the eval tasks (eval_data), which only the
+# flags need. A source the tokenizer is trained on keeps its download and its filter jobs of their own
+# (`job_group`): the tokenizer job (which needs every such filtered shard) sits between them and the rest, and
+# a group job may not be left and entered again. Locally (`--cores`) Snakemake runs no group jobs: every job is
+# its own process as before.
 SHARD_CHAIN = "shards-{source}-{group}"
 
 
@@ -208,7 +208,8 @@ def job_group(rule):
         raise ValueError(f"rule {rule} is not in the shard chain (pipeline/rules.py)")
     if not tfr.feeds_tokenizer(rule):
         return SHARD_CHAIN
-    return lambda w: None if w.source in tokenizer_sources(config) else SHARD_CHAIN.format(source=w.source, group=w.group)
+    return lambda w: (None if w.source in tokenizer_sources(config)
+                      else SHARD_CHAIN.format(source=w.source, group=w.group))
 
 
 # `benchmark:` of every data rule: Snakemake's per-job table (wall s, peak RSS/VMS MB, I/O, CPU s, ...) at
