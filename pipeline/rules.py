@@ -46,6 +46,7 @@ from typing import Callable
 
 from pipeline import scaling, sizes
 from pipeline.config import rule_params as rp
+from pipeline.stages import stage_config
 
 SCOPES = ("run", "source", "mix", "stage", "point", "fit")  # what narrows a rule's slice per job
 
@@ -151,6 +152,24 @@ def rule_params(cfg: dict, name: str, source: str | None = None, mix: str | None
         raise KeyError(f"rule {name!r} has no config slice of its own ({spec.scope} params)" if spec.params
                        else f"rule {name!r} takes no config slice")
     return rp.cut(spec.params, cfg, source, mix)
+
+
+def job_params(cfg: dict, name: str, wildcards=None) -> dict:
+    """What a job of rule `name` declares as its `p` param: the rule's config slice narrowed by its `scope` to
+    the job's `wildcards` (its source, its mix, its training stage through `stage_config`, its scaling point);
+    a `run` or `fit` rule has one slice for all its jobs (no wildcards)."""
+    spec = rule(name)
+    if spec.scope == "run":
+        return rule_params(cfg, name)
+    if spec.scope == "fit":
+        return spec.params(cfg)
+    if spec.scope == "source":
+        return rule_params(cfg, name, source=wildcards.source)
+    if spec.scope == "mix":
+        return rule_params(cfg, name, mix=wildcards.mix)
+    if spec.scope == "stage":
+        return stage_config(rule_params(cfg, name), wildcards.stage)
+    return spec.params(cfg, float(wildcards.budget), int(wildcards.depth))  # point
 
 
 def feeds_tokenizer(name: str) -> bool:

@@ -10,7 +10,7 @@ from builders import ROOT, snakemake_workflow
 
 from pipeline import cluster, codehash
 from pipeline.config import params_json
-from pipeline.rules import BY_NAME, RULES, feeds_tokenizer, rule_params
+from pipeline.rules import BY_NAME, RULES, feeds_tokenizer, job_params, rule_params
 from pipeline.stages import stage_config
 
 CONFIGS = ("config.yaml", "configs/llama3-1b-fineweb.yaml")
@@ -40,16 +40,6 @@ def job_wildcards(cfg: dict, spec) -> list[SimpleNamespace]:
     return [SimpleNamespace(budget=str(cfg["scaling"]["budgets"][0]), depth=str(cfg["scaling"]["depths"][0]))]
 
 
-def expected_params(cfg: dict, spec, w) -> str:
-    if spec.scope == "source":
-        return params_json(rule_params(cfg, spec.name, source=w.source))
-    if spec.scope == "mix":
-        return params_json(rule_params(cfg, spec.name, mix=w.mix))
-    if spec.scope == "stage":
-        return params_json(stage_config(rule_params(cfg, spec.name), w.stage))
-    return params_json(spec.params(cfg, float(w.budget), int(w.depth)))
-
-
 def test_every_rule_snakemake_parses_is_its_spec(parsed):
     rules, cfg, corpus = parsed
     assert set(rules) == set(BY_NAME)
@@ -62,13 +52,11 @@ def test_every_rule_snakemake_parses_is_its_spec(parsed):
         p = rule.params.get("p")
         if spec.params is None:
             pass
-        elif spec.scope == "run":
-            assert p == params_json(rule_params(cfg, name)), name
-        elif spec.scope == "fit":
-            assert p == params_json(spec.params(cfg)), name
+        elif spec.scope in ("run", "fit"):
+            assert p == params_json(job_params(cfg, name)), name
         else:
             for w in job_wildcards(cfg, spec):
-                assert p(w) == expected_params(cfg, spec, w), (name, w)
+                assert p(w) == params_json(job_params(cfg, name, w)), (name, w)
         # its size
         want = cluster.job_resources(cfg, name, *corpus)
         got = {k: v.value for k, v in rule.resources.items() if not v.is_evaluable()}
@@ -116,3 +104,18 @@ def test_rule_params_names_the_rules_and_refuses_a_rule_without_a_slice(tmp_path
     with pytest.raises(KeyError, match="rule 'count' takes no config slice"):
         rule_params(cfg, "count")
     assert json.loads(params_json(rule_params(cfg, "dedup_candidates"))) == rule_params(cfg, "dedup")
+
+
+def test_a_jobs_params_are_its_slice_narrowed_to_its_wildcards():
+    """`job_params` (what common.smk declares as each job's `p`): a per-source job sees its own source only, a
+    per-mix job its own mix, a training stage its own stage's view (`stage_config`), a run-wide rule the slice."""
+    from pipeline.config import load_config
+
+    cfg = load_config(ROOT / "config.yaml")  # sources web, chat, crawl; mixes pretrain, midtrain, sft
+    tokenize = job_params(cfg, "tokenize", SimpleNamespace(source="chat"))
+    assert set(tokenize["sources"]) == {"chat"} and tokenize == rule_params(cfg, "tokenize", source="chat")
+    assert set(job_params(cfg, "pack", SimpleNamespace(mix="sft"))["mixes"]) == {"sft"}
+    assert job_params(cfg, "train", SimpleNamespace(stage="sft")) == stage_config(rule_params(cfg, "train"), "sft")
+    assert job_params(cfg, "train", SimpleNamespace(stage="sft")) != job_params(cfg, "train", SimpleNamespace(
+        stage="pretrain"))
+    assert job_params(cfg, "dedup") == rule_params(cfg, "dedup")

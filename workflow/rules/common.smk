@@ -23,7 +23,7 @@ from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.perf import resolve_parallel  # noqa: E402
 from pipeline.plan import format_plan, make_plan, run_counts, train_hours  # noqa: E402
 from pipeline.scaling import describe_ratio as tfsc_describe, resolve_tokens_per_param  # noqa: E402
-from pipeline.stages import mix_targets, stage_config, stage_list, tokenizer_sources  # noqa: E402
+from pipeline.stages import mix_targets, stage_list, tokenizer_sources  # noqa: E402
 
 
 def stop(message):
@@ -131,20 +131,11 @@ def rule_code(rule):
 
 def rule_params(rule):
     """A rule's config slice (its spec's `params`) as canonical JSON, declared as params so that editing it
-    reruns the rule; narrowed per job by the spec's `scope`: the job's source, its mix, its training stage
-    (`stage_config`: an edit to another stage reruns nothing of this one), its scaling point."""
-    spec = tfr.rule(rule)
-    if spec.scope == "run":
-        return tfc.params_json(tfr.rule_params(config, rule))
-    if spec.scope == "fit":
-        return tfc.params_json(spec.params(config))
-    if spec.scope == "source":
-        return lambda w: tfc.params_json(tfr.rule_params(config, rule, source=w.source))
-    if spec.scope == "mix":
-        return lambda w: tfc.params_json(tfr.rule_params(config, rule, mix=w.mix))
-    if spec.scope == "stage":
-        return lambda w: tfc.params_json(stage_config(tfr.rule_params(config, rule), w.stage))
-    return lambda w: tfc.params_json(spec.params(config, float(w.budget), int(w.depth)))  # point
+    reruns the rule; narrowed per job by the spec's `scope` (`pipeline.rules.job_params`: the job's source,
+    its mix, its training stage, its scaling point: an edit to another reruns nothing of this job)."""
+    if tfr.rule(rule).scope in ("run", "fit"):
+        return tfc.params_json(tfr.job_params(config, rule))
+    return lambda w: tfc.params_json(tfr.job_params(config, rule, w))
 
 
 def stage_pack(split):
