@@ -303,8 +303,9 @@ def clear_checkpoints(ckpt_dir: str | Path) -> None:
 OBSERVABILITY_KEYS = {
     "wandb": None,
     "eval": None,
-    "hardware": ("assumed_mfu", "gpu_memory_gb", "process_group_timeout_min"),
-    "train": ("log_interval", "val_interval", "val_batches", "ckpt_interval", "resume"),
+    "hardware": ("assumed_mfu", "gpu_memory_gb", "process_group_timeout_min", "max_job_hours", "train_retries",
+                 "hang_timeout_min"),
+    "train": ("log_interval", "val_interval", "val_batches", "ckpt_interval", "resume", "async_ckpt"),
 }
 # Config keys that set the world size: a checkpoint made under other values is resumed, resharded
 # (module docstring, "Another world size").
