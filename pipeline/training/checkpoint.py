@@ -80,6 +80,34 @@ of the new micro-steps.
 end (`full_model_state`: ``get_model_state_dict(full_state_dict=True, cpu_offload=True)``), so
 evaluation, export and chat read the same file as after DDP.
 
+**Asynchronous saves** (``train.async_ckpt: true``, the default; `Checkpointer`, which the trainer creates once
+per run and calls at every checkpoint step): a save blocks training only while the state is *staged* — copied
+off the live tensors (on the CPU a copy, on CUDA non-blocking copies into pinned host memory and one
+synchronize; the staging buffers are kept and reused by the next save, so a run holds one copy of the model
+and optimizer state in host memory) — and is written by a background thread while training goes on. At most
+one save is in flight: the next save (and `Checkpointer.wait`) first waits for it, and an error of the
+background write is raised there, in the training thread, never lost.
+
+* **ddp** (one file, rank 0): the background thread writes the file (temp + rename + sha256 sidecar, as
+  `save_checkpoint`), then moves ``latest`` and prunes — only once the file is complete.
+* **fsdp** (DCP): ``torch.distributed.checkpoint.async_save`` stages every rank's shards and writes them
+  into the temporary directory from DCP's thread, its rank coordination on a gloo group of its own (created
+  at the first save: async_save needs a CPU backend, and its collectives must not interleave with the
+  training's on the default group); rank 0 writes ``train_state.pt`` at the step. Each rank hashes its files
+  in the background once they are written. The **finalization** — every rank's hashes gathered, ``SHA256SUMS``,
+  the rename into place, ``latest``, pruning — is a collective, done where every rank is at the same step:
+  the next save, or `Checkpointer.wait` / `Checkpointer.close` at the end of the run or a clean stop. The
+  trade-off: the newest checkpoint is complete (resumable) only once finalized, one checkpoint interval
+  later (or at the end); a crash before that resumes from the one before it, as if the save had not happened.
+  An exception path calls `Checkpointer.abort` (no collective: this rank waits for its own write only); a
+  sharded checkpoint not finalized is left as its temporary directory, swept by the next run.
+
+A kill at any moment leaves the previous checkpoint usable: the write goes to temporary names that are renamed
+into place, and ``latest`` moves after. Pruning never deletes the checkpoint ``latest`` names (the one a run
+resumed from, until a newer one is complete), nor one being written (its temporary name is no step
+checkpoint's). `save_training_checkpoint` is the synchronous path (``train.async_ckpt: false``): it returns once
+the checkpoint is complete.
+
 `resume` is how a launch starts: from the newest readable checkpoint when it was made by the same
 config (`trajectory_params`, at any world size), else afresh (from `--init` for a stage that starts
 from an earlier one); `save_training_checkpoint` writes what it reads back.
@@ -91,6 +119,7 @@ import math
 import random
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -124,6 +153,7 @@ __all__ = [
     "load_init",
     "resume",
     "save_training_checkpoint",
+    "Checkpointer",
     "full_model_state",
     "load_step_checkpoint",
 ]
@@ -255,13 +285,15 @@ def newest_readable(ckpt_dir: str | Path) -> tuple[Path | None, dict | None]:
     return None, None
 
 
-def prune_checkpoints(ckpt_dir: str | Path, keep: int) -> None:
-    """Delete all but the `keep` newest step checkpoints (never the one `latest` points to)."""
+def prune_checkpoints(ckpt_dir: str | Path, keep: int, protect: tuple = ()) -> None:
+    """Delete all but the `keep` newest step checkpoints: never the one `latest` points to, nor those in
+    `protect` (paths; a `Checkpointer` protects the checkpoint its run resumed from until a newer one is
+    complete). A checkpoint being written has a temporary name until complete: never a step checkpoint's."""
     ckpt_dir = Path(ckpt_dir)
-    current = latest_checkpoint(ckpt_dir)
+    kept = {latest_checkpoint(ckpt_dir), *(Path(p) for p in protect)}
     steps = sorted((int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := NAME_RE.match(p.name)))
     for _, p in steps[:-keep] if keep > 0 else steps:
-        if p != current:
+        if p not in kept:
             _remove(p)
             log.info("pruned old checkpoint %s", p)
 
@@ -460,15 +492,22 @@ def _global_loader_state(path: Path, state: dict) -> dict:
     return first
 
 
+def _train_state(dist: Dist, loader, params: dict, plan: dict, state: TrainState) -> dict:
+    """A checkpoint's non-tensor part: every rank's loader and RNG state gathered (a collective), the
+    `TrainState`, world size, params, plan, versions."""
+    loaders = gather_objects(loader.state_dict(), dist)
+    rngs = gather_objects(rng_state(), dist)
+    return {"schedule": {"step": state.step}, "loader": loaders, "rng": rngs, **asdict(state),
+            "world_size": dist.world_size, "params": params, "plan": plan, "versions": versions()}
+
+
 def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, loader, params: dict, plan: dict,
                              state: TrainState, keep: int) -> None:
     """Gather every rank's loader and RNG state, then rank 0 writes step_XXXXXX.pt and `latest` (and
     prunes all but the `keep` newest). A sharded model: every rank writes its part of
-    step_XXXXXX.dcp/ (module docstring), then rank 0 the rest and `latest`."""
-    loaders = gather_objects(loader.state_dict(), dist)
-    rngs = gather_objects(rng_state(), dist)
-    train_state = {"schedule": {"step": state.step}, "loader": loaders, "rng": rngs, **asdict(state),
-                   "world_size": dist.world_size, "params": params, "plan": plan, "versions": versions()}
+    step_XXXXXX.dcp/ (module docstring), then rank 0 the rest and `latest`. Synchronous: the asynchronous
+    saves are `Checkpointer`'s."""
+    train_state = _train_state(dist, loader, params, plan, state)
     sharded = is_sharded(model)
     name = checkpoint_name(state.step, sharded=sharded)
     if sharded:
@@ -523,6 +562,234 @@ def _load_sharded(path: Path, model, optimizer, with_model: bool = True) -> None
     else:
         dcp.load({"optimizer": optim_sd}, checkpoint_id=path)
         set_optimizer_state_dict(model, optimizers, optim_sd)
+
+
+# ----------------------------------------------------------------------------- asynchronous saves
+
+class _InFlight:
+    """A save whose write is under way: its final path, the background future (a file: the write, `latest`
+    and the pruning; a sharded directory: DCP's write and this rank's file hashes), and under fsdp rank 0's
+    `atomic_dir` context (entered: the temporary directory; exited at the finalization)."""
+
+    def __init__(self, path: Path, future: Future, sharded: bool, tmp_dir=None, tmp: Path | None = None):
+        self.path, self.future, self.sharded, self.tmp_dir, self.tmp = path, future, sharded, tmp_dir, tmp
+
+
+class Checkpointer:
+    """A run's step checkpoints (module docstring, "Asynchronous saves"): made once per run on every rank,
+    after `resume` (the checkpoint ``latest`` then names is the one resumed from: protected from pruning until
+    a newer one is complete).
+
+    * `save` at a checkpoint step, every rank (as `save_training_checkpoint`, whose keyword arguments it
+      takes): waits for the save in flight (and finalizes it), then starts this one — synchronous when
+      `async_save` is false (``train.async_ckpt``), else staged and written in the background.
+    * `wait` — every rank, at the same point: the save in flight complete, finalized, its errors raised. Call
+      it before final.pt is written and at a clean stop (a collective under fsdp).
+    * `close` — `wait`, then the writer thread and the staging buffers released: the end of a run.
+    * `abort` — on an exception path, this rank alone (no collective): waits for this rank's own background
+      write (a file checkpoint is then complete; a sharded one is left unfinalized), logs its error rather
+      than raising it, releases everything.
+
+    ``blocked_s`` is what the last `save` blocked training (waiting for the previous save included);
+    ``in_flight`` the path of the checkpoint being written, or None.
+    """
+
+    def __init__(self, ckpt_dir: str | Path, dist: Dist, keep: int = 2, async_save: bool = True):
+        self.ckpt_dir, self.dist, self.keep, self.async_save = Path(ckpt_dir), dist, keep, async_save
+        self.resumed_from = None
+        if dist.is_main:
+            with contextlib.suppress(PipelineError):  # a broken pointer: nothing to protect (resume rewrote it)
+                self.resumed_from = latest_checkpoint(self.ckpt_dir)
+        self.blocked_s = 0.0
+        self._pending: _InFlight | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._stager = None  # DCP's DefaultStager: pinned (CUDA) staging buffers, reused by every save
+        self._group = None   # the gloo group of DCP's async coordination (fsdp)
+
+    @property
+    def in_flight(self) -> Path | None:
+        return self._pending.path if self._pending is not None else None
+
+    # -- the API the trainer calls
+
+    def save(self, *, model, optimizer, loader, params: dict, plan: dict, state: TrainState) -> None:
+        """Save step `state.step` (every rank; module docstring): the previous save finalized first."""
+        start = time.perf_counter()
+        self.wait()
+        if not self.async_save:
+            save_training_checkpoint(self.ckpt_dir, self.dist, model=model, optimizer=optimizer, loader=loader,
+                                     params=params, plan=plan, state=state, keep=self.keep)
+        else:
+            train_state = _train_state(self.dist, loader, params, plan, state)
+            sharded = is_sharded(model)
+            path = self.ckpt_dir / checkpoint_name(state.step, sharded=sharded)
+            if sharded:
+                self._start_sharded(path, model, optimizer, train_state)
+            elif self.dist.is_main:
+                staged = self._stage({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+                future = self._writer().submit(self._write_file, path, {**staged, **train_state})
+                self._pending = _InFlight(path, future, sharded=False)
+        self.blocked_s = time.perf_counter() - start
+        if self.async_save and self.dist.is_main:
+            log.info("checkpoint %s: training blocked %.2f s (staging); written in the background",
+                     self.ckpt_dir / checkpoint_name(state.step, sharded=is_sharded(model)), self.blocked_s)
+
+    def wait(self) -> None:
+        """The save in flight complete and finalized (every rank at the same point under fsdp: a collective);
+        an error of its background write raised here (PipelineError, the cause chained)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        if pending.sharded:
+            self._finalize_sharded(pending)
+            return
+        try:
+            pending.future.result()
+        except Exception as e:
+            raise PipelineError(f"writing checkpoint {pending.path} in the background failed ({type(e).__name__}: "
+                                f"{e}); the previous checkpoint stays the newest") from e
+
+    def close(self) -> None:
+        """`wait`, then release the writer thread and the staging buffers (every rank: the end of a run)."""
+        try:
+            self.wait()
+        finally:
+            self._release()
+
+    def abort(self) -> None:
+        """On an exception path, this rank alone (no collective): wait for this rank's background write, log
+        its error instead of raising it (the exception in flight is the one to report), release everything. A
+        file checkpoint finished by then is complete (its `latest` moved); a sharded one is not finalized: the
+        previous checkpoint stays the newest, and its temporary directory is swept by the next run."""
+        pending, self._pending = self._pending, None
+        try:
+            if pending is not None:
+                try:
+                    pending.future.result()
+                except BaseException as e:  # reported, not raised over the exception in flight
+                    log.error("the background write of checkpoint %s failed too: %s: %s", pending.path,
+                              type(e).__name__, e)
+                else:
+                    if pending.sharded:
+                        log.warning("checkpoint %s was written but not finalized (the run stopped on an error): "
+                                    "the previous checkpoint stays the newest", pending.path)
+        finally:
+            self._release()
+
+    # -- the pieces
+
+    def _writer(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        return self._executor
+
+    def _staging(self):
+        """DCP's `DefaultStager`, synchronous: CPU copies, or on CUDA pinned host buffers filled by non-blocking
+        copies and one synchronize; it keeps its buffers (per source storage) for the next save."""
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = self.dist.device.type == "cuda"
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=cuda))
+        return self._stager
+
+    def _stage(self, state: dict) -> dict:
+        """`state` (nested dicts / lists of tensors and plain values) with every tensor copied off the live
+        ones: the training may change them as soon as this returns."""
+        return self._staging().stage(state)
+
+    def _protected(self) -> tuple:
+        return (self.resumed_from,) if self.resumed_from is not None else ()
+
+    def _write_file(self, path: Path, state: dict) -> None:
+        """The writer thread's job for a file checkpoint (rank 0): the file, then `latest`, then pruning."""
+        save_checkpoint(path, state)
+        write_latest(self.ckpt_dir, path.name)
+        self.resumed_from = None  # a newer checkpoint is complete
+        prune_checkpoints(self.ckpt_dir, self.keep, self._protected())
+        log.info("checkpoint %s complete", path)
+
+    def _start_sharded(self, path: Path, model, optimizer, train_state: dict) -> None:
+        """Rank 0's temporary directory (`atomic_dir`, entered now, exited at the finalization) and
+        ``train_state.pt`` in it; every rank's shards staged and handed to DCP's writer thread
+        (`torch.distributed.checkpoint.async_save`), then to ours, which hashes this rank's files."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        dist = self.dist
+        if self._group is None and dist.distributed:  # a collective: every rank saves at the same step
+            self._group = torch_dist.new_group(backend="gloo")
+        tmp_dir = atomic_dir(path, replace=True) if dist.is_main else None
+        tmp = tmp_dir.__enter__() if tmp_dir is not None else None
+        try:
+            tmp = Path(gather_objects(str(tmp) if dist.is_main else None, dist)[0])
+            if dist.is_main:
+                save_checkpoint(tmp / TRAIN_STATE, train_state)
+            model_sd, optim_sd = get_state_dict(model, member_optimizers(optimizer))
+            upload = dcp.async_save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp,
+                                    process_group=self._group, async_stager=self._staging())
+        except BaseException as e:
+            if tmp_dir is not None:
+                tmp_dir.__exit__(type(e), e, e.__traceback__)
+            raise
+        self._pending = _InFlight(path, self._writer().submit(self._hash_shards, upload, tmp), sharded=True,
+                                  tmp_dir=tmp_dir, tmp=tmp)
+
+    def _hash_shards(self, upload: Future, tmp: Path) -> dict:
+        """The writer thread's job for a sharded checkpoint: DCP's write done (on rank 0 that means every
+        rank's: DCP writes .metadata after gathering every rank's results), this rank's files hashed (rank 0's
+        with .metadata)."""
+        upload.result()
+        rank = self.dist.rank
+        mine = {f.name: sha256_file(f) for f in sorted(tmp.glob(f"__{rank}_*"))}
+        if self.dist.is_main:
+            mine.update({f.name: sha256_file(f) for f in sorted(tmp.iterdir())
+                         if f.is_file() and not f.name.startswith("__")
+                         and f.name not in (TRAIN_STATE, checksum_path(TRAIN_STATE).name)})
+        return mine
+
+    def _finalize_sharded(self, pending: _InFlight) -> None:
+        """Every rank's hashes (or its error) gathered; rank 0 writes ``SHA256SUMS``, renames the directory
+        into place, moves `latest` and prunes. A collective; an error on any rank is raised on every rank (the
+        temporary directory removed), so that no rank waits for the others in vain."""
+        try:
+            mine, error = pending.future.result(), None
+        except Exception as e:  # reported on every rank below
+            mine, error = {}, f"rank {self.dist.rank}: {type(e).__name__}: {e}"
+            log.error("the background write of %s failed on rank %d", pending.path, self.dist.rank, exc_info=e)
+        results = gather_objects((mine, error), self.dist)
+        errors = [err for _, err in results if err]
+        if self.dist.is_main:
+            fail = PipelineError(f"writing checkpoint {pending.path} in the background failed ({'; '.join(errors)}); "
+                                 "the previous checkpoint stays the newest") if errors else None
+            try:
+                if fail is None:
+                    hashed = {k: v for d, _ in results for k, v in d.items()}
+                    with atomic_write(pending.tmp / SUMS) as out:
+                        out.writelines(f"{digest}  {name}\n" for name, digest in sorted(hashed.items()))
+            except BaseException as e:
+                pending.tmp_dir.__exit__(type(e), e, e.__traceback__)
+                raise
+            if fail is not None:
+                pending.tmp_dir.__exit__(PipelineError, fail, None)  # removes the temporary directory
+                raise fail
+            pending.tmp_dir.__exit__(None, None, None)  # renamed into place
+            write_latest(self.ckpt_dir, pending.path.name)
+            self.resumed_from = None
+            prune_checkpoints(self.ckpt_dir, self.keep, self._protected())
+            log.info("checkpoint %s complete", pending.path)
+        elif errors:
+            raise PipelineError(f"writing checkpoint {pending.path} in the background failed ({'; '.join(errors)}); "
+                                "the previous checkpoint stays the newest")
+
+    def _release(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
 
 def full_model_state(model) -> dict:

@@ -378,11 +378,13 @@ def set_up(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
 
 
 def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, ckpt_dir: Path, stop_at: int,
-              keep_ckpts: int) -> weakref.ref:
+              keep_ckpts: int, checkpointer: ckpt.Checkpointer | None = None) -> weakref.ref:
     """Train steps state.step + 1 .. stop_at, updating `state`: log, validate, score CORE and checkpoint
-    on their intervals. Returns a weak reference to the DDP module, or under fsdp to the loss model (for
-    `close_distributed`)."""
+    on their intervals (`checkpointer.save`; the caller waits for the last save: `Checkpointer.close`; without
+    a checkpointer the saves are synchronous). Returns a weak reference to the DDP module, or under fsdp to the
+    loss model (for `close_distributed`)."""
     params, plan, dist, model, optimizer = run.params, run.plan, run.dist, run.model, run.optimizer
+    checkpointer = checkpointer or ckpt.Checkpointer(ckpt_dir, dist, keep_ckpts, async_save=False)
     train_cfg, num_steps, accum = params["train"], plan["num_steps"], run.layout.grad_accum_steps
     peak = peak_flops(params)
     loss_model = LossModel(model, autocast_dtype(params, dist.device), train_cfg["ce_chunk_tokens"], ce_matmul(params))
@@ -451,8 +453,7 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
             metrics.log(record)
         if is_ckpt:
             state.wandb_id = metrics.wandb_id if metrics else None
-            ckpt.save_training_checkpoint(ckpt_dir, dist, model=model, optimizer=optimizer, loader=steps,
-                                          params=params, plan=plan, state=state, keep=keep_ckpts)
+            checkpointer.save(model=model, optimizer=optimizer, loader=steps, params=params, plan=plan, state=state)
         if is_log:  # throughput excludes validation and checkpoint time; memory peaks are per interval
             mark_time, mark_tokens = time.perf_counter(), state.tokens_seen
             if dist.device.type == "cuda":
@@ -481,7 +482,13 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
     num_steps = run.plan["num_steps"]
     stop_at = num_steps if max_steps is None else min(max_steps, num_steps)
 
-    ddp_ref = run_steps(run, state, metrics, ckpt_dir, stop_at, keep_ckpts)
+    checkpointer = ckpt.Checkpointer(ckpt_dir, dist, keep_ckpts, async_save=params["train"]["async_ckpt"])
+    try:
+        ddp_ref = run_steps(run, state, metrics, ckpt_dir, stop_at, keep_ckpts, checkpointer)
+        checkpointer.close()  # every rank: the last checkpoint complete (fsdp: finalized, a collective) before final.pt
+    except BaseException:
+        checkpointer.abort()  # this rank alone, no collective: its background write ends; the error is the one raised
+        raise
 
     if metrics and (not metrics.steps or metrics.steps[-1] != stop_at):
         raise PipelineError(f"{metrics.path} ends at step {metrics.steps[-1] if metrics.steps else None}, not at "
