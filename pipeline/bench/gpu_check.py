@@ -3,7 +3,7 @@
     python -m pipeline.bench --gpu-check [--out results/gpu-check] [--device cuda|cpu] [--smoke-steps 5]
         [--steps 10] [--warmup 3] [--budget-s 600] [--configfile configs/llama3-1b-fineweb.yaml]
 
-Four parts, each written to ``--out`` as it finishes (atomically; a crash keeps what was done), within a
+Five parts, each written to ``--out`` as it finishes (atomically; a crash keeps what was done), within a
 **time budget** (`Budget`, ``--budget-s``: 600 s on CUDA, so that a GPU lent for 15 minutes spends them
 measuring): before it runs, every row is estimated (`row_seconds`: `ROW_SETUP_S`, `COMPILE_S` when it
 compiles — assumed, not yet measured — and its steps at pipeline.perf's predicted step time); the total
@@ -38,17 +38,22 @@ in order of priority: smoke rows, the fsdp rows, the loss-memory rows, then the 
    bf16 step with every block checkpointed at 16 / 32 / 64 rows, one warm-up and one timed step, its
    peak allocated memory against pipeline.perf (issue 28: with the loss traced into the compiled graph
    the 64-row step held 9 GB nothing explained; BENCHMARKS.md).
-3. **The reference suite** (`pipeline.bench.suite`, the reference write-up's 1×H100 rows) on
+3. **Checkpoint save and resume** (`pipeline.bench.ckpt.CKPT_ROWS`, CUDA only; issue 36): the trainer's
+   asynchronous save (`Checkpointer`: staging into pinned host memory, the background write; DCP's async_save
+   on a 1-rank group for the fsdp row) and the resume of one rank's checkpoint of the 8B preset (fsdp: 1/8 of
+   weights + AdamW) and of the 1.24B preset's ddp file, read back from storage, against
+   pipeline.resilience's save time.
+4. **The reference suite** (`pipeline.bench.suite`, the reference write-up's 1×H100 rows) on
    ``--configfile`` (default the 1.2B preset); on CPU on a tiny model (`CPU_SUITE_MODEL`, 1 timed
    step: the plumbing, not the GPU).
-4. **Measured vs predicted** (``gpu-check.md`` / ``.json``): for every smoke and suite row, the measured
+5. **Measured vs predicted** (``gpu-check.md`` / ``.json``): for every smoke and suite row, the measured
    step time and peak allocated memory (CUDA only) beside `pipeline.perf`'s prediction and the ratio
    measured / predicted. The smoke rows' step time is the median of the steps after the first
    (compilation).
 
 Files in ``--out``: ``smoke.json``, ``reference.md`` + ``reference.json`` (the suite, rewritten after
 every row), ``gpu-check.md`` + ``gpu-check.json`` (the combined tables and every row, the loss-memory
-rows and the budget's estimates and real seconds included). Exit status 1
+and checkpoint rows and the budget's estimates and real seconds included). Exit status 1
 when a smoke row that ran is outside its tolerance (everything is written first).
 """
 from __future__ import annotations
@@ -61,6 +66,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from pipeline.bench.ckpt import CKPT_ROWS, ckpt_row_seconds, format_ckpt, row_config, row_params, run_ckpt_rows
 from pipeline.bench.suite import (
     REFERENCE_SUITE,
     format_suite,
@@ -490,6 +496,7 @@ def run_gpu_check(out: str | Path, bench, configfile: str, device: str | None = 
                  for _, device_, overrides, *_ in SMOKE_ROWS if cuda or device_ == "cpu"]
     estimates += [row_seconds(suite_config(suite_cfg, *r[1:]), LOSS_MEMORY_STEPS + LOSS_MEMORY_WARMUP, "preset")
                   for r in LOSS_MEMORY_ROWS if cuda]
+    estimates += [ckpt_row_seconds(row_params(row_config(preset))) for _, preset, _ in CKPT_ROWS if cuda]
     estimates += [row_seconds(suite_config(suite_cfg, *r[1:]), suite_steps + suite_warmup, "preset")
                   for r in REFERENCE_SUITE]
     estimate_all = sum(estimates)
@@ -517,6 +524,15 @@ def run_gpu_check(out: str | Path, bench, configfile: str, device: str | None = 
 
     loss_memory = run_suite(suite_cfg, LOSS_MEMORY_STEPS, LOSS_MEMORY_WARMUP, bench, on_row=row_progress("loss"),
                             suite=LOSS_MEMORY_ROWS, skip=admit("preset", LOSS_MEMORY_STEPS + LOSS_MEMORY_WARMUP))
+
+    def ckpt_progress(row: dict, rows: list[dict]) -> None:
+        m = row["measured"]
+        print(f"ckpt {row['name']}: " + (row["skipped"] or
+              f"{m['checkpoint_gb']:.1f} GB, save blocks {m['blocked_s']:.2f} s (first {m['first_blocked_s']:.2f} s), "
+              f"background write {m['write_s']:.1f} s, resume verify {m['verify_s']:.1f} s + load {m['load_s']:.1f} s; "
+              f"the node's save {m['node_save_s']:.0f} s vs predicted {m['predicted_save_s']:.0f} s"), flush=True)
+
+    ckpt_rows = run_ckpt_rows(cuda, out, admit=budget.admit, on_row=ckpt_progress)
     suite_header = {**header, "configfile": configfile if cuda else None}
 
     def suite_progress(row: dict, rows: list[dict]) -> None:
@@ -528,10 +544,10 @@ def run_gpu_check(out: str | Path, bench, configfile: str, device: str | None = 
     passed = all(r["passed"] is not False for r in smoke)
     timing = {"seconds": budget.seconds, "estimate_all_s": round(estimate_all, 1), "spent_s": round(budget.spent(), 1),
               "rows": budget.report()}
-    result = {**header, "passed": passed, "smoke": smoke, "loss_memory": loss_memory, "suite": suite,
-              "budget": timing}
+    result = {**header, "passed": passed, "smoke": smoke, "loss_memory": loss_memory, "ckpt": ckpt_rows,
+              "suite": suite, "budget": timing}
     text = (format_check(smoke, suite, f"make gpu-check on {name} ({gpu})") + "\n" + format_loss_memory(loss_memory)
-            + "\n" + format_budget(timing))
+            + "\n" + format_ckpt(ckpt_rows) + "\n" + format_budget(timing))
     with atomic_write(out / "gpu-check.md", encoding="utf-8") as f:
         f.write(text)
     write_json(out / "gpu-check.json", result)

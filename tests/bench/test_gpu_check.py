@@ -39,6 +39,8 @@ def test_gpu_check_runs_on_cpu_with_the_cuda_rows_skipped(tmp_path, capsys):
     assert not torch.distributed.is_initialized()  # the row's group is gone
     assert [r["name"] for r in result["loss_memory"]] == [n for n, *_ in gpu_check.LOSS_MEMORY_ROWS]
     assert all(r["skipped"] == "needs CUDA: the preset's compiled step on a GPU" for r in result["loss_memory"])
+    assert [r["name"] for r in result["ckpt"]] == [n for n, *_ in gpu_check.CKPT_ROWS]  # tests/bench/test_ckpt_row.py
+    assert all(r["skipped"] == "needs CUDA: no CUDA device is visible" for r in result["ckpt"])
     budget = result["budget"]  # no budget on CPU, every row that ran timed beside its estimate
     assert budget["seconds"] is None and budget["estimate_all_s"] > 0
     ran = [r for r in budget["rows"] if r["ran"]]
@@ -55,6 +57,7 @@ def test_gpu_check_runs_on_cpu_with_the_cuda_rows_skipped(tmp_path, capsys):
     assert "| cpu fp32 chunked CE | the fused chunked fp32 CE and its backward vs full logits | pass |" in text
     assert "| cuda compile bf16 flex doc-mask |" in text and "| suite: 64 block |" in text
     assert "skipped: needs CUDA: no CUDA device is visible" in text
+    assert "| ckpt fsdp 8B rank shard | needs CUDA" in text
     assert "| loss memory 64 block | needs CUDA" in text and "| cpu fsdp fp32 |" in text and "## Time" in text
     assert text in capsys.readouterr().out
 

@@ -1,0 +1,253 @@
+"""`make gpu-check`'s checkpoint rows (issue 36): one asynchronous save and one resume of a preset's per-rank
+checkpoint on one GPU, through the trainer's own `pipeline.training.checkpoint.Checkpointer`, against
+pipeline.resilience's prediction.
+
+A row (`CKPT_ROWS`) takes a preset's parameter count and parallelism: under fsdp one rank's share
+(``count_params / (nodes × nproc_per_node)``: the 8B preset's 1.0B parameters per rank of 8), under ddp the
+whole model (the 1.24B preset's rank-0 file). It builds a module of that many fp32 parameters on the device
+(2-D blocks of `BLOCK_COLS` columns: the sizes of a checkpoint, not a transformer), takes one AdamW step (its two
+moments: 12 bytes per parameter in all, as the trainer's checkpoint), shards it with FSDP2 over a 1-rank group
+for an fsdp row (`one_rank_group`: the DCP path of `Checkpointer`, `async_save` included), then:
+
+1. **two asynchronous saves**, each `Checkpointer.save` then `Checkpointer.wait`: what the save blocked
+   (``blocked_s``: staging — device-to-pinned-host copies on CUDA; the first save also allocates and pins the
+   host buffers, ``first_blocked_s``) and what the background write took (``write_s``: the file(s) written
+   and fsynced, hashed, renamed into place; the second save's);
+2. **the resume**: the checkpoint's files dropped from the page cache (``posix_fadvise(DONTNEED)``, no root
+   needed) so that they are read from storage, then `newest_readable` (``verify_s``: every file read and
+   hashed) and, the cache dropped again, the load into the model and optimizer (``load_s``: DCP's
+   `_load_sharded`, or ``load_checkpoint`` + ``load_state_dict`` for a file).
+
+Predicted (pipeline.resilience): ``predicted_save_s(cfg)`` — what the plan assumes one save of the preset
+costs (the whole job's bytes over the node storage bandwidth). The row compares it with the save of the whole
+node at the bandwidth measured here (``node_save_s``: the job's bytes per node / this row's write bandwidth —
+one rank alone on one GPU had the storage to itself; 8 ranks share it) and reports what actually blocks
+training: the staging. (pipeline.resilience has no staging or background-write figure yet: when it does, the
+row should compare ``blocked_s`` with it.)
+
+The checkpoints go to ``<out>/ckpt-row/`` (the filesystem `--out` is on), removed after each row. On CPU
+(tests/bench/test_ckpt_row.py) the same code runs at a tiny size (``n_params``).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from pipeline.budget import count_params
+from pipeline.config import load_config
+from pipeline.distributed import Dist
+from pipeline.io import get_logger
+
+log = get_logger(__name__)
+
+# (name, preset, what it checks)
+CKPT_ROWS = [
+    ("ckpt fsdp 8B rank shard", "configs/llama3-8b-fineweb.yaml",
+     "one rank's DCP checkpoint of the 8B preset (1/8 of weights + AdamW): async save (staging, background write) "
+     "and resume"),
+    ("ckpt ddp 1.2B file", "configs/llama3-1b-fineweb.yaml",
+     "the 1.24B preset's rank-0 checkpoint file (weights + AdamW): async save (staging, background write) and "
+     "resume"),
+]
+BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments
+BLOCK_COLS = 4096
+BLOCK_ROWS = 16384    # 64M parameters (256 MB fp32) per block
+# Assumed for the time budget's estimate (gpu-check.json records the real seconds): pinned staging, sha256 (one
+# core); storage from pipeline.resilience.
+STAGING_GB_S, HASH_GB_S = 10.0, 1.0
+
+
+def row_config(preset: str) -> dict:
+    """The resolved preset (a path relative to the project root)."""
+    return load_config(Path(__file__).resolve().parents[2] / preset)
+
+
+def row_params(cfg: dict) -> int:
+    """The parameters one rank saves: the whole model under ddp, its share under fsdp."""
+    n = count_params(cfg["model"])[0]
+    if cfg["train"]["parallel"] == "fsdp":
+        return -(-n // (cfg["hardware"]["nodes"] * cfg["hardware"]["nproc_per_node"]))
+    return n
+
+
+def storage_gb_s() -> float:
+    from pipeline import resilience
+
+    return float(getattr(resilience, "STORAGE_GB_PER_S", 2.0))
+
+
+def ckpt_row_seconds(n_params: int) -> float:
+    """The budget's estimate of a row: set-up, two saves (staging, write, hash), the resume (a verifying read
+    with its hash, and the load's read)."""
+    gb = n_params * BYTES_PER_PARAM / 1e9
+    storage = storage_gb_s()
+    return 10.0 + gb * (2 * (1 / STAGING_GB_S + 1 / storage + 1 / HASH_GB_S) + 2 / storage + 1 / HASH_GB_S)
+
+
+class _Blocks(torch.nn.Module):
+    """Exactly `n_params` fp32 parameters: 2-D blocks of up to `BLOCK_ROWS` × `cols`, the rest a vector."""
+
+    def __init__(self, n_params: int, device: torch.device, cols: int = BLOCK_COLS):
+        super().__init__()
+        blocks, left = [], n_params
+        while left > 0:
+            rows = min(BLOCK_ROWS, left // cols)
+            shape = (rows, cols) if rows else (left,)
+            blocks.append(torch.nn.Parameter(torch.randn(shape, device=device)))
+            left -= blocks[-1].numel()
+        self.blocks = torch.nn.ParameterList(blocks)
+
+
+def _drop_cache(path: Path) -> None:
+    """Evict `path`'s files (a directory's, recursively) from the page cache: the next read is from storage."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for f in files:
+        with contextlib.suppress(OSError, AttributeError):
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+class _Loader:
+    def state_dict(self) -> dict:
+        return {"epoch": 0, "position": 0}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_ckpt_row(preset_cfg: dict, device: torch.device, out: Path, n_params: int | None = None) -> dict:
+    """One row (module docstring) on `device`, its checkpoints under `out` (removed at the end). `n_params`
+    overrides the preset's per-rank count (the CPU test's tiny size). Returns the measured and predicted
+    figures."""
+    from pipeline import resilience
+    from pipeline.bench.gpu_check import one_rank_group
+    from pipeline.training import checkpoint as C
+
+    fsdp = preset_cfg["train"]["parallel"] == "fsdp"
+    n = row_params(preset_cfg) if n_params is None else n_params
+    out = Path(out)
+    shutil.rmtree(out, ignore_errors=True)
+    group = one_rank_group(device) if fsdp else contextlib.nullcontext(Dist(0, 0, 1, device))
+    try:
+        with group as dist:
+            model = _Blocks(n, device)
+            if fsdp:
+                from torch.distributed.device_mesh import init_device_mesh
+                from torch.distributed.fsdp import fully_shard
+
+                mesh = init_device_mesh(device.type, (1,))
+                fully_shard(model, mesh=mesh)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+            optimizer.step()  # the moments exist
+            optimizer.zero_grad(set_to_none=True)
+            _sync(device)
+            saver = C.Checkpointer(out, dist, keep=1, async_save=True)
+            state = C.TrainState()
+            figures = {}
+            for i in (1, 2):
+                state.step = i
+                saver.save(model=model, optimizer=optimizer, loader=_Loader(), params=preset_cfg, plan={},
+                           state=state)
+                blocked = saver.blocked_s
+                start = time.perf_counter()
+                saver.wait()
+                figures[i] = (blocked, time.perf_counter() - start)
+            saver.close()
+            path = out / C.checkpoint_name(2, sharded=fsdp)
+            size = sum(f.stat().st_size for f in ([path] if path.is_file() else path.rglob("*")) if f.is_file())
+            _drop_cache(path)
+            start = time.perf_counter()
+            newest, _ = C.newest_readable(out)
+            verify_s = time.perf_counter() - start
+            assert newest == path, (newest, path)
+            _drop_cache(path)
+            start = time.perf_counter()
+            if fsdp:
+                C._load_sharded(path, model, optimizer)
+            else:
+                from pipeline.model.checkpoint import load_checkpoint
+
+                loaded = load_checkpoint(path, verify=False)
+                model.load_state_dict(loaded["model"])
+                optimizer.load_state_dict(loaded["optimizer"])
+            _sync(device)
+            load_s = time.perf_counter() - start
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    gb = size / 1e9
+    (first_blocked, _), (blocked, write_s) = figures[1], figures[2]
+    hw = preset_cfg["hardware"]
+    node_gb = count_params(preset_cfg["model"])[0] * BYTES_PER_PARAM / 1e9 / hw["nodes"]
+    node_save_s = node_gb / (gb / write_s) if write_s > 0 else None
+    predicted = resilience.predicted_save_s(preset_cfg)
+    return {"n_params": n, "checkpoint_gb": gb, "first_blocked_s": first_blocked, "blocked_s": blocked,
+            "staging_gb_s": gb / blocked if blocked > 0 else None, "write_s": write_s,
+            "write_gb_s": gb / write_s if write_s > 0 else None, "verify_s": verify_s, "load_s": load_s,
+            "load_gb_s": gb / load_s if load_s > 0 else None, "node_gb": node_gb, "node_save_s": node_save_s,
+            "predicted_save_s": predicted,
+            "ratio": node_save_s / predicted if node_save_s is not None and predicted else None}
+
+
+def format_ckpt(rows: list[dict]) -> str:
+    """Markdown: every checkpoint row's figures beside pipeline.resilience's prediction."""
+    lines = ["## Checkpoint save and resume (issue 36): async staging, background write, resume", "",
+             "| row | GB | save blocks s (first) | background write s (GB/s) | resume: verify s / load s (GB/s) | "
+             "node's save s at this bandwidth / predicted_save_s / ratio |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        m = r["measured"]
+        if m is None:
+            lines.append(f"| {r['name']} | {r['skipped']} | | | | pred. {r['predicted_save_s']:.1f} |")
+            continue
+        lines.append(f"| {r['name']} | {m['checkpoint_gb']:.2f} | {m['blocked_s']:.2f} ({m['first_blocked_s']:.2f}) | "
+                     f"{m['write_s']:.1f} ({m['write_gb_s']:.2f}) | {m['verify_s']:.1f} / {m['load_s']:.1f} "
+                     f"({m['load_gb_s']:.2f}) | {m['node_save_s']:.1f} / {m['predicted_save_s']:.1f} / "
+                     f"{m['ratio']:.2f} |")
+    lines += ["", "Save blocks: what `Checkpointer.save` held training (staging into pinned host memory; the first "
+              "save also pins its buffers). Background write: files written, fsynced, hashed, renamed. Resume: "
+              "read from storage (page cache dropped). Predicted: pipeline.resilience.predicted_save_s, the whole "
+              "job's save over the node's storage; compared with this row's bandwidth applied to the node's bytes."]
+    return "\n".join(lines) + "\n"
+
+
+def run_ckpt_rows(cuda: bool, out: Path, admit=None, on_row=None) -> list[dict]:
+    """Every CKPT_ROWS row: {name, preset, checks, n_params, predicted_save_s, measured (or None), skipped}. Skipped
+    without CUDA; `admit(name, estimate_s)` (the gpu-check's `Budget.admit`) may leave a row out; a row's exception
+    is its result ("failed: ...")."""
+    from pipeline import resilience
+    from pipeline.bench.suite import release_device, skip_reason
+
+    rows = []
+    for name, preset, checks in CKPT_ROWS:
+        cfg = row_config(preset)
+        n = row_params(cfg)
+        row = {"name": name, "preset": preset, "checks": checks, "n_params": n,
+               "predicted_save_s": resilience.predicted_save_s(cfg), "estimate_s": round(ckpt_row_seconds(n), 1),
+               "measured": None, "skipped": None if cuda else "needs CUDA: no CUDA device is visible"}
+        if row["skipped"] is None and admit is not None:
+            row["skipped"] = admit(name, ckpt_row_seconds(n))
+        if row["skipped"] is None:
+            try:
+                row["measured"] = run_ckpt_row(cfg, torch.device("cuda", torch.cuda.current_device()),
+                                               Path(out) / "ckpt-row")
+            except Exception as e:  # one row's failure is that row's result
+                row["skipped"] = skip_reason(e)
+                log.warning("checkpoint row %r: %s", name, row["skipped"])
+            finally:
+                release_device("cuda")
+        rows.append(row)
+        if on_row:
+            on_row(row, rows)
+    return rows
