@@ -100,7 +100,8 @@ background write is raised there, in the training thread, never lost.
   trade-off: the newest checkpoint is complete (resumable) only once finalized, one checkpoint interval
   later (or at the end); a crash before that resumes from the one before it, as if the save had not happened.
   An exception path calls `Checkpointer.abort` (no collective: this rank waits for its own write only); a
-  sharded checkpoint not finalized is left as its temporary directory, swept by the next run.
+  sharded checkpoint not finalized stays a temporary directory (removed when rank 0 lets go of it, or swept
+  by the next run), never a step checkpoint.
 
 A kill at any moment leaves the previous checkpoint usable: the write goes to temporary names that are renamed
 into place, and ``latest`` moves after. Pruning never deletes the checkpoint ``latest`` names (the one a run
@@ -660,7 +661,7 @@ class Checkpointer:
         """On an exception path, this rank alone (no collective): wait for this rank's background write, log
         its error instead of raising it (the exception in flight is the one to report), release everything. A
         file checkpoint finished by then is complete (its `latest` moved); a sharded one is not finalized: the
-        previous checkpoint stays the newest, and its temporary directory is swept by the next run."""
+        previous checkpoint stays the newest; its temporary directory is removed or swept by the next run."""
         pending, self._pending = self._pending, None
         try:
             if pending is not None:
