@@ -279,8 +279,8 @@ class Watchdog:
             with self._lock:
                 late, (step, phase, seconds) = time.monotonic() > self._deadline, self._what
             if late:
-                self._on_expire(f"rank {self.rank} hung: no progress for {seconds:.0f} s in {phase} of step {step} "
-                                f"(the watchdog's allowance; hardware.hang_timeout_min); failing the job")
+                self._on_expire(f"rank {self.rank} hung: no progress for {seconds:.0f} s (phase {phase}, step "
+                                f"{step}; the watchdog's allowance, hardware.hang_timeout_min): failing the job")
                 return
 
     def _die(self, message: str) -> None:
