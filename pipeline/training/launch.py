@@ -16,7 +16,7 @@ sends SIGUSR1 to the trainers, which checkpoint at their next step boundary and 
 `--grace` seconds (the train rule passes the plan's step + save time with room to spare) before it kills
 everything (SIGKILL); a second SIGINT kills at once. It does not signal torchrun: torchrun's agent would
 tear the workers down within 30 s, mid-step. For the same reason the launcher starts with SIGTERM, SIGINT,
-SIGHUP and SIGUSR1 ignored and ``TORCHELASTIC_SIGNALS_TO_HANDLE=SIGQUIT``, so that the signals that reach
+SIGHUP and SIGUSR1 ignored and torchrun told to handle SIGQUIT only (`AGENT_ENV`), so that the signals that reach
 the whole job (SLURM signals every process of the job at its time limit or on preemption; Ctrl-C reaches
 the process group) reach torchrun without effect, while the trainers handle them (the trainer installs its
 own handlers; an ignored SIGUSR1 before that is lost, never fatal).
@@ -50,7 +50,9 @@ from pipeline.training.processes import (
     EXIT_HUNG,
     EXIT_STOPPED,
     STATUS_DIR_ENV,
+    STOP_SIGNALS,
     SUPERVISOR_ENV,
+    ignore_stop_signals,
     set_child_subreaper,
     set_parent_death_signal,
     worker_statuses,
@@ -60,8 +62,11 @@ __all__ = ["supervise"]
 
 log = get_logger(__name__)
 
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 DEFAULT_GRACE_S = 300.0
+# torchrun installs handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT unless told otherwise: its --signals-to-handle
+# (read from PET_SIGNALS_TO_HANDLE; it then sets TORCHELASTIC_SIGNALS_TO_HANDLE, which its agent reads). SIGQUIT
+# only: the stop signals stay ignored in the agent.
+AGENT_ENV = {"PET_SIGNALS_TO_HANDLE": "SIGQUIT", "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGQUIT"}
 
 
 # ----------------------------------------------------------------------------- the supervisor
@@ -114,11 +119,10 @@ def _exit_code(status: int) -> int:
     return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
-def _ignore_stop_signals() -> None:
-    """In the launcher, before exec: what the module docstring says (ignored dispositions survive exec)."""
+def _launcher_preexec() -> None:
+    """In the launcher, before exec: die with the supervisor, ignore the stop signals (module docstring)."""
     set_parent_death_signal(signal.SIGKILL)
-    for s in STOP_SIGNALS:
-        signal.signal(s, signal.SIG_IGN)
+    ignore_stop_signals()
 
 
 def supervise(cmd: list[str], grace: float = DEFAULT_GRACE_S, poll: float = 0.1) -> int:
@@ -131,10 +135,9 @@ def supervise(cmd: list[str], grace: float = DEFAULT_GRACE_S, poll: float = 0.1)
 
     previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     status_dir = tempfile.mkdtemp(prefix="tokenfarm-job-")
-    env = dict(os.environ, **{SUPERVISOR_ENV: str(os.getpid()), STATUS_DIR_ENV: status_dir,
-                              "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGQUIT"})
+    env = dict(os.environ, **{SUPERVISOR_ENV: str(os.getpid()), STATUS_DIR_ENV: status_dir}, **AGENT_ENV)
     try:
-        child = subprocess.Popen(cmd, env=env, preexec_fn=_ignore_stop_signals)
+        child = subprocess.Popen(cmd, env=env, preexec_fn=_launcher_preexec)
     except OSError as e:
         shutil.rmtree(status_dir, ignore_errors=True)
         for s, h in previous.items():
@@ -215,11 +218,17 @@ def main(argv=None) -> None:
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
                    help="seconds the trainers get to stop cleanly after a SIGUSR1/SIGTERM/SIGINT/SIGHUP before the "
                         "job is killed (their next step boundary and a checkpoint save)")
+    p.add_argument("--exec", action="store_true",
+                   help="no supervision: become the command with the stop signals ignored (a torchrun agent that srun "
+                        "starts on another node: its trainers, not the agent, handle SLURM's signals)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the launcher command (e.g. torchrun ...)")
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         p.error("no command given after --")
+    if args.exec:
+        ignore_stop_signals()
+        os.execvpe(cmd[0], cmd, dict(os.environ, **AGENT_ENV))
     raise SystemExit(supervise(cmd, grace=args.grace))
 
 

@@ -37,7 +37,8 @@ from pipeline.errors import PipelineError
 from pipeline.io import get_logger, pid_alive
 
 __all__ = ["die_with_parent", "set_parent_death_signal", "set_child_subreaper", "RunLock", "SUPERVISOR_ENV",
-           "STATUS_DIR_ENV", "EXIT_STOPPED", "EXIT_HUNG", "register_worker", "report_exit", "worker_statuses"]
+           "STATUS_DIR_ENV", "EXIT_STOPPED", "EXIT_HUNG", "STOP_SIGNALS", "ignore_stop_signals", "register_worker",
+           "report_exit", "worker_statuses"]
 
 log = get_logger(__name__)
 
@@ -45,6 +46,9 @@ SUPERVISOR_ENV = "TOKENFARM_SUPERVISOR_PID"  # set by the supervisor (launch.py)
 STATUS_DIR_ENV = "TOKENFARM_STATUS_DIR"  # the supervisor's status directory (module docstring)
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped cleanly at a checkpoint before the target; rerun to resume
 EXIT_HUNG = 70     # the step watchdog fired (a rank made no progress)
+# The signals that ask a job to stop: the trainers handle them; the launchers between the supervisor and the
+# trainers (torchrun, pipeline.training.rendezvous) ignore them (`ignore_stop_signals`, launch.py's docstring).
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -64,6 +68,13 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
 def set_child_subreaper() -> bool:
     """Make orphaned descendants of this process its children instead of PID 1's (Linux; False elsewhere)."""
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def ignore_stop_signals() -> None:
+    """Ignore `STOP_SIGNALS` in this process and, across exec, in the launcher it becomes (an ignored
+    disposition survives exec; a handler does not). The trainer installs its own handlers."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
 
 
 def die_with_parent() -> None:

@@ -191,3 +191,15 @@ def test_a_hung_rank_ends_the_job_at_once_with_70(tmp_path):
     assert proc.wait(timeout=60) == 70, proc.stderr.read()[-3000:]
     assert time.monotonic() - started < 15
     assert wait_gone(workers, 5) == []
+
+
+def test_exec_mode_becomes_the_agent_with_the_stop_signals_ignored():
+    """What srun starts on each node of a multi-node job (pipeline.training.rendezvous): the torchrun agent
+    itself, ignoring the stop signals and told to handle SIGQUIT only, so that SLURM's SIGTERM reaches its
+    trainers and not a teardown."""
+    code = ("import os, signal; print(all(signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGTERM, "
+            "signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)), os.environ['PET_SIGNALS_TO_HANDLE'], os.getppid())")
+    r = subprocess.run([sys.executable, "-m", "pipeline.training.launch", "--exec", "--", sys.executable, "-c", code],
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+    ignored, handled, parent = r.stdout.split()
+    assert (ignored, handled, int(parent)) == ("True", "SIGQUIT", os.getpid()), r.stderr  # exec'd: no process between

@@ -230,14 +230,17 @@ def command(data, outdir: Path, params: dict, *extra: str, grace: float = 120) -
     write_json(plan_path, make_plan(params))
     script = outdir.parent / "launch_stopping.py"
     script.write_text(textwrap.dedent(LAUNCH))
+    # what the train rule runs: the supervisor, then rendezvous, which execs torchrun
     return [sys.executable, "-m", "pipeline.training.launch", "--grace", str(grace), "--",
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+            sys.executable, "-m", "pipeline.training.rendezvous", "--params", json.dumps(params), "--plan",
+            str(plan_path), "--cpus-per-node", "2", "--", str(script),
             "--params", json.dumps(params), "--plan", str(plan_path), "--train", data["train"], "--val", data["val"],
             "--tokenizer", data["tokenizer"], "--outdir", str(outdir), *extra]
 
 
 def env(**extra) -> dict:
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **extra)
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"  # rendezvous finds torchrun on PATH
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PATH=path, **extra)
 
 
 def run(data, outdir: Path, params: dict) -> None:
@@ -277,23 +280,28 @@ def whole_2(data, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_sigusr1_to_the_supervisor_stops_cleanly_and_the_rerun_is_exact(data, whole_2, tmp_path, parallel):
-    """SIGUSR1 to the supervisor once a random step is logged: the trainers agree on a step boundary,
-    checkpoint it and exit 75 (so does the supervisor); the rerun ends with the uninterrupted run's final
-    weights and metric history, bitwise."""
+@pytest.mark.parametrize("parallel, to_group", [("ddp", False), ("fsdp", False), ("ddp", True)],
+                         ids=["ddp-sigusr1", "fsdp-sigusr1", "ddp-sigterm-to-the-group"])
+def test_a_stop_signal_stops_cleanly_and_the_rerun_is_exact(data, whole_2, tmp_path, parallel, to_group):
+    """SIGUSR1 to the supervisor (or SIGTERM to the job's process group, which torchrun ignores) once a random
+    step is logged: the trainers agree on a step boundary, checkpoint it and exit 75 (so does the
+    supervisor); the rerun ends with the uninterrupted run's final weights and metric history, bitwise."""
     params, out = params_2(parallel), tmp_path / "train"
     at = random.choice([1, 2, 4, 6, 8])
     proc = start(data, out, params, TF_STEP_SLEEP="0.4")
     try:
         wait_for_step(proc, out, at)
         sent = time.monotonic()
-        os.kill(proc.pid, signal.SIGUSR1)
+        if to_group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            os.kill(proc.pid, signal.SIGUSR1)
         output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == EXIT_STOPPED, f"step {at}: {output[-4000:]}"
+    assert "death signal" not in output  # torchrun did not take the signal (it would tear the workers down)
     stopped = latest_step(out)
     assert at < stopped < 12 and not (out / "final.pt").exists(), (at, stopped)
     assert f"stopped at step {stopped} of this job's target 12" in output
