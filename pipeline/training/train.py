@@ -6,10 +6,21 @@ Launch (the `train` rule; `--nproc_per_node` = `hardware.nproc_per_node`)::
     torchrun --standalone --nproc_per_node N -m pipeline.training.train --params JSON [--plan R/plan.json] \\
         --train R/pack/M/train.json --val R/pack/M/val.json --tokenizer R/tokenizer/encoding.json \\
         --outdir R/train/STAGE [--stage STAGE] [--init R/train/PREV/final.pt] [--resume auto|require|never] \\
-        [--max-steps K] [--keep-ckpts 2]
+        [--segment K/N] [--max-steps K] [--keep-ckpts 2]
 
 The launcher owns the job's processes and each worker dies with its parent (pipeline/training/launch.py);
 rank 0 holds a lock on `outdir` for the whole run, so a second trainer on it fails at once.
+
+**Jobs and stops** (pipeline/training/stopping.py). A stage may train as a chain of N jobs: ``--segment K/N``
+trains from the newest checkpoint to step ceil(K × num_steps / N) and checkpoints there; for K < N it then
+writes ``outdir/segments/K.json`` (stage, segment, of, target_step, step, num_steps, tokens_seen, meta) and
+no final.pt (a rerun whose newest checkpoint already reached the target writes the marker without building
+the model); N/N ends as an unsegmented run does. Any job stops cleanly before its target at a step boundary
+the ranks agree on — when its deadline (``TOKENFARM_DEADLINE``, or the SLURM job's end time) would not leave
+time for the next steps and a save, or on SIGUSR1 / SIGTERM —, with a checkpoint there and exit code 75
+(`EXIT_STOPPED`); the next attempt resumes from it. A rank that makes no progress within its watchdog's
+allowance (``hardware.hang_timeout_min``) dumps its stacks and exits 70 (`EXIT_HUNG`). Exit 0: the target
+reached.
 
 **Stages** (pipeline/stages.py): one launch trains one stage of `train.stages`; the rule passes the
 stage's view of the config (`stage_config`: its effective `train` section and the resolved stage
@@ -56,8 +67,8 @@ rank; `plan.num_steps` steps):
 * **Optimizer**: pipeline/training/optim.py (AdamW / Muon / 8-bit AdamW, per-group LRs, warmup + cosine or
   WSD), gradient clipping at `train.grad_clip` (global norm before clipping is logged). Gradients
   are zeroed in place, never freed: under DDP they stay views into its buckets (`zero_gradients`).
-* **Checkpoints** every `train.ckpt_interval` steps, at `--max-steps` and at the end
-  (pipeline/training/checkpoint.py; under fsdp sharded directories written by every rank with
+* **Checkpoints** every `train.ckpt_interval` steps, where a job ends (the end, its segment's target, a
+  clean stop, `--max-steps`) (pipeline/training/checkpoint.py; under fsdp sharded directories written by every rank with
   torch.distributed.checkpoint); `train.resume: auto` (or `--resume auto`) continues from the newest
   readable checkpoint in `outdir/ckpt/` exactly: same per-step losses as an uninterrupted run (bitwise on
   CPU); an unreadable one is moved to `ckpt/unreadable/` and the one before it used. A checkpoint made by
@@ -70,8 +81,11 @@ rank; `plan.num_steps` steps):
   edit), `require` fails instead, and `never` always starts over. Checkpoints load memory-mapped:
   a rank pages in what it copies, not a private copy of the whole file.
 * **Metrics**: pipeline/training/metrics.py (JSONL + wandb), validation every `train.val_interval` steps.
-  A resumed run keeps the records up to its checkpoint and logs the later steps again, so the log has
-  every logged step exactly once; a run whose log does not end at its last step fails.
+  Which steps log is a function of the step alone (`Schedule`: never where a job started or stopped), and a
+  resumed run keeps the records up to its checkpoint and logs the later steps again, so a run stopped and
+  resumed any number of times has the uninterrupted run's records, each logged step exactly once; a run
+  whose log does not end at its last scheduled record fails. wandb continues the same run (its id is in the
+  checkpoint).
   With `--eval-data` and `eval.core_interval` > 0, a quick CORE subset (the first
   `eval.core_interval_items` items of every `eval.tasks` task, sharded across the ranks,
   pipeline/evaluation/core.py) every `eval.core_interval` steps and at the end, logged as `core_<n>`

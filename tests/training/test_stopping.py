@@ -363,3 +363,19 @@ def test_stop_signals_install_and_restore_ignored_defaults():
                                                       for s in (signal.SIGINT, signal.SIGHUP)])
     assert r.returncode == 0 and r.stdout.strip() == "SIGTERM received", r.stderr
     assert stopping.SIGNALS.installed is False  # nothing in this test process installed it
+
+
+def test_the_stop_vote_travels_with_the_step_counts(data):
+    """One process: the vote cast with a step's counts is what stop_agreed reads after it; the counts are
+    unchanged by it."""
+    from builders import CPU
+
+    from pipeline.data.loader import PackedLoader
+    from pipeline.training.step import StepBatches, count_tokens
+
+    steps = StepBatches(PackedLoader(data["train"], 4, seed=0), 2, CPU, prefetch=False)
+    assert not steps.stop_agreed()
+    batches, counts = steps.next_step(True)
+    assert steps.stop_agreed() and counts.tolist() == count_tokens(batches, CPU).tolist() == [256, 256]
+    steps.next_step(False)
+    assert not steps.stop_agreed()
