@@ -21,6 +21,9 @@ log = get_logger(__name__)
 # hardware.process_group_timeout_min's default. Rank 0 alone writes a checkpoint (~15 GB on the 1.2B
 # preset, minutes on a network filesystem) while the other ranks already wait in the next step's
 # collectives; torch's default (10 min for NCCL) would kill such a job at its first checkpoint.
+# The step watchdog (pipeline/training/stopping.py) is what catches a hung rank, phase by phase, with the
+# stacks; this timeout is the backstop behind it and should exceed the watchdog's longest allowance (the
+# trainer warns when it does not), so that a hang is reported by the watchdog, not by a collective's timeout.
 DEFAULT_TIMEOUT_MIN = 60
 
 

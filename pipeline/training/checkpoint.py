@@ -602,10 +602,19 @@ class Checkpointer:
             with contextlib.suppress(PipelineError):  # a broken pointer: nothing to protect (resume rewrote it)
                 self.resumed_from = latest_checkpoint(self.ckpt_dir)
         self.blocked_s = 0.0
+        self.write_s: float | None = None  # the last background write's seconds (None: none finished yet)
         self._pending: _InFlight | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._stager = None  # DCP's DefaultStager: pinned (CUDA) staging buffers, reused by every save
         self._group = None   # the gloo group of DCP's async coordination (fsdp)
+
+    @property
+    def save_s(self) -> float | None:
+        """Seconds a save costs a job that must end right after it (a clean stop waits for the write): the
+        last save's blocking part plus the last background write, None while no background write has finished."""
+        if not self.async_save:
+            return self.blocked_s
+        return None if self.write_s is None else self.blocked_s + self.write_s
 
     @property
     def in_flight(self) -> Path | None:
@@ -628,7 +637,7 @@ class Checkpointer:
                 self._start_sharded(path, model, optimizer, train_state)
             elif self.dist.is_main:
                 staged = self._stage({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
-                future = self._writer().submit(self._write_file, path, {**staged, **train_state})
+                future = self._writer().submit(self._write_file, path, {**staged, **train_state}, time.perf_counter())
                 self._pending = _InFlight(path, future, sharded=False)
         self.blocked_s = time.perf_counter() - start
         if self.async_save and self.dist.is_main:
@@ -703,13 +712,14 @@ class Checkpointer:
     def _protected(self) -> tuple:
         return (self.resumed_from,) if self.resumed_from is not None else ()
 
-    def _write_file(self, path: Path, state: dict) -> None:
+    def _write_file(self, path: Path, state: dict, began: float) -> None:
         """The writer thread's job for a file checkpoint (rank 0): the file, then `latest`, then pruning."""
         save_checkpoint(path, state)
         write_latest(self.ckpt_dir, path.name)
         self.resumed_from = None  # a newer checkpoint is complete
         prune_checkpoints(self.ckpt_dir, self.keep, self._protected())
-        log.info("checkpoint %s complete", path)
+        self.write_s = time.perf_counter() - began
+        log.info("checkpoint %s complete (written in %.2f s)", path, self.write_s)
 
     def _start_sharded(self, path: Path, model, optimizer, train_state: dict) -> None:
         """Rank 0's temporary directory (`atomic_dir`, entered now, exited at the finalization) and
@@ -734,10 +744,10 @@ class Checkpointer:
             if tmp_dir is not None:
                 tmp_dir.__exit__(type(e), e, e.__traceback__)
             raise
-        self._pending = _InFlight(path, self._writer().submit(self._hash_shards, upload, tmp), sharded=True,
-                                  tmp_dir=tmp_dir, tmp=tmp)
+        self._pending = _InFlight(path, self._writer().submit(self._hash_shards, upload, tmp, time.perf_counter()),
+                                  sharded=True, tmp_dir=tmp_dir, tmp=tmp)
 
-    def _hash_shards(self, upload: Future, tmp: Path) -> dict:
+    def _hash_shards(self, upload: Future, tmp: Path, began: float) -> dict:
         """The writer thread's job for a sharded checkpoint: DCP's write done (on rank 0 that means every
         rank's: DCP writes .metadata after gathering every rank's results), this rank's files hashed (rank 0's
         with .metadata)."""
@@ -748,6 +758,7 @@ class Checkpointer:
             mine.update({f.name: sha256_file(f) for f in sorted(tmp.iterdir())
                          if f.is_file() and not f.name.startswith("__")
                          and f.name not in (TRAIN_STATE, checksum_path(TRAIN_STATE).name)})
+        self.write_s = time.perf_counter() - began
         return mine
 
     def _finalize_sharded(self, pending: _InFlight) -> None:

@@ -6,35 +6,67 @@ not the workers. Killed with SIGKILL, torchrun cannot pass anything on, and its 
 orphaned, writing checkpoints beside the rerun's. Three mechanisms close that:
 
 * workers die with their parent (`pipeline.training.processes.die_with_parent`, PR_SET_PDEATHSIG);
-* this supervisor: it starts the launcher in the job's process group (so the group's signals reach it)
-  with PR_SET_PDEATHSIG too, becomes a child subreaper (orphaned descendants are re-parented to it, not
-  to PID 1), forwards SIGTERM/SIGINT/SIGHUP to the launcher, kills it with SIGKILL after `--grace`
-  seconds, and, once the launcher has exited, kills every descendant still alive before exiting itself
-  with the launcher's status (128 + N after signal N);
+* this supervisor: it starts the launcher in the job's process group with PR_SET_PDEATHSIG too, becomes a
+  child subreaper (orphaned descendants are re-parented to it, not to PID 1) and, once the launcher has
+  exited, kills every descendant still alive before exiting itself;
 * one trainer per output directory (`pipeline.training.processes.RunLock`, held by rank 0).
+
+**A clean stop** (pipeline/training/stopping.py). On SIGUSR1, SIGTERM, SIGINT or SIGHUP the supervisor
+sends SIGUSR1 to the trainers, which checkpoint at their next step boundary and exit 75, and gives them
+`--grace` seconds (the train rule passes the plan's step + save time with room to spare) before it kills
+everything (SIGKILL); a second SIGINT kills at once. It does not signal torchrun: torchrun's agent would
+tear the workers down within 30 s, mid-step. For the same reason the launcher starts with SIGTERM, SIGINT,
+SIGHUP and SIGUSR1 ignored and torchrun told to handle SIGQUIT only (`AGENT_ENV`), so that the signals that reach
+the whole job (SLURM signals every process of the job at its time limit or on preemption; Ctrl-C reaches
+the process group) reach torchrun without effect, while the trainers handle them (the trainer installs its
+own handlers; an ignored SIGUSR1 before that is lost, never fatal).
+
+The trainers are found through a status directory the supervisor makes for the job (its path in
+``TOKENFARM_STATUS_DIR``, pipeline/training/processes.py): each trainer writes ``<pid>.worker`` once it
+takes stop requests and ``<pid>.exit`` with its exit code; only a registered PID that is a live descendant
+is signalled. Exit codes: torchrun exits 1 whenever a worker fails, so when every registered worker
+reported 75 (a clean stop) the supervisor exits 75; when a worker's watchdog reported 70 (a hang,
+`EXIT_HUNG`) it kills the job at once and exits 70; when the grace ran out it exits 128 + N (N the first
+signal received); otherwise the launcher's status (128 + N if killed by signal N).
 
 Usage (what the train rule runs)::
 
-    python -m pipeline.training.launch [--grace 10] -- torchrun --standalone --nproc_per_node N -m ...
+    python -m pipeline.training.launch [--grace 300] -- torchrun --standalone --nproc_per_node N -m ...
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, run_cli
-from pipeline.training.processes import SUPERVISOR_ENV, set_child_subreaper, set_parent_death_signal
+from pipeline.training.processes import (
+    EXIT_HUNG,
+    EXIT_STOPPED,
+    STATUS_DIR_ENV,
+    STOP_SIGNALS,
+    SUPERVISOR_ENV,
+    ignore_stop_signals,
+    set_child_subreaper,
+    set_parent_death_signal,
+    worker_statuses,
+)
 
 __all__ = ["supervise"]
 
 log = get_logger(__name__)
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+DEFAULT_GRACE_S = 300.0
+# torchrun installs handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT unless told otherwise: its --signals-to-handle
+# (read from PET_SIGNALS_TO_HANDLE; it then sets TORCHELASTIC_SIGNALS_TO_HANDLE, which its agent reads). SIGQUIT
+# only: the stop signals stay ignored in the agent.
+AGENT_ENV = {"PET_SIGNALS_TO_HANDLE": "SIGQUIT", "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGQUIT"}
 
 
 # ----------------------------------------------------------------------------- the supervisor
@@ -87,21 +119,31 @@ def _exit_code(status: int) -> int:
     return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
-def supervise(cmd: list[str], grace: float = 10.0, poll: float = 0.1) -> int:
-    """Run `cmd` as described in the module docstring; return its exit code (128 + N if killed by N)."""
+def _launcher_preexec() -> None:
+    """In the launcher, before exec: die with the supervisor, ignore the stop signals (module docstring)."""
+    set_parent_death_signal(signal.SIGKILL)
+    ignore_stop_signals()
+
+
+def supervise(cmd: list[str], grace: float = DEFAULT_GRACE_S, poll: float = 0.1) -> int:
+    """Run `cmd` as described in the module docstring; return the job's exit code."""
     set_child_subreaper()
     received: list[int] = []
 
     def on_signal(signum, frame):
         received.append(signum)
 
-    previous = {s: signal.signal(s, on_signal) for s in FORWARDED}
-    env = dict(os.environ, **{SUPERVISOR_ENV: str(os.getpid())})
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    status_dir = tempfile.mkdtemp(prefix="tokenfarm-job-")
+    env = dict(os.environ, **{SUPERVISOR_ENV: str(os.getpid()), STATUS_DIR_ENV: status_dir}, **AGENT_ENV)
     try:
-        child = subprocess.Popen(cmd, env=env, preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL))
+        child = subprocess.Popen(cmd, env=env, preexec_fn=_launcher_preexec)
     except OSError as e:
+        shutil.rmtree(status_dir, ignore_errors=True)
+        for s, h in previous.items():
+            signal.signal(s, h)
         raise PipelineError(f"cannot start {cmd[0]!r}: {e}") from None
-    status, deadline, forwarded = None, None, 0
+    status, deadline, handled, signalled, hung, killed = None, None, 0, set(), False, False
     try:
         while status is None:
             for pid, st in _reap():
@@ -109,16 +151,33 @@ def supervise(cmd: list[str], grace: float = 10.0, poll: float = 0.1) -> int:
                     status = st
             if status is not None:
                 break
-            if len(received) > forwarded:
-                sig = received[-1]
-                forwarded = len(received)
-                log.warning("received %s: stopping %s (SIGKILL after %gs)", signal.Signals(sig).name, cmd[0], grace)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child.pid, sig)
-                deadline = deadline or time.monotonic() + grace
-            if deadline is not None and time.monotonic() > deadline:
+            workers, exits = worker_statuses(status_dir)
+            if not hung and EXIT_HUNG in exits.values():
+                hung = True
+                log.error("a trainer's watchdog found a hung rank (exit %d): killing the job", EXIT_HUNG)
                 _kill_all([child.pid, *_descendants(child.pid)])
-                deadline = float("inf")
+            for i in range(handled, len(received)):
+                sig = received[i]
+                if deadline is None:
+                    log.warning("received %s: asking the trainers to stop at their next step boundary (SIGUSR1); "
+                                "killing the job in %gs if they have not", signal.Signals(sig).name, grace)
+                    deadline = time.monotonic() + grace
+                elif sig == signal.SIGINT and signal.SIGINT in received[:i]:
+                    log.warning("received SIGINT again: killing the job now")
+                    deadline = 0.0
+            handled = len(received)
+            if deadline is not None and not killed:
+                if time.monotonic() > deadline:
+                    log.warning("the trainers did not stop within %gs: killing the job", grace)
+                    _kill_all([child.pid, *_descendants(child.pid)])
+                    killed = True
+                elif workers - signalled:
+                    alive = set(_descendants(os.getpid()))
+                    for pid in sorted(workers - signalled):
+                        if pid in alive and pid not in exits:
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(pid, signal.SIGUSR1)
+                    signalled |= workers
             time.sleep(poll)
     finally:
         child.returncode = 0 if status is None else _exit_code(status)  # reaped here, not by Popen
@@ -133,22 +192,43 @@ def supervise(cmd: list[str], grace: float = 10.0, poll: float = 0.1) -> int:
                 _reap()
                 time.sleep(0.02)
             _reap()
+        workers, exits = worker_statuses(status_dir)
+        shutil.rmtree(status_dir, ignore_errors=True)
         for s, h in previous.items():
             signal.signal(s, h)
-    if received:
-        return 128 + received[0]
-    return _exit_code(status)
+    return _job_code(_exit_code(status), workers, exits, hung or EXIT_HUNG in exits.values(),
+                     received[0] if killed else None)
+
+
+def _job_code(launcher: int, workers: set[int], exits: dict[int, int], hung: bool, killed_after: int | None) -> int:
+    """The job's exit code (module docstring)."""
+    if hung:
+        return EXIT_HUNG
+    if killed_after is not None:
+        return 128 + killed_after
+    if launcher != 0 and workers and all(exits.get(pid) == EXIT_STOPPED for pid in workers):
+        log.info("the trainers stopped cleanly (exit %d): the next attempt resumes from their checkpoint",
+                 EXIT_STOPPED)
+        return EXIT_STOPPED
+    return launcher
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipeline.training.launch", description=__doc__.split("\n\n")[0])
-    p.add_argument("--grace", type=float, default=10.0,
-                   help="seconds between forwarding SIGTERM/SIGINT/SIGHUP to the command and killing it")
+    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
+                   help="seconds the trainers get to stop cleanly after a SIGUSR1/SIGTERM/SIGINT/SIGHUP before the "
+                        "job is killed (their next step boundary and a checkpoint save)")
+    p.add_argument("--exec", action="store_true",
+                   help="no supervision: become the command with the stop signals ignored (a torchrun agent that srun "
+                        "starts on another node: its trainers, not the agent, handle SLURM's signals)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the launcher command (e.g. torchrun ...)")
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         p.error("no command given after --")
+    if args.exec:
+        ignore_stop_signals()
+        os.execvpe(cmd[0], cmd, dict(os.environ, **AGENT_ENV))
     raise SystemExit(supervise(cmd, grace=args.grace))
 
 

@@ -8,6 +8,16 @@
 * `RunLock`: the process that writes a run's training outputs (rank 0) holds an exclusive ``flock`` on
   ``<outdir>/.lock`` for the whole run; a second trainer on the same directory fails at once with the
   holder's PID. The kernel releases the lock when the holder dies, SIGKILL included.
+* The supervisor's status directory (`STATUS_DIR_ENV`, made by the supervisor for each job): a trainer
+  that can take a stop request (its SIGUSR1/SIGTERM handlers installed) writes ``<pid>.worker``
+  (`register_worker`), and ``<pid>.exit`` holding its exit code just before it exits (`report_exit`).
+  The supervisor signals the registered workers (torchrun's agent is their parent, not the supervisor) and
+  learns their exit codes, which torchrun does not pass on (it exits 1 when any worker fails).
+
+Exit codes of a trainer (and of the supervisor, which passes them on): 0 done (the stage, or the
+segment's target); `EXIT_STOPPED` (75, EX_TEMPFAIL) stopped cleanly before its target — a checkpoint at
+the step it stopped, the next attempt resumes there; `EXIT_HUNG` (70) the step watchdog found a rank
+making no progress (pipeline/training/stopping.py); 1 an error.
 
 Linux only (prctl); elsewhere workers rely on torchrun's own shutdown.
 """
@@ -26,11 +36,19 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, pid_alive
 
-__all__ = ["die_with_parent", "set_parent_death_signal", "set_child_subreaper", "RunLock", "SUPERVISOR_ENV"]
+__all__ = ["die_with_parent", "set_parent_death_signal", "set_child_subreaper", "RunLock", "SUPERVISOR_ENV",
+           "STATUS_DIR_ENV", "EXIT_STOPPED", "EXIT_HUNG", "STOP_SIGNALS", "ignore_stop_signals", "register_worker",
+           "report_exit", "worker_statuses"]
 
 log = get_logger(__name__)
 
 SUPERVISOR_ENV = "TOKENFARM_SUPERVISOR_PID"  # set by the supervisor (launch.py) for everything it starts
+STATUS_DIR_ENV = "TOKENFARM_STATUS_DIR"  # the supervisor's status directory (module docstring)
+EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped cleanly at a checkpoint before the target; rerun to resume
+EXIT_HUNG = 70     # the step watchdog fired (a rank made no progress)
+# The signals that ask a job to stop: the trainers handle them; the launchers between the supervisor and the
+# trainers (torchrun, pipeline.training.rendezvous) ignore them (`ignore_stop_signals`, launch.py's docstring).
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -50,6 +68,13 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
 def set_child_subreaper() -> bool:
     """Make orphaned descendants of this process its children instead of PID 1's (Linux; False elsewhere)."""
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def ignore_stop_signals() -> None:
+    """Ignore `STOP_SIGNALS` in this process and, across exec, in the launcher it becomes (an ignored
+    disposition survives exec; a handler does not). The trainer installs its own handlers."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
 
 
 def die_with_parent() -> None:
@@ -73,6 +98,53 @@ def die_with_parent() -> None:
     if orphaned:
         print(f"error: process {os.getpid()} lost its launcher during start-up; exiting", file=sys.stderr)
         os._exit(1)
+
+
+# ----------------------------------------------------------------------------- the status directory
+
+def _status_file(suffix: str) -> Path | None:
+    directory = os.environ.get(STATUS_DIR_ENV)
+    return Path(directory) / f"{os.getpid()}{suffix}" if directory else None
+
+
+def _write_status(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically (temp file + rename), ignoring a vanished directory (the supervisor
+    is gone: nobody reads it)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(OSError):
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def register_worker(rank: int | str = "") -> None:
+    """Tell the supervisor (if any) that this process takes stop requests (SIGUSR1): call once its handlers
+    are installed. Before that a SIGUSR1 would kill it, so the supervisor signals registered workers only."""
+    path = _status_file(".worker")
+    if path is not None:
+        _write_status(path, f"{rank}\n")
+
+
+def report_exit(code: int) -> None:
+    """Tell the supervisor (if any) the code this process is about to exit with (torchrun does not pass it on)."""
+    path = _status_file(".exit")
+    if path is not None:
+        _write_status(path, f"{code}\n")
+
+
+def worker_statuses(directory: str | os.PathLike) -> tuple[set[int], dict[int, int]]:
+    """(registered worker PIDs, {PID: reported exit code}) of a status directory."""
+    workers, exits = set(), {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            stem, _, kind = entry.name.partition(".")
+            if not stem.isdigit() or kind not in ("worker", "exit"):
+                continue
+            if kind == "worker":
+                workers.add(int(stem))
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                exits[int(stem)] = int(Path(entry.path).read_text(encoding="utf-8").strip())
+    return workers, exits
 
 
 # ----------------------------------------------------------------------------- the lock

@@ -32,6 +32,7 @@ import sys
 from pipeline.config import add_config_args, params_from_args, train_slice
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, run_cli
+from pipeline.training.processes import STATUS_DIR_ENV, ignore_stop_signals
 
 log = get_logger(__name__)
 
@@ -126,7 +127,9 @@ def launch_command(nodes: int, nproc: int, cpus: int, gpus: int, train_args: lis
             "--kill-on-bad-exit=1", "--export=ALL"]
     if gpus:
         step.append(f"--gres=gpu:{gpus}")
-    return [*step, torchrun, "--nnodes", str(nodes), "--nproc_per_node", str(nproc), "--rdzv-backend", "c10d",
+    # each node's agent ignores the stop signals, as the supervisor's launcher does here (launch.py's docstring)
+    agent = [sys.executable, "-m", "pipeline.training.launch", "--exec", "--", torchrun]
+    return [*step, *agent, "--nnodes", str(nodes), "--nproc_per_node", str(nproc), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", f"tokenfarm-{job_id}", "--max-restarts", "0",
             *train_args]
 
@@ -151,6 +154,8 @@ def main(argv=None) -> None:
     log.info("launching %d node(s) × %d process(es): %s", nodes, nproc, " ".join(cmd))
     sys.stdout.flush()
     sys.stderr.flush()
+    if STATUS_DIR_ENV in os.environ:  # under the supervisor: its launcher ignores the stop signals (run_cli
+        ignore_stop_signals()         # set a SIGTERM handler, which exec would reset to the default: death)
     os.execvpe(cmd[0], cmd, env)
 
 

@@ -303,9 +303,12 @@ def to_device(batch: tuple, device: torch.device) -> tuple:
 class StepBatches:
     """One optimizer step's micro-batches, read and pinned by a background thread one step ahead.
 
-    ``next_step()`` returns ``(batches on device, global [target, input] token counts)``. The counts
-    are summed on the host from the host batches and travel with them (non-blocking), then one
-    all-reduce: no device-to-host sync in the step. The loader runs one step ahead in the thread, so
+    ``next_step(stop_vote)`` returns ``(batches on device, global [target, input] token counts)``. The
+    counts are summed on the host from the host batches and travel with them (non-blocking), then one
+    all-reduce: no device-to-host sync in the step. The same all-reduce carries this rank's stop vote
+    (pipeline/training/stopping.py), summed over the ranks: ``stop_agreed()`` is true when any rank voted
+    at this step; on CUDA it waits for that all-reduce only (a pinned copy and an event), not for the
+    step's kernels queued after it. The loader runs one step ahead in the thread, so
     ``state_dict()`` is the loader state after the *consumed* steps (what a checkpoint must hold); a
     loader exception (DataExhausted) is raised by the ``next_step()`` that would have needed it.
     """
@@ -319,6 +322,7 @@ class StepBatches:
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._stop = threading.Event()
         self._thread = None
+        self._votes = self._votes_host = self._votes_event = None
         if prefetch:
             self._thread = threading.Thread(target=self._fill, name="step-batches", daemon=True)
             self._thread.start()
@@ -340,12 +344,29 @@ class StepBatches:
             if isinstance(item, BaseException):
                 return
 
-    def next_step(self) -> tuple[list[tuple], torch.Tensor]:
+    def next_step(self, stop_vote: bool = False) -> tuple[list[tuple], torch.Tensor]:
         item = self._queue.get() if self._thread is not None else self._read()
         if isinstance(item, BaseException):
             raise item
         batches, self._state = item
-        return [to_device(b, self.dist.device) for b in batches], count_tokens(batches, self.dist)
+        counts = count_tokens(batches, self.dist, vote=stop_vote)
+        self._votes = counts[2:]
+        if self.dist.device.type == "cuda":
+            if self._votes_host is None:
+                self._votes_host = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+                self._votes_event = torch.cuda.Event()
+            self._votes_host.copy_(self._votes, non_blocking=True)
+            self._votes_event.record()
+        return [to_device(b, self.dist.device) for b in batches], counts[:2]
+
+    def stop_agreed(self) -> bool:
+        """Whether any rank voted to stop in the last `next_step` (the same answer on every rank)."""
+        if self._votes is None:
+            return False
+        if self._votes_event is not None:
+            self._votes_event.synchronize()
+            return bool(self._votes_host[0])
+        return bool(self._votes[0])
 
     def state_dict(self) -> dict:
         return self._state
@@ -367,11 +388,13 @@ def next_micro_batches(it, n: int, device: torch.device) -> list[tuple]:
     return [to_device((*next(it), None)[:4], device) for _ in range(n)]
 
 
-def count_tokens(batches: list[tuple], dist: Dist) -> torch.Tensor:
+def count_tokens(batches: list[tuple], dist: Dist, vote: bool | None = None) -> torch.Tensor:
     """Global [target tokens, input tokens] of *host* micro-batches: summed on the host (masks
-    included), one pinned non-blocking copy, one all-reduce — no device-to-host sync in the step."""
+    included), one pinned non-blocking copy, one all-reduce — no device-to-host sync in the step.
+    With `vote` (a stop vote, `StepBatches`), a third element: the number of ranks that voted."""
     targets = sum(y.numel() if m is None else int(m.sum()) for _, y, m, *_ in batches)
-    local = torch.tensor([targets, sum(x.numel() for x, *_ in batches)], dtype=torch.int64)
+    values = [targets, sum(x.numel() for x, *_ in batches)] + ([] if vote is None else [int(vote)])
+    local = torch.tensor(values, dtype=torch.int64)
     return all_reduce_sum(to_device((local,), dist.device)[0], dist)
 
 

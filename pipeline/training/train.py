@@ -6,10 +6,21 @@ Launch (the `train` rule; `--nproc_per_node` = `hardware.nproc_per_node`)::
     torchrun --standalone --nproc_per_node N -m pipeline.training.train --params JSON [--plan R/plan.json] \\
         --train R/pack/M/train.json --val R/pack/M/val.json --tokenizer R/tokenizer/encoding.json \\
         --outdir R/train/STAGE [--stage STAGE] [--init R/train/PREV/final.pt] [--resume auto|require|never] \\
-        [--max-steps K] [--keep-ckpts 2]
+        [--segment K/N] [--max-steps K] [--keep-ckpts 2]
 
 The launcher owns the job's processes and each worker dies with its parent (pipeline/training/launch.py);
 rank 0 holds a lock on `outdir` for the whole run, so a second trainer on it fails at once.
+
+**Jobs and stops** (pipeline/training/stopping.py). A stage may train as a chain of N jobs: ``--segment K/N``
+trains from the newest checkpoint to step ceil(K × num_steps / N) and checkpoints there; for K < N it then
+writes ``outdir/segments/K.json`` (stage, segment, of, target_step, step, num_steps, tokens_seen, meta) and
+no final.pt (a rerun whose newest checkpoint already reached the target writes the marker without building
+the model); N/N ends as an unsegmented run does. Any job stops cleanly before its target at a step boundary
+the ranks agree on — when its deadline (``TOKENFARM_DEADLINE``, or the SLURM job's end time) would not leave
+time for the next steps and a save, or on SIGUSR1 / SIGTERM —, with a checkpoint there and exit code 75
+(`EXIT_STOPPED`); the next attempt resumes from it. A rank that makes no progress within its watchdog's
+allowance (``hardware.hang_timeout_min``) dumps its stacks and exits 70 (`EXIT_HUNG`). Exit 0: the target
+reached.
 
 **Stages** (pipeline/stages.py): one launch trains one stage of `train.stages`; the rule passes the
 stage's view of the config (`stage_config`: its effective `train` section and the resolved stage
@@ -56,8 +67,8 @@ rank; `plan.num_steps` steps):
 * **Optimizer**: pipeline/training/optim.py (AdamW / Muon / 8-bit AdamW, per-group LRs, warmup + cosine or
   WSD), gradient clipping at `train.grad_clip` (global norm before clipping is logged). Gradients
   are zeroed in place, never freed: under DDP they stay views into its buckets (`zero_gradients`).
-* **Checkpoints** every `train.ckpt_interval` steps, at `--max-steps` and at the end
-  (pipeline/training/checkpoint.py; under fsdp sharded directories written by every rank with
+* **Checkpoints** every `train.ckpt_interval` steps, where a job ends (the end, its segment's target, a
+  clean stop, `--max-steps`) (pipeline/training/checkpoint.py; under fsdp sharded directories written by every rank with
   torch.distributed.checkpoint); `train.resume: auto` (or `--resume auto`) continues from the newest
   readable checkpoint in `outdir/ckpt/` exactly: same per-step losses as an uninterrupted run (bitwise on
   CPU); an unreadable one is moved to `ckpt/unreadable/` and the one before it used. A checkpoint made by
@@ -70,8 +81,11 @@ rank; `plan.num_steps` steps):
   edit), `require` fails instead, and `never` always starts over. Checkpoints load memory-mapped:
   a rank pages in what it copies, not a private copy of the whole file.
 * **Metrics**: pipeline/training/metrics.py (JSONL + wandb), validation every `train.val_interval` steps.
-  A resumed run keeps the records up to its checkpoint and logs the later steps again, so the log has
-  every logged step exactly once; a run whose log does not end at its last step fails.
+  Which steps log is a function of the step alone (`Schedule`: never where a job started or stopped), and a
+  resumed run keeps the records up to its checkpoint and logs the later steps again, so a run stopped and
+  resumed any number of times has the uninterrupted run's records, each logged step exactly once; a run
+  whose log does not end at its last scheduled record fails. wandb continues the same run (its id is in the
+  checkpoint).
   With `--eval-data` and `eval.core_interval` > 0, a quick CORE subset (the first
   `eval.core_interval_items` items of every `eval.tasks` task, sharded across the ranks,
   pipeline/evaluation/core.py) every `eval.core_interval` steps and at the end, logged as `core_<n>`
@@ -108,11 +122,12 @@ from pipeline.model.checkpoint import save_checkpoint, versions
 from pipeline.model.engine import greedy_sample
 from pipeline.model.losses import chunked_eval_stats
 from pipeline.model.model import Transformer
+from pipeline.resilience import resolve_ckpt_interval
 from pipeline.stages import epoch_steps, is_chat_stage, stage_budget, stage_config, stage_names
 from pipeline.training import checkpoint as ckpt
 from pipeline.training.metrics import MetricsLogger, UpdateRatio, group_norms, memory_stats, mfu, watched_groups
 from pipeline.training.optim import build_optimizer, lr_factor, set_lr
-from pipeline.training.processes import RunLock, die_with_parent
+from pipeline.training.processes import EXIT_STOPPED, RunLock, die_with_parent, register_worker, report_exit
 from pipeline.training.step import (
     LossModel,
     StepBatches,
@@ -130,6 +145,7 @@ from pipeline.training.step import (
     wrap,
     zero_gradients,
 )
+from pipeline.training.stopping import SIGNALS, StopControl, Stopped
 
 log = get_logger(__name__)
 
@@ -267,6 +283,91 @@ def with_init(params: dict, init: str | None) -> dict:
     return {**params, "stage": {**st, "init_sha256": sha256_file(init)}}
 
 
+# ----------------------------------------------------------------------------- schedule and segments
+
+@dataclass(frozen=True)
+class Schedule:
+    """Which steps log, validate, score CORE and checkpoint: functions of the step and the stage only, never
+    of where a job started or stopped, so that a run stopped and resumed any number of times logs exactly
+    the records of an uninterrupted run. (A job also checkpoints where it ends: its segment's target, a
+    clean stop, --max-steps.)"""
+
+    num_steps: int
+    val_interval: int
+    log_interval: int
+    ckpt_interval: int
+    core_every: int = 0
+
+    @classmethod
+    def of(cls, params: dict, num_steps: int, core_every: int) -> Schedule:
+        t = params["train"]
+        return cls(num_steps, t["val_interval"], t["log_interval"], t["ckpt_interval"], core_every)
+
+    def is_val(self, done: int) -> bool:
+        return done % self.val_interval == 0 or done == self.num_steps
+
+    def is_core(self, done: int) -> bool:
+        return bool(self.core_every) and (done % self.core_every == 0 or done == self.num_steps)
+
+    def is_log(self, done: int) -> bool:
+        return self.is_val(done) or self.is_core(done) or done % self.log_interval == 0 or done == 1
+
+    def is_ckpt(self, done: int) -> bool:
+        return done % self.ckpt_interval == 0 or done == self.num_steps
+
+    def last_logged(self, step: int) -> int | None:
+        """The last step at or before `step` that logs a record (where a complete history ends)."""
+        return next((d for d in range(step, 0, -1) if self.is_log(d)), None)
+
+
+def parse_segment(text: str) -> tuple[int, int]:
+    """``K/N`` (1 <= K <= N) of ``--segment``."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--segment {text!r}: expected K/N, e.g. 2/5") from None
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"--segment {text!r}: K must be between 1 and N")
+    return k, n
+
+
+def segment_target(segment: tuple[int, int], num_steps: int) -> int:
+    """The step job K of N trains to: ceil(K × num_steps / N) (N/N: the stage's last step)."""
+    k, n = segment
+    return -(-k * num_steps // n)
+
+
+def segment_marker(outdir: Path, segment: tuple[int, int]) -> Path:
+    return outdir / "segments" / f"{segment[0]}.json"
+
+
+def write_segment_marker(outdir: Path, params: dict, segment: tuple[int, int], target: int, step: int,
+                         num_steps: int, tokens_seen: int) -> None:
+    """`outdir/segments/K.json` (atomically): segment K of N reached its target step (a checkpoint there)."""
+    path = segment_marker(outdir, segment)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"stage": params["stage"]["name"], "segment": segment[0], "of": segment[1],
+                      "target_step": target, "step": step, "num_steps": num_steps, "tokens_seen": tokens_seen,
+                      "meta": provenance("train", params)})
+    log.info("segment %d/%d of stage %s reached step %d (target %d of %d): %s", *segment, params["stage"]["name"],
+             step, target, num_steps, path)
+
+
+def reached_checkpoint(ckpt_dir: Path, params: dict) -> dict | None:
+    """The train state of the newest step checkpoint if this config would resume it, read without loading or
+    verifying its tensors (a file's are memory-mapped, a sharded one's stay in its DCP files); None otherwise.
+    For a segment already done (below): should that checkpoint prove unreadable, the next segment's resume
+    takes the one before it and trains through, so nothing is lost but time."""
+    newest = ckpt.step_checkpoints(ckpt_dir)[:1]
+    if not newest:
+        return None
+    try:
+        state = ckpt.load_step_checkpoint(newest[0], verify=False)
+    except PipelineError:
+        return None
+    return None if ckpt.resume_mismatch(state, params) else state
+
+
 # ----------------------------------------------------------------------------- the run
 
 def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dict, layout: BatchLayout,
@@ -304,9 +405,12 @@ def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dic
 
 def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
           resume: str | None = None, max_steps: int | None = None, keep_ckpts: int = 2,
-          eval_data: str | None = None, init: str | None = None) -> dict | None:
+          eval_data: str | None = None, init: str | None = None, segment: tuple[int, int] = (1, 1)) -> dict | None:
     """Run (or resume) one training stage (`params` from `stage_config`; a whole run config trains its
-    first stage). Returns the run summary, or None when stopped early by `max_steps`.
+    first stage), or job K of its N (`segment`: to step ceil(K × num_steps / N)). Returns the run summary,
+    or None when the job ended before the stage's end (`max_steps`, a segment K < N). Raises
+    `pipeline.training.stopping.Stopped` after a clean stop before the target (a deadline, a signal: the
+    CLI exits 75).
 
     `resume` (auto | require | never) defaults to `train.resume`. The process that writes the outputs
     (rank 0) holds `RunLock(outdir)` throughout: a second trainer on `outdir` fails at once.
@@ -315,7 +419,7 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
     lock = RunLock(outdir).acquire() if rank == 0 else None
     try:
         return _train(params, plan, train_meta, val_meta, tokenizer_path, outdir,
-                      resume or params["train"]["resume"], max_steps, keep_ckpts, eval_data, init)
+                      resume or params["train"]["resume"], max_steps, keep_ckpts, eval_data, init, segment, rank)
     finally:
         if lock is not None:
             lock.release()
@@ -378,17 +482,32 @@ def set_up(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
 
 
 def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, ckpt_dir: Path, stop_at: int,
-              keep_ckpts: int, checkpointer: ckpt.Checkpointer | None = None) -> weakref.ref:
+              keep_ckpts: int, control: StopControl,
+              checkpointer: ckpt.Checkpointer | None = None) -> tuple[weakref.ref, bool]:
     """Train steps state.step + 1 .. stop_at, updating `state`: log, validate, score CORE and checkpoint
-    on their intervals (`checkpointer.save`; the caller waits for the last save: `Checkpointer.close`; without
-    a checkpointer the saves are synchronous). Returns a weak reference to the DDP module, or under fsdp to the
-    loss model (for `close_distributed`)."""
+    on their intervals (`Schedule`; `checkpointer.save`, the caller waits for the last save:
+    `Checkpointer.close`; without a checkpointer the saves are synchronous), and stop cleanly at a step
+    boundary when the ranks agree to (pipeline/training/stopping.py: a checkpoint there). Returns a weak
+    reference to the DDP module, or under fsdp to the loss model (for `close_distributed`), and whether the
+    run stopped before `stop_at`."""
     params, plan, dist, model, optimizer = run.params, run.plan, run.dist, run.model, run.optimizer
     checkpointer = checkpointer or ckpt.Checkpointer(ckpt_dir, dist, keep_ckpts, async_save=False)
     train_cfg, num_steps, accum = params["train"], plan["num_steps"], run.layout.grad_accum_steps
+    sched, clock, allow, watchdog = Schedule.of(params, num_steps, run.core_every), control.clock, control.allow, \
+        control.watchdog
     peak = peak_flops(params)
     loss_model = LossModel(model, autocast_dtype(params, dist.device), train_cfg["ce_chunk_tokens"], ce_matmul(params))
     ddp, fwd = wrap(loss_model, dist, use_compile(params, dist.device))
+    ref = weakref.ref(fwd if ddp is model else ddp)  # fsdp: no DDP module; the loss model is freed here
+
+    def cost(done: int, with_save: bool = True) -> float:  # seconds of step `done` and what is due at it
+        return clock.cost(sched.is_val(done), sched.is_core(done), with_save and sched.is_ckpt(done))
+
+    # Before the first step: is there time for one, and has no one asked to stop (one all-reduce per job)?
+    if state.step < stop_at:
+        flag = torch.tensor([int(control.vote(cost(state.step + 1, with_save=False)))], device=dist.device)
+        if int(all_reduce_sum(flag, dist)[0]):
+            return ref, True
     trainable = [p for p in model.parameters() if p.requires_grad]
     watched = watched_groups(model)
     prompt = (params["eval"]["prompts"] or [""])[0]
@@ -401,21 +520,27 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
              train_cfg["seq_len"], dist.world_size)
 
     model.train()
+    first, after = state.step, 0.0  # after: the allowance of the last step's phases (others wait for rank 0's)
+    stopped = False
     for step in range(state.step, stop_at):
         done = step + 1
-        batches, counts = steps.next_step()  # counts: global [target tokens, input tokens] of this step
+        began = time.perf_counter()
+        watchdog.beat(done, "first step" if step == first else "step", allow["first step" if step == first else
+                                                                             "step"] + after)
+        # The vote cast now is read after this step: a stop comes after it, so look two steps ahead.
+        vote = done < stop_at and control.vote(cost(done) + cost(done + 1, with_save=False))
+        batches, counts = steps.next_step(vote)  # counts: global [target tokens, input tokens] of this step
         set_lr(optimizer, lr_factor(step, num_steps, train_cfg))
         local_loss = accumulate_gradients(ddp, fwd, batches, counts[0], dist.world_size)
-        is_val = done % train_cfg["val_interval"] == 0 or done == num_steps
-        is_core = bool(run.core_every) and (done % run.core_every == 0 or done == num_steps)
-        is_log = is_val or is_core or done % train_cfg["log_interval"] == 0 or done in (1, stop_at)
-        is_ckpt = done % train_cfg["ckpt_interval"] == 0 or done == stop_at
+        is_val, is_core, is_log = sched.is_val(done), sched.is_core(done), sched.is_log(done)
 
         record = group_norms(watched, "grad_norm", grads=True) if is_log else {}
         grad_norm = clip_gradients(trainable, train_cfg["grad_clip"])
         update = UpdateRatio(watched) if is_log else None
         optimizer.step()
         zero_gradients(optimizer)  # keeps DDP's bucket views (see zero_gradients)
+        stopped = done < stop_at and steps.stop_agreed()  # every rank: the same all-reduced votes
+        is_ckpt = sched.is_ckpt(done) or done == stop_at or stopped
         counted += counts
         state.step = done
         if is_log or is_ckpt:  # host sync only when needed
@@ -429,7 +554,10 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
                       **group_norms(watched, "param_norm"), **update.ratios(), "tokens_per_s": tps,
                       "mfu": mfu(plan["flops_per_token"], tps, dist.world_size, peak), **memory_stats(dist.device)}
         update = None  # its snapshot (≈ 1.5 GB at 1.2B) is not held through validation and CORE scoring
+        phases, after = 0.0, 0.0
         if is_val:
+            watchdog.beat(done, "validation", allow["validation"])
+            t = time.perf_counter()
             model.eval()
             with gathered(model):  # fsdp: whole on every rank, so rank 0 alone can score and sample
                 state.last_val_loss, fixed = validate(model, run.val_meta, params, run.layout, dist)
@@ -440,7 +568,11 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
                     record["sample"] = greedy_sample(model, run.tokenizer, prompt, params["eval"]["max_new_tokens"],
                                                      dist.device, autocast_dtype(params, dist.device))
             model.train()
+            clock.val_s = time.perf_counter() - t
+            phases, after = phases + clock.val_s, after + allow["validation"]
         if is_core:  # every rank scores its share of the items (evaluate_tasks restores train mode)
+            watchdog.beat(done, "core", allow["core"])
+            t = time.perf_counter()
             with gathered(model):
                 record.update(core.core_record(core.evaluate_tasks(
                     model, run.tokenizer, run.core_tasks, dist=dist,
@@ -449,28 +581,65 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
                     record.update(chat_core.chat_record(chat_core.evaluate_chat(
                         model, run.tokenizer, run.chat_tasks, dist=dist,
                         **chat_core.chat_settings(params, "core_interval_items"))))
+            clock.core_s = time.perf_counter() - t
+            phases, after = phases + clock.core_s, after + allow["core"]
         if is_log and dist.is_main:
             metrics.log(record)
         if is_ckpt:
+            watchdog.beat(done, "checkpoint", allow["checkpoint"])
+            t = time.perf_counter()
             state.wandb_id = metrics.wandb_id if metrics else None
             checkpointer.save(model=model, optimizer=optimizer, loader=steps, params=params, plan=plan, state=state)
+            clock.save_s = checkpointer.save_s  # what a save costs a job that must end right after it
+            phases, after = phases + checkpointer.blocked_s, after + allow["checkpoint"]
         if is_log:  # throughput excludes validation and checkpoint time; memory peaks are per interval
             mark_time, mark_tokens = time.perf_counter(), state.tokens_seen
             if dist.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dist.device)
+        clock.step_done(time.perf_counter() - began - phases)
+        if stopped:
+            break
     steps.close()
-    return weakref.ref(fwd if ddp is model else ddp)  # fsdp: no DDP module; the loss model is freed here
+    return ref, stopped
 
 
 def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
            resume: str, max_steps: int | None, keep_ckpts: int, eval_data: str | None,
-           init: str | None) -> dict | None:
-    """Set up, resume or start afresh, train to `max_steps` or the stage's end, finish."""
+           init: str | None, segment: tuple[int, int], rank: int) -> dict | None:
+    """Set up, resume or start afresh, train to the segment's target (`max_steps` at most), finish."""
     if "stage" not in params:  # a whole run config: its first stage
         params = stage_config(params, stage_names(params)[0])
-    params = with_init(params, init)
-    dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
+    params = resolve_ckpt_interval(with_init(params, init))
     outdir = Path(outdir)
+    ckpt_dir = outdir / "ckpt"
+    if segment[0] < segment[1] and resume != "never":  # a rerun of a segment done: no model, no process group
+        num_steps = stage_steps(params, BatchLayout.from_config(params), train_meta)[0]
+        target = segment_target(segment, num_steps)
+        reached = reached_checkpoint(ckpt_dir, params)
+        if reached is not None and reached["step"] >= target:
+            log.info("%s is at step %d: segment %d/%d (to step %d) has nothing to train", ckpt_dir, reached["step"],
+                     *segment, target)
+            if rank == 0:
+                write_segment_marker(outdir, params, segment, target, reached["step"], num_steps,
+                                     reached["tokens_seen"])
+            return None
+    control = StopControl(params, rank)  # the watchdog watches from here
+    try:
+        return _run(params, plan, train_meta, val_meta, tokenizer_path, outdir, resume, max_steps, keep_ckpts,
+                    eval_data, init, segment, control)
+    finally:
+        control.close()
+
+
+def _run(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: Path,
+         resume: str, max_steps: int | None, keep_ckpts: int, eval_data: str | None, init: str | None,
+         segment: tuple[int, int], control: StopControl) -> dict | None:
+    dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
+    timeout_s = 60 * params["hardware"]["process_group_timeout_min"]
+    if dist.distributed and dist.is_main and timeout_s < max(control.allow.values()):
+        log.warning("hardware.process_group_timeout_min (%g) is below the watchdog's longest allowance (%.0f s): "
+                    "a collective may time out before the watchdog names the hung phase",
+                    params["hardware"]["process_group_timeout_min"], max(control.allow.values()))
     ckpt_dir = outdir / "ckpt"
     run = set_up(params, plan, train_meta, val_meta, tokenizer_path, eval_data, dist)
     state = ckpt.resume(ckpt_dir, resume, dist, model=run.model, optimizer=run.optimizer, loader=run.loader,
@@ -480,33 +649,48 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
         metrics = MetricsLogger(outdir / "metrics.jsonl", params["wandb"], outdir, params, params["run_name"],
                                 resume_step=state.step or None, wandb_id=state.wandb_id)
     num_steps = run.plan["num_steps"]
-    stop_at = num_steps if max_steps is None else min(max_steps, num_steps)
+    target = segment_target(segment, num_steps)
+    stop_at = target if max_steps is None else min(max_steps, target)
 
     checkpointer = ckpt.Checkpointer(ckpt_dir, dist, keep_ckpts, async_save=params["train"]["async_ckpt"])
     try:
-        ddp_ref = run_steps(run, state, metrics, ckpt_dir, stop_at, keep_ckpts, checkpointer)
+        ddp_ref, stopped = run_steps(run, state, metrics, ckpt_dir, stop_at, keep_ckpts, control, checkpointer)
+        control.watchdog.beat(state.step, "checkpoint", control.allow["checkpoint"])
         checkpointer.close()  # every rank: the last checkpoint complete (fsdp: finalized, a collective) before final.pt
     except BaseException:
         checkpointer.abort()  # this rank alone, no collective: its background write ends; the error is the one raised
         raise
 
-    if metrics and (not metrics.steps or metrics.steps[-1] != stop_at):
+    expected = Schedule.of(params, num_steps, run.core_every).last_logged(state.step)
+    if metrics and (metrics.steps[-1] if metrics.steps else None) != expected:
         raise PipelineError(f"{metrics.path} ends at step {metrics.steps[-1] if metrics.steps else None}, not at "
-                            f"step {stop_at}: the metric history of this run is incomplete (was it written by "
+                            f"step {expected}: the metric history of this run is incomplete (was it written by "
                             "another process?); rerun with train.resume: never to train again from scratch")
+    control.watchdog.beat(state.step, "finish", control.allow["finish"])
     summary = None
-    if stop_at == num_steps:
+    if stopped:
+        log.warning("stopped at step %d of this job's target %d (stage %d steps; %s): the next attempt resumes from "
+                    "step %d", state.step, stop_at, num_steps, control.reason or "another rank asked",
+                    state.step)
+    elif state.step == num_steps:
         summary = finish(outdir, dist, run.model, params, run.plan, run.layout, state, run.total_rows)
+    elif state.step >= target:
+        if dist.is_main:
+            write_segment_marker(outdir, params, segment, target, state.step, num_steps, state.tokens_seen)
     else:
         log.info("stopped after step %d of %d (--max-steps); rerun with --resume auto to continue", stop_at, num_steps)
     if metrics:
         metrics.close()
-    close_distributed(dist, ddp_ref)
+    close_distributed(dist, ddp_ref)  # its barrier: no rank exits before rank 0 has written
+    if stopped:
+        raise Stopped(state.step, stop_at, control.reason or "another rank asked")
     return summary
 
 
 def main(argv=None) -> None:
     die_with_parent()  # first: a worker whose launcher is killed must not train on, orphaned
+    SIGNALS.install()  # SIGUSR1 / SIGTERM: stop at the next step boundary (pipeline/training/stopping.py)
+    register_worker(os.environ.get("RANK", ""))  # the supervisor may now send it SIGUSR1
     p = argparse.ArgumentParser(prog="python -m pipeline.training.train", description=__doc__.split("\n\n")[0])
     add_config_args(p)
     p.add_argument("--plan", default=None, help="R/plan.json (default: the batch layout and FLOPs per token of "
@@ -527,14 +711,22 @@ def main(argv=None) -> None:
                    help="stop after this many optimizer steps, leaving a checkpoint and no final.pt (testing)")
     p.add_argument("--keep-ckpts", type=int, default=2, help="step checkpoints kept on disk (newest)")
     p.add_argument("--eval-data", help="R/eval_data: score a CORE subset every eval.core_interval steps")
+    p.add_argument("--segment", type=parse_segment, default=(1, 1), metavar="K/N",
+                   help="job K of the N that train the stage: to step ceil(K × num_steps / N), then (K < N) "
+                        "outdir/segments/K.json and no final.pt (default 1/1)")
     args = p.parse_args(argv)
     params = params_from_args(args, train_slice)
     if "stage" not in params:
         params = stage_config(params, args.stage or stage_names(params)[0])
     plan = read_json(args.plan) if args.plan is not None else batch_plan(params)
-    train(params, plan, args.train, args.val, args.tokenizer, args.outdir,
-          resume=args.resume, max_steps=args.max_steps, keep_ckpts=args.keep_ckpts, eval_data=args.eval_data,
-          init=args.init)
+    try:
+        train(params, plan, args.train, args.val, args.tokenizer, args.outdir,
+              resume=args.resume, max_steps=args.max_steps, keep_ckpts=args.keep_ckpts, eval_data=args.eval_data,
+              init=args.init, segment=args.segment)
+    except Stopped:
+        report_exit(EXIT_STOPPED)
+        raise SystemExit(EXIT_STOPPED) from None
+    report_exit(0)
 
 
 if __name__ == "__main__":

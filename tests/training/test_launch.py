@@ -1,8 +1,9 @@
-"""The train job owns its processes: workers die with their launcher, the supervisor forwards signals and
-kills what is left, and one trainer per output directory (pipeline.training.launch).
+"""The train job owns its processes: workers die with their launcher, the supervisor asks the trainers to stop
+(and kills the job after its grace, or at once when a rank hung) and kills what is left, and one trainer per
+output directory (pipeline.training.launch).
 
-Real processes throughout: torchrun with two workers that only call `die_with_parent` and sleep, killed
-the ways a user or Snakemake kills a job.
+Real processes throughout: torchrun with two workers that only call `die_with_parent` and sleep (or register
+as trainers that exit 75 on SIGUSR1), killed the ways a user, Snakemake or a scheduler kills a job.
 """
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def test_sigkill_of_the_group_ends_every_worker(tmp_path, supervised):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_supervisor_ends_the_job(tmp_path, sig):
+    """Workers that never registered as trainers (nothing to ask to stop): killed after the grace, 128 + N."""
     proc, workers = start(tmp_path, supervised=True)
     os.kill(proc.pid, sig)
     assert proc.wait(timeout=20) == 128 + sig
@@ -129,3 +131,75 @@ def test_only_launched_workers_die_with_their_parent(env, expected):
     out = subprocess.run([sys.executable, "-c", PDEATHSIG], env={**base, "PYTHONPATH": str(ROOT), **env},
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == str(int(expected)), out.stderr
+
+
+# ----------------------------------------------------------------------------- clean stops, hangs
+
+STOPPABLE = textwrap.dedent("""
+    import os, signal, sys, time
+    from pipeline.training.processes import die_with_parent, register_worker, report_exit
+    die_with_parent()
+    out, mode = sys.argv[1], sys.argv[2]
+    def stop(signum, frame):
+        report_exit(75)
+        os._exit(75)
+    signal.signal(signal.SIGUSR1, stop)
+    register_worker()
+    with open(os.path.join(out, f"worker-{os.environ['LOCAL_RANK']}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    if mode == "hang" and os.environ["LOCAL_RANK"] == "0":
+        time.sleep(1)
+        report_exit(70)  # what the step watchdog does
+        os._exit(70)
+    time.sleep(300)
+""")
+
+
+def start_stoppable(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, list[int]]:
+    script = tmp_path / "stoppable.py"
+    script.write_text(STOPPABLE)
+    cmd = [sys.executable, "-m", "pipeline.training.launch", "--grace", "60", "--", TORCHRUN, "--standalone",
+           "--nproc_per_node", "2", str(script), str(tmp_path), mode]
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(pids := sorted(tmp_path.glob("worker-*.pid"))) < 2 or any(not p.read_text() for p in pids):
+        assert proc.poll() is None, f"launcher exited early: {proc.stderr.read()[-2000:]}"
+        assert time.monotonic() < deadline, "workers did not start"
+        time.sleep(0.1)
+    return proc, [int(p.read_text()) for p in pids]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
+def test_a_stop_signal_reaches_the_trainers_and_their_exit_75_is_the_jobs(tmp_path, sig):
+    """The supervisor sends SIGUSR1 to the registered workers (not SIGTERM to torchrun, which ignores the stop
+    signals); they exit 75, torchrun exits 1, and the supervisor exits 75, their code."""
+    proc, workers = start_stoppable(tmp_path, "stop")
+    started = time.monotonic()
+    os.kill(proc.pid, sig)
+    assert proc.wait(timeout=60) == 75, proc.stderr.read()[-3000:]
+    assert time.monotonic() - started < 30  # not the 60 s grace
+    assert wait_gone(workers, 5) == []
+
+
+def test_a_hung_rank_ends_the_job_at_once_with_70(tmp_path):
+    """A worker's watchdog reports 70 and exits: the supervisor kills the job at once (torchrun would give the
+    other worker 30 s) and exits 70."""
+    proc, workers = start_stoppable(tmp_path, "hang")
+    started = time.monotonic()
+    assert proc.wait(timeout=60) == 70, proc.stderr.read()[-3000:]
+    assert time.monotonic() - started < 15
+    assert wait_gone(workers, 5) == []
+
+
+def test_exec_mode_becomes_the_agent_with_the_stop_signals_ignored():
+    """What srun starts on each node of a multi-node job (pipeline.training.rendezvous): the torchrun agent
+    itself, ignoring the stop signals and told to handle SIGQUIT only, so that SLURM's SIGTERM reaches its
+    trainers and not a teardown."""
+    code = ("import os, signal; print(all(signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGTERM, "
+            "signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)), os.environ['PET_SIGNALS_TO_HANDLE'], os.getppid())")
+    r = subprocess.run([sys.executable, "-m", "pipeline.training.launch", "--exec", "--", sys.executable, "-c", code],
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+    ignored, handled, parent = r.stdout.split()
+    assert (ignored, handled, int(parent)) == ("True", "SIGQUIT", os.getpid()), r.stderr  # exec'd: no process between
