@@ -2,6 +2,7 @@
 run alone, all-reduce / all-gather, seeding, and a teardown that cannot deadlock."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import random
@@ -114,3 +115,21 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+@contextlib.contextmanager
+def one_rank_group(device: torch.device):
+    """A process group of this process alone (gloo on CPU, nccl on CUDA; an in-process store, no
+    torchrun): what FSDP2 needs to shard over one rank. Destroyed at the exit."""
+    if torch_dist.is_initialized():
+        raise PipelineError("a 1-rank process group of its own cannot start inside a torchrun job: run it "
+                            "without torchrun")
+    cuda = device.type == "cuda"
+    if cuda and device.index is None:  # nccl's device_id names one GPU
+        device = torch.device("cuda", torch.cuda.current_device())
+    torch_dist.init_process_group("nccl" if cuda else "gloo", store=torch_dist.HashStore(), rank=0, world_size=1,
+                                  device_id=device if cuda else None)
+    try:
+        yield Dist(0, 0, 1, device, owns_group=True)
+    finally:
+        torch_dist.destroy_process_group()

@@ -131,7 +131,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from pipeline.budget import GPU_TYPE_ALIASES, HBM_BYTES_PER_S, PEAK_FLOPS, BatchLayout, flops_per_token
+from pipeline.budget import GPU_TYPE_ALIASES, HBM_BYTES_PER_S, PEAK_FLOPS, BatchLayout, flops_per_token, peak_flops
 from pipeline.errors import PlanError
 from pipeline.stages import ADAMW8BIT_FSDP, adamw8bit_keys
 
@@ -739,6 +739,17 @@ def model_flops_per_token(s: StepSetup) -> float:
     model = {"vocab_size": s.vocab, "dim": s.dim, "n_layers": s.n_layers, "n_heads": s.n_heads,
              "n_kv_heads": s.n_kv_heads, "ffn_dim": s.ffn_dim, "tie_embeddings": s.tied}
     return flops_per_token({"model": model, "train": {"seq_len": s.seq_len}})
+
+
+def step_seconds(cfg: dict, logits: str = "ours") -> tuple[float, str]:
+    """Seconds of one optimizer step and their basis: at `hardware.assumed_mfu` when set, else predicted
+    (`step_time`). A measured step (`pipeline.plan --measured-step`) overrides both in the plan."""
+    setup = StepSetup.from_config(cfg, logits)
+    mfu = cfg["hardware"]["assumed_mfu"]
+    if mfu is None:
+        return step_time(setup)["total"], "predicted (pipeline.perf)"
+    flops = flops_per_token(cfg) * cfg["train"]["global_batch_tokens"]
+    return flops / (setup.world_size * peak_flops(cfg) * mfu), "hardware.assumed_mfu"
 
 
 def predicted_mfu(s: StepSetup, seconds: float | None = None) -> float:

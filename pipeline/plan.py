@@ -134,6 +134,7 @@ from pipeline.perf import (
     memory,
     predicted_mfu,
     resolve_parallel,
+    step_seconds,
     step_time,
 )
 from pipeline.stages import stage_budget, stage_list
@@ -323,12 +324,8 @@ def performance(cfg: dict, logits: str = "ours", measured_step: dict | None = No
     hw = cfg["hardware"]
     if measured_step is not None:
         seconds, basis = measured_step_seconds(setup, measured_step["seconds"]), measured_step["source"]
-    elif hw["assumed_mfu"] is not None:
-        tokens = cfg["train"]["global_batch_tokens"]
-        seconds = flops_per_token(cfg) * tokens / (setup.world_size * peak_flops(cfg) * hw["assumed_mfu"])
-        basis = "hardware.assumed_mfu"
     else:
-        seconds, basis = predicted["total"], "predicted (pipeline.perf)"
+        seconds, basis = step_seconds(cfg, logits)
     n_eval = eval_batch_tokens(cfg)
     evaluation = {"in_loop": eval_memory(setup, n_eval, in_loop=True),
                   "standalone": eval_memory(setup, n_eval, in_loop=False)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from pipeline.budget import BatchLayout, count_params
+from pipeline.perf import step_seconds
 from pipeline.stages import stage_budget, stage_list
 
 __all__ = ["predicted_step_s", "predicted_save_s", "predicted_startup_s", "resolve_ckpt_interval", "stage_jobs"]
@@ -21,10 +22,8 @@ STARTUP_S = 120.0       # placeholder: a restart's process start, checkpoint loa
 
 
 def predicted_step_s(cfg: dict) -> float:
-    """Seconds of one optimizer step: the plan's step time (pipeline.plan.performance)."""
-    from pipeline.plan import performance
-
-    return float(performance(cfg)["step_time_s"])
+    """Seconds of one optimizer step: the plan's step time (`pipeline.perf.step_seconds`)."""
+    return float(step_seconds(cfg)[0])
 
 
 def predicted_save_s(cfg: dict) -> float:

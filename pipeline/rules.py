@@ -123,6 +123,9 @@ RULES = (
     # ---- training, evaluation and what follows them
     Rule("train", ("training.launch", "training.rendezvous", "training.train"),
          rp.train_slice, sizes.train_size, "stage"),
+    # a stage's jobs before its last when it is longer than the cluster's job limit (workflow/rules/train.smk)
+    Rule("train_segment", ("training.launch", "training.rendezvous", "training.train"),
+         rp.train_slice, sizes.train_size, "stage"),
     Rule("evaluate", ("evaluation.evaluate",), rp.evaluate_slice, sizes.evaluate_size, "stage"),
     Rule("stages_report", ("evaluation.stages_report",), rp.evaluate_slice, sizes.small_size),
     Rule("export", ("evaluation.export",), rp.export_slice, sizes.export_size),

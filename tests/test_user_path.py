@@ -105,6 +105,12 @@ README = {
         "snakemake --workflow-profile workflow/profiles/slurm "
         "--configfile configs/llama3-8b-fineweb.yaml configs/overlays/llama3-8b-4nodes.yaml -n",
         "4 SLURM nodes of 8 GPUs: its dry run"),
+    "snakemake -n --configfile configs/llama3-8b-fineweb.yaml --config hardware='{max_job_hours: 24}'": Step(),
+    "snakemake --workflow-profile workflow/profiles/slurm --configfile configs/llama3-8b-fineweb.yaml "
+    "--config hardware='{max_job_hours: 24, cpus_per_task: 32}'": Step(
+        "snakemake --workflow-profile workflow/profiles/slurm --configfile configs/llama3-8b-fineweb.yaml "
+        "--config hardware='{max_job_hours: 24, cpus_per_task: 32}' -n",
+        "a SLURM cluster with 8-GPU nodes and a 24-hour limit: its dry run (tests/slurm rehearses a long run)"),
 }
 # Every Makefile target: None where README's sequence runs it already, else how it runs, after README's.
 MAKE_TARGETS = {

@@ -695,6 +695,34 @@ def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.parametrize("preset", ["llama3-1b-fineweb", "llama3-8b-fineweb"])
+def test_a_job_limit_splits_training_into_a_chain_of_jobs_within_it(tmp_path, preset):
+    """A 24-hour limit: the dry run shows each stage's train jobs (train_segment 1 … N-1, then train), each asking
+    SLURM for 24 h and never more, as many as the plan says, and the plan's jobs and wall time per stage."""
+    from pipeline.config import load_config
+    from pipeline.perf import resolve_parallel
+    from pipeline.resilience import stage_jobs
+
+    proc = subprocess.run(
+        [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path), "-n", "--workflow-profile",
+         str(ROOT / "workflow/profiles/slurm"), "--slurm-no-account", "--configfile",
+         str(ROOT / f"configs/{preset}.yaml"), "--config", "hardware={max_job_hours: 24, cpus_per_task: 32}"],
+        capture_output=True, text=True, env=user_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    planned = stage_jobs(resolve_parallel(load_config(ROOT / f"configs/{preset}.yaml",
+                                                      {"hardware": {"max_job_hours": 24}})))
+    jobs = planned_jobs(proc)
+    assert jobs["train"] == len(planned)
+    assert jobs.get("train_segment", 0) == sum(s["jobs"] - 1 for s in planned.values())
+    if preset == "llama3-8b-fineweb":  # ≈ 676 h of pretraining
+        assert planned["pretrain"]["jobs"] >= 676 // 24
+    blocks = re.findall(r"^rule (train|train_segment):\n(.*?)(?=^\S|\Z)", proc.stdout, flags=re.S | re.M)
+    runtimes = [int(re.search(r"runtime=(\d+)", body).group(1)) for _, body in blocks]
+    assert len(runtimes) == jobs["train"] + jobs.get("train_segment", 0) and set(runtimes) == {24 * 60}
+    for name, stage in planned.items():
+        assert re.search(rf"{name}.*{stage['jobs']} jobs", proc.stderr), (name, proc.stderr[-3000:])
+
+
 # ----------------------------------------------------------------------------- interrupted runs
 
 def start_snakemake(path: Path, *args: str) -> subprocess.Popen:

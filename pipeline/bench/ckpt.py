@@ -40,7 +40,7 @@ import torch
 
 from pipeline.budget import count_params
 from pipeline.config import load_config
-from pipeline.distributed import Dist
+from pipeline.distributed import Dist, one_rank_group
 from pipeline.io import get_logger
 
 log = get_logger(__name__)
@@ -131,7 +131,6 @@ def run_ckpt_row(preset_cfg: dict, device: torch.device, out: Path, n_params: in
     overrides the preset's per-rank count (the CPU test's tiny size). Returns the measured and predicted
     figures."""
     from pipeline import resilience
-    from pipeline.bench.gpu_check import one_rank_group
     from pipeline.training import checkpoint as C
 
     fsdp = preset_cfg["train"]["parallel"] == "fsdp"

@@ -58,7 +58,6 @@ when a smoke row that ran is outside its tolerance (everything is written first)
 """
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -79,7 +78,7 @@ from pipeline.bench.suite import (
 )
 from pipeline.budget import gpu_type_of
 from pipeline.config import deep_merge, load_config, resolve_config
-from pipeline.distributed import Dist, seed_everything
+from pipeline.distributed import one_rank_group, seed_everything
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_write, get_logger, write_json
 from pipeline.training.metrics import memory_stats
@@ -290,25 +289,6 @@ def _timed_steps(model, optimizer, grad_clip: float, device: torch.device, steps
     mem = memory_stats(device)
     return {"losses": losses, "step_time_s": statistics.median(times[1:] or times), "peak_gb": mem.get("mem/peak_gb"),
             "reserved_gb": mem.get("mem/reserved_gb")}
-
-
-@contextlib.contextmanager
-def one_rank_group(device: torch.device):
-    """A process group of this process alone (gloo on CPU, nccl on CUDA; an in-process store, no
-    torchrun): what FSDP2 needs to shard over one rank. Destroyed at the exit."""
-    import torch.distributed as torch_dist
-
-    if torch_dist.is_initialized():
-        raise PipelineError("gpu-check's fsdp rows start their own 1-rank process group: run it without torchrun")
-    cuda = device.type == "cuda"
-    if cuda and device.index is None:  # nccl's device_id names one GPU
-        device = torch.device("cuda", torch.cuda.current_device())
-    torch_dist.init_process_group("nccl" if cuda else "gloo", store=torch_dist.HashStore(), rank=0, world_size=1,
-                                  device_id=device if cuda else None)
-    try:
-        yield Dist(0, 0, 1, device, owns_group=True)
-    finally:
-        torch_dist.destroy_process_group()
 
 
 def run_fsdp_row(cfg: dict, steps: int, masked: bool) -> dict:

@@ -150,9 +150,16 @@ def plan_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
             "eval": {"core_batch_tokens": run["eval"]["core_batch_tokens"]}}  # the evaluation memory
 
 
+# The hardware keys that say how training is scheduled on a cluster (the chain of jobs of a long stage, the
+# retries), not what it computes: the train jobs see them as their chain ("K/N") and resources, the plan shows them.
+SCHEDULING_KEYS = ("max_job_hours", "train_retries")
+
+
 # train, evaluate and accounting depend on (almost) the whole run description.
 def evaluate_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
-    return {k: v for k, v in _run_description(cfg).items() if k != "download"}
+    run = _run_description(cfg)
+    return {**{k: v for k, v in run.items() if k != "download"},
+            "hardware": {k: v for k, v in run["hardware"].items() if k not in SCHEDULING_KEYS}}
 
 
 def train_slice(cfg: dict, names: list[str], mix: str | None) -> dict:

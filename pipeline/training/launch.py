@@ -9,7 +9,7 @@ orphaned, writing checkpoints beside the rerun's. Three mechanisms close that:
 * this supervisor: it starts the launcher in the job's process group with PR_SET_PDEATHSIG too, becomes a
   child subreaper (orphaned descendants are re-parented to it, not to PID 1) and, once the launcher has
   exited, kills every descendant still alive before exiting itself;
-* one trainer per output directory (`pipeline.training.processes.RunLock`, held by rank 0).
+* one trainer per output directory (its lease, `pipeline.training.lease`, held by rank 0).
 
 **A clean stop** (pipeline/training/stopping.py). On SIGUSR1, SIGTERM, SIGINT or SIGHUP the supervisor
 sends SIGUSR1 to the trainers, which checkpoint at their next step boundary and exit 75, and gives them

@@ -69,12 +69,12 @@ def slurm_state(job_id: str) -> str | None:
 
 
 def is_live(holder: dict | None, me: dict | None = None) -> bool:
-    """Whether `holder` (a lease's content) still writes; False for `me` (the same SLURM job requeued, or
-    this very process)."""
+    """Whether `holder` (a lease's content) still writes. Holding `me`'s id (the same SLURM job, requeued) it is
+    live only while its process still runs on this host (this very process included)."""
     if not holder:
         return False
-    if me is not None and holder.get("id") == me["id"]:
-        return False
+    if me is not None and holder.get("id") == me["id"]:  # our own SLURM job, requeued (or this very process)
+        return holder.get("host") == me["host"] and pid_alive(int(holder.get("pid") or 0))
     job = holder.get("slurm_job_id")
     if job:
         state = slurm_state(job)

@@ -1,13 +1,10 @@
-"""Processes of a training run: workers that die with their parent, one trainer per output directory.
+"""Processes of a training run: workers that die with their parent, the supervisor's view of its trainers.
 
 (Why, and the supervisor that completes this: pipeline/training/launch.py.)
 
 * `die_with_parent` (the train CLI calls it first): ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` makes the kernel
   kill the worker when the process that started it (torchrun's agent) exits, however it exits. A parent
   that exited before the call is caught by checking for a gone supervisor or adoption by PID 1.
-* `RunLock`: the process that writes a run's training outputs (rank 0) holds an exclusive ``flock`` on
-  ``<outdir>/.lock`` for the whole run; a second trainer on the same directory fails at once with the
-  holder's PID. The kernel releases the lock when the holder dies, SIGKILL included.
 * The supervisor's status directory (`STATUS_DIR_ENV`, made by the supervisor for each job): a trainer
   that can take a stop request (its SIGUSR1/SIGTERM handlers installed) writes ``<pid>.worker``
   (`register_worker`), and ``<pid>.exit`` holding its exit code just before it exits (`report_exit`).
@@ -26,17 +23,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import errno
-import fcntl
 import os
 import signal
 import sys
 from pathlib import Path
 
-from pipeline.errors import PipelineError
 from pipeline.io import get_logger, pid_alive
 
-__all__ = ["die_with_parent", "set_parent_death_signal", "set_child_subreaper", "RunLock", "SUPERVISOR_ENV",
+__all__ = ["die_with_parent", "set_parent_death_signal", "set_child_subreaper", "SUPERVISOR_ENV",
            "STATUS_DIR_ENV", "EXIT_STOPPED", "EXIT_HUNG", "STOP_SIGNALS", "ignore_stop_signals", "register_worker",
            "report_exit", "worker_statuses"]
 
@@ -145,62 +139,3 @@ def worker_statuses(directory: str | os.PathLike) -> tuple[set[int], dict[int, i
             with contextlib.suppress(OSError, ValueError):
                 exits[int(stem)] = int(Path(entry.path).read_text(encoding="utf-8").strip())
     return workers, exits
-
-
-# ----------------------------------------------------------------------------- the lock
-
-def _describe(pid: int) -> str:
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
-    return f" ({cmd[:160]})" if cmd else ""
-
-
-class RunLock:
-    """An exclusive, non-blocking ``flock`` on ``<directory>/.lock`` holding the holder's PID.
-
-    `acquire` fails with a PipelineError naming the holder's PID when another process holds it. The lock
-    lives as long as this object's file descriptor: `release`, or the death of the process (any signal).
-    Filesystems without flock support (some network filesystems) get a warning and no lock.
-    """
-
-    def __init__(self, directory: str | os.PathLike, what: str = "training run"):
-        self.path = Path(directory) / ".lock"
-        self.what = what
-        self._fd: int | None = None
-
-    def acquire(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                who = f"PID {holder}{_describe(int(holder))}" if holder.isdigit() else "another process"
-                raise PipelineError(
-                    f"{self.path.parent} is in use by another {self.what}: {who} holds {self.path}. Two trainers "
-                    f"must never write the same directory; wait for it to finish or stop it "
-                    f"(kill {holder or '<pid>'}), then rerun"
-                ) from None
-            log.warning("cannot lock %s (%s): make sure no other %s uses %s", self.path, e, self.what, self.path.parent)
-            return self
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-        return self
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-            os.close(fd)  # closing the last descriptor releases the flock
-
-    def __enter__(self) -> RunLock:
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()

@@ -125,9 +125,10 @@ from pipeline.model.model import Transformer
 from pipeline.resilience import resolve_ckpt_interval
 from pipeline.stages import epoch_steps, is_chat_stage, stage_budget, stage_config, stage_names
 from pipeline.training import checkpoint as ckpt
+from pipeline.training.lease import Lease
 from pipeline.training.metrics import MetricsLogger, UpdateRatio, group_norms, memory_stats, mfu, watched_groups
 from pipeline.training.optim import build_optimizer, lr_factor, set_lr
-from pipeline.training.processes import EXIT_STOPPED, RunLock, die_with_parent, register_worker, report_exit
+from pipeline.training.processes import EXIT_STOPPED, die_with_parent, register_worker, report_exit
 from pipeline.training.step import (
     LossModel,
     StepBatches,
@@ -413,10 +414,11 @@ def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pa
     CLI exits 75).
 
     `resume` (auto | require | never) defaults to `train.resume`. The process that writes the outputs
-    (rank 0) holds `RunLock(outdir)` throughout: a second trainer on `outdir` fails at once.
+    (rank 0) holds the folder's lease (`pipeline.training.lease`) throughout: a second trainer on `outdir`, on
+    this host or another, fails at once.
     """
     rank = torch_dist.get_rank() if torch_dist.is_initialized() else int(os.environ.get("RANK", 0))
-    lock = RunLock(outdir).acquire() if rank == 0 else None
+    lock = Lease(outdir).acquire() if rank == 0 else None
     try:
         return _train(params, plan, train_meta, val_meta, tokenizer_path, outdir,
                       resume or params["train"]["resume"], max_steps, keep_ckpts, eval_data, init, segment, rank)

@@ -9,7 +9,8 @@
 # Two "nodes" on one host: tf1 (127.0.0.1:6818) and tf2 (127.0.0.2:6819), each a slurmd started with
 # -N NAME, each with 2 fake GPUs (character devices /dev/tokenfarm-gpu*, copies of /dev/null) as gres.
 # A 2-node allocation then runs one task per "node", so `srun torchrun --nnodes 2` is a real
-# two-agent c10d rendezvous. Memory is scheduled (CR_Core_Memory, DefMemPerCPU), there is no
+# two-agent c10d rendezvous. A second partition, `short`, has a 2-minute MaxTime. Memory is scheduled
+# (CR_Core_Memory, DefMemPerCPU), there is no
 # slurmdbd (so no accounts; Snakemake's profile must use `squeue` as the status command), and
 # slurm.conf lives at /etc/slurm/slurm.conf, where every SLURM command finds it without SLURM_CONF.
 # Everything here is bounded by `timeout -s KILL`; state and logs live in $TF_SLURM_STATE.
@@ -80,6 +81,8 @@ write_conf() {
            "RealMemory=$MEM_MB Gres=gpu:2 State=UNKNOWN"
     done
     echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP"
+    # a cluster's time limit, shortened: the long-run rehearsal's train jobs run here (hardware.max_job_hours)
+    echo "PartitionName=short Nodes=$(IFS=,; echo "${NODES[*]}") MaxTime=2 State=UP"
   } > "$CONF/slurm.conf"
   : > "$CONF/gres.conf"
   for i in "${!NODES[@]}"; do

@@ -16,10 +16,11 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from builders import ROOT, TINY, make_project, user_env
+from builders import ROOT, TINY, make_project, user_env, write_config
 
 from pipeline import sizes
 
@@ -45,8 +46,9 @@ SLURM_CONFIG = {
     # 2 nodes × 1 process: the plan's world size is 2, global batch 1024 = 16 rows × 32 tokens × 2
     "hardware": {"nodes": 2, "nproc_per_node": 1, "cpus_per_task": 1, "nccl_env": "socket"},
     # FSDP2 across the two nodes: each node's rank holds half of every parameter, writes its own shards
-    # of every step checkpoint into the shared results directory, and rank 0 gathers final.pt
-    "train": {**TINY["train"], "parallel": "fsdp"},
+    # of every step checkpoint into the shared results directory, and rank 0 gathers final.pt. Stages of
+    # comparable length (12, 5 and ~6 steps), so that the long-run rehearsal splits each into a few jobs.
+    "train": {**TINY["train"], "parallel": "fsdp", "target_tokens": 12 * 1024, "ckpt_interval": 4},
 }
 
 
@@ -182,3 +184,145 @@ def test_a_cluster_run_must_size_its_multithreaded_jobs(slurm, tmp_path):
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "hardware.cpus_per_task is 0" in proc.stderr and "Traceback" not in proc.stderr
     assert "submitted with SLURM jobid" not in proc.stdout + proc.stderr
+
+
+# ----------------------------------------------------------------------------- a long run, rehearsed
+
+LIMIT_MIN = 2  # the `short` partition's MaxTime (tests/slurm/cluster.sh)
+TRAIN_RULES = ("train", "train_segment")
+
+
+def long_run_config(jobs=(3, 5)) -> dict:
+    """SLURM_CONFIG with the short partition's limit as hardware.max_job_hours and an assumed MFU low enough that
+    the planner splits every stage into `jobs` jobs (a 2-core VM's steps priced like a long run's): only keys that
+    leave the training trajectory unchanged (checkpoint.OBSERVABILITY_KEYS and the scheduling keys)."""
+    from pipeline.config import resolve_config
+    from pipeline.perf import resolve_parallel
+    from pipeline.resilience import stage_jobs
+
+    for mfu in (10.0 ** (-k / 4) for k in range(8, 40)):
+        hardware = {**SLURM_CONFIG["hardware"], "max_job_hours": LIMIT_MIN / 60, "assumed_mfu": mfu,
+                    "train_retries": 4}
+        config = {**SLURM_CONFIG, "hardware": hardware}
+        counts = [s["jobs"] for s in stage_jobs(resolve_parallel(resolve_config(config))).values()]
+        if min(counts) >= jobs[0] and max(counts) <= jobs[1]:
+            return config
+    raise AssertionError("no assumed_mfu splits every stage into 3-5 jobs")
+
+
+def wait_until(what: str, check, timeout: float, proc: subprocess.Popen | None = None, poll: float = 0.5):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = check()
+        if got:
+            return got
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"snakemake ended ({proc.returncode}) before {what}")
+        time.sleep(poll)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def read_lease(path: Path, stage: str) -> dict:
+    try:
+        return json.loads((path / "results/t/train" / stage / "LEASE").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def lease_holder(path: Path, stage: str) -> str | None:
+    """The SLURM job id whose trainer holds the stage's lease (pipeline/training/lease.py), if any."""
+    return read_lease(path, stage).get("slurm_job_id")
+
+
+def training_holder(path: Path, stage: str) -> str | None:
+    """The lease holder once its trainer has logged a step in this job."""
+    holder = read_lease(path, stage)
+    metrics = path / "results/t/train" / stage / "metrics.jsonl"
+    try:
+        return holder.get("slurm_job_id") if holder and metrics.stat().st_mtime > holder["since"] else None
+    except OSError:
+        return None
+
+
+def start_snakemake(path: Path, out: Path, *args: str) -> subprocess.Popen:
+    cmd = ["timeout", "-s", "KILL", str(RUN_TIMEOUT * 2), SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(path),
+           "--configfile", str(path / "config.yaml"), "--workflow-profile", str(ROOT / "workflow/profiles/slurm"),
+           "--slurm-no-account", "--slurm-init-seconds-before-status-checks", "2", "--jobs", "4",
+           "--latency-wait", "5", "--set-resources", "train:gres='gpu:1'", "train_segment:gres='gpu:1'",
+           "train:slurm_partition=short", "train_segment:slurm_partition=short", *args]
+    return subprocess.Popen(cmd, env=dict(user_env(), TOKENFARM_LEASE_POLL_S="2"), stdout=out.open("a"),
+                            stderr=subprocess.STDOUT, cwd=path)
+
+
+@pytest.fixture(scope="module")
+def long_run(dag, tmp_path_factory):
+    """The DAG's training again with a 2-minute job limit: every stage a chain of jobs, and on the way one
+    `scontrol requeue`, one job killed with SIGKILL, and the controller killed with SIGKILL and started again
+    while a train job still runs. The data half is the `dag` run's (copied with Snakemake's records and mtimes)."""
+    ref, _ = dag
+    path = tmp_path_factory.mktemp("slurm-long") / "project"
+    shutil.copytree(ref, path, symlinks=True, ignore=shutil.ignore_patterns("train", "eval", "slurm_logs"))
+    write_config(path, long_run_config())
+    out = path / "snakemake.out"
+    first = start_snakemake(path, out)
+    try:
+        # a requeue (preemption, an admin): SIGTERM to the job, back to the queue under the same id; its 2-minute
+        # BeginTime hold lifted, as a scheduler that preempts for a short job would
+        requeued = wait_until("a pretrain job training", lambda: training_holder(path, "pretrain"), 600, first)
+        subprocess.run(["scontrol", "requeue", requeued], check=True, timeout=30)
+        wait_until("the requeue", lambda: "PENDING" in scontrol_job(requeued), 60, first)
+        subprocess.run(["scontrol", "update", f"JobId={requeued}", "StartTime=now"], timeout=30)
+        # a job killed outright (a node lost): no clean stop; Snakemake resubmits it
+        killed = wait_until("a midtrain job training", lambda: training_holder(path, "midtrain"), 900, first)
+        subprocess.run(["scancel", "--full", "--signal=KILL", killed], check=True, timeout=30)
+        # the controller killed while an sft job trains (held by `scontrol suspend` meanwhile, so that it is
+        # still running whatever the timing); the new controller must wait for that job, never start a second
+        orphan = wait_until("an sft job training", lambda: lease_holder(path, "sft"), 900, first)
+        subprocess.run(["scontrol", "suspend", orphan], check=True, timeout=30)
+        first.kill()
+        first.wait()
+        subprocess.run([SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(path), "--configfile",
+                        str(path / "config.yaml"), "--unlock"], env=user_env(), capture_output=True, timeout=120)
+        second = start_snakemake(path, out)
+        wait_until("the new controller waiting", lambda: f"waiting for SLURM job {orphan}" in out.read_text(), 300,
+                   second)
+        subprocess.run(["scontrol", "resume", orphan], check=True, timeout=30)
+        assert second.wait(RUN_TIMEOUT * 2) == 0, out.read_text()[-6000:]
+    finally:
+        for proc in (first, locals().get("second")):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    return path, out.read_text(), {"requeued": requeued, "killed": killed, "orphan": orphan}
+
+
+def numeric_history(path: Path, stage: str) -> list[dict]:
+    """The stage's metric records without the fields that measure time or memory."""
+    timing = ("tokens_per_s", "mfu", "mem/")
+    records = [json.loads(line) for line in (path / "results/t/train" / stage / "metrics.jsonl").open()]
+    return [{k: v for k, v in r.items() if not k.startswith(timing)} for r in records]
+
+
+def test_a_long_run_goes_through_time_limits_requeue_and_kills_to_the_uninterrupted_result(dag, long_run):
+    import torch
+
+    ref, _ = dag
+    path, out, events = long_run
+    submitted = re.findall(r"SLURM jobid (\d+) \(log: \S*/rule_(train_segment|train)/(\w+?)_?(\d*)/", out)
+    for stage in ("pretrain", "midtrain", "sft"):
+        jobs = {j for j, rule, wildcards, _ in submitted if wildcards.startswith(stage)}
+        assert len(jobs) >= 3, (stage, submitted)  # a chain of at least three jobs per stage
+        for job in jobs:  # none asked for more than the partition's limit
+            assert f"TimeLimit=00:0{LIMIT_MIN}:00" in scontrol_job(job) or "Invalid job id" in job, job
+        # the same weights, metric history (every logged step once) and evaluation as the uninterrupted run
+        a = torch.load(ref / f"results/t/train/{stage}/final.pt", weights_only=True)["model"]
+        b = torch.load(path / f"results/t/train/{stage}/final.pt", weights_only=True)["model"]
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), stage
+        assert numeric_history(path, stage) == numeric_history(ref, stage), stage
+        core = [json.loads((p / f"results/t/eval/{stage}/report.json").read_text())["core"] for p in (ref, path)]
+        assert core[0] == core[1], stage
+    assert "Restarts=1" in scontrol_job(events["requeued"])
+    assert f"SLURM jobid {events['killed']}" in out and re.search(r"Trying to restart job|retr", out), out[-3000:]
+    # the restarted controller waited for the orphaned job instead of starting a second writer
+    assert f"waiting for SLURM job {events['orphan']}" in out, out[-3000:]
+    logs = [*(path / "logs/t/train").rglob("*.log"), *(path / ".snakemake/slurm_logs").rglob("*.log")]
+    assert not [p for p in logs if "two trainers must never write" in p.read_text(errors="replace")]

@@ -18,9 +18,7 @@ from pathlib import Path
 import pytest
 from builders import ROOT
 
-from pipeline.errors import PipelineError
 from pipeline.io import pid_alive
-from pipeline.training.processes import RunLock
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 WORKER = textwrap.dedent("""
@@ -89,28 +87,6 @@ def test_supervisor_kills_what_the_launcher_leaves(tmp_path):
     assert proc.returncode == 3
     assert "killing 1 process(es)" in proc.stderr
     assert wait_gone([int(marker.read_text())], 5) == []
-
-
-HOLD = "import sys, time; from pipeline.training.processes import RunLock; RunLock(sys.argv[1]).acquire(); " \
-       "print('locked', flush=True); time.sleep(300)"
-
-
-def test_second_trainer_on_the_same_directory_is_refused_naming_the_holder(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(PipelineError, match=rf"in use by another training run: PID {holder.pid} "):
-            RunLock(tmp_path).acquire()
-    finally:
-        holder.kill()  # SIGKILL: the kernel releases the lock
-        holder.wait()
-    with RunLock(tmp_path) as lock:
-        assert (tmp_path / ".lock").read_text().strip() == str(os.getpid())
-        with pytest.raises(PipelineError, match=str(os.getpid())):
-            RunLock(tmp_path).acquire()  # also within one process: a second descriptor is a second holder
-    RunLock(tmp_path).acquire().release()
-    assert lock._fd is None
 
 
 PDEATHSIG = """

@@ -692,9 +692,9 @@ def test_a_run_ending_with_its_history_missing_fails(data, tmp_path):
 
 
 def test_second_trainer_on_the_same_outdir_is_refused(data, tmp_path):
-    from pipeline.training.processes import RunLock
+    from pipeline.training.lease import Lease
 
-    with RunLock(tmp_path):
-        with pytest.raises(PipelineError, match=rf"in use by another training run: PID {os.getpid()}"):
+    with Lease(tmp_path):
+        with pytest.raises(PipelineError, match=rf"PID {os.getpid()} .*two trainers must never write"):
             run_inprocess(data, tmp_path, make_params(steps=4))
     assert not (tmp_path / "metrics.jsonl").exists()

@@ -1,6 +1,8 @@
 # Configuration and the helpers every rule uses. Rules are thin shells around `python -m pipeline.…`;
 # all logic lives in the `pipeline` package (file formats: docs/data-contract.md).
 import json
+import math
+import shlex
 import sys
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from pipeline import cluster as tfcl  # noqa: E402
 from pipeline import config as tfc  # noqa: E402
 from pipeline import sizes as tfsz  # noqa: E402
 from pipeline import codehash as tfch  # noqa: E402
+from pipeline import resilience as tfres  # noqa: E402
 from pipeline import rules as tfr  # noqa: E402
 from pipeline.data.filters import build_chain  # noqa: E402
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
@@ -24,6 +27,7 @@ from pipeline.perf import resolve_parallel  # noqa: E402
 from pipeline.plan import format_plan, make_plan, run_counts, train_hours  # noqa: E402
 from pipeline.scaling import describe_ratio as tfsc_describe, resolve_tokens_per_param  # noqa: E402
 from pipeline.stages import mix_targets, stage_list, tokenizer_sources  # noqa: E402
+from pipeline.training.lease import wait_for_writers  # noqa: E402
 
 
 def stop(message):
@@ -103,6 +107,15 @@ CORPUS_DOCS, CORPUS_TOKENS = _corpus["documents"], _corpus["tokens"]
 
 
 TRAIN_HOURS = 0 if TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.get("missing") else train_hours(config)
+# Each training stage's chain of jobs (pipeline.resilience.stage_jobs): how many (1 unless the stage is longer than
+# hardware.max_job_hours allows one job) and the runtime each asks for (never above the limit). The supervisor's
+# grace after a signal: a step and a checkpoint save, predicted.
+if TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.get("missing"):
+    TRAIN_JOBS = {s: {"jobs": 1, "runtime_min": 30} for s in STAGES}
+    TRAIN_GRACE_S = 60
+else:
+    TRAIN_JOBS = tfres.stage_jobs(config)
+    TRAIN_GRACE_S = math.ceil(tfres.predicted_save_s(config) + 2 * tfres.predicted_step_s(config)) + 30
 
 
 def job_threads(rule):
@@ -116,10 +129,15 @@ def job_resources(rule):
 # A cluster executor cannot request "all cores" (hardware.cpus_per_task 0) for a job. Snakemake sets its
 # executor up only after parsing, so this is checked when jobs are really about to be submitted
 # (onstart: not in a dry run, nor in --unlock, --summary, --dag, --report, … which run no job).
+# A controller restarted while a train job of an earlier one still runs (its snakemake killed, logged out) waits
+# for that job before scheduling anything, so it never starts a second writer into the same checkpoint folder
+# (pipeline.training.lease: the folder's lease, and under SLURM the train jobs queued from this directory).
 onstart:
     if not workflow.local_exec and not config["hardware"]["cpus_per_task"]:
         sys.exit("tokenfarm: hardware.cpus_per_task is 0 (all cores), which a cluster job cannot request: set "
                  "it to the cores one job may use, e.g. --config hardware='{cpus_per_task: 16}'")
+    if workflow.is_main_process:
+        wait_for_writers([f"{RUN_DIR}/train/{s}" for s in STAGES], say=lambda m: print(m, file=sys.stderr))
 
 
 def rule_code(rule):
@@ -147,6 +165,59 @@ def stage_init(w):
     """Input function: the final.pt of the stage the job's training stage starts from (none for scratch)."""
     init = STAGES[w.stage]["init_from"]
     return [f"{RUN_DIR}/train/{init}/final.pt"] if init else []
+
+
+# The train rules (workflow/rules/train.smk): their inputs, params and command, shared by train_segment and train.
+TRAIN_ARGS = (
+    "-m pipeline.training.train --params {params.p:q} --train {input.train:q} --val {input.val:q} "
+    "--tokenizer {input.tokenizer:q} --outdir {params.outdir:q} {params.init} {params.core} "
+    "--segment {params.segment}"
+)
+TRAIN_SHELL = (
+    "python -m pipeline.training.launch --grace {params.grace} -- python -m pipeline.training.rendezvous "
+    f"--params {{params.p:q}} --cpus-per-node {{threads}} -- {TRAIN_ARGS} 2>&1 | tee -a {{log:q}}"
+)
+
+
+def train_inputs():
+    return dict(
+        train=stage_pack("train"),
+        val=stage_pack("val"),
+        tokenizer=TOKENIZER,
+        init=stage_init,
+        # the quick CORE subset scored during training (eval.core_interval > 0 only)
+        tasks=[f"{RUN_DIR}/eval_data/tasks.json"] if config["eval"]["core_interval"] else [],
+    )
+
+
+def train_params(segment):
+    """The params of a train job: the stage's view of the config, the code, and `segment` (a function of the
+    wildcards giving "K/N": the job's place in its stage's chain)."""
+    return dict(
+        p=rule_params("train"),
+        code=rule_code("train"),
+        outdir=lambda w: f"{RUN_DIR}/train/{w.stage}",
+        init=lambda w, input: f"--init {shlex.quote(str(input.init[0]))}" if input.init else "",
+        core=lambda w, input: f"--eval-data {Path(input.tasks[0]).parent}" if input.tasks else "",
+        segment=segment,
+        # seconds the supervisor gives the workers to stop cleanly (a step and a checkpoint save) after a signal
+        grace=TRAIN_GRACE_S,
+    )
+
+
+def segment_marker(stage, k):
+    return f"{RUN_DIR}/train/{stage}/segments/{k}.json"
+
+
+def previous_segment(w):
+    k = int(w.segment)
+    return [segment_marker(w.stage, k - 1)] if k > 1 else []
+
+
+def last_segment(w):
+    n = TRAIN_JOBS[w.stage]["jobs"]
+    return [segment_marker(w.stage, n - 1)] if n > 1 else []
+
 
 
 # Per-shard stages run one job per group of `shards_per_job` shards, one process per job: the stage
@@ -232,6 +303,7 @@ wildcard_constraints:
     split="train|val",
     part=r"\d+",
     stage="|".join(STAGES),
+    segment=r"[1-9]\d*",
 
 
 # The plan, up front: computed at parse time from the config and, once they exist, the measured token

@@ -15,37 +15,46 @@
 # checks the launched world against it. (Not even as ancient() inputs: Snakemake skips the params
 # check of a job downstream of one that reruns, so an edited stage behind a rerunning plan would not
 # rerun.)
-import shlex
-
-TRAIN_ARGS = (
-    "-m pipeline.training.train --params {params.p:q} --train {input.train:q} --val {input.val:q} "
-    "--tokenizer {input.tokenizer:q} --outdir {params.outdir:q} {params.init} {params.core}"
-)
+# A stage longer than the cluster's job limit (hardware.max_job_hours) runs as a chain of TRAIN_JOBS[stage]["jobs"]
+# jobs: train_segment 1 … N-1, each training to step ceil(K × num_steps / N) and ending with a checkpoint and its
+# marker, then train (K = N) to the last step and final.pt. Each resumes from the newest checkpoint; one stopped
+# early (its deadline, a signal, a lost node) fails and is retried (hardware.train_retries), resuming again.
+# Without a limit a stage is one train job (N = 1). docs/architecture.md, "Long runs on a cluster".
+rule train_segment:
+    input:
+        **train_inputs(),
+        previous=previous_segment,
+    output:
+        marker=f"{RUN_DIR}/train/{{stage}}/segments/{{segment}}.json",
+    params:
+        **train_params(lambda w: f"{w.segment}/{TRAIN_JOBS[w.stage]['jobs']}"),
+    log:
+        f"{LOG_DIR}/train/{{stage}}/segment-{{segment}}.log",
+    threads: job_threads("train_segment")
+    resources:
+        **{**job_resources("train_segment"), "runtime": lambda w: TRAIN_JOBS[w.stage]["runtime_min"]},
+    retries: config["hardware"]["train_retries"]
+    conda:
+        "../../envs/train.yaml"
+    shell:
+        TRAIN_SHELL
 
 
 rule train:
     input:
-        train=stage_pack("train"),
-        val=stage_pack("val"),
-        tokenizer=TOKENIZER,
-        init=stage_init,
-        # the quick CORE subset scored during training (eval.core_interval > 0 only)
-        tasks=[f"{RUN_DIR}/eval_data/tasks.json"] if config["eval"]["core_interval"] else [],
+        **train_inputs(),
+        previous=last_segment,
     output:
         final=f"{RUN_DIR}/train/{{stage}}/final.pt",
     params:
-        p=rule_params("train"),
-        code=rule_code("train"),
-        outdir=lambda w, output: Path(output.final).parent,
-        init=lambda w, input: f"--init {shlex.quote(str(input.init[0]))}" if input.init else "",
-        core=lambda w, input: f"--eval-data {Path(input.tasks[0]).parent}" if input.tasks else "",
+        **train_params(lambda w: f"{TRAIN_JOBS[w.stage]['jobs']}/{TRAIN_JOBS[w.stage]['jobs']}"),
     log:
         f"{LOG_DIR}/train/{{stage}}.log",
     threads: job_threads("train")
     resources:
-        **job_resources("train"),
+        **{**job_resources("train"), "runtime": lambda w: TRAIN_JOBS[w.stage]["runtime_min"]},
+    retries: config["hardware"]["train_retries"]
     conda:
         "../../envs/train.yaml"
     shell:
-        "python -m pipeline.training.launch -- python -m pipeline.training.rendezvous --params {params.p:q} "
-        f"--cpus-per-node {{threads}} -- {TRAIN_ARGS} 2>&1 | tee -a {{log:q}}"
+        TRAIN_SHELL
