@@ -137,6 +137,7 @@ from pipeline.perf import (
     step_seconds,
     step_time,
 )
+from pipeline.resilience import checkpointing, stage_jobs
 from pipeline.stages import stage_budget, stage_list
 
 log = get_logger(__name__)
@@ -150,7 +151,7 @@ EXTRA_KEYS = (
     "n_params_embedding", "n_params_lm_head", "target_basis", "trained_tokens", "seq_len", "data_tokens_needed",
     "tokens_available", "shards_per_source", "memory_gb", "step_time_s", "step_time_basis", "mfu", "hardware",
     "stages", "stages_total", "eval_memory_gb", "fits_eval_memory", "parallel", "notes", "tokens_per_param_fit",
-    "scaling_sweep", "host_memory",
+    "scaling_sweep", "host_memory", "checkpointing",
 )
 PLAN_KEYS = REQUIRED_KEYS + EXTRA_KEYS  # plan.json adds "meta"
 
@@ -423,6 +424,14 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     # every stage trains with the run's batch layout: the plan's step time prices each stage's steps
     stage_rate = fpt * batch.tokens_per_step / (batch.world_size * perf["step_time_s"])
     stages, stages_total = plan_stages(cfg, fpt, batch, stage_rate)
+    # checkpoints and the chain of jobs of each stage within hardware.max_job_hours (pipeline.resilience)
+    checkpoints = checkpointing(cfg, perf["step_time_s"])
+    jobs = stage_jobs(cfg, perf["step_time_s"])
+    for s in stages:
+        s.update({k: jobs[s["name"]][k] for k in ("jobs", "runtime_min", "hours_per_job", "checkpoints",
+                                                   "expected_failures", "restarts", "wall_hours")})
+    stages_total["wall_hours"] = sum(s["wall_hours"] for s in stages)
+    stages_total["jobs"] = sum(s["jobs"] for s in stages)
     if any(s["estimate"] for s in stages):
         notes.append("epochs stages: steps estimated from the mix's tokens as if packed without padding; the "
                      "trainer counts the packed rows")
@@ -473,6 +482,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "step_time_basis": perf["step_time_basis"],
         "mfu": perf["mfu"],
         "hardware": {"gpu_type": hw["gpu_type"], "gpu_memory_gb": hw["gpu_memory_gb"],
+                     "max_job_hours": hw["max_job_hours"],
                      "capacity_gb": round(perf["capacity_gb"], 3), "peak_flops": peak, "logits": logits},
         "stages": stages,
         "stages_total": stages_total,
@@ -482,6 +492,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "notes": notes,
         **extra,
         "host_memory": sizes.train_host_memory(cfg),
+        "checkpointing": checkpoints,
     }
 
 
@@ -569,8 +580,31 @@ def _rows(plan: dict) -> list[tuple[str, str]]:
           for i, s in enumerate(plan["stages"])],
         ("all stages", f"{plan['stages_total']['num_steps']:,} steps, {_num(plan['stages_total']['trained_tokens'])} "
                        f"tokens, {plan['stages_total']['est_gpu_hours']:.3g} GPU-hours (pred.)"),
+        *_job_rows(plan),
         *_sweep_rows(plan),
     ]
+
+
+def _job_rows(plan: dict) -> list[tuple[str, str]]:
+    """Checkpoints (size, save, interval, loss per failure), a restart's start-up, and each stage's jobs."""
+    ck, limit = plan["checkpointing"], plan["hardware"].get("max_job_hours")
+    save = (f"a save blocks {ck['block_s']:.3g} s (staging), written in {ck['write_s']:.3g} s in the background"
+            if ck["async"] else f"a save blocks {ck['block_s']:.3g} s")
+    start = " + ".join(f"{k.replace('_', ' ')} {v:.3g}" for k, v in ck["startup"].items() if v)
+    rows = [("checkpoints (pred.)", f"{ck['size_gb_rank']:.3g} GB per rank, {ck['size_gb_total']:.3g} GB in all; "
+                                    f"{save}; every {ck['interval_steps']:,} steps = {ck['interval_hours']:.3g} h "
+                                    f"(Young/Daly {ck['young_daly_s'] / 3600:.3g} h at a {ck['mtbf_hours']:,.0f} h job "
+                                    f"MTBF); {ck['lost_hours_per_failure']:.3g} h lost per failure"),
+            ("restart (pred.)", f"{ck['startup_s']:.3g} s before the first step = {start} s")]
+    within = f"≤ {limit:g} h (hardware.max_job_hours)" if limit else "no job limit (hardware.max_job_hours)"
+    for s in plan["stages"]:
+        rows.append((f"jobs: {s['name']}",
+                     f"{s['jobs']} job{'s' if s['jobs'] > 1 else ''} × {s['hours_per_job']:.3g} h, "
+                     f"each asking {s['runtime_min']:,} min, {within}; "
+                     f"{s['checkpoints']:,} checkpoints, {s['restarts']:.3g} restarts "
+                     f"({s['expected_failures']:.2g} failures expected); {s['wall_hours']:,.4g} h wall with every "
+                     "start-up, save and failure (pred.)"))
+    return rows
 
 
 def _parallel_rows(plan: dict) -> list[tuple[str, str]]:

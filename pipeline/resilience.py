@@ -1,24 +1,39 @@
-"""Long runs on a cluster: checkpoint size and save time, the checkpoint interval, and each training stage
-as a chain of jobs that fit the cluster's time limit (`hardware.max_job_hours`).
+"""Long runs on a cluster: what a checkpoint costs, how often to write one, and each training stage as a chain of
+jobs that fit the cluster's time limit (`hardware.max_job_hours`). Every figure is a prediction.
 
-    from pipeline.resilience import stage_jobs, predicted_save_s
-    stage_jobs(cfg)["pretrain"]["jobs"]      # SLURM jobs the stage runs as (1 without a limit)
+    from pipeline.resilience import stage_jobs, checkpointing
+    stage_jobs(cfg)["pretrain"]["jobs"]   # SLURM jobs the stage runs as (1 without a limit)
+    checkpointing(cfg)["interval_steps"]  # Young/Daly: √(2 × save cost × the job's MTBF), in steps
 
-The planner shows these figures (pipeline.plan), the Snakefile chains each stage's jobs (rule train_segment, then
-train), and the trainer sizes its stop margin and watchdog from them (pipeline.training). Import-light: no torch.
+The planner shows them (pipeline.plan), the Snakefile chains each stage's jobs (train_segment, then train) and
+resolves ``train.ckpt_interval: auto``, the trainer sizes its stop margin and watchdog from them. `cfg` is a
+resolved config or one stage's params (`pipeline.stages.stage_config`). Import-light: no torch.
 """
 from __future__ import annotations
 
 import math
 
-from pipeline.budget import BatchLayout, count_params
-from pipeline.perf import step_seconds
+from pipeline.budget import world_size
+from pipeline.errors import PlanError
+from pipeline.perf import StepSetup, optimizer_bytes, step_seconds
 from pipeline.stages import stage_budget, stage_list
 
-__all__ = ["predicted_step_s", "predicted_save_s", "predicted_startup_s", "resolve_ckpt_interval", "stage_jobs"]
+__all__ = ["predicted_step_s", "predicted_save_s", "predicted_startup_s", "checkpointing", "resolve_ckpt_interval",
+           "stage_jobs"]
 
-STORAGE_GB_PER_S = 2.0  # per node, to and from the filesystem holding R/ (placeholder until the planner's model)
-STARTUP_S = 120.0       # placeholder: a restart's process start, checkpoint load, compile, loader seek
+# Assumptions (each a per-process or per-node rate; `make gpu-check`'s checkpoint rows measure the GPU node's):
+STAGING_GB_PER_S = {"cuda": 25.0, "cpu": 5.0}  # device → pinned host copy (PCIe Gen5 x16 ≈ 50 GB/s peak); host memcpy
+HASH_GB_PER_S = 1.0             # sha256 of a written file, one core (every checkpoint file is hashed, read back)
+PROCESS_START_S = {"cuda": 60.0, "cpu": 10.0}  # python + torch imports, CUDA and NCCL init, the rendezvous
+COMPILE_S = 120.0               # torch.compile's first step on CUDA (per block under fsdp), when compiling
+LOADER_SEEK_S = 5.0             # the packed loader's position restored: an index, not a replay
+STOP_MARGIN_S = 30.0            # the trainer's margin before its deadline (TOKENFARM_STOP_MARGIN_S)
+TRAIN_STATE_BYTES = 64e6        # loader and RNG states, the params: small beside the tensors
+
+
+def _setup(cfg: dict) -> tuple[StepSetup, str, int, int]:
+    hw = cfg["hardware"]
+    return StepSetup.from_config(cfg), hw["device"], world_size(cfg), hw["nodes"]
 
 
 def predicted_step_s(cfg: dict) -> float:
@@ -26,42 +41,106 @@ def predicted_step_s(cfg: dict) -> float:
     return float(step_seconds(cfg)[0])
 
 
+def _compiles(cfg: dict) -> bool:
+    c = cfg["train"]["compile"]
+    return cfg["hardware"]["device"] == "cuda" if c == "auto" else bool(c)
+
+
+def _costs(cfg: dict) -> dict:
+    """A checkpoint's size, what a save blocks and writes, and a restart's start-up, with their terms."""
+    setup, device, world, nodes = _setup(cfg)
+    state = 4 * setup.params + optimizer_bytes(setup)  # fp32 weights + the optimizer's state
+    sharded = cfg["train"]["parallel"] == "fsdp"
+    rank = state / world if sharded else state        # ddp: rank 0 writes the whole file
+    node = state / nodes if sharded else state        # what one node's link carries
+    bw = cfg["hardware"]["storage_gb_per_s"] * 1e9
+    stage = rank / (STAGING_GB_PER_S[device] * 1e9)
+    write = node / bw + rank / (HASH_GB_PER_S * 1e9)  # written, then read back and hashed
+    asynchronous = cfg["train"]["async_ckpt"]
+    startup = {"process": PROCESS_START_S[device],
+               "verify": state / min(bw, HASH_GB_PER_S * 1e9),  # rank 0 hashes every file before trusting it
+               "load": node / bw,
+               "compile": COMPILE_S if _compiles(cfg) else 0.0,
+               "loader_seek": LOADER_SEEK_S}
+    return {"size_gb_rank": (rank + TRAIN_STATE_BYTES) / 1e9, "size_gb_total": (state + TRAIN_STATE_BYTES) / 1e9,
+            "block_s": stage if asynchronous else stage + write, "write_s": write if asynchronous else 0.0,
+            "async": asynchronous, "startup": startup, "startup_s": sum(startup.values())}
+
+
 def predicted_save_s(cfg: dict) -> float:
-    """Seconds one checkpoint save blocks training (placeholder: weights + AdamW state over the storage bandwidth)."""
-    n_params = count_params(cfg["model"])[0]
-    nodes = cfg["hardware"]["nodes"]
-    return 12 * n_params / (STORAGE_GB_PER_S * 1e9 * nodes)
+    """Seconds one checkpoint save blocks training (async: the staging copy; else the whole write)."""
+    return _costs(cfg)["block_s"]
 
 
 def predicted_startup_s(cfg: dict) -> float:
-    """Seconds a job spends before its first step (placeholder)."""
-    return STARTUP_S
+    """Seconds a job (or a restart) spends before its first step: start, verify, load, compile, loader seek."""
+    return _costs(cfg)["startup_s"]
+
+
+def checkpointing(cfg: dict, step_s: float | None = None) -> dict:
+    """The checkpoint figures of the plan: size per rank and in all (GB), the seconds a save blocks and writes in
+    the background, a restart's start-up (by term), the job's MTBF (`hardware.gpu_mtbf_hours` / GPUs), the
+    Young/Daly interval (seconds, steps: `train.ckpt_interval` when a number) and the work one failure loses."""
+    step_s = predicted_step_s(cfg) if step_s is None else step_s
+    c = _costs(cfg)
+    mtbf_h = cfg["hardware"]["gpu_mtbf_hours"] / world_size(cfg)
+    # Young/Daly on what a checkpoint costs the run; a save's background write must end before the next save
+    young_daly_s = max(math.sqrt(2 * c["block_s"] * mtbf_h * 3600), c["block_s"] + c["write_s"])
+    configured = cfg["train"]["ckpt_interval"]
+    steps = max(1, round(young_daly_s / step_s)) if configured == "auto" else int(configured)
+    interval_s = steps * step_s
+    # a failure loses half an interval on average, the last save's write if it had not ended, and a start-up
+    lost_s = interval_s / 2 + c["write_s"] + c["startup_s"]
+    return {**c, "mtbf_hours": mtbf_h, "young_daly_s": young_daly_s, "interval_steps": steps,
+            "interval_hours": interval_s / 3600, "lost_hours_per_failure": lost_s / 3600, "step_s": step_s}
 
 
 def resolve_ckpt_interval(cfg: dict) -> dict:
-    """`cfg` with ``train.ckpt_interval: auto`` replaced by a number of steps (placeholder: 1000)."""
+    """`cfg` with ``train.ckpt_interval: auto`` replaced by the Young/Daly interval in steps (`checkpointing`)."""
     if cfg["train"]["ckpt_interval"] != "auto":
         return cfg
-    return {**cfg, "train": {**cfg["train"], "ckpt_interval": 1000}}
+    return {**cfg, "train": {**cfg["train"], "ckpt_interval": checkpointing(cfg)["interval_steps"]}}
 
 
-def stage_jobs(cfg: dict) -> dict[str, dict]:
-    """Per training stage: ``jobs`` (the chain's length: 1 without `hardware.max_job_hours`) and ``runtime_min``
-    (what each job asks the scheduler for, never above the limit)."""
-    limit_h = cfg["hardware"]["max_job_hours"]
-    step_s = predicted_step_s(cfg)
-    rows_per_step = BatchLayout.from_config(cfg).rows_per_step
+def _stage_steps(cfg: dict, st: dict) -> int:
+    steps = stage_budget(cfg, st)["num_steps"]
+    if steps is None:  # an epochs budget: rows of seq_len targets from its mix's tokens (the plan's estimate)
+        rows = -(-int(cfg["mixes"][st["mix"]]["tokens"]) // cfg["train"]["seq_len"])
+        rows_per_step = cfg["train"]["global_batch_tokens"] // cfg["train"]["seq_len"]
+        steps = -(-math.ceil(st["budget"]["value"] * rows) // rows_per_step)
+    return steps
+
+
+def stage_jobs(cfg: dict, step_s: float | None = None) -> dict[str, dict]:
+    """Per training stage (a whole run config's stages): ``jobs`` (the chain's length: 1 without
+    `hardware.max_job_hours`), ``runtime_min`` (what each job asks the scheduler for, never above the limit),
+    ``num_steps``, ``hours_per_job``, ``checkpoints``, ``restarts`` (planned ones and expected failures) and
+    ``wall_hours``: its compute, every save and every restart's start-up and lost work. Raises PlanError for a
+    limit too short to train a step."""
+    ck = checkpointing(cfg, step_s)
+    step_s, start_s, final_s = ck["step_s"], ck["startup_s"], ck["block_s"] + ck["write_s"]
+    limit_h = cfg["hardware"].get("max_job_hours")
     out = {}
     for st in stage_list(cfg):
-        steps = stage_budget(cfg, st)["num_steps"]
-        if steps is None:  # an epochs budget: estimated from its mix's tokens
-            rows = -(-int(cfg["mixes"][st["mix"]]["tokens"]) // cfg["train"]["seq_len"])
-            steps = -(-math.ceil(st["budget"]["value"] * rows) // rows_per_step)
-        hours = steps * step_s / 3600
+        steps = _stage_steps(cfg, st)
+        saves = math.ceil(steps / ck["interval_steps"])
+        train_s = steps * step_s + saves * ck["block_s"]
         if limit_h is None:
-            out[st["name"]] = {"jobs": 1, "runtime_min": math.ceil(90 * hours) + 30, "num_steps": steps}
-            continue
-        usable_h = max(limit_h - (predicted_startup_s(cfg) + predicted_save_s(cfg)) / 3600, limit_h / 4)
-        jobs = max(1, min(steps, math.ceil(hours / usable_h)))
-        out[st["name"]] = {"jobs": jobs, "runtime_min": max(1, math.floor(limit_h * 60)), "num_steps": steps}
+            jobs, runtime = 1, math.ceil(90 * train_s / 3600) + 30
+        else:
+            # a job: its start-up, then steps until its stop leaves time for two steps, the last save and a margin
+            usable_s = limit_h * 3600 - start_s - final_s - STOP_MARGIN_S - 2 * step_s
+            if usable_s < step_s:
+                raise PlanError(
+                    f"hardware.max_job_hours = {limit_h:g} h leaves no time to train: a job needs "
+                    f"{(start_s + final_s + STOP_MARGIN_S + 3 * step_s) / 3600:.3g} h for its start-up, a step and "
+                    "its checkpoint (predicted); raise it to the partition's real time limit")
+            jobs, runtime = max(1, min(steps, math.ceil(train_s / usable_s))), math.floor(limit_h * 60)
+        planned_s = train_s + jobs * (start_s + final_s)
+        failures = planned_s / 3600 / ck["mtbf_hours"]
+        wall_s = planned_s + failures * ck["lost_hours_per_failure"] * 3600
+        out[st["name"]] = {"jobs": jobs, "runtime_min": runtime, "num_steps": steps, "checkpoints": saves,
+                           "hours_per_job": planned_s / jobs / 3600, "compute_hours": steps * step_s / 3600,
+                           "expected_failures": failures, "restarts": jobs - 1 + failures,
+                           "wall_hours": wall_s / 3600}
     return out

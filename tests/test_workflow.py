@@ -720,7 +720,7 @@ def test_a_job_limit_splits_training_into_a_chain_of_jobs_within_it(tmp_path, pr
     runtimes = [int(re.search(r"runtime=(\d+)", body).group(1)) for _, body in blocks]
     assert len(runtimes) == jobs["train"] + jobs.get("train_segment", 0) and set(runtimes) == {24 * 60}
     for name, stage in planned.items():
-        assert re.search(rf"{name}.*{stage['jobs']} jobs", proc.stderr), (name, proc.stderr[-3000:])
+        assert re.search(rf"jobs: {name} +{stage['jobs']} jobs? × .*≤ 24 h .*h wall", proc.stderr), proc.stderr[-3000:]
 
 
 # ----------------------------------------------------------------------------- interrupted runs

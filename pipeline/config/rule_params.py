@@ -39,7 +39,7 @@ SIGNATURE_KEYS = ("ngram", "num_perm", "bands", "rows", "seed", "partitions")  #
 PLAN_TRAIN_KEYS = (
     "mix", "seq_len", "global_batch_tokens", "micro_batch", "tokens_per_param", "target_tokens", "target_flops",
     "precision", "optimizer", "activation_checkpointing", "checkpoint_every_n", "ce_chunk_tokens", "ce_matmul",
-    "compile", "fp8", "parallel",
+    "compile", "fp8", "parallel", "ckpt_interval", "async_ckpt",
 )
 
 RESOURCE_KEYS = ("cpus_per_task",)  # hardware keys that size jobs and change no output

@@ -336,8 +336,8 @@ def clear_checkpoints(ckpt_dir: str | Path) -> None:
 OBSERVABILITY_KEYS = {
     "wandb": None,
     "eval": None,
-    "hardware": ("assumed_mfu", "gpu_memory_gb", "process_group_timeout_min", "max_job_hours", "train_retries",
-                 "hang_timeout_min"),
+    "hardware": ("assumed_mfu", "gpu_memory_gb", "process_group_timeout_min", "hang_timeout_min", "gpu_mtbf_hours",
+                 "storage_gb_per_s"),
     "train": ("log_interval", "val_interval", "val_batches", "ckpt_interval", "resume", "async_ckpt"),
 }
 # Config keys that set the world size: a checkpoint made under other values is resumed, resharded

@@ -67,7 +67,7 @@ try:
     _resolved, TOKENS_PER_PARAM_FIT = resolve_tokens_per_param(
         tfc.resolve_config(config), required=workflow.is_main_process and not SWEEP_TARGETED)
     PARALLEL_REQUESTED = _resolved["train"]["parallel"]
-    _resolved = resolve_parallel(_resolved)
+    _resolved = tfres.resolve_ckpt_interval(resolve_parallel(_resolved))  # train.ckpt_interval: auto → steps
 except (ConfigError, PlanError) as _e:
     stop(_e)
 config.clear()
