@@ -84,6 +84,17 @@ def test_llama_1b_preset_plan():
     assert plan["fits_memory"] and 54 <= plan["est_memory_gb"] <= 58
 
 
+def test_the_plan_shows_checkpoints_restarts_and_each_stages_jobs():
+    cfg = load_config(ROOT / "configs/llama3-8b-fineweb.yaml", {"hardware": {"max_job_hours": 24}})
+    plan = make_plan(cfg)
+    ck, (stage,) = plan["checkpointing"], plan["stages"]
+    assert stage["jobs"] >= 676 // 24 and stage["runtime_min"] == 1440 and stage["wall_hours"] > plan["est_hours"]
+    text = format_plan(plan)
+    assert f"every {ck['interval_steps']:,} steps" in text and "h lost per failure" in text
+    assert "restart (pred.)" in text and "verify" in text and "compile" in text
+    assert f"jobs: pretrain             {stage['jobs']} jobs × " in text and "≤ 24 h (hardware.max_job_hours)" in text
+
+
 def test_gpt_500m_preset_accumulates_gradients():
     plan = make_plan(load_config(GPT_500M))
     assert 450e6 <= plan["n_params"] <= 550e6

@@ -18,12 +18,10 @@ for an fsdp row (`one_rank_group`: the DCP path of `Checkpointer`, `async_save` 
    hashed) and, the cache dropped again, the load into the model and optimizer (``load_s``: DCP's
    `_load_sharded`, or ``load_checkpoint`` + ``load_state_dict`` for a file).
 
-Predicted (pipeline.resilience): ``predicted_save_s(cfg)`` — what the plan assumes one save of the preset
-costs (the whole job's bytes over the node storage bandwidth). The row compares it with the save of the whole
-node at the bandwidth measured here (``node_save_s``: the job's bytes per node / this row's write bandwidth —
-one rank alone on one GPU had the storage to itself; 8 ranks share it) and reports what actually blocks
-training: the staging. (pipeline.resilience has no staging or background-write figure yet: when it does, the
-row should compare ``blocked_s`` with it.)
+Predicted (`pipeline.resilience.checkpointing` of the preset: the plan's figures): what a save blocks (the
+staging of a rank's share), its background write, and a restart's verify and load. The measured row is one rank
+alone on one GPU, so its write, verify and load rates are applied to the job's bytes that the prediction covers
+(a node's share for the write and the load, the whole checkpoint for rank 0's verify) before the comparison.
 
 The checkpoints go to ``<out>/ckpt-row/`` (the filesystem `--out` is on), removed after each row. On CPU
 (tests/bench/test_ckpt_row.py) the same code runs at a tiny size (``n_params``).
@@ -75,18 +73,20 @@ def row_params(cfg: dict) -> int:
     return n
 
 
-def storage_gb_s() -> float:
+def ckpt_row_seconds(n_params: int, storage_gb_s: float) -> float:
+    """The budget's estimate of a row: set-up, two saves (staging, write, hash), the resume (a verifying read
+    with its hash, and the load's read), at the preset's `hardware.storage_gb_per_s`."""
+    gb = n_params * BYTES_PER_PARAM / 1e9
+    return 10.0 + gb * (2 * (1 / STAGING_GB_S + 1 / storage_gb_s + 1 / HASH_GB_S) + 2 / storage_gb_s + 1 / HASH_GB_S)
+
+
+def predicted(cfg: dict) -> dict:
+    """The plan's figures for the preset (`pipeline.resilience.checkpointing`)."""
     from pipeline import resilience
 
-    return float(getattr(resilience, "STORAGE_GB_PER_S", 2.0))
-
-
-def ckpt_row_seconds(n_params: int) -> float:
-    """The budget's estimate of a row: set-up, two saves (staging, write, hash), the resume (a verifying read
-    with its hash, and the load's read)."""
-    gb = n_params * BYTES_PER_PARAM / 1e9
-    storage = storage_gb_s()
-    return 10.0 + gb * (2 * (1 / STAGING_GB_S + 1 / storage + 1 / HASH_GB_S) + 2 / storage + 1 / HASH_GB_S)
+    ck = resilience.checkpointing(cfg)
+    return {"blocked_s": ck["block_s"], "write_s": ck["write_s"], "verify_s": ck["startup"]["verify"],
+            "load_s": ck["startup"]["load"]}
 
 
 class _Blocks(torch.nn.Module):
@@ -130,7 +130,6 @@ def run_ckpt_row(preset_cfg: dict, device: torch.device, out: Path, n_params: in
     """One row (module docstring) on `device`, its checkpoints under `out` (removed at the end). `n_params`
     overrides the preset's per-rank count (the CPU test's tiny size). Returns the measured and predicted
     figures."""
-    from pipeline import resilience
     from pipeline.training import checkpoint as C
 
     fsdp = preset_cfg["train"]["parallel"] == "fsdp"
@@ -188,55 +187,62 @@ def run_ckpt_row(preset_cfg: dict, device: torch.device, out: Path, n_params: in
         shutil.rmtree(out, ignore_errors=True)
     gb = size / 1e9
     (first_blocked, _), (blocked, write_s) = figures[1], figures[2]
-    hw = preset_cfg["hardware"]
-    node_gb = count_params(preset_cfg["model"])[0] * BYTES_PER_PARAM / 1e9 / hw["nodes"]
-    node_save_s = node_gb / (gb / write_s) if write_s > 0 else None
-    predicted = resilience.predicted_save_s(preset_cfg)
+    total_gb = count_params(preset_cfg["model"])[0] * BYTES_PER_PARAM / 1e9
+    node_gb = total_gb / preset_cfg["hardware"]["nodes"] if fsdp else total_gb
+
+    def scaled(seconds: float, to_gb: float) -> float:  # this row's rate applied to the job's bytes
+        return seconds * to_gb / gb
+
+    job = {"blocked_s": blocked, "write_s": scaled(write_s, node_gb), "verify_s": scaled(verify_s, total_gb),
+           "load_s": scaled(load_s, node_gb)}
     return {"n_params": n, "checkpoint_gb": gb, "first_blocked_s": first_blocked, "blocked_s": blocked,
-            "staging_gb_s": gb / blocked if blocked > 0 else None, "write_s": write_s,
-            "write_gb_s": gb / write_s if write_s > 0 else None, "verify_s": verify_s, "load_s": load_s,
-            "load_gb_s": gb / load_s if load_s > 0 else None, "node_gb": node_gb, "node_save_s": node_save_s,
-            "predicted_save_s": predicted,
-            "ratio": node_save_s / predicted if node_save_s is not None and predicted else None}
+            "write_s": write_s, "verify_s": verify_s, "load_s": load_s,
+            "gb_s": {k: gb / v if v > 0 else None for k, v in
+                     (("staging", blocked), ("write", write_s), ("verify", verify_s), ("load", load_s))},
+            "job": job, "predicted": predicted(preset_cfg)}
 
 
 def format_ckpt(rows: list[dict]) -> str:
-    """Markdown: every checkpoint row's figures beside pipeline.resilience's prediction."""
+    """Markdown: every checkpoint row's figures, applied to the job's bytes, beside the plan's (`predicted`)."""
     lines = ["## Checkpoint save and resume (issue 36): async staging, background write, resume", "",
-             "| row | GB | save blocks s (first) | background write s (GB/s) | resume: verify s / load s (GB/s) | "
-             "node's save s at this bandwidth / predicted_save_s / ratio |", "|---|---|---|---|---|---|"]
+             "| row | GB | save blocks s, first save (meas. / pred.) | background write s | resume: verify s | "
+             "resume: load s |", "|---|---|---|---|---|---|"]
+
+    def pair(m: dict, key: str) -> str:
+        return f"{m['job'][key]:.3g} / {m['predicted'][key]:.3g}"
+
     for r in rows:
-        m = r["measured"]
+        m, p = r["measured"], r["predicted"]
         if m is None:
-            lines.append(f"| {r['name']} | {r['skipped']} | | | | pred. {r['predicted_save_s']:.1f} |")
+            lines.append(f"| {r['name']} | {r['skipped']} | pred. {p['blocked_s']:.3g} | pred. {p['write_s']:.3g} | "
+                         f"pred. {p['verify_s']:.3g} | pred. {p['load_s']:.3g} |")
             continue
-        lines.append(f"| {r['name']} | {m['checkpoint_gb']:.2f} | {m['blocked_s']:.2f} ({m['first_blocked_s']:.2f}) | "
-                     f"{m['write_s']:.1f} ({m['write_gb_s']:.2f}) | {m['verify_s']:.1f} / {m['load_s']:.1f} "
-                     f"({m['load_gb_s']:.2f}) | {m['node_save_s']:.1f} / {m['predicted_save_s']:.1f} / "
-                     f"{m['ratio']:.2f} |")
-    lines += ["", "Save blocks: what `Checkpointer.save` held training (staging into pinned host memory; the first "
-              "save also pins its buffers). Background write: files written, fsynced, hashed, renamed. Resume: "
-              "read from storage (page cache dropped). Predicted: pipeline.resilience.predicted_save_s, the whole "
-              "job's save over the node's storage; compared with this row's bandwidth applied to the node's bytes."]
+        lines.append(f"| {r['name']} | {m['checkpoint_gb']:.2f} | {pair(m, 'blocked_s')} ({m['first_blocked_s']:.2f}) "
+                     f"| {pair(m, 'write_s')} | {pair(m, 'verify_s')} | {pair(m, 'load_s')} |")
+    lines += ["", "Measured on one rank's share (one GPU), its rates applied to the bytes the prediction covers: a "
+              "node's for the write and the load, the whole checkpoint for rank 0's verify. Save blocks: what "
+              "`Checkpointer.save` held training (staging into pinned host memory; the first save also pins its "
+              "buffers). Background write: written, fsynced, hashed, renamed. Resume: read from storage (page cache "
+              "dropped). Predicted: pipeline.resilience.checkpointing, the plan's figures."]
     return "\n".join(lines) + "\n"
 
 
 def run_ckpt_rows(cuda: bool, out: Path, admit=None, on_row=None) -> list[dict]:
-    """Every CKPT_ROWS row: {name, preset, checks, n_params, predicted_save_s, measured (or None), skipped}. Skipped
+    """Every CKPT_ROWS row: {name, preset, checks, n_params, predicted, measured (or None), skipped}. Skipped
     without CUDA; `admit(name, estimate_s)` (the gpu-check's `Budget.admit`) may leave a row out; a row's exception
     is its result ("failed: ...")."""
-    from pipeline import resilience
     from pipeline.bench.suite import release_device, skip_reason
 
     rows = []
     for name, preset, checks in CKPT_ROWS:
         cfg = row_config(preset)
         n = row_params(cfg)
-        row = {"name": name, "preset": preset, "checks": checks, "n_params": n,
-               "predicted_save_s": resilience.predicted_save_s(cfg), "estimate_s": round(ckpt_row_seconds(n), 1),
-               "measured": None, "skipped": None if cuda else "needs CUDA: no CUDA device is visible"}
+        estimate = ckpt_row_seconds(n, cfg["hardware"]["storage_gb_per_s"])
+        row = {"name": name, "preset": preset, "checks": checks, "n_params": n, "predicted": predicted(cfg),
+               "estimate_s": round(estimate, 1), "measured": None,
+               "skipped": None if cuda else "needs CUDA: no CUDA device is visible"}
         if row["skipped"] is None and admit is not None:
-            row["skipped"] = admit(name, ckpt_row_seconds(n))
+            row["skipped"] = admit(name, estimate)
         if row["skipped"] is None:
             try:
                 row["measured"] = run_ckpt_row(cfg, torch.device("cuda", torch.cuda.current_device()),

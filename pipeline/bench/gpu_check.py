@@ -476,7 +476,8 @@ def run_gpu_check(out: str | Path, bench, configfile: str, device: str | None = 
                  for _, device_, overrides, *_ in SMOKE_ROWS if cuda or device_ == "cpu"]
     estimates += [row_seconds(suite_config(suite_cfg, *r[1:]), LOSS_MEMORY_STEPS + LOSS_MEMORY_WARMUP, "preset")
                   for r in LOSS_MEMORY_ROWS if cuda]
-    estimates += [ckpt_row_seconds(row_params(row_config(preset))) for _, preset, _ in CKPT_ROWS if cuda]
+    estimates += [ckpt_row_seconds(row_params(cfg), cfg["hardware"]["storage_gb_per_s"])
+                  for cfg in (row_config(preset) for _, preset, _ in CKPT_ROWS) if cuda]
     estimates += [row_seconds(suite_config(suite_cfg, *r[1:]), suite_steps + suite_warmup, "preset")
                   for r in REFERENCE_SUITE]
     estimate_all = sum(estimates)
@@ -510,7 +511,8 @@ def run_gpu_check(out: str | Path, bench, configfile: str, device: str | None = 
         print(f"ckpt {row['name']}: " + (row["skipped"] or
               f"{m['checkpoint_gb']:.1f} GB, save blocks {m['blocked_s']:.2f} s (first {m['first_blocked_s']:.2f} s), "
               f"background write {m['write_s']:.1f} s, resume verify {m['verify_s']:.1f} s + load {m['load_s']:.1f} s; "
-              f"the node's save {m['node_save_s']:.0f} s vs predicted {m['predicted_save_s']:.0f} s"), flush=True)
+              "the job's (meas. / pred.): " + ", ".join(f"{k.removesuffix('_s')} {m['job'][k]:.3g} / "
+                                                        f"{m['predicted'][k]:.3g} s" for k in m["job"])), flush=True)
 
     ckpt_rows = run_ckpt_rows(cuda, out, admit=budget.admit, on_row=ckpt_progress)
     suite_header = {**header, "configfile": configfile if cuda else None}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.bench import ckpt
-from pipeline.resilience import predicted_save_s
+from pipeline.resilience import checkpointing
 
 
 @pytest.mark.parametrize("preset", [row[1] for row in ckpt.CKPT_ROWS])
@@ -18,8 +18,10 @@ def test_a_checkpoint_row_runs_its_path_on_cpu_at_a_tiny_size(preset, tmp_path):
     m = ckpt.run_ckpt_row(cfg, torch.device("cpu"), tmp_path / "ckpt-row", n_params=n)
     assert m["n_params"] == n and m["checkpoint_gb"] * 1e9 >= ckpt.BYTES_PER_PARAM * n  # weights + both moments
     assert all(m[k] > 0 for k in ("first_blocked_s", "blocked_s", "write_s", "verify_s", "load_s"))
-    assert m["predicted_save_s"] == predicted_save_s(cfg) and m["ratio"] == pytest.approx(
-        m["node_save_s"] / m["predicted_save_s"])
+    ck = checkpointing(cfg)  # the plan's figures, and the row's scaled to the same bytes
+    assert m["predicted"] == {"blocked_s": ck["block_s"], "write_s": ck["write_s"],
+                              "verify_s": ck["startup"]["verify"], "load_s": ck["startup"]["load"]}
+    assert m["job"]["verify_s"] == pytest.approx(m["verify_s"] * ck["size_gb_total"] / m["checkpoint_gb"], rel=0.01)
     assert not (tmp_path / "ckpt-row").exists()  # the row cleans up
     assert not torch.distributed.is_initialized()  # the fsdp row's 1-rank group is gone
 
@@ -29,6 +31,6 @@ def test_the_rows_are_the_presets_per_rank_checkpoints_and_skipped_without_cuda(
     assert sizes == {"ckpt fsdp 8B rank shard": 1_003_782_656, "ckpt ddp 1.2B file": 1_241_581_568}  # 8.03B / 8
     rows = ckpt.run_ckpt_rows(False, tmp_path)
     assert [r["skipped"] for r in rows] == ["needs CUDA: no CUDA device is visible"] * 2
-    assert all(r["predicted_save_s"] > 0 and r["estimate_s"] > 0 for r in rows)
+    assert all(r["predicted"]["write_s"] > r["predicted"]["blocked_s"] > 0 and r["estimate_s"] > 0 for r in rows)
     text = ckpt.format_ckpt(rows)
-    assert "| ckpt fsdp 8B rank shard | needs CUDA" in text and "predicted_save_s" in text
+    assert "| ckpt fsdp 8B rank shard | needs CUDA" in text and "pipeline.resilience.checkpointing" in text
