@@ -482,7 +482,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         "step_time_basis": perf["step_time_basis"],
         "mfu": perf["mfu"],
         "hardware": {"gpu_type": hw["gpu_type"], "gpu_memory_gb": hw["gpu_memory_gb"],
-                     "max_job_hours": hw["max_job_hours"],
+                     "max_job_hours": hw.get("max_job_hours"),
                      "capacity_gb": round(perf["capacity_gb"], 3), "peak_flops": peak, "logits": logits},
         "stages": stages,
         "stages_total": stages_total,

@@ -14,8 +14,10 @@ run. Nothing is interrupted half-way: a request during validation, CORE or a sav
   the last value, with a warning). The SLURM profile asks for no ``--signal``: the clock is the primary stop.
   Rank 0 votes to stop when the time left cannot cover what must run before the next chance to stop plus one
   save plus `margin_s` (``TOKENFARM_STOP_MARGIN_S``, default `DEFAULT_MARGIN_S`) — `StopClock`: a step is the
-  max of the recent steps' wall time (the job's first step, compile-heavy, excluded once others exist; before
-  any, `pipeline.resilience.predicted_step_s`), plus the validation / CORE / periodic save due at that step
+  max of the recent steps' wall time (the job's first step, compile-heavy, excluded once others exist; until the
+  job has measured a step only the save and the margin count, so every job trains at least one step unless its
+  deadline is that close: a predicted step far above the real one would otherwise stop every attempt before its
+  first step), plus the validation / CORE / periodic save due at that step
   (their last measured times), and a save is the last save measured in this job (else
   `pipeline.resilience.predicted_save_s`).
 * **signals** (`StopSignals`, every rank): SIGUSR1 (a person, the supervisor) and SIGTERM (SLURM at the time

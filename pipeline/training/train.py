@@ -505,9 +505,11 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
     def cost(done: int, with_save: bool = True) -> float:  # seconds of step `done` and what is due at it
         return clock.cost(sched.is_val(done), sched.is_core(done), with_save and sched.is_ckpt(done))
 
-    # Before the first step: is there time for one, and has no one asked to stop (one all-reduce per job)?
+    # Before the first step: is there time for its checkpoint, and has no one asked to stop (one all-reduce per
+    # job)? A job measures its own steps before it trusts the clock with them: until then only the save and the
+    # margin count (a prediction far above the real step would otherwise stop every attempt before a step).
     if state.step < stop_at:
-        flag = torch.tensor([int(control.vote(cost(state.step + 1, with_save=False)))], device=dist.device)
+        flag = torch.tensor([int(control.vote(0.0))], device=dist.device)
         if int(all_reduce_sum(flag, dist)[0]):
             return ref, True
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -530,7 +532,7 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, c
         watchdog.beat(done, "first step" if step == first else "step", allow["first step" if step == first else
                                                                              "step"] + after)
         # The vote cast now is read after this step: a stop comes after it, so look two steps ahead.
-        vote = done < stop_at and control.vote(cost(done) + cost(done + 1, with_save=False))
+        vote = done < stop_at and control.vote(cost(done) + cost(done + 1, with_save=False) if clock.steps else 0.0)
         batches, counts = steps.next_step(vote)  # counts: global [target tokens, input tokens] of this step
         set_lr(optimizer, lr_factor(step, num_steps, train_cfg))
         local_loss = accumulate_gradients(ddp, fwd, batches, counts[0], dist.world_size)

@@ -107,6 +107,9 @@ CORPUS_DOCS, CORPUS_TOKENS = _corpus["documents"], _corpus["tokens"]
 
 
 TRAIN_HOURS = 0 if TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.get("missing") else train_hours(config)
+# A failed or early-stopped train job is resubmitted by the controller (a new job, a new allocation), never retried
+# inside the job it failed in: a job's own Snakemake (a cluster job's) would rerun it at once, past its deadline.
+TRAIN_RETRIES = config["hardware"]["train_retries"] if workflow.is_main_process else 0
 # Each training stage's chain of jobs (pipeline.resilience.stage_jobs): how many (1 unless the stage is longer than
 # hardware.max_job_hours allows one job) and the runtime each asks for (never above the limit). The supervisor's
 # grace after a signal: a step and a checkpoint save, predicted.
@@ -114,7 +117,10 @@ if TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.get("missing"):
     TRAIN_JOBS = {s: {"jobs": 1, "runtime_min": 30} for s in STAGES}
     TRAIN_GRACE_S = 60
 else:
-    TRAIN_JOBS = tfres.stage_jobs(config)
+    try:
+        TRAIN_JOBS = tfres.stage_jobs(config)
+    except PlanError as _e:
+        stop(_e)
     TRAIN_GRACE_S = math.ceil(tfres.predicted_save_s(config) + 2 * tfres.predicted_step_s(config)) + 30
 
 

@@ -33,7 +33,7 @@ rule train_segment:
     threads: job_threads("train_segment")
     resources:
         **{**job_resources("train_segment"), "runtime": lambda w: TRAIN_JOBS[w.stage]["runtime_min"]},
-    retries: config["hardware"]["train_retries"]
+    retries: TRAIN_RETRIES
     conda:
         "../../envs/train.yaml"
     shell:
@@ -53,7 +53,7 @@ rule train:
     threads: job_threads("train")
     resources:
         **{**job_resources("train"), "runtime": lambda w: TRAIN_JOBS[w.stage]["runtime_min"]},
-    retries: config["hardware"]["train_retries"]
+    retries: TRAIN_RETRIES
     conda:
         "../../envs/train.yaml"
     shell:
