@@ -219,8 +219,8 @@ def wait_for_writers(directories, workdir: str | os.PathLike = ".", poll_s: floa
         if not busy:
             return
         for what, h in busy:
-            if (what, h.get("id")) not in told:
-                told.add((what, h.get("id")))
+            if h.get("id") not in told:  # one line per holder, found by its lease or by name
+                told.add(h.get("id"))
                 who = _describe(h) if h.get("since") else f"SLURM job {h['slurm_job_id']} ({h['state'].lower()})"
                 say(f"tokenfarm: waiting for {who}, which is still training {what} (started by an earlier "
                     "snakemake); the run continues from its checkpoint once it ends")
