@@ -1,11 +1,12 @@
-# Compiled DDP training, one job per training stage (train.stages), launched by torchrun (gloo on CPU,
+# Compiled DDP training, one job per training stage (train.stages; a chain of jobs for a stage longer than
+# hardware.max_job_hours, below), launched by torchrun (gloo on CPU,
 # nccl on GPU) through pipeline.training.rendezvous: one node: torchrun --standalone, nproc_per_node
 # processes; hardware.nodes = N > 1: the job is one SLURM allocation of N nodes (resources
 # nodes/tasks/gres from pipeline/sizes.py) and the launcher runs `srun torchrun --nnodes N …
 # --rdzv-backend c10d` with the rendezvous on the first node.
 # It runs under pipeline.training.launch, which owns the job's processes: a kill of the job (its process
 # group, or SIGTERM/SIGINT) ends every worker (or the srun step) within seconds, which torchrun alone
-# does not do. The declared output is final.pt only: metrics.jsonl, summary.json and ckpt/ are not
+# does not do. The declared output is final.pt (a segment's marker) only: metrics.jsonl, summary.json and ckpt/ are not
 # outputs, so a rerun after a kill (--rerun-incomplete) keeps the metric history and the checkpoints it
 # resumes from.
 # A stage with init_from starts from that stage's final.pt. A stage reruns when its own params (its
