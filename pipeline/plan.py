@@ -138,7 +138,7 @@ from pipeline.perf import (
     step_time,
 )
 from pipeline.resilience import checkpointing, stage_jobs
-from pipeline.stages import stage_budget, stage_list
+from pipeline.stages import estimated_epoch_steps, stage_budget, stage_list
 
 log = get_logger(__name__)
 
@@ -521,8 +521,7 @@ def plan_stages(cfg: dict, fpt: int, batch: BatchLayout, flops_per_s_per_gpu: fl
         steps = b["num_steps"]
         estimate = steps is None
         if estimate:
-            rows = -(-int(cfg["mixes"][st["mix"]]["tokens"]) // cfg["train"]["seq_len"])
-            steps = -(-math.ceil(st["budget"]["value"] * rows) // batch.rows_per_step)
+            steps = estimated_epoch_steps(cfg, st)
         tokens = steps * batch.tokens_per_step
         hours = fpt * tokens / (batch.world_size * flops_per_s_per_gpu) / 3600
         out.append({"name": st["name"], "mix": st["mix"], "loss": st["loss"], "init_from": st["init_from"],

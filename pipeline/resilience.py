@@ -16,7 +16,8 @@ import math
 from pipeline.budget import world_size
 from pipeline.errors import PlanError
 from pipeline.perf import StepSetup, optimizer_bytes, step_seconds
-from pipeline.stages import stage_budget, stage_list
+from pipeline.sizes import train_minutes
+from pipeline.stages import estimated_epoch_steps, stage_budget, stage_list
 
 __all__ = ["predicted_step_s", "predicted_save_s", "predicted_startup_s", "checkpointing", "resolve_ckpt_interval",
            "stage_jobs"]
@@ -102,15 +103,6 @@ def resolve_ckpt_interval(cfg: dict) -> dict:
     return {**cfg, "train": {**cfg["train"], "ckpt_interval": checkpointing(cfg)["interval_steps"]}}
 
 
-def _stage_steps(cfg: dict, st: dict) -> int:
-    steps = stage_budget(cfg, st)["num_steps"]
-    if steps is None:  # an epochs budget: rows of seq_len targets from its mix's tokens (the plan's estimate)
-        rows = -(-int(cfg["mixes"][st["mix"]]["tokens"]) // cfg["train"]["seq_len"])
-        rows_per_step = cfg["train"]["global_batch_tokens"] // cfg["train"]["seq_len"]
-        steps = -(-math.ceil(st["budget"]["value"] * rows) // rows_per_step)
-    return steps
-
-
 def stage_jobs(cfg: dict, step_s: float | None = None) -> dict[str, dict]:
     """Per training stage (a whole run config's stages): ``jobs`` (the chain's length: 1 without
     `hardware.max_job_hours`), ``runtime_min`` (what each job asks the scheduler for, never above the limit),
@@ -122,11 +114,11 @@ def stage_jobs(cfg: dict, step_s: float | None = None) -> dict[str, dict]:
     limit_h = cfg["hardware"].get("max_job_hours")
     out = {}
     for st in stage_list(cfg):
-        steps = _stage_steps(cfg, st)
+        steps = stage_budget(cfg, st)["num_steps"] or estimated_epoch_steps(cfg, st)
         saves = math.ceil(steps / ck["interval_steps"])
         train_s = steps * step_s + saves * ck["block_s"]
         if limit_h is None:
-            jobs, runtime = 1, math.ceil(90 * train_s / 3600) + 30
+            jobs, runtime = 1, train_minutes(train_s / 3600)
         else:
             # a job: its start-up, then steps until its stop leaves time for two steps, the last save and a margin
             usable_s = limit_h * 3600 - start_s - final_s - STOP_MARGIN_S - 2 * step_s

@@ -191,10 +191,15 @@ def unmeasured_size(cfg: dict, d: Demand) -> dict:
     return _one(UNMEASURED_MB, _minutes(d.cpu_s(d.tokens if d.rate[0] == "tokens" else d.documents), safety=10))
 
 
+def train_minutes(hours: float) -> int:
+    """A train job's runtime request without a job limit: its predicted hours × 1.5, plus 30 minutes."""
+    return math.ceil(90 * hours) + 30
+
+
 def train_size(cfg: dict, d: Demand) -> dict:
     hw, many = cfg["hardware"], threads(cfg)
     nodes, nproc, cuda = hw["nodes"], hw["nproc_per_node"], hw["device"] == "cuda"
-    res = {"cpus_per_task": many, "nodes": nodes, "runtime": math.ceil(90 * d.train_hours) + 30,
+    res = {"cpus_per_task": many, "nodes": nodes, "runtime": train_minutes(d.train_hours),
            "mem_mb": train_host_memory(cfg)["node_mb"]}
     if nodes > 1:  # one task (a torchrun agent) per node; the rule's shell runs srun itself
         res.update(tasks=nodes, mpi="srun")

@@ -26,6 +26,7 @@ the single-stage run of before. Stage outputs: ``R/train/{stage}/final.pt``, ``m
 from __future__ import annotations
 
 import copy
+import math
 
 from pipeline.budget import count_params, flops_per_token, token_target, trained_tokens
 from pipeline.errors import ConfigError
@@ -183,6 +184,14 @@ def epoch_steps(epochs: float, n_rows: int, rows_per_step: int) -> tuple[int, in
     rows_per_step); the last step's missing rows are empty (fully masked) rows of the same shape."""
     rows = -(-round(epochs * n_rows * 1_000_000) // 1_000_000)
     return -(-rows // rows_per_step), rows
+
+
+def estimated_epoch_steps(cfg: dict, stage: dict) -> int:
+    """An epochs stage's optimizer steps before its mix is packed: its mix's integer `tokens` as rows of
+    seq_len targets, no padding (a lower bound; the trainer counts the packed rows, `epoch_steps`)."""
+    rows = -(-int(cfg["mixes"][stage["mix"]]["tokens"]) // cfg["train"]["seq_len"])
+    rows_per_step = cfg["train"]["global_batch_tokens"] // cfg["train"]["seq_len"]
+    return -(-math.ceil(stage["budget"]["value"] * rows) // rows_per_step)
 
 
 def mix_targets(cfg: dict, mix: str) -> int:

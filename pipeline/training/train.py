@@ -9,7 +9,8 @@ Launch (the `train` rule; `--nproc_per_node` = `hardware.nproc_per_node`)::
         [--segment K/N] [--max-steps K] [--keep-ckpts 2]
 
 The launcher owns the job's processes and each worker dies with its parent (pipeline/training/launch.py);
-rank 0 holds a lock on `outdir` for the whole run, so a second trainer on it fails at once.
+rank 0 holds the lease on `outdir` for the whole run (pipeline/training/lease.py), so a second trainer on it,
+on any host, fails at once.
 
 **Jobs and stops** (pipeline/training/stopping.py). A stage may train as a chain of N jobs: ``--segment K/N``
 trains from the newest checkpoint to step ceil(K × num_steps / N) and checkpoints there; for K < N it then
@@ -483,17 +484,15 @@ def set_up(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
                chat_tasks, total_rows)
 
 
-def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, ckpt_dir: Path, stop_at: int,
-              keep_ckpts: int, control: StopControl,
-              checkpointer: ckpt.Checkpointer | None = None) -> tuple[weakref.ref, bool]:
+def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, stop_at: int, control: StopControl,
+              checkpointer: ckpt.Checkpointer) -> tuple[weakref.ref, bool]:
     """Train steps state.step + 1 .. stop_at, updating `state`: log, validate, score CORE and checkpoint
     on their intervals (`Schedule`; `checkpointer.save`, the caller waits for the last save:
-    `Checkpointer.close`; without a checkpointer the saves are synchronous), and stop cleanly at a step
+    `Checkpointer.close`), and stop cleanly at a step
     boundary when the ranks agree to (pipeline/training/stopping.py: a checkpoint there). Returns a weak
     reference to the DDP module, or under fsdp to the loss model (for `close_distributed`), and whether the
     run stopped before `stop_at`."""
     params, plan, dist, model, optimizer = run.params, run.plan, run.dist, run.model, run.optimizer
-    checkpointer = checkpointer or ckpt.Checkpointer(ckpt_dir, dist, keep_ckpts, async_save=False)
     train_cfg, num_steps, accum = params["train"], plan["num_steps"], run.layout.grad_accum_steps
     sched, clock, allow, watchdog = Schedule.of(params, num_steps, run.core_every), control.clock, control.allow, \
         control.watchdog
@@ -658,7 +657,7 @@ def _run(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pat
 
     checkpointer = ckpt.Checkpointer(ckpt_dir, dist, keep_ckpts, async_save=params["train"]["async_ckpt"])
     try:
-        ddp_ref, stopped = run_steps(run, state, metrics, ckpt_dir, stop_at, keep_ckpts, control, checkpointer)
+        ddp_ref, stopped = run_steps(run, state, metrics, stop_at, control, checkpointer)
         control.watchdog.beat(state.step, "checkpoint", control.allow["checkpoint"])
         checkpointer.close()  # every rank: the last checkpoint complete (fsdp: finalized, a collective) before final.pt
     except BaseException:

@@ -6,7 +6,6 @@
 # view of the config (no budget or depth list in them): adding a budget adds its points and reruns none
 # of the others. The fit (rule scaling) writes R/scaling/fit.json (which `train.tokens_per_param: scaling`
 # reads), report.md and the plot.
-import math
 
 from pipeline import scaling as tfsc  # noqa: E402
 
@@ -45,8 +44,8 @@ rule scaling_point:
     threads: job_threads("scaling_point")
     resources:
         # runtime: the planner's predicted hours of the point (its own config through plan.train_hours) × 1.5
-        **{**job_resources("scaling_point"), "runtime": lambda w: math.ceil(
-            90 * train_hours(tfsc.point_config(config, float(w.budget), int(w.depth)))) + 30},
+        **{**job_resources("scaling_point"), "runtime": lambda w: tfsz.train_minutes(
+            train_hours(tfsc.point_config(config, float(w.budget), int(w.depth))))},
     conda:
         "../../envs/train.yaml"
     shell:
