@@ -1,4 +1,4 @@
-"""`make gpu-check`'s checkpoint rows (issue 36): one asynchronous save and one resume of a preset's per-rank
+"""`make gpu-check`'s checkpoint rows: one asynchronous save and one resume of a preset's per-rank
 checkpoint on one GPU, through the trainer's own `pipeline.training.checkpoint.Checkpointer`, against
 pipeline.resilience's prediction.
 
@@ -204,7 +204,7 @@ def run_ckpt_row(preset_cfg: dict, device: torch.device, out: Path, n_params: in
 
 def format_ckpt(rows: list[dict]) -> str:
     """Markdown: every checkpoint row's figures, applied to the job's bytes, beside the plan's (`predicted`)."""
-    lines = ["## Checkpoint save and resume (issue 36): async staging, background write, resume", "",
+    lines = ["## Checkpoint save and resume: async staging, background write, resume", "",
              "| row | GB | save blocks s, first save (meas. / pred.) | background write s | resume: verify s | "
              "resume: load s |", "|---|---|---|---|---|---|"]
 

@@ -38,7 +38,7 @@ in order of priority: smoke rows, the fsdp rows, the loss-memory rows, then the 
    bf16 step with every block checkpointed at 16 / 32 / 64 rows, one warm-up and one timed step, its
    peak allocated memory against pipeline.perf (issue 28: with the loss traced into the compiled graph
    the 64-row step held 9 GB nothing explained; BENCHMARKS.md).
-3. **Checkpoint save and resume** (`pipeline.bench.ckpt.CKPT_ROWS`, CUDA only; issue 36): the trainer's
+3. **Checkpoint save and resume** (`pipeline.bench.ckpt.CKPT_ROWS`, CUDA only): the trainer's
    asynchronous save (`Checkpointer`: staging into pinned host memory, the background write; DCP's async_save
    on a 1-rank group for the fsdp row) and the resume of one rank's checkpoint of the 8B preset (fsdp: 1/8 of
    weights + AdamW) and of the 1.24B preset's ddp file, read back from storage, against
