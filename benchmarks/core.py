@@ -9,7 +9,7 @@ has random weights (throughput does not depend on them). `default` is config.yam
 vocabulary, tied embeddings: ~101M parameters) at sequence length 1024. Each run scores the first
 `--items` items of every task with the shots that fit the model's context (`core.task_k`, as in
 the DAG; an item longer than the context is still left-truncated, and counted), batches of
-`eval.core_batch_tokens` (default: what fits in memory, `pipeline.perf.eval_batch_tokens`).
+`eval.core_batch_tokens` (default: what fits in memory, `pipeline.planning.memory.eval_batch_tokens`).
 Reported: items and requests per wall-second and per CPU-second (best of `--repeat`).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The data half at scale: realistic shards through the Snakemake DAG, each stage's measured cost beside
-the cost plan's prediction (`pipeline.cluster`).
+the cost plan's prediction (`pipeline.planning.data_cost`).
 
     python benchmarks/data_scale.py run --shards 20 --docs 50000 --workdir /tmp/tf-scale [--cores 2]
     python benchmarks/data_scale.py report /tmp/tf-scale
@@ -16,15 +16,15 @@ accounting and the filter funnel) with
 `snakemake --cores C`, timed. Then per rule: jobs, CPU seconds (each job's own count, the `resources:`
 line `pipeline.io.run_cli` ends its log with; Snakemake's `benchmark:` tables sample it every second,
 then every 30 s, and miss a job's last moments), wall seconds and peak RSS (the `benchmark:` tables,
-every data rule has one), beside `pipeline.cluster.data_costs` for the same config and cores, fed what
+every data rule has one), beside `pipeline.planning.data_cost.data_costs` for the same config and cores, fed what
 the plan knows before the run (the count sample, `R/counts/sample.parquet`); the ratio is
 measured / predicted. Last the whole run's wall time beside the plan's critical-path estimate.
 Results land in WORKDIR/result.json; `report` prints a finished run's measurement beside the cost plan
-as it is now (after a change of `pipeline.cluster`, without running again).
+as it is now (after a change of `pipeline.planning.data_cost`, without running again).
 
 `calibrate` reads two finished runs of different sizes (same tokenizer vocabulary, different
 train_chars) and fits, per stage, the CPU seconds per job and the units (bytes, documents, tokens, …
-as `pipeline.cluster.RATES` declares) per CPU-second by a line through the two points: the
+as `pipeline.planning.data_cost.RATES` declares) per CPU-second by a line through the two points: the
 `RATES` table to commit. `tokenizer` times the tokenizer CLI alone at larger train_chars than a
 calibration run reaches (rustbpe's cost per character settles above ~16M characters; the presets
 train on 2B), on the shards of a finished run.
@@ -51,9 +51,9 @@ sys.path.insert(0, str(ROOT))
 
 from rule_cpu import per_rule  # noqa: E402
 
-from pipeline import cluster, sizes  # noqa: E402
 from pipeline.config import resolve_config, run_dir  # noqa: E402
 from pipeline.io import RESOURCE_LINE  # noqa: E402
+from pipeline.planning import data_cost, job_sizes  # noqa: E402
 
 # Each data rule's logs under logs/{run_name}/ (workflow/rules/*.smk `log:`); benchmark tables are at
 # R/benchmarks/{rule}/… (`rule_cpu.per_rule`).
@@ -177,8 +177,8 @@ def measure(workdir: Path) -> dict:
 def predict(workdir: Path, cores: int) -> dict:
     """The cost plan for the run in `workdir` from what the plan rule knows: the count sample."""
     cfg = resolve_config(yaml.safe_load((workdir / "config.yaml").read_text()))
-    measured = sizes.measured_sizes(workdir / run_dir(cfg) / "counts" / "sample.parquet")
-    return cluster.data_costs(cfg, measured, data_cpus=cores)
+    measured = job_sizes.measured_sizes(workdir / run_dir(cfg) / "counts" / "sample.parquet")
+    return data_cost.data_costs(cfg, measured, data_cpus=cores)
 
 
 def compare(measured: dict, predicted: dict) -> list[dict]:
@@ -246,10 +246,10 @@ def calibrate(small: Path, large: Path) -> dict:
     points = []
     for work in (small, large):
         cfg = resolve_config(yaml.safe_load((work / "config.yaml").read_text()))
-        measured = sizes.measured_sizes(work / run_dir(cfg) / "counts" / "counts.parquet")  # the exact table
-        points.append((cluster.stage_work(cfg, measured), measure(work)))
+        measured = job_sizes.measured_sizes(work / run_dir(cfg) / "counts" / "counts.parquet")  # the exact table
+        points.append((data_cost.stage_work(cfg, measured), measure(work)))
     fitted = {}
-    for stage, (unit, _, _) in cluster.RATES.items():
+    for stage, (unit, _, _) in data_cost.RATES.items():
         (w0, m0), (w1, m1) = points
         j0, u0, c0 = w0[stage]["jobs"], w0[stage]["units"], m0[stage]["cpu_s"]
         j1, u1, c1 = w1[stage]["jobs"], w1[stage]["units"], m1[stage]["cpu_s"]

@@ -1,4 +1,4 @@
-"""CORE scoring memory on the visible device, measured beside `pipeline.perf.eval_memory`'s prediction.
+"""CORE scoring memory on the visible device, measured beside `pipeline.planning.memory.eval_memory`'s prediction.
 
     python benchmarks/eval_memory.py [--configfile configs/llama3-1b-fineweb.yaml] [--device cuda]
         [--batch-tokens N] [--requests 96] [--json OUT]
@@ -14,7 +14,7 @@ Builds the config's model (fp32 weights, as the trainer holds them) and scores f
 
 For each it prints the measured peak allocated and reserved GB (``torch.cuda.max_memory_*`` after a
 reset) beside the prediction's ``peak`` / ``reserved`` at the same batch (`eval.core_batch_tokens`, or
-when null `pipeline.perf.eval_batch_tokens`). On CPU it runs the same code on the tiny default (the
+when null `pipeline.planning.memory.eval_batch_tokens`). On CPU it runs the same code on the tiny default (the
 plumbing; CPU has no allocator statistics, so only the prediction is printed).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 
 from pipeline.config import load_config
 from pipeline.evaluation.core import score_requests, scoring_dtype
-from pipeline.perf import GB, StepSetup, eval_batch_tokens, eval_memory
+from pipeline.planning.memory import GB, StepSetup, eval_batch_tokens, eval_memory
 from pipeline.training.optim import build_optimizer
 from pipeline.training.step import build_model
 

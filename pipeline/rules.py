@@ -9,17 +9,17 @@ A rule's entry says
 - `params` and `scope`: its config slice (a `*_slice` function of pipeline/config/rule_params.py), declared
   as its `params:` so that an edit to the slice reruns it, and what narrows the slice per job: the whole run
   (`run`), the job's `source`, its `mix`, its training `stage`, a scaling `point`, or the sweep's `fit`;
-- `size`: its threads and resources (a function of pipeline/sizes.py);
+- `size`: its threads and resources (a function of pipeline/planning/job_sizes.py);
 - for a data rule, its cost in the plan: `rate` (unit, units per CPU-second or None, CPU seconds per job) and
   `after`, the data rules whose outputs it reads (the edges Snakemake builds: tests/test_cluster.py compares
-  `pipeline.cluster.data_jobs` with Snakemake's DAG, edge for edge, on the default config and a preset);
+  `pipeline.planning.data_cost.data_jobs` with Snakemake's DAG, edge for edge, on the default config and a preset);
 - `shard_chain`: a per-shard rule that runs in the SLURM group job of its shard group (download → filter →
   tokenize → dedup_signatures). A rule the tokenizer waits for (download, filter) joins the chain only for
   the sources the tokenizer does not read: the tokenizer job sits between them and the rest, and a group job
   may not be left and entered again.
 
 workflow/rules/common.smk reads these (`rule_params`, `rule_code`, `job_threads`, `job_resources`,
-`job_group`), `pipeline.cluster` reads the sizes and the data rules' costs, and the tests check each entry
+`job_group`), `pipeline.planning.data_cost` reads the sizes and the data rules' costs, and the tests check each entry
 against the rule as Snakemake parses it (tests/test_rules.py). A rule's module reads its slice through its
 own `*_slice` function, never through this table (`params_from_args(args, mix_slice)`): the table is in the
 code hash of `plan` alone, so editing one rule's size or rate reruns no job but the plan. Adding a rule:
@@ -44,9 +44,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from pipeline import scaling, sizes
 from pipeline.config import rule_params as rp
-from pipeline.stages import stage_config
+from pipeline.planning import job_sizes, sweep
+from pipeline.planning.stages import stage_config
 
 SCOPES = ("run", "source", "mix", "stage", "point", "fit")  # what narrows a rule's slice per job
 
@@ -58,7 +58,7 @@ class Rule:
     name: str
     modules: tuple[str, ...]
     params: Callable | None
-    size: Callable[[dict, sizes.Demand], dict]
+    size: Callable[[dict, job_sizes.Demand], dict]
     scope: str = "run"
     rate: tuple[str, float | None, float] | None = None
     after: tuple[str, ...] = ()
@@ -76,64 +76,64 @@ class Rule:
 
 RULES = (
     # ---- the data rules, in DAG order (each after the rules it waits for)
-    Rule("download", ("data.download",), rp.download_slice, sizes.download_size, "source",
+    Rule("download", ("data.download",), rp.download_slice, job_sizes.download_size, "source",
          rate=("bytes", 198e6, 0.51), shard_chain=True),
     # filter: the whole default chain's 0.61 MB/CPU-s (BENCHMARKS.md "Filter chain", language ID included; the
     # presets' language ID + PII only is faster, so this prices them high); its per-job start is not measured
-    Rule("filter", ("data.filter",), rp.filter_slice, sizes.shard_text_size, "source",
+    Rule("filter", ("data.filter",), rp.filter_slice, job_sizes.shard_text_size, "source",
          rate=("bytes", 0.61e6, 0.5), after=("download",), shard_chain=True),
-    Rule("tokenizer", ("data.tokenizer",), rp.tokenizer_slice, sizes.tokenizer_size,
+    Rule("tokenizer", ("data.tokenizer",), rp.tokenizer_slice, job_sizes.tokenizer_size,
          rate=("train_chars", 6.4e6, 0.5), after=("filter",)),
-    Rule("tokenize", ("data.tokenize",), rp.tokenize_slice, sizes.tokenize_size, "source",
+    Rule("tokenize", ("data.tokenize",), rp.tokenize_slice, job_sizes.tokenize_size, "source",
          rate=("bytes", 8.77e6, 0.43), after=("filter", "tokenizer"), shard_chain=True),
-    Rule("count_sample", ("data.count",), None, sizes.small_size,
+    Rule("count_sample", ("data.count",), None, job_sizes.small_size,
          rate=("documents", 12.2e6, 0.49), after=("tokenize",)),
-    Rule("count", ("data.count",), None, sizes.small_size,
+    Rule("count", ("data.count",), None, job_sizes.small_size,
          rate=("documents", 12.2e6, 0.47), after=("tokenize",)),
-    Rule("plan", ("plan",), rp.plan_slice, sizes.small_size,
+    Rule("plan", ("plan",), rp.plan_slice, job_sizes.small_size,
          rate=("none", None, 0.62), after=("count_sample",)),
-    Rule("eval_data", ("data.eval_data",), rp.eval_data_slice, sizes.small_size,
+    Rule("eval_data", ("data.eval_data",), rp.eval_data_slice, job_sizes.small_size,
          rate=("none", None, 2.27)),
-    Rule("decontaminate_grams", ("data.decontaminate",), rp.decontaminate_grams_slice, sizes.small_size,
+    Rule("decontaminate_grams", ("data.decontaminate",), rp.decontaminate_grams_slice, job_sizes.small_size,
          rate=("none", None, 2.07), after=("eval_data",)),
-    Rule("decontaminate_flags", ("data.decontaminate",), rp.decontaminate_slice, sizes.shard_text_size,
+    Rule("decontaminate_flags", ("data.decontaminate",), rp.decontaminate_slice, job_sizes.shard_text_size,
          "source", rate=("bytes", 27.4e6, 0.74), after=("filter", "tokenize", "decontaminate_grams")),
-    Rule("decontaminate", ("data.decontaminate",), rp.decontaminate_grams_slice, sizes.small_size,
+    Rule("decontaminate", ("data.decontaminate",), rp.decontaminate_grams_slice, job_sizes.small_size,
          rate=("shards", None, 0.71), after=("decontaminate_grams", "decontaminate_flags")),
-    Rule("dedup_signatures", ("data.dedup",), rp.dedup_signatures_slice, sizes.shard_text_size, "source",
+    Rule("dedup_signatures", ("data.dedup",), rp.dedup_signatures_slice, job_sizes.shard_text_size, "source",
          rate=("bytes", 37.5e6, 0.67), after=("filter", "tokenize"), shard_chain=True),
-    Rule("dedup_index", ("data.dedup",), None, sizes.small_size,
+    Rule("dedup_index", ("data.dedup",), None, job_sizes.small_size,
          rate=("shards", None, 0.37), after=("dedup_signatures",)),
-    Rule("dedup_candidates", ("data.dedup",), rp.dedup_slice, sizes.dedup_candidates_size,
+    Rule("dedup_candidates", ("data.dedup",), rp.dedup_slice, job_sizes.dedup_candidates_size,
          rate=("documents", 138e3, 0.55), after=("dedup_index",)),
-    Rule("dedup", ("data.dedup",), rp.dedup_slice, sizes.dedup_size,
+    Rule("dedup", ("data.dedup",), rp.dedup_slice, job_sizes.dedup_size,
          rate=("documents", 1.13e6, 0.57), after=("dedup_index", "dedup_candidates")),
-    Rule("split", ("data.split",), rp.split_slice, sizes.unmeasured_size,
+    Rule("split", ("data.split",), rp.split_slice, job_sizes.unmeasured_size,
          rate=("documents", 299e3, 0.59), after=("dedup", "decontaminate", "tokenize")),
-    Rule("mix", ("data.mix",), rp.mix_slice, sizes.unmeasured_size, "mix",
+    Rule("mix", ("data.mix",), rp.mix_slice, job_sizes.unmeasured_size, "mix",
          rate=("documents", 893e3, 0.63), after=("split",)),
-    Rule("pack", ("data.pack",), rp.pack_slice, sizes.unmeasured_size, "mix",
+    Rule("pack", ("data.pack",), rp.pack_slice, job_sizes.unmeasured_size, "mix",
          rate=("tokens", 45.3e6, 0.56), after=("mix", "tokenize")),
     # filter_report reads every shard's decisions and a few raw rows; its work is not measured: only a job's start
-    Rule("filter_report", ("data.filter_report",), rp.filter_report_slice, sizes.small_size,
+    Rule("filter_report", ("data.filter_report",), rp.filter_report_slice, job_sizes.small_size,
          rate=("none", None, 0.6), after=("filter", "tokenize")),
-    Rule("accounting", ("data.accounting",), rp.accounting_slice, sizes.small_size,
+    Rule("accounting", ("data.accounting",), rp.accounting_slice, job_sizes.small_size,
          rate=("documents", 781e3, 0.58),
          after=("count", "filter", "dedup", "decontaminate", "split", "tokenize", "pack")),
     # ---- training, evaluation and what follows them
     Rule("train", ("training.launch", "training.rendezvous", "training.train"),
-         rp.train_slice, sizes.train_size, "stage"),
+         rp.train_slice, job_sizes.train_size, "stage"),
     # a stage's jobs before its last when it is longer than the cluster's job limit (workflow/rules/train.smk)
     Rule("train_segment", ("training.launch", "training.rendezvous", "training.train"),
-         rp.train_slice, sizes.train_size, "stage"),
-    Rule("evaluate", ("evaluation.evaluate",), rp.evaluate_slice, sizes.evaluate_size, "stage"),
-    Rule("stages_report", ("evaluation.stages_report",), rp.evaluate_slice, sizes.small_size),
-    Rule("export", ("evaluation.export",), rp.export_slice, sizes.export_size),
+         rp.train_slice, job_sizes.train_size, "stage"),
+    Rule("evaluate", ("evaluation.evaluate",), rp.evaluate_slice, job_sizes.evaluate_size, "stage"),
+    Rule("stages_report", ("evaluation.stages_report",), rp.evaluate_slice, job_sizes.small_size),
+    Rule("export", ("evaluation.export",), rp.export_slice, job_sizes.export_size),
     # the IsoFLOP sweep: a point trains and evaluates with the train rule's trainer (its params: its own view of
-    # the config, pipeline.scaling); the fit reads the points
+    # the config, pipeline.planning.sweep); the fit reads the points
     Rule("scaling_point", ("training.launch", "training.train", "evaluation.evaluate"),
-         scaling.point_params, sizes.scaling_point_size, "point"),
-    Rule("scaling", ("evaluation.scaling",), scaling.fit_params, sizes.fit_size, "fit"),
+         sweep.point_params, job_sizes.scaling_point_size, "point"),
+    Rule("scaling", ("evaluation.scaling",), sweep.fit_params, job_sizes.fit_size, "fit"),
 )
 BY_NAME = {r.name: r for r in RULES}
 DATA_RULES = tuple(r.name for r in RULES if r.rate is not None)
@@ -149,7 +149,7 @@ def rule(name: str) -> Rule:
 
 def rule_params(cfg: dict, name: str, source: str | None = None, mix: str | None = None) -> dict:
     """The config slice of rule `name` (its `params`), narrowed to `source` / `mix` when given: what the rule
-    declares as `params:` (for a `stage` rule, before `pipeline.stages.stage_config` takes the job's stage)."""
+    declares as `params:` (for a `stage` rule, before `pipeline.planning.stages.stage_config` takes the job's stage)."""
     spec = rule(name)
     if spec.params is None or spec.scope in ("point", "fit"):
         raise KeyError(f"rule {name!r} has no config slice of its own ({spec.scope} params)" if spec.params

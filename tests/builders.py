@@ -21,7 +21,6 @@ import pyarrow.parquet as pq
 import torch
 import yaml
 
-from pipeline import plan as plan_module
 from pipeline.config import resolve_config
 from pipeline.data import dedup
 from pipeline.data.contract import MASK_REAL, open_tokens, pack_paths
@@ -31,8 +30,9 @@ from pipeline.data.tokenizer import build_tokenizer
 from pipeline.distributed import Dist
 from pipeline.io import read_json, write_json
 from pipeline.model.model import ModelConfig, Transformer
+from pipeline.planning import token_plan as plan_module
+from pipeline.planning.stages import stage_config
 from pipeline.rules import rule_params
-from pipeline.stages import stage_config
 from pipeline.training.step import LossModel
 
 # --- Parquet shards, and watching a run's processes and metrics

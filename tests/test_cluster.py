@@ -1,4 +1,4 @@
-"""Job sizes for a cluster (pipeline.cluster), the data-stage cost in the plan CLI, and the launcher's
+"""Job sizes for a cluster (pipeline.planning.data_cost), the data-stage cost in the plan CLI, and the launcher's
 multi-node command (pipeline.training.rendezvous) — without a cluster (tests/slurm runs a real one)."""
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import pytest
 import yaml
 from builders import ROOT, snakemake_workflow
 
-from pipeline import cluster, sizes
 from pipeline.config import resolve_config, shard_groups
 from pipeline.errors import PipelineError
-from pipeline.plan import train_hours
-from pipeline.stages import mix_targets
+from pipeline.planning import data_cost as cluster
+from pipeline.planning import job_sizes as sizes
+from pipeline.planning.stages import mix_targets
+from pipeline.planning.token_plan import train_hours
 from pipeline.training import rendezvous
 
 PRESET = yaml.safe_load((ROOT / "configs/llama3-1b-fineweb.yaml").read_text())
@@ -217,7 +218,7 @@ def test_train_job_memory_is_the_host_memory_the_config_implies(preset_file, par
     the whole fp32 model rank 0 gathers for final.pt, with the margin — for both presets between 8 ranks'
     fixed footprint and the 256,000 MB the rule asked a node for before (8 × 32,000), the 8B's the larger."""
     from pipeline.config import load_config
-    from pipeline.perf import resolve_parallel
+    from pipeline.planning.parallel import resolve_parallel
 
     cfg = resolve_parallel(load_config(ROOT / "configs" / preset_file))
     assert cfg["train"]["parallel"] == parallel and cfg["hardware"]["nproc_per_node"] == 8
@@ -239,9 +240,9 @@ def test_train_job_memory_is_the_host_memory_the_config_implies(preset_file, par
 
 
 def test_cpu_train_job_memory_counts_the_training_state_on_the_host():
-    """On the CPU the training state lives on the host: the predicted per-rank total of pipeline.perf is
+    """On the CPU the training state lives on the host: the predicted per-rank total of pipeline.planning is
     part of each rank's request."""
-    from pipeline.perf import StepSetup, memory
+    from pipeline.planning.memory import StepSetup, memory
 
     cfg = resolve_config({"hardware": {"nproc_per_node": 2}})
     h = sizes.train_host_memory(cfg)

@@ -89,7 +89,7 @@ def test_what_is_reached(copy):
 
 def test_a_module_run_by_name_or_used_as_a_value_is_reached_whole(copy):
     path = copy / "bench/by_name.py"
-    path.write_text("import subprocess\nimport sys\n\nfrom pipeline import budget\n\n\n"
+    path.write_text("import subprocess\nimport sys\n\nfrom pipeline.planning import compute as budget\n\n\n"
                     "def main():\n    subprocess.run([sys.executable, '-m', 'pipeline.data.count'])\n"
                     "    return getattr(budget, sys.argv[1])\n")
     try:
@@ -97,8 +97,8 @@ def test_a_module_run_by_name_or_used_as_a_value_is_reached_whole(copy):
     finally:
         path.unlink()
     assert {"pipeline.data.count:main", "pipeline.data.count:<main>"} <= set(reached)
-    assert {k for k in reached if k.startswith("pipeline.budget:")} == {
-        f"pipeline.budget:{k}" for k in package(copy).summary("pipeline.budget")["defs"]}
+    assert {k for k in reached if k.startswith("pipeline.planning.compute:")} == {
+        f"pipeline.planning.compute:{k}" for k in package(copy).summary("pipeline.planning.compute")["defs"]}
 
 
 def test_an_import_a_definition_uses_is_part_of_its_hash(copy):
@@ -131,7 +131,7 @@ def test_a_changed_source_is_parsed_again(copy):
     stale = {k.rpartition(" ")[0] + " " + "0" * 64: fake for k in entries if k.startswith("pipeline.plan ")}
     others = {k: v for k, v in entries.items() if not k.startswith("pipeline.plan ")}
     cache.write_text(json.dumps({**stale, **others}))
-    assert "pipeline.perf:resolve_parallel" in package(copy).definitions("pipeline.plan")
+    assert "pipeline.planning.parallel:resolve_parallel" in package(copy).definitions("pipeline.plan")
     kept = json.loads(cache.read_text())
     assert not any(k.endswith(" " + "0" * 64) for k in kept)  # the older text's entry is dropped
 

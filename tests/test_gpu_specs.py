@@ -8,8 +8,8 @@ import torch
 import yaml
 from builders import ROOT
 
-from pipeline.budget import GPU_NAMES, GPU_SPECS, GPU_TYPE_ALIASES, HBM_BYTES_PER_S, PEAK_FLOPS, gpu_type_of
 from pipeline.errors import PipelineError
+from pipeline.planning.compute import GPU_NAMES, GPU_SPECS, GPU_TYPE_ALIASES, HBM_BYTES_PER_S, PEAK_FLOPS, gpu_type_of
 
 
 @pytest.mark.parametrize("name, gpu, bf16, hbm", [

@@ -1,4 +1,4 @@
-"""pipeline.perf against the reference run's measured rows (the calibration targets of issue 14).
+"""pipeline.planning against the reference run's measured rows (the calibration targets of issue 14).
 
 Source: ../shared/reference/how-to-train-an-llm-part1.md and part2.md — the 1.24B Llama-3-style
 model (vocab 131,072, dim 2048, 16 layers, 32/8 heads, SwiGLU 8192, tied), [micro_batch, 2048]
@@ -19,7 +19,9 @@ import sys
 import pytest
 from builders import ROOT
 
-from pipeline.perf import DDP_EFFICIENCY, StepSetup, capacity_gb, eval_memory, memory, predicted_mfu, step_time
+from pipeline.planning.fitted import DDP_EFFICIENCY
+from pipeline.planning.memory import StepSetup, capacity_gb, eval_memory, memory
+from pipeline.planning.step_time import predicted_mfu, step_time
 
 REFERENCE = StepSetup(vocab=131072, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, tied=True,
                       micro_batch=16, seq_len=2048, logits="bf16-materialized", grads_persistent=False)
@@ -177,7 +179,7 @@ def test_reserved_against_the_h100(row, reserved):
     """`ALLOCATOR_SLACK` against the H100's own reserved / peak pairs (the peaks' prediction is
     test_our_step_against_the_h100's): the measured peak with the slack lands within 10 % of what the
     allocator reserved; with the 2 % once assumed, three rows (16 none, 16 every_n, 64 eager) fell 10 % under."""
-    from pipeline.perf import ALLOCATOR_SLACK
+    from pipeline.planning.fitted import ALLOCATOR_SLACK
 
     micro_batch, checkpoint, compile_, peak = row
     assert MEASURED_H100_RESERVED[MEASURED_H100.index(row)][:3] == (micro_batch, checkpoint, compile_)
@@ -188,7 +190,7 @@ def test_reserved_against_the_h100(row, reserved):
 
 def test_memory_outside_the_allocator():
     """The CUDA context on every GPU, NCCL's buffers only when several processes train; nothing on the CPU."""
-    from pipeline.perf import CUDA_CONTEXT_GB, NCCL_BUFFERS_GB
+    from pipeline.planning.fitted import CUDA_CONTEXT_GB, NCCL_BUFFERS_GB
 
     one, eight = memory(OURS), memory(OURS.replace(world_size=8))
     assert one["outside_allocator"] == CUDA_CONTEXT_GB and one["total"] == pytest.approx(one["reserved"] + 0.5)
@@ -204,7 +206,7 @@ def test_default_eval_batch_tokens_is_the_row_by_row_answer():
     """The bisection finds what a row-by-row scan finds (the most seq_len rows whose in-loop scoring fits, at
     most EVAL_MAX_BATCH_TOKENS, EVAL_CPU_BATCH_TOKENS on the CPU; seq_len when none fits): capacities from
     none fitting to all, CPU and CUDA, ddp and fsdp, three sequence lengths."""
-    from pipeline.perf import EVAL_CPU_BATCH_TOKENS, EVAL_MAX_BATCH_TOKENS, default_eval_batch_tokens
+    from pipeline.planning.memory import EVAL_CPU_BATCH_TOKENS, EVAL_MAX_BATCH_TOKENS, default_eval_batch_tokens
 
     def most(s):
         return EVAL_MAX_BATCH_TOKENS if s.device == "cuda" else EVAL_CPU_BATCH_TOKENS
@@ -278,14 +280,14 @@ def test_capacity_is_gib():
 
 
 def test_module_is_torch_free():
-    code = "import sys, pipeline.perf; assert 'torch' not in sys.modules"
+    code = "import sys, pipeline.planning; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_bf16_ce_counts_the_weight_gradient_product_on_cuda():
     """Issue 18 item 5: with bf16 CE operands on CUDA each chunk's d(W) product is an fp32 [vocab, dim]
     temporary (fp32 operands accumulate in place): the loss term counts its 4·V·d bytes."""
-    from pipeline.perf import logits_bytes
+    from pipeline.planning.memory import logits_bytes
 
     s = StepSetup(vocab=131072, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, tied=True,
                   micro_batch=16, seq_len=2048, ce_matmul="bf16")
@@ -368,8 +370,9 @@ def test_fsdp_eval_memory_counts_the_whole_gathered_model():
 def test_fsdp_muon_orthogonalises_one_share_per_rank():
     """Under fsdp each block matrix has one owner rank for Newton-Schulz: a rank's share is 1/W of the FLOPs
     (beside the optimizer's bytes, on its 1/W shard); ddp orthogonalises every matrix on every rank."""
-    from pipeline.budget import HBM_BYTES_PER_S, PEAK_FLOPS
-    from pipeline.perf import ETA, OPTIMIZER_BYTES, muon_flops
+    from pipeline.planning.compute import HBM_BYTES_PER_S, PEAK_FLOPS
+    from pipeline.planning.fitted import ETA, OPTIMIZER_BYTES
+    from pipeline.planning.step_time import muon_flops
 
     s = SMALL_FSDP.replace(optimizer="muon")
     ns = muon_flops(s) / (PEAK_FLOPS["H100"]["bf16"] * ETA["train"]["bf16"])
@@ -388,7 +391,8 @@ def test_fsdp_shards_over_every_rank_of_the_job():
 
 
 def test_fsdp_collectives_against_a_hand_computation():
-    from pipeline.perf import COLLECTIVE_EFFICIENCY, collective_bytes_per_s, fsdp_comm
+    from pipeline.planning.fitted import COLLECTIVE_EFFICIENCY
+    from pipeline.planning.step_time import collective_bytes_per_s, fsdp_comm
 
     s = SMALL_FSDP.replace(grad_accum=3)
     block, root, P = 15_206_400, 65_537_024, 126_362_624
@@ -409,7 +413,7 @@ def test_fsdp_collectives_against_a_hand_computation():
 def test_fsdp_exposed_comm_is_monotonic(monkeypatch):
     """Exposed communication grows with the bytes and shrinks with bandwidth, compute to hide under and
     the overlap fraction; it never exceeds the communication, and the step time adds it."""
-    import pipeline.perf as perf
+    import pipeline.planning.step_time as perf
 
     s = SMALL_FSDP
     exposed = [perf.fsdp_comm(s, t)["exposed_s"] for t in (0.0, 1e-4, 1e-3, 1e-2, 1.0)]
@@ -435,8 +439,9 @@ def test_fsdp_exposed_comm_is_monotonic(monkeypatch):
 
 def test_every_gpu_type_has_a_link_bandwidth():
     """Every hardware.gpu_type the schema accepts prices fsdp's collectives (aliases through their part)."""
-    from pipeline.budget import GPU_SPECS, GPU_TYPE_ALIASES
-    from pipeline.perf import INTRA_NODE_BYTES_PER_S, collective_bytes_per_s
+    from pipeline.planning.compute import GPU_SPECS, GPU_TYPE_ALIASES
+    from pipeline.planning.fitted import INTRA_NODE_BYTES_PER_S
+    from pipeline.planning.step_time import collective_bytes_per_s
 
     assert set(INTRA_NODE_BYTES_PER_S) == set(GPU_SPECS) | {"cpu"}
     for gpu in (*GPU_SPECS, *GPU_TYPE_ALIASES):

@@ -13,12 +13,22 @@ import pytest
 import torch
 from builders import ROOT, write_text_shard
 
-from pipeline.budget import count_params, flops_per_token
 from pipeline.config import load_config, resolve_config
 from pipeline.errors import ConfigError, PlanError
 from pipeline.model.model import ModelConfig, Transformer
-from pipeline.perf import DDP_EFFICIENCY, StepSetup, memory, step_time
-from pipeline.plan import PLAN_KEYS, REQUIRED_KEYS, format_plan, main, make_plan, read_measured_step, run_counts
+from pipeline.plan import main
+from pipeline.planning.compute import count_params, flops_per_token
+from pipeline.planning.fitted import DDP_EFFICIENCY
+from pipeline.planning.memory import StepSetup, memory
+from pipeline.planning.step_time import step_time
+from pipeline.planning.token_plan import (
+    PLAN_KEYS,
+    REQUIRED_KEYS,
+    format_plan,
+    make_plan,
+    read_measured_step,
+    run_counts,
+)
 
 LLAMA_1B = ROOT / "configs/llama3-1b-fineweb.yaml"
 LLAMA_8B = ROOT / "configs/llama3-8b-fineweb.yaml"
@@ -79,7 +89,7 @@ def test_llama_1b_preset_plan():
     assert plan["trained_tokens"] >= plan["target_tokens"] > plan["trained_tokens"] - plan["tokens_per_step"]
     assert plan["n_params_non_embedding"] == plan["n_params"] - 131072 * 2048 and plan["n_params_lm_head"] == 0
     assert plan["shards_available"] == 1823 and plan["shards_needed"] <= 1823
-    # fits: predicted from the parts, the loss untraced (pipeline.perf, issue 28); one H100 held 75.9 GB allocated
+    # fits: predicted from the parts, the loss untraced (pipeline.planning, issue 28); one H100 held 75.9 GB allocated
     # at this micro-step with the loss traced, 9 GB of it unexplained (BENCHMARKS.md "The compiled loss's memory")
     assert plan["fits_memory"] and 54 <= plan["est_memory_gb"] <= 58
 
@@ -175,7 +185,7 @@ def test_counts_file_overrides_the_estimate(tmp_path):
 
 def test_usable_tokens_leave_out_what_tokenize_drops_as_long(tmp_path):
     # conversations over max_conversation_tokens are inside `tokens` but dropped by tokenize, like short ones
-    from pipeline.plan import read_counts
+    from pipeline.planning.token_plan import read_counts
 
     cols = ("source", "shard", "tokens", "delimiter_tokens", "short_tokens", "short_documents", "long_tokens",
             "long_documents")
@@ -448,7 +458,7 @@ def test_llama_1b_plan_shows_the_evaluation_peak_and_it_fits():
 
 
 def _rows_of(plan):
-    from pipeline.plan import _rows
+    from pipeline.planning.token_plan import _rows
 
     return _rows(plan)
 
@@ -477,7 +487,7 @@ def test_the_plan_rules_params_carry_the_scoring_batch():
 # ----------------------------------------------------------------------------- issue 21 items 4-5: ddp or fsdp, the 8B
 
 def test_llama_8b_preset_fits_with_fsdp_and_ddp_is_refused():
-    from pipeline.perf import resolve_parallel
+    from pipeline.planning.parallel import resolve_parallel
 
     cfg = load_config(LLAMA_8B)
     assert count_params(cfg["model"])[0] == 8_030_261_248  # Llama-3.1-8B's parameter count
@@ -502,7 +512,8 @@ def test_llama_8b_preset_fits_with_fsdp_and_ddp_is_refused():
 
 @pytest.mark.parametrize("preset,want", [(LLAMA_8B, "fsdp"), (LLAMA_1B, "ddp")])
 def test_auto_picks_fsdp_only_when_ddp_does_not_fit(preset, want):
-    from pipeline.perf import choose_parallel, resolve_parallel
+    from pipeline.planning.memory import choose_parallel
+    from pipeline.planning.parallel import resolve_parallel
     from pipeline.rules import rule_params
 
     cfg = load_config(preset, {"train": {"parallel": "auto"}})
@@ -519,7 +530,7 @@ def test_auto_picks_fsdp_only_when_ddp_does_not_fit(preset, want):
 
 
 def test_a_refusal_names_the_smaller_micro_batch_that_fits():
-    from pipeline.perf import resolve_parallel
+    from pipeline.planning.parallel import resolve_parallel
 
     no_ckpt = {"activation_checkpointing": "none"}
     with pytest.raises(PlanError, match=r"train\.parallel.*fsdp would need .* GB; lower train\.micro_batch to 16 "):
@@ -534,7 +545,7 @@ def test_auto_resolving_to_fsdp_refuses_adamw8bit():
     """bitsandbytes cannot step FSDP2's DTensor shards: auto that resolves to fsdp beside adamw8bit is refused at
     parse time (an explicit fsdp is refused by the config checks: test_config.py); auto that resolves to ddp, or
     ddp itself, keeps adamw8bit."""
-    from pipeline.perf import resolve_parallel
+    from pipeline.planning.parallel import resolve_parallel
 
     with pytest.raises(PlanError, match=r"^config key 'train\.parallel': auto: ddp does not fit .*, but "
                                         r"train\.optimizer set adamw8bit: .*use adamw or muon there"):
@@ -567,9 +578,10 @@ def test_dry_run_header_names_the_parallelism_and_refuses_ddp(tmp_path):
 
 def test_plan_reports_the_train_jobs_host_memory(capsys):
     """issue 28 item 2: the plan (json and text) reports the host memory per node the train rule requests
-    (`pipeline.sizes.train_host_memory` of the config with its parallelism resolved)."""
-    from pipeline import cluster, sizes
-    from pipeline.perf import resolve_parallel
+    (`pipeline.planning.job_sizes.train_host_memory` of the config with its parallelism resolved)."""
+    from pipeline.planning import data_cost as cluster
+    from pipeline.planning import job_sizes as sizes
+    from pipeline.planning.parallel import resolve_parallel
 
     main(["--configfile", str(LLAMA_8B), "--json"])
     out = json.loads(capsys.readouterr().out)

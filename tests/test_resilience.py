@@ -1,4 +1,4 @@
-"""pipeline/resilience.py: checkpoint costs, the Young/Daly interval, and each stage's chain of jobs."""
+"""pipeline/planning/train_jobs.py: checkpoint costs, the Young/Daly interval, and each stage's chain of jobs."""
 from __future__ import annotations
 
 import math
@@ -8,8 +8,8 @@ from builders import ROOT
 
 from pipeline.config import load_config
 from pipeline.errors import PlanError
-from pipeline.perf import resolve_parallel
-from pipeline.resilience import checkpointing, predicted_save_s, resolve_ckpt_interval, stage_jobs
+from pipeline.planning.parallel import resolve_parallel
+from pipeline.planning.train_jobs import checkpointing, predicted_save_s, resolve_ckpt_interval, stage_jobs
 
 
 def preset(name: str, **hardware) -> dict:

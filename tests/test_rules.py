@@ -8,10 +8,11 @@ from types import SimpleNamespace
 import pytest
 from builders import ROOT, snakemake_workflow
 
-from pipeline import cluster, codehash
+from pipeline import codehash
 from pipeline.config import params_json
+from pipeline.planning import data_cost as cluster
+from pipeline.planning.stages import stage_config
 from pipeline.rules import BY_NAME, RULES, feeds_tokenizer, job_params, rule_params
-from pipeline.stages import stage_config
 
 CONFIGS = ("config.yaml", "configs/llama3-1b-fineweb.yaml")
 
@@ -90,9 +91,9 @@ def test_a_rules_module_reaches_its_own_slice_and_never_the_table_of_rules():
     of one rule's size or rate reruns the plan and nothing else."""
     for spec in RULES:
         defs = codehash.package().definitions(*spec.entries)
-        if spec.params is not None and spec.scope not in ("point", "fit"):  # (pipeline.scaling's, at parse time)
+        if spec.params is not None and spec.scope not in ("point", "fit"):  # (pipeline.planning.sweep's, at parse time)
             assert f"{spec.params.__module__}:{spec.params.__name__}" in defs, spec.name
-        table = {k for k in defs if k.split(":")[0] in ("pipeline.rules", "pipeline.sizes", "pipeline.cluster")}
+        table = {k for k in defs if k.split(":")[0] in ("pipeline.rules", "pipeline.planning.job_sizes", "pipeline.planning.data_cost")}
         assert bool(table) == (spec.name == "plan"), (spec.name, sorted(table)[:5])
     slices = {k for k in codehash.package().definitions(*BY_NAME["mix"].entries) if k.endswith("_slice")}
     assert slices == {"pipeline.config.rule_params:mix_slice", "pipeline.config.rule_params:pack_slice"}

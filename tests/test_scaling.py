@@ -1,4 +1,4 @@
-"""The IsoFLOP sweep's pure parts (pipeline/scaling.py): the fit recovers known exponents from losses of a
+"""The IsoFLOP sweep's pure parts (pipeline/planning/sweep.py): the fit recovers known exponents from losses of a
 Chinchilla-form law with noise, the shape rule, a point's params, and the plan's fitted ratio."""
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 import yaml
 from builders import ROOT, snakemake, user_env, write_config
 
-from pipeline import scaling as sc
-from pipeline.budget import count_params, flops_per_token
 from pipeline.config import load_config, params_json
 from pipeline.errors import ConfigError, PlanError
-from pipeline.plan import format_plan, make_plan
+from pipeline.planning import sweep as sc
+from pipeline.planning.compute import count_params, flops_per_token
+from pipeline.planning.token_plan import format_plan, make_plan
 
 # Hoffmann et al. 2022, approach 3: L(N, D) = E + A / N^alpha + B / D^beta
 E, A, B = 1.69, 406.4, 410.7
@@ -106,7 +106,7 @@ def test_a_point_trains_budget_over_flops_per_token_and_holds_no_sweep_list(cfg)
 
 
 def test_the_default_sweep_fits_its_mix_and_the_preset_sweep_is_priced(cfg):
-    from pipeline.stages import mix_targets
+    from pipeline.planning.stages import mix_targets
 
     sc.check_sweep(cfg, mix_targets(cfg, cfg["train"]["mix"]))
     small = {**cfg, "scaling": {**cfg["scaling"], "budgets": [1e13]}}

@@ -5,7 +5,7 @@ import pytest
 
 from pipeline.config import resolve_config
 from pipeline.errors import ConfigError
-from pipeline.stages import epoch_steps, mix_targets, stage_budget, stage_config, stage_list
+from pipeline.planning.stages import epoch_steps, mix_targets, stage_budget, stage_config, stage_list
 
 SOURCES = {"web": {"type": "local", "glob": "data/sample/web/*.parquet"},
            "chat": {"type": "local", "glob": "data/sample/chat/*.parquet", "format": "chat"}}

@@ -286,8 +286,8 @@ def hashed() -> dict[str, set[str]]:
 
 def test_rules_hash_what_their_entries_reach():
     h = hashed()
-    assert {"pipeline.perf:resolve_parallel", "pipeline.stages:stage_list"} <= h["plan"]
-    assert "pipeline.perf:choose_parallel" in h["train"] and "pipeline.training.rendezvous:main" in h["train"]
+    assert {"pipeline.planning:resolve_parallel", "pipeline.planning.stages:stage_list"} <= h["plan"]
+    assert "pipeline.planning:choose_parallel" in h["train"] and "pipeline.training.rendezvous:main" in h["train"]
     assert all("pipeline.data.contract:shard_name" in h[r] for r in ("tokenize", "dedup_signatures"))
     assert any(d.startswith("pipeline.evaluation.core:") for d in h["train"])  # imported inside a function
     # issue 29: the import closure of 12 rules held minhash; its functions are hashed by the rules that call them
@@ -689,9 +689,9 @@ def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
     jobs = planned_jobs(proc)
     assert jobs["download"] == 114 and jobs["tokenize"] == 114 and jobs["train"] == 1
     from pipeline.config import load_config
-    from pipeline.plan import make_plan
+    from pipeline.planning.token_plan import make_plan
 
-    gpu_hours = make_plan(load_config(ROOT / "configs/llama3-1b-fineweb.yaml"))["est_gpu_hours"]  # pipeline.perf's
+    gpu_hours = make_plan(load_config(ROOT / "configs/llama3-1b-fineweb.yaml"))["est_gpu_hours"]  # pipeline.planning's
     for shown in ("1.242 B total", "1,048,576 = 64 rows × 2048 tokens × 8 rank(s) × 1 accumulation step(s)",
                   "23,682 → 24.83 B tokens trained", "fineweb: 454 of 1823 shards", f"{gpu_hours:.1f} GPU-hours"):
         assert shown in proc.stderr, shown
@@ -703,8 +703,8 @@ def test_a_job_limit_splits_training_into_a_chain_of_jobs_within_it(tmp_path, pr
     """A 24-hour limit: the dry run shows each stage's train jobs (train_segment 1 … N-1, then train), each asking
     SLURM for 24 h and never more, as many as the plan says, and the plan's jobs and wall time per stage."""
     from pipeline.config import load_config
-    from pipeline.perf import resolve_parallel
-    from pipeline.resilience import stage_jobs
+    from pipeline.planning.parallel import resolve_parallel
+    from pipeline.planning.train_jobs import stage_jobs
 
     proc = subprocess.run(
         [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path), "-n", "--workflow-profile",

@@ -1,6 +1,6 @@
 """`make gpu-check`'s checkpoint rows: one asynchronous save and one resume of a preset's per-rank
 checkpoint on one GPU, through the trainer's own `pipeline.training.checkpoint.Checkpointer`, against
-pipeline.resilience's prediction.
+pipeline.planning.train_jobs's prediction.
 
 A row (`CKPT_ROWS`) takes a preset's parameter count and parallelism: under fsdp one rank's share
 (``count_params / (nodes × nproc_per_node)``: the 8B preset's 1.0B parameters per rank of 8), under ddp the
@@ -18,7 +18,7 @@ for an fsdp row (`one_rank_group`: the DCP path of `Checkpointer`, `async_save` 
    hashed) and, the cache dropped again, the load into the model and optimizer (``load_s``: DCP's
    `_load_sharded`, or ``load_checkpoint`` + ``load_state_dict`` for a file).
 
-Predicted (`pipeline.resilience.checkpointing` of the preset: the plan's figures): what a save blocks (the
+Predicted (`pipeline.planning.train_jobs.checkpointing` of the preset: the plan's figures): what a save blocks (the
 staging of a rank's share), its background write, and a restart's verify and load. The measured row is one rank
 alone on one GPU, so its write, verify and load rates are applied to the job's bytes that the prediction covers
 (a node's share for the write and the load, the whole checkpoint for rank 0's verify) before the comparison.
@@ -36,10 +36,10 @@ from pathlib import Path
 
 import torch
 
-from pipeline.budget import count_params
 from pipeline.config import load_config
 from pipeline.distributed import Dist, one_rank_group
 from pipeline.io import get_logger
+from pipeline.planning.compute import count_params
 
 log = get_logger(__name__)
 
@@ -56,7 +56,7 @@ BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments
 BLOCK_COLS = 4096
 BLOCK_ROWS = 16384    # 64M parameters (256 MB fp32) per block
 # Assumed for the time budget's estimate (gpu-check.json records the real seconds): pinned staging, sha256 (one
-# core); storage from pipeline.resilience.
+# core); storage from pipeline.planning.train_jobs.
 STAGING_GB_S, HASH_GB_S = 10.0, 1.0
 
 
@@ -81,10 +81,10 @@ def ckpt_row_seconds(n_params: int, storage_gb_s: float) -> float:
 
 
 def predicted(cfg: dict) -> dict:
-    """The plan's figures for the preset (`pipeline.resilience.checkpointing`)."""
-    from pipeline import resilience
+    """The plan's figures for the preset (`pipeline.planning.train_jobs.checkpointing`)."""
+    from pipeline.planning import train_jobs
 
-    ck = resilience.checkpointing(cfg)
+    ck = train_jobs.checkpointing(cfg)
     return {"blocked_s": ck["block_s"], "write_s": ck["write_s"], "verify_s": ck["startup"]["verify"],
             "load_s": ck["startup"]["load"]}
 
@@ -223,7 +223,7 @@ def format_ckpt(rows: list[dict]) -> str:
               "node's for the write and the load, the whole checkpoint for rank 0's verify. Save blocks: what "
               "`Checkpointer.save` held training (staging into pinned host memory; the first save also pins its "
               "buffers). Background write: written, fsynced, hashed, renamed. Resume: read from storage (page cache "
-              "dropped). Predicted: pipeline.resilience.checkpointing, the plan's figures."]
+              "dropped). Predicted: pipeline.planning.train_jobs.checkpointing, the plan's figures."]
     return "\n".join(lines) + "\n"
 
 

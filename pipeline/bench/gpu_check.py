@@ -6,7 +6,7 @@
 Five parts, each written to ``--out`` as it finishes (atomically; a crash keeps what was done), within a
 **time budget** (`Budget`, ``--budget-s``: 600 s on CUDA, so that a GPU lent for 15 minutes spends them
 measuring): before it runs, every row is estimated (`row_seconds`: `ROW_SETUP_S`, `COMPILE_S` when it
-compiles — assumed, not yet measured — and its steps at pipeline.perf's predicted step time); the total
+compiles — assumed, not yet measured — and its steps at pipeline.planning's predicted step time); the total
 is printed first, and a row that would end past the budget (the time used so far — seconds spent, or the
 rows admitted so far at their estimates if more — plus its own estimate) is listed as left out. Rows run
 in order of priority: smoke rows, the fsdp rows, the loss-memory rows, then the reference suite.
@@ -36,18 +36,18 @@ in order of priority: smoke rows, the fsdp rows, the loss-memory rows, then the 
    come out.
 2. **The compiled loss's memory** (`LOSS_MEMORY_ROWS`, CUDA only): the ``--configfile`` preset's compiled
    bf16 step with every block checkpointed at 16 / 32 / 64 rows, one warm-up and one timed step, its
-   peak allocated memory against pipeline.perf (issue 28: with the loss traced into the compiled graph
+   peak allocated memory against pipeline.planning (issue 28: with the loss traced into the compiled graph
    the 64-row step held 9 GB nothing explained; BENCHMARKS.md).
 3. **Checkpoint save and resume** (`pipeline.bench.ckpt.CKPT_ROWS`, CUDA only): the trainer's
    asynchronous save (`Checkpointer`: staging into pinned host memory, the background write; DCP's async_save
    on a 1-rank group for the fsdp row) and the resume of one rank's checkpoint of the 8B preset (fsdp: 1/8 of
    weights + AdamW) and of the 1.24B preset's ddp file, read back from storage, against
-   pipeline.resilience's save time.
+   pipeline.planning.train_jobs's save time.
 4. **The reference suite** (`pipeline.bench.suite`, the reference write-up's 1×H100 rows) on
    ``--configfile`` (default the 1.2B preset); on CPU on a tiny model (`CPU_SUITE_MODEL`, 1 timed
    step: the plumbing, not the GPU).
 5. **Measured vs predicted** (``gpu-check.md`` / ``.json``): for every smoke and suite row, the measured
-   step time and peak allocated memory (CUDA only) beside `pipeline.perf`'s prediction and the ratio
+   step time and peak allocated memory (CUDA only) beside `pipeline.planning`'s prediction and the ratio
    measured / predicted. The smoke rows' step time is the median of the steps after the first
    (compilation).
 
@@ -76,11 +76,11 @@ from pipeline.bench.suite import (
     suite_config,
     write_suite,
 )
-from pipeline.budget import gpu_type_of
 from pipeline.config import deep_merge, load_config, resolve_config
 from pipeline.distributed import one_rank_group, seed_everything
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_write, get_logger, write_json
+from pipeline.planning.compute import gpu_type_of
 from pipeline.training.metrics import memory_stats
 from pipeline.training.optim import build_optimizer
 from pipeline.training.step import (
@@ -128,7 +128,7 @@ SMOKE_ROWS = [
 SAMPLE_TOKENS = 8  # greedy tokens the fsdp rows sample from the gathered model
 
 # The compiled loss's memory (issue 28): the preset's compiled bf16 step with every block checkpointed at
-# 16 / 32 / 64 rows, peak allocated after one warm-up step against pipeline.perf (suite rows: name, micro-batch,
+# 16 / 32 / 64 rows, peak allocated after one warm-up step against pipeline.planning (suite rows: name, micro-batch,
 # checkpointing, fp8, optimizer).
 LOSS_MEMORY_ROWS = [(f"loss memory {mb} block", mb, "block", "none", "adamw") for mb in (16, 32, 64)]
 LOSS_MEMORY_STEPS, LOSS_MEMORY_WARMUP = 1, 1
@@ -176,7 +176,7 @@ class Budget:
 
 def row_seconds(cfg: dict, steps: int, compile_kind: str) -> float:
     """A row's estimated seconds: `ROW_SETUP_S`, `COMPILE_S` when it compiles, and `steps` predicted steps
-    (pipeline.perf; on CPU its nominal 1 TFLOP/s)."""
+    (pipeline.planning; on CPU its nominal 1 TFLOP/s)."""
     compiled = use_compile(cfg, torch.device(cfg["hardware"]["device"]))
     return ROW_SETUP_S + (COMPILE_S[compile_kind] if compiled else 0.0) + steps * predict(cfg)["step_time_s"]
 
@@ -405,7 +405,7 @@ def format_check(smoke: list[dict], suite: list[dict], title: str) -> str:
             loss = (f"{r['losses'][0]:.4f} / {r['losses'][-1]:.4f} "
                     f"({r['reference'][0]:.4f} / {r['reference'][-1]:.4f})")
         lines.append(f"| {r['name']} | {r['checks']} | {result} | {diff} | {loss} |")
-    lines += ["", "## Measured vs predicted (pipeline.perf)", "",
+    lines += ["", "## Measured vs predicted (pipeline.planning)", "",
               "| row | step s (meas. / pred. / ratio) | peak allocated GB (meas. / pred. / ratio) |", "|---|---|---|"]
     for r in [*smoke, *({**s, "step_time_s": (s["measured"] or {}).get("step_time_s"),
                          "peak_gb": (s["measured"] or {}).get("peak_gb"), "name": f"suite: {s['name']}"}
@@ -417,14 +417,14 @@ def format_check(smoke: list[dict], suite: list[dict], title: str) -> str:
         lines.append(f"| {r['name']} | {_num(r['step_time_s'], '.3g')} / {p['step_time_s']:.3g} / "
                      f"{_ratio(r['step_time_s'], p['step_time_s'])} | {_num(r['peak_gb'], '.3g')} / "
                      f"{p['peak_gb']:.3g} / {_ratio(r['peak_gb'], p['peak_gb'])} |")
-    lines += ["", "Predicted: pipeline.perf (a model, not a measurement). Measured: this run. On CPU the "
+    lines += ["", "Predicted: pipeline.planning (a model, not a measurement). Measured: this run. On CPU the "
               "predictions use a nominal 1 TFLOP/s and no memory is measured: the table checks the plumbing."]
     return "\n".join(lines) + "\n"
 
 
 def format_loss_memory(rows: list[dict]) -> str:
     """Markdown: the loss-memory rows' peak allocated GB, measured / predicted / ratio."""
-    lines = ["## The compiled loss's memory (issue 28): peak allocated vs pipeline.perf", "",
+    lines = ["## The compiled loss's memory (issue 28): peak allocated vs pipeline.planning", "",
              "| row | peak allocated GB (meas. / pred. / ratio) |", "|---|---|"]
     for r in rows:
         m, p = r["measured"], r["predicted"]

@@ -17,8 +17,8 @@ Inputs are uniform random token ids of the model's vocabulary, [micro_batch, seq
 
 The first `--warmup` steps (compilation, allocator growth) are excluded; each timed step ends with
 a device synchronize. Reported: median and mean step time, tokens/s (micro_batch × seq_len /
-median step time), MFU (`pipeline.budget.flops_per_token` × tokens/s / `pipeline.budget.peak_flops` of
-the device actually used — its GPU type from the CUDA device's exact name, pipeline.budget.GPU_SPECS;
+median step time), MFU (`pipeline.planning.compute.flops_per_token` × tokens/s / `pipeline.planning.compute.peak_flops` of
+the device actually used — its GPU type from the CUDA device's exact name, pipeline.planning.compute.GPU_SPECS;
 an unknown GPU is refused — and the run's precision)
 and, on CUDA, memory allocated / peak allocated / reserved in GB (peak over
 the timed steps). Unset flags keep the config's values.
@@ -34,11 +34,11 @@ import torch
 
 from pipeline.bench.gpu_check import run_gpu_check
 from pipeline.bench.suite import format_suite, run_suite, write_suite
-from pipeline.budget import flops_per_token, gpu_type_of, peak_flops
 from pipeline.config import deep_merge, load_config
 from pipeline.distributed import seed_everything
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, run_cli
+from pipeline.planning.compute import flops_per_token, gpu_type_of, peak_flops
 from pipeline.training.metrics import memory_stats, mfu
 from pipeline.training.optim import build_optimizer
 from pipeline.training.step import (
@@ -73,8 +73,8 @@ def device_name(device: torch.device) -> str:
 
 
 def gpu_type(name: str) -> str:
-    """The GPU type (pipeline.budget.GPU_SPECS key) of the device actually used, by its exact name;
-    an unknown GPU is refused with the list of known ones (`pipeline.budget.gpu_type_of`)."""
+    """The GPU type (pipeline.planning.compute.GPU_SPECS key) of the device actually used, by its exact name;
+    an unknown GPU is refused with the list of known ones (`pipeline.planning.compute.gpu_type_of`)."""
     return gpu_type_of(name)
 
 

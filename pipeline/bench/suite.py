@@ -7,7 +7,7 @@ Runs `REFERENCE_SUITE` — the micro-batch × activation-checkpointing × fp8 ×
 step time and memory the reference measured on one H100 (tests/test_perf.py lists those rows and
 their sources) — as `pipeline.bench` steps of *our* trainer on the config's model, and prints one
 table: measured step time, tokens/s, MFU, peak allocated and reserved memory, beside
-`pipeline.perf`'s prediction for the same setting (our loss, ``logits: ours``) and the ratio
+`pipeline.planning`'s prediction for the same setting (our loss, ``logits: ours``) and the ratio
 measured / predicted. A row that needs CUDA (fp8, 8-bit AdamW) on a CPU device is listed as skipped;
 a row that runs out of GPU memory is listed as "OOM" (itself a measurement: the model then
 over-predicts what fits); a row that fails any other way (a compile error, a missing package, a
@@ -29,7 +29,8 @@ import torch
 
 from pipeline.config import deep_merge
 from pipeline.io import atomic_write, get_logger, write_json
-from pipeline.perf import StepSetup, memory, predicted_mfu, step_time
+from pipeline.planning.memory import StepSetup, memory
+from pipeline.planning.step_time import predicted_mfu, step_time
 
 log = get_logger(__name__)
 
@@ -59,7 +60,7 @@ def suite_config(cfg: dict, micro_batch: int, checkpoint: str, fp8: str, optimiz
 
 
 def predict(cfg: dict) -> dict:
-    """pipeline.perf's prediction of one single-GPU bench step (no accumulation, no DDP): `cfg` with a
+    """pipeline.planning's prediction of one single-GPU bench step (no accumulation, no DDP): `cfg` with a
     global batch of one micro-batch on one GPU (a suite row's micro-batch need not divide the config's)."""
     train = cfg["train"]
     one_step = deep_merge(cfg, {"train": {"global_batch_tokens": train["micro_batch"] * train["seq_len"]},
@@ -146,7 +147,7 @@ def format_suite(rows: list[dict], title: str) -> str:
             f"| {m['tokens_per_s']:,.0f} / {p['tokens_per_s']:,.0f} | {m['mfu']:.1%} / {p['mfu']:.1%} "
             f"| {_cell(m['peak_gb'], '.1f')} / {p['peak_gb']:.1f} "
             f"| {_cell(m['reserved_gb'], '.1f')} / {p['reserved_gb']:.1f} / {_cell(mem_ratio, '.2f')} |")
-    lines += ["", "Predicted: pipeline.perf (a model, not a measurement). Measured: this run's median step."]
+    lines += ["", "Predicted: pipeline.planning (a model, not a measurement). Measured: this run's median step."]
     return "\n".join(lines) + "\n"
 
 

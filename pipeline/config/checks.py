@@ -3,10 +3,10 @@ type, names that must refer to a source or mix, the model's head arithmetic, the
 training stages). Each failure is one `ConfigError` naming the key and the fix."""
 from __future__ import annotations
 
-from pipeline.budget import BatchLayout
 from pipeline.config.sources import source_shards
 from pipeline.errors import ConfigError
-from pipeline.stages import ADAMW8BIT_FSDP, adamw8bit_keys, stage_list
+from pipeline.planning.compute import BatchLayout
+from pipeline.planning.stages import ADAMW8BIT_FSDP, adamw8bit_keys, stage_list
 
 # Token ids of the stock tiktoken encodings (their own special tokens included); tokenfarm's
 # special tokens are appended after them (pipeline.data.tokenizer.build_tokenizer).

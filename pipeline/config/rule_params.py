@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from pipeline.config.resolve import load_config, parse_overrides
 from pipeline.errors import ConfigError
-from pipeline.stages import mix_targets, tokenizer_sources
+from pipeline.planning.stages import mix_targets, tokenizer_sources
 
 
 def params_json(obj: Any) -> str:
@@ -130,7 +130,7 @@ def mix_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     plan_mixes = [name for name, spec in params["mixes"].items() if spec["tokens"] == "plan"]
     if plan_mixes:
         # `tokens: plan` resolved here rather than read from plan.json: the figure (the most any
-        # training stage on the mix consumes, pipeline.stages.mix_targets) depends on the budgets,
+        # training stage on the mix consumes, pipeline.planning.stages.mix_targets) depends on the budgets,
         # model and global batch only, so a micro-batch or hardware edit (which rewrites plan.json)
         # reruns no data rule, while a budget edit reruns the mix.
         params["trained_tokens"] = {name: mix_targets(cfg, name) for name in plan_mixes}

@@ -297,7 +297,7 @@ def gold_answer(task: dict, item: dict) -> str | None:
 def chat_settings(params: dict, items_key: str = "chat_max_items") -> dict:
     """evaluate_chat's keyword arguments from a stage's params (eval.chat_* keys; the scoring batch as
     CORE's); `items_key` names the item cap (training's quick subset: core_interval_items)."""
-    from pipeline.perf import eval_batch_tokens
+    from pipeline.planning.memory import eval_batch_tokens
 
     e = params["eval"]
     return {"max_items": e[items_key], "max_new_tokens": e["chat_max_new_tokens"],

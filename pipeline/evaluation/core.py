@@ -55,7 +55,7 @@ under FSDP the blocks are gathered in the training's bf16, and the body then run
 Batching and sharding. Items are sharded across ranks (item i on rank i mod world); a rank's requests
 are sorted by length and packed into batches of at most `core_batch_tokens` padded tokens (by tokens,
 not items, so memory is bounded whatever the prompt lengths; null = the most that fits beside the
-training state, `pipeline.perf.eval_batch_tokens`, whose `eval_memory` the plan shows); right padding
+training state, `pipeline.planning.memory.eval_batch_tokens`, whose `eval_memory` the plan shows); right padding
 is safe under the causal mask. Only continuation positions go through the LM head, `ce_chunk_tokens`
 of them at a time, so no [batch, seq, vocab] tensor is formed.
 Per-item results are gathered to every rank, which all compute the same table; rank 0 writes it.
@@ -96,7 +96,7 @@ from pipeline.errors import PipelineError
 from pipeline.evaluation import stats
 from pipeline.io import atomic_path, get_logger, provenance, run_cli, write_json
 from pipeline.model.load import load_model
-from pipeline.perf import eval_batch_tokens
+from pipeline.planning.memory import eval_batch_tokens
 
 log = get_logger(__name__)
 
@@ -500,7 +500,7 @@ def core_settings(params: dict, items_key: str = "core_max_items") -> dict:
     """The scorer's keyword arguments from a stage's params (eval.* keys, seed, and for the default
     batch the model, train and hardware sections); `items_key` names the item cap (training's quick
     subset: core_interval_items). ``eval.core_batch_tokens: null`` is bounded by memory
-    (`pipeline.perf.eval_batch_tokens`: what fits beside the training state on the configured GPU),
+    (`pipeline.planning.memory.eval_batch_tokens`: what fits beside the training state on the configured GPU),
     not by the training micro-batch; the LM head takes ``train.ce_chunk_tokens`` positions at a time."""
     eval_cfg = params["eval"]
     return {"seed": params["seed"], "batch_tokens": eval_batch_tokens(params), "shots": eval_cfg["core_shots"],

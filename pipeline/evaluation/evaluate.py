@@ -27,7 +27,7 @@ decides what is counted, exactly as in training):
   ChatCORE (the decontaminate stage covers ``eval.tasks`` only), they are "not checked" (None).
 * generations: each prompt of ``eval.prompts`` (BOS first) continued for ``eval.max_new_tokens``
   tokens at ``eval.temperature`` (0 = greedy; otherwise sampled with a generator seeded by `seed`).
-* per training stage (``--params`` from the rule are the stage's view, pipeline/stages.py): the
+* per training stage (``--params`` from the rule are the stage's view, pipeline/planning/stages.py): the
   loss mask is the stage's (``all`` / ``assistant``) and attention is document-masked when the stage
   trains that way. A chat stage (mix with a chat source, bestfit) adds ``chat_val_loss`` (assistant
   tokens of the held-out conversations only) and ``answers`` to ``eval.chat_questions``
@@ -60,7 +60,7 @@ from pipeline.evaluation.core import ci_cell, core_settings, evaluate_tasks, loa
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_cli, write_json
 from pipeline.model.engine import generate_texts
 from pipeline.model.load import load_trained
-from pipeline.stages import is_chat_stage, stage_config, stage_names
+from pipeline.planning.stages import is_chat_stage, stage_config, stage_names
 
 log = get_logger(__name__)
 

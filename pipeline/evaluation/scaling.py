@@ -1,10 +1,10 @@
-"""Scaling stage: the IsoFLOP sweep's fit, report and plot (the `scaling` rule; the fit: pipeline/scaling.py).
+"""Scaling stage: the IsoFLOP sweep's fit, report and plot (the `scaling` rule; the fit: pipeline/planning/sweep.py).
 
     python -m pipeline.evaluation.scaling --params JSON --points R/scaling/C/D/report.json ... \\
         --out-json R/scaling/fit.json --out-md R/scaling/report.md --out-png R/scaling/scaling.png
 
 Each point's val loss and bits per byte come from its evaluate report (every validation row of the mix);
-N, D and C from the sweep's own description (`pipeline.scaling.points`, in the params). Outputs (atomic):
+N, D and C from the sweep's own description (`pipeline.planning.sweep.points`, in the params). Outputs (atomic):
 ``fit.json`` (exponents, intervals, bootstrap draws, per-budget minima, the points, the ratio at the run's
 model), ``report.md`` (the tables; marked for `snakemake --report`) and ``scaling.png``.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from pipeline.config import add_config_args, load_config, parse_overrides
 from pipeline.errors import PlanError
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, read_json, run_cli, write_json
-from pipeline.scaling import SCALING_COMMAND, fit_params, fit_sweep
+from pipeline.planning.sweep import SCALING_COMMAND, fit_params, fit_sweep
 
 log = get_logger(__name__)
 
@@ -75,7 +75,7 @@ def _ci(v: list[float]) -> str:
 def markdown_report(rows: list[dict], fit: dict) -> str:
     lines = ["# IsoFLOP scaling sweep", "",
              f"{len(rows)} points: budgets × depths, each trained from scratch for budget / FLOPs-per-token tokens "
-             "(pipeline/scaling.py).", "",
+             "(pipeline/planning/sweep.py).", "",
              "| budget C | depth | N (params) | D (tokens) | D/N | val loss | val bpb |",
              "|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["flops"], r["n_params"])):

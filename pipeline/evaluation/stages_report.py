@@ -3,7 +3,7 @@
     python -m pipeline.evaluation.stages_report --params JSON --run-dir R --out-json R/eval/stages.json \\
         --out-md R/eval/stages.md --out-png R/eval/stages.png
 
-Reads, per stage of `train.stages` (pipeline/stages.py), ``R/train/{stage}/summary.json`` and
+Reads, per stage of `train.stages` (pipeline/planning/stages.py), ``R/train/{stage}/summary.json`` and
 ``metrics.jsonl`` (written by the trainer) and ``R/eval/{stage}/report.json`` (the stage's
 evaluation). Per stage it reconciles the tokens: ``tokens_trained`` must equal ``num_steps ×
 tokens_per_step`` (what the plan, or for an epochs budget the packed rows, asked for) and the loss
@@ -32,7 +32,7 @@ from pipeline.config import add_config_args, evaluate_slice, params_from_args
 from pipeline.errors import PipelineError
 from pipeline.evaluation import compare
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, read_json, run_cli, write_json
-from pipeline.stages import stage_list
+from pipeline.planning.stages import stage_list
 
 log = get_logger(__name__)
 

@@ -26,7 +26,7 @@ backward keeps only d(hidden) [tokens, dim] and d(W) [vocab, dim] alive and reco
 Both are written in place (``mm(out=)`` into d(hidden)'s rows, ``addmm_`` into d(W)): no chunk
 allocates a [vocab, dim] fp32 product beside d(W) (1.07 GB at the 1.2B preset), except with bf16
 operands on CUDA, where torch has no fp32 in-place accumulate of bf16 products (`_mm_into`: one
-chunk's product at a time, counted by pipeline.perf).
+chunk's product at a time, counted by pipeline.planning).
 Under ``torch.no_grad`` (validation) no gradient work is done at all.
 
 Never compiled (issue 28): `chunked_cross_entropy` is wrapped in ``torch.compiler.disable``, so
@@ -37,7 +37,7 @@ Traced into the step's graph (as it was), the chunk loop was unrolled and Induct
 every chunk's fp32 [vocab, dim] product was alive at once (measured on CPU with that form: the
 count grew with the number of chunks; tests/model/test_losses.py), and a *smaller*
 ``ce_chunk_tokens`` *raised* the peak. Eager, each product is freed by the add that consumes it.
-The price is the softmax's elementwise work unfused (pipeline.perf prices the loss's memory traffic
+The price is the softmax's elementwise work unfused (pipeline.planning prices the loss's memory traffic
 as eager whatever ``train.compile`` says).
 
 The loss is returned as a **sum** with a token **count** so that callers can form the exact
@@ -83,7 +83,7 @@ def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bf16: bool, ac
     """out (fp32) = a @ b, or out += a @ b when `accumulate`, without a temporary of out's size where
     torch allows it (`_accumulates_in_place`): fp32 operands (fp32/tf32, and bf16-rounded operands on
     CPU, upcast exactly) go through ``addmm_`` / ``mm(out=)``. Otherwise the product is formed in fp32
-    and added: a [rows(a), cols(b)] fp32 temporary, for d(W) the 4·V·d bytes that pipeline.perf's
+    and added: a [rows(a), cols(b)] fp32 temporary, for d(W) the 4·V·d bytes that pipeline.planning's
     memory model counts under ``ce_matmul: bf16`` — one at a time, because the loss runs eagerly
     (module docstring)."""
     if accumulate and not _accumulates_in_place(a.device, bf16):

@@ -26,7 +26,7 @@ computes a chunked fp32 cross-entropy. ``forward`` returns fp32 logits for evalu
 Parameter names (the trainer builds optimizer groups from them): ``tok_embeddings``,
 ``layers.{i}.attention.{q,k,v,o}_proj``, ``layers.{i}.feed_forward.{gate,up,down}_proj``,
 ``layers.{i}.attention_norm``, ``layers.{i}.ffn_norm``, ``norm``, ``lm_head`` (absent when tied).
-``pipeline.plan.count_params`` computes the parameter count of this module analytically.
+``pipeline.planning.compute.count_params`` computes the parameter count of this module analytically.
 """
 from __future__ import annotations
 

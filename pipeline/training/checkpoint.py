@@ -63,7 +63,7 @@ config that must match).
 or added, the rest of the config unchanged; the plan re-made for the new world size, as
 pipeline.training.train's `check_plan` requires) resumes too, with the same trajectory up to fp32
 summation order: the global batch (``train.global_batch_tokens``) is fixed by the config, only the
-accumulation steps change (pipeline.budget.BatchLayout), so each optimizer step trains on the same rows
+accumulation steps change (pipeline.planning.compute.BatchLayout), so each optimizer step trains on the same rows
 (pipeline.data.loader: the global row order does not depend on the world size; the saved position is
 mapped to the new one) normalised by the same global token count. The model and optimizer state are
 resharded by DCP (above) or, consolidated (ddp), loaded whole by every rank; the loader states must be

@@ -17,7 +17,7 @@ Watched groups (names of the unwrapped model): ``embedding`` (``tok_embeddings``
 (untied models only), ``block_first`` (``layers.0``), ``block_last`` (``layers.{n-1}``).
 
 MFU = flops_per_token × tokens_per_s / (world_size × peak FLOP/s per device), with
-`flops_per_token` from the plan and the peak from `pipeline.budget.peak_flops` (its `PEAK_FLOPS`
+`flops_per_token` from the plan and the peak from `pipeline.planning.compute.peak_flops` (its `PEAK_FLOPS`
 table: the dense bf16 peak for a bf16 run, the true fp32 peak for an fp32 run, per GPU type; the
 CPU entry is a nominal 1 TFLOP/s, so CPU runs report a number, not a meaningful utilisation) — one
 formula and one table everywhere.

@@ -272,7 +272,7 @@ def _adamw(groups: list[dict], tcfg: dict, device_type: str) -> torch.optim.Opti
 def _adamw8bit(groups: list[dict], tcfg: dict, device_type: str) -> torch.optim.Optimizer:
     from torch.distributed.tensor import DTensor
 
-    from pipeline.stages import ADAMW8BIT_FSDP
+    from pipeline.planning.stages import ADAMW8BIT_FSDP
 
     if any(isinstance(p, DTensor) for g in groups for p in g["params"]):  # the config checks refuse it first
         raise PipelineError(f"train.optimizer: {ADAMW8BIT_FSDP}; use adamw or muon, or train.parallel: ddp")

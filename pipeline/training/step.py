@@ -60,7 +60,7 @@ from pipeline.distributed import Dist, all_reduce_sum
 from pipeline.errors import PipelineError
 from pipeline.model.losses import chunked_cross_entropy
 from pipeline.model.model import ModelConfig, Transformer
-from pipeline.perf import ce_matmul_precision, fp8_converts
+from pipeline.planning.memory import ce_matmul_precision, fp8_converts
 
 # Test-only: set to 1, a CPU run takes the CUDA precision path (`autocast_dtype`), so that CPU tests run
 # the dtypes a GPU run does. Not a config key: a CPU run for real has no reason to compute in bf16.
@@ -84,7 +84,7 @@ def set_matmul_precision(ce_matmul_precision: str) -> None:
     """fp32 matmuls run on TF32 tensor cores (inputs rounded to 10 mantissa bits, fp32 accumulation
     and output) only when ``train.ce_matmul`` is tf32 (a bf16 run's only fp32 matmuls are the CE's);
     otherwise in full fp32 (``highest``), which is also the peak an fp32 run's MFU is measured
-    against (`pipeline.budget.peak_flops`)."""
+    against (`pipeline.planning.compute.peak_flops`)."""
     torch.set_float32_matmul_precision("high" if ce_matmul_precision == "tf32" else "highest")
 
 
@@ -106,7 +106,7 @@ def use_compile(cfg: dict, device: torch.device) -> bool:
 
 def fp8_filter(recipe: str):
     """The module filter of `apply_fp8`: an nn.Linear that torchao's H100 thresholds for `recipe` say
-    is faster in fp8 (`pipeline.perf.fp8_converts`, the function the planner's fp8 speed-up uses)."""
+    is faster in fp8 (`pipeline.planning.memory.fp8_converts`, the function the planner's fp8 speed-up uses)."""
     def converts(module: nn.Module, fqn: str) -> bool:
         return isinstance(module, nn.Linear) and fp8_converts(recipe, *module.weight.shape)
 

@@ -19,7 +19,7 @@ run. Nothing is interrupted half-way: a request during validation, CORE or a sav
   deadline is that close: a predicted step far above the real one would otherwise stop every attempt before its
   first step), plus the validation / CORE / periodic save due at that step
   (their last measured times), and a save is the last save measured in this job (else
-  `pipeline.resilience.predicted_save_s`).
+  `pipeline.planning.train_jobs.predicted_save_s`).
 * **signals** (`StopSignals`, every rank): SIGUSR1 (a person, the supervisor) and SIGTERM (SLURM at the time
   limit, on preemption and on requeue, KillWait seconds before SIGKILL) set a flag; nothing else happens in
   the handler.
@@ -35,7 +35,7 @@ while it set up, exits 75 without training).
 **The step watchdog** (`Watchdog`, a daemon thread in every rank): the trainer beats at each step and around
 each validation, CORE scoring and checkpoint save, each phase with its allowance (`hang_allowances`: the step
 ``hardware.hang_timeout_min`` when set, else max(`MIN_HANG_S`, 20 × the predicted step); a save adds 3 ×
-the predicted save; start-up and the first step (compile) 2 × `pipeline.resilience.predicted_startup_s`
+the predicted save; start-up and the first step (compile) 2 × `pipeline.planning.train_jobs.predicted_startup_s`
 more). The step after a phase also allows for that phase: the other ranks wait in its first collective while
 rank 0 alone writes a checkpoint or samples text. When a phase outlives its allowance the rank dumps every
 thread's stack (`faulthandler`), logs one error line naming the rank, step and phase, reports `EXIT_HUNG` to the
@@ -207,7 +207,7 @@ class StopClock:
 
     @classmethod
     def for_params(cls, params: dict, environ=None) -> StopClock:
-        from pipeline.resilience import predicted_save_s, predicted_step_s
+        from pipeline.planning.train_jobs import predicted_save_s, predicted_step_s
 
         environ = os.environ if environ is None else environ
         return cls(predicted_step_s(params), predicted_save_s(params),
@@ -244,7 +244,7 @@ class StopClock:
 
 def hang_allowances(params: dict) -> dict[str, float]:
     """Seconds each phase may take before the watchdog fires (module docstring)."""
-    from pipeline.resilience import predicted_save_s, predicted_startup_s, predicted_step_s
+    from pipeline.planning.train_jobs import predicted_save_s, predicted_startup_s, predicted_step_s
 
     minutes = params["hardware"].get("hang_timeout_min")
     step = 60.0 * minutes if minutes else max(MIN_HANG_S, 20 * predicted_step_s(params))

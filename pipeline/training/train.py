@@ -23,10 +23,10 @@ time for the next steps and a save, or on SIGUSR1 / SIGTERM —, with a checkpoi
 allowance (``hardware.hang_timeout_min``) dumps its stacks and exits 70 (`EXIT_HUNG`). Exit 0: the target
 reached.
 
-**Stages** (pipeline/stages.py): one launch trains one stage of `train.stages`; the rule passes the
+**Stages** (pipeline/planning/stages.py): one launch trains one stage of `train.stages`; the rule passes the
 stage's view of the config (`stage_config`: its effective `train` section and the resolved stage
 under `stage`). The stage decides the number of steps (its tokens / steps budget, the run budget,
-or for ``epochs`` ``pipeline.stages.epoch_steps`` over the packed rows, the loader in rows mode so
+or for ``epochs`` ``pipeline.planning.stages.epoch_steps`` over the packed rows, the loader in rows mode so
 the last step is padded with empty rows), the loss (``all`` / ``assistant``: the loader's mask),
 document-masked attention (``doc_mask``: the loader's doc ids into ``model.hidden``) and the
 initial weights: on a fresh start, a stage with ``init_from`` loads ``--init`` (the earlier stage's
@@ -90,7 +90,7 @@ rank; `plan.num_steps` steps):
   With `--eval-data` and `eval.core_interval` > 0, a quick CORE subset (the first
   `eval.core_interval_items` items of every `eval.tasks` task, sharded across the ranks,
   pipeline/evaluation/core.py) every `eval.core_interval` steps and at the end, logged as `core_<n>`
-  and `core/<task>` (centered accuracies); a chat stage (`pipeline.stages.is_chat_stage`) adds a quick
+  and `core/<task>` (centered accuracies); a chat stage (`pipeline.planning.stages.is_chat_stage`) adds a quick
   ChatCORE subset at the same steps (the first `eval.core_interval_items` items of every
   `eval.chat_tasks` task, pipeline/evaluation/chat_core.py), logged as `chat_core_<n>` and `chat_core/<task>`.
 
@@ -111,7 +111,6 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 
-from pipeline.budget import BatchLayout, canonical_gpu_type, flops_per_token, gpu_type_of, peak_flops
 from pipeline.config import add_config_args, params_from_args, train_slice
 from pipeline.data.encoding import Tokenizer, load_tokenizer
 from pipeline.data.loader import DataExhausted, PackedLoader
@@ -123,8 +122,9 @@ from pipeline.model.checkpoint import save_checkpoint, versions
 from pipeline.model.engine import greedy_sample
 from pipeline.model.losses import chunked_eval_stats
 from pipeline.model.model import Transformer
-from pipeline.resilience import resolve_ckpt_interval
-from pipeline.stages import epoch_steps, is_chat_stage, stage_budget, stage_config, stage_names
+from pipeline.planning.compute import BatchLayout, canonical_gpu_type, flops_per_token, gpu_type_of, peak_flops
+from pipeline.planning.stages import epoch_steps, is_chat_stage, stage_budget, stage_config, stage_names
+from pipeline.planning.train_jobs import resolve_ckpt_interval
 from pipeline.training import checkpoint as ckpt
 from pipeline.training.lease import Lease
 from pipeline.training.metrics import MetricsLogger, UpdateRatio, group_norms, memory_stats, mfu, watched_groups
@@ -241,14 +241,14 @@ def val_loader(val_meta: str, cfg: dict, layout: BatchLayout, dist: Dist) -> Pac
 
 def batch_plan(params: dict) -> dict:
     """The plan figures the trainer uses, from the params by the planner's own functions
-    (pipeline.budget): the batch layout and FLOPs per token (num_steps comes from the stage)."""
+    (pipeline.planning.compute): the batch layout and FLOPs per token (num_steps comes from the stage)."""
     return {**BatchLayout.from_config(params).plan_figures(), "flops_per_token": flops_per_token(params),
             "num_steps": None}
 
 
 def stage_steps(params: dict, layout: BatchLayout, train_meta: str) -> tuple[int, int | None]:
     """(optimizer steps, rows to read or None) of this stage: an epochs budget counts the packed
-    rows (rows mode), any other budget is known from the config (pipeline/stages.py)."""
+    rows (rows mode), any other budget is known from the config (pipeline/planning/stages.py)."""
     st = params["stage"]
     if st["budget"]["kind"] == "epochs":
         return epoch_steps(st["budget"]["value"], read_json(train_meta)["n_rows"], layout.rows_per_step)
@@ -257,7 +257,7 @@ def stage_steps(params: dict, layout: BatchLayout, train_meta: str) -> tuple[int
 
 def check_gpu_type(params: dict, device: torch.device) -> None:
     """Warn when the GPU in use is not `hardware.gpu_type` (by its exact device name,
-    pipeline.budget.GPU_SPECS): the logged MFU and the plan's predictions use the configured type."""
+    pipeline.planning.compute.GPU_SPECS): the logged MFU and the plan's predictions use the configured type."""
     configured = params["hardware"]["gpu_type"]
     name = torch.cuda.get_device_properties(device).name
     try:
@@ -697,7 +697,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipeline.training.train", description=__doc__.split("\n\n")[0])
     add_config_args(p)
     p.add_argument("--plan", default=None, help="R/plan.json (default: the batch layout and FLOPs per token of "
-                                                 "the params, pipeline.budget: what the plan computes)")
+                                                 "the params, pipeline.planning.compute: what the plan computes)")
     p.add_argument("--train", required=True, help="packed train rows metadata, R/pack/{mix}/train.json")
     p.add_argument("--val", required=True, help="packed validation rows metadata, R/pack/{mix}/val.json")
     p.add_argument("--tokenizer", required=True, help="R/tokenizer/encoding.json")

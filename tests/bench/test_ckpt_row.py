@@ -1,14 +1,14 @@
 """`make gpu-check`'s checkpoint rows (pipeline/bench/ckpt.py) on CPU at a tiny size: the code path the GPU
 runs — the trainer's `Checkpointer` asynchronous save (DCP async_save on a 1-rank group for the fsdp row, the
 background file write for the ddp row), the page cache dropped, the resume's verification and load — with
-its figures and the comparison with pipeline.resilience."""
+its figures and the comparison with pipeline.planning.train_jobs."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from pipeline.bench import ckpt
-from pipeline.resilience import checkpointing
+from pipeline.planning.train_jobs import checkpointing
 
 
 @pytest.mark.parametrize("preset", [row[1] for row in ckpt.CKPT_ROWS])
@@ -33,4 +33,4 @@ def test_the_rows_are_the_presets_per_rank_checkpoints_and_skipped_without_cuda(
     assert [r["skipped"] for r in rows] == ["needs CUDA: no CUDA device is visible"] * 2
     assert all(r["predicted"]["write_s"] > r["predicted"]["blocked_s"] > 0 and r["estimate_s"] > 0 for r in rows)
     text = ckpt.format_ckpt(rows)
-    assert "| ckpt fsdp 8B rank shard | needs CUDA" in text and "pipeline.resilience.checkpointing" in text
+    assert "| ckpt fsdp 8B rank shard | needs CUDA" in text and "pipeline.planning.train_jobs.checkpointing" in text

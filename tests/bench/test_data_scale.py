@@ -13,7 +13,7 @@ from builders import ROOT
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import data_scale
 
-from pipeline import cluster
+from pipeline.planning import data_cost as cluster
 
 
 def test_corpus_is_fineweb_shaped_with_planted_duplicates_and_contamination(tmp_path):

@@ -83,7 +83,7 @@ def test_fp8_rows_need_torchao(monkeypatch):
 
 
 def test_smoke_model_is_wide_enough_for_torchaos_fp8_filter():
-    from pipeline.perf import StepSetup
+    from pipeline.planning.memory import StepSetup
 
     cfg = gpu_check.smoke_config("cuda")
     for recipe in ("tensorwise", "rowwise"):

@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from builders import ROOT
 
-from pipeline import plan as plan_module
 from pipeline.config import load_config
 from pipeline.data import mix
 from pipeline.errors import PipelineError
+from pipeline.planning import token_plan as plan_module
 from pipeline.rules import rule_params
 
 SEQ_LEN = 64

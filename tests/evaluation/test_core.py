@@ -350,9 +350,9 @@ def test_two_gloo_ranks_give_the_single_process_table(tokenizer, tasks_dir, tmp_
 def test_batch_tokens_default_is_bounded_by_memory_not_the_training_batch():
     """Issue 18 item 1. null was micro_batch × seq_len (131,072 tokens on the preset, scored in fp32: an
     OOM on an 80 GB H100 beside the training state). Now: the most tokens whose predicted scoring peak
-    (pipeline.perf.eval_memory, in the loop) fits the configured GPU; independent of the micro-batch."""
+    (pipeline.planning.memory.eval_memory, in the loop) fits the configured GPU; independent of the micro-batch."""
     from pipeline.config import load_config
-    from pipeline.perf import StepSetup, capacity_gb, eval_memory
+    from pipeline.planning.memory import StepSetup, capacity_gb, eval_memory
 
     cfg = load_config(ROOT / "configs/llama3-1b-fineweb.yaml")
     settings = core.core_settings(cfg)

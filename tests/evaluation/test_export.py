@@ -22,7 +22,6 @@ import yaml
 from builders import ROOT
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from pipeline.budget import count_params
 from pipeline.config import resolve_config
 from pipeline.data.encoding import load_tokenizer
 from pipeline.data.tokenizer import build_tokenizer, fill_tiktoken_cache
@@ -32,6 +31,7 @@ from pipeline.evaluation.lmeval_harness import LocalTask, loglikelihood, run_lme
 from pipeline.model import state_dict_adapter as sda
 from pipeline.model.checkpoint import load_checkpoint, save_checkpoint, versions
 from pipeline.model.model import ModelConfig, Transformer
+from pipeline.planning.compute import count_params
 from pipeline.rules import rule_params
 
 TOL = 1e-4

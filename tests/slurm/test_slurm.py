@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from builders import ROOT, TINY, make_project, user_env, write_config
 
-from pipeline import sizes
+from pipeline.planning import job_sizes as sizes
 
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -131,7 +131,7 @@ def test_jobs_request_the_resources_their_rules_declare(dag):
     _, out = dag
     cand = scontrol_job(slurm_job_ids(out, "dedup_candidates")[0])
     assert "NumNodes=1 " in cand and "NumCPUs=1 " in cand
-    # pipeline.sizes.dedup_job_mb(documents / 2 partitions): a few hundred documents -> its fixed part
+    # pipeline.planning.job_sizes.dedup_job_mb(documents / 2 partitions): a few hundred documents -> its fixed part
     mem = int(re.search(r"MinMemoryNode=(\d+)M", cand).group(1))
     assert sizes.DEDUP_JOB_BASE_MB <= mem <= sizes.dedup_job_mb(1000), cand
 
@@ -199,8 +199,8 @@ def long_run_config(jobs=(3, 6)) -> dict:
     the planner splits every stage into `jobs` jobs (a 2-core VM's steps priced like a long run's): only keys that
     leave the training trajectory unchanged (checkpoint.OBSERVABILITY_KEYS and the scheduling keys)."""
     from pipeline.config import resolve_config
-    from pipeline.perf import resolve_parallel
-    from pipeline.resilience import stage_jobs
+    from pipeline.planning.parallel import resolve_parallel
+    from pipeline.planning.train_jobs import stage_jobs
 
     for mfu in (10.0 ** (-k / 16) for k in range(32, 160)):
         hardware = {**SLURM_CONFIG["hardware"], "max_job_hours": LIMIT_MIN / 60, "assumed_mfu": mfu,

@@ -398,7 +398,7 @@ def test_async_and_sync_runs_write_the_same_checkpoints(data, tmp_path):
         a, s = (load_checkpoint(tmp_path / n / "ckpt" / checkpoint_name(step)) for n in ("async", "sync"))
         assert a["params"]["train"].pop("async_ckpt") and not s["params"]["train"].pop("async_ckpt")
         a.pop("versions"), s.pop("versions")
-        a.pop("plan"), s.pop("plan")  # the plan prices each save mode's checkpoints (pipeline.resilience)
+        a.pop("plan"), s.pop("plan")  # the plan prices each save mode's checkpoints (pipeline.planning.train_jobs)
         assert a.keys() == s.keys() and _same(a, s), step
 
 

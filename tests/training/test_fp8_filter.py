@@ -1,5 +1,5 @@
 """Issue 18 item 3: fp8 converts only the linears torchao's own H100 thresholds call faster in fp8, and
-the planner's fp8 speed-up and memory follow the same function (`pipeline.perf.fp8_converts`)."""
+the planner's fp8 speed-up and memory follow the same function (`pipeline.planning.memory.fp8_converts`)."""
 from __future__ import annotations
 
 import itertools
@@ -10,7 +10,8 @@ from torch import nn
 
 from pipeline.config import load_config
 from pipeline.model.model import ModelConfig, Transformer
-from pipeline.perf import StepSetup, fp8_converts, memory, step_time
+from pipeline.planning.memory import StepSetup, fp8_converts, memory
+from pipeline.planning.step_time import step_time
 from pipeline.training.step import fp8_filter
 
 PRESET = "configs/llama3-1b-fineweb.yaml"
@@ -20,7 +21,7 @@ DIMS = [16, 17, 512, 1008, 1024, 1040, 2048, 2064, 4096, 4112, 8192]
 def _torchao_filter():
     try:
         from torchao.float8.float8_linear_utils import _auto_filter_for_recipe
-    except ImportError:  # torchao is a GPU extra; the thresholds are reproduced in pipeline.perf
+    except ImportError:  # torchao is a GPU extra; the thresholds are reproduced in pipeline.planning
         pytest.skip("torchao is not installed")
     return _auto_filter_for_recipe
 

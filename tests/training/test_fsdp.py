@@ -390,9 +390,9 @@ def test_gathered_bf16_blocks_evaluate_in_the_training_precision(group, data, mo
             under_bf16(lambda: chat_core.greedy_answers(plain, prompts, 5, [], cpu))
 
 def test_the_planner_counts_what_gathered_holds(group):
-    """pipeline.perf's evaluation term (`fsdp_evaluation_gathered_bytes`) is the bytes of the unsharded
+    """pipeline.planning's evaluation term (`fsdp_evaluation_gathered_bytes`) is the bytes of the unsharded
     parameters `gathered()` really holds (fp32 here: the CPU gathers in fp32, as the planner's setup says)."""
-    from pipeline.perf import StepSetup, fsdp_evaluation_gathered_bytes
+    from pipeline.planning.memory import StepSetup, fsdp_evaluation_gathered_bytes
     from pipeline.training.step import gathered
 
     for tied in (True, False):

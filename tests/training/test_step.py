@@ -8,10 +8,10 @@ import torch
 import torch.distributed as torch_dist
 from builders import CPU, micro_batches, tiny_loss_model, write_pack
 
-from pipeline.budget import PEAK_FLOPS, peak_flops
 from pipeline.config import resolve_config
 from pipeline.data.loader import DataExhausted, PackedLoader
 from pipeline.model.checkpoint import load_checkpoint, save_checkpoint
+from pipeline.planning.compute import PEAK_FLOPS, peak_flops
 from pipeline.training.step import (
     StepBatches,
     accumulate_gradients,

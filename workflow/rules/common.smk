@@ -15,18 +15,18 @@ min_version("9.0")
 
 BASE = Path(workflow.basedir)
 sys.path.insert(0, str(BASE))
-from pipeline import cluster as tfcl  # noqa: E402
+from pipeline.planning import data_cost as tfcl  # noqa: E402
 from pipeline import config as tfc  # noqa: E402
-from pipeline import sizes as tfsz  # noqa: E402
+from pipeline.planning import job_sizes as tfsz  # noqa: E402
 from pipeline import codehash as tfch  # noqa: E402
-from pipeline import resilience as tfres  # noqa: E402
+from pipeline.planning import train_jobs as tfres  # noqa: E402
 from pipeline import rules as tfr  # noqa: E402
 from pipeline.data.filters import build_chain  # noqa: E402
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
-from pipeline.perf import resolve_parallel  # noqa: E402
-from pipeline.plan import format_plan, make_plan, run_counts, train_hours  # noqa: E402
-from pipeline.scaling import describe_ratio as tfsc_describe, resolve_tokens_per_param  # noqa: E402
-from pipeline.stages import mix_targets, stage_list, tokenizer_sources  # noqa: E402
+from pipeline.planning.parallel import resolve_parallel  # noqa: E402
+from pipeline.planning.token_plan import format_plan, make_plan, run_counts, train_hours  # noqa: E402
+from pipeline.planning.sweep import describe_ratio as tfsc_describe, resolve_tokens_per_param  # noqa: E402
+from pipeline.planning.stages import mix_targets, stage_list, tokenizer_sources  # noqa: E402
 from pipeline.training.lease import wait_for_writers  # noqa: E402
 
 
@@ -54,13 +54,13 @@ config.update(tfc.deep_merge(config, _overrides))
 # The one validation of the config: the schema (workflow/schemas/config.schema.yaml) with its defaults
 # filled in, then the cross-field checks, by pipeline.config (the stage CLIs' --configfile goes the same
 # way), each failure one line naming the key. Snakemake's own `validate` would only repeat the schema part.
-# train.tokens_per_param: scaling is the ratio the IsoFLOP sweep fitted (pipeline/scaling.py), resolved here
+# train.tokens_per_param: scaling is the ratio the IsoFLOP sweep fitted (pipeline/planning/sweep.py), resolved here
 # to a number, so a new fit reruns what the budget sizes. Without a fit only the sweep can be built (its
 # points do not depend on the run's budget): the main process stops with the command to run unless that
 # command names the sweep (the targets are not known at parse time, so its arguments are looked at);
-# a job sized by the run's budget fails in pipeline.budget.token_target, naming the same command.
+# a job sized by the run's budget fails in pipeline.planning.compute.token_target, naming the same command.
 SWEEP_TARGETED = any(a in ("scaling", "scaling_point") or "/scaling/" in a for a in sys.argv[1:])
-# train.parallel: auto is resolved here to ddp or fsdp (pipeline.perf.resolve_parallel: fsdp when ddp's predicted
+# train.parallel: auto is resolved here to ddp or fsdp (pipeline.planning.parallel.resolve_parallel: fsdp when ddp's predicted
 # memory per GPU does not fit), so every rule's params and the trainer hold a concrete value; a parallelism
 # whose prediction does not fit stops the run here, naming train.parallel and the fix.
 try:
@@ -91,14 +91,14 @@ try:
 except ConfigError as _e:
     stop(_e)
 TOKENIZER = f"{RUN_DIR}/tokenizer/encoding.json"
-# Training stages in order (train.stages; pipeline/stages.py): R/train/{stage}/final.pt of one is the
+# Training stages in order (train.stages; pipeline/planning/stages.py): R/train/{stage}/final.pt of one is the
 # input of the stages that init from it.
 STAGES = {s["name"]: s for s in stage_list(config)}
 
 # Every rule's facts are its spec in pipeline/rules.py: the modules it runs (`rule_code`), its config slice
 # (`rule_params`), its size (`job_threads`, `job_resources`) and whether it runs in its shard group's SLURM
 # job (`job_group`); a rule's .smk holds its inputs, outputs and command, and names its spec through these.
-# Job sizes (pipeline/sizes.py): every rule's threads and resources (cpus_per_task, mem_mb, runtime,
+# Job sizes (pipeline/planning/job_sizes.py): every rule's threads and resources (cpus_per_task, mem_mb, runtime,
 # gpu, nodes) from the config and the corpus size (the measured counts once they exist: the exact table,
 # else the plan's sample; else the sources' estimates). A cluster executor turns them into its job
 # requests; locally, --cores caps threads.
@@ -110,7 +110,7 @@ TRAIN_HOURS = 0 if TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.get("missing") 
 # A failed or early-stopped train job is resubmitted by the controller (a new job, a new allocation), never retried
 # inside the job it failed in: a job's own Snakemake (a cluster job's) would rerun it at once, past its deadline.
 TRAIN_RETRIES = config["hardware"]["train_retries"] if workflow.is_main_process else 0
-# Each training stage's chain of jobs (pipeline.resilience.stage_jobs): how many (1 unless the stage is longer than
+# Each training stage's chain of jobs (pipeline.planning.train_jobs.stage_jobs): how many (1 unless the stage is longer than
 # hardware.max_job_hours allows one job) and the runtime each asks for (never above the limit). The supervisor's
 # grace after a signal: a step and a checkpoint save, predicted.
 if TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.get("missing"):

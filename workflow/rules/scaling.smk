@@ -1,5 +1,5 @@
 # The IsoFLOP sweep, a target outside `all`: `snakemake --cores all scaling`. One job per point
-# {budget}/{depth} (scaling.budgets × scaling.depths; pipeline/scaling.py: the shape rule and the point's
+# {budget}/{depth} (scaling.budgets × scaling.depths; pipeline/planning/sweep.py: the shape rule and the point's
 # budget, optimizer and schedule) trains with the train rule's supervisor and trainer (one process: one GPU,
 # or one core, no torchrun) on the packed rows of the run's first stage's mix, then evaluates the point on
 # the same validation rows as the evaluate rule (val loss, bits per byte). A point's params are its own
@@ -7,7 +7,7 @@
 # of the others. The fit (rule scaling) writes R/scaling/fit.json (which `train.tokens_per_param: scaling`
 # reads), report.md and the plot.
 
-from pipeline import scaling as tfsc  # noqa: E402
+from pipeline.planning import sweep as tfsc  # noqa: E402
 
 SCALING_DIR = f"{RUN_DIR}/scaling"
 SCALING_MIX = STAGES[next(iter(STAGES))]["mix"]
@@ -28,8 +28,8 @@ rule scaling_point:
     output:
         json=f"{SCALING_DIR}/{{budget}}/{{depth}}/report.json",
     params:
-        # the point's own view of the config (pipeline.scaling.point_params); the code is what the job runs:
-        # pipeline.scaling only computes the params (an edit of the fit or the plot must not retrain the points)
+        # the point's own view of the config (pipeline.planning.sweep.point_params); the code is what the job runs:
+        # pipeline.planning.sweep only computes the params (an edit of the fit or the plot must not retrain the points)
         p=rule_params("scaling_point"),
         code=rule_code("scaling_point"),
         outdir=lambda w, output: Path(output.json).parent,

@@ -2,7 +2,7 @@
 # hardware.max_job_hours, below), launched by torchrun (gloo on CPU,
 # nccl on GPU) through pipeline.training.rendezvous: one node: torchrun --standalone, nproc_per_node
 # processes; hardware.nodes = N > 1: the job is one SLURM allocation of N nodes (resources
-# nodes/tasks/gres from pipeline/sizes.py) and the launcher runs `srun torchrun --nnodes N …
+# nodes/tasks/gres from pipeline/planning/job_sizes.py) and the launcher runs `srun torchrun --nnodes N …
 # --rdzv-backend c10d` with the rendezvous on the first node.
 # It runs under pipeline.training.launch, which owns the job's processes: a kill of the job (its process
 # group, or SIGTERM/SIGINT) ends every worker (or the srun step) within seconds, which torchrun alone
@@ -12,7 +12,7 @@
 # A stage with init_from starts from that stage's final.pt. A stage reruns when its own params (its
 # view of the config), its packed rows, its init checkpoint or the training code change — and for
 # nothing else: plan.json and accounting.json (which change with any stage or mix) are not inputs;
-# the trainer derives its batch layout from its params (pipeline.budget, what the plan computes) and
+# the trainer derives its batch layout from its params (pipeline.planning.compute, what the plan computes) and
 # checks the launched world against it. (Not even as ancient() inputs: Snakemake skips the params
 # check of a job downstream of one that reruns, so an edited stage behind a rerunning plan would not
 # rerun.)

@@ -69,7 +69,7 @@ def gpu_type_of(device_name: str) -> str:
     except KeyError:
         known = ", ".join(f"{n!r} ({g})" for n, g in GPU_NAMES.items())
         raise PipelineError(f"unknown GPU {device_name!r}: its peak FLOP/s and bandwidth are not in "
-                            f"pipeline.budget.GPU_SPECS (known devices: {known}); add a row with its "
+                            f"pipeline.planning.compute.GPU_SPECS (known devices: {known}); add a row with its "
                             "datasheet figures and exact torch.cuda.get_device_properties(...).name") from None
 
 
@@ -169,7 +169,7 @@ def token_target(train_cfg: dict, n_params: int, fpt: int) -> tuple[int, str]:
         return int(train_cfg["target_tokens"]), "train.target_tokens"
     if train_cfg.get("target_flops") is not None:
         return math.ceil(train_cfg["target_flops"] / fpt), "train.target_flops"
-    if train_cfg["tokens_per_param"] == "scaling":  # resolved from the sweep's fit by pipeline.scaling
+    if train_cfg["tokens_per_param"] == "scaling":  # resolved from the sweep's fit by pipeline.planning.sweep
         raise PlanError("train.tokens_per_param: scaling has no fitted ratio here: run `snakemake --cores all "
                         "scaling` first (its fit sets the ratio), or set a number")
     return math.ceil(train_cfg["tokens_per_param"] * n_params), "train.tokens_per_param"

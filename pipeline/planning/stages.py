@@ -28,8 +28,8 @@ from __future__ import annotations
 import copy
 import math
 
-from pipeline.budget import count_params, flops_per_token, token_target, trained_tokens
 from pipeline.errors import ConfigError
+from pipeline.planning.compute import count_params, flops_per_token, token_target, trained_tokens
 
 STAGE_TRAIN_KEYS = ("mix", "optimizer", "lr", "embed_lr", "lm_head_lr", "weight_decay", "betas", "grad_clip",
                     "schedule", "warmup_steps", "min_lr_ratio", "decay_frac")
@@ -104,7 +104,7 @@ def adamw8bit_keys(cfg: dict) -> list[str]:
                    if st.get("optimizer") == "adamw8bit"]
 
 
-# Why fsdp refuses adamw8bit: pipeline.config's check of train.parallel: fsdp, pipeline.perf.resolve_parallel's
+# Why fsdp refuses adamw8bit: pipeline.config's check of train.parallel: fsdp, pipeline.planning.parallel.resolve_parallel's
 # of auto, the trainer's build_optimizer as a backstop.
 ADAMW8BIT_FSDP = ("adamw8bit cannot step train.parallel: fsdp's sharded parameters (bitsandbytes' 8-bit kernels "
                   "take plain CUDA tensors, not FSDP2's DTensor shards: an illegal memory access)")

@@ -1,23 +1,24 @@
 """Long runs on a cluster: what a checkpoint costs, how often to write one, and each training stage as a chain of
 jobs that fit the cluster's time limit (`hardware.max_job_hours`). Every figure is a prediction.
 
-    from pipeline.resilience import stage_jobs, checkpointing
+    from pipeline.planning.train_jobs import stage_jobs, checkpointing
     stage_jobs(cfg)["pretrain"]["jobs"]   # SLURM jobs the stage runs as (1 without a limit)
     checkpointing(cfg)["interval_steps"]  # Young/Daly: √(2 × save cost × the job's MTBF), in steps
 
 The planner shows them (pipeline.plan), the Snakefile chains each stage's jobs (train_segment, then train) and
 resolves ``train.ckpt_interval: auto``, the trainer sizes its stop margin and watchdog from them. `cfg` is a
-resolved config or one stage's params (`pipeline.stages.stage_config`). Import-light: no torch.
+resolved config or one stage's params (`pipeline.planning.stages.stage_config`). Import-light: no torch.
 """
 from __future__ import annotations
 
 import math
 
-from pipeline.budget import world_size
 from pipeline.errors import PlanError
-from pipeline.perf import StepSetup, optimizer_bytes, step_seconds
-from pipeline.sizes import train_minutes
-from pipeline.stages import estimated_epoch_steps, stage_budget, stage_list
+from pipeline.planning.compute import world_size
+from pipeline.planning.job_sizes import train_minutes
+from pipeline.planning.memory import StepSetup, optimizer_bytes
+from pipeline.planning.stages import estimated_epoch_steps, stage_budget, stage_list
+from pipeline.planning.step_time import step_seconds
 
 __all__ = ["predicted_step_s", "predicted_save_s", "predicted_startup_s", "checkpointing", "resolve_ckpt_interval",
            "stage_jobs"]
@@ -38,7 +39,7 @@ def _setup(cfg: dict) -> tuple[StepSetup, str, int, int]:
 
 
 def predicted_step_s(cfg: dict) -> float:
-    """Seconds of one optimizer step: the plan's step time (`pipeline.perf.step_seconds`)."""
+    """Seconds of one optimizer step: the plan's step time (`pipeline.planning.step_time.step_seconds`)."""
     return float(step_seconds(cfg)[0])
 
 

@@ -5,7 +5,7 @@ A size function takes the config and a `Demand` (the rule's cost rate, the corpu
 plan's training hours) and returns ``{"threads": int, "resources": {...}}``: ``cpus_per_task``, ``mem_mb``,
 ``runtime`` in minutes, and for GPU rules ``gpu`` / ``gres``, ``nodes``, ``tasks`` (the train job's
 ``mem_mb``: `train_host_memory`, which the plan reports). The rules declare them through
-`pipeline.cluster.job_resources`; Snakemake's SLURM executor turns them into ``sbatch`` options (a local run
+`pipeline.planning.data_cost.job_resources`; Snakemake's SLURM executor turns them into ``sbatch`` options (a local run
 uses ``threads`` capped at ``--cores``, and ignores the rest but ``mem_mb`` when given ``--resources
 mem_mb=…``).
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeline.budget import count_params
 from pipeline.config import source_shards
+from pipeline.planning.compute import count_params
 
 DEDUP_JOB_BASE_MB = 500       # 802 MB measured at 0.5M documents per job (20M documents, 40 jobs)
 DEDUP_JOB_BYTES_PER_DOC = 700
@@ -115,7 +115,7 @@ def dedup_job_mb(docs_per_job: float) -> int:
 class Demand:
     """What a job's size depends on beyond the config: its rule's cost `rate` (unit, units per CPU-second or
     None, CPU seconds per job: pipeline/rules.py), the corpus's `documents` and `tokens` (`corpus`), and the
-    plan's `train_hours` (`pipeline.plan.train_hours`)."""
+    plan's `train_hours` (`pipeline.planning.token_plan.train_hours`)."""
 
     rate: tuple[str, float | None, float] | None = None
     documents: float = 0
@@ -244,12 +244,12 @@ def train_host_memory(cfg: dict) -> dict:
     pipeline.training.step.build_model — no rank holds the whole model) and the loader's batches (one
     step read ahead and the one in use, each also in pinned memory on CUDA: 4 int64-sized tensors per
     token position, inputs, targets, mask, document ids); on a CPU run also its training state, which
-    lives on the host (`pipeline.perf.memory`'s total per rank). Under fsdp, rank 0 gathers the whole fp32
+    lives on the host (`pipeline.planning.memory.memory`'s total per rank). Under fsdp, rank 0 gathers the whole fp32
     model on the host to write final.pt (pipeline.training.checkpoint.full_model_state); ``parallel:
     auto`` not yet resolved counts as fsdp, the larger. The sum × `TRAIN_HOST_MARGIN`, rounded up, is
     ``node_mb``; the parts are in MB per rank (``rank_mb`` their sum) and per node (``final_gather_mb``)."""
-    from pipeline.budget import BatchLayout
-    from pipeline.perf import StepSetup, memory
+    from pipeline.planning.compute import BatchLayout
+    from pipeline.planning.memory import StepSetup, memory
 
     model, train, hw = cfg["model"], cfg["train"], cfg["hardware"]
     cuda = hw["device"] == "cuda"

@@ -16,7 +16,7 @@ the run's model at depth = n_layers when its dim is a multiple of head_dim.
 **A point** (`point_config`): the run config with that model, trained like the run's first stage
 (its mix, optimizer, learning rates, schedule) from scratch on one process (one GPU) for
 ``steps = max(1, round(C / (flops_per_token × tokens_per_step)))`` steps — flops_per_token is the
-planner's (`pipeline.budget.flops_per_token`) and tokens_per_step `scaling.global_batch_tokens` (null:
+planner's (`pipeline.planning.compute.flops_per_token`) and tokens_per_step `scaling.global_batch_tokens` (null:
 the run's); its warmup is the same fraction of its steps as the run's (`scaling.warmup_frac`, null:
 the run's warmup_steps / num_steps), the decay follows from its own length (cosine / WSD are
 fractions of num_steps). Validation is at the end only; no CORE subset, no generations. The points'
@@ -45,11 +45,11 @@ import copy
 import math
 from pathlib import Path
 
-from pipeline.budget import count_params, flops_per_token
 from pipeline.config import cut, run_dir, train_slice
 from pipeline.errors import ConfigError, PlanError
 from pipeline.io import read_json
-from pipeline.stages import stage_budget, stage_config, stage_list
+from pipeline.planning.compute import count_params, flops_per_token
+from pipeline.planning.stages import stage_budget, stage_config, stage_list
 
 SCALING_COMMAND = "snakemake --cores all scaling"
 

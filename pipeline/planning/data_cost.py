@@ -2,7 +2,7 @@
 throughputs: both read from each rule's spec (pipeline/rules.py: its size function, its rate and the rules it
 waits for).
 
-* `job_resources(cfg, rule)`: ``threads`` and ``resources`` of `rule` (its spec's size, pipeline/sizes.py).
+* `job_resources(cfg, rule)`: ``threads`` and ``resources`` of `rule` (its spec's size, pipeline/planning/job_sizes.py).
 * `data_costs(cfg, documents, tokens, data_cpus)`: the data stages' job counts, CPU-hours (from `RATES`) and
   wall time on `data_cpus` cores, printed by ``python -m pipeline.plan``.
 
@@ -14,9 +14,9 @@ import heapq
 import math
 
 from pipeline.config import sample_shards, source_shards
+from pipeline.planning.job_sizes import Demand, corpus, job_cpu_s, shard_sizes, threads
+from pipeline.planning.stages import mix_targets, tokenizer_sources
 from pipeline.rules import BY_NAME, RULES, rule
-from pipeline.sizes import Demand, corpus, job_cpu_s, shard_sizes, threads
-from pipeline.stages import mix_targets, tokenizer_sources
 
 # The data stages' cost (pipeline.rules: each data rule's rate beside the rules it waits for).
 RATES = {r.name: r.rate for r in RULES if r.rate is not None}  # stage: (unit, units per CPU-s, CPU s per job)
@@ -27,7 +27,7 @@ TOKENIZER_PARALLELISM = 1.85
 
 def job_resources(cfg: dict, name: str, documents: float = 0, tokens: float = 0, train_hours: float = 0) -> dict:
     """{"threads": int, "resources": {...}} of rule `name` (its spec's `size`); `documents`/`tokens`: the corpus
-    (`pipeline.sizes.corpus`); `train_hours`: the plan's estimate (`pipeline.plan.train_hours`), the train job's
+    (`pipeline.planning.job_sizes.corpus`); `train_hours`: the plan's estimate (`pipeline.planning.token_plan.train_hours`), the train job's
     runtime × 1.5."""
     spec = rule(name)
     return spec.size(cfg, Demand(spec.rate, documents, tokens, train_hours))
@@ -204,7 +204,7 @@ def stage_work(cfg: dict, measured: dict | None = None) -> dict[str, dict]:
 
 
 def format_costs(c: dict) -> str:
-    lines = [f"data stages on {c['data_cpus']} CPU cores (a prediction from pipeline.cluster.RATES; {c['shards']:,} "
+    lines = [f"data stages on {c['data_cpus']} CPU cores (a prediction from pipeline.planning.data_cost.RATES; {c['shards']:,} "
              f"shards, {c['bytes'] / 1e9:,.1f} GB of text, {c['tokens'] / 1e9:,.1f}B tokens, "
              f"{c['documents'] / 1e6:,.1f}M documents: {c['basis']})",
              f"  {'stage':<22}{'jobs':>7}{'CPU-hours':>11}{'wall h':>9}{'mem/job':>10}"]
