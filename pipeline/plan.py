@@ -61,12 +61,12 @@ def main(argv=None) -> None:
     plan = make_plan(params, counts=counts, allow_short=args.no_check, strict_counts=strict, logits=args.logits,
                      measured_step=measured, tokens_per_param_fit=fitted, parallel_requested=requested)
     if args.out:
-        write_json(args.out, {**plan, "meta": provenance("plan", params, [counts] if counts else [])})
+        write_json(args.out, {**plan.to_json(), "meta": provenance("plan", params, [counts] if counts else [])})
     if args.out_md:
         with atomic_write(args.out_md, encoding="utf-8") as f:
             f.write(format_plan_md(plan))
     if args.json:
-        print(json.dumps(plan, indent=2))
+        print(json.dumps(plan.to_json(), indent=2))
         return
     print(format_plan(plan))
     if args.configfile:  # the data stages' cost on a cluster (pipeline/planning/data_cost.py)

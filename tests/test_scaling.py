@@ -117,7 +117,7 @@ def test_the_default_sweep_fits_its_mix_and_the_preset_sweep_is_priced(cfg):
     preset = load_config("configs/gpt-500m-fineweb.yaml")
     text = format_plan(make_plan(preset, allow_short=True))
     assert "scaling sweep" in text and "GPU-hours" in text
-    sweep = make_plan(preset, allow_short=True)["scaling_sweep"]
+    sweep = make_plan(preset, allow_short=True).scaling_sweep
     assert sweep["n_points"] == len(sweep["points"]) and all(p["est_gpu_hours"] > 0 for p in sweep["points"])
     assert sweep["est_gpu_hours"] == pytest.approx(sum(p["est_gpu_hours"] for p in sweep["points"]))
 
@@ -136,7 +136,7 @@ def test_tokens_per_param_scaling_reads_the_fit_or_names_the_command(cfg, tmp_pa
     n = count_params(cfg["model"])[0]
     assert resolved["train"]["tokens_per_param"] == pytest.approx(sc.run_ratio(fit, n)["tokens_per_param"], rel=1e-3)
     plan = make_plan(resolved, allow_short=True, tokens_per_param_fit=info)
-    assert plan["target_tokens"] == math.ceil(resolved["train"]["tokens_per_param"] * n)
+    assert plan.target_tokens == math.ceil(resolved["train"]["tokens_per_param"] * n)
     assert "train.tokens_per_param: scaling" in format_plan(plan) and str(path) in format_plan(plan)
     # a sweep whose budgets have no minimum on the ladder has no exponent: refused, not used
     path.write_text(json.dumps({**fit, "a": math.nan}))

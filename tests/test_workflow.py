@@ -286,8 +286,8 @@ def hashed() -> dict[str, set[str]]:
 
 def test_rules_hash_what_their_entries_reach():
     h = hashed()
-    assert {"pipeline.planning:resolve_parallel", "pipeline.planning.stages:stage_list"} <= h["plan"]
-    assert "pipeline.planning:choose_parallel" in h["train"] and "pipeline.training.rendezvous:main" in h["train"]
+    assert {"pipeline.planning.parallel:resolve_parallel", "pipeline.planning.stages:stage_list"} <= h["plan"]
+    assert "pipeline.planning.memory:choose_parallel" in h["train"] and "pipeline.training.rendezvous:main" in h["train"]
     assert all("pipeline.data.contract:shard_name" in h[r] for r in ("tokenize", "dedup_signatures"))
     assert any(d.startswith("pipeline.evaluation.core:") for d in h["train"])  # imported inside a function
     # issue 29: the import closure of 12 rules held minhash; its functions are hashed by the rules that call them
@@ -691,7 +691,7 @@ def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
     from pipeline.config import load_config
     from pipeline.planning.token_plan import make_plan
 
-    gpu_hours = make_plan(load_config(ROOT / "configs/llama3-1b-fineweb.yaml"))["est_gpu_hours"]  # pipeline.planning's
+    gpu_hours = make_plan(load_config(ROOT / "configs/llama3-1b-fineweb.yaml")).est_gpu_hours  # pipeline.planning's
     for shown in ("1.242 B total", "1,048,576 = 64 rows × 2048 tokens × 8 rank(s) × 1 accumulation step(s)",
                   "23,682 → 24.83 B tokens trained", "fineweb: 454 of 1823 shards", f"{gpu_hours:.1f} GPU-hours"):
         assert shown in proc.stderr, shown

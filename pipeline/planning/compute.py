@@ -163,6 +163,33 @@ class BatchLayout:
                 "world_size": self.world_size, "grad_accum_steps": self.grad_accum_steps}
 
 
+@dataclass(frozen=True)
+class StepPlan:
+    """What the trainer takes from the plan: the batch layout's figures, FLOPs per token, the stage's
+    optimizer steps and its name (both set by the trainer for the stage it trains). A checkpoint keeps
+    it as a dict (`dataclasses.asdict`)."""
+
+    tokens_per_step: int
+    micro_batch: int
+    world_size: int
+    grad_accum_steps: int
+    flops_per_token: int
+    num_steps: int | None = None
+    stage: str | None = None
+
+    @classmethod
+    def of(cls, cfg: dict) -> StepPlan:
+        """The figures of a resolved config, by the planner's own functions."""
+        return cls(**BatchLayout.from_config(cfg).plan_figures(), flops_per_token=flops_per_token(cfg))
+
+    @classmethod
+    def from_plan(cls, plan) -> StepPlan:
+        """The figures of a `Plan`, or of plan.json's dict."""
+        get = plan.get if isinstance(plan, dict) else (lambda k: getattr(plan, k))
+        return cls(**{k: get(k) for k in ("tokens_per_step", "micro_batch", "world_size", "grad_accum_steps",
+                                          "flops_per_token", "num_steps")})
+
+
 def token_target(train_cfg: dict, n_params: int, fpt: int) -> tuple[int, str]:
     """(target tokens, the config key that set it)."""
     if train_cfg.get("target_tokens") is not None:

@@ -2,8 +2,10 @@
 memory, time, jobs); `format_plan` renders it. `python -m pipeline.plan` is its command line."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import source_files
@@ -26,18 +28,68 @@ from pipeline.planning.train_jobs import checkpointing, stage_jobs
 
 log = get_logger(__name__)
 
-REQUIRED_KEYS = (
-    "n_params", "n_params_non_embedding", "target_tokens", "tokens_per_step", "micro_batch", "world_size",
-    "grad_accum_steps", "num_steps", "flops_per_token", "total_flops", "tokens_per_shard", "shards_needed",
-    "shards_available", "est_memory_gb", "fits_memory", "est_hours", "est_gpu_hours",
-)
-EXTRA_KEYS = (
-    "n_params_embedding", "n_params_lm_head", "target_basis", "trained_tokens", "seq_len", "data_tokens_needed",
-    "tokens_available", "shards_per_source", "memory_gb", "step_time_s", "step_time_basis", "mfu", "hardware",
-    "stages", "stages_total", "eval_memory_gb", "fits_eval_memory", "parallel", "notes", "tokens_per_param_fit",
-    "scaling_sweep", "host_memory", "checkpointing",
-)
-PLAN_KEYS = REQUIRED_KEYS + EXTRA_KEYS  # plan.json adds "meta"
+@dataclass(frozen=True)
+class Plan:
+    """The token-budget plan of a run (docs/planning.md defines every figure). `to_json()` is plan.json's
+    body (the plan rule adds "meta"); `Plan.from_json` reads it back. The nested tables (per source, per
+    stage, memory by term, ...) stay plain JSON: they are shown, not computed with."""
+
+    n_params: int
+    n_params_non_embedding: int
+    target_tokens: int
+    tokens_per_step: int
+    micro_batch: int
+    world_size: int
+    grad_accum_steps: int
+    num_steps: int
+    flops_per_token: int
+    total_flops: int
+    tokens_per_shard: int | None  # None until each source's tokens per shard is counted or estimated
+    shards_needed: int | None
+    shards_available: int
+    est_memory_gb: float
+    fits_memory: bool
+    est_hours: float
+    est_gpu_hours: float
+    n_params_embedding: int
+    n_params_lm_head: int
+    target_basis: str
+    trained_tokens: int
+    seq_len: int
+    data_tokens_needed: int
+    tokens_available: int | None
+    shards_per_source: dict[str, dict]
+    memory_gb: dict[str, float]
+    step_time_s: float
+    step_time_basis: str
+    mfu: float
+    hardware: dict
+    stages: list[dict]
+    stages_total: dict
+    eval_memory_gb: dict[str, dict]
+    fits_eval_memory: bool
+    parallel: dict
+    notes: list[str]
+    tokens_per_param_fit: dict | None
+    scaling_sweep: dict | None
+    host_memory: dict
+    checkpointing: dict
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Plan:
+        """A plan from plan.json (its "meta" and any key this version does not know are ignored)."""
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in data]
+        if missing:
+            raise PlanError(f"the plan file lacks {', '.join(missing)}: it was made by another version; rerun the "
+                            "plan rule (snakemake -R plan)")
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+
+
+PLAN_KEYS = tuple(f.name for f in dataclasses.fields(Plan))  # plan.json's keys; it adds "meta"
+
 
 
 
@@ -252,7 +304,7 @@ def parallel_options(cfg: dict, num_steps: int, logits: str = "ours", requested:
 
 def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = False,
               strict_counts: bool = True, logits: str = "ours", measured_step: dict | None = None,
-              tokens_per_param_fit: dict | None = None, parallel_requested: str | None = None) -> dict:
+              tokens_per_param_fit: dict | None = None, parallel_requested: str | None = None) -> Plan:
     """The plan of a resolved run config (or its plan-stage slice), with the measured token counts when
     `counts` (a count table: the plan's sample.parquet or the exact counts.parquet) is given. Raises
     PlanError when the batch does not divide or the configured shards cannot supply the budget (the
@@ -264,7 +316,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     rule's slice) adds the sweep's price (`sweep_cost`). ``train.parallel: auto`` is resolved here
     (`pipeline.planning.parallel.choose_parallel`); `parallel_requested` names what the config asked when the caller
     resolved it already (the Snakefile). A parallelism that does not fit is reported here, refused by
-    `pipeline.planning.parallel.resolve_parallel` (the Snakefile's parse and this module's CLI). Keys: `PLAN_KEYS`."""
+    `pipeline.planning.parallel.resolve_parallel` (the Snakefile's parse and this module's CLI). """
     model, train, hw = cfg["model"], cfg["train"], cfg["hardware"]
     parts = param_parts(model)
     n_params, non_embedding = count_params(model)
@@ -338,46 +390,46 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
             extra["scaling_sweep"] = sweep_cost(cfg)
         except (PipelineError, ArithmeticError, ValueError) as e:  # the sweep's own rule names the key
             notes.append(f"scaling sweep not priced: {e}")
-    return {
-        "n_params": n_params,
-        "n_params_non_embedding": non_embedding,
-        "target_tokens": target,
+    return Plan(
+        n_params=n_params,
+        n_params_non_embedding=non_embedding,
+        target_tokens=target,
         **batch.plan_figures(),
-        "num_steps": num_steps,
-        "flops_per_token": fpt,
-        "total_flops": total_flops,
-        "tokens_per_shard": round(tokens_available / shards_available) if known else None,
-        "shards_needed": sum(r["shards_needed"] for r in per_source.values()) if known else None,
-        "shards_available": shards_available,
-        "est_memory_gb": memory["total"],
-        "fits_memory": memory["total"] <= perf["capacity_gb"],
-        "est_hours": est_hours,
-        "est_gpu_hours": est_hours * batch.world_size,
-        "n_params_embedding": parts["embedding"],
-        "n_params_lm_head": parts["lm_head"],
-        "target_basis": basis,
-        "trained_tokens": trained,
-        "seq_len": train["seq_len"],
-        "data_tokens_needed": data_needed,
-        "tokens_available": tokens_available,
-        "shards_per_source": per_source,
-        "memory_gb": memory,
-        "step_time_s": perf["step_time_s"],
-        "step_time_basis": perf["step_time_basis"],
-        "mfu": perf["mfu"],
-        "hardware": {"gpu_type": hw["gpu_type"], "gpu_memory_gb": hw["gpu_memory_gb"],
-                     "max_job_hours": hw.get("max_job_hours"),
-                     "capacity_gb": round(perf["capacity_gb"], 3), "peak_flops": peak, "logits": logits},
-        "stages": stages,
-        "stages_total": stages_total,
-        "eval_memory_gb": perf["eval_memory"],
-        "fits_eval_memory": all(mem["total"] <= perf["capacity_gb"] for mem in perf["eval_memory"].values()),
-        "parallel": parallel,
-        "notes": notes,
+        num_steps=num_steps,
+        flops_per_token=fpt,
+        total_flops=total_flops,
+        tokens_per_shard=round(tokens_available / shards_available) if known else None,
+        shards_needed=sum(r["shards_needed"] for r in per_source.values()) if known else None,
+        shards_available=shards_available,
+        est_memory_gb=memory["total"],
+        fits_memory=memory["total"] <= perf["capacity_gb"],
+        est_hours=est_hours,
+        est_gpu_hours=est_hours * batch.world_size,
+        n_params_embedding=parts["embedding"],
+        n_params_lm_head=parts["lm_head"],
+        target_basis=basis,
+        trained_tokens=trained,
+        seq_len=train["seq_len"],
+        data_tokens_needed=data_needed,
+        tokens_available=tokens_available,
+        shards_per_source=per_source,
+        memory_gb=memory,
+        step_time_s=perf["step_time_s"],
+        step_time_basis=perf["step_time_basis"],
+        mfu=perf["mfu"],
+        hardware={"gpu_type": hw["gpu_type"], "gpu_memory_gb": hw["gpu_memory_gb"],
+                  "max_job_hours": hw.get("max_job_hours"),
+                  "capacity_gb": round(perf["capacity_gb"], 3), "peak_flops": peak, "logits": logits},
+        stages=stages,
+        stages_total=stages_total,
+        eval_memory_gb=perf["eval_memory"],
+        fits_eval_memory=all(mem["total"] <= perf["capacity_gb"] for mem in perf["eval_memory"].values()),
+        parallel=parallel,
+        notes=notes,
         **extra,
-        "host_memory": job_sizes.train_host_memory(cfg),
-        "checkpointing": checkpoints,
-    }
+        host_memory=job_sizes.train_host_memory(cfg),
+        checkpointing=checkpoints,
+    )
 
 
 def sweep_cost(cfg: dict) -> dict:
@@ -425,52 +477,52 @@ def _num(x: float, unit: str = "") -> str:
     return f"{x:g} {unit}".rstrip()
 
 
-def _rows(plan: dict) -> list[tuple[str, str]]:
-    mem = plan["memory_gb"]
+def _rows(plan: Plan) -> list[tuple[str, str]]:
+    mem = plan.memory_gb
     shards = "; ".join(
         f"{s}: {'?' if r['shards_needed'] is None else r['shards_needed']} of {r['shards_available']} shards"
         f" ({'?' if r['tokens_per_shard'] is None else _num(r['tokens_per_shard'])} tokens/shard)"
         + (" SHORT" if r["enough"] is False else "")
-        for s, r in plan["shards_per_source"].items()
+        for s, r in plan.shards_per_source.items()
     )
     parts = ("weights", "optimizer", "autocast_copies", "gradients", "gathered", "reduce_buffers", "activations",
              "logits", "recompute")
     breakdown = ", ".join(f"{k.replace('_', ' ')} {mem[k]:.1f}" for k in parts if mem[k])
-    hw = plan["hardware"]
+    hw = plan.hardware
     nominal = f" ({hw['gpu_memory_gb']:g} GiB)" if hw["capacity_gb"] != hw["gpu_memory_gb"] else ""
-    gpu = (f"{plan['world_size']} × {hw['gpu_type']} ({_num(hw['peak_flops'], 'FLOP/s')} peak) "
-           f"at {plan['mfu']:.0%} MFU")
+    gpu = (f"{plan.world_size} × {hw['gpu_type']} ({_num(hw['peak_flops'], 'FLOP/s')} peak) "
+           f"at {plan.mfu:.0%} MFU")
     return [
-        ("parameters", f"{_num(plan['n_params'])} total, {_num(plan['n_params_non_embedding'])} non-embedding"),
-        ("target tokens", f"{_num(plan['target_tokens'])} (from {plan['target_basis']})"),
-        ("tokens per step", f"{plan['tokens_per_step']:,} = {plan['micro_batch']} rows × {plan['seq_len']} tokens × "
-                            f"{plan['world_size']} rank(s) × {plan['grad_accum_steps']} accumulation step(s)"),
-        ("steps", f"{plan['num_steps']:,} → {_num(plan['trained_tokens'])} tokens trained"),
-        ("compute", f"{plan['flops_per_token'] / 1e9:.3g} GFLOP/token, {plan['total_flops']:.3g} FLOPs total"),
-        ("data", f"{_num(plan['data_tokens_needed'])} tokens read; {shards}"),
-        ("memory per GPU (pred.)", f"{plan['est_memory_gb']:.1f} GB of {hw['capacity_gb']:.1f} GB{nominal}: "
-                                   f"{'fits' if plan['fits_memory'] else 'DOES NOT FIT'} "
+        ("parameters", f"{_num(plan.n_params)} total, {_num(plan.n_params_non_embedding)} non-embedding"),
+        ("target tokens", f"{_num(plan.target_tokens)} (from {plan.target_basis})"),
+        ("tokens per step", f"{plan.tokens_per_step:,} = {plan.micro_batch} rows × {plan.seq_len} tokens × "
+                            f"{plan.world_size} rank(s) × {plan.grad_accum_steps} accumulation step(s)"),
+        ("steps", f"{plan.num_steps:,} → {_num(plan.trained_tokens)} tokens trained"),
+        ("compute", f"{plan.flops_per_token / 1e9:.3g} GFLOP/token, {plan.total_flops:.3g} FLOPs total"),
+        ("data", f"{_num(plan.data_tokens_needed)} tokens read; {shards}"),
+        ("memory per GPU (pred.)", f"{plan.est_memory_gb:.1f} GB of {hw['capacity_gb']:.1f} GB{nominal}: "
+                                   f"{'fits' if plan.fits_memory else 'DOES NOT FIT'} "
                                    f"(peak {mem['peak']:.1f} at the {mem['peak_at']}: {breakdown})"),
         ("evaluation memory (pred.)", _eval_row(plan)),
-        ("host memory per node", _host_row(plan["host_memory"])),
+        ("host memory per node", _host_row(plan.host_memory)),
         *_parallel_rows(plan),
-        ("step time", f"{plan['step_time_s']:.3g} s per optimizer step ({plan['step_time_basis']})"),
-        ("time", f"{plan['est_hours']:.2f} hours on {gpu}, {plan['est_gpu_hours']:.1f} GPU-hours"),
+        ("step time", f"{plan.step_time_s:.3g} s per optimizer step ({plan.step_time_basis})"),
+        ("time", f"{plan.est_hours:.2f} hours on {gpu}, {plan.est_gpu_hours:.1f} GPU-hours"),
         *[(f"stage {i + 1}: {s['name']}",
            f"{'~' if s['estimate'] else ''}{s['num_steps']:,} steps, {_num(s['trained_tokens'])} tokens, "
            f"{s['est_gpu_hours']:.3g} GPU-hours (pred.); mix {s['mix']}, loss {s['loss']}, "
            f"from {s['init_from'] or 'scratch'} ({s['basis']})")
-          for i, s in enumerate(plan["stages"])],
-        ("all stages", f"{plan['stages_total']['num_steps']:,} steps, {_num(plan['stages_total']['trained_tokens'])} "
-                       f"tokens, {plan['stages_total']['est_gpu_hours']:.3g} GPU-hours (pred.)"),
+          for i, s in enumerate(plan.stages)],
+        ("all stages", f"{plan.stages_total['num_steps']:,} steps, {_num(plan.stages_total['trained_tokens'])} "
+                       f"tokens, {plan.stages_total['est_gpu_hours']:.3g} GPU-hours (pred.)"),
         *_job_rows(plan),
         *_sweep_rows(plan),
     ]
 
 
-def _job_rows(plan: dict) -> list[tuple[str, str]]:
+def _job_rows(plan: Plan) -> list[tuple[str, str]]:
     """Checkpoints (size, save, interval, loss per failure), a restart's start-up, and each stage's jobs."""
-    ck, limit = plan["checkpointing"], plan["hardware"].get("max_job_hours")
+    ck, limit = plan.checkpointing, plan.hardware.get("max_job_hours")
     save = (f"a save blocks {ck['block_s']:.3g} s (staging), written in {ck['write_s']:.3g} s in the background"
             if ck["async"] else f"a save blocks {ck['block_s']:.3g} s")
     start = " + ".join(f"{k.replace('_', ' ')} {v:.3g}" for k, v in ck["startup"].items() if v)
@@ -480,7 +532,7 @@ def _job_rows(plan: dict) -> list[tuple[str, str]]:
                                     f"MTBF); {ck['lost_hours_per_failure']:.3g} h lost per failure"),
             ("restart (pred.)", f"{ck['startup_s']:.3g} s before the first step = {start} s")]
     within = f"≤ {limit:g} h (hardware.max_job_hours)" if limit else "no job limit (hardware.max_job_hours)"
-    for s in plan["stages"]:
+    for s in plan.stages:
         rows.append((f"jobs: {s['name']}",
                      f"{s['jobs']} job{'s' if s['jobs'] > 1 else ''} × {s['hours_per_job']:.3g} h, "
                      f"each asking {s['runtime_min']:,} min, {within}; "
@@ -490,9 +542,9 @@ def _job_rows(plan: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def _parallel_rows(plan: dict) -> list[tuple[str, str]]:
+def _parallel_rows(plan: Plan) -> list[tuple[str, str]]:
     """Which parallelism the run uses and why; ddp's and fsdp's memory, fit, step time and GPU-hours."""
-    par, cap = plan["parallel"], plan["hardware"]["capacity_gb"]
+    par, cap = plan.parallel, plan.hardware["capacity_gb"]
     rows = [("parallelism", f"{par['used']}: {par['reason']}")]
     for mode in ("ddp", "fsdp"):
         m = par[mode]
@@ -506,9 +558,9 @@ def _parallel_rows(plan: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def _sweep_rows(plan: dict) -> list[tuple[str, str]]:
+def _sweep_rows(plan: Plan) -> list[tuple[str, str]]:
     """The scaling sweep's price: one row per budget (its points' GPU-hours by depth) and the total."""
-    sweep = plan.get("scaling_sweep")
+    sweep = plan.scaling_sweep
     if not sweep:
         return []
     rows = []
@@ -531,27 +583,27 @@ def _host_row(h: dict) -> str:
             f"{h['loader_mb']:,.0f} loader{state}){gather})")
 
 
-def _eval_row(plan: dict) -> str:
+def _eval_row(plan: Plan) -> str:
     """CORE scoring's predicted peak, in the training loop and standalone, against the GPU."""
-    ev, cap = plan["eval_memory_gb"], plan["hardware"]["capacity_gb"]
+    ev, cap = plan.eval_memory_gb, plan.hardware["capacity_gb"]
     loop, alone = ev["in_loop"], ev["standalone"]
     return (f"CORE scoring at {loop['batch_tokens']:,} tokens/batch: in the training loop {loop['total']:.1f} GB "
             f"(beside weights, optimizer and gradients; peak at the {loop['peak_at']}), standalone "
-            f"{alone['total']:.1f} GB, of {cap:.1f} GB: {'fits' if plan['fits_eval_memory'] else 'DOES NOT FIT'}")
+            f"{alone['total']:.1f} GB, of {cap:.1f} GB: {'fits' if plan.fits_eval_memory else 'DOES NOT FIT'}")
 
 
-def format_plan(plan: dict) -> str:
+def format_plan(plan: Plan) -> str:
     """The plan as an aligned two-column text table (what the Snakefile prints at parse time)."""
     rows = _rows(plan)
     width = max(len(k) for k, _ in rows)
     lines = ["token-budget plan (memory and time are predictions)"]
     lines += [f"  {k:<{width}}  {v}" for k, v in rows]
-    lines += [f"  note: {n}" for n in plan["notes"]]
+    lines += [f"  note: {n}" for n in plan.notes]
     return "\n".join(lines)
 
 
-def format_plan_md(plan: dict) -> str:
+def format_plan_md(plan: Plan) -> str:
     lines = ["# Token-budget plan", "", "| quantity | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in _rows(plan)]
-    lines += ["", *[f"- {n}" for n in plan["notes"]], ""]
+    lines += ["", *[f"- {n}" for n in plan.notes], ""]
     return "\n".join(lines)

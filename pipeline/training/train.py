@@ -101,6 +101,7 @@ to rank 0 —, params, plan, tokens trained, final validation loss; `torch.load(
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import time
@@ -122,7 +123,7 @@ from pipeline.model.checkpoint import save_checkpoint, versions
 from pipeline.model.engine import greedy_sample
 from pipeline.model.losses import chunked_eval_stats
 from pipeline.model.model import Transformer
-from pipeline.planning.compute import BatchLayout, canonical_gpu_type, flops_per_token, gpu_type_of, peak_flops
+from pipeline.planning.compute import BatchLayout, StepPlan, canonical_gpu_type, gpu_type_of, peak_flops
 from pipeline.planning.stages import epoch_steps, is_chat_stage, stage_budget, stage_config, stage_names
 from pipeline.planning.train_jobs import resolve_ckpt_interval
 from pipeline.training import checkpoint as ckpt
@@ -203,14 +204,14 @@ def fixed_batch_stats(model: Transformer, batch: tuple, chunk: int) -> dict:
 
 # ----------------------------------------------------------------------------- checks
 
-def check_plan(plan: dict, layout: BatchLayout, dist: Dist) -> None:
+def check_plan(plan: StepPlan, layout: BatchLayout, dist: Dist) -> None:
     """The plan must describe this launch: its world size, and this config's batch layout."""
-    if plan["world_size"] != dist.world_size:
+    if plan.world_size != dist.world_size:
         raise PipelineError(
-            f"launched with {dist.world_size} process(es) but the plan is for world_size {plan['world_size']} "
+            f"launched with {dist.world_size} process(es) but the plan is for world_size {plan.world_size} "
             "(hardware.nproc_per_node × hardware.nodes); launch with that many or re-plan"
         )
-    planned = {k: plan[k] for k in layout.plan_figures()}
+    planned = {k: getattr(plan, k) for k in layout.plan_figures()}
     if planned != layout.plan_figures():
         raise PipelineError(
             f"the plan's batch layout {planned} is not this config's {layout.plan_figures()} (tokens_per_step = "
@@ -218,15 +219,15 @@ def check_plan(plan: dict, layout: BatchLayout, dist: Dist) -> None:
         )
 
 
-def check_data(loader, plan: dict, layout: BatchLayout, cfg: dict, train_meta: str) -> None:
+def check_data(loader, plan: StepPlan, layout: BatchLayout, cfg: dict, train_meta: str) -> None:
     """Fail before training when the packed rows cannot supply the planned steps."""
     have = loader.steps_available(layout.rows_per_step)
-    if have < plan["num_steps"]:
+    if have < plan.num_steps:
         meta, mix = loader.meta, cfg["train"]["mix"]
         raise PipelineError(
             f"{train_meta}: {meta['n_rows']} packed rows ({meta['tokens_packed']} tokens of mix '{mix}') supply "
-            f"{have} steps of {layout.tokens_per_step} tokens, but the plan needs {plan['num_steps']} steps "
-            f"({plan['num_steps'] * layout.tokens_per_step} tokens, the target); give the mix more tokens "
+            f"{have} steps of {layout.tokens_per_step} tokens, but the plan needs {plan.num_steps} steps "
+            f"({plan.num_steps * layout.tokens_per_step} tokens, the target); give the mix more tokens "
             f"(mixes.{mix}.tokens) or lower train.target_tokens"
         )
 
@@ -237,13 +238,6 @@ def val_loader(val_meta: str, cfg: dict, layout: BatchLayout, dist: Dist) -> Pac
     st = cfg["stage"]
     return PackedLoader(val_meta, layout.micro_batch, rank=dist.rank, world_size=dist.world_size,
                         seed=cfg["seed"], shuffle=False, loss=st["loss"], with_doc_ids=st["doc_mask"])
-
-
-def batch_plan(params: dict) -> dict:
-    """The plan figures the trainer uses, from the params by the planner's own functions
-    (pipeline.planning.compute): the batch layout and FLOPs per token (num_steps comes from the stage)."""
-    return {**BatchLayout.from_config(params).plan_figures(), "flops_per_token": flops_per_token(params),
-            "num_steps": None}
 
 
 def stage_steps(params: dict, layout: BatchLayout, train_meta: str) -> tuple[int, int | None]:
@@ -372,12 +366,12 @@ def reached_checkpoint(ckpt_dir: Path, params: dict) -> dict | None:
 
 # ----------------------------------------------------------------------------- the run
 
-def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dict, layout: BatchLayout,
+def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: StepPlan, layout: BatchLayout,
            state: ckpt.TrainState, total_rows: int | None = None) -> dict:
     """Check the token count against the plan, then write summary.json and (last) final.pt. In rows
     mode (an epochs budget) the count includes the last step's empty rows (`empty_rows`)."""
-    planned = plan["num_steps"] * layout.tokens_per_step
-    rows_read = plan["num_steps"] * layout.rows_per_step
+    planned = plan.num_steps * layout.tokens_per_step
+    rows_read = plan.num_steps * layout.rows_per_step
     summary = {
         "stage": params["stage"]["name"],
         "init_from": params["stage"]["init_from"],
@@ -386,7 +380,7 @@ def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dic
         "tokens_trained": state.tokens_seen,
         "tokens_planned": planned,
         "loss_tokens": state.loss_tokens,
-        "num_steps": plan["num_steps"],
+        "num_steps": plan.num_steps,
         "tokens_per_step": layout.tokens_per_step,
         "world_size": dist.world_size,
         "final_val_loss": state.last_val_loss,
@@ -398,14 +392,14 @@ def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: dic
     weights = ckpt.full_model_state(model)  # fsdp: gathered to rank 0 (a collective), on the CPU
     if dist.is_main:
         write_json(outdir / "summary.json", {**summary, "meta": provenance("train", params)})
-        save_checkpoint(outdir / "final.pt", {"model": weights, "params": params, "plan": plan,
+        save_checkpoint(outdir / "final.pt", {"model": weights, "params": params, "plan": dataclasses.asdict(plan),
                                               "summary": summary, "versions": versions()})
         log.info("trained %d tokens in %d steps (= plan); final val loss %.4f", state.tokens_seen,
-                 plan["num_steps"], state.last_val_loss)
+                 plan.num_steps, state.last_val_loss)
     return summary
 
 
-def train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
+def train(params: dict, plan: StepPlan, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
           resume: str | None = None, max_steps: int | None = None, keep_ckpts: int = 2,
           eval_data: str | None = None, init: str | None = None, segment: tuple[int, int] = (1, 1)) -> dict | None:
     """Run (or resume) one training stage (`params` from `stage_config`; a whole run config trains its
@@ -435,7 +429,7 @@ class Run:
     CORE) and the CORE tasks (and, in a chat stage, the ChatCORE tasks)."""
 
     params: dict
-    plan: dict
+    plan: StepPlan
     layout: BatchLayout
     dist: Dist
     model: Transformer
@@ -449,16 +443,17 @@ class Run:
     total_rows: int | None  # rows to read (an epochs budget), else None
 
 
-def set_up(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str,
+def set_up(params: dict, plan: StepPlan, train_meta: str, val_meta: str, tokenizer_path: str,
            eval_data: str | None, dist: Dist) -> Run:
     """Check the plan, the data and the tokenizer against the stage, and build the model, optimizer and
     loaders (fresh: `pipeline.training.checkpoint.resume` then loads a checkpoint into them)."""
     layout = BatchLayout.from_config(params)
+    plan = StepPlan.from_plan(plan)
     check_plan(plan, layout, dist)
     if dist.device.type == "cuda" and dist.is_main:
         check_gpu_type(params, dist.device)
     num_steps, total_rows = stage_steps(params, layout, train_meta)
-    plan = {**plan, "num_steps": num_steps, "stage": params["stage"]["name"]}
+    plan = dataclasses.replace(plan, num_steps=num_steps, stage=params["stage"]["name"])
     set_matmul_precision(ce_matmul(params))
 
     seed_everything(params["seed"])
@@ -493,7 +488,7 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, s
     reference to the DDP module, or under fsdp to the loss model (for `close_distributed`), and whether the
     run stopped before `stop_at`."""
     params, plan, dist, model, optimizer = run.params, run.plan, run.dist, run.model, run.optimizer
-    train_cfg, num_steps, accum = params["train"], plan["num_steps"], run.layout.grad_accum_steps
+    train_cfg, num_steps, accum = params["train"], plan.num_steps, run.layout.grad_accum_steps
     sched, clock, allow, watchdog = Schedule.of(params, num_steps, run.core_every), control.clock, control.allow, \
         control.watchdog
     peak = peak_flops(params)
@@ -555,7 +550,7 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, s
             record = {"step": done, "tokens": state.tokens_seen, "loss": float(loss), "grad_norm": float(grad_norm),
                       **{f"lr/{g['name']}": g["lr"] for g in optimizer.param_groups}, **record,
                       **group_norms(watched, "param_norm"), **update.ratios(), "tokens_per_s": tps,
-                      "mfu": mfu(plan["flops_per_token"], tps, dist.world_size, peak), **memory_stats(dist.device)}
+                      "mfu": mfu(plan.flops_per_token, tps, dist.world_size, peak), **memory_stats(dist.device)}
         update = None  # its snapshot (≈ 1.5 GB at 1.2B) is not held through validation and CORE scoring
         phases, after = 0.0, 0.0
         if is_val:
@@ -592,7 +587,8 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, s
             watchdog.beat(done, "checkpoint", allow["checkpoint"])
             t = time.perf_counter()
             state.wandb_id = metrics.wandb_id if metrics else None
-            checkpointer.save(model=model, optimizer=optimizer, loader=steps, params=params, plan=plan, state=state)
+            checkpointer.save(model=model, optimizer=optimizer, loader=steps, params=params,
+                              plan=dataclasses.asdict(plan), state=state)
             clock.save_s = checkpointer.save_s  # what a save costs a job that must end right after it
             phases, after = phases + checkpointer.blocked_s, after + allow["checkpoint"]
         if is_log:  # throughput excludes validation and checkpoint time; memory peaks are per interval
@@ -606,7 +602,7 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, s
     return ref, stopped
 
 
-def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
+def _train(params: dict, plan: StepPlan, train_meta: str, val_meta: str, tokenizer_path: str, outdir: str,
            resume: str, max_steps: int | None, keep_ckpts: int, eval_data: str | None,
            init: str | None, segment: tuple[int, int], rank: int) -> dict | None:
     """Set up, resume or start afresh, train to the segment's target (`max_steps` at most), finish."""
@@ -634,7 +630,7 @@ def _train(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_p
         control.close()
 
 
-def _run(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_path: str, outdir: Path,
+def _run(params: dict, plan: StepPlan, train_meta: str, val_meta: str, tokenizer_path: str, outdir: Path,
          resume: str, max_steps: int | None, keep_ckpts: int, eval_data: str | None, init: str | None,
          segment: tuple[int, int], control: StopControl) -> dict | None:
     dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
@@ -651,7 +647,7 @@ def _run(params: dict, plan: dict, train_meta: str, val_meta: str, tokenizer_pat
     if dist.is_main:
         metrics = MetricsLogger(outdir / "metrics.jsonl", params["wandb"], outdir, params, params["run_name"],
                                 resume_step=state.step or None, wandb_id=state.wandb_id)
-    num_steps = run.plan["num_steps"]
+    num_steps = run.plan.num_steps
     target = segment_target(segment, num_steps)
     stop_at = target if max_steps is None else min(max_steps, target)
 
@@ -721,7 +717,7 @@ def main(argv=None) -> None:
     params = params_from_args(args, train_slice)
     if "stage" not in params:
         params = stage_config(params, args.stage or stage_names(params)[0])
-    plan = read_json(args.plan) if args.plan is not None else batch_plan(params)
+    plan = StepPlan.from_plan(read_json(args.plan)) if args.plan is not None else StepPlan.of(params)
     try:
         train(params, plan, args.train, args.val, args.tokenizer, args.outdir,
               resume=args.resume, max_steps=args.max_steps, keep_ckpts=args.keep_ckpts, eval_data=args.eval_data,

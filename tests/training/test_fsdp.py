@@ -63,7 +63,7 @@ run_cli(T.main)
 
 def command(data, outdir: Path, params: dict, nproc: int, *extra: str) -> list[str]:
     plan_path = outdir.parent / f"{outdir.name}-plan.json"
-    write_json(plan_path, make_plan(params))
+    write_json(plan_path, make_plan(params).to_json())
     script = outdir.parent / "launch_fsdp.py"
     script.write_text(textwrap.dedent(LAUNCH))
     return [sys.executable, "-m", "pipeline.training.launch", "--", sys.executable, "-m", "torch.distributed.run",
@@ -93,7 +93,7 @@ def final_model(outdir: Path) -> dict:
 def params_for(nproc: int = 2, parallel: str = "fsdp", **train) -> dict:
     p = make_params(nproc=nproc, steps=STEPS, micro_batch=2, ckpt_interval=3, val_interval=10, parallel=parallel,
                     **train)
-    assert make_plan(p)["grad_accum_steps"] == 4 // nproc
+    assert make_plan(p).grad_accum_steps == 4 // nproc
     return p
 
 

@@ -227,7 +227,7 @@ run_cli(T.main)
 
 def command(data, outdir: Path, params: dict, *extra: str, grace: float = 120) -> list[str]:
     plan_path = outdir.parent / f"{outdir.name}-plan.json"
-    write_json(plan_path, make_plan(params))
+    write_json(plan_path, make_plan(params).to_json())
     script = outdir.parent / "launch_stopping.py"
     script.write_text(textwrap.dedent(LAUNCH))
     # what the train rule runs: the supervisor, then rendezvous, which execs torchrun

@@ -6,6 +6,7 @@ with the gloo backend (marked slow).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -54,7 +55,7 @@ def full_run(data, tmp_path_factory):
 def test_run_writes_outputs_and_trains_the_planned_tokens(full_run):
     out, params, summary = full_run
     plan = make_plan(params)
-    assert summary["tokens_trained"] == plan["num_steps"] * plan["tokens_per_step"] == 12 * 256
+    assert summary["tokens_trained"] == plan.num_steps * plan.tokens_per_step == 12 * 256
     assert summary["loss_tokens"] == 12 * 256  # concat packing: every target counts
     final = torch.load(out / "final.pt", weights_only=True)
     assert final["summary"]["tokens_trained"] == 12 * 256 and final["params"] == params
@@ -163,7 +164,7 @@ def test_plan_for_another_world_size_is_refused(data, tmp_path):
     from pipeline.training.train import train
 
     params = make_params()
-    plan = {**make_plan(params), "world_size": 2}
+    plan = dataclasses.replace(make_plan(params), world_size=2)
     with pytest.raises(PipelineError, match="launched with 1 process.*world_size 2"):
         train(params, plan, data["train"], data["val"], data["tokenizer"], str(tmp_path))
 
@@ -507,7 +508,7 @@ def torchrun(data, outdir: Path, params: dict, *extra: str) -> None:
     """Run the train CLI under torchrun with 2 gloo processes; each rank also dumps its final
     parameters to outdir/rank{r}.pt (through a wrapper script, test-only)."""
     plan_path = outdir.parent / f"{outdir.name}-plan.json"
-    write_json(plan_path, make_plan(params))
+    write_json(plan_path, make_plan(params).to_json())
     script = outdir.parent / f"{outdir.name}-launch.py"
     script.write_text(textwrap.dedent("""
         import torch, torch.distributed as dist
@@ -535,7 +536,7 @@ def ddp_run(data, tmp_path_factory):
     backward all-reduces the accumulated gradients across the ranks."""
     out = tmp_path_factory.mktemp("ddp") / "train"
     params = make_params(nproc=2, steps=6, ckpt_interval=2, val_interval=3, micro_batch=2)
-    assert make_plan(params)["grad_accum_steps"] == 2
+    assert make_plan(params).grad_accum_steps == 2
     torchrun(data, out, params)
     return out, params
 
@@ -557,7 +558,7 @@ def test_ddp_ranks_agree_and_equal_single_process_accumulation(data, ddp_run, tm
     # and both normalise by the same global token count, so the gradients agree up to fp32
     # summation order.
     single = make_params(nproc=1, steps=6, ckpt_interval=2, val_interval=3)  # micro-batch 4, 2 micro-steps
-    assert make_plan(single)["grad_accum_steps"] == 2
+    assert make_plan(single).grad_accum_steps == 2
     from pipeline.data.loader import PackedLoader
 
     def step_inputs(world: int, micro_batch: int) -> list[torch.Tensor]:
@@ -627,7 +628,7 @@ def test_ddp_checkpoint_resumes_in_one_process_like_the_uninterrupted_run(data, 
     out = tmp_path / "train"
     torchrun(data, out, params, "--max-steps", "3")
     alone = make_params(nproc=1, steps=6, ckpt_interval=2, val_interval=3, micro_batch=2)
-    assert make_plan(alone)["grad_accum_steps"] == 4
+    assert make_plan(alone).grad_accum_steps == 4
     summary = run_inprocess(data, out, alone, resume="require")
     assert summary["tokens_trained"] == summary["tokens_planned"] == 6 * 256 and summary["world_size"] == 1
     recs, full = read_metrics(out), read_metrics(out_full)
