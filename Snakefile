@@ -27,8 +27,8 @@ include: "workflow/rules/scaling.smk"  # `snakemake --cores all scaling`: a targ
 rule all:
     default_target: True
     input:
-        f"{RUN_DIR}/plan.json",
-        f"{RUN_DIR}/accounting.json",
-        f"{RUN_DIR}/filtered/report.json",
-        expand(f"{RUN_DIR}/eval/{{stage}}/report.json", stage=list(STAGES)),
-        f"{RUN_DIR}/eval/stages.json",
+        L.plan(),
+        L.accounting(),
+        L.filter_report(),
+        expand(L.eval(), stage=list(STAGES)),
+        L.stages_report(),

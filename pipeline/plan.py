@@ -70,7 +70,8 @@ def main(argv=None) -> None:
         return
     print(format_plan(plan))
     if args.configfile:  # the data stages' cost on a cluster (pipeline/planning/data_cost.py)
-        print("\n" + data_cost.format_costs(data_cost.data_costs(params, job_sizes.measured_sizes(found), args.data_cpus)))
+        costs = data_cost.data_costs(params, job_sizes.measured_sizes(found), args.data_cpus)
+        print("\n" + data_cost.format_costs(costs))
 
 
 if __name__ == "__main__":

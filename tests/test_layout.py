@@ -3,6 +3,7 @@ importing one above it: `model` and `data` below `evaluation`, below `training`,
 rule module importing another (a rule module is what a rule runs: `python -m pipeline.…` in
 workflow/rules/*.smk), a torch-free top level, and no snakemake import anywhere in the package."""
 import ast
+import re
 
 from builders import ROOT, workflow_rule_facts
 
@@ -129,3 +130,38 @@ def test_readmes_first_screen_is_short_and_the_detail_is_in_docs():
     assert sections[1] <= 60, f"README's first screen is {sections[1]} lines"
     assert "make run" in "\n".join(readme[:sections[1]]) and "make test" in "\n".join(readme[:sections[1]])
     assert "(docs/architecture.md)" in "\n".join(readme[:sections[1]]) and (ROOT / "docs/architecture.md").exists()
+
+
+# ----------------------------------------------------------------------------- one owner of the run's paths
+
+RUN_SUBDIRS = ("filtered", "tokens", "tokenizer", "counts", "dedup", "decontam", "split", "mix", "pack", "train",
+               "eval", "eval_data", "scaling", "export", "benchmarks", "segments")
+_NAMES = "|".join(RUN_SUBDIRS)
+JOIN = re.compile(rf'/\s*"(?:{_NAMES})"|f"\{{[^}}"]*\}}/(?:{_NAMES})\b')
+
+
+def test_no_run_dir_path_is_built_outside_the_layout():
+    """RunLayout (pipeline/config/layout.py) owns every path under R: no module joins a run's sub-directory
+    by hand, and the .smk files name none but through it (`L.…`) or `rules.X.output`."""
+    found = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        if p.name == "layout.py":
+            continue
+        found += [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for i, line in enumerate(p.read_text().splitlines(), 1)
+                  if JOIN.search(line) and not line.lstrip().startswith("#")]
+    for p in sorted((ROOT / "workflow").rglob("*.smk")) + [ROOT / "Snakefile"]:
+        found += [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for i, line in enumerate(p.read_text().splitlines(), 1)
+                  if "RUN_DIR" in line or JOIN.search(line) or re.search(r'f"\{L\.root\}', line)]
+    assert not found, "paths under R built outside RunLayout:\n" + "\n".join(found)
+
+
+def test_the_layout_gives_snakemake_patterns_and_concrete_paths():
+    from pipeline.config.layout import RunLayout
+
+    L = RunLayout.of({"results_dir": "results", "run_name": "tiny"})
+    assert L.tokens() == "results/tiny/tokens/{source}/{shard}.json"
+    assert L.tokens("web", "00001", "bin") == "results/tiny/tokens/web/00001.bin"
+    assert L.manifest("dedup/sig", "web", "0") == "results/tiny/dedup/sig/web/_manifest/0.json"
+    assert L.log("dedup", "candidates", "{part}") == "logs/tiny/dedup/candidates/{part}.log"
+    assert L.bench("tokenize", "{source}", "{group}") == "results/tiny/benchmarks/tokenize/{source}/{group}.tsv"
+    assert RunLayout.at("results/tiny") == L

@@ -93,7 +93,8 @@ def test_a_rules_module_reaches_its_own_slice_and_never_the_table_of_rules():
         defs = codehash.package().definitions(*spec.entries)
         if spec.params is not None and spec.scope not in ("point", "fit"):  # (pipeline.planning.sweep's, at parse time)
             assert f"{spec.params.__module__}:{spec.params.__name__}" in defs, spec.name
-        table = {k for k in defs if k.split(":")[0] in ("pipeline.rules", "pipeline.planning.job_sizes", "pipeline.planning.data_cost")}
+        table = {k for k in defs
+                 if k.split(":")[0] in ("pipeline.rules", "pipeline.planning.job_sizes", "pipeline.planning.data_cost")}
         assert bool(table) == (spec.name == "plan"), (spec.name, sorted(table)[:5])
     slices = {k for k in codehash.package().definitions(*BY_NAME["mix"].entries) if k.endswith("_slice")}
     assert slices == {"pipeline.config.rule_params:mix_slice", "pipeline.config.rule_params:pack_slice"}

@@ -17,7 +17,8 @@ Inputs are uniform random token ids of the model's vocabulary, [micro_batch, seq
 
 The first `--warmup` steps (compilation, allocator growth) are excluded; each timed step ends with
 a device synchronize. Reported: median and mean step time, tokens/s (micro_batch × seq_len /
-median step time), MFU (`pipeline.planning.compute.flops_per_token` × tokens/s / `pipeline.planning.compute.peak_flops` of
+median step time), MFU (`pipeline.planning.compute.flops_per_token` × tokens/s /
+`pipeline.planning.compute.peak_flops` of
 the device actually used — its GPU type from the CUDA device's exact name, pipeline.planning.compute.GPU_SPECS;
 an unknown GPU is refused — and the run's precision)
 and, on CUDA, memory allocated / peak allocated / reserved in GB (peak over

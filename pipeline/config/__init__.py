@@ -3,6 +3,7 @@
 * `pipeline.config.resolve`: load a config file, apply command-line overrides, fill the schema's
   defaults and validate (`workflow/schemas/config.schema.yaml`, the single source of defaults), then
   the cross-field checks of `pipeline.config.checks`;
+* `pipeline.config.layout`: `RunLayout`, the one owner of every path of a run;
 * `pipeline.config.sources`: a source's shards, the shard groups of the per-shard rules, and the
   content hashes of local shards;
 * `pipeline.config.rule_params`: what each rule depends on (its params slice: the `*_slice` functions, which
@@ -13,6 +14,7 @@ The public names are re-exported here: `from pipeline.config import load_config,
 Torch-free and snakemake-free (the Snakefile imports it at parse time).
 """
 from pipeline.config.checks import STOCK_VOCAB, check_consistency, n_special_tokens
+from pipeline.config.layout import RunLayout
 from pipeline.config.resolve import (
     ROOT,
     SCHEMA_PATH,
@@ -62,6 +64,7 @@ from pipeline.config.sources import (
 )
 
 __all__ = [
+    "RunLayout",
     "accounting_slice", "add_config_args", "check_consistency", "cut", "decontaminate_grams_slice",
     "decontaminate_slice", "dedup_signatures_slice", "dedup_slice", "deep_merge", "download_slice",
     "eval_data_slice", "evaluate_slice", "export_slice", "filter_report_slice", "filter_slice", "hf_filenames",

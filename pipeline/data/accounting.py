@@ -61,6 +61,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import accounting_slice, add_config_args, params_from_args
+from pipeline.config.layout import RunLayout
 from pipeline.data.contract import DROP_REASONS, shard_keys, token_column_mismatches
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_write, get_logger, provenance, read_json, run_cli, write_json
@@ -189,25 +190,25 @@ class ShardData:
     delimiters_per_doc: int
 
 
-def filter_quantities(data_dir: Path, run: Path, source: str, shard: str) -> dict:
+def filter_quantities(data_dir: Path, run: RunLayout, source: str, shard: str) -> dict:
     """The download and filter numbers of one shard: the placed shard's rows (its download sidecar) and the
     filter's decisions (rows, kept rows, their characters after filtering)."""
     side = data_dir / source / f"{shard}.parquet.json"
     if not side.exists():
         raise PipelineError(f"{side}: not found; run the download stage for {source}/{shard}")
-    d = _read_table(run / "filtered" / source / f"{shard}.decisions.parquet", ["kept", "chars_out"],
+    d = _read_table(Path(run.filtered(source, shard, "decisions.parquet")), ["kept", "chars_out"],
                     f"run the filter stage for {source}/{shard}")
     kept = d.column("kept").to_numpy(zero_copy_only=False)
     return {"downloaded_rows": int(read_json(side)["rows"]), "decision_rows": d.num_rows,
             "filter_kept_rows": int(kept.sum()), "filter_chars_out": int(d.column("chars_out").to_numpy().sum())}
 
 
-def shard_quantities(run: Path, count: dict, dedup_enabled: bool, decontam_enabled: bool, data_dir: Path
+def shard_quantities(run: RunLayout, count: dict, dedup_enabled: bool, decontam_enabled: bool, data_dir: Path
                      ) -> tuple[dict, ShardData]:
     """Every number of one shard's flow (names as in SHARD_EQUATIONS); `data_dir`: where its raw shard was
     placed (the config's data_dir)."""
     source, shard = count["source"], count["shard"]
-    tok_json = run / "tokens" / source / f"{shard}.json"
+    tok_json = Path(run.tokens(source, shard))
     if not tok_json.exists():
         raise PipelineError(f"{tok_json}: not found; run the tokenize stage for {source}/{shard}")
     tok = read_json(tok_json)
@@ -246,9 +247,10 @@ def shard_quantities(run: Path, count: dict, dedup_enabled: bool, decontam_enabl
     return q, ShardData(spans, split, tok["delimiters_per_doc"])
 
 
-def _dedup_keep(run: Path, source: str, shard: str, n: int, q: dict, spans: np.ndarray, enabled: bool) -> np.ndarray:
+def _dedup_keep(run: RunLayout, source: str, shard: str, n: int, q: dict, spans: np.ndarray,
+                enabled: bool) -> np.ndarray:
     """Fill the dedup quantities; return keep (bool per document)."""
-    path = run / "dedup" / "keep" / source / f"{shard}.parquet"
+    path = Path(run.dedup_keep(source, shard))
     if not enabled and not path.exists():
         keep = np.ones(n, bool)
         q.update(dedup_rows=n, dedup_docs=n)
@@ -264,10 +266,10 @@ def _dedup_keep(run: Path, source: str, shard: str, n: int, q: dict, spans: np.n
     return keep
 
 
-def _decontam_flags(run: Path, source: str, shard: str, n: int, q: dict, spans: np.ndarray, keep: np.ndarray,
+def _decontam_flags(run: RunLayout, source: str, shard: str, n: int, q: dict, spans: np.ndarray, keep: np.ndarray,
                     enabled: bool) -> np.ndarray:
     """Fill the decontamination quantities; return contaminated (bool per document)."""
-    path = run / "decontam" / source / f"{shard}.parquet"
+    path = Path(run.decontam(source, shard))
     flags = np.zeros(n, bool)
     if not enabled and not path.exists():
         q.update(decontam_rows=n, decontam_docs=n)
@@ -282,10 +284,10 @@ def _decontam_flags(run: Path, source: str, shard: str, n: int, q: dict, spans: 
     return flags
 
 
-def _split_codes(run: Path, source: str, shard: str, n: int, q: dict, spans: np.ndarray, keep: np.ndarray,
+def _split_codes(run: RunLayout, source: str, shard: str, n: int, q: dict, spans: np.ndarray, keep: np.ndarray,
                  delimiters_per_doc: int) -> np.ndarray:
     """Fill the split quantities; return the split code (SPLIT_CODES, -1 = unassigned) per document."""
-    t = _read_table(run / "split" / source / f"{shard}.parquet", ["doc", "split", "tokens"], "run the split stage")
+    t = _read_table(Path(run.split(source, shard)), ["doc", "split", "tokens"], "run the split stage")
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -293,7 +295,7 @@ def _split_codes(run: Path, source: str, shard: str, n: int, q: dict, spans: np.
     codes = pc.index_in(t["split"], value_set=pa.array(list(SPLIT_CODES))).fill_null(-1).to_numpy().astype(np.int8)
     if (codes < 0).any():
         unknown = pc.unique(t["split"].filter(pa.array(codes < 0))).to_pylist()
-        raise PipelineError(f"{run}/split/{source}/{shard}.parquet: unknown split value(s) {unknown}; expected train "
+        raise PipelineError(f"{run.split(source, shard)}: unknown split value(s) {unknown}; expected train "
                             "/ val / dup, rerun split")
     q["split_docs"], first = _coverage(doc, n)
     q["split_rows"] = len(doc)
@@ -309,10 +311,10 @@ def _split_codes(run: Path, source: str, shard: str, n: int, q: dict, spans: np.
 
 # ----------------------------------------------------------------------------- mixes
 
-def mix_flow(run: Path, mix: str, split: str, shards: dict[str, ShardData], ledger: Ledger) -> dict:
+def mix_flow(run: RunLayout, mix: str, split: str, shards: dict[str, ShardData], ledger: Ledger) -> dict:
     """Scheduled vs available tokens per source, and the pack's balance, for one mix split."""
     scope = f"{mix}/{split}"
-    sched = _read_table(run / "mix" / mix / f"{split}.parquet", ["source", "shard", "doc", "tokens", "epoch"],
+    sched = _read_table(Path(run.mix(mix, split)), ["source", "shard", "doc", "tokens", "epoch"],
                         "run the mix stage")
     names, shard_id = shard_keys(sched)
     doc = sched["doc"].to_numpy().astype(np.int64)
@@ -321,7 +323,7 @@ def mix_flow(run: Path, mix: str, split: str, shards: dict[str, ShardData], ledg
     wrong = 0
     for k, name in enumerate(names):
         if name not in shards:
-            raise PipelineError(f"{run}/mix/{mix}/{split}.parquet schedules shard {name}, which was not counted; "
+            raise PipelineError(f"{run.mix(mix, split)} schedules shard {name}, which was not counted; "
                                 "rerun the pipeline")
         sel = shard_id == k
         d = doc[sel]
@@ -352,9 +354,9 @@ def mix_flow(run: Path, mix: str, split: str, shards: dict[str, ShardData], ledg
     return flow
 
 
-def pack_flow(run: Path, mix: str, split: str, flow: dict, ledger: Ledger) -> dict:
+def pack_flow(run: RunLayout, mix: str, split: str, flow: dict, ledger: Ledger) -> dict:
     scope = f"{mix}/{split}"
-    path = run / "pack" / mix / f"{split}.json"
+    path = Path(run.pack(mix, split))
     if not path.exists():
         raise PipelineError(f"{path}: not found; run the pack stage for {scope}")
     p = read_json(path)
@@ -376,13 +378,14 @@ def pack_flow(run: Path, mix: str, split: str, flow: dict, ledger: Ledger) -> di
 
 def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
     """Reconcile the run's token flow; returns the report, raises PipelineError if unbalanced."""
-    run = Path(run_dir)
+    run = RunLayout.at(run_dir)
     columns = ["source", "shard", "documents", "empty_documents", "invalid_utf8_documents", "short_documents",
                "null_content_documents", "no_assistant_documents", "long_documents", "tokens", "chars"]
-    counts = _read_table(run / "counts" / "counts.parquet", columns, "run the count rule").to_pylist()
+    counts = _read_table(Path(run.counts("counts.parquet")), columns, "run the count rule").to_pylist()
     missing = sorted(set(params["sources"]) - {c["source"] for c in counts})
     if missing:
-        raise PipelineError(f"{run}/counts/counts.parquet has no shards of source(s) {', '.join(missing)}; rerun the "
+        raise PipelineError(f"{run.counts('counts.parquet')} has no shards of source(s) {', '.join(missing)}; "
+                            "rerun the "
                             "count rule")
     ledger = Ledger()
     by_source: dict[str, dict] = defaultdict(lambda: defaultdict(int))
@@ -412,9 +415,9 @@ def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
     }
 
 
-def decontam_report(run: Path, by_source: dict, enabled: bool, ledger: Ledger) -> None:
+def decontam_report(run: RunLayout, by_source: dict, enabled: bool, ledger: Ledger) -> None:
     """The decontaminate report's flagged tokens per source against its flag files."""
-    path = run / "decontam" / "report.json"
+    path = Path(run.decontam_report())
     if not enabled and not path.exists():
         return
     if not path.exists():
@@ -471,7 +474,7 @@ def markdown(report: dict) -> str:
 
 def run_accounting(params: dict, run_dir, out_json, out_md) -> dict:
     report = reconcile(params, run_dir)
-    report["meta"] = provenance("accounting", params, [Path(run_dir) / "counts" / "counts.parquet"])
+    report["meta"] = provenance("accounting", params, [RunLayout.at(run_dir).counts("counts.parquet")])
     with atomic_write(out_md, "w", encoding="utf-8") as f:
         f.write(markdown(report))
     write_json(out_json, report)

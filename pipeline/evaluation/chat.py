@@ -34,6 +34,7 @@ from typing import Callable
 
 import torch
 
+from pipeline.config import RunLayout
 from pipeline.data.encoding import ASSISTANT_END, ASSISTANT_START, BOS, EOS, USER_START, load_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, run_cli
@@ -49,7 +50,7 @@ COMMANDS = ("/clear", "/history", "/quit")
 def find_tokenizer(ckpt_path: str | Path) -> Path:
     """The run's encoding.json next to the checkpoint's run directory (module docstring)."""
     for parent in Path(ckpt_path).resolve().parents:
-        candidate = parent / "tokenizer" / "encoding.json"
+        candidate = Path(RunLayout.at(parent).tokenizer())
         if candidate.exists():
             return candidate
     raise PipelineError(f"no tokenizer/encoding.json in any parent directory of {ckpt_path}; pass --tokenizer "

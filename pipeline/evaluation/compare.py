@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.config.layout import RunLayout
 from pipeline.errors import PipelineError
 from pipeline.evaluation import stats
 from pipeline.io import read_json, run_cli
@@ -36,9 +37,10 @@ def resolve(path: str | Path) -> Path:
         return p
     if (p / "report.json").is_file():
         return p / "report.json"
-    if (p / "eval" / "stages.json").is_file():
-        last = read_json(p / "eval" / "stages.json")["stages"][-1]["stage"]
-        return p / "eval" / last / "report.json"
+    run = RunLayout.at(p)
+    if Path(run.stages_report()).is_file():
+        last = read_json(run.stages_report())["stages"][-1]["stage"]
+        return Path(run.eval(last))
     raise PipelineError(f"{p}: neither an evaluation report (report.json), a stage's evaluation directory "
                         "(R/eval/<stage>) nor a run directory with R/eval/stages.json; run the evaluate rule first")
 

@@ -29,6 +29,7 @@ import json
 from pathlib import Path
 
 from pipeline.config import add_config_args, evaluate_slice, params_from_args
+from pipeline.config.layout import RunLayout
 from pipeline.errors import PipelineError
 from pipeline.evaluation import compare
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, read_json, run_cli, write_json
@@ -54,15 +55,14 @@ def reconcile(name: str, summary: dict) -> None:
                             "trained is impossible; rerun its train rule")
 
 
-def stage_rows(params: dict, run_dir: Path) -> tuple[list[dict], dict[str, list[dict]]]:
+def stage_rows(params: dict, run: RunLayout) -> tuple[list[dict], dict[str, list[dict]]]:
     rows, curves = [], {}
     for st in stage_list(params):
         name = st["name"]
-        train_dir, report_path = run_dir / "train" / name, run_dir / "eval" / name / "report.json"
-        summary = read_json(train_dir / "summary.json")
+        summary = read_json(run.train_summary(name))
         reconcile(name, summary)
-        report = read_json(report_path)
-        curves[name] = read_metrics(train_dir / "metrics.jsonl")
+        report = read_json(run.eval(name))
+        curves[name] = read_metrics(Path(run.train_dir(name)) / "metrics.jsonl")
         rows.append({
             "stage": name, "mix": st["mix"], "loss": st["loss"], "init_from": st["init_from"],
             "budget": st["budget"], "num_steps": summary["num_steps"], "tokens_trained": summary["tokens_trained"],
@@ -76,12 +76,12 @@ def stage_rows(params: dict, run_dir: Path) -> tuple[list[dict], dict[str, list[
     return rows, curves
 
 
-def consecutive_comparisons(run_dir: Path, names: list[str]) -> list[dict]:
+def consecutive_comparisons(run: RunLayout, names: list[str]) -> list[dict]:
     """Each stage against the one before it (pipeline/evaluation/compare.py): the paired differences, or
     why the two evaluations cannot be paired."""
     out = []
     for prev, cur in zip(names, names[1:]):
-        a, b = run_dir / "eval" / prev / "report.json", run_dir / "eval" / cur / "report.json"
+        a, b = run.eval(prev), run.eval(cur)
         try:
             out.append({**compare.compare_reports(a, b), "a": prev, "b": cur})
         except PipelineError as e:
@@ -150,13 +150,13 @@ def markdown(rows: list[dict], comparisons: list[dict] = ()) -> str:
 
 
 def stages_report(params: dict, run_dir: str | Path, out_json, out_md, out_png) -> dict:
-    run_dir = Path(run_dir)
-    rows, curves = stage_rows(params, run_dir)
-    comparisons = consecutive_comparisons(run_dir, [r["stage"] for r in rows])
+    run = RunLayout.at(run_dir)
+    rows, curves = stage_rows(params, run)
+    comparisons = consecutive_comparisons(run, [r["stage"] for r in rows])
     plot_stages(curves, out_png)
     with atomic_write(out_md, encoding="utf-8") as f:
         f.write(markdown(rows, comparisons))
-    inputs = [run_dir / "train" / r["stage"] / "summary.json" for r in rows]
+    inputs = [run.train_summary(r["stage"]) for r in rows]
     report = {"stages": rows, "comparisons": comparisons, "total_steps": sum(r["num_steps"] for r in rows),
               "total_tokens": sum(r["tokens_trained"] for r in rows), "meta": provenance("stages", params, inputs)}
     write_json(out_json, report)

@@ -27,7 +27,8 @@ TOKENIZER_PARALLELISM = 1.85
 
 def job_resources(cfg: dict, name: str, documents: float = 0, tokens: float = 0, train_hours: float = 0) -> dict:
     """{"threads": int, "resources": {...}} of rule `name` (its spec's `size`); `documents`/`tokens`: the corpus
-    (`pipeline.planning.job_sizes.corpus`); `train_hours`: the plan's estimate (`pipeline.planning.token_plan.train_hours`), the train job's
+    (`pipeline.planning.job_sizes.corpus`); `train_hours`: the plan's estimate
+    (`pipeline.planning.token_plan.train_hours`), the train job's
     runtime × 1.5."""
     spec = rule(name)
     return spec.size(cfg, Demand(spec.rate, documents, tokens, train_hours))
@@ -204,7 +205,8 @@ def stage_work(cfg: dict, measured: dict | None = None) -> dict[str, dict]:
 
 
 def format_costs(c: dict) -> str:
-    lines = [f"data stages on {c['data_cpus']} CPU cores (a prediction from pipeline.planning.data_cost.RATES; {c['shards']:,} "
+    lines = [f"data stages on {c['data_cpus']} CPU cores (a prediction from pipeline.planning.data_cost.RATES; "
+             f"{c['shards']:,} "
              f"shards, {c['bytes'] / 1e9:,.1f} GB of text, {c['tokens'] / 1e9:,.1f}B tokens, "
              f"{c['documents'] / 1e6:,.1f}M documents: {c['basis']})",
              f"  {'stage':<22}{'jobs':>7}{'CPU-hours':>11}{'wall h':>9}{'mem/job':>10}"]

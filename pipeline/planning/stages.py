@@ -104,7 +104,8 @@ def adamw8bit_keys(cfg: dict) -> list[str]:
                    if st.get("optimizer") == "adamw8bit"]
 
 
-# Why fsdp refuses adamw8bit: pipeline.config's check of train.parallel: fsdp, pipeline.planning.parallel.resolve_parallel's
+# Why fsdp refuses adamw8bit: pipeline.config's check of train.parallel: fsdp,
+# pipeline.planning.parallel.resolve_parallel's
 # of auto, the trainer's build_optimizer as a backstop.
 ADAMW8BIT_FSDP = ("adamw8bit cannot step train.parallel: fsdp's sharded parameters (bitsandbytes' 8-bit kernels "
                   "take plain CUDA tensors, not FSDP2's DTensor shards: an illegal memory access)")

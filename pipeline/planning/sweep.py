@@ -45,7 +45,8 @@ import copy
 import math
 from pathlib import Path
 
-from pipeline.config import cut, run_dir, train_slice
+from pipeline.config import cut, train_slice
+from pipeline.config.layout import RunLayout
 from pipeline.errors import ConfigError, PlanError
 from pipeline.io import read_json
 from pipeline.planning.compute import count_params, flops_per_token
@@ -275,7 +276,7 @@ def run_ratio(fit: dict, n_params: float) -> dict:
 # ----------------------------------------------------------------------------- the plan's ratio
 
 def fit_path(cfg: dict) -> Path:
-    return run_dir(cfg) / "scaling" / "fit.json"
+    return Path(RunLayout.of(cfg).scaling("fit.json"))
 
 
 def read_fit(path: Path) -> dict:

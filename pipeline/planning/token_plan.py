@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import source_files
+from pipeline.config.layout import RunLayout
 from pipeline.errors import ConfigError, PipelineError, PlanError
 from pipeline.io import get_logger
 from pipeline.planning import job_sizes
@@ -108,8 +109,9 @@ def run_counts(run: str | Path) -> Path | None:
     joined from the tokenize jobs), else the plan's sample (R/counts/sample.parquet, `count.sample_shards`
     tokenized shards per source), else None (the sources' estimates serve: nothing tokenized yet)."""
     for name in ("counts.parquet", "sample.parquet"):
-        if (Path(run) / "counts" / name).exists():
-            return Path(run) / "counts" / name
+        path = Path(RunLayout.at(run).counts(name))
+        if path.exists():
+            return path
     return None
 
 

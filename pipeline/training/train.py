@@ -112,7 +112,7 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 
-from pipeline.config import add_config_args, params_from_args, train_slice
+from pipeline.config import RunLayout, add_config_args, params_from_args, train_slice
 from pipeline.data.encoding import Tokenizer, load_tokenizer
 from pipeline.data.loader import DataExhausted, PackedLoader
 from pipeline.distributed import Dist, all_reduce_sum, close_distributed, init_distributed, seed_everything
@@ -334,7 +334,7 @@ def segment_target(segment: tuple[int, int], num_steps: int) -> int:
 
 
 def segment_marker(outdir: Path, segment: tuple[int, int]) -> Path:
-    return outdir / "segments" / f"{segment[0]}.json"
+    return Path(RunLayout.segment_in(outdir, segment[0]))
 
 
 def write_segment_marker(outdir: Path, params: dict, segment: tuple[int, int], target: int, step: int,

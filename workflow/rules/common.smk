@@ -79,10 +79,9 @@ try:
 except ConfigError as _e:
     stop(_e)
 
-RUN_NAME = config["run_name"]
-RUN_DIR = str(tfc.run_dir(config))  # results of this run
+# Every path of this run (R = results_dir/run_name, logs/run_name): pipeline.config.layout.RunLayout
+L = tfc.RunLayout.of(config)
 DATA_DIR = config["data_dir"]  # ingested shards
-LOG_DIR = f"logs/{RUN_NAME}"
 SOURCES = list(config["sources"])
 try:
     SHARDS = {s: tfc.source_shards(config, s) for s in SOURCES}
@@ -90,7 +89,6 @@ try:
     SAMPLE = {s: tfc.sample_shards(config, s) for s in SOURCES}  # the plan's sample (count_sample)
 except ConfigError as _e:
     stop(_e)
-TOKENIZER = f"{RUN_DIR}/tokenizer/encoding.json"
 # Training stages in order (train.stages; pipeline/planning/stages.py): R/train/{stage}/final.pt of one is the
 # input of the stages that init from it.
 STAGES = {s["name"]: s for s in stage_list(config)}
@@ -102,7 +100,7 @@ STAGES = {s["name"]: s for s in stage_list(config)}
 # gpu, nodes) from the config and the corpus size (the measured counts once they exist: the exact table,
 # else the plan's sample; else the sources' estimates). A cluster executor turns them into its job
 # requests; locally, --cores caps threads.
-_corpus = tfsz.corpus(config, tfsz.measured_sizes(run_counts(RUN_DIR)))
+_corpus = tfsz.corpus(config, tfsz.measured_sizes(run_counts(L.root)))
 CORPUS_DOCS, CORPUS_TOKENS = _corpus["documents"], _corpus["tokens"]
 
 
@@ -143,7 +141,7 @@ onstart:
         sys.exit("tokenfarm: hardware.cpus_per_task is 0 (all cores), which a cluster job cannot request: set "
                  "it to the cores one job may use, e.g. --config hardware='{cpus_per_task: 16}'")
     if workflow.is_main_process:
-        wait_for_writers([f"{RUN_DIR}/train/{s}" for s in STAGES], say=lambda m: print(m, file=sys.stderr))
+        wait_for_writers([L.train_dir(s) for s in STAGES], say=lambda m: print(m, file=sys.stderr))
 
 
 def rule_code(rule):
@@ -164,13 +162,13 @@ def rule_params(rule):
 
 def stage_pack(split):
     """Input function: the packed rows of the job's training stage's mix."""
-    return lambda w: f"{RUN_DIR}/pack/{STAGES[w.stage]['mix']}/{split}.json"
+    return lambda w: L.pack(STAGES[w.stage]['mix'], split)
 
 
 def stage_init(w):
     """Input function: the final.pt of the stage the job's training stage starts from (none for scratch)."""
     init = STAGES[w.stage]["init_from"]
-    return [f"{RUN_DIR}/train/{init}/final.pt"] if init else []
+    return [L.final(init)] if init else []
 
 
 # The train rules (workflow/rules/train.smk): their inputs, params and command, shared by train_segment and train.
@@ -189,10 +187,10 @@ def train_inputs():
     return dict(
         train=stage_pack("train"),
         val=stage_pack("val"),
-        tokenizer=TOKENIZER,
+        tokenizer=L.tokenizer(),
         init=stage_init,
         # the quick CORE subset scored during training (eval.core_interval > 0 only)
-        tasks=[f"{RUN_DIR}/eval_data/tasks.json"] if config["eval"]["core_interval"] else [],
+        tasks=[L.eval_tasks()] if config["eval"]["core_interval"] else [],
     )
 
 
@@ -202,7 +200,7 @@ def train_params(segment):
     return dict(
         p=rule_params("train"),
         code=rule_code("train"),
-        outdir=lambda w: f"{RUN_DIR}/train/{w.stage}",
+        outdir=lambda w: L.train_dir(w.stage),
         init=lambda w, input: f"--init {shlex.quote(str(input.init[0]))}" if input.init else "",
         core=lambda w, input: f"--eval-data {Path(input.tasks[0]).parent}" if input.tasks else "",
         segment=segment,
@@ -212,7 +210,7 @@ def train_params(segment):
 
 
 def segment_marker(stage, k):
-    return f"{RUN_DIR}/train/{stage}/segments/{k}.json"
+    return L.segment(stage, k)
 
 
 def previous_segment(w):
@@ -280,11 +278,6 @@ def job_group(rule):
                       else SHARD_CHAIN.format(source=w.source, group=w.group))
 
 
-# `benchmark:` of every data rule: Snakemake's per-job table (wall s, peak RSS/VMS MB, I/O, CPU s, ...) at
-# R/benchmarks/{rule}/{its wildcards}.tsv, written by the job that ran (README "The DAG").
-BENCH_DIR = f"{RUN_DIR}/benchmarks"
-
-
 def mix_sources(mix):
     return list(config["mixes"][mix]["weights"])
 
@@ -321,7 +314,7 @@ if workflow.is_main_process and TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.ge
     print(f"token-budget plan: none yet, {tfsc_describe(TOKENS_PER_PARAM_FIT)}", file=sys.stderr)
 elif workflow.is_main_process:
     try:
-        PLAN = make_plan(config, counts=run_counts(RUN_DIR), strict_counts=False,
+        PLAN = make_plan(config, counts=run_counts(L.root), strict_counts=False,
                          tokens_per_param_fit=TOKENS_PER_PARAM_FIT, parallel_requested=PARALLEL_REQUESTED)
     except (PlanError, ConfigError) as _e:
         stop(f"the token-budget plan is not feasible:\n  {_e}")

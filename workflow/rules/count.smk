@@ -9,17 +9,17 @@ localrules:
 
 rule count:
     input:
-        group_manifests(f"{RUN_DIR}/tokens"),
+        group_manifests(L.stage_dir("tokens")),
     output:
-        table=f"{RUN_DIR}/counts/counts.parquet",
-        summary=f"{RUN_DIR}/counts/summary.json",
+        table=L.counts("counts.parquet"),
+        summary=L.counts("summary.json"),
     params:
         code=rule_code("count"),
-        files=shard_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
+        files=shard_files(L.tokens()),
     log:
-        f"{LOG_DIR}/count/aggregate.log",
+        L.log("count", "aggregate"),
     benchmark:
-        f"{BENCH_DIR}/count.tsv"
+        L.bench("count")
     threads: job_threads("count")
     resources:
         **job_resources("count"),
@@ -32,18 +32,18 @@ rule count:
 
 rule count_sample:
     input:
-        sorted({f"{RUN_DIR}/tokens/{s}/_manifest/{g}.json" for s in SOURCES for sh in SAMPLE[s] for g in GROUPS[s]
+        sorted({L.manifest("tokens", s, g) for s in SOURCES for sh in SAMPLE[s] for g in GROUPS[s]
                 if sh in GROUPS[s][g]}),
     output:
-        table=f"{RUN_DIR}/counts/sample.parquet",
-        summary=f"{RUN_DIR}/counts/sample.json",
+        table=L.counts("sample.parquet"),
+        summary=L.counts("sample.json"),
     params:
         code=rule_code("count_sample"),
-        files=[f"{RUN_DIR}/tokens/{s}/{sh}.json" for s in SOURCES for sh in SAMPLE[s]],
+        files=[L.tokens(s, sh) for s in SOURCES for sh in SAMPLE[s]],
     log:
-        f"{LOG_DIR}/count/sample.log",
+        L.log("count", "sample"),
     benchmark:
-        f"{BENCH_DIR}/count_sample.tsv"
+        L.bench("count_sample")
     priority: SAMPLE_PRIORITY
     threads: job_threads("count_sample")
     resources:

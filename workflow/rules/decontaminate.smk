@@ -6,17 +6,17 @@
 # and accounting wait for; they read the per-shard flag files).
 rule decontaminate_grams:
     input:
-        tasks=f"{RUN_DIR}/eval_data/tasks.json",
+        tasks=L.eval_tasks(),
     output:
-        f"{RUN_DIR}/decontam/grams.parquet",
+        L.decontam_grams(),
     params:
         p=rule_params("decontaminate_grams"),
         code=rule_code("decontaminate_grams"),
         eval_data=lambda w, input: Path(input.tasks).parent,
     log:
-        f"{LOG_DIR}/decontaminate/grams.log",
+        L.log("decontaminate", "grams"),
     benchmark:
-        f"{BENCH_DIR}/decontaminate_grams.tsv"
+        L.bench("decontaminate_grams")
     threads: job_threads("decontaminate_grams")
     resources:
         **job_resources("decontaminate_grams"),
@@ -29,21 +29,21 @@ rule decontaminate_grams:
 
 rule decontaminate_flags:
     input:
-        grams=f"{RUN_DIR}/decontam/grams.parquet",
-        filtered=f"{RUN_DIR}/filtered/{{source}}/_manifest/{{group}}.json",
-        tokens=f"{RUN_DIR}/tokens/{{source}}/_manifest/{{group}}.json",
+        grams=L.decontam_grams(),
+        filtered=L.manifest("filtered"),
+        tokens=L.manifest("tokens"),
     output:
-        f"{RUN_DIR}/decontam/{{source}}/_manifest/{{group}}.json",
+        L.manifest("decontam"),
     params:
         p=rule_params("decontaminate_flags"),
         code=rule_code("decontaminate_flags"),
-        inputs=group_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet"),
-        tokens=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
-        files=group_files(f"{RUN_DIR}/decontam/{{source}}/{{shard}}.parquet"),
+        inputs=group_files(L.filtered()),
+        tokens=group_files(L.tokens()),
+        files=group_files(L.decontam()),
     log:
-        f"{LOG_DIR}/decontaminate/flags/{{source}}/{{group}}.log",
+        L.log("decontaminate", "flags", "{source}", "{group}"),
     benchmark:
-        f"{BENCH_DIR}/decontaminate_flags/{{source}}/{{group}}.tsv"
+        L.bench("decontaminate_flags", "{source}", "{group}")
     threads: job_threads("decontaminate_flags")
     resources:
         **job_resources("decontaminate_flags"),
@@ -62,18 +62,18 @@ localrules:
 
 rule decontaminate:
     input:
-        grams=f"{RUN_DIR}/decontam/grams.parquet",
-        flags=group_manifests(f"{RUN_DIR}/decontam"),
+        grams=L.decontam_grams(),
+        flags=group_manifests(L.stage_dir("decontam")),
     output:
-        report=f"{RUN_DIR}/decontam/report.json",
+        report=L.decontam_report(),
     params:
         p=rule_params("decontaminate"),
         code=rule_code("decontaminate"),
-        parts=shard_files(f"{RUN_DIR}/decontam/{{source}}/{{shard}}.json"),
+        parts=shard_files(L.decontam(ext="json")),
     log:
-        f"{LOG_DIR}/decontaminate/report.log",
+        L.log("decontaminate", "report"),
     benchmark:
-        f"{BENCH_DIR}/decontaminate.tsv"
+        L.bench("decontaminate")
     threads: job_threads("decontaminate")
     resources:
         **job_resources("decontaminate"),

@@ -1,23 +1,23 @@
 # MinHash dedup across all shards and sources: signatures per group of shards (one process each), then
 # dedup.partitions candidate jobs (each a bounded slice of the band keys, see pipeline/data/dedup.py),
-# then one merge job that writes RUN_DIR/dedup/keep/{source}/{shard}.parquet for every shard and, last,
+# then one merge job that writes R/dedup/keep/{source}/{shard}.parquet for every shard and, last,
 # the report (its declared output).
 rule dedup_signatures:
     input:
-        filtered=f"{RUN_DIR}/filtered/{{source}}/_manifest/{{group}}.json",
-        tokens=f"{RUN_DIR}/tokens/{{source}}/_manifest/{{group}}.json",
+        filtered=L.manifest("filtered"),
+        tokens=L.manifest("tokens"),
     output:
-        f"{RUN_DIR}/dedup/sig/{{source}}/_manifest/{{group}}.json",
+        L.manifest("dedup/sig"),
     params:
         p=rule_params("dedup_signatures"),
         code=rule_code("dedup_signatures"),
-        inputs=group_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet"),
-        tokens=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
-        files=group_files(f"{RUN_DIR}/dedup/sig/{{source}}/{{shard}}.parquet"),
+        inputs=group_files(L.filtered()),
+        tokens=group_files(L.tokens()),
+        files=group_files(L.dedup_signatures()),
     log:
-        f"{LOG_DIR}/dedup/sig/{{source}}/{{group}}.log",
+        L.log("dedup", "sig", "{source}", "{group}"),
     benchmark:
-        f"{BENCH_DIR}/dedup_signatures/{{source}}/{{group}}.tsv"
+        L.bench("dedup_signatures", "{source}", "{group}")
     group:
         job_group("dedup_signatures")
     threads: job_threads("dedup_signatures")
@@ -39,15 +39,15 @@ localrules:
 
 rule dedup_index:
     input:
-        group_manifests(f"{RUN_DIR}/dedup/sig"),
+        group_manifests(L.stage_dir("dedup/sig")),
     output:
-        f"{RUN_DIR}/dedup/sig/index.json",
+        L.dedup_index(),
     params:
         code=rule_code("dedup_index"),
     log:
-        f"{LOG_DIR}/dedup/index.log",
+        L.log("dedup", "index"),
     benchmark:
-        f"{BENCH_DIR}/dedup_index.tsv"
+        L.bench("dedup_index")
     threads: job_threads("dedup_index")
     resources:
         **job_resources("dedup_index"),
@@ -59,17 +59,17 @@ rule dedup_index:
 
 rule dedup_candidates:
     input:
-        f"{RUN_DIR}/dedup/sig/index.json",
+        L.dedup_index(),
     output:
         # read by the merge job only: removed once it has run (a rerun of the merge reruns its candidates)
-        temp(f"{RUN_DIR}/dedup/pairs/{{part}}.parquet"),
+        temp(L.dedup_pairs()),
     params:
         p=rule_params("dedup_candidates"),
         code=rule_code("dedup_candidates"),
     log:
-        f"{LOG_DIR}/dedup/candidates/{{part}}.log",
+        L.log("dedup", "candidates", "{part}"),
     benchmark:
-        f"{BENCH_DIR}/dedup_candidates/{{part}}.tsv"
+        L.bench("dedup_candidates", "{part}")
     threads: job_threads("dedup_candidates")
     resources:
         **job_resources("dedup_candidates"),
@@ -82,18 +82,18 @@ rule dedup_candidates:
 
 rule dedup:
     input:
-        index=f"{RUN_DIR}/dedup/sig/index.json",
-        pairs=[f"{RUN_DIR}/dedup/pairs/{p}.parquet" for p in range(config["dedup"]["partitions"])],
+        index=L.dedup_index(),
+        pairs=[L.dedup_pairs(p) for p in range(config["dedup"]["partitions"])],
     output:
-        report=f"{RUN_DIR}/dedup/report.json",
+        report=L.dedup_report(),
     params:
         p=rule_params("dedup"),
         code=rule_code("dedup"),
         outdir=lambda w, output: Path(output.report).parent,
     log:
-        f"{LOG_DIR}/dedup/clusters.log",
+        L.log("dedup", "clusters"),
     benchmark:
-        f"{BENCH_DIR}/dedup.tsv"
+        L.bench("dedup")
     threads: job_threads("dedup")
     resources:
         **job_resources("dedup"),

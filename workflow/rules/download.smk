@@ -12,9 +12,9 @@ rule download:
         shards=group_shards,
         files=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
     log:
-        f"{LOG_DIR}/download/{{source}}/{{group}}.log",
+        L.log("download", "{source}", "{group}"),
     benchmark:
-        f"{BENCH_DIR}/download/{{source}}/{{group}}.tsv"
+        L.bench("download", "{source}", "{group}")
     group:
         job_group("download")
     priority: sample_priority

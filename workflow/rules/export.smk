@@ -4,15 +4,15 @@
 # tokenfarm.json. transformers and lm-eval load it offline (README, "Export to Hugging Face").
 rule export:
     input:
-        ckpt=f"{RUN_DIR}/train/{list(STAGES)[-1]}/final.pt",
-        tokenizer=TOKENIZER,
+        ckpt=L.final(list(STAGES)[-1]),
+        tokenizer=L.tokenizer(),
     output:
-        directory(f"{RUN_DIR}/export/hf"),
+        directory(L.export_hf()),
     params:
         p=rule_params("export"),
         code=rule_code("export"),
     log:
-        f"{LOG_DIR}/export.log",
+        L.log("export"),
     threads: job_threads("export")
     resources:
         **job_resources("export"),

@@ -1,20 +1,20 @@
-# Filter each downloaded shard into RUN_DIR/filtered/{source}/{shard}.parquet (the kept documents, filtered)
+# Filter each downloaded shard into R/filtered/{source}/{shard}.parquet (the kept documents, filtered)
 # and {shard}.decisions.parquet (one decision per document) by the `filter:` chain (docs/data-contract.md,
 # docs/filters.md); one job (one process) per group of shards. Every rule that reads documents reads these.
 rule filter:
     input:
         download=f"{DATA_DIR}/{{source}}/_manifest/{{group}}.json",
     output:
-        f"{RUN_DIR}/filtered/{{source}}/_manifest/{{group}}.json",
+        L.manifest("filtered"),
     params:
         p=rule_params("filter"),
         code=rule_code("filter"),
         inputs=group_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
-        files=group_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet"),
+        files=group_files(L.filtered()),
     log:
-        f"{LOG_DIR}/filter/{{source}}/{{group}}.log",
+        L.log("filter", "{source}", "{group}"),
     benchmark:
-        f"{BENCH_DIR}/filter/{{source}}/{{group}}.tsv"
+        L.bench("filter", "{source}", "{group}")
     group:
         job_group("filter")
     priority: sample_priority

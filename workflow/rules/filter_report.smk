@@ -8,22 +8,22 @@ localrules:
 
 rule filter_report:
     input:
-        filtered=group_manifests(f"{RUN_DIR}/filtered"),
-        tokens=group_manifests(f"{RUN_DIR}/tokens"),
+        filtered=group_manifests(L.stage_dir("filtered")),
+        tokens=group_manifests(L.stage_dir("tokens")),
     output:
-        json=f"{RUN_DIR}/filtered/report.json",
-        md=report(f"{RUN_DIR}/filtered/report.md", category="Data", caption="../report/filter.rst"),
-        png=report(f"{RUN_DIR}/filtered/funnel.png", category="Data", caption="../report/filter.rst"),
+        json=L.filter_report(),
+        md=report(L.filter_report("md"), category="Data", caption="../report/filter.rst"),
+        png=report(L.filter_report("png"), category="Data", caption="../report/filter.rst"),
     params:
         p=rule_params("filter_report"),
         code=rule_code("filter_report"),
         raw=shard_files(f"{DATA_DIR}/{{source}}/{{shard}}.parquet"),
-        decisions=shard_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.decisions.parquet"),
-        tokens=shard_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
+        decisions=shard_files(L.filtered(ext="decisions.parquet")),
+        tokens=shard_files(L.tokens()),
     log:
-        f"{LOG_DIR}/filter_report.log",
+        L.log("filter_report"),
     benchmark:
-        f"{BENCH_DIR}/filter_report.tsv"
+        L.bench("filter_report")
     threads: job_threads("filter_report")
     resources:
         **job_resources("filter_report"),

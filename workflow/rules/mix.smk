@@ -1,20 +1,20 @@
 # Weighted, seeded document schedules per named mix (train) plus the mix's validation documents.
 rule mix:
     input:
-        split=f"{RUN_DIR}/split/report.json",
+        split=L.split_report(),
     output:
-        train=f"{RUN_DIR}/mix/{{mix}}/train.parquet",
-        val=f"{RUN_DIR}/mix/{{mix}}/val.parquet",
-        report=f"{RUN_DIR}/mix/{{mix}}/report.json",
+        train=L.mix(split="train"),
+        val=L.mix(split="val"),
+        report=L.mix(split="report"),
     params:
         p=rule_params("mix"),
         code=rule_code("mix"),
         split_dir=lambda w, input: Path(input.split).parent,
         outdir=lambda w, output: Path(output.report).parent,
     log:
-        f"{LOG_DIR}/mix/{{mix}}.log",
+        L.log("mix", "{mix}"),
     benchmark:
-        f"{BENCH_DIR}/mix/{{mix}}.tsv"
+        L.bench("mix", "{mix}")
     threads: job_threads("mix")
     resources:
         **job_resources("mix"),

@@ -1,20 +1,20 @@
 # Fixed rows of seq_len + 1 tokens (concat) or best-fit rows with a loss mask (bestfit).
 rule pack:
     input:
-        schedule=f"{RUN_DIR}/mix/{{mix}}/{{split}}.parquet",
-        tokens=lambda w: group_manifests(f"{RUN_DIR}/tokens", mix_sources(w.mix)),
+        schedule=L.mix(),
+        tokens=lambda w: group_manifests(L.stage_dir("tokens"), mix_sources(w.mix)),
     output:
-        bin=f"{RUN_DIR}/pack/{{mix}}/{{split}}.bin",
-        docs=f"{RUN_DIR}/pack/{{mix}}/{{split}}.docs.npy",
-        meta=f"{RUN_DIR}/pack/{{mix}}/{{split}}.json",
+        bin=L.pack(ext="bin"),
+        docs=L.pack(ext="docs.npy"),
+        meta=L.pack(),
     params:
         p=rule_params("pack"),
         code=rule_code("pack"),
-        tokens_dir=f"{RUN_DIR}/tokens",
+        tokens_dir=L.stage_dir("tokens"),
     log:
-        f"{LOG_DIR}/pack/{{mix}}/{{split}}.log",
+        L.log("pack", "{mix}", "{split}"),
     benchmark:
-        f"{BENCH_DIR}/pack/{{mix}}/{{split}}.tsv"
+        L.bench("pack", "{mix}", "{split}")
     threads: job_threads("pack")
     resources:
         **job_resources("pack"),

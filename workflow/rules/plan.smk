@@ -6,17 +6,17 @@ localrules:
 
 rule plan:
     input:
-        counts=f"{RUN_DIR}/counts/sample.parquet",
+        counts=L.counts("sample.parquet"),
     output:
-        json=f"{RUN_DIR}/plan.json",
-        md=report(f"{RUN_DIR}/plan.md", category="Plan", caption="../report/plan.rst"),
+        json=L.plan(),
+        md=report(L.plan("md"), category="Plan", caption="../report/plan.rst"),
     params:
         p=rule_params("plan"),
         code=rule_code("plan"),
     log:
-        f"{LOG_DIR}/plan.log",
+        L.log("plan"),
     benchmark:
-        f"{BENCH_DIR}/plan.tsv"
+        L.bench("plan")
     priority: SAMPLE_PRIORITY
     threads: job_threads("plan")
     resources:

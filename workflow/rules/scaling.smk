@@ -9,7 +9,6 @@
 
 from pipeline.planning import sweep as tfsc  # noqa: E402
 
-SCALING_DIR = f"{RUN_DIR}/scaling"
 SCALING_MIX = STAGES[next(iter(STAGES))]["mix"]
 try:
     SCALING_POINTS = tfsc.points(config)
@@ -22,21 +21,22 @@ except ConfigError as _e:
 
 rule scaling_point:
     input:
-        train=f"{RUN_DIR}/pack/{SCALING_MIX}/train.json",
-        val=f"{RUN_DIR}/pack/{SCALING_MIX}/val.json",
-        tokenizer=TOKENIZER,
+        train=L.pack(SCALING_MIX, "train"),
+        val=L.pack(SCALING_MIX, "val"),
+        tokenizer=L.tokenizer(),
     output:
-        json=f"{SCALING_DIR}/{{budget}}/{{depth}}/report.json",
+        json=L.scaling_point(),
     params:
         # the point's own view of the config (pipeline.planning.sweep.point_params); the code is what the job runs:
         # pipeline.planning.sweep only computes the params (an edit of the fit or the plot must not retrain the points)
         p=rule_params("scaling_point"),
         code=rule_code("scaling_point"),
-        outdir=lambda w, output: Path(output.json).parent,
-        ckpt=lambda w, output: Path(output.json).parent / "train" / "final.pt",
-        metrics=lambda w, output: Path(output.json).parent / "train" / "metrics.jsonl",
+        outdir=lambda w: L.scaling_point(w.budget, w.depth, "").rstrip("/"),
+        train=lambda w: L.scaling_point(w.budget, w.depth, "train"),
+        ckpt=lambda w: L.scaling_point(w.budget, w.depth, "train/final.pt"),
+        metrics=lambda w: L.scaling_point(w.budget, w.depth, "train/metrics.jsonl"),
     log:
-        f"{LOG_DIR}/scaling/{{budget}}/{{depth}}.log",
+        L.log("scaling", "{budget}", "{depth}"),
     wildcard_constraints:
         budget=r"[0-9.]+e[0-9]+",
         depth=r"\d+",
@@ -51,7 +51,7 @@ rule scaling_point:
     shell:
         "OMP_NUM_THREADS={threads} python -m pipeline.training.launch -- python -m pipeline.training.train "
         "--params {params.p:q} --train {input.train:q} --val {input.val:q} --tokenizer {input.tokenizer:q} "
-        "--outdir {params.outdir:q}/train 2>&1 | tee {log:q}; "
+        "--outdir {params.train:q} 2>&1 | tee {log:q}; "
         "OMP_NUM_THREADS={threads} python -m pipeline.evaluation.evaluate --params {params.p:q} --ckpt {params.ckpt:q} "
         "--val {input.val:q} --train {input.train:q} --tokenizer {input.tokenizer:q} --metrics {params.metrics:q} "
         "--outdir {params.outdir:q} 2>&1 | tee -a {log:q}"
@@ -59,16 +59,16 @@ rule scaling_point:
 
 rule scaling:
     input:
-        points=[f"{SCALING_DIR}/{p['budget']}/{p['depth']}/report.json" for p in SCALING_POINTS],
+        points=[L.scaling_point(p["budget"], p["depth"]) for p in SCALING_POINTS],
     output:
-        json=f"{SCALING_DIR}/fit.json",
-        md=report(f"{SCALING_DIR}/report.md", category="Scaling", caption="../report/scaling.rst"),
-        png=report(f"{SCALING_DIR}/scaling.png", category="Scaling", caption="../report/scaling.rst"),
+        json=L.scaling("fit.json"),
+        md=report(L.scaling("report.md"), category="Scaling", caption="../report/scaling.rst"),
+        png=report(L.scaling("scaling.png"), category="Scaling", caption="../report/scaling.rst"),
     params:
         p=rule_params("scaling"),
         code=rule_code("scaling"),
     log:
-        f"{LOG_DIR}/scaling/fit.log",
+        L.log("scaling", "fit"),
     threads: job_threads("scaling")
     resources:
         **job_resources("scaling"),

@@ -1,24 +1,24 @@
 # Train/val split decided per duplicate cluster, so no cluster spans both sides; documents flagged by
 # decontaminate are in neither. Writes
-# RUN_DIR/split/{source}/{shard}.parquet for every shard and, last, the report (its declared output).
+# R/split/{source}/{shard}.parquet for every shard and, last, the report (its declared output).
 rule split:
     input:
-        dedup=f"{RUN_DIR}/dedup/report.json",
-        decontam=f"{RUN_DIR}/decontam/report.json",
-        tokens=group_manifests(f"{RUN_DIR}/tokens"),
+        dedup=L.dedup_report(),
+        decontam=L.decontam_report(),
+        tokens=group_manifests(L.stage_dir("tokens")),
     output:
-        report=f"{RUN_DIR}/split/report.json",
+        report=L.split_report(),
     params:
         p=rule_params("split"),
         code=rule_code("split"),
-        keep=shard_files(f"{RUN_DIR}/dedup/keep/{{source}}/{{shard}}.parquet"),
-        tokens=shard_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
-        decontam=shard_files(f"{RUN_DIR}/decontam/{{source}}/{{shard}}.parquet"),
+        keep=shard_files(L.dedup_keep()),
+        tokens=shard_files(L.tokens()),
+        decontam=shard_files(L.decontam()),
         outdir=lambda w, output: Path(output.report).parent,
     log:
-        f"{LOG_DIR}/split.log",
+        L.log("split"),
     benchmark:
-        f"{BENCH_DIR}/split.tsv"
+        L.bench("split")
     threads: job_threads("split")
     resources:
         **job_resources("split"),

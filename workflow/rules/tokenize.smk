@@ -1,20 +1,20 @@
-# Encode each shard into RUN_DIR/tokens/{source}/{shard}.{bin,idx.npy,json} with exactly one delimiter
+# Encode each shard into R/tokens/{source}/{shard}.{bin,idx.npy,json} with exactly one delimiter
 # policy (docs/data-contract.md); one job (one process) per group of shards.
 rule tokenize:
     input:
-        filtered=f"{RUN_DIR}/filtered/{{source}}/_manifest/{{group}}.json",
-        tokenizer=TOKENIZER,
+        filtered=L.manifest("filtered"),
+        tokenizer=L.tokenizer(),
     output:
-        f"{RUN_DIR}/tokens/{{source}}/_manifest/{{group}}.json",
+        L.manifest("tokens"),
     params:
         p=rule_params("tokenize"),
         code=rule_code("tokenize"),
-        inputs=group_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet"),
-        files=group_files(f"{RUN_DIR}/tokens/{{source}}/{{shard}}.json"),
+        inputs=group_files(L.filtered()),
+        files=group_files(L.tokens()),
     log:
-        f"{LOG_DIR}/tokenize/{{source}}/{{group}}.log",
+        L.log("tokenize", "{source}", "{group}"),
     benchmark:
-        f"{BENCH_DIR}/tokenize/{{source}}/{{group}}.tsv"
+        L.bench("tokenize", "{source}", "{group}")
     group:
         job_group("tokenize")
     priority: sample_priority

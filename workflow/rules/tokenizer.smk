@@ -1,17 +1,17 @@
 # Train (or load) the run's tokenizer on a sample of the training sources.
 rule tokenizer:
     input:
-        group_manifests(f"{RUN_DIR}/filtered", tokenizer_sources(config)),
+        group_manifests(L.stage_dir("filtered"), tokenizer_sources(config)),
     output:
-        TOKENIZER,
+        L.tokenizer(),
     params:
         p=rule_params("tokenizer"),
         code=rule_code("tokenizer"),
-        files=shard_files(f"{RUN_DIR}/filtered/{{source}}/{{shard}}.parquet", tokenizer_sources(config)),
+        files=shard_files(L.filtered(), tokenizer_sources(config)),
     log:
-        f"{LOG_DIR}/tokenizer.log",
+        L.log("tokenizer"),
     benchmark:
-        f"{BENCH_DIR}/tokenizer.tsv"
+        L.bench("tokenizer")
     threads: job_threads("tokenizer")
     resources:
         **job_resources("tokenizer"),

@@ -26,11 +26,11 @@ rule train_segment:
         **train_inputs(),
         previous=previous_segment,
     output:
-        marker=f"{RUN_DIR}/train/{{stage}}/segments/{{segment}}.json",
+        marker=L.segment(),
     params:
         **train_params(lambda w: f"{w.segment}/{TRAIN_JOBS[w.stage]['jobs']}"),
     log:
-        f"{LOG_DIR}/train/{{stage}}/segment-{{segment}}.log",
+        L.log("train", "{stage}", "segment-{segment}"),
     threads: job_threads("train_segment")
     resources:
         **{**job_resources("train_segment"), "runtime": lambda w: TRAIN_JOBS[w.stage]["runtime_min"]},
@@ -46,11 +46,11 @@ rule train:
         **train_inputs(),
         previous=last_segment,
     output:
-        final=f"{RUN_DIR}/train/{{stage}}/final.pt",
+        final=L.final(),
     params:
         **train_params(lambda w: f"{TRAIN_JOBS[w.stage]['jobs']}/{TRAIN_JOBS[w.stage]['jobs']}"),
     log:
-        f"{LOG_DIR}/train/{{stage}}.log",
+        L.log("train", "{stage}"),
     threads: job_threads("train")
     resources:
         **{**job_resources("train"), "runtime": lambda w: TRAIN_JOBS[w.stage]["runtime_min"]},
