@@ -35,7 +35,8 @@ from pipeline.config import deep_merge, load_config
 from pipeline.distributed import Dist, seed_everything
 from pipeline.training.checkpoint import Checkpointer, TrainState
 from pipeline.training.optim import build_optimizer
-from pipeline.training.step import LossModel, build_model, clip_gradients, zero_gradients
+from pipeline.training.parallelize import LossModel, build_model
+from pipeline.training.step import clip_gradients, zero_gradients
 
 
 class _Loader:

@@ -1,4 +1,4 @@
-"""CORE-style scorer benchmark: items per second of `pipeline.evaluation.core.evaluate_tasks`.
+"""CORE-style scorer benchmark: items per second of `pipeline.evaluation.core_benchmark.evaluate_tasks`.
 
     python benchmarks/core.py --tokenizer R/tokenizer/encoding.json [--model default|100m] \\
         [--tasks hellaswag ...] [--items 20] [--threads 1] [--repeat 2]
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's p
 from pipeline.config import load_config, resolve_config
 from pipeline.data.encoding import load_tokenizer
 from pipeline.data.eval_data import build_eval_data
-from pipeline.evaluation import core
+from pipeline.evaluation import core_benchmark as core
 from pipeline.io import run_cli
 from pipeline.model.model import ModelConfig, Transformer
 

@@ -1,5 +1,5 @@
 """CORE shots that fit a context, per task, for a tokenizer: what the CORE table of a run would show as
-"k (asked)", without a model (pipeline/evaluation/core.py: `item_fit`, `task_k`, the same rule).
+"k (asked)", without a model (pipeline/evaluation/core_benchmark.py: `item_fit`, `task_k`, the same rule).
 
     python benchmarks/core_shots.py --tokenizer R/tokenizer/encoding.json --context 2048 [--items 500]
     python benchmarks/core_shots.py --encoding cl100k_base --context 2048 [--items 500] [--tasks boolq squad]
@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's p
 from pipeline.config import load_config
 from pipeline.data.encoding import load_tokenizer
 from pipeline.data.eval_data import build_eval_data
-from pipeline.data.tokenizer import build_tokenizer, fill_tiktoken_cache
-from pipeline.evaluation import core
+from pipeline.data.train_tokenizer import build_tokenizer, fill_tiktoken_cache
+from pipeline.evaluation import core_benchmark as core
 from pipeline.io import run_cli
 
 

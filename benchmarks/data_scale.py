@@ -282,7 +282,8 @@ def tokenizer_sweep(workdir: Path, chars: list[int]) -> list[tuple[int, float, f
         for n in chars:
             p = rule_params({**cfg, "tokenizer": {**cfg["tokenizer"], "train_chars": n}}, "tokenizer")
             before, t = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-            subprocess.run([sys.executable, "-m", "pipeline.data.tokenizer", "--params", json.dumps(p), "--inputs",
+            subprocess.run([sys.executable, "-m", "pipeline.data.train_tokenizer", "--params", json.dumps(p),
+                            "--inputs",
                             *files, "--out", f"{tmp}/{n}/encoding.json"], check=True, capture_output=True, env=env)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime

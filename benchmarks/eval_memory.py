@@ -4,7 +4,7 @@
         [--batch-tokens N] [--requests 96] [--json OUT]
 
 Builds the config's model (fp32 weights, as the trainer holds them) and scores full-context requests
-(random ids, `seq_len` tokens each, a 4-token continuation) through `pipeline.evaluation.core.score_requests`
+(random ids, `seq_len` tokens each, a 4-token continuation) through `pipeline.evaluation.core_benchmark.score_requests`
 — the scorer the evaluate stage and training's in-loop CORE both call — in two moments:
 
 * **standalone** (the evaluate stage): the weights only;
@@ -26,10 +26,10 @@ import time
 import torch
 
 from pipeline.config import load_config
-from pipeline.evaluation.core import score_requests, scoring_dtype
+from pipeline.evaluation.core_benchmark import score_requests, scoring_dtype
 from pipeline.planning.memory import GB, StepSetup, eval_batch_tokens, eval_memory
 from pipeline.training.optim import build_optimizer
-from pipeline.training.step import build_model
+from pipeline.training.parallelize import build_model
 
 
 def measure(cfg: dict, device: torch.device, batch_tokens: int, n_requests: int, in_loop: bool) -> dict:

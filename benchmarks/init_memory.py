@@ -25,7 +25,7 @@ import torch.distributed as torch_dist
 
 from pipeline.distributed import Dist
 from pipeline.model.model import ModelConfig, Transformer
-from pipeline.training.step import build_model, shard_model
+from pipeline.training.parallelize import build_model, shard_model
 
 MB = 2**20
 

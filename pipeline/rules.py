@@ -82,7 +82,7 @@ RULES = (
     # presets' language ID + PII only is faster, so this prices them high); its per-job start is not measured
     Rule("filter", ("data.filter",), rp.filter_slice, job_sizes.shard_text_size, "source",
          rate=("bytes", 0.61e6, 0.5), after=("download",), shard_chain=True),
-    Rule("tokenizer", ("data.tokenizer",), rp.tokenizer_slice, job_sizes.tokenizer_size,
+    Rule("tokenizer", ("data.train_tokenizer",), rp.tokenizer_slice, job_sizes.tokenizer_size,
          rate=("train_chars", 6.4e6, 0.5), after=("filter",)),
     Rule("tokenize", ("data.tokenize",), rp.tokenize_slice, job_sizes.tokenize_size, "source",
          rate=("bytes", 8.77e6, 0.43), after=("filter", "tokenizer"), shard_chain=True),

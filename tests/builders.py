@@ -26,14 +26,14 @@ from pipeline.data import dedup
 from pipeline.data.contract import MASK_REAL, open_tokens, pack_paths
 from pipeline.data.encoding import Tokenizer, load_tokenizer
 from pipeline.data.tokenize import tokenize_shard
-from pipeline.data.tokenizer import build_tokenizer
+from pipeline.data.train_tokenizer import build_tokenizer
 from pipeline.distributed import Dist
 from pipeline.io import read_json, write_json
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.planning import token_plan as plan_module
 from pipeline.planning.stages import stage_config
 from pipeline.rules import rule_params
-from pipeline.training.step import LossModel
+from pipeline.training.parallelize import LossModel
 
 # --- Parquet shards, and watching a run's processes and metrics
 
@@ -374,7 +374,7 @@ def corpus(n_docs: int, seed: int = 0, max_words: int = 60) -> list[str]:
 
 
 def make_tokenizer(tmp_path, delimiter: str = "bos", vocab_size: int = 320) -> Tokenizer:
-    """Train a real byte-level BPE through pipeline.data.tokenizer and load it."""
+    """Train a real byte-level BPE through pipeline.data.train_tokenizer and load it."""
     shard = write_text_shard(tmp_path / "tok_train" / "web" / "s.parquet", corpus(300, seed=99))
     params = {
         "tokenizer": {"kind": "bpe", "vocab_size": vocab_size, "train_chars": 30_000, "max_doc_chars": 10_000,
@@ -563,7 +563,7 @@ def parity_model_config(directory: Path, seq_len: int) -> tuple[dict, Tokenizer]
     return cfg, load_tokenizer(directory / "encoding.json")
 
 
-# --- The CUDA precision path on the CPU (pipeline.training.step.CPU_AS_CUDA_PRECISION)
+# --- The CUDA precision path on the CPU (pipeline.training.parallelize.CPU_AS_CUDA_PRECISION)
 
 PRECISION_SEQ = 128  # the shortest context the first COPA items fit with the tiny tokenizer (none does at 32)
 

@@ -17,7 +17,7 @@ from pipeline import codehash
 from pipeline.codehash import Package, code_version
 
 ENTRIES = ("pipeline.data.tokenize", "pipeline.training.train", "pipeline.evaluation.evaluate", "pipeline.plan")
-DATA = ("pipeline.data.download", "pipeline.data.tokenizer", "pipeline.data.tokenize")
+DATA = ("pipeline.data.download", "pipeline.data.train_tokenizer", "pipeline.data.tokenize")
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +81,9 @@ def test_what_is_reached(copy):
     assert {"pipeline.data.dedup:main", "pipeline.data.dedup:<main>", "pipeline.data.minhash:signatures",
             "pipeline.io:run_cli"} <= set(dedup)
     assert "pipeline.data.minhash:signatures" not in train
-    # imported inside a function: train scores CORE during training (pipeline.evaluation.core)
-    assert any(k.startswith("pipeline.evaluation.core:") for k in train)
-    assert "pipeline.evaluation.core:<main>" not in train  # another module's __main__ block is not run
+    # imported inside a function: train scores CORE during training (pipeline.evaluation.core_benchmark)
+    assert any(k.startswith("pipeline.evaluation.core_benchmark:") for k in train)
+    assert "pipeline.evaluation.core_benchmark:<main>" not in train  # another module's __main__ block is not run
     assert "pipeline.training.train:main" not in evaluate
 
 

@@ -43,7 +43,7 @@ def test_schema_lists_every_type_and_the_aliases():
 
 def test_bench_reads_the_type_from_the_device_properties(monkeypatch):
     """The CUDA branch on CPU: the bench keys its peak from get_device_properties(...).name."""
-    from pipeline.bench import step
+    from pipeline.bench import throughput as step
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(name="NVIDIA GH200 480GB"))
     name = step.device_name(torch.device("cuda", 0))

@@ -1,5 +1,5 @@
-"""`python -m pipeline.bench ...`: the training-step benchmark (`pipeline.bench.step`)."""
-from pipeline.bench.step import main
+"""`python -m pipeline.bench ...`: the training-step benchmark (`pipeline.bench.throughput`)."""
+from pipeline.bench.throughput import main
 from pipeline.io import run_cli
 
 run_cli(main)

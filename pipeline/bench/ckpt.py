@@ -176,7 +176,7 @@ def run_ckpt_row(preset_cfg: dict, device: torch.device, out: Path, n_params: in
             if fsdp:
                 C._load_sharded(path, model, optimizer)
             else:
-                from pipeline.model.checkpoint import load_checkpoint
+                from pipeline.model.checkpoint_io import load_checkpoint
 
                 loaded = load_checkpoint(path, verify=False)
                 model.load_state_dict(loaded["model"])

@@ -83,20 +83,18 @@ from pipeline.io import atomic_write, get_logger, write_json
 from pipeline.planning.compute import gpu_type_of
 from pipeline.training.metrics import memory_stats
 from pipeline.training.optim import build_optimizer
-from pipeline.training.step import (
+from pipeline.training.parallelize import (
     LossModel,
-    accumulate_gradients,
     autocast_dtype,
     build_model,
     ce_matmul,
-    clip_gradients,
     gathered,
     set_matmul_precision,
     shard_model,
     use_compile,
     wrap,
-    zero_gradients,
 )
+from pipeline.training.step import accumulate_gradients, clip_gradients, zero_gradients
 
 log = get_logger(__name__)
 
@@ -449,7 +447,7 @@ def format_budget(budget: dict) -> str:
 def run_gpu_check(out: str | Path, bench, configfile: str, device: str | None = None, steps: int = 5,
                   suite_steps: int = 10, suite_warmup: int = 3, budget_s: float | None = None) -> dict:
     """The parts (module docstring), the suite's and the loss-memory rows timed by ``bench(cfg, steps, warmup)``
-    (`pipeline.bench.step.run_bench`) on `configfile` (CUDA only), within `budget_s` seconds (None: `BUDGET_S`
+    (`pipeline.bench.throughput.run_bench`) on `configfile` (CUDA only), within `budget_s` seconds (None: `BUDGET_S`
     on CUDA, no budget on CPU; ≤ 0: no budget); returns {device, smoke, loss_memory, suite, budget, passed}."""
     cuda = torch.cuda.is_available() if device is None else device == "cuda"
     if cuda and not torch.cuda.is_available():

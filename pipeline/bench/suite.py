@@ -92,7 +92,7 @@ def release_device(device: str) -> None:
 
 def run_suite(cfg: dict, steps: int, warmup: int, bench, on_row=None, suite=None, skip=None) -> list[dict]:
     """Every row of `suite` (default REFERENCE_SUITE) on cfg's device, each timed by
-    ``bench(cfg, steps, warmup)`` (`pipeline.bench.step.run_bench`): {name, settings, predicted,
+    ``bench(cfg, steps, warmup)`` (`pipeline.bench.throughput.run_bench`): {name, settings, predicted,
     measured (or None), skipped (None, a reason, "OOM", or "failed: <exception>")}. Any exception of
     a row is recorded in its row (`skip_reason`), never raised. `on_row(row, rows)` is called after
     each row with the rows so far (to write them as they finish). ``skip(name, row_cfg)``, when

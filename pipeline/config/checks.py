@@ -9,7 +9,7 @@ from pipeline.planning.compute import BatchLayout
 from pipeline.planning.stages import ADAMW8BIT_FSDP, adamw8bit_keys, stage_list
 
 # Token ids of the stock tiktoken encodings (their own special tokens included); tokenfarm's
-# special tokens are appended after them (pipeline.data.tokenizer.build_tokenizer).
+# special tokens are appended after them (pipeline.data.train_tokenizer.build_tokenizer).
 STOCK_VOCAB = {"r50k_base": 50257, "p50k_base": 50281, "cl100k_base": 100277, "o200k_base": 200019}
 
 

@@ -40,7 +40,7 @@ document of the run shares one of its grams, whether or not the split then remov
 Each flags job collects the distinct matching grams of its shards and looks up every scored item
 they came from (all tasks owning the gram, not only the first, which names the document's flag; pool
 items are not scored, so never reported), a few numpy calls per shard; the report unions them. The
-evaluate stage reads the report to score the clean items (pipeline/evaluation/core.py).
+evaluate stage reads the report to score the clean items (pipeline/evaluation/core_benchmark.py).
 
 Outputs. `R/decontam/grams.parquet`: one row per distinct (eval gram, task, item) (`length`, `hash`
 uint64, `task` index, `item`: index of the task's scored item, -1 for the pool; task names, per-task

@@ -1,6 +1,6 @@
 """The run's encoding as every stage uses it: `Tokenizer` (a `tiktoken.Encoding` plus our special
 tokens, the document-delimiter policy and the chat rendering) and `load_tokenizer`, the one reader of
-`R/tokenizer/encoding.json` (written by the tokenizer stage, `pipeline.data.tokenizer`; format in
+`R/tokenizer/encoding.json` (written by the tokenizer stage, `pipeline.data.train_tokenizer`; format in
 docs/data-contract.md).
 
 Special tokens (all inside the vocabulary, at the top ids, in this order): `<|bos|>` (always; the

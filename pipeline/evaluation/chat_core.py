@@ -62,7 +62,7 @@ from pipeline.distributed import Dist, gather_objects
 from pipeline.errors import PipelineError
 from pipeline.evaluation import stats
 from pipeline.evaluation.chat import stop_ids
-from pipeline.evaluation.core import (
+from pipeline.evaluation.core_benchmark import (
     accuracy_cells,
     begin_scoring,
     body_dtype,

@@ -18,7 +18,7 @@ decides what is counted, exactly as in training):
   under the *train* split's target-token frequencies with add-one smoothing,
   ``p(t) = (count_train(t) + 1) / (N_train + V)`` with V = the tokenizer's n_vocab;
   ``unigram_baseline_bpb`` is the same in bits per byte. ``beats_unigram`` = val_loss < unigram_baseline.
-* ``core``: with ``--eval-data``, the CORE-style suite of pipeline/evaluation/core.py on the first
+* ``core``: with ``--eval-data``, the CORE-style suite of pipeline/evaluation/core_benchmark.py on the first
   ``eval.core_max_items`` items of every ``eval.tasks`` task (all when null): per-task accuracy and
   centered accuracy, ``core_<n>``, truncated requests, items per second. With ``--decontam`` (the
   decontamination report of the run) each task also counts its ``contaminated`` items (those a training
@@ -56,7 +56,14 @@ from pipeline.errors import PipelineError
 from pipeline.evaluation import stats
 from pipeline.evaluation.chat import answer_questions
 from pipeline.evaluation.chat_core import chat_settings, evaluate_chat
-from pipeline.evaluation.core import ci_cell, core_settings, evaluate_tasks, load_tasks, markdown_table, plot_core
+from pipeline.evaluation.core_benchmark import (
+    ci_cell,
+    core_settings,
+    evaluate_tasks,
+    load_tasks,
+    markdown_table,
+    plot_core,
+)
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_cli, write_json
 from pipeline.model.engine import generate_texts
 from pipeline.model.load import load_trained

@@ -55,7 +55,7 @@ from pipeline.config import cut, export_slice, params_from_args, tokenizer_slice
 from pipeline.data.encoding import ASSISTANT_END, BOS, CHAT_TOKENS, EOS, chat_template, load_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_dir, get_logger, provenance, read_json, run_cli, write_json
-from pipeline.model.checkpoint import load_checkpoint, save_checkpoint
+from pipeline.model.checkpoint_io import load_checkpoint, save_checkpoint
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.model.state_dict_adapter import (
     MODEL_KEYS,

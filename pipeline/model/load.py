@@ -7,7 +7,7 @@ import os
 import torch
 
 from pipeline.errors import PipelineError
-from pipeline.model.checkpoint import load_checkpoint
+from pipeline.model.checkpoint_io import load_checkpoint
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.model.state_dict_adapter import is_hf_dir, read_hf
 

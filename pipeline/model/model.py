@@ -272,7 +272,7 @@ class Transformer(nn.Module):
 
     def _hidden(self, idx: torch.Tensor, doc_mask: torch.Tensor | None) -> torch.Tensor:
         # `hidden` and `forward` each call this, never one another: under FSDP both are forward methods
-        # (pipeline.training.step.shard_model), and one nested in the other would reshard the root early.
+        # (pipeline.training.parallelize.shard_model), and one nested in the other would reshard the root early.
         T = idx.shape[1]
         if T > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.cfg.max_seq_len}")

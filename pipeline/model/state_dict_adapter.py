@@ -19,7 +19,7 @@ import torch
 from pipeline.config import cut, export_slice
 from pipeline.errors import PipelineError
 from pipeline.io import read_json
-from pipeline.model.checkpoint import versions
+from pipeline.model.checkpoint_io import versions
 from pipeline.model.model import ModelConfig, Transformer
 
 # Ours <-> transformers' LlamaForCausalLM: the one mapping table. "{i}" is the layer index.

@@ -241,7 +241,7 @@ def train_host_memory(cfg: dict) -> dict:
     rule requests (``mem_mb``) and the plan reports. Every rank of the node holds its fixed footprint
     (`TRAIN_RANK_HOST_MB`), the weight being initialised (`TRAIN_INIT_WEIGHTS` × the largest fp32
     weight: the model is built on the meta device and each weight drawn on the host in turn,
-    pipeline.training.step.build_model — no rank holds the whole model) and the loader's batches (one
+    pipeline.training.parallelize.build_model — no rank holds the whole model) and the loader's batches (one
     step read ahead and the one in use, each also in pinned memory on CUDA: 4 int64-sized tensors per
     token position, inputs, targets, mask, document ids); on a CPU run also its training state, which
     lives on the host (`pipeline.planning.memory.memory`'s total per rank). Under fsdp, rank 0 gathers the whole fp32

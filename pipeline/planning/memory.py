@@ -30,7 +30,7 @@ FP8_FILTERS = ("torchao", "all")
 def fp8_converts(recipe: str, out_features: int, in_features: int, fp8_filter: str = "torchao") -> bool:
     """Whether fp8 training converts an nn.Linear of weight [out_features, in_features] (N, K).
 
-    ``torchao`` (what the trainer does, `pipeline.training.step.apply_fp8`): torchao's
+    ``torchao`` (what the trainer does, `pipeline.training.parallelize.apply_fp8`): torchao's
     ``_auto_filter_for_recipe`` (torchao 0.18.0, torchao/float8/float8_linear_utils.py,
     ``_auto_filter_for_tensorwise`` / ``_auto_filter_for_rowwise``), reproduced here because the
     planner imports no torch (tests/training/test_fp8_filter.py checks it against torchao's own
@@ -375,7 +375,7 @@ EVAL_CPU_BATCH_TOKENS = 4096
 
 
 def eval_memory(s: StepSetup, batch_tokens: int, in_loop: bool) -> dict[str, float]:
-    """Predicted per-GPU memory in GB of CORE scoring (pipeline/evaluation/core.py `score_requests`)
+    """Predicted per-GPU memory in GB of CORE scoring (pipeline/evaluation/core_benchmark.py `score_requests`)
     over batches of `batch_tokens` padded tokens: ``in_loop`` beside the training state (training's
     quick subset every ``eval.core_interval`` steps: fp32 weights, optimizer state and the gradients,
     which zero_grad keeps allocated; the step's activations are freed by then), else standalone (the

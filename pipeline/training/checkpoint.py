@@ -8,7 +8,7 @@ Layout under ``R/train/``::
     final.pt              the trained model (no optimizer state), written last: always one
                           consolidated file, whatever the parallelism
 
-Each checkpoint file is written, checksummed and loaded by pipeline/model/checkpoint.py (the file
+Each checkpoint file is written, checksummed and loaded by pipeline/model/checkpoint_io.py (the file
 format the evaluation stages read too); this module keeps what only training needs: RNG state, the
 ``latest`` pointer, the newest readable checkpoint of a resume, pruning.
 
@@ -131,9 +131,9 @@ import torch.distributed as torch_dist
 from pipeline.distributed import Dist, gather_objects
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_dir, atomic_write, get_logger, sha256_file, verify_sha256
-from pipeline.model.checkpoint import NAME_RE, SUFFIX, checksum_path, load_checkpoint, save_checkpoint, versions
+from pipeline.model.checkpoint_io import NAME_RE, SUFFIX, checksum_path, load_checkpoint, save_checkpoint, versions
 from pipeline.training.optim import member_optimizers
-from pipeline.training.step import is_sharded
+from pipeline.training.parallelize import is_sharded
 
 __all__ = [
     "rng_state",

@@ -89,7 +89,7 @@ rank; `plan.num_steps` steps):
   checkpoint).
   With `--eval-data` and `eval.core_interval` > 0, a quick CORE subset (the first
   `eval.core_interval_items` items of every `eval.tasks` task, sharded across the ranks,
-  pipeline/evaluation/core.py) every `eval.core_interval` steps and at the end, logged as `core_<n>`
+  pipeline/evaluation/core_benchmark.py) every `eval.core_interval` steps and at the end, logged as `core_<n>`
   and `core/<task>` (centered accuracies); a chat stage (`pipeline.planning.stages.is_chat_stage`) adds a quick
   ChatCORE subset at the same steps (the first `eval.core_interval_items` items of every
   `eval.chat_tasks` task, pipeline/evaluation/chat_core.py), logged as `chat_core_<n>` and `chat_core/<task>`.
@@ -117,9 +117,9 @@ from pipeline.data.encoding import Tokenizer, load_tokenizer
 from pipeline.data.loader import DataExhausted, PackedLoader
 from pipeline.distributed import Dist, all_reduce_sum, close_distributed, init_distributed, seed_everything
 from pipeline.errors import PipelineError
-from pipeline.evaluation import chat_core, core
+from pipeline.evaluation import chat_core, core_benchmark
 from pipeline.io import get_logger, provenance, read_json, run_cli, sha256_file, write_json
-from pipeline.model.checkpoint import save_checkpoint, versions
+from pipeline.model.checkpoint_io import save_checkpoint, versions
 from pipeline.model.engine import greedy_sample
 from pipeline.model.losses import chunked_eval_stats
 from pipeline.model.model import Transformer
@@ -130,22 +130,24 @@ from pipeline.training import checkpoint as ckpt
 from pipeline.training.lease import Lease
 from pipeline.training.metrics import MetricsLogger, UpdateRatio, group_norms, memory_stats, mfu, watched_groups
 from pipeline.training.optim import build_optimizer, lr_factor, set_lr
-from pipeline.training.processes import EXIT_STOPPED, die_with_parent, register_worker, report_exit
-from pipeline.training.step import (
+from pipeline.training.parallelize import (
     LossModel,
-    StepBatches,
-    accumulate_gradients,
     autocast_dtype,
     build_model,
     ce_matmul,
-    clip_gradients,
     gathered,
-    next_micro_batches,
     parallelism,
-    plain_hidden,
     set_matmul_precision,
     use_compile,
     wrap,
+)
+from pipeline.training.processes import EXIT_STOPPED, die_with_parent, register_worker, report_exit
+from pipeline.training.step import (
+    StepBatches,
+    accumulate_gradients,
+    clip_gradients,
+    next_micro_batches,
+    plain_hidden,
     zero_gradients,
 )
 from pipeline.training.stopping import SIGNALS, StopControl, Stopped
@@ -472,8 +474,8 @@ def set_up(params: dict, plan: StepPlan, train_meta: str, val_meta: str, tokeniz
         raise PipelineError(f"{tokenizer_path} has {tokenizer.n_vocab} token ids but model.vocab_size is "
                             f"{params['model']['vocab_size']}: set model.vocab_size to at least {tokenizer.n_vocab}")
     core_every = params["eval"]["core_interval"] if eval_data is not None else 0
-    core_tasks = core.load_tasks(eval_data, params["eval"]["tasks"]) if core_every else None
-    chat_tasks = (core.load_tasks(eval_data, params["eval"]["chat_tasks"], chat=True)
+    core_tasks = core_benchmark.load_tasks(eval_data, params["eval"]["tasks"]) if core_every else None
+    chat_tasks = (core_benchmark.load_tasks(eval_data, params["eval"]["chat_tasks"], chat=True)
                   if core_every and params["eval"]["chat_tasks"] and is_chat_stage(params) else None)
     return Run(params, plan, layout, dist, model, optimizer, loader, val_meta, tokenizer, core_every, core_tasks,
                chat_tasks, total_rows)
@@ -572,9 +574,9 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, s
             watchdog.beat(done, "core", allow["core"])
             t = time.perf_counter()
             with gathered(model):
-                record.update(core.core_record(core.evaluate_tasks(
+                record.update(core_benchmark.core_record(core_benchmark.evaluate_tasks(
                     model, run.tokenizer, run.core_tasks, dist=dist,
-                    **core.core_settings(params, "core_interval_items"))))
+                    **core_benchmark.core_settings(params, "core_interval_items"))))
                 if run.chat_tasks:
                     record.update(chat_core.chat_record(chat_core.evaluate_chat(
                         model, run.tokenizer, run.chat_tasks, dist=dist,

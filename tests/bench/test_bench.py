@@ -7,7 +7,7 @@ import pytest
 import yaml
 from builders import BENCH_TINY
 
-from pipeline.bench.step import bench_config, main
+from pipeline.bench.throughput import bench_config, main
 from pipeline.config import load_config
 from pipeline.errors import PipelineError
 

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from pipeline.bench import gpu_check
-from pipeline.bench.step import main
 from pipeline.bench.suite import REFERENCE_SUITE
+from pipeline.bench.throughput import main
 from pipeline.errors import PipelineError
 
 

@@ -7,8 +7,8 @@ import pytest
 import yaml
 from builders import BENCH_TINY
 
-from pipeline.bench.step import main
 from pipeline.bench.suite import CUDA_ONLY, REFERENCE_SUITE, format_suite
+from pipeline.bench.throughput import main
 from pipeline.errors import PipelineError
 
 
@@ -78,7 +78,7 @@ def test_a_failing_row_is_recorded_and_the_table_written_after_every_row(configf
     was written once at the end."""
     import torch
 
-    from pipeline.bench import step
+    from pipeline.bench import throughput as step
 
     out = tmp_path / "reference.md"
     seen: list = []

@@ -18,7 +18,7 @@ from pipeline.data import tokenize
 from pipeline.data.contract import COUNT_FIELDS
 from pipeline.data.count import main
 from pipeline.data.encoding import load_tokenizer
-from pipeline.data.tokenizer import build_tokenizer
+from pipeline.data.train_tokenizer import build_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.io import read_parquet_meta
 

@@ -1,6 +1,6 @@
 """Tokenize stage: exact token accounting, delimiter policies, round trips, chat masks, bad inputs.
 
-`make_tokenizer` (a real tiny BPE trained with pipeline.data.tokenizer) and `corpus` are imported by the
+`make_tokenizer` (a real tiny BPE trained with pipeline.data.train_tokenizer) and `corpus` are imported by the
 other data-stage tests.
 """
 from __future__ import annotations

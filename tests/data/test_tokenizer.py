@@ -1,4 +1,4 @@
-"""pipeline.data.tokenizer: BPE training, the encoding.json / .tiktoken files, special tokens, the
+"""pipeline.data.train_tokenizer: BPE training, the encoding.json / .tiktoken files, special tokens, the
 delimiter policies, chat rendering, deterministic sampling and the offline stock-encoding path."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from builders import write_text_shard
 
 from pipeline.config import STOCK_VOCAB, n_special_tokens
 from pipeline.data.encoding import BOS, CHAT_TOKENS, EOS, format_ranks, load_ranks, load_tokenizer, special_token_names
-from pipeline.data.tokenizer import (
+from pipeline.data.train_tokenizer import (
     STOCK_ENCODINGS,
     build_tokenizer,
     fill_tiktoken_cache,

@@ -16,11 +16,11 @@ from builders import ROOT, write_text_shard
 
 from pipeline.config import resolve_config
 from pipeline.data.encoding import load_tokenizer
-from pipeline.data.tokenizer import build_tokenizer
+from pipeline.data.train_tokenizer import build_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.evaluation.chat import ChatSession
 from pipeline.evaluation.chat import main as chat_main
-from pipeline.model.checkpoint import save_checkpoint
+from pipeline.model.checkpoint_io import save_checkpoint
 from pipeline.model.load import load_model
 from pipeline.model.model import ModelConfig, Transformer
 
@@ -172,7 +172,7 @@ def test_an_exported_hugging_face_directory_is_chatted_with_as_its_checkpoint(ru
     # `--ckpt R/export/hf` (the export rule's output) is read through the --from-hf import: the same
     # answer as its final.pt, with the run's tokenizer found from the directory as for a checkpoint
     from pipeline.evaluation.export import export
-    from pipeline.model.checkpoint import load_checkpoint
+    from pipeline.model.checkpoint_io import load_checkpoint
 
     state = load_checkpoint(run)  # (the fixture's params are not its tokenizer's run: keep model and train only)
     save_checkpoint(tmp_path / "final.pt", {"model": state["model"],
@@ -195,7 +195,7 @@ def test_a_damaged_final_pt_is_refused_not_chatted_with(run, tmp_path):
     # 4 KB zeroed inside the weights of a final.pt: it would load (and answer) without its checksum
     import shutil
 
-    from pipeline.model.checkpoint import checksum_path
+    from pipeline.model.checkpoint_io import checksum_path
 
     ckpt = tmp_path / "final.pt"
     shutil.copy(run, ckpt)

@@ -26,7 +26,7 @@ FAST = SandboxLimits(timeout_s=10, cpu_s=5)
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     from pipeline.data.encoding import load_tokenizer
-    from pipeline.data.tokenizer import build_tokenizer
+    from pipeline.data.train_tokenizer import build_tokenizer
 
     d = tmp_path_factory.mktemp("tok")
     texts = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(40)) for i in range(200)]

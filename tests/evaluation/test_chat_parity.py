@@ -27,7 +27,7 @@ from pipeline.data.tasks import chat_task_spec
 from pipeline.evaluation import chat_core as C
 from pipeline.evaluation import export as ex
 from pipeline.evaluation.lmeval_harness import chat_lmeval_task, run_lmeval, write_tasks  # lm-eval: the dev extra
-from pipeline.model.checkpoint import save_checkpoint, versions
+from pipeline.model.checkpoint_io import save_checkpoint, versions
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.rules import rule_params
 

@@ -1,4 +1,4 @@
-"""pipeline.evaluation.core: the CORE-style scorer.
+"""pipeline.evaluation.core_benchmark: the CORE-style scorer.
 
 Oracles: a bigram "model" whose log-probabilities are written by hand (the micro example), the model's
 own full-logits forward pass (batching, padding, position selection, truncation), and the scorer run
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from pipeline.data.eval_data import build_eval_data
 from pipeline.errors import PipelineError
-from pipeline.evaluation import core
+from pipeline.evaluation import core_benchmark as core
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -157,7 +157,7 @@ def tokenizer(tmp_path_factory):
     from builders import write_text_shard
 
     from pipeline.data.encoding import load_tokenizer
-    from pipeline.data.tokenizer import build_tokenizer
+    from pipeline.data.train_tokenizer import build_tokenizer
 
     d = tmp_path_factory.mktemp("tok")
     rng = random.Random(0)
@@ -333,7 +333,7 @@ def test_two_gloo_ranks_give_the_single_process_table(tokenizer, tasks_dir, tmp_
     single = core.evaluate_tasks(model, tokenizer, core.load_tasks(tasks_dir, params["eval"]["tasks"]),
                                  **core.core_settings(params))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-           "pipeline.evaluation.core", "--params", json.dumps(params), "--ckpt", str(tmp_path / "final.pt"),
+           "pipeline.evaluation.core_benchmark", "--params", json.dumps(params), "--ckpt", str(tmp_path / "final.pt"),
            "--tokenizer", tokenizer.path, "--tasks-dir", str(tasks_dir), "--out", str(tmp_path / "core.json")]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)

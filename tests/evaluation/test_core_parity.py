@@ -4,7 +4,7 @@ multiple-choice (COPA), one schema (WinoGrande) and one language-modeling task (
 with few-shot prefixes and a context short enough that some requests are left-truncated: every
 request's log-likelihood equals ours within 1e-4 in fp32, and lm-eval's greedy flag equals ours.
 
-What differs by definition (pipeline/evaluation/core.py): our multiple-choice and schema accuracy
+What differs by definition (pipeline/evaluation/core_benchmark.py): our multiple-choice and schema accuracy
 picks the lowest *mean* per-token loss; lm-eval's `acc` the highest *summed* log-likelihood and
 `acc_norm` the summed log-likelihood per byte. lm-eval scores a schema item as one multiple-choice
 request per filled-in context ("partial evaluation"); here each is its own loglikelihood request.
@@ -16,10 +16,10 @@ import torch
 from builders import parity_model_config
 
 from pipeline.data.eval_data import build_eval_data
-from pipeline.evaluation import core
+from pipeline.evaluation import core_benchmark as core
 from pipeline.evaluation import export as ex
 from pipeline.evaluation.lmeval_harness import LocalTask, run_lmeval, write_tasks  # lm-eval: the dev extra
-from pipeline.model.checkpoint import save_checkpoint, versions
+from pipeline.model.checkpoint_io import save_checkpoint, versions
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.rules import rule_params
 

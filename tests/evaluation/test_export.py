@@ -24,12 +24,12 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from pipeline.config import resolve_config
 from pipeline.data.encoding import load_tokenizer
-from pipeline.data.tokenizer import build_tokenizer, fill_tiktoken_cache
+from pipeline.data.train_tokenizer import build_tokenizer, fill_tiktoken_cache
 from pipeline.errors import PipelineError
 from pipeline.evaluation import export as ex
 from pipeline.evaluation.lmeval_harness import LocalTask, loglikelihood, run_lmeval, split_pair, write_tasks
 from pipeline.model import state_dict_adapter as sda
-from pipeline.model.checkpoint import load_checkpoint, save_checkpoint, versions
+from pipeline.model.checkpoint_io import load_checkpoint, save_checkpoint, versions
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.planning.compute import count_params
 from pipeline.rules import rule_params

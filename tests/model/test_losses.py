@@ -134,7 +134,7 @@ def test_training_step_never_materialises_the_full_logits():
     chunks of 32 tokens): no tensor reaches half of [tokens, vocab]; the largest are one chunk's
     logits (32 × 4096) and the lm-head/embedding weight and its gradient (4096 × 64)."""
     from pipeline.model.model import ModelConfig, Transformer
-    from pipeline.training.step import LossModel
+    from pipeline.training.parallelize import LossModel
 
     vocab, dim, rows, seq = 4096, 64, 4, 64
     full = rows * seq * vocab
@@ -220,7 +220,7 @@ def test_unknown_ce_matmul_is_refused():
 
 def _tiny_loss_model(vocab=4096, dim=64, seq=64, matmul="bf16"):
     from pipeline.model.model import ModelConfig, Transformer
-    from pipeline.training.step import LossModel
+    from pipeline.training.parallelize import LossModel
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=vocab, dim=dim, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=128,
@@ -236,7 +236,7 @@ def test_compiled_step_breaks_its_graph_only_at_the_loss():
     explained = torch._dynamo.explain(loss_model)(x, y, (torch.rand(4, 16) > 0.5).float())
     assert explained.graph_count == 1 and len(explained.break_reasons) == 1, explained.break_reasons
     assert "torch.compiler.disable" in explained.break_reasons[0].reason
-    assert "step.py" in explained.break_reasons[0].user_stack[-1].filename  # LossModel's call of the loss
+    assert "parallelize.py" in explained.break_reasons[0].user_stack[-1].filename  # LossModel's call of the loss
     ops = {str(n.target) for g in explained.graphs for n in g.graph.nodes}
     assert any("scaled_dot_product_attention" in op for op in ops)  # the body is in the graph
 

@@ -1,4 +1,4 @@
-"""pipeline.model.checkpoint (the file format) and pipeline.training.checkpoint: RNG capture,
+"""pipeline.model.checkpoint_io (the file format) and pipeline.training.checkpoint: RNG capture,
 weights_only round trips, atomic writes, the latest pointer, which configs may resume."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline.errors import PipelineError
-from pipeline.model.checkpoint import checksum_path, load_checkpoint, save_checkpoint, versions
+from pipeline.model.checkpoint_io import checksum_path, load_checkpoint, save_checkpoint, versions
 from pipeline.training.checkpoint import (
     checkpoint_name,
     clear_checkpoints,
@@ -307,7 +307,7 @@ KILLED_WRITER = """
 import sys, time
 from pathlib import Path
 import torch
-import pipeline.model.checkpoint as M
+import pipeline.model.checkpoint_io as M
 from pipeline.distributed import Dist
 from pipeline.training.checkpoint import Checkpointer, TrainState
 
@@ -412,7 +412,7 @@ from builders import make_params
 from pipeline.distributed import Dist, close_distributed, init_distributed
 from pipeline.training import checkpoint as C
 from pipeline.training.optim import build_optimizer
-from pipeline.training.step import build_model
+from pipeline.training.parallelize import build_model
 
 out = Path(sys.argv[1])
 params = make_params(nproc=2, micro_batch=2, parallel="fsdp")

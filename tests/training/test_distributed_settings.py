@@ -11,7 +11,8 @@ from builders import CPU, micro_batches, tiny_loss_model
 from pipeline import distributed
 from pipeline.config import resolve_config
 from pipeline.errors import ConfigError
-from pipeline.training.step import accumulate_gradients, count_tokens, wrap
+from pipeline.training.parallelize import wrap
+from pipeline.training.step import accumulate_gradients, count_tokens
 
 
 def test_timeout_default_is_an_hour_and_configurable():

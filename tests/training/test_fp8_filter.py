@@ -12,7 +12,7 @@ from pipeline.config import load_config
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.planning.memory import StepSetup, fp8_converts, memory
 from pipeline.planning.step_time import step_time
-from pipeline.training.step import fp8_filter
+from pipeline.training.parallelize import fp8_filter
 
 PRESET = "configs/llama3-1b-fineweb.yaml"
 DIMS = [16, 17, 512, 1008, 1024, 1040, 2048, 2064, 4096, 4112, 8192]
@@ -74,7 +74,7 @@ def test_planner_speedup_follows_the_filter():
 def test_apply_fp8_converts_exactly_the_filtered_linears(recipe):
     """torchao's real conversion (on the meta device: no GPU needed to build Float8Linear)."""
     _torchao_filter()
-    from pipeline.training.step import apply_fp8
+    from pipeline.training.parallelize import apply_fp8
 
     with torch.device("meta"):
         model = Transformer(ModelConfig(vocab_size=1024, dim=2048, n_layers=1, n_heads=32, n_kv_heads=8,

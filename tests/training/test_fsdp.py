@@ -282,7 +282,7 @@ def group(tmp_path):
 
 def _sharded_pair(params: dict):
     from pipeline.distributed import Dist
-    from pipeline.training.step import build_model
+    from pipeline.training.parallelize import build_model
 
     dist = Dist(0, 0, 1, torch.device("cpu"))
     torch.manual_seed(0)
@@ -307,7 +307,8 @@ def test_sharded_accumulation_equals_plain_in_both_modes(group, keep):
     from torch.distributed.tensor import DTensor
 
     from pipeline.training.optim import build_optimizer
-    from pipeline.training.step import LossModel, accumulate_gradients, clip_gradients, count_tokens, wrap
+    from pipeline.training.parallelize import LossModel, wrap
+    from pipeline.training.step import accumulate_gradients, clip_gradients, count_tokens
 
     params = make_params(optimizer="muon")
     plain, sharded, dist = _sharded_pair(params)
@@ -330,7 +331,7 @@ def test_sharded_accumulation_equals_plain_in_both_modes(group, keep):
 def test_gathered_model_evaluates_without_collectives_and_reshards(group):
     from torch.distributed.tensor import DTensor
 
-    from pipeline.training.step import gathered
+    from pipeline.training.parallelize import gathered
 
     plain, sharded, _ = _sharded_pair(make_params())
     x = torch.randint(0, 300, (2, TRAIN_SEQ))
@@ -350,9 +351,10 @@ def test_gathered_bf16_blocks_evaluate_in_the_training_precision(group, data, mo
     import copy
 
     from pipeline.data.encoding import load_tokenizer
-    from pipeline.evaluation import chat_core, core
+    from pipeline.evaluation import chat_core
+    from pipeline.evaluation import core_benchmark as core
     from pipeline.model.engine import greedy_sample
-    from pipeline.training.step import gathered
+    from pipeline.training.parallelize import gathered
     from pipeline.training.train import fixed_batch_stats
 
     monkeypatch.setenv("TOKENFARM_CPU_AS_CUDA_PRECISION", "1")
@@ -393,7 +395,7 @@ def test_the_planner_counts_what_gathered_holds(group):
     """pipeline.planning's evaluation term (`fsdp_evaluation_gathered_bytes`) is the bytes of the unsharded
     parameters `gathered()` really holds (fp32 here: the CPU gathers in fp32, as the planner's setup says)."""
     from pipeline.planning.memory import StepSetup, fsdp_evaluation_gathered_bytes
-    from pipeline.training.step import gathered
+    from pipeline.training.parallelize import gathered
 
     for tied in (True, False):
         params = make_params()
@@ -491,7 +493,7 @@ def test_parallelism_as_a_launch_runs_it():
     """auto, should the plan not have resolved it, is ddp on one process or the CPU; without a process group
     (no torchrun) a single process trains plain whatever the setting."""
     from pipeline.distributed import Dist
-    from pipeline.training.step import parallelism
+    from pipeline.training.parallelize import parallelism
 
     class Grouped(Dist):
         distributed = True

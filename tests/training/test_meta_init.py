@@ -17,7 +17,7 @@ import torch
 from builders import ROOT, make_params
 
 from pipeline.model.model import ModelConfig, Transformer
-from pipeline.training.step import build_model
+from pipeline.training.parallelize import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -56,7 +56,7 @@ def test_fp8_conversion_on_the_meta_model_keeps_the_host_builds_weights():
     conversion of the meta model, materialization, initialisation — the converted linears get the host
     build's values (torchao keeps the high-precision weight; its Float8Linear is an nn.Linear)."""
     pytest.importorskip("torchao.float8", reason="torchao is a GPU extra")
-    from pipeline.training.step import _write_initial, apply_fp8
+    from pipeline.training.parallelize import _write_initial, apply_fp8
 
     cfg = ModelConfig(vocab_size=1024, dim=2048, n_layers=1, n_heads=32, n_kv_heads=8, ffn_dim=8192, max_seq_len=16)
     torch.manual_seed(5)
@@ -79,7 +79,7 @@ import torch, torch.distributed as td
 from torch.distributed.tensor import DTensor
 from pipeline.distributed import Dist
 from pipeline.model.model import ModelConfig, Transformer
-from pipeline.training.step import build_model
+from pipeline.training.parallelize import build_model
 
 params = json.loads(sys.argv[1])
 td.init_process_group("gloo")

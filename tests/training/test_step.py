@@ -10,16 +10,15 @@ from builders import CPU, micro_batches, tiny_loss_model, write_pack
 
 from pipeline.config import resolve_config
 from pipeline.data.loader import DataExhausted, PackedLoader
-from pipeline.model.checkpoint import load_checkpoint, save_checkpoint
+from pipeline.model.checkpoint_io import load_checkpoint, save_checkpoint
 from pipeline.planning.compute import PEAK_FLOPS, peak_flops
+from pipeline.training.parallelize import set_matmul_precision, wrap
 from pipeline.training.step import (
     StepBatches,
     accumulate_gradients,
     clip_gradients,
     count_tokens,
     plain_hidden,
-    set_matmul_precision,
-    wrap,
     zero_gradients,
 )
 
@@ -64,7 +63,7 @@ def test_ddp_skips_the_buffer_broadcast_on_old_and_new_torch(tmp_path, monkeypat
     whose DDP has no such keyword (the lent H100's 2.11): DDP built either way broadcasts no buffers per forward."""
     import warnings
 
-    import pipeline.training.step as step
+    import pipeline.training.parallelize as step
 
     class OldDDP(step.DDP):  # torch 2.11's keywords: no forward_sync_buffers
         def __init__(self, module, device_ids=None, broadcast_buffers=True, gradient_as_bucket_view=False):

@@ -139,7 +139,7 @@ def test_checkpoint_from_another_config_is_never_resumed(data, tmp_path):
 def test_another_world_size_needs_one_global_loader_position(data, tmp_path):
     """A checkpoint of another world size whose ranks' loader states differ (not PackedLoader's: a
     position per rank) has no global position to map: one error naming it, before any step."""
-    from pipeline.model.checkpoint import load_checkpoint, save_checkpoint
+    from pipeline.model.checkpoint_io import load_checkpoint, save_checkpoint
 
     params = make_params(steps=4)
     run_inprocess(data, tmp_path, params, max_steps=2)
@@ -260,7 +260,7 @@ def test_epochs_budget_reads_every_row_and_pads_the_last_step(data, tmp_path):
 
 def _tiny_loss_model(seed=0):
     from pipeline.model.model import ModelConfig, Transformer
-    from pipeline.training.step import LossModel
+    from pipeline.training.parallelize import LossModel
 
     torch.manual_seed(seed)
     return LossModel(Transformer(ModelConfig.from_config(make_params())), None, ce_chunk=40)
@@ -307,7 +307,8 @@ def test_no_sync_on_all_but_the_last_micro_step(tmp_path, monkeypatch):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from pipeline.distributed import Dist
-    from pipeline.training.step import accumulate_gradients, count_tokens, wrap
+    from pipeline.training.parallelize import wrap
+    from pipeline.training.step import accumulate_gradients, count_tokens
 
     entered = []
     original = DDP.no_sync

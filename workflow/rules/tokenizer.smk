@@ -18,5 +18,5 @@ rule tokenizer:
     conda:
         "../../envs/data.yaml"
     shell:
-        "RAYON_NUM_THREADS={threads} python -m pipeline.data.tokenizer --params {params.p:q} "
+        "RAYON_NUM_THREADS={threads} python -m pipeline.data.train_tokenizer --params {params.p:q} "
         "--inputs {params.files:q} --out {output:q} 2>&1 | tee {log:q}"

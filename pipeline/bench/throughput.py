@@ -42,16 +42,15 @@ from pipeline.io import get_logger, run_cli
 from pipeline.planning.compute import flops_per_token, gpu_type_of, peak_flops
 from pipeline.training.metrics import memory_stats, mfu
 from pipeline.training.optim import build_optimizer
-from pipeline.training.step import (
+from pipeline.training.parallelize import (
     LossModel,
     autocast_dtype,
     build_model,
     ce_matmul,
-    clip_gradients,
     set_matmul_precision,
     use_compile,
-    zero_gradients,
 )
+from pipeline.training.step import clip_gradients, zero_gradients
 
 log = get_logger(__name__)
 SUITE_CONFIG = "configs/llama3-1b-fineweb.yaml"

