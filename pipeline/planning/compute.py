@@ -10,11 +10,12 @@ import math
 from dataclasses import dataclass
 
 from pipeline.errors import ConfigError, PipelineError, PlanError
+from pipeline.run_config import ModelConfig, TrainConfig, run_config
 
 
 def world_size(cfg: dict) -> int:
-    hw = cfg["hardware"]
-    return hw["nproc_per_node"] * hw["nodes"]
+    hw = run_config(cfg).hardware
+    return hw.nproc_per_node * hw.nodes
 
 
 # GPU types: dense peak FLOP/s (NVIDIA datasheets, no sparsity: the datasheets' "with sparsity"
@@ -81,20 +82,21 @@ def canonical_gpu_type(gpu_type: str) -> str:
 def param_parts(model_cfg: dict) -> dict[str, int]:
     """Parameter counts of `pipeline.model.model.Transformer` by part: embedding, lm_head (0 when tied),
     blocks (all L blocks, norms included), final_norm."""
-    V, d, L, f = model_cfg["vocab_size"], model_cfg["dim"], model_cfg["n_layers"], model_cfg["ffn_dim"]
-    d_kv = model_cfg["n_kv_heads"] * (d // model_cfg["n_heads"])
+    m = ModelConfig.from_dict(model_cfg, "model.")
+    V, d, L, f = m.vocab_size, m.dim, m.n_layers, m.ffn_dim
+    d_kv = m.n_kv_heads * (d // m.n_heads)
     attention = 2 * d * d + 2 * d * d_kv
     block = attention + 3 * d * f + 2 * d
     return {
         "embedding": V * d,
-        "lm_head": 0 if model_cfg["tie_embeddings"] else V * d,
+        "lm_head": 0 if m.tie_embeddings else V * d,
         "blocks": L * block,
         "final_norm": d,
     }
 
 
 def count_params(model_cfg: dict) -> tuple[int, int]:
-    """(total, non-embedding) parameters of the model described by ``cfg["model"]``; non-embedding
+    """(total, non-embedding) parameters of the model described by ``cfg.model``; non-embedding
     excludes the token embedding and an untied lm_head (see the module docstring)."""
     p = param_parts(model_cfg)
     return sum(p.values()), p["blocks"] + p["final_norm"]
@@ -103,10 +105,10 @@ def count_params(model_cfg: dict) -> tuple[int, int]:
 def flops_per_token(cfg: dict) -> int:
     """Training FLOPs per token of a run config (``model`` and ``train.seq_len``):
     6·(N_non_embedding + V·d) + 12·L·d·T (module docstring). The one formula MFU is computed with."""
-    model = cfg["model"]
-    _, non_embedding = count_params(model)
-    V, d, L = model["vocab_size"], model["dim"], model["n_layers"]
-    return 6 * (non_embedding + V * d) + 12 * L * d * cfg["train"]["seq_len"]
+    c = run_config(cfg)
+    _, non_embedding = count_params(c.model)
+    V, d, L = c.model.vocab_size, c.model.dim, c.model.n_layers
+    return 6 * (non_embedding + V * d) + 12 * L * d * c.train.seq_len
 
 
 class BatchLayoutError(ConfigError, PlanError):
@@ -130,17 +132,17 @@ class BatchLayout:
     def from_config(cls, cfg: dict) -> BatchLayout:
         """The layout of a run config (``train`` and ``hardware``); refuses a global batch that is not a
         whole number of micro-steps (`BatchLayoutError`, naming the keys and the hardware)."""
-        train = cfg["train"]
-        micro_batch, seq_len, ws = train["micro_batch"], train["seq_len"], world_size(cfg)
+        train = run_config(cfg).train
+        micro_batch, seq_len, ws = train.micro_batch, train.seq_len, world_size(cfg)
         per_micro = micro_batch * seq_len * ws
-        if train["global_batch_tokens"] % per_micro:
+        if train.global_batch_tokens % per_micro:
             raise BatchLayoutError(
-                f"config key 'train.global_batch_tokens': {train['global_batch_tokens']} is not divisible by "
+                f"config key 'train.global_batch_tokens': {train.global_batch_tokens} is not divisible by "
                 f"micro_batch × seq_len × world_size (hardware.nodes × hardware.nproc_per_node) = {micro_batch} × "
                 f"{seq_len} × {ws} = {per_micro}, so gradient accumulation would not be a whole number of "
                 "micro-steps; change train.global_batch_tokens, train.micro_batch or the hardware"
             )
-        return cls(micro_batch, seq_len, ws, train["global_batch_tokens"] // per_micro)
+        return cls(micro_batch, seq_len, ws, train.global_batch_tokens // per_micro)
 
     @property
     def rows_per_micro_step(self) -> int:
@@ -192,29 +194,31 @@ class StepPlan:
 
 def token_target(train_cfg: dict, n_params: int, fpt: int) -> tuple[int, str]:
     """(target tokens, the config key that set it)."""
-    if train_cfg.get("target_tokens") is not None:
-        return int(train_cfg["target_tokens"]), "train.target_tokens"
-    if train_cfg.get("target_flops") is not None:
-        return math.ceil(train_cfg["target_flops"] / fpt), "train.target_flops"
-    if train_cfg["tokens_per_param"] == "scaling":  # resolved from the sweep's fit by pipeline.planning.sweep
+    train = TrainConfig.from_dict(train_cfg, "train.")
+    if train.get("target_tokens") is not None:
+        return int(train.target_tokens), "train.target_tokens"
+    if train.get("target_flops") is not None:
+        return math.ceil(train.target_flops / fpt), "train.target_flops"
+    if train.tokens_per_param == "scaling":  # resolved from the sweep's fit by pipeline.planning.sweep
         raise PlanError("train.tokens_per_param: scaling has no fitted ratio here: run `snakemake --cores all "
                         "scaling` first (its fit sets the ratio), or set a number")
-    return math.ceil(train_cfg["tokens_per_param"] * n_params), "train.tokens_per_param"
+    return math.ceil(train.tokens_per_param * n_params), "train.tokens_per_param"
 
 
 def trained_tokens(cfg: dict) -> int:
     """num_steps × tokens_per_step: the training targets the run consumes, what a mix's ``tokens: plan``
     means. Depends on the budget, the model and the global batch only (not the micro-batch, world
     size or the measured counts), so the mix stage can take it as a parameter."""
-    n_params, _ = count_params(cfg["model"])
-    target, _ = token_target(cfg["train"], n_params, flops_per_token(cfg))
-    step = cfg["train"]["global_batch_tokens"]
+    c = run_config(cfg)
+    n_params, _ = count_params(c.model)
+    target, _ = token_target(c.train, n_params, flops_per_token(c))
+    step = c.train.global_batch_tokens
     return math.ceil(target / step) * step
 
 
 def peak_flops(cfg: dict) -> float:
     """The peak MFU is measured against: bf16 for a bf16 body on CUDA, else true fp32 (an fp32 run
     sets `highest` matmul precision, so TF32's 7× higher peak would make its MFU look 7× too low)."""
-    hw = cfg["hardware"]
-    bf16 = cfg["train"]["precision"] == "bf16" and hw["device"] == "cuda"
-    return PEAK_FLOPS[hw["gpu_type"]]["bf16" if bf16 else "fp32"]
+    c = run_config(cfg)
+    bf16 = c.train.precision == "bf16" and c.hardware.device == "cuda"
+    return PEAK_FLOPS[c.hardware.gpu_type]["bf16" if bf16 else "fp32"]

@@ -17,6 +17,7 @@ from pipeline.config import sample_shards, source_shards
 from pipeline.planning.job_sizes import Demand, corpus, job_cpu_s, shard_sizes, threads
 from pipeline.planning.stages import mix_targets, tokenizer_sources
 from pipeline.rules import BY_NAME, RULES, rule
+from pipeline.run_config import run_config
 
 # The data stages' cost (pipeline.rules: each data rule's rate beside the rules it waits for).
 RATES = {r.name: r.rate for r in RULES if r.rate is not None}  # stage: (unit, units per CPU-s, CPU s per job)
@@ -39,17 +40,19 @@ def job_resources(cfg: dict, name: str, documents: float = 0, tokens: float = 0,
 def _mix_tokens(cfg: dict, mix: str) -> tuple[int, int]:
     """(train, val) tokens the pack jobs of `mix` write: its target (the plan's for `tokens: plan`) and at
     most split.val_tokens per source."""
-    tokens = cfg["mixes"][mix]["tokens"]
+    cfg = run_config(cfg)
+    tokens = cfg.mixes[mix]["tokens"]
     train = mix_targets(cfg, mix) if tokens == "plan" else tokens
-    return train or 0, cfg["split"]["val_tokens"] * len(cfg["mixes"][mix]["weights"])
+    return train or 0, cfg.split.val_tokens * len(cfg.mixes[mix]["weights"])
 
 
 def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     """Every data job of the DAG (download … pack, accounting): {name, stage, units, after: [names],
     threads}, in the order Snakemake would find them ready; `units` of RATES[stage]'s unit. A job waits
     for the jobs of its rule's `after` rules (pipeline.rules) that share its wildcards and that it reads."""
+    cfg = run_config(cfg)
     sizes = shard_sizes(cfg, measured)
-    spj, parts = cfg["shards_per_job"], cfg["dedup"]["partitions"]
+    spj, parts = cfg.shards_per_job, cfg.dedup.partitions
     c = corpus(cfg, measured)
     jobs: list[dict] = []
     wildcards: dict[str, dict] = {}  # job name -> its wildcards (source, group, mix, part)
@@ -61,7 +64,7 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
         if groups_read is not None:
             reads[name] = set(groups_read)
 
-    shards = {s: source_shards(cfg, s) for s in cfg["sources"]}
+    shards = {s: source_shards(cfg, s) for s in cfg.sources}
     members = {s: [shards[s][i:i + spj] for i in range(0, len(shards[s]), spj)] for s in shards}
     groups = {s: [len(m) for m in members[s]] for s in shards}
     sample = {s: set(sample_shards(cfg, s)) for s in shards}
@@ -73,8 +76,8 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     for s, g in gname:
         add(f"filter/{s}/{g}", "filter", groups[s][g] * sizes[s]["bytes"], source=s, group=g)
     train_src = tokenizer_sources(cfg)
-    chars = min(cfg["tokenizer"]["train_chars"], sum(sizes[s]["bytes"] * sum(groups[s]) for s in train_src))
-    add("tokenizer", "tokenizer", chars if cfg["tokenizer"]["kind"] == "bpe" else 0, threads=threads(cfg),
+    chars = min(cfg.tokenizer.train_chars, sum(sizes[s]["bytes"] * sum(groups[s]) for s in train_src))
+    add("tokenizer", "tokenizer", chars if cfg.tokenizer.kind == "bpe" else 0, threads=threads(cfg),
         groups_read=[(s, g) for s, g in gname if s in train_src])
     add("eval_data", "eval_data")
     add("decontaminate_grams", "decontaminate_grams")
@@ -94,12 +97,12 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     add("dedup", "dedup", c["documents"])
     add("decontaminate", "decontaminate", c["shards"])
     add("split", "split", c["documents"])
-    for m in cfg["mixes"]:
-        docs = sum(sizes[s]["documents"] * sum(groups[s]) for s in cfg["mixes"][m]["weights"])
+    for m in cfg.mixes:
+        docs = sum(sizes[s]["documents"] * sum(groups[s]) for s in cfg.mixes[m]["weights"])
         add(f"mix/{m}", "mix", docs, mix=m)
         for split, tokens in zip(("train", "val"), _mix_tokens(cfg, m)):
             add(f"pack/{m}/{split}", "pack", tokens, mix=m,
-                groups_read=[(s, g) for s, g in gname if s in cfg["mixes"][m]["weights"]])
+                groups_read=[(s, g) for s, g in gname if s in cfg.mixes[m]["weights"]])
     add("accounting", "accounting", c["documents"])
     add("filter_report", "filter_report")
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from pipeline.config import source_shards
 from pipeline.planning.compute import count_params
+from pipeline.run_config import run_config
 
 DEDUP_JOB_BASE_MB = 500       # 802 MB measured at 0.5M documents per job (20M documents, 40 jobs)
 DEDUP_JOB_BYTES_PER_DOC = 700
@@ -51,7 +52,8 @@ SIZE_FIELDS = ("documents", "tokens", "bytes")
 def threads(cfg: dict) -> int:
     """Threads of the multi-threaded rules: hardware.cpus_per_task, or 0 → 256 ("all": a local run's
     --cores caps it)."""
-    return cfg["hardware"]["cpus_per_task"] or 256
+    cfg = run_config(cfg)
+    return cfg.hardware.cpus_per_task or 256
 
 
 def _minutes(cpu_seconds: float, cpus: int = 1, safety: float = 3.0) -> int:
@@ -81,8 +83,9 @@ def shard_sizes(cfg: dict, measured: dict | None = None) -> dict[str, dict[str, 
     """{source: {documents, tokens, bytes}} per shard: the measured means when given (`measured_sizes`),
     else from the source's tokens_per_shard_estimate (GPT-2 tokens: BYTES_PER_ESTIMATED_TOKEN,
     TOKENS_PER_DOCUMENT), else 0 (unknown)."""
+    cfg = run_config(cfg)
     out = {}
-    for s, src in cfg["sources"].items():
+    for s, src in cfg.sources.items():
         m = (measured or {}).get(s)
         if m:
             out[s] = {f: m[f] for f in SIZE_FIELDS}
@@ -97,13 +100,15 @@ def _n_shards(cfg: dict, source: str) -> int:
 
 
 def _all_shards(cfg: dict) -> int:
-    return sum(_n_shards(cfg, s) for s in cfg["sources"])
+    cfg = run_config(cfg)
+    return sum(_n_shards(cfg, s) for s in cfg.sources)
 
 
 def corpus(cfg: dict, measured: dict | None = None) -> dict[str, float]:
     """{documents, tokens, bytes, shards} of every configured shard."""
+    cfg = run_config(cfg)
     sizes = shard_sizes(cfg, measured)
-    n = {s: _n_shards(cfg, s) for s in cfg["sources"]}
+    n = {s: _n_shards(cfg, s) for s in cfg.sources}
     return {**{f: sum(sizes[s][f] * n[s] for s in n) for f in SIZE_FIELDS}, "shards": sum(n.values())}
 
 
@@ -148,24 +153,28 @@ def _one(mem_mb: int, runtime: int) -> dict:
 # ----------------------------------------------------------------------------- one size per kind of job
 
 def download_size(cfg: dict, d: Demand) -> dict:
-    return _one(2000, 30 + 10 * cfg["shards_per_job"])  # network-bound: 10 min a shard
+    cfg = run_config(cfg)
+    return _one(2000, 30 + 10 * cfg.shards_per_job)  # network-bound: 10 min a shard
 
 
 def tokenize_size(cfg: dict, d: Demand) -> dict:
     # one shard at a time: its text (~4.5 B/token) and tokens (4 B), twice over while converting
+    cfg = run_config(cfg)
     return _one(2000 + math.ceil(17 * _shard_max(cfg, "tokens") / 2**20),
-                _minutes(d.cpu_s(cfg["shards_per_job"] * _shard_max(cfg, "bytes"))))
+                _minutes(d.cpu_s(cfg.shards_per_job * _shard_max(cfg, "bytes"))))
 
 
 def shard_text_size(cfg: dict, d: Demand) -> dict:
     # one shard's (or record batch's) text at a time, twice over while writing: filter, dedup_signatures,
     # decontaminate_flags
+    cfg = run_config(cfg)
     return _one(2000 + math.ceil(9 * _shard_max(cfg, "tokens") / 2**20),
-                _minutes(d.cpu_s(cfg["shards_per_job"] * _shard_max(cfg, "bytes"))))
+                _minutes(d.cpu_s(cfg.shards_per_job * _shard_max(cfg, "bytes"))))
 
 
 def dedup_candidates_size(cfg: dict, d: Demand) -> dict:
-    per_job = d.documents / cfg["dedup"]["partitions"]
+    cfg = run_config(cfg)
+    per_job = d.documents / cfg.dedup.partitions
     return _one(dedup_job_mb(per_job), _minutes(d.cpu_s(per_job, _all_shards(cfg))))
 
 
@@ -175,7 +184,8 @@ def dedup_size(cfg: dict, d: Demand) -> dict:
 
 
 def tokenizer_size(cfg: dict, d: Demand) -> dict:
-    chars, many = cfg["tokenizer"]["train_chars"], threads(cfg)
+    cfg = run_config(cfg)
+    chars, many = cfg.tokenizer.train_chars, threads(cfg)
     return {"threads": many, "resources": {"cpus_per_task": many, "mem_mb": 4000 + math.ceil(12 * chars / 2**20),
                                            "runtime": _minutes(d.cpu_s(chars), safety=5)}}
 
@@ -197,7 +207,8 @@ def train_minutes(hours: float) -> int:
 
 
 def train_size(cfg: dict, d: Demand) -> dict:
-    hw, many = cfg["hardware"], threads(cfg)
+    cfg = run_config(cfg)
+    hw, many = cfg.hardware, threads(cfg)
     nodes, nproc, cuda = hw["nodes"], hw["nproc_per_node"], hw["device"] == "cuda"
     res = {"cpus_per_task": many, "nodes": nodes, "runtime": train_minutes(d.train_hours),
            "mem_mb": train_host_memory(cfg)["node_mb"]}
@@ -213,8 +224,9 @@ def train_size(cfg: dict, d: Demand) -> dict:
 def scaling_point_size(cfg: dict, d: Demand) -> dict:
     # one process per point: one GPU, or on CPU one core (points run side by side on --cores); its runtime is
     # the point's own (workflow/rules/scaling.smk, from its config)
-    one = train_size({**cfg, "hardware": {**cfg["hardware"], "nproc_per_node": 1, "nodes": 1}}, d)
-    if cfg["hardware"]["device"] == "cpu":
+    cfg = run_config(cfg)
+    one = train_size({**cfg, "hardware": {**cfg.hardware, "nproc_per_node": 1, "nodes": 1}}, d)
+    if cfg.hardware.device == "cpu":
         return {"threads": 1, "resources": {**one["resources"], "cpus_per_task": 1}}
     return one
 
@@ -225,11 +237,13 @@ def fit_size(cfg: dict, d: Demand) -> dict:
 
 def export_size(cfg: dict, d: Demand) -> dict:
     # the fp32 model, its state dict and the safetensors copy in memory at once
-    return _one(4000 + math.ceil(12 * count_params(cfg["model"])[0] / 2**20), 60)
+    cfg = run_config(cfg)
+    return _one(4000 + math.ceil(12 * count_params(cfg.model)[0] / 2**20), 60)
 
 
 def evaluate_size(cfg: dict, d: Demand) -> dict:
-    many, cuda = threads(cfg), cfg["hardware"]["device"] == "cuda"
+    cfg = run_config(cfg)
+    many, cuda = threads(cfg), cfg.hardware.device == "cuda"
     res = {"cpus_per_task": many, "mem_mb": 16_000 if cuda else 4_000, "runtime": 120}
     if cuda:
         res["gpu"] = 1
@@ -248,10 +262,11 @@ def train_host_memory(cfg: dict) -> dict:
     model on the host to write final.pt (pipeline.training.checkpoint.full_model_state); ``parallel:
     auto`` not yet resolved counts as fsdp, the larger. The sum × `TRAIN_HOST_MARGIN`, rounded up, is
     ``node_mb``; the parts are in MB per rank (``rank_mb`` their sum) and per node (``final_gather_mb``)."""
+    cfg = run_config(cfg)
     from pipeline.planning.compute import BatchLayout
     from pipeline.planning.memory import StepSetup, memory
 
-    model, train, hw = cfg["model"], cfg["train"], cfg["hardware"]
+    model, train, hw = cfg.model, cfg.train, cfg.hardware
     cuda = hw["device"] == "cuda"
     d, V = model["dim"], model["vocab_size"]
     d_kv = model["n_kv_heads"] * (d // model["n_heads"])

@@ -16,6 +16,7 @@ from pipeline.planning.fitted import (
     FSDP_ROOT_BYTES,
     NCCL_BUFFERS_GB,
 )
+from pipeline.run_config import run_config
 
 GB = 1e9
 GIB = 2 ** 30
@@ -98,27 +99,28 @@ class StepSetup:
         (ddp | fsdp) replaces ``train.parallel``; ``auto`` is resolved by `choose_parallel`."""
         if logits not in LOGITS_MODES:
             raise ValueError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
-        model, train, hw = cfg["model"], cfg["train"], cfg["hardware"]
-        parallel = parallel or train["parallel"]
+        c = run_config(cfg)
+        model, train, hw = c.model, c.train, c.hardware
+        parallel = parallel or train.parallel
         if parallel == "auto":
             parallel = choose_parallel(cfg)["parallel"]
         if parallel not in PARALLEL_MODES:
             raise ValueError(f"parallel must be one of {PARALLEL_MODES}, got {parallel!r}")
-        cuda = hw["device"] == "cuda"
-        batch = BatchLayout.from_config(cfg)
-        bf16 = cuda and train["precision"] == "bf16"
+        cuda = hw.device == "cuda"
+        batch = BatchLayout.from_config(c)
+        bf16 = cuda and train.precision == "bf16"
         return cls(
-            vocab=model["vocab_size"], dim=model["dim"], n_layers=model["n_layers"], n_heads=model["n_heads"],
-            n_kv_heads=model["n_kv_heads"], ffn_dim=model["ffn_dim"], tied=model["tie_embeddings"],
+            vocab=model.vocab_size, dim=model.dim, n_layers=model.n_layers, n_heads=model.n_heads,
+            n_kv_heads=model.n_kv_heads, ffn_dim=model.ffn_dim, tied=model.tie_embeddings,
             micro_batch=batch.micro_batch, seq_len=batch.seq_len, grad_accum=batch.grad_accum_steps,
-            world_size=batch.world_size, device=hw["device"], gpu_type=hw["gpu_type"] if cuda else "cpu", bf16=bf16,
-            compile=cuda if train["compile"] == "auto" else bool(train["compile"]),
-            checkpoint=train["activation_checkpointing"], every_n=train["checkpoint_every_n"],
-            optimizer=train["optimizer"],
-            adamw_kernel="fused" if cuda else "foreach", fp8=train["fp8"], logits=logits,
+            world_size=batch.world_size, device=hw.device, gpu_type=hw.gpu_type if cuda else "cpu", bf16=bf16,
+            compile=cuda if train.compile == "auto" else bool(train.compile),
+            checkpoint=train.activation_checkpointing, every_n=train.checkpoint_every_n,
+            optimizer=train.optimizer,
+            adamw_kernel="fused" if cuda else "foreach", fp8=train.fp8, logits=logits,
             fp8_filter="torchao" if logits == "ours" else "all",
-            ce_chunk=train["ce_chunk_tokens"], ce_matmul=ce_matmul_precision(cfg),
-            grads_persistent=logits == "ours", parallel=parallel, nodes=hw["nodes"],
+            ce_chunk=train.ce_chunk_tokens, ce_matmul=ce_matmul_precision(c),
+            grads_persistent=logits == "ours", parallel=parallel, nodes=hw.nodes,
         )
 
     def replace(self, **changes) -> StepSetup:
@@ -189,11 +191,11 @@ class StepSetup:
 def ce_matmul_precision(cfg: dict) -> str:
     """``train.ce_matmul`` resolved: ``auto`` is bf16 beside a bf16 body on CUDA, else fp32 (the one
     place the trainer and the model read it from)."""
-    train = cfg["train"]
-    setting = train.get("ce_matmul", "auto")
+    c = run_config(cfg)
+    setting = c.train.get("ce_matmul", "auto")
     if setting != "auto":
         return setting
-    return "bf16" if cfg["hardware"]["device"] == "cuda" and train["precision"] == "bf16" else "fp32"
+    return "bf16" if c.hardware.device == "cuda" and c.train.precision == "bf16" else "fp32"
 
 
 
@@ -449,11 +451,10 @@ def default_eval_batch_tokens(s: StepSetup, capacity: float) -> int:
 def eval_batch_tokens(cfg: dict) -> int:
     """The scoring batch of a resolved config: ``eval.core_batch_tokens``, or when null
     `default_eval_batch_tokens` for its model, optimizer and ``hardware.gpu_memory_gb``."""
-    explicit = cfg["eval"]["core_batch_tokens"]
-    if explicit is not None:
-        return explicit
-    hw = cfg["hardware"]
-    return default_eval_batch_tokens(StepSetup.from_config(cfg), capacity_gb(hw["gpu_memory_gb"], hw["device"]))
+    c = run_config(cfg)
+    if c.eval.core_batch_tokens is not None:
+        return c.eval.core_batch_tokens
+    return default_eval_batch_tokens(StepSetup.from_config(c), capacity_gb(c.hardware.gpu_memory_gb, c.hardware.device))
 
 
 # ----------------------------------------------------------------------------- time
@@ -466,10 +467,10 @@ def choose_parallel(cfg: dict) -> dict:
     GPU (`memory`) fits ``hardware.gpu_memory_gb`` (`capacity_gb`), else fsdp. Returns the choice
     (``parallel``), what was asked (``requested``), why (``reason``), the capacity and, for ddp and
     fsdp, the predicted memory and whether it fits. Does not refuse (`resolve_parallel` does)."""
-    hw = cfg["hardware"]
-    cap = capacity_gb(hw["gpu_memory_gb"], hw["device"])
-    requested = cfg["train"]["parallel"]
-    mem = {m: memory(StepSetup.from_config(cfg, parallel=m)) for m in PARALLEL_MODES}
+    c = run_config(cfg)
+    cap = capacity_gb(c.hardware.gpu_memory_gb, c.hardware.device)
+    requested = c.train.parallel
+    mem = {m: memory(StepSetup.from_config(c, parallel=m)) for m in PARALLEL_MODES}
     fits = {m: mem[m]["total"] <= cap for m in PARALLEL_MODES}
     ddp, fsdp = mem["ddp"]["total"], mem["fsdp"]["total"]
     if requested == "auto":

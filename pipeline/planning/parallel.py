@@ -7,28 +7,29 @@ import math
 from pipeline.errors import PlanError
 from pipeline.planning.memory import StepSetup, capacity_gb, choose_parallel, memory
 from pipeline.planning.stages import ADAMW8BIT_FSDP, adamw8bit_keys
+from pipeline.run_config import run_config, with_section
 
 # ----------------------------------------------------------------------------- ddp or fsdp
 
 def _gpu_words(cfg: dict, cap: float) -> str:
-    hw = cfg["hardware"]
-    if hw["device"] != "cuda":
+    hw = run_config(cfg).hardware
+    if hw.device != "cuda":
         return f"the {cap:.1f} GB of host memory hardware.gpu_memory_gb gives a process"
-    return f"an {hw['gpu_type']}'s {cap:.1f} GB (hardware.gpu_memory_gb {hw['gpu_memory_gb']:g} GiB)"
+    return f"an {hw.gpu_type}'s {cap:.1f} GB (hardware.gpu_memory_gb {hw.gpu_memory_gb:g} GiB)"
 
 
 def smaller_micro_batch(cfg: dict, parallel: str) -> tuple[int, float] | None:
     """(the largest train.micro_batch below the config's whose layout divides the global batch and whose
     predicted memory under `parallel` fits, its total GB), or None."""
-    hw, train = cfg["hardware"], cfg["train"]
-    cap = capacity_gb(hw["gpu_memory_gb"], hw["device"])
-    base = StepSetup.from_config(cfg, parallel=parallel)
-    row_tokens = train["seq_len"] * base.world_size
-    if train["global_batch_tokens"] % row_tokens:
+    c = run_config(cfg)
+    cap = capacity_gb(c.hardware.gpu_memory_gb, c.hardware.device)
+    base = StepSetup.from_config(c, parallel=parallel)
+    row_tokens = c.train.seq_len * base.world_size
+    if c.train.global_batch_tokens % row_tokens:
         return None
-    rows = train["global_batch_tokens"] // row_tokens  # micro_batch must divide it
+    rows = c.train.global_batch_tokens // row_tokens  # micro_batch must divide it
     divisors = {k for i in range(1, math.isqrt(rows) + 1) if rows % i == 0 for k in (i, rows // i)}
-    for mb in sorted((k for k in divisors if k < train["micro_batch"]), reverse=True):
+    for mb in sorted((k for k in divisors if k < c.train.micro_batch), reverse=True):
         total = memory(base.replace(micro_batch=mb, grad_accum=rows // mb))["total"]
         if total <= cap:
             return mb, total
@@ -61,11 +62,11 @@ def resolve_parallel(cfg: dict) -> dict:
                     break  # a smaller micro-batch of the asked parallelism is the one fix to name
         if not fixes:
             fixes.append("add GPUs (hardware.nodes: fsdp shards over all of them)"
-                         + ("" if cfg["train"]["activation_checkpointing"] == "block"
+                         + ("" if run_config(cfg).train.activation_checkpointing == "block"
                             else " or checkpoint activations (train.activation_checkpointing: block)"))
         raise PlanError(
             f"config key 'train.parallel': {asked} does not fit the GPU's memory: {parallel} needs "
-            f"{m['total']:.1f} GB per GPU (predicted by pipeline.planning; {what}: {state:.1f} GB) of "
+            f"{m['total']:.1f} GB per GPU (predicted by pipeline.planning.memory; {what}: {state:.1f} GB) of "
             f"{_gpu_words(cfg, cap)}" + (f"; fsdp would need {mem['fsdp']['total']:.1f} GB"
                                           if parallel == "ddp" and not fits["fsdp"] else "")
             + "; " + " or ".join(fixes))
@@ -74,5 +75,4 @@ def resolve_parallel(cfg: dict) -> dict:
             f"config key 'train.parallel': {c['reason']}, but {' and '.join(adamw8bit_keys(cfg))} set "
             f"adamw8bit: {ADAMW8BIT_FSDP}; use adamw or muon there, or "
             "make ddp fit (a smaller train.micro_batch, train.activation_checkpointing: block)")
-    out = {**cfg, "train": {**cfg["train"], "parallel": parallel}}
-    return out
+    return with_section(cfg, "train", parallel=parallel)

@@ -30,6 +30,7 @@ import math
 
 from pipeline.errors import ConfigError
 from pipeline.planning.compute import count_params, flops_per_token, token_target, trained_tokens
+from pipeline.run_config import plain, run_config
 
 STAGE_TRAIN_KEYS = ("mix", "optimizer", "lr", "embed_lr", "lm_head_lr", "weight_decay", "betas", "grad_clip",
                     "schedule", "warmup_steps", "min_lr_ratio", "decay_frac")
@@ -41,17 +42,18 @@ def stage_list(cfg: dict) -> list[dict]:
     """The run's stages in order, resolved: ``name``, ``index``, ``mix``, ``budget`` (``{"kind":
     tokens|steps|epochs|run, "value"}``), ``loss``, ``init_from`` (a stage name or None),
     ``carry_optimizer``, ``doc_mask`` and ``train`` (the stage's effective `train` section)."""
-    raw = cfg["train"].get("stages") or [{"name": cfg["train"]["mix"]}]
+    cfg = run_config(cfg)
+    raw = cfg.train.get("stages") or [{"name": cfg.train.mix}]
     out: list[dict] = []
     for i, st in enumerate(raw):
         key = f"train.stages[{i}]"
         name = st["name"]
         if any(s["name"] == name for s in out):
             raise ConfigError(f"config key '{key}.name': stage '{name}' is listed twice; stage names must be unique")
-        train = {k: v for k, v in cfg["train"].items() if k != "stages"}
+        train = {k: v for k, v in cfg.train.items() if k != "stages"}
         train.update({k: copy.deepcopy(st[k]) for k in STAGE_TRAIN_KEYS if k in st})
         mix = train["mix"]
-        if mix not in cfg["mixes"]:
+        if mix not in cfg.mixes:
             raise ConfigError(f"config key '{key}.mix': unknown mix '{mix}' (mixes: {', '.join(cfg['mixes'])})")
         budgets = [k for k in BUDGET_KEYS if st.get(k) is not None]
         if len(budgets) > 1:
@@ -71,15 +73,15 @@ def stage_list(cfg: dict) -> list[dict]:
                               f"(earlier stages: {', '.join(s['name'] for s in out) or 'none'}); use previous, "
                               "none or one of them")
         loss = st.get("loss", "all")
-        packing = cfg["mixes"][mix].get("packing", "concat")
+        packing = cfg.mixes[mix].get("packing", "concat")
         if loss == "assistant":
-            text = [s for s in cfg["mixes"][mix]["weights"] if cfg["sources"][s].get("format", "text") != "chat"]
+            text = [s for s in cfg.mixes[mix]["weights"] if cfg.sources[s].get("format", "text") != "chat"]
             if text or packing != "bestfit":
                 why = (f"its mix '{mix}' includes text source(s) {', '.join(text)}, which have no assistant turns"
                        if text else f"its mix '{mix}' uses packing: {packing}, which keeps no loss mask")
                 raise ConfigError(f"config key '{key}.loss': stage '{name}' trains on assistant tokens only but {why}; "
                                   f"use a mix of chat sources with packing: bestfit, or loss: all")
-        if budget["kind"] == "epochs" and cfg["mixes"][mix]["tokens"] == "plan":
+        if budget["kind"] == "epochs" and cfg.mixes[mix]["tokens"] == "plan":
             raise ConfigError(f"config key 'mixes.{mix}.tokens': stage '{name}' counts epochs over mix '{mix}', so "
                               f"the mix needs a fixed size: set mixes.{mix}.tokens to an integer")
         if st.get("carry_optimizer") and init is None:
@@ -92,13 +94,14 @@ def stage_list(cfg: dict) -> list[dict]:
             "doc_mask": packing == "bestfit" if doc_mask is None else bool(doc_mask),
             "train": train,
         })
-    return out
+    return plain(out)
 
 
 def adamw8bit_keys(cfg: dict) -> list[str]:
     """The config keys that set the optimizer to adamw8bit: ``train.optimizer`` and any stage's override
     (refused under fsdp: `ADAMW8BIT_FSDP`)."""
-    train = cfg["train"]
+    cfg = run_config(cfg)
+    train = cfg.train
     keys = ["train.optimizer"] if train["optimizer"] == "adamw8bit" else []
     return keys + [f"train.stages[{i}].optimizer" for i, st in enumerate(train.get("stages") or [])
                    if st.get("optimizer") == "adamw8bit"]
@@ -124,18 +127,19 @@ def get_stage(cfg: dict, name: str) -> dict:
 
 def tokenizer_sources(cfg: dict) -> list[str]:
     """The sources the tokenizer is trained on: tokenizer.train_sources, else every text source."""
-    tok = cfg["tokenizer"]
+    cfg = run_config(cfg)
+    tok = cfg.tokenizer
     if tok.get("train_sources"):
         return list(tok["train_sources"])
-    return [n for n, s in cfg["sources"].items() if s["format"] == "text"] or list(cfg["sources"])
+    return [n for n, s in cfg.sources.items() if s["format"] == "text"] or list(cfg.sources)
 
 
 def is_chat_stage(params: dict) -> bool:
     """A stage's view (`stage_config`) trains a chat model: its mix has a chat source and a bestfit pack
     (its report adds the chat evaluation: assistant-only val loss, fixed answers, ChatCORE)."""
-    mix = params["mixes"][params["stage"]["mix"]]
-    return mix.get("packing") == "bestfit" and any(params["sources"][s].get("format") == "chat"
-                                                   for s in mix["weights"])
+    view = run_config(params)
+    mix = view.mixes[view.extra["stage"]["mix"]]  # `stage`: what stage_config adds
+    return mix.get("packing") == "bestfit" and any(view.sources[s].get("format") == "chat" for s in mix["weights"])
 
 
 def stage_config(cfg: dict, name: str) -> dict:
@@ -145,15 +149,16 @@ def stage_config(cfg: dict, name: str) -> dict:
     trainer and the evaluation of that stage receive, so an edit to another stage, mix or source
     leaves this stage's params (and Snakemake's rerun decision, and its checkpoints' resume check)
     unchanged."""
+    cfg = run_config(cfg)
     st = get_stage(cfg, name)
     out = {k: v for k, v in cfg.items() if k != "train"}
     out["train"] = st["train"]
-    out["mixes"] = {st["mix"]: cfg["mixes"][st["mix"]]}
+    out["mixes"] = {st["mix"]: cfg.mixes[st["mix"]]}
     if "sources" in cfg:  # what its data is made of: its mix's sources and the tokenizer's
-        reads = set(cfg["mixes"][st["mix"]]["weights"]) | set(tokenizer_sources(cfg))
-        out["sources"] = {s: v for s, v in cfg["sources"].items() if s in reads}
+        reads = set(cfg.mixes[st["mix"]]["weights"]) | set(tokenizer_sources(cfg))
+        out["sources"] = {s: v for s, v in cfg.sources.items() if s in reads}
     out["stage"] = {k: v for k, v in st.items() if k != "train"}
-    return out
+    return plain(out)
 
 
 # ----------------------------------------------------------------------------- budgets
@@ -162,9 +167,10 @@ def stage_budget(cfg: dict, stage: dict) -> dict:
     """A stage's steps and trained tokens from the config alone: ``num_steps``, ``trained_tokens``
     (= num_steps × tokens_per_step) and ``basis``; both None for an epochs budget (known from the
     packed rows only; `epoch_steps`)."""
+    cfg = run_config(cfg)
     step = stage["train"]["global_batch_tokens"]
     kind, value = stage["budget"]["kind"], stage["budget"]["value"]
-    key = f"train.stages[{stage['index']}].{kind}" if cfg["train"].get("stages") else f"train.{kind}"
+    key = f"train.stages[{stage['index']}].{kind}" if cfg.train.get("stages") else f"train.{kind}"
     if kind == "epochs":
         return {"num_steps": None, "trained_tokens": None, "basis": key}
     if kind == "steps":
@@ -173,7 +179,7 @@ def stage_budget(cfg: dict, stage: dict) -> dict:
         if kind == "tokens":
             target = int(value)
         else:
-            n_params, _ = count_params(cfg["model"])
+            n_params, _ = count_params(cfg.model)
             target, key = token_target(stage["train"], n_params, flops_per_token(cfg))
         steps = -(-target // step)
     return {"num_steps": steps, "trained_tokens": steps * step, "basis": key}
@@ -190,8 +196,9 @@ def epoch_steps(epochs: float, n_rows: int, rows_per_step: int) -> tuple[int, in
 def estimated_epoch_steps(cfg: dict, stage: dict) -> int:
     """An epochs stage's optimizer steps before its mix is packed: its mix's integer `tokens` as rows of
     seq_len targets, no padding (a lower bound; the trainer counts the packed rows, `epoch_steps`)."""
-    rows = -(-int(cfg["mixes"][stage["mix"]]["tokens"]) // cfg["train"]["seq_len"])
-    rows_per_step = cfg["train"]["global_batch_tokens"] // cfg["train"]["seq_len"]
+    cfg = run_config(cfg)
+    rows = -(-int(cfg.mixes[stage["mix"]]["tokens"]) // cfg.train.seq_len)
+    rows_per_step = cfg.train.global_batch_tokens // cfg.train.seq_len
     return -(-math.ceil(stage["budget"]["value"] * rows) // rows_per_step)
 
 

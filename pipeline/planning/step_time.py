@@ -23,6 +23,7 @@ from pipeline.planning.fitted import (
     OPTIMIZER_BYTES,
 )
 from pipeline.planning.memory import StepSetup
+from pipeline.run_config import run_config
 
 
 def body_flops(s: StepSetup) -> dict[str, float]:
@@ -139,12 +140,13 @@ def model_flops_per_token(s: StepSetup) -> float:
 def step_seconds(cfg: dict, logits: str = "ours") -> tuple[float, str]:
     """Seconds of one optimizer step and their basis: at `hardware.assumed_mfu` when set, else predicted
     (`step_time`). A measured step (`pipeline.plan --measured-step`) overrides both in the plan."""
-    setup = StepSetup.from_config(cfg, logits)
-    mfu = cfg["hardware"]["assumed_mfu"]
+    c = run_config(cfg)
+    setup = StepSetup.from_config(c, logits)
+    mfu = c.hardware.assumed_mfu
     if mfu is None:
         return step_time(setup)["total"], "predicted (pipeline.planning.step_time)"
-    flops = flops_per_token(cfg) * cfg["train"]["global_batch_tokens"]
-    return flops / (setup.world_size * peak_flops(cfg) * mfu), "hardware.assumed_mfu"
+    flops = flops_per_token(c) * c.train.global_batch_tokens
+    return flops / (setup.world_size * peak_flops(c) * mfu), "hardware.assumed_mfu"
 
 
 def predicted_mfu(s: StepSetup, seconds: float | None = None) -> float:

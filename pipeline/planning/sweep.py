@@ -51,6 +51,7 @@ from pipeline.errors import ConfigError, PlanError
 from pipeline.io import read_json
 from pipeline.planning.compute import count_params, flops_per_token
 from pipeline.planning.stages import stage_budget, stage_config, stage_list
+from pipeline.run_config import plain, run_config, with_section
 
 SCALING_COMMAND = "snakemake --cores all scaling"
 
@@ -68,7 +69,8 @@ def budget_name(budget: float) -> str:
 
 def depth_model(cfg: dict, depth: int) -> dict:
     """The model section of the ladder's model at `depth` (module docstring: the rule)."""
-    s, m = cfg["scaling"], cfg["model"]
+    cfg = run_config(cfg)
+    s, m = cfg.scaling, cfg.model
     aspect = s["aspect"] or m["dim"] / m["n_layers"]
     head_dim = s["head_dim"] or m["dim"] // m["n_heads"]
     kv_group = s["kv_group"] or max(1, m["n_heads"] // m["n_kv_heads"])
@@ -78,16 +80,17 @@ def depth_model(cfg: dict, depth: int) -> dict:
     cap = max(1, n_heads // kv_group)
     divisors = {d for i in range(1, math.isqrt(n_heads) + 1) if n_heads % i == 0 for d in (i, n_heads // i)}
     n_kv = max(d for d in divisors if d <= cap)
-    return {**m, "dim": dim, "n_layers": int(depth), "n_heads": n_heads, "n_kv_heads": n_kv,
+    return {**m.to_dict(), "dim": dim, "n_layers": int(depth), "n_heads": n_heads, "n_kv_heads": n_kv,
             "ffn_dim": max(1, round(ffn_ratio * dim))}
 
 
 def warmup_fraction(cfg: dict) -> float:
     """`scaling.warmup_frac`, else the run's first stage's warmup steps / its steps."""
-    if cfg["scaling"]["warmup_frac"] is not None:
-        return cfg["scaling"]["warmup_frac"]
-    if cfg["train"]["tokens_per_param"] == "scaling" and cfg["train"]["target_tokens"] is None \
-            and cfg["train"]["target_flops"] is None:
+    cfg = run_config(cfg)
+    if cfg.scaling.warmup_frac is not None:
+        return cfg.scaling.warmup_frac
+    if cfg.train.tokens_per_param == "scaling" and cfg.train.target_tokens is None \
+            and cfg.train.target_flops is None:
         raise ConfigError("config key 'scaling.warmup_frac': the run's length comes from the sweep "
                           "(train.tokens_per_param: scaling), so the sweep cannot take its warmup fraction from "
                           "it; set scaling.warmup_frac (e.g. 0.1)")
@@ -98,10 +101,11 @@ def warmup_fraction(cfg: dict) -> float:
 
 def point_config(cfg: dict, budget: float, depth: int) -> dict:
     """The full run config of one point (module docstring), without the `scaling` section."""
+    cfg = run_config(cfg)
     first = stage_list(cfg)[0]
     train = {k: copy.deepcopy(v) for k, v in first["train"].items()}
     model = depth_model(cfg, depth)
-    step = cfg["scaling"]["global_batch_tokens"] or train["global_batch_tokens"]
+    step = cfg.scaling.global_batch_tokens or train["global_batch_tokens"]
     T = train["seq_len"]
     micro = min(train["micro_batch"], max(1, step // T))
     if step % (micro * T):
@@ -114,9 +118,9 @@ def point_config(cfg: dict, budget: float, depth: int) -> dict:
                  val_interval=steps, ckpt_interval=steps, log_interval=max(1, min(train["log_interval"], steps)))
     out = {k: copy.deepcopy(v) for k, v in cfg.items() if k != "scaling"}
     out.update(model=model, train=train,
-               hardware={**cfg["hardware"], "nproc_per_node": 1, "nodes": 1},
-               eval={**cfg["eval"], "core_interval": 0, "prompts": [], "chat_questions": []})
-    return out
+               hardware={**cfg.hardware, "nproc_per_node": 1, "nodes": 1},
+               eval={**cfg.eval, "core_interval": 0, "prompts": [], "chat_questions": []})
+    return plain(out)
 
 
 def point_params(cfg: dict, budget: float, depth: int) -> dict:
@@ -128,17 +132,18 @@ def point_params(cfg: dict, budget: float, depth: int) -> dict:
 def points(cfg: dict) -> list[dict]:
     """Every point of the sweep: budget (its name and FLOPs), depth, N, FLOPs per token, steps, tokens.
     Two budgets with one name (`budget_name`) are a ConfigError: their points would be the same jobs."""
+    cfg = run_config(cfg)
     named: dict[str, float] = {}
-    for budget in cfg["scaling"]["budgets"]:  # equal budgets the schema refuses; equal names are caught here
+    for budget in cfg.scaling.budgets:  # equal budgets the schema refuses; equal names are caught here
         if budget_name(budget) in named:
             raise ConfigError(f"config key 'scaling.budgets': {named[budget_name(budget)]!r} and {budget!r} name the "
                               f"same points (scaling/{budget_name(budget)}/<depth>: a budget is named by its three "
                               "significant digits); give budgets that differ within three digits")
         named[budget_name(budget)] = budget
     out = []
-    for budget in cfg["scaling"]["budgets"]:
+    for budget in cfg.scaling.budgets:
         c = float(budget_name(budget))  # what the job's wildcard says
-        for depth in cfg["scaling"]["depths"]:
+        for depth in cfg.scaling.depths:
             pc = point_config(cfg, c, int(depth))
             out.append({"budget": budget_name(budget), "flops": c, "depth": int(depth),
                         "n_params": count_params(pc["model"])[0], "flops_per_token": flops_per_token(pc),
@@ -306,12 +311,13 @@ def resolve_tokens_per_param(cfg: dict, required: bool = True) -> tuple[dict, di
     flops, n_params}; (cfg, None) when the run sets a number. Without a fit: PlanError naming the
     command to run when `required`, else `cfg` unchanged with {"missing": True, ...} (a Snakemake parse
     that builds only the sweep; anything sized by the run's budget fails in `token_target`)."""
-    t = cfg["train"]
+    given, cfg = cfg, run_config(cfg)
+    t = cfg.train
     if t.get("tokens_per_param") != "scaling" or t.get("target_tokens") is not None \
             or t.get("target_flops") is not None:
-        return cfg, None  # a number, or an explicit budget that overrides the ratio
+        return given, None  # a number, or an explicit budget that overrides the ratio
     mix = stage_list(cfg)[0]["mix"]
-    if cfg["mixes"][mix]["tokens"] == "plan":
+    if cfg.mixes[mix]["tokens"] == "plan":
         raise ConfigError(f"config key 'mixes.{mix}.tokens': train.tokens_per_param: scaling sizes the run from the "
                           f"sweep, which trains on mix '{mix}'; sized by the plan ('plan') that mix would change "
                           "with the fit and rerun the sweep: give it a fixed number of tokens")
@@ -320,15 +326,13 @@ def resolve_tokens_per_param(cfg: dict, required: bool = True) -> tuple[dict, di
         if required:
             raise PlanError(f"train.tokens_per_param: scaling needs the sweep's fit {path}: run `{SCALING_COMMAND}` "
                             "first (or set a number)")
-        return cfg, {"missing": True, "fit": str(path)}
+        return given, {"missing": True, "fit": str(path)}
     fit = read_fit(path)
     if not math.isfinite(fit["a"]) or fit["a"] <= 0:
         raise PlanError(f"{path}: the sweep found no compute-optimal size (a = {fit['a']}; see its report.md): "
                         "widen scaling.depths or scaling.budgets and rerun `" + SCALING_COMMAND + "`, or set a number")
-    info = {**run_ratio(fit, count_params(cfg["model"])[0]), "fit": str(path)}
-    out = copy.deepcopy(cfg)
-    out["train"]["tokens_per_param"] = float(f"{info['tokens_per_param']:.4g}")
-    return out, info
+    info = {**run_ratio(fit, count_params(cfg.model)[0]), "fit": str(path)}
+    return with_section(given, "train", tokens_per_param=float(f"{info['tokens_per_param']:.4g}")), info
 
 
 def describe_ratio(info: dict) -> str:
@@ -343,5 +347,6 @@ def describe_ratio(info: dict) -> str:
 
 def fit_params(cfg: dict) -> dict:
     """What the fit depends on: the points (N, D, C of each), the bootstrap, the run's N."""
-    return {"points": points(cfg), "bootstrap": cfg["scaling"]["bootstrap"], "seed": cfg["seed"],
-            "run_n_params": count_params(cfg["model"])[0]}
+    cfg = run_config(cfg)
+    return {"points": points(cfg), "bootstrap": cfg.scaling.bootstrap, "seed": cfg.seed,
+            "run_n_params": count_params(cfg.model)[0]}

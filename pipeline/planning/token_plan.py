@@ -26,6 +26,7 @@ from pipeline.planning.memory import StepSetup, capacity_gb, choose_parallel, ev
 from pipeline.planning.stages import estimated_epoch_steps, stage_budget, stage_list
 from pipeline.planning.step_time import fsdp_comm, measured_step_seconds, predicted_mfu, step_seconds, step_time
 from pipeline.planning.train_jobs import checkpointing, stage_jobs
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -149,6 +150,7 @@ def _tokens_per_shard(cfg: dict, source: str, counted: dict | None, counts_path,
     """(mean usable tokens per shard of `source`, where that number comes from). A source missing
     from the counts file is an error when `strict` (the plan rule: the counts are this run's), else
     unknown (a counts file left by an earlier config, e.g. before a source was added or renamed)."""
+    cfg = run_config(cfg)
     if counted and source in counted:
         total, n = counted[source]
         if total > 0:
@@ -162,7 +164,7 @@ def _tokens_per_shard(cfg: dict, source: str, counted: dict | None, counts_path,
             raise PlanError(f"{counts_path}: source '{source}' has no usable tokens in its {n} counted shard(s): "
                             f"every document was filtered out; check sources.{source}.min_chars and its text column")
         # else an earlier config's counts (Snakemake's parse, before the count rules rerun): not evidence
-    estimate = cfg["sources"][source].get("tokens_per_shard_estimate")
+    estimate = cfg.sources[source].get("tokens_per_shard_estimate")
     if estimate is not None:
         return float(estimate), f"estimate (sources.{source}.tokens_per_shard_estimate)"
     if counted is not None and strict:
@@ -175,7 +177,8 @@ def _tokens_per_shard(cfg: dict, source: str, counted: dict | None, counts_path,
 
 
 def _more_shards_fix(cfg: dict, source: str, needed: int) -> str:
-    src = cfg["sources"][source]
+    cfg = run_config(cfg)
+    src = cfg.sources[source]
     if src["type"] == "hf":
         start = src["shards"][0]
         return f"raise sources.{source}.shards to [{start}, {start + needed}]"
@@ -187,10 +190,11 @@ def shard_budget(cfg: dict, scheduled_tokens: int, basis: str, counted: dict | N
     """Per source of the train mix (whose schedule holds `scheduled_tokens`): weight, tokens per
     shard (+ basis), val reserve, tokens and shards needed vs available. Raises PlanError when a source is
     short, unless allow_short."""
-    mix_name = cfg["train"]["mix"]
-    mix = cfg["mixes"][mix_name]
+    cfg = run_config(cfg)
+    mix_name = cfg.train.mix
+    mix = cfg.mixes[mix_name]
     weight_sum = sum(mix["weights"].values())
-    split = cfg["split"]
+    split = cfg.split
     out = {}
     for source, weight in mix["weights"].items():
         available = len(source_files(cfg, source))
@@ -236,6 +240,7 @@ def read_measured_step(value: str, cfg: dict) -> dict:
 
 
 def _measured_step_file(path: Path, cfg: dict) -> dict:
+    cfg = run_config(cfg)
     if not path.is_file():
         raise PlanError(f"--measured-step {path}: neither seconds nor a pipeline.bench --json file")
     try:
@@ -244,8 +249,8 @@ def _measured_step_file(path: Path, cfg: dict) -> dict:
     except (ValueError, KeyError, TypeError) as e:
         raise PlanError(f"{path}: not a pipeline.bench --json result ({type(e).__name__}: {e}); "
                         "rerun python -m pipeline.bench ... --json > FILE") from None
-    train = cfg["train"]
-    want = {"micro_batch": train["micro_batch"], "seq_len": train["seq_len"], "n_params": count_params(cfg["model"])[0],
+    train = cfg.train
+    want = {"micro_batch": train["micro_batch"], "seq_len": train["seq_len"], "n_params": count_params(cfg.model)[0],
             **{k: train[k] for k in ("activation_checkpointing", "fp8", "optimizer")}}
     wrong = {k: (bench.get(k), v) for k, v in want.items() if k in bench and bench[k] != v}
     if wrong:
@@ -257,10 +262,11 @@ def _measured_step_file(path: Path, cfg: dict) -> dict:
 
 def performance(cfg: dict, logits: str = "ours", measured_step: dict | None = None) -> dict:
     """Memory (GB by component), the step time and its basis, and MFU (see the module docstring)."""
+    cfg = run_config(cfg)
     setup = StepSetup.from_config(cfg, logits)
     mem = memory(setup)
     predicted = step_time(setup)
-    hw = cfg["hardware"]
+    hw = cfg.hardware
     if measured_step is not None:
         seconds, basis = measured_step_seconds(setup, measured_step["seconds"]), measured_step["source"]
     else:
@@ -275,7 +281,8 @@ def performance(cfg: dict, logits: str = "ours", measured_step: dict | None = No
 
 def train_hours(cfg: dict) -> float:
     """The plan's ``est_hours`` without the data side: num_steps × the step time of `performance`."""
-    return trained_tokens(cfg) // cfg["train"]["global_batch_tokens"] * performance(cfg)["step_time_s"] / 3600
+    cfg = run_config(cfg)
+    return trained_tokens(cfg) // cfg.train.global_batch_tokens * performance(cfg)["step_time_s"] / 3600
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -286,8 +293,9 @@ def parallel_options(cfg: dict, num_steps: int, logits: str = "ours", requested:
     why (``reason``), and for ddp and fsdp the predicted memory per GPU, whether it fits, the step time,
     hours and GPU-hours (always `pipeline.planning`'s predicted step, whatever the plan's own time basis),
     and fsdp's collectives per step (`pipeline.planning.step_time.fsdp_comm`)."""
-    asked = requested or cfg["train"]["parallel"]
-    choice = choose_parallel({**cfg, "train": {**cfg["train"], "parallel": asked}})
+    cfg = run_config(cfg)
+    asked = requested or cfg.train.parallel
+    choice = choose_parallel({**cfg, "train": {**cfg.train, "parallel": asked}})
     out = {"used": choice["parallel"], "requested": asked, "reason": choice["reason"]}
     for mode in ("ddp", "fsdp"):
         setup = StepSetup.from_config(cfg, logits, parallel=mode)
@@ -319,7 +327,8 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     (`pipeline.planning.parallel.choose_parallel`); `parallel_requested` names what the config asked when the caller
     resolved it already (the Snakefile). A parallelism that does not fit is reported here, refused by
     `pipeline.planning.parallel.resolve_parallel` (the Snakefile's parse and this module's CLI). """
-    model, train, hw = cfg["model"], cfg["train"], cfg["hardware"]
+    cfg = run_config(cfg)
+    model, train, hw = cfg.model, cfg.train, cfg.hardware
     parts = param_parts(model)
     n_params, non_embedding = count_params(model)
     fpt = flops_per_token(cfg)
@@ -330,7 +339,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     data_needed = trained // train["seq_len"] * (train["seq_len"] + 1)  # whole rows: tokens_per_step is a multiple of T
 
     mix_name = train["mix"]
-    mix_tokens = cfg["mixes"][mix_name]["tokens"]
+    mix_tokens = cfg.mixes[mix_name]["tokens"]
     mix_targets = trained if mix_tokens == "plan" else mix_tokens
     if mix_targets < trained:
         raise PlanError(
@@ -338,7 +347,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
             f"({num_steps} steps × {batch.tokens_per_step} tokens): set it to 'plan' or lower {basis}"
         )
     scheduled = math.ceil(mix_targets / train["seq_len"]) * (train["seq_len"] + 1)
-    delimiters = 2 if cfg["tokenizer"]["delimiter"] == "both" else 1
+    delimiters = 2 if cfg.tokenizer.delimiter == "both" else 1
     counted = None if counts is None else read_counts(counts, delimiters)
     try:
         per_source = shard_budget(cfg, scheduled, basis, counted, counts, allow_short, strict_counts)
@@ -438,6 +447,7 @@ def sweep_cost(cfg: dict) -> dict:
     """The IsoFLOP sweep's price (`snakemake --cores all scaling`, pipeline/planning/sweep.py): every point on
     one process (one GPU) for its steps at the plan's step time of the point's own config
     (`train_hours`), and the total."""
+    cfg = run_config(cfg)
     from pipeline.planning.sweep import point_config, points
 
     out = []
@@ -446,7 +456,7 @@ def sweep_cost(cfg: dict) -> dict:
         out.append({**p, "est_gpu_hours": hours})
     total = sum(p["est_gpu_hours"] for p in out)
     return {"points": out, "n_points": len(out), "est_gpu_hours": total,
-            "budgets": len(cfg["scaling"]["budgets"]), "depths": len(cfg["scaling"]["depths"])}
+            "budgets": len(cfg.scaling.budgets), "depths": len(cfg.scaling.depths)}
 
 
 def plan_stages(cfg: dict, fpt: int, batch: BatchLayout, flops_per_s_per_gpu: float) -> tuple[list[dict], dict]:

@@ -19,6 +19,7 @@ from pipeline.planning.job_sizes import train_minutes
 from pipeline.planning.memory import StepSetup, optimizer_bytes
 from pipeline.planning.stages import estimated_epoch_steps, stage_budget, stage_list
 from pipeline.planning.step_time import step_seconds
+from pipeline.run_config import run_config, with_section
 
 __all__ = ["predicted_step_s", "predicted_save_s", "predicted_startup_s", "checkpointing", "resolve_ckpt_interval",
            "stage_jobs"]
@@ -34,8 +35,8 @@ TRAIN_STATE_BYTES = 64e6        # loader and RNG states, the params: small besid
 
 
 def _setup(cfg: dict) -> tuple[StepSetup, str, int, int]:
-    hw = cfg["hardware"]
-    return StepSetup.from_config(cfg), hw["device"], world_size(cfg), hw["nodes"]
+    c = run_config(cfg)
+    return StepSetup.from_config(c), c.hardware.device, world_size(c), c.hardware.nodes
 
 
 def predicted_step_s(cfg: dict) -> float:
@@ -44,21 +45,22 @@ def predicted_step_s(cfg: dict) -> float:
 
 
 def _compiles(cfg: dict) -> bool:
-    c = cfg["train"]["compile"]
-    return cfg["hardware"]["device"] == "cuda" if c == "auto" else bool(c)
+    c = run_config(cfg)
+    return c.hardware.device == "cuda" if c.train.compile == "auto" else bool(c.train.compile)
 
 
 def _costs(cfg: dict) -> dict:
     """A checkpoint's size, what a save blocks and writes, and a restart's start-up, with their terms."""
+    cfg = run_config(cfg)
     setup, device, world, nodes = _setup(cfg)
     state = 4 * setup.params + optimizer_bytes(setup)  # fp32 weights + the optimizer's state
-    sharded = cfg["train"]["parallel"] == "fsdp"
+    sharded = cfg.train.parallel == "fsdp"
     rank = state / world if sharded else state        # ddp: rank 0 writes the whole file
     node = state / nodes if sharded else state        # what one node's link carries
-    bw = cfg["hardware"]["storage_gb_per_s"] * 1e9
+    bw = cfg.hardware.storage_gb_per_s * 1e9
     stage = rank / (STAGING_GB_PER_S[device] * 1e9)
     write = node / bw + rank / (HASH_GB_PER_S * 1e9)  # written, then read back and hashed
-    asynchronous = cfg["train"]["async_ckpt"]
+    asynchronous = cfg.train.async_ckpt
     startup = {"process": PROCESS_START_S[device],
                "verify": state / min(bw, HASH_GB_PER_S * 1e9),  # rank 0 hashes every file before trusting it
                "load": node / bw,
@@ -83,12 +85,13 @@ def checkpointing(cfg: dict, step_s: float | None = None) -> dict:
     """The checkpoint figures of the plan: size per rank and in all (GB), the seconds a save blocks and writes in
     the background, a restart's start-up (by term), the job's MTBF (`hardware.gpu_mtbf_hours` / GPUs), the
     Young/Daly interval (seconds, steps: `train.ckpt_interval` when a number) and the work one failure loses."""
+    cfg = run_config(cfg)
     step_s = predicted_step_s(cfg) if step_s is None else step_s
     c = _costs(cfg)
-    mtbf_h = cfg["hardware"]["gpu_mtbf_hours"] / world_size(cfg)
+    mtbf_h = cfg.hardware.gpu_mtbf_hours / world_size(cfg)
     # Young/Daly on what a checkpoint costs the run; a save's background write must end before the next save
     young_daly_s = max(math.sqrt(2 * c["block_s"] * mtbf_h * 3600), c["block_s"] + c["write_s"])
-    configured = cfg["train"]["ckpt_interval"]
+    configured = cfg.train.ckpt_interval
     steps = max(1, round(young_daly_s / step_s)) if configured == "auto" else int(configured)
     interval_s = steps * step_s
     # a failure loses half an interval on average, the last save's write if it had not ended, and a start-up
@@ -99,9 +102,9 @@ def checkpointing(cfg: dict, step_s: float | None = None) -> dict:
 
 def resolve_ckpt_interval(cfg: dict) -> dict:
     """`cfg` with ``train.ckpt_interval: auto`` replaced by the Young/Daly interval in steps (`checkpointing`)."""
-    if cfg["train"]["ckpt_interval"] != "auto":
+    if run_config(cfg).train.ckpt_interval != "auto":
         return cfg
-    return {**cfg, "train": {**cfg["train"], "ckpt_interval": checkpointing(cfg)["interval_steps"]}}
+    return with_section(cfg, "train", ckpt_interval=checkpointing(cfg)["interval_steps"])
 
 
 def stage_jobs(cfg: dict, step_s: float | None = None) -> dict[str, dict]:
@@ -112,7 +115,7 @@ def stage_jobs(cfg: dict, step_s: float | None = None) -> dict[str, dict]:
     limit too short to train a step."""
     ck = checkpointing(cfg, step_s)
     step_s, start_s, final_s = ck["step_s"], ck["startup_s"], ck["block_s"] + ck["write_s"]
-    limit_h = cfg["hardware"].get("max_job_hours")
+    limit_h = run_config(cfg).hardware.get("max_job_hours")
     out = {}
     for st in stage_list(cfg):
         steps = stage_budget(cfg, st)["num_steps"] or estimated_epoch_steps(cfg, st)

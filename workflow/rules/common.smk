@@ -21,6 +21,7 @@ from pipeline.planning import job_sizes as tfsz  # noqa: E402
 from pipeline import codehash as tfch  # noqa: E402
 from pipeline.planning import train_jobs as tfres  # noqa: E402
 from pipeline import rules as tfr  # noqa: E402
+from pipeline import run_config as tfrc  # noqa: E402
 from pipeline.data.filters import build_chain  # noqa: E402
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.planning.parallel import resolve_parallel  # noqa: E402
@@ -72,6 +73,9 @@ except (ConfigError, PlanError) as _e:
     stop(_e)
 config.clear()
 config.update(_resolved)
+# The same config, typed (pipeline.run_config): what the estimators read, built once. `config` stays the plain
+# mapping Snakemake holds; the rule slices are cut from it.
+RC = tfrc.run_config(config)
 # The filter chain's settings (ranges, language codes, a classifier file): the schema checks the filter names
 # only; pipeline.data.filters.build_chain (which the filter stage runs) checks the rest, naming the key.
 try:
@@ -91,7 +95,7 @@ except ConfigError as _e:
     stop(_e)
 # Training stages in order (train.stages; pipeline/planning/stages.py): R/train/{stage}/final.pt of one is the
 # input of the stages that init from it.
-STAGES = {s["name"]: s for s in stage_list(config)}
+STAGES = {s["name"]: s for s in stage_list(RC)}
 
 # Every rule's facts are its spec in pipeline/rules.py: the modules it runs (`rule_code`), its config slice
 # (`rule_params`), its size (`job_threads`, `job_resources`) and whether it runs in its shard group's SLURM
@@ -100,11 +104,11 @@ STAGES = {s["name"]: s for s in stage_list(config)}
 # gpu, nodes) from the config and the corpus size (the measured counts once they exist: the exact table,
 # else the plan's sample; else the sources' estimates). A cluster executor turns them into its job
 # requests; locally, --cores caps threads.
-_corpus = tfsz.corpus(config, tfsz.measured_sizes(run_counts(L.root)))
+_corpus = tfsz.corpus(RC, tfsz.measured_sizes(run_counts(L.root)))
 CORPUS_DOCS, CORPUS_TOKENS = _corpus["documents"], _corpus["tokens"]
 
 
-TRAIN_HOURS = 0 if TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.get("missing") else train_hours(config)
+TRAIN_HOURS = 0 if TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.get("missing") else train_hours(RC)
 # A failed or early-stopped train job is resubmitted by the controller (a new job, a new allocation), never retried
 # inside the job it failed in: a job's own Snakemake (a cluster job's) would rerun it at once, past its deadline.
 TRAIN_RETRIES = config["hardware"]["train_retries"] if workflow.is_main_process else 0
@@ -116,18 +120,18 @@ if TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.get("missing"):
     TRAIN_GRACE_S = 60
 else:
     try:
-        TRAIN_JOBS = tfres.stage_jobs(config)
+        TRAIN_JOBS = tfres.stage_jobs(RC)
     except PlanError as _e:
         stop(_e)
-    TRAIN_GRACE_S = math.ceil(tfres.predicted_save_s(config) + 2 * tfres.predicted_step_s(config)) + 30
+    TRAIN_GRACE_S = math.ceil(tfres.predicted_save_s(RC) + 2 * tfres.predicted_step_s(RC)) + 30
 
 
 def job_threads(rule):
-    return tfcl.job_resources(config, rule, CORPUS_DOCS, CORPUS_TOKENS, TRAIN_HOURS)["threads"]
+    return tfcl.job_resources(RC, rule, CORPUS_DOCS, CORPUS_TOKENS, TRAIN_HOURS)["threads"]
 
 
 def job_resources(rule):
-    return tfcl.job_resources(config, rule, CORPUS_DOCS, CORPUS_TOKENS, TRAIN_HOURS)["resources"]
+    return tfcl.job_resources(RC, rule, CORPUS_DOCS, CORPUS_TOKENS, TRAIN_HOURS)["resources"]
 
 
 # A cluster executor cannot request "all cores" (hardware.cpus_per_task 0) for a job. Snakemake sets its
@@ -274,7 +278,7 @@ def job_group(rule):
         raise ValueError(f"rule {rule} is not in the shard chain (pipeline/rules.py)")
     if not tfr.feeds_tokenizer(rule):
         return SHARD_CHAIN
-    return lambda w: (None if w.source in tokenizer_sources(config)
+    return lambda w: (None if w.source in tokenizer_sources(RC)
                       else SHARD_CHAIN.format(source=w.source, group=w.group))
 
 
@@ -314,7 +318,7 @@ if workflow.is_main_process and TOKENS_PER_PARAM_FIT and TOKENS_PER_PARAM_FIT.ge
     print(f"token-budget plan: none yet, {tfsc_describe(TOKENS_PER_PARAM_FIT)}", file=sys.stderr)
 elif workflow.is_main_process:
     try:
-        PLAN = make_plan(config, counts=run_counts(L.root), strict_counts=False,
+        PLAN = make_plan(RC, counts=run_counts(L.root), strict_counts=False,
                          tokens_per_param_fit=TOKENS_PER_PARAM_FIT, parallel_requested=PARALLEL_REQUESTED)
     except (PlanError, ConfigError) as _e:
         stop(f"the token-budget plan is not feasible:\n  {_e}")

@@ -11,10 +11,10 @@ from pipeline.planning import sweep as tfsc  # noqa: E402
 
 SCALING_MIX = STAGES[next(iter(STAGES))]["mix"]
 try:
-    SCALING_POINTS = tfsc.points(config)
+    SCALING_POINTS = tfsc.points(RC)
     if workflow.is_main_process and SWEEP_TARGETED:  # every point must get its tokens from the mix, 10+ steps
         _mix = config["mixes"][SCALING_MIX]["tokens"]
-        tfsc.check_sweep(config, mix_targets(config, SCALING_MIX) if _mix == "plan" else _mix)
+        tfsc.check_sweep(config, mix_targets(RC, SCALING_MIX) if _mix == "plan" else _mix)
 except ConfigError as _e:
     stop(_e)
 

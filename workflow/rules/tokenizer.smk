@@ -1,13 +1,13 @@
 # Train (or load) the run's tokenizer on a sample of the training sources.
 rule tokenizer:
     input:
-        group_manifests(L.stage_dir("filtered"), tokenizer_sources(config)),
+        group_manifests(L.stage_dir("filtered"), tokenizer_sources(RC)),
     output:
         L.tokenizer(),
     params:
         p=rule_params("tokenizer"),
         code=rule_code("tokenizer"),
-        files=shard_files(L.filtered(), tokenizer_sources(config)),
+        files=shard_files(L.filtered(), tokenizer_sources(RC)),
     log:
         L.log("tokenizer"),
     benchmark:
