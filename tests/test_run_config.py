@@ -11,9 +11,9 @@ import yaml
 from builders import ROOT
 
 from pipeline.config import load_config
-from pipeline.run_config import ABSENT, RunConfig, _Section, run_config
 from pipeline.errors import ConfigError
 from pipeline.rules import RULES, rule_params
+from pipeline.run_config import ABSENT, RunConfig, _Section, run_config
 
 SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
 CONFIGS = [ROOT / "config.yaml", *sorted((ROOT / "configs").glob("*.yaml"))]
