@@ -577,9 +577,11 @@ class _InFlight:
 
 
 class Checkpointer:
-    """A run's step checkpoints (module docstring, "Asynchronous saves"): made once per run on every rank,
-    after `resume` (the checkpoint ``latest`` then names is the one resumed from: protected from pruning until
-    a newer one is complete).
+    """A run's step checkpoints (module docstring, "Asynchronous saves"): made once per run on every rank.
+
+    * `resume` — load the newest readable checkpoint into the model, optimizer and loader (or start fresh:
+      the module function `resume`); the checkpoint resumed from is protected from pruning until a newer one
+      is complete.
 
     * `save` at a checkpoint step, every rank (as `save_training_checkpoint`, whose keyword arguments it
       takes): waits for the save in flight (and finalizes it), then starts this one — synchronous when
@@ -598,9 +600,7 @@ class Checkpointer:
     def __init__(self, ckpt_dir: str | Path, dist: Dist, keep: int = 2, async_save: bool = True):
         self.ckpt_dir, self.dist, self.keep, self.async_save = Path(ckpt_dir), dist, keep, async_save
         self.resumed_from = None
-        if dist.is_main:
-            with contextlib.suppress(PipelineError):  # a broken pointer: nothing to protect (resume rewrote it)
-                self.resumed_from = latest_checkpoint(self.ckpt_dir)
+        self._protect_latest()
         self.blocked_s = 0.0
         self.write_s: float | None = None  # the last background write's seconds (None: none finished yet)
         self._pending: _InFlight | None = None
@@ -621,6 +621,19 @@ class Checkpointer:
         return self._pending.path if self._pending is not None else None
 
     # -- the API the trainer calls
+
+    def resume(self, mode: str, *, model, optimizer, loader, params: dict, init: str | None = None) -> TrainState:
+        """Where the run stands: a fresh start or an exact resume (`resume`, every rank)."""
+        state = resume(self.ckpt_dir, mode, self.dist, model=model, optimizer=optimizer, loader=loader,
+                       params=params, init=init)
+        self._protect_latest()
+        return state
+
+    def _protect_latest(self) -> None:
+        self.resumed_from = None
+        if self.dist.is_main:
+            with contextlib.suppress(PipelineError):  # a broken pointer: nothing to protect (resume rewrote it)
+                self.resumed_from = latest_checkpoint(self.ckpt_dir)
 
     def save(self, *, model, optimizer, loader, params: dict, plan: dict, state: TrainState) -> None:
         """Save step `state.step` (every rank; module docstring): the previous save finalized first."""

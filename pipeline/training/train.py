@@ -643,8 +643,9 @@ def _run(params: dict, plan: StepPlan, train_meta: str, val_meta: str, tokenizer
                     params["hardware"]["process_group_timeout_min"], max(control.allow.values()))
     ckpt_dir = outdir / "ckpt"
     run = set_up(params, plan, train_meta, val_meta, tokenizer_path, eval_data, dist)
-    state = ckpt.resume(ckpt_dir, resume, dist, model=run.model, optimizer=run.optimizer, loader=run.loader,
-                        params=params, init=init)
+    checkpointer = ckpt.Checkpointer(ckpt_dir, dist, keep_ckpts, async_save=params["train"]["async_ckpt"])
+    state = checkpointer.resume(resume, model=run.model, optimizer=run.optimizer, loader=run.loader, params=params,
+                                init=init)
     metrics = None
     if dist.is_main:
         metrics = MetricsLogger(outdir / "metrics.jsonl", params["wandb"], outdir, params, params["run_name"],
@@ -653,7 +654,6 @@ def _run(params: dict, plan: StepPlan, train_meta: str, val_meta: str, tokenizer
     target = segment_target(segment, num_steps)
     stop_at = target if max_steps is None else min(max_steps, target)
 
-    checkpointer = ckpt.Checkpointer(ckpt_dir, dist, keep_ckpts, async_save=params["train"]["async_ckpt"])
     try:
         ddp_ref, stopped = run_steps(run, state, metrics, stop_at, control, checkpointer)
         control.watchdog.beat(state.step, "checkpoint", control.allow["checkpoint"])
