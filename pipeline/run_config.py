@@ -361,6 +361,8 @@ class RunConfig(_Section):
     scaling: ScalingConfig = ABSENT
     filter: list[FilterStepConfig] = ABSENT
     decontaminate: DecontaminateConfig = ABSENT
+    # derived, not in the schema: a training stage's view (`pipeline.planning.stages.stage_config`) adds it
+    stage: dict | None = None
 
 
 def with_section(cfg: Mapping, section: str, **values) -> dict:

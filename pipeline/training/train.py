@@ -126,6 +126,7 @@ from pipeline.model.model import Transformer
 from pipeline.planning.compute import BatchLayout, StepPlan, canonical_gpu_type, gpu_type_of, peak_flops
 from pipeline.planning.stages import epoch_steps, is_chat_stage, stage_budget, stage_config, stage_names
 from pipeline.planning.train_jobs import resolve_ckpt_interval
+from pipeline.run_config import run_config
 from pipeline.training import checkpoint as ckpt
 from pipeline.training.lease import Lease
 from pipeline.training.metrics import MetricsLogger, UpdateRatio, group_norms, memory_stats, mfu, watched_groups
@@ -163,13 +164,14 @@ def validate(model: Transformer, val_meta: str, cfg: dict, layout: BatchLayout,
              dist: Dist) -> tuple[float, tuple | None]:
     """Mean CE over up to `train.val_batches` validation micro-batches per rank, the training
     precision (all ranks; one all-reduce). Also returns rank's first batch (the fixed batch)."""
-    train_cfg = cfg["train"]
-    loss_model = LossModel(model, autocast_dtype(cfg, dist.device), train_cfg["ce_chunk_tokens"], ce_matmul(cfg))
+    view = run_config(cfg)
+    train_cfg = view.train
+    loss_model = LossModel(model, autocast_dtype(cfg, dist.device), train_cfg.ce_chunk_tokens, ce_matmul(cfg))
     loader = val_loader(val_meta, cfg, layout, dist)
     totals = torch.zeros(2, device=dist.device, dtype=torch.float64)
     first = None
     it = iter(loader)
-    for _ in range(train_cfg["val_batches"]):
+    for _ in range(train_cfg.val_batches):
         try:
             (batch,) = next_micro_batches(it, 1, dist.device)
         except (StopIteration, DataExhausted):
@@ -223,9 +225,10 @@ def check_plan(plan: StepPlan, layout: BatchLayout, dist: Dist) -> None:
 
 def check_data(loader, plan: StepPlan, layout: BatchLayout, cfg: dict, train_meta: str) -> None:
     """Fail before training when the packed rows cannot supply the planned steps."""
+    view = run_config(cfg)
     have = loader.steps_available(layout.rows_per_step)
     if have < plan.num_steps:
-        meta, mix = loader.meta, cfg["train"]["mix"]
+        meta, mix = loader.meta, view.train.mix
         raise PipelineError(
             f"{train_meta}: {meta['n_rows']} packed rows ({meta['tokens_packed']} tokens of mix '{mix}') supply "
             f"{have} steps of {layout.tokens_per_step} tokens, but the plan needs {plan.num_steps} steps "
@@ -237,24 +240,27 @@ def check_data(loader, plan: StepPlan, layout: BatchLayout, cfg: dict, train_met
 def val_loader(val_meta: str, cfg: dict, layout: BatchLayout, dist: Dist) -> PackedLoader:
     """A fresh, unshuffled loader over the validation rows (the same rows every time), with the
     stage's loss mask and doc ids."""
-    st = cfg["stage"]
+    view = run_config(cfg)
+    st = view.stage
     return PackedLoader(val_meta, layout.micro_batch, rank=dist.rank, world_size=dist.world_size,
-                        seed=cfg["seed"], shuffle=False, loss=st["loss"], with_doc_ids=st["doc_mask"])
+                        seed=view.seed, shuffle=False, loss=st["loss"], with_doc_ids=st["doc_mask"])
 
 
 def stage_steps(params: dict, layout: BatchLayout, train_meta: str) -> tuple[int, int | None]:
     """(optimizer steps, rows to read or None) of this stage: an epochs budget counts the packed
     rows (rows mode), any other budget is known from the config (pipeline/planning/stages.py)."""
-    st = params["stage"]
+    view = run_config(params)
+    st = view.stage
     if st["budget"]["kind"] == "epochs":
         return epoch_steps(st["budget"]["value"], read_json(train_meta)["n_rows"], layout.rows_per_step)
-    return stage_budget(params, {**st, "train": params["train"]})["num_steps"], None
+    return stage_budget(params, {**st, "train": view.train})["num_steps"], None
 
 
 def check_gpu_type(params: dict, device: torch.device) -> None:
     """Warn when the GPU in use is not `hardware.gpu_type` (by its exact device name,
     pipeline.planning.compute.GPU_SPECS): the logged MFU and the plan's predictions use the configured type."""
-    configured = params["hardware"]["gpu_type"]
+    view = run_config(params)
+    configured = view.hardware.gpu_type
     name = torch.cuda.get_device_properties(device).name
     try:
         actual = gpu_type_of(name)
@@ -269,7 +275,7 @@ def check_gpu_type(params: dict, device: torch.device) -> None:
 def with_init(params: dict, init: str | None) -> dict:
     """The stage's params with its init's identity (`stage.init_sha256`: a checkpoint of a stage trained
     from an older init is never resumed); refuses an --init the stage does not start from, or its absence."""
-    st = params["stage"]
+    st = run_config(params).stage
     if st["init_from"] and init is None:
         raise PipelineError(f"stage '{st['name']}' starts from stage '{st['init_from']}': pass --init "
                             f"R/train/{st['init_from']}/final.pt")
@@ -298,8 +304,9 @@ class Schedule:
 
     @classmethod
     def of(cls, params: dict, num_steps: int, core_every: int) -> Schedule:
-        t = params["train"]
-        return cls(num_steps, t["val_interval"], t["log_interval"], t["ckpt_interval"], core_every)
+        view = run_config(params)
+        t = view.train
+        return cls(num_steps, t.val_interval, t.log_interval, t.ckpt_interval, core_every)
 
     def is_val(self, done: int) -> bool:
         return done % self.val_interval == 0 or done == self.num_steps
@@ -344,10 +351,11 @@ def write_segment_marker(outdir: Path, params: dict, segment: tuple[int, int], t
     """`outdir/segments/K.json` (atomically): segment K of N reached its target step (a checkpoint there)."""
     path = segment_marker(outdir, segment)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, {"stage": params["stage"]["name"], "segment": segment[0], "of": segment[1],
+    view = run_config(params)
+    write_json(path, {"stage": view.stage["name"], "segment": segment[0], "of": segment[1],
                       "target_step": target, "step": step, "num_steps": num_steps, "tokens_seen": tokens_seen,
                       "meta": provenance("train", params)})
-    log.info("segment %d/%d of stage %s reached step %d (target %d of %d): %s", *segment, params["stage"]["name"],
+    log.info("segment %d/%d of stage %s reached step %d (target %d of %d): %s", *segment, view.stage["name"],
              step, target, num_steps, path)
 
 
@@ -374,10 +382,11 @@ def finish(outdir: Path, dist: Dist, model: Transformer, params: dict, plan: Ste
     mode (an epochs budget) the count includes the last step's empty rows (`empty_rows`)."""
     planned = plan.num_steps * layout.tokens_per_step
     rows_read = plan.num_steps * layout.rows_per_step
+    view = run_config(params)
     summary = {
-        "stage": params["stage"]["name"],
-        "init_from": params["stage"]["init_from"],
-        "loss": params["stage"]["loss"],
+        "stage": view.stage["name"],
+        "init_from": view.stage["init_from"],
+        "loss": view.stage["loss"],
         "empty_rows": 0 if total_rows is None else rows_read - total_rows,
         "tokens_trained": state.tokens_seen,
         "tokens_planned": planned,
@@ -414,11 +423,12 @@ def train(params: dict, plan: StepPlan, train_meta: str, val_meta: str, tokenize
     (rank 0) holds the folder's lease (`pipeline.training.lease`) throughout: a second trainer on `outdir`, on
     this host or another, fails at once.
     """
+    view = run_config(params)
     rank = torch_dist.get_rank() if torch_dist.is_initialized() else int(os.environ.get("RANK", 0))
     lock = Lease(outdir).acquire() if rank == 0 else None
     try:
         return _train(params, plan, train_meta, val_meta, tokenizer_path, outdir,
-                      resume or params["train"]["resume"], max_steps, keep_ckpts, eval_data, init, segment, rank)
+                      resume or view.train.resume, max_steps, keep_ckpts, eval_data, init, segment, rank)
     finally:
         if lock is not None:
             lock.release()
@@ -449,34 +459,35 @@ def set_up(params: dict, plan: StepPlan, train_meta: str, val_meta: str, tokeniz
            eval_data: str | None, dist: Dist) -> Run:
     """Check the plan, the data and the tokenizer against the stage, and build the model, optimizer and
     loaders (fresh: `pipeline.training.checkpoint.resume` then loads a checkpoint into them)."""
+    view = run_config(params)
     layout = BatchLayout.from_config(params)
     plan = StepPlan.from_plan(plan)
     check_plan(plan, layout, dist)
     if dist.device.type == "cuda" and dist.is_main:
         check_gpu_type(params, dist.device)
     num_steps, total_rows = stage_steps(params, layout, train_meta)
-    plan = dataclasses.replace(plan, num_steps=num_steps, stage=params["stage"]["name"])
+    plan = dataclasses.replace(plan, num_steps=num_steps, stage=view.stage["name"])
     set_matmul_precision(ce_matmul(params))
 
-    seed_everything(params["seed"])
+    seed_everything(view.seed)
     fsdp = parallelism(params, dist) == "fsdp"  # sharded before initialisation: each rank writes its shards
     model = build_model(params, dist.device, dist if fsdp else None, use_compile(params, dist.device))
-    optimizer = build_optimizer(model, params["train"], dist.device.type)
-    st = params["stage"]
+    optimizer = build_optimizer(model, view.train, dist.device.type)
+    st = view.stage
     loader = PackedLoader(train_meta, layout.micro_batch, rank=dist.rank, world_size=dist.world_size,
-                          seed=params["seed"], shuffle=True, loss=st["loss"], with_doc_ids=st["doc_mask"],
+                          seed=view.seed, shuffle=True, loss=st["loss"], with_doc_ids=st["doc_mask"],
                           total_rows=total_rows)
     if total_rows is None:
         check_data(loader, plan, layout, params, train_meta)
     val_loader(val_meta, params, layout, dist)  # fails now, not at the first validation, if val is too small
     tokenizer = load_tokenizer(tokenizer_path)
-    if tokenizer.n_vocab > params["model"]["vocab_size"]:
+    if tokenizer.n_vocab > view.model.vocab_size:
         raise PipelineError(f"{tokenizer_path} has {tokenizer.n_vocab} token ids but model.vocab_size is "
                             f"{params['model']['vocab_size']}: set model.vocab_size to at least {tokenizer.n_vocab}")
-    core_every = params["eval"]["core_interval"] if eval_data is not None else 0
-    core_tasks = core_benchmark.load_tasks(eval_data, params["eval"]["tasks"]) if core_every else None
-    chat_tasks = (core_benchmark.load_tasks(eval_data, params["eval"]["chat_tasks"], chat=True)
-                  if core_every and params["eval"]["chat_tasks"] and is_chat_stage(params) else None)
+    core_every = view.eval.core_interval if eval_data is not None else 0
+    core_tasks = core_benchmark.load_tasks(eval_data, view.eval.tasks) if core_every else None
+    chat_tasks = (core_benchmark.load_tasks(eval_data, view.eval.chat_tasks, chat=True)
+                  if core_every and view.eval.chat_tasks and is_chat_stage(params) else None)
     return Run(params, plan, layout, dist, model, optimizer, loader, val_meta, tokenizer, core_every, core_tasks,
                chat_tasks, total_rows)
 
@@ -490,11 +501,12 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, s
     reference to the DDP module, or under fsdp to the loss model (for `close_distributed`), and whether the
     run stopped before `stop_at`."""
     params, plan, dist, model, optimizer = run.params, run.plan, run.dist, run.model, run.optimizer
-    train_cfg, num_steps, accum = params["train"], plan.num_steps, run.layout.grad_accum_steps
+    view = run_config(params)
+    train_cfg, num_steps, accum = view.train, plan.num_steps, run.layout.grad_accum_steps
     sched, clock, allow, watchdog = Schedule.of(params, num_steps, run.core_every), control.clock, control.allow, \
         control.watchdog
     peak = peak_flops(params)
-    loss_model = LossModel(model, autocast_dtype(params, dist.device), train_cfg["ce_chunk_tokens"], ce_matmul(params))
+    loss_model = LossModel(model, autocast_dtype(params, dist.device), train_cfg.ce_chunk_tokens, ce_matmul(params))
     ddp, fwd = wrap(loss_model, dist, use_compile(params, dist.device))
     ref = weakref.ref(fwd if ddp is model else ddp)  # fsdp: no DDP module; the loss model is freed here
 
@@ -510,14 +522,14 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, s
             return ref, True
     trainable = [p for p in model.parameters() if p.requires_grad]
     watched = watched_groups(model)
-    prompt = (params["eval"]["prompts"] or [""])[0]
+    prompt = (view.eval.prompts or [""])[0]
     steps = StepBatches(run.loader, accum, dist)  # pinned, read one step ahead; its state is the consumed one
     counted = torch.zeros(2, dtype=torch.int64, device=dist.device)  # [targets, inputs] since the start
     base_tokens, base_loss_tokens = state.tokens_seen, state.loss_tokens
     mark_time, mark_tokens = time.perf_counter(), state.tokens_seen
     log.info("training steps %d..%d of %d: %d tokens/step = %d micro-steps × %d rows × %d tokens × world %d",
              state.step + 1, stop_at, num_steps, run.layout.tokens_per_step, accum, run.layout.micro_batch,
-             train_cfg["seq_len"], dist.world_size)
+             train_cfg.seq_len, dist.world_size)
 
     model.train()
     first, after = state.step, 0.0  # after: the allowance of the last step's phases (others wait for rank 0's)
@@ -535,7 +547,7 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, s
         is_val, is_core, is_log = sched.is_val(done), sched.is_core(done), sched.is_log(done)
 
         record = group_norms(watched, "grad_norm", grads=True) if is_log else {}
-        grad_norm = clip_gradients(trainable, train_cfg["grad_clip"])
+        grad_norm = clip_gradients(trainable, train_cfg.grad_clip)
         update = UpdateRatio(watched) if is_log else None
         optimizer.step()
         zero_gradients(optimizer)  # keeps DDP's bucket views (see zero_gradients)
@@ -564,8 +576,8 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, s
                 state.best_val_loss = min(state.best_val_loss, state.last_val_loss)
                 record["val_loss"] = state.last_val_loss
                 if dist.is_main and fixed is not None:
-                    record.update(fixed_batch_stats(model, fixed, train_cfg["ce_chunk_tokens"]))
-                    record["sample"] = greedy_sample(model, run.tokenizer, prompt, params["eval"]["max_new_tokens"],
+                    record.update(fixed_batch_stats(model, fixed, train_cfg.ce_chunk_tokens))
+                    record["sample"] = greedy_sample(model, run.tokenizer, prompt, view.eval.max_new_tokens,
                                                      dist.device, autocast_dtype(params, dist.device))
             model.train()
             clock.val_s = time.perf_counter() - t
@@ -635,20 +647,21 @@ def _train(params: dict, plan: StepPlan, train_meta: str, val_meta: str, tokeniz
 def _run(params: dict, plan: StepPlan, train_meta: str, val_meta: str, tokenizer_path: str, outdir: Path,
          resume: str, max_steps: int | None, keep_ckpts: int, eval_data: str | None, init: str | None,
          segment: tuple[int, int], control: StopControl) -> dict | None:
-    dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
-    timeout_s = 60 * params["hardware"]["process_group_timeout_min"]
+    view = run_config(params)
+    dist = init_distributed(view.hardware.device, view.hardware.process_group_timeout_min)
+    timeout_s = 60 * view.hardware.process_group_timeout_min
     if dist.distributed and dist.is_main and timeout_s < max(control.allow.values()):
         log.warning("hardware.process_group_timeout_min (%g) is below the watchdog's longest allowance (%.0f s): "
                     "a collective may time out before the watchdog names the hung phase",
-                    params["hardware"]["process_group_timeout_min"], max(control.allow.values()))
+                    view.hardware.process_group_timeout_min, max(control.allow.values()))
     ckpt_dir = outdir / "ckpt"
     run = set_up(params, plan, train_meta, val_meta, tokenizer_path, eval_data, dist)
-    checkpointer = ckpt.Checkpointer(ckpt_dir, dist, keep_ckpts, async_save=params["train"]["async_ckpt"])
+    checkpointer = ckpt.Checkpointer(ckpt_dir, dist, keep_ckpts, async_save=view.train.async_ckpt)
     state = checkpointer.resume(resume, model=run.model, optimizer=run.optimizer, loader=run.loader, params=params,
                                 init=init)
     metrics = None
     if dist.is_main:
-        metrics = MetricsLogger(outdir / "metrics.jsonl", params["wandb"], outdir, params, params["run_name"],
+        metrics = MetricsLogger(outdir / "metrics.jsonl", view.wandb, outdir, params, view.run_name,
                                 resume_step=state.step or None, wandb_id=state.wandb_id)
     num_steps = run.plan.num_steps
     target = segment_target(segment, num_steps)
