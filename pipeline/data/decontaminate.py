@@ -71,6 +71,7 @@ from pipeline.data.minhash import SHINGLE_MULT, SHINGLE_SEED, doc_word_hashes, n
 from pipeline.data.tasks import load_tasks
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, provenance, read_json, read_parquet_meta, run_cli, write_json, write_parquet
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -352,13 +353,14 @@ def stats_path(flag_file) -> Path:
 
 def flag_one(params: dict, grams: EvalGrams, source: str, raw, tokens_json, out) -> dict:
     """Flag one shard: its flag file `out`, then its part of the report (`stats_path(out)`), which it returns."""
-    if source not in params["sources"]:
+    view = run_config(params)
+    if source not in view.sources:
         raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(params['sources'])})")
     shard = Path(tokens_json).name.removesuffix(".json")
     meta = provenance("decontaminate", params, [raw, tokens_json], source=source, shard=shard)
     t0 = time.perf_counter()
-    texts, tokens, flags, which, ex, seen = decontaminate_shard(Path(raw), Path(tokens_json), params["sources"][source],
-                                                          grams, params["decontaminate"]["enabled"], Path(out), meta)
+    texts, tokens, flags, which, ex, seen = decontaminate_shard(Path(raw), Path(tokens_json), view.sources[source],
+                                                          grams, view.decontaminate.enabled, Path(out), meta)
     by_task: dict = {}
     for d in np.flatnonzero(flags):
         for t in which[d]:
@@ -400,7 +402,8 @@ def merge_report(params: dict, grams: EvalGrams, parts: list[dict], inputs: list
     """The report from the shards' parts, in (source, shard) order: per source and per task documents and
     tokens flagged, the eval-side counts, per task the scored items seen, the first examples, the
     throughput (module docstring)."""
-    dc = params["decontaminate"]
+    view = run_config(params)
+    dc = view.decontaminate
     seen = set()
     per_source: dict = {}
     examples = []
@@ -439,10 +442,11 @@ def merge_report(params: dict, grams: EvalGrams, parts: list[dict], inputs: list
 
 
 def write_report(params: dict, grams: EvalGrams, parts: list[dict], inputs: list, report_path) -> dict:
+    view = run_config(params)
     report = merge_report(params, grams, parts, inputs)
     write_json(report_path, report)
     log.info("%d of %d documents share a %d-gram with %s (%.0f docs/s)", report["total"]["documents"],
-             report["documents"], params["decontaminate"]["ngram"], ", ".join(grams.tasks), report["docs_per_s"] or 0)
+             report["documents"], view.decontaminate.ngram, ", ".join(grams.tasks), report["docs_per_s"] or 0)
     return report
 
 
@@ -458,7 +462,8 @@ def read_parts(paths: list) -> list[dict]:
 
 
 def build_grams(params: dict, eval_dir) -> EvalGrams:
-    dc = params["decontaminate"]
+    view = run_config(params)
+    dc = view.decontaminate
     return eval_grams(load_tasks(eval_dir, params["eval_tasks"]), dc["ngram"], dc["min_words"])
 
 

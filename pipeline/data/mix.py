@@ -52,6 +52,7 @@ from pipeline.config import add_config_args, mix_slice, params_from_args
 from pipeline.data.contract import rank_by_hash
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, provenance, read_json, run_cli, write_json, write_parquet
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -67,7 +68,8 @@ def schedule_target(tokens: int, seq_len: int) -> int:
 
 def target_tokens(mix_name: str, params: dict) -> int:
     """The mix's `tokens`: an integer, or the params' `trained_tokens` for `plan`."""
-    tokens = params["mixes"][mix_name]["tokens"]
+    view = run_config(params)
+    tokens = view.mixes[mix_name]["tokens"]
     if tokens != "plan":
         return int(tokens)
     trained = params.get("trained_tokens")
@@ -252,9 +254,10 @@ def _concat_pools(pools: list[Pool]) -> Pool:
 
 def build_mix(params: dict, mix_name: str, split_dir) -> tuple[pa.Table, pa.Table, dict]:
     """(train schedule, val table, report) for one mix (see the module docstring)."""
-    if mix_name not in params["mixes"]:
+    view = run_config(params)
+    if mix_name not in view.mixes:
         raise PipelineError(f"unknown mix '{mix_name}' (mixes: {', '.join(params['mixes'])})")
-    mix = params["mixes"][mix_name]
+    mix = view.mixes[mix_name]
     tokens = target_tokens(mix_name, params)
     target = schedule_target(tokens, params["seq_len"])
     sources = sorted(mix["weights"])
@@ -269,7 +272,7 @@ def build_mix(params: dict, mix_name: str, split_dir) -> tuple[pa.Table, pa.Tabl
         cap = mix["max_epochs"] * available
         if share > cap:
             raise PipelineError(short_message(mix_name, s, mix, available, share, proportions[s], target))
-        streams[s] = Stream(pools[s]["train"], params["seed"], s, cap)
+        streams[s] = Stream(pools[s]["train"], view.seed, s, cap)
         streams[s].take_until(share)
     balance(streams, proportions, TOLERANCE / 2)
     picks = {s: st.picked() for s, st in streams.items()}
@@ -322,9 +325,10 @@ def build_mix(params: dict, mix_name: str, split_dir) -> tuple[pa.Table, pa.Tabl
 
 def run_mix(params: dict, mix_name: str, split_dir, outdir) -> dict:
     """The stage: build the mix and write train.parquet, val.parquet and report.json."""
+    view = run_config(params)
     train, val, report = build_mix(params, mix_name, split_dir)
     files = split_files(split_dir)
-    inputs = [Path(split_dir, "report.json"), *(p for s in sorted(params["mixes"][mix_name]["weights"])
+    inputs = [Path(split_dir, "report.json"), *(p for s in sorted(view.mixes[mix_name]["weights"])
                                                 for p in files.get(s, []))]
     meta = provenance("mix", params, inputs, mix=mix_name)
     report["meta"] = meta

@@ -28,6 +28,7 @@ from pipeline.data.contract import doc_text, iter_documents, open_parquet
 from pipeline.data.encoding import RANKS_FILE, format_ranks, special_token_names, tokenizer_sha256
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_write, get_logger, provenance, run_cli, write_json
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -209,19 +210,20 @@ def build_tokenizer(params: dict, inputs: list[str], out: str | os.PathLike) -> 
     """Train (bpe) or load (tiktoken) the tokenizer; write the ranks file, then encoding.json.
 
     Returns the encoding.json content. `inputs` are raw shards `{data_dir}/{source}/{shard}.parquet`;
-    only those of sources in `params["sources"]` are sampled.
+    only those of sources in the params' `sources` are sampled.
     """
-    tok = params["tokenizer"]
+    view = run_config(params)
+    tok = view.tokenizer
     out = Path(out)
     delimiter = tok.get("delimiter", "bos")
     if tok.get("kind", "bpe") == "bpe":
-        shards = [(p, params["sources"][Path(p).parent.name]) for p in inputs
-                  if Path(p).parent.name in params["sources"]]
+        shards = [(p, view.sources[Path(p).parent.name]) for p in inputs
+                  if Path(p).parent.name in view.sources]
         if not shards:
             raise PipelineError("no input shard belongs to a tokenizer training source "
                                 f"({', '.join(params['sources'])}); "
                                 "check tokenizer.train_sources and the --inputs paths")
-        texts = sample_training_texts(shards, tok["train_chars"], tok["max_doc_chars"], params["seed"])
+        texts = sample_training_texts(shards, tok["train_chars"], tok["max_doc_chars"], view.seed)
         ranks, special = train_bpe(texts, tok["vocab_size"], delimiter)
         ranks_bytes, pattern = format_ranks(ranks), SPLIT_PATTERN
         name, extra, used = f"tokenfarm-bpe-{tok['vocab_size']}", {}, [p for p, _ in shards]

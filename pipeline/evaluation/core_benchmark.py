@@ -97,6 +97,7 @@ from pipeline.evaluation import stats
 from pipeline.io import atomic_path, get_logger, provenance, run_cli, write_json
 from pipeline.model.load import load_model
 from pipeline.planning.memory import eval_batch_tokens
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -502,9 +503,10 @@ def core_settings(params: dict, items_key: str = "core_max_items") -> dict:
     subset: core_interval_items). ``eval.core_batch_tokens: null`` is bounded by memory
     (`pipeline.planning.memory.eval_batch_tokens`: what fits beside the training state on the configured GPU),
     not by the training micro-batch; the LM head takes ``train.ce_chunk_tokens`` positions at a time."""
-    eval_cfg = params["eval"]
-    return {"seed": params["seed"], "batch_tokens": eval_batch_tokens(params), "shots": eval_cfg["core_shots"],
-            "max_items": eval_cfg[items_key], "head_chunk": params["train"]["ce_chunk_tokens"]}
+    view = run_config(params)
+    eval_cfg = view.eval
+    return {"seed": view.seed, "batch_tokens": eval_batch_tokens(params), "shots": eval_cfg["core_shots"],
+            "max_items": eval_cfg[items_key], "head_chunk": view.train.ce_chunk_tokens}
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -520,10 +522,11 @@ def main(argv=None) -> None:
                                                 "core_items.jsonl)")
     args = p.parse_args(argv)
     params = params_from_args(args, evaluate_slice)
+    view = run_config(params)
 
-    dist = init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])
+    dist = init_distributed(view.hardware.device, view.hardware.process_group_timeout_min)
     try:
-        tasks = load_tasks(args.tasks_dir, params["eval"]["tasks"])
+        tasks = load_tasks(args.tasks_dir, view.eval.tasks)
         result = evaluate_tasks(load_model(args.ckpt, dist.device), load_tokenizer(args.tokenizer), tasks,
                                 dist=dist, **core_settings(params))
         if dist.is_main:

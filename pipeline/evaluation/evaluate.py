@@ -68,6 +68,7 @@ from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_c
 from pipeline.model.engine import generate_texts
 from pipeline.model.load import load_trained
 from pipeline.planning.stages import is_chat_stage, stage_config, stage_names
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -274,12 +275,13 @@ def chat_evaluation(model, tokenizer, params: dict, val_meta: str, device, batch
     """For a chat stage (its mix has a chat source and a bestfit pack): ``chat_val_loss``, the mean
     CE over the assistant tokens (content and <|assistant_end|>) of the held-out conversations, and
     ``answers`` to ``eval.chat_questions`` (greedy, chat template, KV-cache engine). Empty otherwise."""
+    view = run_config(params)
     if not is_chat_stage(params):
         return {}
     val = PackedLoader(val_meta, 1, shuffle=False, loss="assistant", with_doc_ids=params["stage"]["doc_mask"])
-    sums = evaluate_rows(model, val, device, batch_rows, params["train"]["ce_chunk_tokens"], byte_lengths,
+    sums = evaluate_rows(model, val, device, batch_rows, view.train.ce_chunk_tokens, byte_lengths,
                          delimiters(tokenizer))
-    eval_cfg = params["eval"]
+    eval_cfg = view.eval
     return {"chat_val_loss": sums["nats"] / sums["tokens"] if sums["tokens"] else None,
             "chat_val_loss_ci": loss_intervals(sums)["loss_ci"],
             "chat_val_tokens": sums["tokens"],
@@ -310,8 +312,9 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
              outdir: str, batch_rows: int = BATCH_ROWS, eval_data: str | None = None,
              decontam: str | None = None) -> dict:
     """Compute the report (module docstring) and write report.json, report.md and loss.png."""
+    view = run_config(params)
     outdir = Path(outdir)
-    want_cuda = params["hardware"]["device"] == "cuda" and torch.cuda.is_available()
+    want_cuda = view.hardware.device == "cuda" and torch.cuda.is_available()
     device = torch.device("cuda" if want_cuda else "cpu")
     model, final = load_trained(ckpt_path, device)
     tokenizer = load_tokenizer(tokenizer_path)
@@ -323,7 +326,7 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
     val = PackedLoader(val_meta, 1, shuffle=False, loss=st["loss"], with_doc_ids=st["doc_mask"])
     train = PackedLoader(train_meta, 1, shuffle=False, loss=st["loss"])
 
-    train_cfg = params["train"]
+    train_cfg = view.train
     val_sums = evaluate_rows(model, val, device, batch_rows, train_cfg["ce_chunk_tokens"], byte_lengths,
                              delimiters(tokenizer))
     val_ci = loss_intervals(val_sums)
@@ -331,7 +334,7 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
     uni_sums = unigram_baseline(unigram_counts(train, vocab), val, tokenizer.n_vocab, byte_lengths)
     val_loss, val_bpb = per_token_and_bpb(val_sums)
     uni_loss, uni_bpb = per_token_and_bpb(uni_sums)
-    eval_cfg = params["eval"]
+    eval_cfg = view.eval
     report = {
         "val_loss": val_loss,
         "val_loss_ci": val_ci["loss_ci"],
@@ -347,7 +350,7 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
         "beats_unigram": val_loss < uni_loss,
         "generations": generate_texts(model, tokenizer, eval_cfg["prompts"], eval_cfg["max_new_tokens"],
                                       eval_cfg["temperature"],
-                                      params["seed"], device),
+                                      view.seed, device),
         **chat,
         "stage": st["name"],
         "summary": final.get("summary", {}),

@@ -138,7 +138,7 @@ def is_chat_stage(params: dict) -> bool:
     """A stage's view (`stage_config`) trains a chat model: its mix has a chat source and a bestfit pack
     (its report adds the chat evaluation: assistant-only val loss, fixed answers, ChatCORE)."""
     view = run_config(params)
-    mix = view.mixes[view.extra["stage"]["mix"]]  # `stage`: what stage_config adds
+    mix = view.mixes[view.stage["mix"]]
     return mix.get("packing") == "bestfit" and any(view.sources[s].get("format") == "chat" for s in mix["weights"])
 
 
