@@ -81,7 +81,7 @@ SMOKE_ROWS = [
 ]
 SAMPLE_TOKENS = 8  # greedy tokens the fsdp rows sample from the gathered model
 
-# The compiled loss's memory (issue 28): the preset's compiled bf16 step with every block checkpointed at
+# The compiled loss's memory (docs/bench.md): the preset's compiled bf16 step with every block checkpointed at
 # 16 / 32 / 64 rows, peak allocated after one warm-up step against pipeline.planning (suite rows: name, micro-batch,
 # checkpointing, fp8, optimizer).
 LOSS_MEMORY_ROWS = [(f"loss memory {mb} block", mb, "block", "none", "adamw") for mb in (16, 32, 64)]

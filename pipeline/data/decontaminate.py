@@ -292,7 +292,7 @@ def read_grams(path) -> EvalGrams:
 
     try:
         info = read_parquet_meta(path)
-        table = pq.ParquetFile(path).read()  # (pq.read_table would import pyarrow.dataset: ~0.8 s a job)
+        table = pq.ParquetFile(path).read()  # (pq.read_table would import pyarrow.dataset, a slow import for a small job)
         lengths, tasks, counts, item_ids = info["lengths"], info["tasks"], info["eval"], info["item_ids"]
         length, h, t, item = (table[k].to_numpy() for k in ("length", "hash", "task", "item"))
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:

@@ -147,8 +147,8 @@ def truncate(ctx: list[int], cont: list[int], max_len: int) -> tuple[list[int], 
 
 def scoring_dtype(device: torch.device) -> torch.dtype | None:
     """The body's autocast dtype when scoring: bf16 on CUDA, whatever the training precision (fp32
-    SDPA with GQA has only the math kernel there, whose [rows, heads, W, W] fp32 scores and softmax
-    are ~69 GB at 131K tokens of W ≈ 2048; bf16 runs flash attention). None (fp32) on CPU."""
+    SDPA with GQA has only the math kernel there, which materialises the [rows, heads, W, W] fp32 scores
+    and softmax: docs/evaluation.md, CORE, "Precision"; bf16 runs flash attention). None (fp32) on CPU."""
     return torch.bfloat16 if device.type == "cuda" else None
 
 

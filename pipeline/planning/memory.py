@@ -368,9 +368,8 @@ def capacity_gb(gpu_memory_gb: float, device: str) -> float:
 # ----------------------------------------------------------------------------- evaluation (CORE scoring)
 
 EVAL_MAX_BATCH_TOKENS = 131072  # cap of the default scoring batch: a no-grad forward gains little beyond it
-# the cap on the CPU, where the batch is bounded by the caches, not by memory: the default model's evaluate
-# stage (997 CORE items, seq_len 256, one thread) took 91 CPU-s in batches of 131072 tokens (their MLP
-# activations 268 MB a tensor: memory traffic and 29 s of page faults) and 51 CPU-s in batches of 4096
+# the cap on the CPU, where the batch is bounded by the caches, not by memory: larger batches cost more CPU
+# time there (memory traffic and page faults; BENCHMARKS.md: "CI time", the evaluate rows)
 EVAL_CPU_BATCH_TOKENS = 4096
 
 
@@ -433,8 +432,8 @@ def default_eval_batch_tokens(s: StepSetup, capacity: float) -> int:
     seq_len when none does (the plan then reports that it does not fit). Memory, not the training
     micro-batch, bounds it.
 
-    `eval_memory` grows with the batch, so a bisection over the row count finds it in ~9 evaluations (a
-    row-by-row scan took 512 at seq_len 256: 0.3 s of every Snakefile parse, which prices each sweep point)."""
+    `eval_memory` grows with the batch, so a bisection over the row count finds it (a row-by-row scan cost
+    every Snakefile parse, which prices each sweep point: BENCHMARKS.md, "CI time")."""
     most = EVAL_MAX_BATCH_TOKENS if s.device == "cuda" else EVAL_CPU_BATCH_TOKENS
     fits, unfits = 0, max(1, most // s.seq_len) + 1  # rows known to fit / not to (a sentinel)
     while unfits - fits > 1:

@@ -66,7 +66,7 @@ def group_norms(groups: dict[str, list[torch.Tensor]], prefix: str, grads: bool 
 class UpdateRatio:
     """‖θ_after − θ_before‖ / ‖θ_before‖ per watched group: snapshot before the optimizer step,
     compute after it. Only used on log steps: the snapshot copies the watched tensors (the embedding
-    and two blocks, ≈ 1.5 GB in fp32 on the 1.2B preset) after backward has freed the activations,
+    and two blocks, in fp32) after backward has freed the activations,
     so it stays below the step's peak memory."""
 
     def __init__(self, groups: dict[str, list[torch.Tensor]]):

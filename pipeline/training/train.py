@@ -467,7 +467,7 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, s
                       **{f"lr/{g['name']}": g["lr"] for g in optimizer.param_groups}, **record,
                       **group_norms(watched, "param_norm"), **update.ratios(), "tokens_per_s": tps,
                       "mfu": mfu(plan.flops_per_token, tps, dist.world_size, peak), **memory_stats(dist.device)}
-        update = None  # its snapshot (≈ 1.5 GB at 1.2B) is not held through validation and CORE scoring
+        update = None  # its snapshot (the watched weights) is not held through validation and CORE scoring
         phases, after = 0.0, 0.0
         if is_val:
             watchdog.beat(done, "validation", allow["validation"])
