@@ -25,7 +25,7 @@ SCOPES = ("run", "source", "mix", "stage", "point", "fit")  # what narrows a rul
 
 @dataclass(frozen=True)
 class Rule:
-    """One rule of the workflow (see the module docstring)."""
+    """One rule of the workflow (see docs/architecture.md, "The rule table")."""
 
     name: str
     modules: tuple[str, ...]

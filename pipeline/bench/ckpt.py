@@ -110,7 +110,7 @@ def _sync(device: torch.device) -> None:
 
 
 def run_ckpt_row(preset_cfg: dict, device: torch.device, out: Path, n_params: int | None = None) -> dict:
-    """One row (module docstring) on `device`, its checkpoints under `out` (removed at the end). `n_params`
+    """One row (docs/bench.md) on `device`, its checkpoints under `out` (removed at the end). `n_params`
     overrides the preset's per-rank count (the CPU test's tiny size). Returns the measured and predicted
     figures."""
     from pipeline.training import checkpoint as C

@@ -165,7 +165,7 @@ def smoke_batch(cfg: dict, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, t
 
 def loss_diff(losses: list[float], reference: list[float]) -> float:
     """The largest per-step |loss − reference| / max(1, reference): nats where the reference loss is
-    below 1 nat, a fraction of it above (module docstring)."""
+    below 1 nat, a fraction of it above (docs/bench.md, "`make gpu-check`")."""
     return max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(losses, reference, strict=True))
 
 
@@ -402,7 +402,7 @@ def format_budget(budget: dict) -> str:
 
 def run_gpu_check(out: str | Path, bench, configfile: str, device: str | None = None, steps: int = 5,
                   suite_steps: int = 10, suite_warmup: int = 3, budget_s: float | None = None) -> dict:
-    """The parts (module docstring), the suite's and the loss-memory rows timed by ``bench(cfg, steps, warmup)``
+    """The parts (docs/bench.md), the suite's and the loss-memory rows timed by ``bench(cfg, steps, warmup)``
     (`pipeline.bench.throughput.run_bench`) on `configfile` (CUDA only), within `budget_s` seconds (None: `BUDGET_S`
     on CUDA, no budget on CPU; ≤ 0: no budget); returns {device, smoke, loss_memory, suite, budget, passed}."""
     cuda = torch.cuda.is_available() if device is None else device == "cuda"

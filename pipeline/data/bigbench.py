@@ -111,7 +111,7 @@ def extract(source: str, expected: str) -> dict[str, bytes]:
 
 def task_files(index_url: str | None = None) -> tuple[Path, dict[str, str]]:
     """(cache root, {path in the sdist: sha256}) of the six tasks' task.json files, downloading and
-    extracting the sdist only when the cache lacks them (module docstring); `index_url`: INDEX_URL."""
+    extracting the sdist only when the cache lacks them (docs/data-stages.md); `index_url`: INDEX_URL."""
     index_url = index_url or INDEX_URL
     root = cache_dir() / f"{SDIST}-{SDIST_VERSION}"
     manifest = root / "files.json"
@@ -158,7 +158,7 @@ def _gold(example: dict) -> str | None:
 
 def items(task: dict, subtask: str, multiple_choice: bool) -> tuple[list[dict | None], int]:
     """(items, or None for a malformed example, and the number of examples) of one task.json, in our
-    normalized shape (pipeline/data/tasks.py), rendered as the module docstring says."""
+    normalized shape (pipeline/data/tasks.py), rendered as docs/data-stages.md, "BIG-bench tasks" says."""
     prefix = task.get("task_prefix", "")
     in_prefix = task.get("example_input_prefix", "\nQ: ")
     out_prefix = task.get("example_output_prefix", "\nA: ").rstrip(" ")

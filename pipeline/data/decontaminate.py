@@ -151,7 +151,7 @@ class EvalGrams:
 
 
 def eval_texts(task: dict) -> list[str]:
-    """The texts of a task that training documents must not share n-grams with (module docstring)."""
+    """The texts of a task that training documents must not share n-grams with (docs/data-stages.md)."""
     return [text for text, _ in _owned_texts(task)]
 
 
@@ -292,7 +292,7 @@ def read_grams(path) -> EvalGrams:
 
     try:
         info = read_parquet_meta(path)
-        table = pq.ParquetFile(path).read()  # (pq.read_table would import pyarrow.dataset, a slow import for a small job)
+        table = pq.ParquetFile(path).read()  # not pq.read_table: it imports pyarrow.dataset (slow)
         lengths, tasks, counts, item_ids = info["lengths"], info["tasks"], info["eval"], info["item_ids"]
         length, h, t, item = (table[k].to_numpy() for k in ("length", "hash", "task", "item"))
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
@@ -357,7 +357,7 @@ def flag_group(params: dict, grams: EvalGrams, source: str, raws: list, tokens: 
 def merge_report(params: dict, grams: EvalGrams, parts: list[dict], inputs: list) -> dict:
     """The report from the shards' parts, in (source, shard) order: per source and per task documents and
     tokens flagged, the eval-side counts, per task the scored items seen, the first examples, the
-    throughput (module docstring)."""
+    throughput (docs/data-stages.md, "Decontamination")."""
     dc = params["decontaminate"]
     seen = set()
     per_source: dict = {}

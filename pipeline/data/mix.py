@@ -223,7 +223,7 @@ def _concat_pools(pools: list[Pool]) -> Pool:
 
 
 def build_mix(params: dict, mix_name: str, split_dir) -> tuple[pa.Table, pa.Table, dict]:
-    """(train schedule, val table, report) for one mix (see the module docstring)."""
+    """(train schedule, val table, report) for one mix (see docs/data-stages.md, "Mix")."""
     if mix_name not in params["mixes"]:
         raise PipelineError(f"unknown mix '{mix_name}' (mixes: {', '.join(params['mixes'])})")
     mix = params["mixes"][mix_name]

@@ -235,7 +235,7 @@ def pack_bestfit(shards, spans: Spans, row_len: int, dtype, pad_id: int, writer:
 # ----------------------------------------------------------------------------- stage
 
 def pack(params: dict, mix: str, split: str, schedule_path, tokens_dir, out_json, rows_per_chunk: int = 4096) -> dict:
-    """Pack one mix split; writes the files in the module docstring and returns the metadata."""
+    """Pack one mix split; writes the files in docs/data-stages.md, "Pack" and returns the metadata."""
     if mix not in params["mixes"]:
         raise PipelineError(f"mix '{mix}' is not in params.mixes ({', '.join(params['mixes'])})")
     packing = params["mixes"][mix].get("packing", "concat")

@@ -201,7 +201,7 @@ def task_path(outdir: str | os.PathLike, name: str) -> Path:
 
 
 def load_task(path: str | os.PathLike) -> dict:
-    """Read one task file (module docstring); one clear error when it is missing or not ours."""
+    """Read one task file (docs/data-stages.md); one clear error when it is missing or not ours."""
     path = Path(path)
     try:
         with open(path, encoding="utf-8") as f:

@@ -77,7 +77,7 @@ def encode_docs(tok: Tokenizer, batch: DocBatch, chat: bool, num_threads: int, p
 
 
 def tally_counts(counts: dict, batch: DocBatch, lengths: list[int], min_chars: int, cap: float) -> None:
-    """Add one batch to a shard's `counts` (module docstring): `lengths` are the tokens of each of the
+    """Add one batch to a shard's `counts` (docs/data-stages.md, "Tokenize"): `lengths` are the tokens of each of the
     batch's documents, before any is dropped. Delimiters are added once the shard is done
     (`finish_counts`): every document the reader passes on, short and long ones included, has them."""
     counts["documents"] += batch.n_rows
@@ -174,7 +174,7 @@ def tokenize_shard(
     params: dict,
     num_threads: int = 1,
 ) -> dict:
-    """Tokenize one raw shard into the files described in the module docstring; returns the metadata."""
+    """Tokenize one raw shard into the files described in docs/data-stages.md, "Tokenize"; returns the metadata."""
     if source not in params["sources"]:
         raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(params['sources'])})")
     src = params["sources"][source]

@@ -34,7 +34,7 @@ COMMANDS = ("/clear", "/history", "/quit")
 
 
 def find_tokenizer(ckpt_path: str | Path) -> Path:
-    """The run's encoding.json next to the checkpoint's run directory (module docstring)."""
+    """The run's encoding.json next to the checkpoint's run directory (docs/evaluation.md, "Chat in the terminal")."""
     for parent in Path(ckpt_path).resolve().parents:
         candidate = Path(RunLayout.at(parent).tokenizer())
         if candidate.exists():
@@ -56,7 +56,7 @@ def check_exported_tokenizer(ckpt_path: str | Path, tokenizer) -> None:
 
 
 def stop_ids(tokenizer) -> list[int]:
-    """Tokens that end an answer (module docstring)."""
+    """Tokens that end an answer (docs/evaluation.md, "Chat in the terminal")."""
     names = (ASSISTANT_END, BOS, EOS, USER_START, ASSISTANT_START)
     return [tokenizer.special[t] for t in names if t in tokenizer.special]
 
@@ -76,7 +76,7 @@ class ChatSession:
         self.history: list[dict] = []
 
     def fit(self, messages: list[dict]) -> tuple[list[dict], list[int]]:
-        """Drop the oldest turns until the prompt leaves room for the answer (module docstring)."""
+        """Drop the oldest turns until the prompt leaves room for the answer (docs/evaluation.md)."""
         while True:
             ids = self.tokenizer.render_prompt(messages)
             if len(ids) + self.max_new_tokens <= self.context or len(messages) == 1:

@@ -27,7 +27,7 @@ KINDS = ("core", "chat_core")
 
 
 def resolve(path: str | Path) -> Path:
-    """The report.json a command-line argument names (module docstring)."""
+    """The report.json a command-line argument names (docs/evaluation.md, "Comparing two evaluations")."""
     p = Path(path)
     if p.is_file():
         return p

@@ -82,7 +82,7 @@ def split_boundary(context: str, continuation: str) -> tuple[str, str]:
 
 def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """(context ids with BOS first, continuation ids): the whole string encoded once and split at the
-    encoded context's length (module docstring)."""
+    encoded context's length (docs/evaluation.md, "CORE-style in-context evaluation")."""
     context, continuation = split_boundary(context, continuation)
     whole = tokenizer.encode(context + continuation)
     n_ctx = len(tokenizer.encode(context))
@@ -250,7 +250,7 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
                    head_chunk: int = 8192, seen: dict[str, set] | None = None) -> dict:
     """Score the first `max_items` items (all when None) of every task on this rank's share, gather,
     and return the table: per task accuracy, centered accuracy, items, truncated requests, the clean
-    subset's scores given `seen` (module docstring); and `core_<n>`. The body runs at `body_dtype` (bf16
+    subset's scores given `seen` (docs/evaluation.md); and `core_<n>`. The body runs at `body_dtype` (bf16
     autocast on CUDA or with bf16 weights). With a distributed `dist` it is a collective: every rank must
     call it."""
     device, dtype, max_len, rank, world, was_training = begin_scoring(model, dist)

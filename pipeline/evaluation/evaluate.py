@@ -282,7 +282,7 @@ def read_seen(path: str | Path, tasks: list[str]) -> dict[str, set]:
 def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, tokenizer_path: str, metrics_path: str,
              outdir: str, batch_rows: int = BATCH_ROWS, eval_data: str | None = None,
              decontam: str | None = None) -> dict:
-    """Compute the report (module docstring) and write report.json, report.md and loss.png."""
+    """Compute the report (docs/evaluation.md, "The evaluate stage") and write report.json, report.md and loss.png."""
     outdir = Path(outdir)
     want_cuda = params["hardware"]["device"] == "cuda" and torch.cuda.is_available()
     device = torch.device("cuda" if want_cuda else "cpu")

@@ -238,7 +238,7 @@ def _claim(out: Path, force: bool) -> None:
 def export(ckpt_path: str | os.PathLike, tokenizer_path: str | os.PathLike, out: str | os.PathLike,
            config_params: dict | None = None, force: bool = False, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Write the checkpoint `ckpt_path` (final.pt format) and its tokenizer as a transformers Llama
-    directory `out` (module docstring). `config_params`: the `export` slice of the config the
+    directory `out` (docs/evaluation.md, "Hugging Face export"). `config_params`: the `export` slice of the config the
     checkpoint must come from (None: not checked against a config)."""
 
     out = Path(out)

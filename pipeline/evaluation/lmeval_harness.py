@@ -99,7 +99,7 @@ def write_tasks(task_dir: str | os.PathLike, tasks: list[LocalTask]) -> Path:
 def run_lmeval(model_dir: str | os.PathLike, task_dir: str | os.PathLike, tasks: list[str], out: str | os.PathLike,
                batch_size: int = 8, device: str = "cpu", dtype: str = "float32", timeout: float | None = None) -> dict:
     """lm-eval on `tasks` (defined in `task_dir`) for the transformers model directory `model_dir`,
-    offline in a child process; writes and returns {"results", "requests"} (module docstring)."""
+    offline in a child process; writes and returns {"results", "requests"} (docs/evaluation.md)."""
     out = Path(out).resolve()
     env = {**os.environ, **OFFLINE_ENV}
     env.setdefault("HF_DATASETS_CACHE", str(out.parent / "hf_datasets_cache"))
@@ -154,7 +154,7 @@ def evaluate_local(model_dir: str, task_dir: str, tasks: list[str], batch_size: 
 
 
 def chat_lmeval_task(name: str, tokenizer, task: dict, items: list[dict], max_new_tokens: int) -> LocalTask:
-    """A ChatCORE task's `items` as an lm-eval task (module docstring). Categorical: multiple_choice over
+    """A ChatCORE task's `items` as an lm-eval task (docs/evaluation.md). Categorical: multiple_choice over
     the letters A, B, … with no delimiter, so each request's continuation is the one letter token our
     scorer reads at the same position; lm-eval's `acc` takes the highest log-likelihood, i.e. the
     highest letter logit. GSM8K: generate_until with lm-eval's gsm8k metric and filters

@@ -31,7 +31,7 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def reconcile(name: str, summary: dict) -> None:
-    """One stage's token accounting (module docstring); a PipelineError names what does not add up."""
+    """One stage's token accounting (docs/evaluation.md); a PipelineError names what does not add up."""
     expected = summary["num_steps"] * summary["tokens_per_step"]
     if summary["tokens_trained"] != expected or summary["tokens_trained"] != summary["tokens_planned"]:
         raise PipelineError(f"stage '{name}': trained {summary['tokens_trained']} tokens but num_steps × "
@@ -77,7 +77,7 @@ def consecutive_comparisons(run: RunLayout, names: list[str]) -> list[dict]:
 
 
 def plot_stages(curves: dict[str, list[dict]], out_png: str | Path) -> None:
-    """Loss curves of all stages on one cumulative-token axis (module docstring)."""
+    """Loss curves of all stages on one cumulative-token axis (docs/evaluation.md, "The stages report")."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -57,7 +57,7 @@ class Generation:
 
 
 class Engine:
-    """Batched generation with a KV cache (module docstring)."""
+    """Batched generation with a KV cache (docs/model.md, "The KV-cache engine")."""
 
     def __init__(self, model: Transformer, autocast_dtype: torch.dtype | None = None):
         self.model = model.eval()
@@ -148,7 +148,7 @@ class Engine:
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
                  top_k: int | None = None, stop_ids: Iterable[int] = (), generator: torch.Generator | None = None
                  ) -> list[Generation]:
-        """Each row's new tokens and why it ended (module docstring)."""
+        """Each row's new tokens and why it ended (docs/model.md, "The KV-cache engine")."""
         out = [Generation() for _ in prompts]
         for step in self._steps(prompts, max_new_tokens, temperature, top_k, stop_ids, generator):
             for g, (tok, reason) in zip(out, step):

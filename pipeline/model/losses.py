@@ -51,7 +51,7 @@ def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bf16: bool, ac
     CPU, upcast exactly) go through ``addmm_`` / ``mm(out=)``. Otherwise the product is formed in fp32
     and added: a [rows(a), cols(b)] fp32 temporary, for d(W) the 4·V·d bytes that pipeline.planning's
     memory model counts under ``ce_matmul: bf16`` — one at a time, because the loss runs eagerly
-    (module docstring)."""
+    (docs/model.md, "The chunked fp32 loss")."""
     if accumulate and not _accumulates_in_place(a.device, bf16):
         out += _mm(a, b, bf16)
         return
@@ -131,7 +131,7 @@ def _check(chunk: int, matmul: str) -> None:
         raise ValueError(f"matmul must be one of {CE_MATMUL}, got {matmul!r}")
 
 
-@torch.compiler.disable  # a deliberate graph break: the loss runs eagerly, one chunk at a time (module docstring)
+@torch.compiler.disable  # a deliberate graph break: the loss runs eagerly, one chunk at a time (docs/model.md)
 def chunked_cross_entropy(
     hidden: torch.Tensor,
     lm_head_weight: torch.Tensor,
@@ -144,7 +144,7 @@ def chunked_cross_entropy(
 
     hidden: [..., dim] (any float dtype, e.g. bf16 from an autocast body); lm_head_weight: [vocab, dim];
     targets: [...] int64; mask: optional [...] loss mask (1 = count the token, 0 = ignore it);
-    matmul: the logit matmuls' input precision (module docstring). Returns ``(loss_sum, count)``: the
+    matmul: the logit matmuls' input precision (docs/model.md). Returns ``(loss_sum, count)``: the
     fp32 sum of per-token losses over counted tokens (differentiable w.r.t. hidden and
     lm_head_weight) and the number of counted tokens (fp32 tensor, no grad). Never traced by
     torch.compile (a graph break): it runs eagerly inside a compiled step.

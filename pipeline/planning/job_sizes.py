@@ -36,8 +36,8 @@ UNMEASURED_MB = 16_000  # jobs whose memory at scale is not measured yet (split,
 # The train job's host memory (`train_host_memory`). A rank's fixed footprint, whatever the model: the
 # process with torch and its libraries resident; on CUDA also the CUDA context, cuBLAS/NCCL host state,
 # pinned staging buffers and inductor's compile worker processes. The CPU figure covers a gloo rank
-# (BENCHMARKS.md "Building the model on the meta device"); the CUDA figure is a stated, generous assumption, not yet measured on a GPU node
-# (a rank's ru_maxrss in a real run should replace it).
+# (BENCHMARKS.md "Figures behind code comments"); the CUDA figure is a stated, generous assumption, not yet
+# measured on a GPU node (a rank's ru_maxrss in a real run should replace it).
 TRAIN_RANK_HOST_MB = {"cuda": 8_000, "cpu": 1_000}
 # build_model draws one fp32 weight at a time on the host: a rank's peak growth beyond its shards is about
 # twice the largest weight (the value plus allocator slack: BENCHMARKS.md "Building the model on the meta

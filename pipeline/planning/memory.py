@@ -243,7 +243,7 @@ def activations(s: StepSetup) -> dict[str, float]:
 
 
 def logits_bytes(s: StepSetup) -> float:
-    """What the loss adds when its backward starts (see the module docstring)."""
+    """What the loss adds when its backward starts (see docs/planning.md, "Memory and step time of a training step")."""
     n, V, d = s.tokens, s.vocab, s.dim
     if s.logits == "bf16-materialized":
         return (2 if s.compile else 12) * n * V + 2 * n * d
@@ -268,7 +268,7 @@ def autocast_copies(s: StepSetup) -> float:
     """bf16 copies of the block matrices held from forward to backward: eager autocast saves them for
     the matmul backward, except inside checkpointed regions (rebuilt there); a compiled step holds
     every block matrix's cast unless every block is checkpointed (inferred from the H100 rows beside
-    the traced loss's products, module docstring; with every block checkpointed the reference
+    the traced loss's products, docs/planning.md; with every block checkpointed the reference
     write-up's compiled step (29.0 GB at 16 × 2048, tests/test_perf.py) leaves no room for them and
     on CPU the compiled forward graph does not save them — not seen in a GPU memory snapshot)."""
     if not s.bf16:
@@ -290,7 +290,7 @@ def memory(s: StepSetup) -> dict[str, float]:
     """Predicted per-GPU memory in GB by component, the ``peak`` (allocated), ``reserved`` and
     ``total`` (reserved + CUDA context), and which moment of the step sets the peak. Under fsdp the
     weights, optimizer state and gradients are a 1/world_size shard, and ``gathered`` (the unsharded
-    blocks and root) and ``reduce_buffers`` (backward's unsharded gradients) are added (module docstring)."""
+    blocks and root) and ``reduce_buffers`` (backward's unsharded gradients) are added (docs/planning.md)."""
     P, V, d, n = s.params, s.vocab, s.dim, s.tokens
     act = activations(s)
     fsdp = s.parallel == "fsdp"
@@ -419,7 +419,7 @@ def eval_memory(s: StepSetup, batch_tokens: int, in_loop: bool) -> dict[str, flo
 
 
 def fsdp_evaluation_gathered_bytes(s: StepSetup) -> float:
-    """The unsharded parameters of an evaluation under fsdp: ``gathered()`` (pipeline/training/step.py)
+    """The unsharded parameters of an evaluation under fsdp: ``gathered()`` (pipeline/training/parallelize.py)
     unshards every unit and keeps them through the evaluation: all L blocks in the gathered dtype
     (`StepSetup.param_bytes`) and the root in fp32 (`FSDP_ROOT_BYTES`)."""
     return s.n_layers * s.block_params * s.param_bytes + s.root_params * FSDP_ROOT_BYTES

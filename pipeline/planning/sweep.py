@@ -39,7 +39,7 @@ def budget_name(budget: float) -> str:
 
 
 def depth_model(cfg: dict, depth: int) -> dict:
-    """The model section of the ladder's model at `depth` (module docstring: the rule)."""
+    """The model section of the ladder's model at `depth` (docs/planning.md, "The IsoFLOP sweep")."""
     s, m = cfg["scaling"], cfg["model"]
     aspect = s["aspect"] or m["dim"] / m["n_layers"]
     head_dim = s["head_dim"] or m["dim"] // m["n_heads"]
@@ -69,7 +69,7 @@ def warmup_fraction(cfg: dict) -> float:
 
 
 def point_config(cfg: dict, budget: float, depth: int) -> dict:
-    """The full run config of one point (module docstring), without the `scaling` section."""
+    """The full run config of one point (docs/planning.md, "The IsoFLOP sweep"), without the `scaling` section."""
     first = stage_list(cfg)[0]
     train = {k: copy.deepcopy(v) for k, v in first["train"].items()}
     model = depth_model(cfg, depth)
@@ -198,7 +198,7 @@ def _interval(values, level: float = 0.95) -> list[float]:
 
 
 def fit_sweep(rows: list[dict], n_boot: int = 1000, seed: int = 0, run_n_params: float | None = None) -> dict:
-    """The fit of the module docstring over `rows` ({flops, n_params, tokens, val_loss} each)."""
+    """The fit of docs/planning.md, "The IsoFLOP sweep", over `rows` ({flops, n_params, tokens, val_loss} each)."""
     import numpy as np
 
     flops = np.array([r["flops"] for r in rows], float)

@@ -241,7 +241,7 @@ OBSERVABILITY_KEYS = {
     "train": ("log_interval", "val_interval", "val_batches", "ckpt_interval", "resume", "async_ckpt"),
 }
 # Config keys that set the world size: a checkpoint made under other values is resumed, resharded
-# (module docstring, "Another world size").
+# (docs/training.md, "Checkpoints").
 WORLD_SIZE_KEYS = {"hardware": ("nodes", "nproc_per_node")}
 
 
@@ -333,7 +333,7 @@ def resume(ckpt_dir: Path, mode: str, dist: Dist, *, model, optimizer, loader, p
            init: str | None = None) -> TrainState:
     """A fresh start, or an exact resume from the newest readable checkpoint in `ckpt_dir`.
 
-    `mode` is auto | require | never (module docstring of pipeline.training.train). Rank 0 picks the
+    `mode` is auto | require | never (docs/training.md, "The trainer"). Rank 0 picks the
     checkpoint (moving unreadable ones aside); the others load the one it names. One made with another
     config is never resumed: `require` fails, `auto` moves the run's checkpoints aside to
     `stale-<time>/` and starts over; one made by another world size is resumed resharded (module
@@ -384,7 +384,7 @@ def resume(ckpt_dir: Path, mode: str, dist: Dist, *, model, optimizer, loader, p
 
 
 def _global_loader_state(path: Path, state: dict) -> dict:
-    """The loader state a resume on another world size maps (module docstring): the saved ranks' states,
+    """The loader state a resume on another world size maps (docs/training.md, "Checkpoints"): the saved ranks' states,
     which must be one global position."""
     first = state["loader"][0]
     if any(other != first for other in state["loader"][1:]):
@@ -406,7 +406,7 @@ def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, lo
                              state: TrainState, keep: int) -> None:
     """Gather every rank's loader and RNG state, then rank 0 writes step_XXXXXX.pt and `latest` (and
     prunes all but the `keep` newest). A sharded model: every rank writes its part of
-    step_XXXXXX.dcp/ (module docstring), then rank 0 the rest and `latest`. Synchronous: the asynchronous
+    step_XXXXXX.dcp/ (docs/training.md, "Checkpoints"), then rank 0 the rest and `latest`. Synchronous: the asynchronous
     saves are `Checkpointer`'s."""
     train_state = _train_state(dist, loader, params, plan, state)
     sharded = is_sharded(model)
@@ -426,7 +426,7 @@ def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, lo
 # ----------------------------------------------------------------------------- sharded (fsdp)
 
 def _save_sharded(path: Path, dist: Dist, model, optimizer, train_state: dict) -> None:
-    """Write the sharded checkpoint directory `path` (module docstring): DCP from every rank into rank 0's
+    """Write the sharded checkpoint directory `path` (docs/training.md): DCP from every rank into rank 0's
     temporary directory, each rank's sha256 of its files, then rank 0's ``train_state.pt`` and
     ``SHA256SUMS``, and the rename (a collective: every rank calls it)."""
     import torch.distributed.checkpoint as dcp
@@ -477,7 +477,7 @@ class _InFlight:
 
 
 class Checkpointer:
-    """A run's step checkpoints (module docstring, "Asynchronous saves"): made once per run on every rank,
+    """A run's step checkpoints (docs/training.md, "Checkpoints"): made once per run on every rank,
     after `resume` (the checkpoint ``latest`` then names is the one resumed from: protected from pruning until
     a newer one is complete).
 
@@ -523,7 +523,7 @@ class Checkpointer:
     # -- the API the trainer calls
 
     def save(self, *, model, optimizer, loader, params: dict, plan: dict, state: TrainState) -> None:
-        """Save step `state.step` (every rank; module docstring): the previous save finalized first."""
+        """Save step `state.step` (every rank; docs/training.md, "Checkpoints"): the previous save finalized first."""
         start = time.perf_counter()
         self.wait()
         if not self.async_save:

@@ -98,13 +98,13 @@ def _exit_code(status: int) -> int:
 
 
 def _launcher_preexec() -> None:
-    """In the launcher, before exec: die with the supervisor, ignore the stop signals (module docstring)."""
+    """In the launcher, before exec: die with the supervisor, ignore the stop signals (docs/training.md)."""
     set_parent_death_signal(signal.SIGKILL)
     ignore_stop_signals()
 
 
 def supervise(cmd: list[str], grace: float = DEFAULT_GRACE_S, poll: float = 0.1) -> int:
-    """Run `cmd` as described in the module docstring; return the job's exit code."""
+    """Run `cmd` as described in docs/training.md, "The launcher and its processes"; return the job's exit code."""
     set_child_subreaper()
     received: list[int] = []
 
@@ -179,7 +179,7 @@ def supervise(cmd: list[str], grace: float = DEFAULT_GRACE_S, poll: float = 0.1)
 
 
 def _job_code(launcher: int, workers: set[int], exits: dict[int, int], hung: bool, killed_after: int | None) -> int:
-    """The job's exit code (module docstring)."""
+    """The job's exit code (docs/training.md, "The launcher and its processes")."""
     if hung:
         return EXIT_HUNG
     if killed_after is not None:

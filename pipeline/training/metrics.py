@@ -36,7 +36,7 @@ def mfu(flops_per_token: float, tokens_per_s: float, world_size: int, peak_flops
 
 
 def watched_groups(model: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
-    """The watched parameter groups of an unwrapped model (see the module docstring)."""
+    """The watched parameter groups of an unwrapped model (see docs/training.md, "Metrics")."""
     n_layers = len(model.layers)
     prefixes = {"embedding": "tok_embeddings.", "lm_head": "lm_head.", "block_first": "layers.0.",
                 "block_last": f"layers.{n_layers - 1}."}

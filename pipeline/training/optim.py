@@ -93,7 +93,7 @@ class CombinedOptimizer:
 
 
 def muon_owners(shapes: list[tuple[int, int]], world_size: int) -> list[tuple[int, int]]:
-    """(round, owner rank) of each matrix of `shapes` for sharded Muon (module docstring): the matrices in
+    """(round, owner rank) of each matrix of `shapes` for sharded Muon (docs/training.md): the matrices in
     order of decreasing Newton-Schulz cost (4m²n + 2m³ per iteration, m ≤ n; ties keep their order) dealt
     one per rank per round. A function of the shapes alone, so every rank computes the same."""
     def cost(shape: tuple[int, int]) -> int:
@@ -110,7 +110,7 @@ def muon_owners(shapes: list[tuple[int, int]], world_size: int) -> list[tuple[in
 def newton_schulz(x: torch.Tensor, group: dict, on: str | None = None) -> torch.Tensor:
     """Muon's Newton-Schulz orthogonalisation of the matrix `x` with `group`'s coefficients, steps and eps, for
     a step on device type `on` (default: `x`'s): torch's iteration in bf16, or on the CPU the same iteration
-    in fp32 (module docstring)."""
+    in fp32 (docs/training.md, "Optimizers and schedules")."""
     from torch.optim._muon import _zeropower_via_newtonschulz
 
     if (on or x.device.type) != "cpu":
@@ -127,7 +127,7 @@ def newton_schulz(x: torch.Tensor, group: dict, on: str | None = None) -> torch.
 
 class Muon(torch.optim.Muon):
     """torch.optim.Muon that also steps sharded (DTensor) matrices, each orthogonalised by one owner rank,
-    and orthogonalises with `newton_schulz` (module docstring); plain tensors off the CPU take torch's own
+    and orthogonalises with `newton_schulz` (docs/training.md); plain tensors off the CPU take torch's own
     step."""
 
     @torch.no_grad()

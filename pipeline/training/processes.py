@@ -26,11 +26,11 @@ __all__ = ["die_with_parent", "set_parent_death_signal", "set_child_subreaper", 
 log = get_logger(__name__)
 
 SUPERVISOR_ENV = "TOKENFARM_SUPERVISOR_PID"  # set by the supervisor (launch.py) for everything it starts
-STATUS_DIR_ENV = "TOKENFARM_STATUS_DIR"  # the supervisor's status directory (module docstring)
+STATUS_DIR_ENV = "TOKENFARM_STATUS_DIR"  # the supervisor's status directory (docs/training.md)
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped cleanly at a checkpoint before the target; rerun to resume
 EXIT_HUNG = 70     # the step watchdog fired (a rank made no progress)
 # The signals that ask a job to stop: the trainers handle them; the launchers between the supervisor and the
-# trainers (torchrun, pipeline.training.rendezvous) ignore them (`ignore_stop_signals`, launch.py's docstring).
+# trainers (torchrun, pipeline.training.rendezvous) ignore them (`ignore_stop_signals`, docs/training.md).
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36

@@ -117,7 +117,7 @@ def launch_command(nodes: int, nproc: int, cpus: int, gpus: int, train_args: lis
             "--kill-on-bad-exit=1", "--export=ALL"]
     if gpus:
         step.append(f"--gres=gpu:{gpus}")
-    # each node's agent ignores the stop signals, as the supervisor's launcher does here (launch.py's docstring)
+    # each node's agent ignores the stop signals, as the supervisor's launcher does here (docs/training.md)
     agent = [sys.executable, "-m", "pipeline.training.launch", "--exec", "--", torchrun]
     return [*step, *agent, "--nnodes", str(nodes), "--nproc_per_node", str(nproc), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", f"tokenfarm-{job_id}", "--max-restarts", "0",

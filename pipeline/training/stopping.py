@@ -156,7 +156,7 @@ SIGNALS = StopSignals()  # the process's: the CLI installs it, the loop reads it
 
 @dataclass
 class StopClock:
-    """The time the next steps, evaluations and saves will take, measured in this job (module docstring),
+    """The time the next steps, evaluations and saves will take, measured in this job (docs/training.md),
     and the stop rule against a `Deadline`."""
 
     predicted_step_s: float
@@ -208,7 +208,7 @@ class StopClock:
 # ----------------------------------------------------------------------------- the watchdog
 
 def hang_allowances(params: dict) -> dict[str, float]:
-    """Seconds each phase may take before the watchdog fires (module docstring)."""
+    """Seconds each phase may take before the watchdog fires (docs/training.md, "Clean stops and the watchdog")."""
     from pipeline.planning.train_jobs import predicted_save_s, predicted_startup_s, predicted_step_s
 
     minutes = params["hardware"].get("hang_timeout_min")
@@ -221,7 +221,7 @@ def hang_allowances(params: dict) -> dict[str, float]:
 
 class Watchdog:
     """A daemon thread that ends this process with `EXIT_HUNG` when the current phase outlives its allowance
-    (module docstring). `beat(step, phase, seconds)` starts a phase; `close()` ends the watch."""
+    (docs/training.md). `beat(step, phase, seconds)` starts a phase; `close()` ends the watch."""
 
     def __init__(self, rank: int, poll_s: float = 1.0, backstop: bool = False,
                  on_expire: Callable[[str], None] | None = None):
