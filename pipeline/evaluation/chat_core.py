@@ -177,9 +177,9 @@ def evaluate_chat(model, tokenizer, tasks: dict[str, dict], *, max_items: int | 
     """Score the first `max_items` items (all when None) of every chat task on this rank's share, gather,
     and return the table (docs/evaluation.md, "ChatCORE"; `seen` as `core_benchmark.evaluate_tasks`').
     With a distributed `dist` it is a collective. ``item_log`` lists every item, task by task in item order,
-    as ``{"task", "index", "id", "gold", "pick", "correct", "contaminated"}`` (pick: categorical, the letter; generative, the
-    answer's text; None when too long, with correct None; HumanEval adds the sandbox's ``status``) — the
-    per-item log, and what the lm-eval parity test compares."""
+    as ``{"task", "index", "id", "gold", "pick", "correct", "contaminated"}`` (pick: categorical, the letter;
+    generative, the answer's text; None when too long, with correct None; HumanEval adds the sandbox's
+    ``status``) — the per-item log, and what the lm-eval parity test compares."""
     if any(t["kind"] == "humaneval" for t in tasks.values()):
         check_isolation()  # refused here, not after the generation
     device, dtype, max_len, rank, world, was_training = begin_scoring(model, dist)
