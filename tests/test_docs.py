@@ -111,6 +111,29 @@ def test_dotted_names_resolve():
     assert not stale, "dotted names that do not resolve:\n" + "\n".join(stale)
 
 
+def code_strings(path) -> list[tuple[int, str]]:
+    """(line, text) of every string constant of a module that is not a docstring."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_module_names_in_code_strings_resolve():
+    """A string of the code that is a dotted package name (``[sys.executable, "-m", "pipeline.x.y"]``) or runs
+    one (``python -m pipeline.x.y``) names a module; any other mention resolves as in the prose."""
+    stale = []
+    for p in package_files():
+        for line, text in code_strings(p):
+            for m in DOTTED.finditer(text):
+                as_module = bool(m.group(1)) or m.group(2) == text
+                if not resolves(m.group(2), as_module):
+                    stale.append(f"{rel(p)}:{line}: {text!r}")
+    assert not stale, "package names in code strings that do not resolve:\n" + "\n".join(stale)
+
+
 def test_paths_exist():
     missing = [f"{where}: {m.group(1)}" for where, text in texts() for m in PATH.finditer(text)
                if not (ROOT / m.group(1)).exists()]
