@@ -1,54 +1,15 @@
 """The code a rule runs, as a hash of what it does: the package definitions its entry points can reach.
 
-A rule declares `code=rule_code("tokenize")` as a param: the hash of the modules its shell command runs with
-`python -m` (its spec's `modules`, pipeline/rules.py), so Snakemake reruns the rule when that code changes,
-and only then.
+A rule declares ``code=rule_code("tokenize")`` as a param: the hash of the package definitions reachable
+from the modules its shell command runs (its spec's `modules`, pipeline/rules.py), each hashed as its
+normalised AST without docstrings or comments, so Snakemake reruns the rule when that code changes, and
+only then.
 
-**What is hashed.** The unit is a top-level statement of a package module, called a definition here: a
-function, a class (with all its methods: a method is reached through its class), an assignment (a constant,
-a table of functions), or an effect: a statement that does something when the module is imported (a call,
-an `if`/`try`/`with` block, an assignment to an attribute). Each is hashed as its normalised AST, `ast.dump`
-without line/column attributes and with every docstring (of the module, its classes and functions) dropped,
-plus the import statements of the names it mentions: a docstring, a comment, blank lines or formatting
-change nothing; an error message's text, an `import numpy as np` made `import jax.numpy as np`, do.
+- `code_version(*entries, record=DIR)`: the hash (and the record of its definitions);
+- `imported_modules`, `package_modules`, `module_name`: the package's import graph (tests/test_layout.py);
+- ``python -m pipeline.codehash --why RULE``: the definitions changed since the rule's outputs were made.
 
-**What is reachable** from a rule's entry modules, found with `ast` over the package's sources (never by
-importing it), conservatively:
-
-- the roots: each entry's `main` and `if __name__ == "__main__":` block; every effect of every package
-  module the rule's processes import (an entry, what it imports at module level, transitively, what a
-  reachable definition imports in its body, and the `__init__` of each package on the way); and every
-  definition whose import-time part (decorators, base classes, default values, an assignment's value, a
-  class body outside its methods) calls package code or a callee it cannot name, since that runs at import
-  whether or not the name is used later;
-- from a reachable definition, every name and attribute chain it mentions anywhere (its body, decorators, a
-  nested function) that resolves to a package definition: a module-level name, an imported one (`from x
-  import y`, re-exports through an `__init__` followed), or `m.y` / `pkg.mod.y` with `m` a package module.
-  A name counts whether or not it is called, and a local variable named like a module-level one counts as
-  that name. A module mentioned on its own (a value, not `m.y`: `getattr(m, name)`) brings all its
-  definitions; a string constant that is a package module's name (`[sys.executable, "-m",
-  "pipeline.evaluation.lmeval_harness"]`) makes that module an entry too.
-
-Limits, code that can run and is not hashed: an attribute of an object (not a module) reached by a computed
-name that no hashed definition mentions; `importlib.import_module` / `__import__` of a name that is not a
-literal module name; a function a library calls back from a registry it keeps (`@library.register` is a
-library call, not package code); the side effects of a library call whose result is bound to a name at module
-level (`_X = library.f()` is taken to matter through `_X` only); an entry point named outside the package (a
-rule's shell command: its entries are declared beside it). Nothing outside `pipeline` is hashed (installed
-libraries are pinned by the environment). tests/test_workflow.py runs every rule of the default DAG with
-`TOKENFARM_TRACE_CALLS` set (pipeline.io.run_cli then records every package function that executed) and
-checks that each one is hashed for its rule.
-
-**Why a rule reruns.** `code_version(..., record=DIR)` keeps each hash's definitions (name -> hash) in
-DIR/<hash>.json (the workflow's DIR: .snakemake/tokenfarm-codehash/). `python -m pipeline.codehash --why RULE`
-reads the hash Snakemake recorded for the rule's outputs (its metadata in .snakemake/metadata/) and names the
-definitions added, removed or changed since then.
-
-**Speed.** Every Snakemake call (a dry run too) hashes every rule, and parsing the package's sources is most of
-that. Each module's summary (its definitions' hashes, the names they mention, its imports) is kept in
-`__pycache__/codehash-defs.json` beside the bytecode, keyed by the source's own hash, so an edited module is
-parsed again and an unchanged one never; a package where that file cannot be written (installed read-only)
-parses every call.
+What is hashed, what is reachable, the limits, why a rule reruns, the per-module cache: docs/code-hash.md.
 """
 from __future__ import annotations
 

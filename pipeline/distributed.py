@@ -19,8 +19,8 @@ from pipeline.io import get_logger
 
 log = get_logger(__name__)
 
-# hardware.process_group_timeout_min's default. Rank 0 alone writes a checkpoint (~15 GB on the 1.2B
-# preset, minutes on a network filesystem) while the other ranks already wait in the next step's
+# hardware.process_group_timeout_min's default. Rank 0 alone writes a checkpoint (the whole model
+# and optimizer state: minutes on a network filesystem) while the other ranks already wait in the next step's
 # collectives; torch's default (10 min for NCCL) would kill such a job at its first checkpoint.
 # The step watchdog (pipeline/training/stopping.py) is what catches a hung rank, phase by phase, with the
 # stacks; this timeout is the backstop behind it and should exceed the watchdog's longest allowance (the

@@ -311,7 +311,7 @@ def progress(iterable: Iterable | None = None, *, desc: str = "", total: int | N
     TOKENFARM_PROGRESS=0 forces it off."""
     forced = os.environ.get("TOKENFARM_PROGRESS", "")
     disable = forced == "0" or (forced != "1" and not sys.stderr.isatty())
-    if disable and iterable is not None:  # the usual case in a job: no tqdm import (~0.1 s per process)
+    if disable and iterable is not None:  # the usual case in a job: no tqdm import
         return _Silent(iterable)
     from tqdm.auto import tqdm
 
@@ -429,7 +429,7 @@ def run_cli(main_fn, argv=None) -> None:
     """Run a stage's main(argv); a PipelineError (or ConfigError), or an output that cannot be written
     (`filesystem_error_message`), becomes one 'error:' line and exit 1. A stage that succeeds ends its
     log with the process's own CPU time and peak RSS (`resource_usage`), from its start to the end of
-    its work (the interpreter's exit after it, ~0.1-0.2 s, is not in it), where Snakemake's `benchmark:`
+    its work (the interpreter's exit after it is not in it), where Snakemake's `benchmark:`
     files sample the job's processes (every second, then every 30 s) and miss a job's last moments."""
     setup_logging()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -1,43 +1,15 @@
 """Every rule of the workflow, one `Rule` each: what a rule is, in one place (like datatrove's
 `examples/fineweb.py`, where a step's config, resources and `depends=` sit at one call site).
 
-A rule's entry says
-- `modules`: the `python -m` modules its shell command runs, which its code hash covers (`code` param,
-  pipeline/codehash.py), named within the package (`data.mix` for `pipeline.data.mix`, `entries` gives the
-  full names): codehash takes a string holding a full module name for a process the code launches, and the
-  table launches nothing;
-- `params` and `scope`: its config slice (a `*_slice` function of pipeline/config/rule_params.py), declared
-  as its `params:` so that an edit to the slice reruns it, and what narrows the slice per job: the whole run
-  (`run`), the job's `source`, its `mix`, its training `stage`, a scaling `point`, or the sweep's `fit`;
-- `size`: its threads and resources (a function of pipeline/planning/job_sizes.py);
-- for a data rule, its cost in the plan: `rate` (unit, units per CPU-second or None, CPU seconds per job) and
-  `after`, the data rules whose outputs it reads (the edges Snakemake builds: tests/test_cluster.py compares
-  `pipeline.planning.data_cost.data_jobs` with Snakemake's DAG, edge for edge, on the default config and a preset);
-- `shard_chain`: a per-shard rule that runs in the SLURM group job of its shard group (download → filter →
-  tokenize → dedup_signatures). A rule the tokenizer waits for (download, filter) joins the chain only for
-  the sources the tokenizer does not read: the tokenizer job sits between them and the rest, and a group job
-  may not be left and entered again.
+A rule's entry says its `modules` (the ``python -m`` modules its code hash covers), `params` and `scope`
+(its config slice, pipeline/config/rule_params.py), `size` (pipeline/planning/job_sizes.py), for a data
+rule its cost `rate` and `after` edges, and `shard_chain` (its SLURM group job).
 
-workflow/rules/common.smk reads these (`rule_params`, `rule_code`, `job_threads`, `job_resources`,
-`job_group`), `pipeline.planning.data_cost` reads the sizes and the data rules' costs, and the tests check each entry
-against the rule as Snakemake parses it (tests/test_rules.py). A rule's module reads its slice through its
-own `*_slice` function, never through this table (`params_from_args(args, mix_slice)`): the table is in the
-code hash of `plan` alone, so editing one rule's size or rate reruns no job but the plan. Adding a rule:
-docs/adding-a-rule.md.
+- `RULES`, `BY_NAME`, `DATA_RULES`, `rule(name)`: the table;
+- `rule_params`, `job_params`: what workflow/rules/common.smk reads for a job.
 
-The rates: CPU seconds of a stage = its jobs × the CPU of a job's start (interpreter, imports, its fixed
-reads) + its work in `unit`s ÷ the rate (units per CPU-second, one single-threaded process). Units: bytes of
-UTF-8 text of the shards it reads (known from a shard's size before any tokenizer exists, and the same
-whatever the vocabulary), documents, packed tokens, shards, the tokenizer's train_chars, or none. Fitted by
-`python benchmarks/data_scale.py calibrate` through two Snakemake runs of realistic shards (FineWeb-shaped,
-500 and 50K documents of ~2 KB each, 16 and 8 shards, on the 2-core VM, idle), the tokenizer by its
-`tokenizer` sweep (16M-256M characters, the mean of two sweeps that differed by 23 %; rustbpe at a 4,096
-vocabulary): BENCHMARKS.md "The data half at scale", with the 1M-document rehearsal that checks them.
-download is a local copy (an hf source's download is network-bound and not predicted). The count jobs parse
-each shard's doc_rows list (documents; count_sample takes count's rate, its own fit was within the noise).
-A rate of None: the work per unit was below the measurement's resolution (these jobs read one small file per
-shard; 8 vs 16 shards made no difference), so only the job's start counts: the mean of the two runs'.
-Torch-free and snakemake-free.
+Torch-free and snakemake-free. The fields in full and how the rates were fitted: docs/architecture.md,
+"The rule table"; adding a rule: docs/adding-a-rule.md.
 """
 from __future__ import annotations
 
@@ -53,7 +25,7 @@ SCOPES = ("run", "source", "mix", "stage", "point", "fit")  # what narrows a rul
 
 @dataclass(frozen=True)
 class Rule:
-    """One rule of the workflow (see the module docstring)."""
+    """One rule of the workflow (see docs/architecture.md, "The rule table")."""
 
     name: str
     modules: tuple[str, ...]

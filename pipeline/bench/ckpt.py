@@ -2,29 +2,12 @@
 checkpoint on one GPU, through the trainer's own `pipeline.training.checkpoint.Checkpointer`, against
 pipeline.planning.train_jobs's prediction.
 
-A row (`CKPT_ROWS`) takes a preset's parameter count and parallelism: under fsdp one rank's share
-(``count_params / (nodes × nproc_per_node)``: the 8B preset's 1.0B parameters per rank of 8), under ddp the
-whole model (the 1.24B preset's rank-0 file). It builds a module of that many fp32 parameters on the device
-(2-D blocks of `BLOCK_COLS` columns: the sizes of a checkpoint, not a transformer), takes one AdamW step (its two
-moments: 12 bytes per parameter in all, as the trainer's checkpoint), shards it with FSDP2 over a 1-rank group
-for an fsdp row (`one_rank_group`: the DCP path of `Checkpointer`, `async_save` included), then:
+`run_ckpt_rows(cuda, out)` runs `CKPT_ROWS`: per row a module of one rank's parameter count with its AdamW
+state, two saves (``blocked_s``, ``write_s``), then the resume read from storage (``verify_s``,
+``load_s``), beside `predicted` (pipeline.planning.train_jobs.checkpointing); `format_ckpt` is the table.
+On CPU the same code runs at a tiny size (tests/bench/test_ckpt_row.py).
 
-1. **two asynchronous saves**, each `Checkpointer.save` then `Checkpointer.wait`: what the save blocked
-   (``blocked_s``: staging — device-to-pinned-host copies on CUDA; the first save also allocates and pins the
-   host buffers, ``first_blocked_s``) and what the background write took (``write_s``: the file(s) written
-   and fsynced, hashed, renamed into place; the second save's);
-2. **the resume**: the checkpoint's files dropped from the page cache (``posix_fadvise(DONTNEED)``, no root
-   needed) so that they are read from storage, then `newest_readable` (``verify_s``: every file read and
-   hashed) and, the cache dropped again, the load into the model and optimizer (``load_s``: DCP's
-   `_load_sharded`, or ``load_checkpoint`` + ``load_state_dict`` for a file).
-
-Predicted (`pipeline.planning.train_jobs.checkpointing` of the preset: the plan's figures): what a save blocks (the
-staging of a rank's share), its background write, and a restart's verify and load. The measured row is one rank
-alone on one GPU, so its write, verify and load rates are applied to the job's bytes that the prediction covers
-(a node's share for the write and the load, the whole checkpoint for rank 0's verify) before the comparison.
-
-The checkpoints go to ``<out>/ckpt-row/`` (the filesystem `--out` is on), removed after each row. On CPU
-(tests/bench/test_ckpt_row.py) the same code runs at a tiny size (``n_params``).
+What a row builds and measures, and how the prediction is scaled: docs/bench.md, "The checkpoint rows".
 """
 from __future__ import annotations
 
@@ -127,7 +110,7 @@ def _sync(device: torch.device) -> None:
 
 
 def run_ckpt_row(preset_cfg: dict, device: torch.device, out: Path, n_params: int | None = None) -> dict:
-    """One row (module docstring) on `device`, its checkpoints under `out` (removed at the end). `n_params`
+    """One row (docs/bench.md) on `device`, its checkpoints under `out` (removed at the end). `n_params`
     overrides the preset's per-rank count (the CPU test's tiny size). Returns the measured and predicted
     figures."""
     from pipeline.training import checkpoint as C

@@ -3,58 +3,14 @@
     python -m pipeline.bench --gpu-check [--out results/gpu-check] [--device cuda|cpu] [--smoke-steps 5]
         [--steps 10] [--warmup 3] [--budget-s 600] [--configfile configs/llama3-1b-fineweb.yaml]
 
-Five parts, each written to ``--out`` as it finishes (atomically; a crash keeps what was done), within a
-**time budget** (`Budget`, ``--budget-s``: 600 s on CUDA, so that a GPU lent for 15 minutes spends them
-measuring): before it runs, every row is estimated (`row_seconds`: `ROW_SETUP_S`, `COMPILE_S` when it
-compiles — assumed, not yet measured — and its steps at pipeline.planning's predicted step time); the total
-is printed first, and a row that would end past the budget (the time used so far — seconds spent, or the
-rows admitted so far at their estimates if more — plus its own estimate) is listed as left out. Rows run
-in order of priority: smoke rows, the fsdp rows, the loss-memory rows, then the reference suite.
-``gpu-check.md`` ends with every row's estimated and real seconds.
+`run_gpu_check` runs, within a time budget (`Budget`, rows estimated first by `row_seconds`), in order:
+smoke steps of the trainer's own step under each CUDA feature against a CPU fp32 reference (`SMOKE_ROWS`,
+the fsdp rows `run_fsdp_row`), the compiled loss's memory (`LOSS_MEMORY_ROWS`), checkpoint save and
+resume (pipeline/bench/ckpt.py), the reference suite (pipeline/bench/suite.py), and measured against
+predicted. Each part is written to ``--out`` as it finishes; exit 1 when a smoke row is outside its
+tolerance.
 
-1. **Smoke steps** (`SMOKE_ROWS`): `--steps` optimizer steps of the trainer's own step (the model,
-   `LossModel`, optimizer and fp8 conversion of pipeline.training) on one fixed random batch of a small
-   model (`SMOKE_MODEL`: 2 layers, d 1536, f 4608 — wide enough that torchao's fp8 filter converts its
-   gate/up linears under both recipes), under each CUDA feature the 1.2B run uses: torch.compile, the
-   bf16 body, the chunked fp32 cross-entropy (chunks smaller than the batch), flex_attention document
-   masking, fp8 tensorwise / rowwise (when torchao is installed). Every row's per-step losses are
-   compared with a **reference**: the same steps on the CPU in fp32, eager, with an unchunked
-   ``F.cross_entropy`` over the full [tokens, vocab] logits of ``model.forward`` (the SDPA boolean mask
-   for the document-masked rows) — an independent oracle for the loss, the masking and the fused
-   backward. A row passes when every step's loss is within its tolerance of the reference's
-   (`loss_diff`: |loss − reference| / max(1, reference), i.e. nats below 1 nat and relative above;
-   `TOLERANCE`: fp32 1e-3, bf16 0.02, fp8 0.10). Relative because the batch is learnt in 5 steps
-   (8.65 → 0.02 nats): an absolute bound is set by the first steps' large losses, where fp8's
-   quantisation error is a few percent of the loss (measured on an H100, BENCHMARKS.md). The CPU row
-   (chunked CE, eager fp32) always runs; a CUDA row on a
-   machine without CUDA (CI) is listed as skipped with the reason, so the command runs everywhere.
-   The **fsdp rows** (``train.parallel: fsdp``; `run_fsdp_row`) shard the model with FSDP2 over a
-   1-rank process group started in-process (`one_rank_group`: gloo on CPU — CI runs this row —,
-   nccl on CUDA: bf16 gathers, blocks compiled one by one), train the same steps, then validate and
-   sample as training does, under `gathered` in eval mode: the validation batch's CE is held to the
-   row's tolerance against the reference model's, and a greedy sample of `SAMPLE_TOKENS` tokens must
-   come out.
-2. **The compiled loss's memory** (`LOSS_MEMORY_ROWS`, CUDA only): the ``--configfile`` preset's compiled
-   bf16 step with every block checkpointed at 16 / 32 / 64 rows, one warm-up and one timed step, its
-   peak allocated memory against pipeline.planning (issue 28: with the loss traced into the compiled graph
-   the 64-row step held 9 GB nothing explained; BENCHMARKS.md).
-3. **Checkpoint save and resume** (`pipeline.bench.ckpt.CKPT_ROWS`, CUDA only): the trainer's
-   asynchronous save (`Checkpointer`: staging into pinned host memory, the background write; DCP's async_save
-   on a 1-rank group for the fsdp row) and the resume of one rank's checkpoint of the 8B preset (fsdp: 1/8 of
-   weights + AdamW) and of the 1.24B preset's ddp file, read back from storage, against
-   pipeline.planning.train_jobs's save time.
-4. **The reference suite** (`pipeline.bench.suite`, the reference write-up's 1×H100 rows) on
-   ``--configfile`` (default the 1.2B preset); on CPU on a tiny model (`CPU_SUITE_MODEL`, 1 timed
-   step: the plumbing, not the GPU).
-5. **Measured vs predicted** (``gpu-check.md`` / ``.json``): for every smoke and suite row, the measured
-   step time and peak allocated memory (CUDA only) beside `pipeline.planning`'s prediction and the ratio
-   measured / predicted. The smoke rows' step time is the median of the steps after the first
-   (compilation).
-
-Files in ``--out``: ``smoke.json``, ``reference.md`` + ``reference.json`` (the suite, rewritten after
-every row), ``gpu-check.md`` + ``gpu-check.json`` (the combined tables and every row, the loss-memory
-and checkpoint rows and the budget's estimates and real seconds included). Exit status 1
-when a smoke row that ran is outside its tolerance (everything is written first).
+The rows, the tolerances and the files: docs/bench.md, "`make gpu-check`".
 """
 from __future__ import annotations
 
@@ -125,7 +81,7 @@ SMOKE_ROWS = [
 ]
 SAMPLE_TOKENS = 8  # greedy tokens the fsdp rows sample from the gathered model
 
-# The compiled loss's memory (issue 28): the preset's compiled bf16 step with every block checkpointed at
+# The compiled loss's memory (docs/bench.md): the preset's compiled bf16 step with every block checkpointed at
 # 16 / 32 / 64 rows, peak allocated after one warm-up step against pipeline.planning (suite rows: name, micro-batch,
 # checkpointing, fp8, optimizer).
 LOSS_MEMORY_ROWS = [(f"loss memory {mb} block", mb, "block", "none", "adamw") for mb in (16, 32, 64)]
@@ -209,7 +165,7 @@ def smoke_batch(cfg: dict, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, t
 
 def loss_diff(losses: list[float], reference: list[float]) -> float:
     """The largest per-step |loss − reference| / max(1, reference): nats where the reference loss is
-    below 1 nat, a fraction of it above (module docstring)."""
+    below 1 nat, a fraction of it above (docs/bench.md, "`make gpu-check`")."""
     return max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(losses, reference, strict=True))
 
 
@@ -446,7 +402,7 @@ def format_budget(budget: dict) -> str:
 
 def run_gpu_check(out: str | Path, bench, configfile: str, device: str | None = None, steps: int = 5,
                   suite_steps: int = 10, suite_warmup: int = 3, budget_s: float | None = None) -> dict:
-    """The parts (module docstring), the suite's and the loss-memory rows timed by ``bench(cfg, steps, warmup)``
+    """The parts (docs/bench.md), the suite's and the loss-memory rows timed by ``bench(cfg, steps, warmup)``
     (`pipeline.bench.throughput.run_bench`) on `configfile` (CUDA only), within `budget_s` seconds (None: `BUDGET_S`
     on CUDA, no budget on CPU; ≤ 0: no budget); returns {device, smoke, loss_memory, suite, budget, passed}."""
     cuda = torch.cuda.is_available() if device is None else device == "cuda"

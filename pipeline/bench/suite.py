@@ -3,22 +3,11 @@
     python -m pipeline.bench --suite reference [--configfile configs/llama3-1b-fineweb.yaml] [--device cuda]
         [--steps 10] [--warmup 3] [--out results/bench/reference.md] [--json]
 
-Runs `REFERENCE_SUITE` — the micro-batch × activation-checkpointing × fp8 × optimizer settings whose
-step time and memory the reference measured on one H100 (tests/test_perf.py lists those rows and
-their sources) — as `pipeline.bench` steps of *our* trainer on the config's model, and prints one
-table: measured step time, tokens/s, MFU, peak allocated and reserved memory, beside
-`pipeline.planning`'s prediction for the same setting (our loss, ``logits: ours``) and the ratio
-measured / predicted. A row that needs CUDA (fp8, 8-bit AdamW) on a CPU device is listed as skipped;
-a row that runs out of GPU memory is listed as "OOM" (itself a measurement: the model then
-over-predicts what fits); a row that fails any other way (a compile error, a missing package, a
-kernel the GPU lacks) is listed as skipped with its exception, and the suite goes on to the next
-row. Between rows the compiled graphs are dropped, the row's model and optimizer collected
-(``gc.collect()``) and only then the CUDA cache emptied, so the next row starts from an empty GPU.
-With ``--out`` the markdown table is written there (and the rows as JSON beside it, ``.json``),
-atomically, and rewritten after every row: a suite killed halfway keeps the rows it finished.
+`run_suite` runs `REFERENCE_SUITE` as steps of our trainer and `format_suite` prints measured step time,
+tokens/s, MFU and memory beside pipeline.planning's prediction; rows that cannot run are listed as skipped
+or OOM, and ``--out`` is rewritten after every row.
 
-On CPU (the CI path, a tiny config) the measured columns are real CPU timings and the predictions
-use the nominal CPU peak: the table checks the plumbing, not the model.
+How rows run and are isolated from each other: docs/bench.md, "The reference suite".
 """
 from __future__ import annotations
 

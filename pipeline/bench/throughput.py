@@ -1,28 +1,14 @@
-"""Step benchmark: time steady-state full training steps of a config's model on random tokens.
+r"""Step benchmark: time steady-state full training steps of a config's model on random tokens.
 
-    python -m pipeline.bench --configfile configs/llama3-1b-fineweb.yaml --micro-batch 16 --device cuda \\
-        [--compile | --no-compile] [--checkpoint none|mlp|attention|block|every_n] \\
-        [--fp8 none|tensorwise|rowwise] [--precision bf16|fp32] [--optimizer adamw|adamw8bit|muon] \\
-        [--ce-matmul auto|bf16|tf32|fp32] [--steps 10] [--warmup 3] [--json]
-    python -m pipeline.bench --suite reference [...]   (the reference's rows: pipeline.bench.suite)
-    python -m pipeline.bench --gpu-check [--out results/gpu-check]   (make gpu-check: pipeline.bench.gpu_check)
+    python -m pipeline.bench --configfile configs/llama3-1b-fineweb.yaml --micro-batch 16 --device cuda \
+        [--compile | --no-compile] [--checkpoint none|mlp|attention|block|every_n] [--fp8 none|tensorwise|rowwise] \
+        [--precision bf16|fp32] [--optimizer adamw|adamw8bit|muon] [--ce-matmul auto|bf16|tf32|fp32] [--json]
+    python -m pipeline.bench --suite reference [...]      (pipeline/bench/suite.py)
+    python -m pipeline.bench --gpu-check [--out DIR]      (make gpu-check: pipeline/bench/gpu_check.py)
 
-One step is exactly what the trainer does per micro-step plus the optimizer: forward under the
-training precision, chunked fp32 cross-entropy (logit matmuls at `train.ce_matmul`), backward,
-gradient clipping, optimizer step, zero_grad keeping the gradients (one process, no gradient
-accumulation, no DDP). The model, optimizer, fp8 conversion and `LossModel` come from
-pipeline.training.step/pipeline.training.optim, so the benchmark measures the training code itself.
-Inputs are uniform random token ids of the model's vocabulary, [micro_batch, seq_len] with seq_len =
-`train.seq_len`.
-
-The first `--warmup` steps (compilation, allocator growth) are excluded; each timed step ends with
-a device synchronize. Reported: median and mean step time, tokens/s (micro_batch × seq_len /
-median step time), MFU (`pipeline.planning.compute.flops_per_token` × tokens/s /
-`pipeline.planning.compute.peak_flops` of
-the device actually used — its GPU type from the CUDA device's exact name, pipeline.planning.compute.GPU_SPECS;
-an unknown GPU is refused — and the run's precision)
-and, on CUDA, memory allocated / peak allocated / reserved in GB (peak over
-the timed steps). Unset flags keep the config's values.
+`run_bench(cfg, steps, warmup)` times the trainer's own step (pipeline.training.parallelize and
+pipeline.training.optim) and reports median step time, tokens/s, MFU and memory; the plan reads back its
+``--json``. What a step is and how MFU is computed: docs/bench.md, "The step benchmark".
 """
 from __future__ import annotations
 

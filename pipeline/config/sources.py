@@ -47,7 +47,7 @@ def shard_groups(cfg: dict, name: str) -> dict[str, list[str]]:
 def sample_shards(cfg: dict, name: str) -> list[str]:
     """The plan's sample of a source: `count.sample_shards` of its shards (all when it has no more),
     spread evenly over its shard list, first and last included (shard lists are often ordered by
-    crawl or topic, so the first few alone can be unrepresentative). pipeline.data.count's docstring."""
+    crawl or topic, so the first few alone can be unrepresentative). docs/data-stages.md, "The count table"."""
     shards = source_shards(cfg, name)
     k = min(cfg["count"]["sample_shards"], len(shards))
     if k <= 1:

@@ -1,26 +1,11 @@
 """The six BIG-bench tasks of DCLM's CORE, from the `bigbench==1.0.0` source distribution (data only).
 
-The sdist (~358 MB, `bigbench-1.0.0.tar.gz` on PyPI) holds `bigbench/benchmark_tasks/*/task.json`; it is
-never installed or imported. `task_files()` finds its URL and sha256 in PyPI's simple index (PEP 503;
-the JSON API is not reachable everywhere), streams it once through a sha256 and a streaming tar reader,
-keeps only the `task.json` files of the six tasks in memory, and writes them to the cache only when the
-whole archive's digest matches both the registry's and the one pinned here (`SDIST_SHA256`: a registry
-that serves another file is refused too). The cache, `$TOKENFARM_CACHE` or `$XDG_CACHE_HOME/tokenfarm`
-(default `~/.cache/tokenfarm`), holds `bigbench-1.0.0/…/task.json` and `files.json` with each file's
-sha256; a later run checks those digests and downloads nothing. `$TOKENFARM_BIGBENCH_SDIST` names a local
-copy of the sdist (or another URL) to use instead of the registry, e.g. on a machine without network.
+- `task_files()`: the six ``task.json`` files, from the cache (``$TOKENFARM_CACHE`` or
+  ``$XDG_CACHE_HOME/tokenfarm``) or streamed once from PyPI, sha256-checked against `SDIST_SHA256`
+  (``$TOKENFARM_BIGBENCH_SDIST`` names a local copy instead);
+- `items(task, subtask, multiple_choice)`: a task's items rendered as DCLM's llm-foundry files hold them.
 
-The sdist ships no LICENSE file (its PKG-INFO says `License: UNKNOWN`); BIG-bench's repository
-(github.com/google/BIG-bench) is Apache-2.0, which is what the task files record.
-
-Rendering (`items`) follows BIG-bench's own JSON-task format, which is what DCLM's llm-foundry files
-(`local_data/*/bigbench_*.jsonl`) hold: context = `task_prefix` + `example_input_prefix` (default "\\nQ: ")
-+ input + `example_output_prefix` (default "\\nA: ") without its trailing space, and without leading
-whitespace (qa_wikidata's input prefix is a bare "\\n"; cs_algorithms' context is exactly llm-foundry's);
-continuation = " " + the target (the first one where a task lists several, the choice with score 1 where a
-task scores choices). DCLM scores five of the six as language modeling (exact greedy continuation) and
-language_identification as multiple choice over its 11 languages, with the choices appended to the input as
-BIG-bench does ("\\n  choice: …").
+The download, the licence and the rendering: docs/data-stages.md, "BIG-bench tasks".
 """
 from __future__ import annotations
 
@@ -126,7 +111,7 @@ def extract(source: str, expected: str) -> dict[str, bytes]:
 
 def task_files(index_url: str | None = None) -> tuple[Path, dict[str, str]]:
     """(cache root, {path in the sdist: sha256}) of the six tasks' task.json files, downloading and
-    extracting the sdist only when the cache lacks them (module docstring); `index_url`: INDEX_URL."""
+    extracting the sdist only when the cache lacks them (docs/data-stages.md); `index_url`: INDEX_URL."""
     index_url = index_url or INDEX_URL
     root = cache_dir() / f"{SDIST}-{SDIST_VERSION}"
     manifest = root / "files.json"
@@ -173,7 +158,7 @@ def _gold(example: dict) -> str | None:
 
 def items(task: dict, subtask: str, multiple_choice: bool) -> tuple[list[dict | None], int]:
     """(items, or None for a malformed example, and the number of examples) of one task.json, in our
-    normalized shape (pipeline/data/tasks.py), rendered as the module docstring says."""
+    normalized shape (pipeline/data/tasks.py), rendered as docs/data-stages.md, "BIG-bench tasks" says."""
     prefix = task.get("task_prefix", "")
     in_prefix = task.get("example_input_prefix", "\nQ: ")
     out_prefix = task.get("example_output_prefix", "\nA: ").rstrip(" ")

@@ -1,20 +1,16 @@
 """The data contract between stages: the one place that knows the stages' file formats.
 
 Every data stage reads and writes through these helpers instead of importing another stage, so a
-format has exactly one reader and one writer here (the formats themselves: docs/data-contract.md):
+format has exactly one reader and one writer here (the formats: docs/data-contract.md):
 
-* raw shards: `iter_documents` / `DocBatch` — which rows are documents (shared by tokenizer
-  training, count and tokenize), `token_cap` (the longest kept document), `raw_label` (a shard as
-  errors name it: the user's file), `open_parquet`, `chat_field_problem` (a message field that is
-  not text, with its row: the download check's and tokenize's), `doc_text`, `iter_document_texts` /
-  `document_texts` (the text of each tokenized document: dedup and decontaminate);
-* tokenized shards: `DROP_REASONS`, `COUNT_FIELDS` / `NOT_DOCUMENTS` (the exact per-shard counts a
-  tokenized shard's metadata carries, read by the count table), `token_dtype`, `token_paths`,
-  `load_shard_meta`, `open_tokens`, `load_doc_tokens`;
-* group manifests, the declared output of a per-shard job: `write_manifest`, `run_group`;
-* ranking: `salt`, `rank_by_hash` (split and mix order documents by the same seeded hash);
-* schedules and packed rows: `SCHEDULE_COLUMNS`, `read_schedule`, `shard_keys`,
-  `token_column_mismatches`, `pack_paths`, `span_index`.
+* raw shards: `iter_documents` / `DocBatch` (which rows are documents), `open_parquet`, `doc_text`,
+  `iter_document_texts` / `document_texts`, `token_cap`, `raw_label`, `chat_field_problem`;
+* tokenized shards: `DROP_REASONS`, `COUNT_FIELDS` / `NOT_DOCUMENTS`, `token_paths`, `load_shard_meta`,
+  `open_tokens`, `load_doc_tokens`; group manifests: `write_manifest`, `run_group`;
+* ranking: `salt`, `rank_by_hash`; schedules and packed rows: `SCHEDULE_COLUMNS`, `read_schedule`,
+  `shard_keys`, `token_column_mismatches`, `pack_paths`, `span_index`.
+
+What each helper is for: docs/data-stages.md, "The data contract module".
 """
 from __future__ import annotations
 

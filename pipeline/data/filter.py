@@ -1,25 +1,14 @@
-"""Filter stage: each downloaded shard of a group -> its kept documents, filtered, and a decision per document.
+r"""Filter stage: each downloaded shard of a group -> its kept documents, filtered, and a decision per document.
 
-    python -m pipeline.data.filter --params JSON --source S --inputs D/S/{shard}.parquet ... \\
+    python -m pipeline.data.filter --params JSON --source S --inputs D/S/{shard}.parquet ... \
         --outputs R/filtered/S/{shard}.parquet ... [--manifest M]
 
-Runs the `filter:` chain of the config (pipeline/data/filters.py, docs/filters.md) over every document of
-a shard and writes, per shard (formats: docs/data-contract.md, "Filtered shard"):
+`filter_shard` runs the config's ``filter:`` chain (pipeline/data/filters.py, docs/filters.md) over a
+shard and writes ``R/filtered/S/{shard}.parquet`` (the kept rows, text filtered; hard-linked when nothing
+changed) and ``{shard}.decisions.parquet`` (one row per raw row, `DECISION_SCHEMA`). Formats:
+docs/data-contract.md, "Filtered shard".
 
-* ``R/filtered/S/{shard}.parquet`` — the rows of the raw shard whose document is kept, every column as
-  in the raw shard, the text column holding the filtered text (``c4``'s line removal, ``pii``'s
-  placeholders), with a ``{shard}.parquet.json`` metadata sidecar. A shard the chain leaves unchanged
-  (every document kept, no text edited) is hard-linked from the raw shard (copied across devices), so
-  the FineWeb presets' 1,823 shards cost no second copy where nothing was removed.
-* ``R/filtered/S/{shard}.decisions.parquet`` — one row per raw row, in row order (`DECISION_SCHEMA`).
-
-Rows that are not documents (`contract.iter_documents`: null, empty or invalid UTF-8 text; a broken
-conversation) are not filtered: they stay in the filtered shard and count as kept with 0 characters,
-so tokenize still counts them by reason, as it does for a raw shard.
-
-A chat source (``format: chat``) is never line-filtered (the library's ``chat=True``): its conversations
-are judged on their joined text, and a kept one has the scrubbing filters (``pii``) applied to each
-message's content, so no turn is merged with another.
+Rows that are not documents, chat sources: docs/data-stages.md, "Filter".
 """
 from __future__ import annotations
 

@@ -1,39 +1,14 @@
-"""The filter funnel of a run: what every filter removed, per source, in removal order, with examples.
+r"""The filter funnel of a run: what every filter removed, per source, in removal order, with examples.
 
-    python -m pipeline.data.filter_report --params JSON --raw <raw shards> --decisions <decisions files> \\
-        [--tokens <tokenized shard .json files>] --out-json R/filtered/report.json \\
+    python -m pipeline.data.filter_report --params JSON --raw <raw shards> --decisions <decisions files> \
+        [--tokens <tokenized shard .json files>] --out-json R/filtered/report.json \
         --out-md R/filtered/report.md --out-png R/filtered/funnel.png
 
-Reads the `filter` stage's per-shard decisions (`R/filtered/{source}/{shard}.decisions.parquet`, issue 30;
-docs/filters.md): one row per input row of the raw shard, in row order, with columns `kept`, `filter`
-(``""`` when kept), `rule`, `value`, `threshold`, `chars_in`, `chars_out` (0 when removed), `lines_removed`,
-`spans_replaced`, `language`, `language_score`. ``--raw`` and ``--decisions`` are parallel lists: the i-th
-decisions file belongs to the i-th raw shard (the same source directory and shard name), and holds exactly
-one row per row of it; anything else is one error naming both files. The filtered shard beside a decisions
-file (``{shard}.parquet``), where there is one, must have as many rows as the decisions keep.
+`filter_report` reads the filter stage's per-shard decisions (docs/filters.md) and writes, per source,
+the funnel (documents and characters each filter removed, by rule), lines and spans edited, the language
+distribution, the kept tokens (with ``--tokens``) and sampled examples of each filter's removals.
 
-``--params`` is ``{filter, sources, seed}``: the ``filter:`` list (its order is the removal order; ``null``
-is the default chain of `pipeline.data.filters`), how each source's text is read (``format``,
-``text_column``, ``messages_column``) and the run's seed (``--configfile`` cuts it by
-``filter_report_slice``, the slice its spec in pipeline/rules.py names). Per source, the report
-gives:
-
-* the funnel: for each enabled filter in chain order, the documents and characters (``chars_in``) it
-  removed, by rule, and the documents and characters left after it; ``input = kept + Σ removed`` holds
-  exactly for documents, and ``chars_in = Σ removed chars + edited-away chars + chars_out`` for characters,
-  where the edited-away characters are what the line filter (``c4``) and the placeholders (``pii``) changed
-  in kept documents;
-* lines removed (line filters) and spans replaced (``pii``) over the kept documents;
-* the language distribution (``language`` of every input document, as the language filter measured it);
-* with ``--tokens`` (the tokenized shards' metadata, ``R/tokens/{source}/{shard}.json``): the tokens of the
-  kept documents (`counts.tokens`, before tokenize drops short documents), and a check that tokenize read
-  as many rows as the filter kept;
-* for each filter, ``--examples`` removed documents sampled with ``random.Random(f"{seed}/{source}/{filter}")``,
-  each with the rule that fired, its measured value against the threshold, and the first characters of its
-  text read from the raw shard by row.
-
-Outputs (atomic): the JSON (the numbers, `meta`), the markdown and the funnel plot (both in the
-`snakemake --report`, workflow/rules/filter_report.smk).
+The inputs, the identities the funnel holds and the outputs: docs/data-stages.md, "The filter funnel".
 """
 from __future__ import annotations
 
@@ -108,7 +83,7 @@ def raw_excerpts(raw: str | Path, rows: list[int], source: dict) -> list[str]:
 
 def source_funnel(name: str, chain: list[Filter], raws: list[str], dec: list[dict], source: dict, seed: int,
                   examples: int) -> dict:
-    """The funnel of one source (module docstring) from its shards' raw paths and decisions."""
+    """The funnel of one source (docs/data-stages.md, "The filter funnel") from its shards' raw paths and decisions."""
     d = _concat(dec)
     shard_of = np.concatenate([np.full(len(p["kept"]), i) for i, p in enumerate(dec)])
     row_of = np.concatenate([np.arange(len(p["kept"])) for p in dec])

@@ -1,65 +1,16 @@
 """The training data loader: deterministic, DDP-sharded, exactly resumable batches of packed rows.
 
 `PackedLoader` memory-maps a packed split (`R/pack/{mix}/{split}.json` and its `.bin`, `.mask.bin`,
-`.docs.npy`; see pipeline/data/pack.py) and yields micro-batches of rows of C = seq_len + 1 tokens:
+`.docs.npy`; pipeline/data/pack.py) and yields micro-batches of rows
+of seq_len + 1 tokens; `state_dict()` / `load_state_dict(state)` resume it exactly, on another world size
+too; `steps_available(global_batch_rows)` checks a plan up front; past ``max_epochs`` it raises
+`DataExhausted`.
 
-    inputs  = rows[:, :-1]   int64 [micro_batch, seq_len]
-    targets = rows[:, 1:]    int64 [micro_batch, seq_len]
-    mask    = loss mask of the targets, bool [micro_batch, seq_len] (bestfit packs, and every batch in
-              rows mode), else None. `loss="all"` marks every real target (padding never),
-              `loss="assistant"` the assistant targets of chat sources only (the pack's mask bits,
-              pipeline.data.contract MASK_*; a pack without a mask has no assistant tokens: refused)
-    doc_ids = int64 [micro_batch, seq_len], only with `with_doc_ids=True`: per input position the
-              index of its document within the row (0 for the row's first document), so that
-              attention can be restricted to `doc_ids[q] == doc_ids[k]`.
+    loader = PackedLoader(meta, micro_batch=B, rank=r, world_size=W, seed=seed)
+    inputs, targets, mask = next(loader)[:3]     # a doc_ids fourth with with_doc_ids=True
 
-inputs/targets (and mask) are views of one int64 tensor made with a single numpy -> torch
-conversion per batch; call `.contiguous()` if a kernel needs it.
-
-Order. Epoch `e` visits the rows in the permutation drawn by `Generator(PCG64(SeedSequence([seed,
-e])))` (identity with `shuffle=False`). Micro-step `i` of an epoch takes the global block
-`perm[i*W*B : (i+1)*W*B]` (W = world_size, B = micro_batch) and rank `r` takes the contiguous slice
-`[r*B, (r+1)*B)` of it: the ranks' rows of one step are disjoint and together form the block.
-An epoch has `n_rows // (W*B)` micro-steps; the remaining `n_rows % (W*B)` rows of that epoch's
-permutation are not used (every rank takes the same number of steps). So the global order of the rows
-(the permutation, read from its start) does not depend on W or B: W and B only group it into
-micro-steps and split each micro-step over the ranks. An optimizer step of A accumulation micro-steps
-takes the next A*W*B rows of it, the same rows for any W whose A*W*B is the same global batch.
-
-Epochs. After `max_epochs` epochs the loader raises `DataExhausted` naming what the data holds,
-what was asked, and the config knobs to change; `steps_available(global_batch_rows)` lets the
-trainer check its plan up front.
-
-Rows mode (`total_rows=N`, for an SFT stage's epochs over its examples): the loader serves the first
-N rows of the stream epoch 0's permutation, epoch 1's, ... — every row of an epoch is used, none
-dropped — as global row g = (micro-step × W + rank) × B + i. Past N it serves empty rows (pad
-tokens, mask all False, doc id 0) of the same shape, so the last step is padded instead of
-shrunk: no recompilation, and the empty rows add no loss and no gradient. Its `epoch` is that of the
-stream's next row (the same on every rank).
-
-Resumption. `state_dict()` is `{epoch, position, seed, shuffle, world_size, micro_batch, n_rows,
-seq_len, data_sha256, total_rows}` (`position`: micro-steps taken in the epoch, or in rows mode of the
-stream; the same on every rank); after `load_state_dict(state)` the loader yields exactly the batches
-an uninterrupted loader would have yielded next. A state made for another micro-batch, seed or data
-file (the packed .bin's sha256 from its metadata) is refused.
-
-A state made for another world size W (a training run resumed on fewer or more processes) is mapped
-to this loader's W': the `position × W × B` rows it consumed of the epoch (of the stream in rows mode)
-become `position' = position × W / W'` micro-steps, so the rows still to come are the same global rows
-in the same order, none served twice and none skipped. That needs a whole number of the new
-micro-steps (W'×B rows), which holds at every optimizer step of a global batch both world sizes
-divide; a position between them is refused. One thing depends on the world size: at the end of an
-epoch the unused remainder is `n_rows % (W'×B)` rows of the world size that finishes the epoch (a
-state saved exactly at the end of an epoch continues that epoch when W'×B leaves rows of it unread).
-The trainer's loader reads at most one epoch (max_epochs 1; rows mode leaves no remainder), where
-this never arises.
-
-Integrity. Opening a pack on rank 0 checks the `.bin` (and `.mask.bin`) against the sha256 its
-metadata recorded when pack wrote it, streamed and once per process (`pipeline.io.verify_sha256`):
-a file damaged in place (same size) is one error naming it and the rule that rewrites it, instead
-of an IndexError in the embedding or silent training on wrong ids. Only rank 0 reads the whole file
-for it (the ranks share it; an error there ends the job before a step completes), so a large pack
-is read once per job, not once per rank.
+The batch layout, the order, rows mode, resumption on another world size and the integrity check:
+docs/data-stages.md, "The training data loader".
 """
 from __future__ import annotations
 
@@ -77,7 +28,7 @@ class DataExhausted(PipelineError):
     """The packed data cannot supply the requested number of steps."""
 
 
-# What a saved state must match (the world size is mapped instead, module docstring "Resumption")
+# What a saved state must match (the world size is mapped instead, docs/data-stages.md, "The training data loader")
 STATE_KEYS = ("seed", "shuffle", "micro_batch", "n_rows", "seq_len", "data_sha256", "total_rows")
 LOSSES = {"all": MASK_REAL, "assistant": MASK_ASSISTANT}
 
@@ -92,7 +43,7 @@ def epoch_permutation(n_rows: int, seed: int, epoch: int, shuffle: bool = True) 
 
 def _open_pack(meta_path: Path, verify: bool = True) -> tuple[dict, np.ndarray, np.ndarray | None, np.ndarray]:
     """Memory-map a packed split: (metadata, rows [n_rows, C], mask rows or None, doc starts); with
-    `verify`, its files are first checked against their recorded sha256 (module docstring)."""
+    `verify`, its files are first checked against their recorded sha256 (docs/data-stages.md)."""
     if not meta_path.exists():
         raise PipelineError(f"{meta_path}: packed data not found; run the pack stage for this mix and split")
     meta = read_json(meta_path)
@@ -120,7 +71,7 @@ def _open_pack(meta_path: Path, verify: bool = True) -> tuple[dict, np.ndarray, 
 
 
 class PackedLoader:
-    """Deterministic, rank-disjoint, resumable micro-batches of a packed split (module docstring)."""
+    """Deterministic, rank-disjoint, resumable micro-batches of a packed split (docs/data-stages.md)."""
 
     def __init__(
         self,
@@ -277,7 +228,8 @@ class PackedLoader:
         return {"epoch": self.epoch, "position": self.position, **self._identity()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from `state` (module docstring, "Resumption"): this loader's world size may differ."""
+        """Continue from `state` (docs/data-stages.md, "The training data loader"): this loader's world size
+        may differ."""
         mine = self._identity()
         diff = [f"{k}: saved {state.get(k)!r}, now {mine[k]!r}" for k in STATE_KEYS if state.get(k) != mine[k]]
         if diff:

@@ -2,40 +2,12 @@
 
     python -m pipeline.data.mix --params JSON --mix NAME --split-dir R/split --outdir R/mix/NAME
 
-**Token target.** `mixes.NAME.tokens` (an integer, or `plan` for the plan's `trained_tokens` =
-num_steps × tokens_per_step, what the trainer will consume — at least the budget's `target_tokens`;
-`rule_params` puts it in the params as `trained_tokens`) is the number of training *targets* the
-packed train rows must supply. Packing cuts the schedule into rows of `seq_len + 1` tokens and each
-row trains `seq_len` targets, so the schedule must hold at least `schedule_target = ceil(tokens /
-seq_len) * (seq_len + 1)` tokens (spans, delimiters included); the concat packer then yields at
-least `ceil(tokens / seq_len)` rows (it drops only a partial last row). `bestfit` packing pads rows,
-so it needs more than this; its pad tokens are in the pack report.
+`build_mix` takes each source's share of the token target (`schedule_target`) in seeded hash order,
+up-sampling a small source up to ``max_epochs``, balances the realized proportions (`balance`) and
+interleaves the documents so proportions hold locally too (`interleave`). Writes ``train.parquet`` (the
+schedule), ``val.parquet`` and ``report.json``.
 
-**Sampling.** Source `s` gets `share_s = ceil(w_s / sum(w) * schedule_target)` tokens. Its train
-documents are ranked by a seeded hash (`pipeline.data.contract.rank_by_hash` of shard name and document
-index, salted with the seed, the source and the pass number) and taken whole, in rank order, until
-the share is reached: the document that crosses the share is included, so every source gets at least
-its share and the schedule at least `schedule_target`. A source with too few tokens is up-sampled:
-after a full pass, the next pass takes its documents again in a new order (`epoch` 1, 2, ...), up to
-`max_epochs` times the source's train tokens (fractional caps allowed); a share beyond that fails
-the stage with the numbers and the knobs.
-
-**Proportions.** Realized proportion = a source's scheduled tokens / all scheduled tokens. The
-crossing documents overshoot the shares by less than one document each, which skews proportions
-when documents are long; so, as a top-up (`balance`), while some source is off its proportion by
-more than `TOLERANCE / 2`, the source furthest below its proportion takes its next document (within
-its epoch cap). With at least `CHECK_MIN_DOCS` scheduled documents the stage then fails if any source
-is still off by more than `TOLERANCE` (0.5 percentage points: the documents are too long for the
-target, or a cap stops the top-up); below that the proportions are only reported.
-
-**Interleaving** (stratified, so proportions hold locally too): every picked document is placed at
-the fraction of its source's scheduled tokens reached at the document's midpoint; the schedule is
-all documents by that fraction (ties by source name). Any window of the schedule thus holds each
-source's tokens in about the requested proportion.
-
-Outputs: `train.parquet` (the schedule: `source`, `shard`, `doc`, `tokens`, `epoch`), `val.parquet`
-(every val document of the mix's sources, by source, shard, doc; epoch 0; not weighted), and
-`report.json` (target, requested vs realized proportions, tokens and epochs per source, val totals).
+The token target, sampling, the proportions check and the interleaving: docs/data-stages.md, "Mix".
 """
 from __future__ import annotations
 
@@ -253,7 +225,7 @@ def _concat_pools(pools: list[Pool]) -> Pool:
 
 
 def build_mix(params: dict, mix_name: str, split_dir) -> tuple[pa.Table, pa.Table, dict]:
-    """(train schedule, val table, report) for one mix (see the module docstring)."""
+    """(train schedule, val table, report) for one mix (see docs/data-stages.md, "Mix")."""
     view = run_config(params)
     if mix_name not in view.mixes:
         raise PipelineError(f"unknown mix '{mix_name}' (mixes: {', '.join(params['mixes'])})")

@@ -1,26 +1,14 @@
-"""Pack stage: a mix's document schedule + tokenized shards -> fixed rows of `seq_len + 1` tokens.
+r"""Pack stage: a mix's document schedule + tokenized shards -> fixed rows of `seq_len + 1` tokens.
 
-    python -m pipeline.data.pack --params JSON --mix M --split train|val --schedule R/mix/M/train.parquet \\
+    python -m pipeline.data.pack --params JSON --mix M --split train|val --schedule R/mix/M/train.parquet \
         --tokens-dir R/tokens --out R/pack/M/train.json
 
-A scheduled document is the span `bin[off[doc]:off[doc+1]]` of its tokenized shard, delimiter(s)
-included. Formats of the inputs and of the outputs (`.bin`, `.docs.npy`, `.mask.bin`, `.json` and
-its invariants): docs/data-contract.md ("Mix", "Packed rows"). C = seq_len + 1 tokens per row.
+Two modes (the mix's ``packing``): `pack_concat` (the spans concatenated and cut into rows, no padding,
+no loss mask) and `pack_bestfit` (whole documents best-fit-decreasing into rows, long ones split, padded
+with ``<|bos|>`` masked out of the loss). `pack` runs the stage. Formats: docs/data-contract.md ("Mix",
+"Packed rows").
 
-Packing modes (the mix's `packing`):
-
-- `concat`: the scheduled spans are concatenated in schedule order and cut into rows of C tokens,
-  no padding. Consecutive rows do not overlap, so the first token of each row is an input but
-  never a target (the standard GPT/nanochat layout): a row of C tokens trains C - 1 targets. The
-  final partial row is dropped and counted in `dropped_tail_tokens`. No loss mask.
-- `bestfit` (conversational data): best-fit-decreasing bin packing of whole documents into rows
-  of C tokens: documents are taken longest first, each into the open row with the least room that
-  still fits it, or a new row. A document longer than C is split (not truncated) into full rows
-  of C tokens plus a remainder that is packed like any document, so no token is lost and
-  `truncated_tokens` is always 0; such documents (e.g. conversations longer than seq_len, whose
-  later turns then train without the earlier ones in context) are counted in `split_docs`.
-  Leftover room is padded with `pad_id` = the `<|bos|>` id, masked out of the loss (mask 0), and
-  counted in `pad_tokens`.
+The two modes in detail: docs/data-stages.md, "Pack".
 """
 from __future__ import annotations
 
@@ -247,7 +235,7 @@ def pack_bestfit(shards, spans: Spans, row_len: int, dtype, pad_id: int, writer:
 # ----------------------------------------------------------------------------- stage
 
 def pack(params: dict, mix: str, split: str, schedule_path, tokens_dir, out_json, rows_per_chunk: int = 4096) -> dict:
-    """Pack one mix split; writes the files in the module docstring and returns the metadata."""
+    """Pack one mix split; writes the files in docs/data-stages.md, "Pack" and returns the metadata."""
     if mix not in params["mixes"]:
         raise PipelineError(f"mix '{mix}' is not in params.mixes ({', '.join(params['mixes'])})")
     packing = params["mixes"][mix].get("packing", "concat")

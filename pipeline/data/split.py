@@ -1,33 +1,14 @@
-"""Split stage: train / val / dup / contam per document, decided per duplicate cluster so no cluster leaks.
+r"""Split stage: train / val / dup / contam per document, decided per duplicate cluster so no cluster leaks.
 
-    python -m pipeline.data.split --params JSON --keep R/dedup/keep/*/*.parquet --tokens R/tokens/*/*.json \\
+    python -m pipeline.data.split --params JSON --keep R/dedup/keep/*/*.parquet --tokens R/tokens/*/*.json \
         [--decontam R/decontam/*/*.parquet] --outdir R/split --report R/split/report.json
 
-Inputs: every shard's dedup keep list (`doc`, `cluster`, `keep`), tokenized-shard metadata (the
-`.idx.npy` offsets beside each `.json` give each document's span, delimiters included) and, when
-given, the decontaminate stage's flags (`doc`, `contaminated`). Source and shard names come from the
-paths (`.../{source}/{shard}.parquet`, `.../{source}/{shard}.json`).
+Every document dedup removed is ``dup``, a flagged keeper ``contam``; every other cluster's keeper is
+``train`` or ``val`` by ``method: hash`` (`assign_by_hash`: a seeded ranking per source) or ``shards``
+(`assign_by_shards`), and `leak_check` fails the stage when a cluster sits on both sides.
+`run_split` is the stage; it writes ``R/split/{source}/{shard}.parquet`` and the report.
 
-Every document that dedup removed is `dup`; a kept document that shares an n-gram with a benchmark
-item is `contam` (removed from train and val alike; its cluster's other members are dups). Each other
-cluster's keeper is `train` or `val`, so a cluster is entirely on one side (the report's leak check
-counts clusters whose kept members sit on both sides and the stage fails unless it is 0). The side of a keeper:
-
-- `method: hash`: per source (the keeper's source), keepers are ranked by a seeded hash of their
-  shard name and index in the shard (`rank_by_hash`: adding shards or sources keeps the relative
-  order of the other documents, so val changes only by what the new documents displace); val is
-  the prefix of that ranking whose token total is closest to the target
-  `min(val_tokens, source kept tokens // 2)` (at least one document), never exceeding half the source's kept tokens (so
-  every source keeps at least half of its tokens for training; a source whose every document is
-  longer than that half gets no val documents, with a warning). The rest is train.
-- `method: shards`: the keeper of every cluster that has a member (kept or removed) in a shard of
-  `val_shards` is val, even when the keeper itself lies in another shard, so held-out shards never
-  share a duplicate with train; all other keepers are train. Sources without listed shards have no
-  val documents.
-
-Outputs: `R/split/{source}/{shard}.parquet` with `doc`, `cluster`, `tokens`, `split` for every
-tokenized document (`split` one of train, val, dup, contam), and the report: documents and tokens per
-source per split, the val target per source, and the leak check.
+The inputs and how each method picks val: docs/data-stages.md, "Split".
 """
 from __future__ import annotations
 

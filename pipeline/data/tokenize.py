@@ -1,22 +1,14 @@
-"""Tokenize stage: each raw shard of a group -> a flat token file, document offsets, (chat) loss
+r"""Tokenize stage: each raw shard of a group -> a flat token file, document offsets, (chat) loss
 mask and metadata, with exactly one delimiter policy (`Tokenizer.delimit`).
 
-    python -m pipeline.data.tokenize --params JSON --tokenizer T --source S --inputs D/S/{shard}.parquet ... \\
+    python -m pipeline.data.tokenize --params JSON --tokenizer T --source S --inputs D/S/{shard}.parquet ... \
         --outputs R/tokens/S/{shard}.json ... [--manifest M]
 
-Formats: docs/data-contract.md ("Tokenized shard"). Rows are read with
-`pipeline.data.contract.iter_documents`, the reader tokenizer training, dedup and decontamination
-use, so every stage agrees on which rows are documents. `delimit` is applied to a whole batch at
-once: the ids it adds before / after a document are read off `delimit` once and inserted with numpy,
-so the per-token work stays in C. The shard is streamed in batches of `count.batch_size` rows and
-the token file is written batch by batch.
+`tokenize_shard` streams a shard in batches (`encode_docs`, `delimit_into`, `write_batch`) and tallies the
+exact per-shard counts (`tally_counts`) from the same pass. Formats: docs/data-contract.md ("Tokenized
+shard").
 
-Counts. The metadata's `counts` (`contract.COUNT_FIELDS`: rows, empty / invalid / null-content /
-no-assistant rows, document tokens before any drop, delimiters, bytes, characters, short and long
-documents and their tokens) are tallied from the same pass, off each batch as read and encoded, before
-the short and long documents are dropped: the run's exact count table (`pipeline.data.count`) joins
-them, so no document is tokenized a second time to be counted, and the accounting balances them
-against what this job kept and dropped.
+How rows are read, the batch-wise delimiting and the counts: docs/data-stages.md, "Tokenize".
 """
 from __future__ import annotations
 
@@ -85,7 +77,7 @@ def encode_docs(tok: Tokenizer, batch: DocBatch, chat: bool, num_threads: int, p
 
 
 def tally_counts(counts: dict, batch: DocBatch, lengths: list[int], min_chars: int, cap: float) -> None:
-    """Add one batch to a shard's `counts` (module docstring): `lengths` are the tokens of each of the
+    """Add one batch to a shard's `counts` (docs/data-stages.md, "Tokenize"): `lengths` are the tokens of each of the
     batch's documents, before any is dropped. Delimiters are added once the shard is done
     (`finish_counts`): every document the reader passes on, short and long ones included, has them."""
     counts["documents"] += batch.n_rows
@@ -182,7 +174,7 @@ def tokenize_shard(
     params: dict,
     num_threads: int = 1,
 ) -> dict:
-    """Tokenize one raw shard into the files described in the module docstring; returns the metadata."""
+    """Tokenize one raw shard into the files described in docs/data-stages.md, "Tokenize"; returns the metadata."""
     if source not in params["sources"]:
         raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(params['sources'])})")
     src = params["sources"][source]

@@ -4,26 +4,12 @@
     python -m pipeline.evaluation.chat --ckpt R/train/sft/final.pt --prompt "Hi"   # one answer, then exit
     python -m pipeline.evaluation.chat --ckpt R/export/hf                         # an exported directory
 
-The conversation is rendered with the run's chat template (``Tokenizer.render_prompt``,
-pipeline/data/encoding.py: the layout the SFT data was tokenized with, ending in
-``<|assistant_start|>``) and answered by the KV-cache engine (pipeline/model/engine.py). An answer
-ends at ``<|assistant_end|>``; also at a
-token that cannot occur inside an answer (``<|bos|>``, ``<|eos|>``, ``<|user_start|>``,
-``<|assistant_start|>``: a model that starts the user's turn has finished its own), after
-``--max-new-tokens``, or when the context (``train.seq_len``) is full.
+`ChatSession` renders the conversation with the run's chat template and answers with the KV-cache engine
+(pipeline/model/engine.py), dropping the oldest turns when the context is full; `answer_questions` is the
+evaluate stage's one-shot use. Commands: ``/clear``, ``/history``, ``/quit``.
 
-Interactive mode keeps the history: every turn is rendered with all earlier turns. When history +
-``--max-new-tokens`` no longer fit the context, the oldest turns are dropped (a user message with
-its answer, oldest first) until it fits; a single message that does not fit is refused with a
-message and not added. Commands: ``/clear`` (forget the history), ``/history`` (print the rendered
-conversation as the model sees it), ``/quit`` (or Ctrl-D).
-
-The tokenizer defaults to ``R/tokenizer/encoding.json`` of the run the checkpoint belongs to (the
-first ``tokenizer/encoding.json`` found in a parent directory of the checkpoint); ``--tokenizer``
-overrides it. ``--ckpt`` may also be a Hugging Face directory written by the export
-(``R/export/hf``, or a copy of it): it is read as ``--from-hf`` imports it, and its tokenizer must
-be the one named in its ``tokenfarm.json`` (a copy outside the run needs ``--tokenizer``).
-Sampling: ``--temperature`` (0 = greedy), ``--top-k``, ``--seed`` (same seed, same answers).
+When an answer ends, the history, the tokenizer lookup and sampling: docs/evaluation.md, "Chat in the
+terminal".
 """
 from __future__ import annotations
 
@@ -48,7 +34,7 @@ COMMANDS = ("/clear", "/history", "/quit")
 
 
 def find_tokenizer(ckpt_path: str | Path) -> Path:
-    """The run's encoding.json next to the checkpoint's run directory (module docstring)."""
+    """The run's encoding.json next to the checkpoint's run directory (docs/evaluation.md, "Chat in the terminal")."""
     for parent in Path(ckpt_path).resolve().parents:
         candidate = Path(RunLayout.at(parent).tokenizer())
         if candidate.exists():
@@ -70,7 +56,7 @@ def check_exported_tokenizer(ckpt_path: str | Path, tokenizer) -> None:
 
 
 def stop_ids(tokenizer) -> list[int]:
-    """Tokens that end an answer (module docstring)."""
+    """Tokens that end an answer (docs/evaluation.md, "Chat in the terminal")."""
     names = (ASSISTANT_END, BOS, EOS, USER_START, ASSISTANT_START)
     return [tokenizer.special[t] for t in names if t in tokenizer.special]
 
@@ -90,7 +76,7 @@ class ChatSession:
         self.history: list[dict] = []
 
     def fit(self, messages: list[dict]) -> tuple[list[dict], list[int]]:
-        """Drop the oldest turns until the prompt leaves room for the answer (module docstring)."""
+        """Drop the oldest turns until the prompt leaves room for the answer (docs/evaluation.md)."""
         while True:
             ids = self.tokenizer.render_prompt(messages)
             if len(ids) + self.max_new_tokens <= self.context or len(messages) == 1:

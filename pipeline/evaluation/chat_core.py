@@ -1,50 +1,15 @@
 """ChatCORE: a chat model judged as nanochat judges it, on the chat task files of the eval_data stage.
 
-Every item is asked as one user turn of the run's chat template (``Tokenizer.render_prompt``: the
-conversation rendered, ending in ``<|assistant_start|>``), and answered in one of two ways:
+Every item is one user turn of the run's chat template. Categorical tasks (ARC-Easy, ARC-Challenge,
+MMLU) are answered by the arg-max letter logit after one forward pass; generative ones (GSM8K, HumanEval)
+by greedy decoding on the KV-cache engine, GSM8K read as lm-eval reads it, HumanEval run in the sandbox.
 
-* **categorical** (ARC-Easy, ARC-Challenge, MMLU): the user turn is ``mc_question`` (the question, one
-  line ``- choice=L`` per choice lettered A, B, …, then "Respond only with the letter of the correct
-  answer."); one forward pass over the prompt; at the answer position (the last prompt token,
-  ``<|assistant_start|>``) the logits of the item's letter tokens (``tokenizer.encode(L)``, one id each)
-  are compared and the arg-max letter is the answer (ties: the first). Random baseline 1 / choices
-  (0.25 as nanochat for these 4-choice tasks).
-* **generative** (GSM8K, HumanEval): greedy decoding on the KV-cache engine (pipeline/model/engine.py),
-  prompts batched (``GEN_BATCH`` at a time, sorted by length), each row stopping at
-  ``<|assistant_end|>`` (or another token that ends a turn, `chat.stop_ids`), after
-  ``eval.chat_max_new_tokens`` tokens or at the model's context. Baseline 0.
-  GSM8K: the user turn is the question; the answer's number is read as lm-eval's gsm8k task reads
-  it (the first ``#### n`` if there is one — its strict match —, else the last number-like run — its
-  flexible extract —, then its exact-match normalisation) and must equal the task's final answer
-  (`final_number`; per-item parity with lm-eval's filters is tested).
-  HumanEval: the user turn is the task's prompt (signature + docstring); the code is the first
-  fenced block of the answer (``` or ```python) or else the whole answer; the program is prompt +
-  code + the task's tests + ``check(entry_point)`` — a body completes the prompt's function, a whole
-  ``def`` redefines it — run in the sandbox
-  (pipeline/evaluation/sandbox.py); correct iff it runs to its end within the limits (exit status 0
-  and the harness's token after ``check`` returned: exiting early, ``os._exit(0)`` or ``atexit`` does
-  not pass). Where the sandbox cannot isolate generated code, evaluating a HumanEval task is refused
-  before any generation (``check_isolation``).
+- `evaluate_chat(model, tokenizer, tasks, ...)`: per-task accuracy, centered accuracy and
+  ``chat_core_<n>`` (what the evaluate stage and the trainer's in-loop ChatCORE call);
+- `markdown_table`, `chat_record`; `mc_question`, `final_number`, `completion_code` (the parts).
+- ``python -m pipeline.evaluation.chat_core``: a generation benchmark on CPU (`bench_generation`).
 
-Fit. An item whose prompt does not fit the model's context (categorical: ``max_seq_len`` tokens;
-generative: room for at least one new token) is not scored and counted as ``too_long``; a task none of
-whose items fit is reported without accuracy and left out of the mean. No prompt is truncated.
-
-Parity (tests/evaluation/test_chat_parity.py). lm-eval on the Hugging Face export, with the local
-tasks `lmeval_harness.chat_lmeval_task` writes from the same items and the same rendered prompt,
-agrees per item: ARC/MMLU as multiple choice over the one-token continuations "A", "B", … (its highest
-log-likelihood is the highest letter logit), GSM8K as its own gsm8k task (strict-match /
-flexible-extract, exact_match) generating greedily until our stop tokens: the same text as the engine's
-answer (specials dropped, as its decode does) and the same correctness. HumanEval is not compared.
-
-Score. Per task accuracy and centered accuracy ``(acc − base) / (1 − base)``; ``chat_core_<n>`` is the
-mean centered accuracy over the n scored tasks. Items are sharded across ranks like CORE's (item i on
-rank i mod world) and gathered; every rank returns the same table.
-
-Contamination. The decontaminate stage matches training documents against the task files of
-`eval.tasks` only, never against these (ARC, MMLU, GSM8K, HumanEval), so the evaluate stage passes no
-`seen`: every task's ``contaminated`` and clean scores are None and the table says "not checked" (the
-fields are CORE's, `core.evaluate_tasks`, from `stats.clean_scores`).
+Answers, fit, parity with lm-eval, score and contamination: docs/evaluation.md, "ChatCORE".
 """
 from __future__ import annotations
 
@@ -210,11 +175,11 @@ def evaluate_chat(model, tokenizer, tasks: dict[str, dict], *, max_items: int | 
                   batch_tokens: int, dist: Dist | None = None, sandbox: SandboxLimits | None = None,
                   seen: dict[str, set] | None = None) -> dict:
     """Score the first `max_items` items (all when None) of every chat task on this rank's share, gather,
-    and return the table (module docstring; `seen` as `core.evaluate_tasks`'). With a distributed `dist`
-    it is a collective. ``item_log`` lists every item, task by task in item order, as ``{"task", "index",
-    "id", "gold", "pick", "correct", "contaminated"}`` (pick: categorical, the letter; generative, the
-    answer's text; None when too long, with correct None; HumanEval adds the sandbox's ``status``) — the
-    per-item log, and what the lm-eval parity test compares."""
+    and return the table (docs/evaluation.md, "ChatCORE"; `seen` as `core_benchmark.evaluate_tasks`').
+    With a distributed `dist` it is a collective. ``item_log`` lists every item, task by task in item order,
+    as ``{"task", "index", "id", "gold", "pick", "correct", "contaminated"}`` (pick: categorical, the letter;
+    generative, the answer's text; None when too long, with correct None; HumanEval adds the sandbox's
+    ``status``) — the per-item log, and what the lm-eval parity test compares."""
     if any(t["kind"] == "humaneval" for t in tasks.values()):
         check_isolation()  # refused here, not after the generation
     device, dtype, max_len, rank, world, was_training = begin_scoring(model, dist)

@@ -3,16 +3,12 @@
     python -m pipeline.evaluation.compare A B [--json]
 
 A and B are each an evaluation report (``R/eval/<stage>/report.json``), a stage's evaluation directory
-(``R/eval/<stage>``), or a run directory (``R``: its last training stage, by ``R/eval/stages.json``).
-For CORE and ChatCORE, where both reports have them, it prints per task and for the aggregate (``core_<n>``,
-``chat_core_<n>``) A, B, B − A and the 95 % paired bootstrap interval of the difference over the same items
-(pipeline/evaluation/stats.py), and flags (``*``) the differences whose interval excludes 0.
+(``R/eval/<stage>``), or a run directory (``R``: its last training stage). For CORE and ChatCORE it prints
+per task and for the aggregate A, B, B − A and the 95 % paired bootstrap interval of the difference
+(pipeline/evaluation/stats.py), flagging (``*``) the differences whose interval excludes 0.
+`compare_reports(path_a, path_b)` is the library entry (the stages report uses it).
 
-Two tables are compared only when they measure the same thing: the same tasks in the same order, the same
-shots per task, the same random baselines (and baseline table, `baselines`), and the same scored items (ids,
-read from the per-item logs ``core_items.jsonl`` / ``chat_core_items.jsonl`` beside each report). Otherwise
-it stops, naming the task and what differs (one ``tokenfarm:`` line). The stages report
-(pipeline/evaluation/stages_report.py) compares each stage with the one before it this way.
+When two tables are comparable: docs/evaluation.md, "Comparing two evaluations".
 """
 from __future__ import annotations
 
@@ -31,7 +27,7 @@ KINDS = ("core", "chat_core")
 
 
 def resolve(path: str | Path) -> Path:
-    """The report.json a command-line argument names (module docstring)."""
+    """The report.json a command-line argument names (docs/evaluation.md, "Comparing two evaluations")."""
     p = Path(path)
     if p.is_file():
         return p

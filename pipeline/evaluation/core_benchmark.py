@@ -1,78 +1,17 @@
-"""CORE-style in-context evaluation: pure functions that render, tokenize and score benchmark items, and
+r"""CORE-style in-context evaluation: pure functions that render, tokenize and score benchmark items, and
 a thin CLI.
 
-    [torchrun --nproc_per_node N] python -m pipeline.evaluation.core_benchmark --params JSON --ckpt R/train/final.pt \\
-        --tokenizer R/tokenizer/encoding.json --tasks-dir R/eval_data --out R/eval/core.json
+    [torchrun --nproc_per_node N] python -m pipeline.evaluation.core_benchmark --params JSON \
+        --ckpt R/train/final.pt --tokenizer R/tokenizer/encoding.json --tasks-dir R/eval_data --out R/eval/core.json
 
-Params: the evaluate stage's (schema keys): `eval` (tasks, core_shots, core_max_items, core_batch_tokens),
-`seed`, and the `model`, `train` and `hardware` sections (the default batch is sized from them).
+- `evaluate_tasks(model, tokenizer, tasks, ...)`: the library entry (evaluate and the trainer's in-loop
+  CORE call it): per-task accuracy, centered accuracy and ``core_<n>``, with 95 % intervals and the
+  clean subset; `markdown_table`, `core_record`, `plot_core` present it;
+- `item_requests`, `encode_pair`, `task_shots`, `score_requests`: prompt, boundary tokenization, the shots
+  that fit the context, scoring by mean per-token loss.
 
-Prompt. For an item with k shots: k examples drawn from the task's few-shot pool by an RNG seeded with
-(seed, task, item id) — the pool is disjoint from the scored items, so an item never sees itself — each
-rendered as its gold context + gold continuation, joined and followed by "\\n\\n", then the item's
-context. Every prompt starts with BOS, as every training document does.
-
-Requests. multiple_choice: one (prompt + context, continuation_i) per choice; schema: one
-(prompt + context_i, continuation) per choice; language_modeling: one (prompt + context, continuation).
-
-Tokenization at the boundary (as lm-eval's `_encode_pair`): trailing whitespace of the context moves to
-the front of the continuation; the whole string context + continuation is encoded once and split at the
-length of the encoded context, so a BPE merge across the boundary stays in the continuation and the
-request's ids are exactly the ids of the whole string.
-
-Shots that fit (issue 20). The model sees at most `max_seq_len` + 1 ids per request (the last is only a
-target). Per item, the most shots j <= k_max (the task's shots, or eval.core_shots) with which every one
-of its requests fits is found (binary search; fewer shots are the first ones of the same seeded draw).
-The task's k is the largest k <= k_max such that at least FIT_FRACTION (90 %) of its scored items fit
-with k shots; an item that does not fit with k takes its own j < k shots (`fewer_shots`), and an item
-that does not fit even alone is not scored (`too_long`): no item text is ever truncated. A task none of
-whose items fit is reported with no accuracy and left out of the mean (`core_<n>` counts the scored
-tasks). On a 2048-token context the standard shots fit for every task but BoolQ and SQuAD (measured
-with `benchmarks/core_shots.py`, BENCHMARKS.md: with a stock 100k or 200k vocabulary, an estimate for
-the presets' own tokenizers, BoolQ keeps 10 and SQuAD takes 7; with the tiny 4096-token one 7 and 4);
-on the tiny default (256) the table shows the k used per task. (`score_requests` still left-truncates a
-request given to it that is too long, counted in `truncated`; the suite never gives it one.)
-
-Scoring. Per request: the sum and count of the continuation tokens' log-probabilities (fp32 log-softmax
-over the whole vocabulary) and whether each continuation token is the argmax at its position.
-multiple_choice and schema items are correct when the gold choice has the lowest mean per-token loss
-(DCLM/nanochat; lm-eval's `acc` uses the summed log-likelihood and `acc_norm` divides it by the
-continuation's bytes, so accuracies can differ by definition while per-request log-likelihoods agree);
-language_modeling items are correct when the greedy decode reproduces the continuation exactly
-(every continuation token is the argmax given the true prefix, which is the same thing).
-
-Score. accuracy per task; centered accuracy = (acc - b) / (1 - b) with b the task's random baseline
-(pipeline/data/tasks.py); `core_<n>` = mean centered accuracy over the n scored tasks. The result records
-`baselines`, the version of the baseline table (tasks.BASELINES), and the markdown table the task list
-and that version, so that two scores say whether they are comparable.
-
-Precision. On CUDA the body runs under bf16 autocast whatever the training precision (`scoring_dtype`:
-fp32 attention with GQA has only the math SDPA kernel there, which materialises the [rows, heads, W, W]
-scores — ~69 GB for a 131K-token batch at W ≈ 2048); the LM head, log-sum-exp and log-probabilities
-are fp32. On CPU everything is fp32, unless the model's weights are not (`body_dtype`: inside training
-under FSDP the blocks are gathered in the training's bf16, and the body then runs under bf16 autocast).
-
-Batching and sharding. Items are sharded across ranks (item i on rank i mod world); a rank's requests
-are sorted by length and packed into batches of at most `core_batch_tokens` padded tokens (by tokens,
-not items, so memory is bounded whatever the prompt lengths; null = the most that fits beside the
-training state, `pipeline.planning.memory.eval_batch_tokens`, whose `eval_memory` the plan shows); right padding
-is safe under the causal mask. Only continuation positions go through the LM head, `ce_chunk_tokens`
-of them at a time, so no [batch, seq, vocab] tensor is formed.
-Per-item results are gathered to every rank, which all compute the same table; rank 0 writes it.
-
-Error bars and the per-item log. Every task's accuracy, centered accuracy and ``core_<n>`` carry a 95 %
-bootstrap interval over the items (`accuracy_ci`, `centered_ci`, `score_ci`; pipeline/evaluation/stats.py).
-``item_log`` lists every scored item in task and item order: ``{"task", "index", "id", "shots", "gold",
-"pick" (the chosen choice; null for language_modeling), "scores" (mean log-probability per token of each
-request), "correct", "contaminated"}`` — written as ``core_items.jsonl`` beside the report
-(pipeline/evaluation/compare.py pairs two of them item by item).
-
-Clean subset. Given `seen` (per task the ids of the items that a training document of the run shared a
-decontamination n-gram with, removed by the split or not: the decontamination report's
-``contaminated_items``), every task adds ``contaminated`` (its scored items seen), ``clean_items``,
-``clean_accuracy``, ``clean_centered`` and their intervals, and the result ``clean_score`` (with
-``clean_score_ci``), all by `stats.clean_scores`; an item's ``contaminated`` is true or false. A task
-`seen` does not name was not checked: None everywhere (never counted as clean).
+Prompt, shots that fit, scoring, precision, batching, error bars and the clean subset: docs/evaluation.md,
+"CORE-style in-context evaluation".
 """
 from __future__ import annotations
 
@@ -144,7 +83,7 @@ def split_boundary(context: str, continuation: str) -> tuple[str, str]:
 
 def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """(context ids with BOS first, continuation ids): the whole string encoded once and split at the
-    encoded context's length (module docstring)."""
+    encoded context's length (docs/evaluation.md, "CORE-style in-context evaluation")."""
     context, continuation = split_boundary(context, continuation)
     whole = tokenizer.encode(context + continuation)
     n_ctx = len(tokenizer.encode(context))
@@ -209,8 +148,8 @@ def truncate(ctx: list[int], cont: list[int], max_len: int) -> tuple[list[int], 
 
 def scoring_dtype(device: torch.device) -> torch.dtype | None:
     """The body's autocast dtype when scoring: bf16 on CUDA, whatever the training precision (fp32
-    SDPA with GQA has only the math kernel there, whose [rows, heads, W, W] fp32 scores and softmax
-    are ~69 GB at 131K tokens of W ≈ 2048; bf16 runs flash attention). None (fp32) on CPU."""
+    SDPA with GQA has only the math kernel there, which materialises the [rows, heads, W, W] fp32 scores
+    and softmax: docs/evaluation.md, CORE, "Precision"; bf16 runs flash attention). None (fp32) on CPU."""
     return torch.bfloat16 if device.type == "cuda" else None
 
 
@@ -312,7 +251,7 @@ def evaluate_tasks(model, tokenizer, tasks: dict[str, dict], *, seed: int, batch
                    head_chunk: int = 8192, seen: dict[str, set] | None = None) -> dict:
     """Score the first `max_items` items (all when None) of every task on this rank's share, gather,
     and return the table: per task accuracy, centered accuracy, items, truncated requests, the clean
-    subset's scores given `seen` (module docstring); and `core_<n>`. The body runs at `body_dtype` (bf16
+    subset's scores given `seen` (docs/evaluation.md); and `core_<n>`. The body runs at `body_dtype` (bf16
     autocast on CUDA or with bf16 weights). With a distributed `dist` it is a collective: every rank must
     call it."""
     device, dtype, max_len, rank, world, was_training = begin_scoring(model, dist)

@@ -1,43 +1,16 @@
-"""Evaluate stage: validation loss, bits per byte, a unigram baseline, CORE-style benchmarks, generations, curves.
+r"""Evaluate stage: validation loss, bits per byte, a unigram baseline, CORE-style benchmarks, generations, curves.
 
-    python -m pipeline.evaluation.evaluate --params JSON --ckpt R/train/S/final.pt --val R/pack/M/val.json \\
-        --train R/pack/M/train.json --tokenizer R/tokenizer/encoding.json \\
-        --metrics R/train/S/metrics.jsonl --outdir R/eval/S [--eval-data R/eval_data] \\
+    python -m pipeline.evaluation.evaluate --params JSON --ckpt R/train/S/final.pt --val R/pack/M/val.json \
+        --train R/pack/M/train.json --tokenizer R/tokenizer/encoding.json \
+        --metrics R/train/S/metrics.jsonl --outdir R/eval/S [--eval-data R/eval_data] \
         [--decontam R/decontam/report.json] [--batch-rows 8]
 
-Definitions (every counted target token of every validation row; a bestfit pack's loss mask
-decides what is counted, exactly as in training):
+`evaluate(...)` is the library entry; it writes ``report.json``, ``report.md``, ``loss.png`` and, with
+``--eval-data``, ``core.png`` (atomically). A chat stage adds the assistant-only loss, answers to
+``eval.chat_questions`` and the ChatCORE table.
 
-* ``val_loss``: mean fp32 cross-entropy in nats per target token, the whole model in fp32 (no
-  autocast), chunked CE (pipeline/model/losses.py), over ALL validation rows (also the partial batch).
-* ``val_bpb``: bits per byte = (Σ nats / ln 2) / (Σ UTF-8 bytes of the target tokens). A token's
-  bytes are ``Encoding.decode_single_token_bytes(id)`` of the tokenizer's tiktoken encoding;
-  special tokens (BOS, EOS, chat markers) count 0 bytes — they are not text — but their loss counts
-  in the numerator, so bpb charges the model for predicting document boundaries.
-* ``unigram_baseline``: the baseline a model must beat — the cross-entropy of the validation targets
-  under the *train* split's target-token frequencies with add-one smoothing,
-  ``p(t) = (count_train(t) + 1) / (N_train + V)`` with V = the tokenizer's n_vocab;
-  ``unigram_baseline_bpb`` is the same in bits per byte. ``beats_unigram`` = val_loss < unigram_baseline.
-* ``core``: with ``--eval-data``, the CORE-style suite of pipeline/evaluation/core_benchmark.py on the first
-  ``eval.core_max_items`` items of every ``eval.tasks`` task (all when null): per-task accuracy and
-  centered accuracy, ``core_<n>``, truncated requests, items per second. With ``--decontam`` (the
-  decontamination report of the run) each task also counts its ``contaminated`` items (those a training
-  document shared an n-gram with, whether or not the split removed it) and scores the clean rest
-  (``clean_accuracy``, ``clean_centered``, intervals; ``clean_score``); without it, and always for
-  ChatCORE (the decontaminate stage covers ``eval.tasks`` only), they are "not checked" (None).
-* generations: each prompt of ``eval.prompts`` (BOS first) continued for ``eval.max_new_tokens``
-  tokens at ``eval.temperature`` (0 = greedy; otherwise sampled with a generator seeded by `seed`).
-* per training stage (``--params`` from the rule are the stage's view, pipeline/planning/stages.py): the
-  loss mask is the stage's (``all`` / ``assistant``) and attention is document-masked when the stage
-  trains that way. A chat stage (mix with a chat source, bestfit) adds ``chat_val_loss`` (assistant
-  tokens of the held-out conversations only) and ``answers`` to ``eval.chat_questions``
-  (`chat_evaluation`) and, with ``--eval-data``, ``chat_core``: the ChatCORE table on
-  ``eval.chat_tasks`` (pipeline/evaluation/chat_core.py; the first ``eval.chat_max_items`` items each).
-
-Outputs (atomic): ``report.json`` (the numbers, the generations, the training summary, `meta`),
-``report.md`` (the same for humans; the `evaluate` rule marks it for `snakemake --report`) and
-``loss.png`` (train loss per step and validation loss from metrics.jsonl, with the unigram baseline)
-and, with ``--eval-data``, ``core.png`` (the in-training CORE subsets from metrics.jsonl and the final score).
+The definitions (val_loss, val_bpb, the unigram baseline, CORE, generations, per-stage masks):
+docs/evaluation.md, "The evaluate stage".
 """
 from __future__ import annotations
 
@@ -311,7 +284,7 @@ def read_seen(path: str | Path, tasks: list[str]) -> dict[str, set]:
 def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, tokenizer_path: str, metrics_path: str,
              outdir: str, batch_rows: int = BATCH_ROWS, eval_data: str | None = None,
              decontam: str | None = None) -> dict:
-    """Compute the report (module docstring) and write report.json, report.md and loss.png."""
+    """Compute the report (docs/evaluation.md, "The evaluate stage") and write report.json, report.md and loss.png."""
     view = run_config(params)
     outdir = Path(outdir)
     want_cuda = view.hardware.device == "cuda" and torch.cuda.is_available()

@@ -1,45 +1,15 @@
-"""Export a trained checkpoint as a Hugging Face ``transformers`` Llama directory, and import one back.
+r"""Export a trained checkpoint as a Hugging Face ``transformers`` Llama directory, and import one back.
 
-    python -m pipeline.evaluation.export --ckpt R/train/{stage}/final.pt --tokenizer R/tokenizer/encoding.json \\
+    python -m pipeline.evaluation.export --ckpt R/train/{stage}/final.pt --tokenizer R/tokenizer/encoding.json \
         --out R/export/hf [--params JSON | --configfile FILE] [--force]
     python -m pipeline.evaluation.export --from-hf DIR --out CKPT.pt [--params JSON | --configfile FILE] [--force]
 
-The directory (files listed in docs/data-contract.md, "Hugging Face export") loads offline with
-``LlamaForCausalLM.from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)``, and so with
-``lm-eval --model hf --model_args pretrained=DIR``. Why it computes the same function as our model
-(held by tests/evaluation/test_export.py to 1e-4 in fp32):
+The directory (docs/data-contract.md, "Hugging Face export") loads offline with
+``LlamaForCausalLM.from_pretrained(DIR)`` / ``AutoTokenizer.from_pretrained(DIR)`` and so with lm-eval.
+`export(...)` writes it, `import_hf(...)` reads one back (exact for our own exports).
 
-* **Weights**: our parameter names map to transformers' by the plain renames of ``NAME_MAP``: both
-  models apply RoPE in the half-split ("rotate half") layout, so q/k need no permutation. The
-  tensors are assigned to a ``LlamaForCausalLM`` built on the meta device (no copy) and written by
-  its ``save_pretrained(max_shard_size=...)``; a tied model stores only the embedding
-  (``tie_word_embeddings``).
-* **config.json** is ``LlamaConfig(**hf_config(...))``: ``rms_norm_eps`` is explicit
-  (transformers' Llama default is 1e-6, ours 1e-5: the difference moves logits far beyond the
-  tolerance), ``head_dim`` too, and the RoPE base in ``rope_parameters``.
-  ``max_position_embeddings`` is the trained ``train.seq_len``.
-* **Tokenizer**: transformers' tiktoken converter (``TikTokenConverter``) turns the ranks into a
-  byte-level BPE: every split of a token into two tokens is a merge, ordered by the token's rank,
-  and ``ignore_merges`` makes a whole pre-token that is in the vocabulary one token — exactly
-  tiktoken's algorithm. The split regex is the same (a ``Split`` pre-tokenizer; possessive
-  intervals rewritten for Oniguruma, ``onig_pattern``). Our special tokens are added special tokens
-  at their ids. The post-processor puts ``<|bos|>`` first, the prompt convention of training
-  (``pipeline.model.engine.prompt_ids``: every document starts with ``<|bos|>``, so a prompt does).
-  ``PreTrainedTokenizerFast(...).save_pretrained`` writes it with the Jinja chat template of
-  ``Tokenizer.render_chat`` (``pipeline.data.encoding.chat_template``). One difference is by design:
-  a literal ``<|bos|>`` in text is ordinary text for us but the special token for transformers.
-  ``export`` loads the written tokenizer with ``AutoTokenizer`` and checks it against ours on probe
-  texts before the directory is renamed into place.
-
-Refused, with one error naming the cause: a checkpoint whose config differs from the tokenizer's
-run or from the given ``--params``/``--configfile``, a target that exists (unless ``--force``), and
-a model feature transformers' Llama cannot express (an unknown ``model.*`` key that is switched on,
-or a parameter ``NAME_MAP`` does not cover). The directory is written in a temporary sibling and
-renamed into place, so it exists complete or not at all.
-
-``--from-hf`` reads such a directory (ours or any compatible Llama) back into our checkpoint
-format (``{"model", "params", "plan", "summary", "versions"}`` as ``final.pt``, fp32), exact for
-our own exports: the same tensors bit for bit and, from ``tokenfarm.json``, the same params.
+Why it computes the same function as our model (weights, config.json, tokenizer) and what is refused:
+docs/evaluation.md, "Hugging Face export".
 """
 from __future__ import annotations
 
@@ -268,7 +238,7 @@ def _claim(out: Path, force: bool) -> None:
 def export(ckpt_path: str | os.PathLike, tokenizer_path: str | os.PathLike, out: str | os.PathLike,
            config_params: dict | None = None, force: bool = False, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Write the checkpoint `ckpt_path` (final.pt format) and its tokenizer as a transformers Llama
-    directory `out` (module docstring). `config_params`: the `export` slice of the config the
+    directory `out` (docs/evaluation.md, "Hugging Face export"). `config_params`: the `export` slice of the config the
     checkpoint must come from (None: not checked against a config)."""
 
     out = Path(out)

@@ -1,36 +1,16 @@
 """EleutherAI lm-eval on local task files, offline: the harness the export tests and benchmark scorers share.
 
-    tasks = [LocalTask("tf_cloze", "loglikelihood", docs=[{"context": ..., "continuation": ...}, ...]),
-             LocalTask("tf_choice", "multiple_choice", docs=[{"context": ..., "choices": [...], "gold": 0}, ...]),
-             LocalTask("tf_gen", "generate_until", docs=[{"context": ..., "target": ...}, ...],
-                       extra={"generation_kwargs": {"until": [...], "max_gen_toks": 64}})]
-    task_dir = write_tasks(workdir / "tasks", tasks)        # NAME.yaml + NAME.jsonl, absolute data_files paths
+    tasks = [LocalTask("tf_cloze", "loglikelihood", docs=[{"context": ..., "continuation": ...}, ...])]
+    task_dir = write_tasks(workdir / "tasks", tasks)        # NAME.yaml + NAME.jsonl
     out = run_lmeval(model_dir, task_dir, [t.name for t in tasks], workdir / "lmeval.json")
-    out["results"][name]    lm-eval's metrics (acc, perplexity, exact_match, ...)
-    out["requests"][name]   one record per loglikelihood request: doc_id, context, continuation, loglikelihood,
-                            is_greedy (loglikelihood and multiple_choice tasks)
-    out["docs"][name]       one record per document and filter: doc_id, filter, its metrics; for
-                            generate_until also the context, the generation and the filtered answer
+    out["results"][name], out["requests"][name], out["docs"][name]
 
-`chat_lmeval_task` writes a ChatCORE task (pipeline/evaluation/chat_core.py) as such a task: the
-context is the prompt our scorer feeds the model (`render_prompt`, as text: the exported tokenizer
-reads the special tokens back to the same ids), categorical choices are the bare letters, GSM8K is
-lm-eval's own gsm8k task (its filters and exact_match) with our prompt, greedy, our stop tokens and
-``max_gen_toks``.
+`run_lmeval` runs lm-eval's `simple_evaluate` in a child process, offline; `chat_lmeval_task` writes a
+ChatCORE task as such a task; `split_pair` and `loglikelihood` score a request with our own tokenizer and
+model, so it can be checked against lm-eval's.
 
-`run_lmeval` runs lm-eval's Python API (`simple_evaluate`, model "hf", fp32 on CPU by default) in a
-child process (`python -m pipeline.evaluation.lmeval_harness`) with HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE
-and HF_DATASETS_OFFLINE set — the libraries read those flags when imported — and the datasets cache
-under the output's directory. The same run from a shell (what users type; --include_path is the task
-directory):
-
-    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 lm_eval --model hf \\
-        --model_args pretrained=DIR,dtype=float32 --include_path TASK_DIR --tasks NAME --device cpu \\
-        --batch_size 8 --log_samples --output_path OUT
-
-lm-eval tokenizes with the exported tokenizer, which puts <|bos|> first (our prompt convention), and
-moves trailing spaces of a context to its continuation. `split_pair` is that split with our tokenizer,
-and `loglikelihood` scores a request with our own model, so a request can be checked against lm-eval's.
+The outputs, the offline flags and the same run from a shell: docs/evaluation.md, "lm-eval on local task
+files".
 """
 from __future__ import annotations
 
@@ -119,7 +99,7 @@ def write_tasks(task_dir: str | os.PathLike, tasks: list[LocalTask]) -> Path:
 def run_lmeval(model_dir: str | os.PathLike, task_dir: str | os.PathLike, tasks: list[str], out: str | os.PathLike,
                batch_size: int = 8, device: str = "cpu", dtype: str = "float32", timeout: float | None = None) -> dict:
     """lm-eval on `tasks` (defined in `task_dir`) for the transformers model directory `model_dir`,
-    offline in a child process; writes and returns {"results", "requests"} (module docstring)."""
+    offline in a child process; writes and returns {"results", "requests"} (docs/evaluation.md)."""
     out = Path(out).resolve()
     env = {**os.environ, **OFFLINE_ENV}
     env.setdefault("HF_DATASETS_CACHE", str(out.parent / "hf_datasets_cache"))
@@ -174,7 +154,7 @@ def evaluate_local(model_dir: str, task_dir: str, tasks: list[str], batch_size: 
 
 
 def chat_lmeval_task(name: str, tokenizer, task: dict, items: list[dict], max_new_tokens: int) -> LocalTask:
-    """A ChatCORE task's `items` as an lm-eval task (module docstring). Categorical: multiple_choice over
+    """A ChatCORE task's `items` as an lm-eval task (docs/evaluation.md). Categorical: multiple_choice over
     the letters A, B, … with no delimiter, so each request's continuation is the one letter token our
     scorer reads at the same position; lm-eval's `acc` takes the highest log-likelihood, i.e. the
     highest letter logit. GSM8K: generate_until with lm-eval's gsm8k metric and filters

@@ -1,26 +1,13 @@
-"""Stages report: every training stage of the run side by side, and their loss curves on one plot.
+r"""Stages report: every training stage of the run side by side, and their loss curves on one plot.
 
-    python -m pipeline.evaluation.stages_report --params JSON --run-dir R --out-json R/eval/stages.json \\
+    python -m pipeline.evaluation.stages_report --params JSON --run-dir R --out-json R/eval/stages.json \
         --out-md R/eval/stages.md --out-png R/eval/stages.png
 
-Reads, per stage of `train.stages` (pipeline/planning/stages.py), ``R/train/{stage}/summary.json`` and
-``metrics.jsonl`` (written by the trainer) and ``R/eval/{stage}/report.json`` (the stage's
-evaluation). Per stage it reconciles the tokens: ``tokens_trained`` must equal ``num_steps ×
-tokens_per_step`` (what the plan, or for an epochs budget the packed rows, asked for) and the loss
-tokens can be no more than the trained tokens; a stage that does not reconcile fails the rule,
-naming the stage.
+`stages_report(...)` reads each stage's summary, metrics and evaluation report, reconciles its tokens
+(a stage that does not reconcile fails the rule), compares each stage with the one before on the
+benchmarks both evaluated, and writes ``stages.json``, ``stages.md`` and ``stages.png``.
 
-The plot puts every stage on one x-axis of cumulative tokens trained (stage k starts where stage
-k−1 ended; dashed lines mark the boundaries): train loss per logged step and validation loss, one
-colour per stage. Stages differ in what their loss counts (all tokens vs the assistant's only), so
-the curves are comparable within a stage; the table says which loss each stage uses.
-
-Each stage is compared with the one before it on the benchmarks both evaluated (CORE; ChatCORE between
-chat stages): the paired differences over the same items with their 95 % intervals
-(pipeline/evaluation/compare.py), or the reason they cannot be paired.
-
-Outputs (atomic): ``stages.json`` (the table, `meta`), ``stages.md`` and ``stages.png`` (both in the
-`snakemake --report`).
+What is reconciled and how the plot reads: docs/evaluation.md, "The stages report".
 """
 from __future__ import annotations
 
@@ -44,7 +31,7 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def reconcile(name: str, summary: dict) -> None:
-    """One stage's token accounting (module docstring); a PipelineError names what does not add up."""
+    """One stage's token accounting (docs/evaluation.md); a PipelineError names what does not add up."""
     expected = summary["num_steps"] * summary["tokens_per_step"]
     if summary["tokens_trained"] != expected or summary["tokens_trained"] != summary["tokens_planned"]:
         raise PipelineError(f"stage '{name}': trained {summary['tokens_trained']} tokens but num_steps × "
@@ -90,7 +77,7 @@ def consecutive_comparisons(run: RunLayout, names: list[str]) -> list[dict]:
 
 
 def plot_stages(curves: dict[str, list[dict]], out_png: str | Path) -> None:
-    """Loss curves of all stages on one cumulative-token axis (module docstring)."""
+    """Loss curves of all stages on one cumulative-token axis (docs/evaluation.md, "The stages report")."""
     import matplotlib
 
     matplotlib.use("Agg")

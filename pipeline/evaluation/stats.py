@@ -1,27 +1,14 @@
 """Error bars and paired comparisons for every score a report shows: pure numpy functions.
 
-Every interval is a 95 % percentile bootstrap with `N_BOOT` replicates drawn by a generator seeded with
-`SEED` (the same report gives the same interval):
+Every interval is a 95 % percentile bootstrap with `N_BOOT` replicates seeded with `SEED`.
 
-* **a task's accuracy** (CORE, ChatCORE): items resampled with replacement; the centered accuracy's
-  interval is the accuracy's mapped through (acc − b) / (1 − b).
-* **an aggregate** (``core_<n>``, ``chat_core_<n>``: the mean centered accuracy over tasks): each replicate
-  resamples the items *within* every task (the task list is fixed: the benchmark is the population of
-  items, not of tasks) and averages the replicate's centered accuracies.
-* **val loss and bits per byte**: documents resampled (a ratio estimator: Σ nats / Σ tokens of the drawn
-  documents), since tokens of one document are not independent.
-* **the clean subset** (`clean_scores`): the same intervals over only the items that no training
-  document shared a decontamination n-gram with (whether or not the split then removed the document);
-  its aggregate ``clean_score`` averages the tasks that keep a clean item, and exists only when every
-  task with items was checked (a task the decontamination did not cover is "not checked", never clean).
-* **a paired difference** (`paired`: model B − model A on the same items): one set of resampling indices
-  per task serves both models, so the interval is that of the difference, far narrower than two
-  independent intervals when the models agree on most items. A difference whose interval excludes 0 is
-  flagged ``significant``.
+- `score_intervals(correct, baselines)`: each task's accuracy and centered accuracy, and the aggregate;
+- `clean_scores(...)`: the same over the items no training document shared an n-gram with;
+- `ratio_interval(numerators, denominators)`: val loss and bits per byte, documents resampled;
+- `paired(a, b, baselines)`: model B − model A on the same items, flagged ``significant`` when 0 is outside;
+- `write_items` / `item_correctness`: the per-item log beside a report.
 
-Per-item correctness reaches these functions as {task: bool array in item order}; the evaluation writes
-it per item to ``core_items.jsonl`` / ``chat_core_items.jsonl`` beside the report (`item_correctness`
-reads it back).
+What each interval resamples and why: docs/evaluation.md, "Error bars and paired comparisons".
 """
 from __future__ import annotations
 

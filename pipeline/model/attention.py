@@ -1,26 +1,13 @@
 """Document-masked attention for packed rows: a token attends to earlier tokens of its own document.
 
-A packed row holds several documents (or conversations) back to back; `doc_ids` [B, T] gives each
-input position the index of its document within the row (pipeline loader, ``with_doc_ids=True``).
-With the mask, query ``q`` may attend to key ``k`` iff ``k <= q`` and ``doc_ids[q] == doc_ids[k]``.
-Since RoPE is relative, every document then gets exactly the outputs (and gradients) it would get run
-alone at the start of a row.
+With ``doc_ids`` [B, T] (the loader's, ``with_doc_ids=True``), query ``q`` attends to key ``k`` iff
+``k <= q`` and ``doc_ids[q] == doc_ids[k]``: every document gets the outputs it would get alone.
 
-Two kernels, chosen by the device (`document_mask`):
+- `document_mask(doc_ids, kernel)`: None (plain causal), a ``flex`` BlockMask (CUDA, built block by block
+  by `document_block_mask`) or an ``sdpa`` boolean mask (CPU);
+- `attend(q, k, v, mask)`: grouped-query causal attention under that mask.
 
-* ``sdpa`` (CPU and any device without flex support): a boolean [B, 1, T, T] mask for
-  ``F.scaled_dot_product_attention``. Materializes T×T booleans per row and runs the math/efficient
-  kernel: right for tests and CPU runs, too slow for long GPU rows.
-* ``flex`` (CUDA): ``torch.nn.attention.flex_attention`` with a block-sparse ``BlockMask`` of the
-  same predicate; fully masked 128×128 blocks (other documents, the future) are skipped, and the
-  kernel is compiled (``torch.compile(flex_attention)``; under a compiled trainer the call is traced
-  into the trainer's graph). The BlockMask is built from the document ids block by block
-  (`document_block_mask`: which documents each block holds), never from the [T, T] predicate that
-  ``create_block_mask`` evaluates — uncompiled, as on the FSDP path's eager forward, that holds
-  int64 and bool [B, T, T] tensors every micro-step (≈ 0.7 GiB at T = 8192); the two give the same
-  BlockMask (tested). flex_attention has no CPU backward,
-  so CPU training always uses ``sdpa``; the flex forward on CPU is used by the tests to check that
-  both kernels compute the same attention.
+The two kernels and why the BlockMask is built from the ids: docs/model.md, "Document-masked attention".
 """
 from __future__ import annotations
 

@@ -1,32 +1,14 @@
 """KV-cache inference engine for the Transformer: prefill + decode over a batch of prompts.
 
-The engine runs the model's own modules (embeddings, norms, projections, SwiGLU, lm head) with a
-key/value cache, so generating ``n`` tokens costs one prefill over the prompts plus ``n`` one-token
-steps instead of ``n`` forwards over the whole context (``Transformer.generate``, the cache-less
-reference it is tested against: the same logits, fp32, to 1e-5).
+    engine = Engine(model, autocast_dtype=torch.bfloat16)      # None on CPU: fp32
+    outs = engine.generate(prompts, max_new_tokens=64, temperature=0.0, stop_ids=[end_id])
 
-Layout. A batch of prompts of different lengths is right-padded into one prefill. Every token sits
-at its true position (prompt token ``i`` of every row at position ``i``; a row's ``k``-th new token
-at ``len(prompt) + k``), so RoPE and the causal mask are exactly those of the row run alone. The
-cache holds ``[n_layers, batch, max_len, n_kv_heads, head_dim]`` keys and values; a query at position
-``p`` attends to cache slots ``0..p`` of its own row (SDPA with a boolean mask). The pad tokens of
-a short prompt write slots beyond its length; they are never attended to (their positions are
-greater than any query of that row until decode overwrites them, one slot per new token).
+Right-padded prompts at their true positions, greedy or top-k sampling with the caller's generator,
+each row stopping at a stop id, ``max_new_tokens`` or the model's context (`Generation.reason`). Tested
+against ``Transformer.generate``. Also: `prompt_ids` (BOS first), `greedy_sample` (training's samples),
+`generate_texts` (the report's), and ``python -m pipeline.model.engine`` (a CPU benchmark).
 
-Sampling. ``temperature == 0``: greedy (arg-max). Otherwise softmax(logits / temperature), restricted
-to the ``top_k`` most likely tokens when given, drawn with the caller's ``torch.Generator`` (same
-seed, same tokens). A row stops at the first token in ``stop_ids`` (not included in its output, e.g.
-``<|assistant_end|>``), after ``max_new_tokens``, or when it reaches the model's ``max_seq_len``
-(no sliding window: the context is never cropped silently; ``Generation.reason`` says which).
-
-The engine is for inference (``torch.inference_mode``, model in eval mode); on CUDA pass
-``autocast_dtype=torch.bfloat16`` to run the body in bf16 (the logits are always fp32).
-
-Cache-less sampling for monitoring and the report (``prompt_ids``: a prompt as the model saw
-documents start, BOS first; ``greedy_sample`` during training, under the training body's autocast;
-``generate_texts``, seeded, in the evaluation report) runs ``Transformer.generate``. Both paths draw
-each token with ``sample_next`` (defined beside ``Transformer.generate`` in pipeline/model/model.py):
-one sampling rule.
+The cache layout and the sampling rule: docs/model.md, "The KV-cache engine".
 """
 from __future__ import annotations
 
@@ -75,7 +57,7 @@ class Generation:
 
 
 class Engine:
-    """Batched generation with a KV cache (module docstring)."""
+    """Batched generation with a KV cache (docs/model.md, "The KV-cache engine")."""
 
     def __init__(self, model: Transformer, autocast_dtype: torch.dtype | None = None):
         self.model = model.eval()
@@ -166,7 +148,7 @@ class Engine:
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
                  top_k: int | None = None, stop_ids: Iterable[int] = (), generator: torch.Generator | None = None
                  ) -> list[Generation]:
-        """Each row's new tokens and why it ended (module docstring)."""
+        """Each row's new tokens and why it ended (docs/model.md, "The KV-cache engine")."""
         out = [Generation() for _ in prompts]
         for step in self._steps(prompts, max_new_tokens, temperature, top_k, stop_ids, generator):
             for g, (tok, reason) in zip(out, step):

@@ -1,47 +1,13 @@
 """Chunked fp32 cross-entropy from the final hidden states, without materialising [tokens, vocab].
 
-Why fp32, and where: the transformer body may run under bf16 autocast, but the loss never does
-(autocast is disabled around it). Each chunk's logits are an fp32 tensor, log-sum-exp and the
-softmax run in fp32. What `matmul` (``train.ce_matmul``) chooses is only the precision of the
-*inputs* of the logit matmuls:
+- `chunked_cross_entropy(hidden, lm_head_weight, targets, mask, chunk, matmul)`: the training loss as a
+  ``(sum, count)`` pair (the caller forms the exact token-weighted mean), fp32 logits one chunk at a time,
+  its backward fused into the forward; never compiled (a deliberate graph break);
+- `chunked_eval_stats(...)`: ``{"loss_sum", "correct", "count"}`` for validation.
 
-* ``fp32``: ``hidden.float() @ weight.T`` in full fp32 (the hidden states upcast exactly);
-* ``tf32``: the same fp32 matmul, which torch runs on TF32 tensor cores when the trainer set
-  float32 matmul precision ``high`` (inputs rounded to 10 mantissa bits, fp32 accumulation);
-* ``bf16``: hidden states and weight rounded to bf16, products accumulated and **stored** in fp32
-  (`torch.mm(..., out_dtype=torch.float32)` on CUDA; on CPU, which has no such kernel, an fp32
-  matmul of the bf16-rounded inputs — the same products, exact in fp32). Only the inputs are
-  rounded (relative 2⁻⁹ per element; the hidden states of a bf16 body are bf16 already, so in
-  training it is the weight's rounding); the logits, the softmax, the loss and its gradient w.r.t.
-  the logits stay fp32 — unlike the reference's bug, a cross-entropy over bf16 logits inside
-  autocast. Measured against an fp64 reference at a trained model's logit scale: ≈ 5e-4 nats per
-  token (tested within 1e-3); fp32 and tf32-free runs: ≈ 1e-6 (tested within 1e-4). The trainer's
-  ``ce_fp32`` metric (the whole model in full fp32 on a fixed batch) keeps watching the difference.
-
-Why chunked: a full fp32 logits tensor for 131K tokens × 2^17 vocab is 68 GB. The tokens are split
-into chunks of ``chunk`` rows; only one chunk's [chunk, vocab] logits exist at a time. The backward
-is fused into the forward (custom autograd function): while a chunk's softmax is in hand, its
-gradients d(hidden) = (softmax − onehot)·W and d(W) += (softmax − onehot)ᵀ·hidden are computed, so
-backward keeps only d(hidden) [tokens, dim] and d(W) [vocab, dim] alive and recomputes nothing.
-Both are written in place (``mm(out=)`` into d(hidden)'s rows, ``addmm_`` into d(W)): no chunk
-allocates a [vocab, dim] fp32 product beside d(W) (1.07 GB at the 1.2B preset), except with bf16
-operands on CUDA, where torch has no fp32 in-place accumulate of bf16 products (`_mm_into`: one
-chunk's product at a time, counted by pipeline.planning).
-Under ``torch.no_grad`` (validation) no gradient work is done at all.
-
-Never compiled (issue 28): `chunked_cross_entropy` is wrapped in ``torch.compiler.disable``, so
-under the trainer's torch.compile it is a deliberate graph break — the body before it compiles as one graph,
-the loss runs eagerly, chunk after chunk, and its backward (in-place scaling) runs eagerly too.
-Traced into the step's graph (as it was), the chunk loop was unrolled and Inductor fused the chain
-``d(W) = d(W) + product_k`` of the CUDA bf16 path into one kernel after all the chunks' matmuls, so
-every chunk's fp32 [vocab, dim] product was alive at once (measured on CPU with that form: the
-count grew with the number of chunks; tests/model/test_losses.py), and a *smaller*
-``ce_chunk_tokens`` *raised* the peak. Eager, each product is freed by the add that consumes it.
-The price is the softmax's elementwise work unfused (pipeline.planning prices the loss's memory traffic
-as eager whatever ``train.compile`` says).
-
-The loss is returned as a **sum** with a token **count** so that callers can form the exact
-token-weighted mean over micro-steps and ranks (see pipeline/training/train.py).
+``matmul`` (``train.ce_matmul``: fp32, tf32 or bf16) sets only the precision of the logit matmuls'
+inputs. Why fp32, why chunked, why never compiled, with the measured errors and memory: docs/model.md,
+"The chunked fp32 loss".
 """
 from __future__ import annotations
 
@@ -85,7 +51,7 @@ def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bf16: bool, ac
     CPU, upcast exactly) go through ``addmm_`` / ``mm(out=)``. Otherwise the product is formed in fp32
     and added: a [rows(a), cols(b)] fp32 temporary, for d(W) the 4·V·d bytes that pipeline.planning's
     memory model counts under ``ce_matmul: bf16`` — one at a time, because the loss runs eagerly
-    (module docstring)."""
+    (docs/model.md, "The chunked fp32 loss")."""
     if accumulate and not _accumulates_in_place(a.device, bf16):
         out += _mm(a, b, bf16)
         return
@@ -165,7 +131,7 @@ def _check(chunk: int, matmul: str) -> None:
         raise ValueError(f"matmul must be one of {CE_MATMUL}, got {matmul!r}")
 
 
-@torch.compiler.disable  # a deliberate graph break: the loss runs eagerly, one chunk at a time (module docstring)
+@torch.compiler.disable  # a deliberate graph break: the loss runs eagerly, one chunk at a time (docs/model.md)
 def chunked_cross_entropy(
     hidden: torch.Tensor,
     lm_head_weight: torch.Tensor,
@@ -178,7 +144,7 @@ def chunked_cross_entropy(
 
     hidden: [..., dim] (any float dtype, e.g. bf16 from an autocast body); lm_head_weight: [vocab, dim];
     targets: [...] int64; mask: optional [...] loss mask (1 = count the token, 0 = ignore it);
-    matmul: the logit matmuls' input precision (module docstring). Returns ``(loss_sum, count)``: the
+    matmul: the logit matmuls' input precision (docs/model.md). Returns ``(loss_sum, count)``: the
     fp32 sum of per-token losses over counted tokens (differentiable w.r.t. hidden and
     lm_head_weight) and the number of counted tokens (fp32 tensor, no grad). Never traced by
     torch.compile (a graph break): it runs eagerly inside a compiled step.

@@ -1,32 +1,16 @@
 """A Llama-3-style decoder-only transformer, built from small torchtitan-style components.
 
-Architecture (per block, pre-norm): ``x + Attention(RMSNorm(x))`` then ``x + SwiGLU(RMSNorm(x))``;
-a final RMSNorm, and an output projection that is the token embedding when
-``tie_embeddings`` is set. Details:
+Pre-norm blocks ``x + Attention(RMSNorm(x))``, ``x + SwiGLU(RMSNorm(x))``; RoPE (rotate-half), grouped-query
+attention, optional document masking (pipeline/model/attention.py), activation checkpointing, an output
+projection tied to the embedding when ``tie_embeddings`` is set.
 
-- RoPE with a configurable ``rope_theta``, applied in the "rotate half" layout (the first and the
-  second half of each head dimension form the rotated pairs). cos/sin tables for ``max_seq_len``
-  positions are non-persistent buffers, recomputed by ``init_weights`` (so a model built on the
-  ``meta`` device and materialized with ``to_empty`` gets correct tables).
-- Grouped-query attention: ``n_kv_heads`` key/value heads shared by ``n_heads`` query heads, through
-  ``F.scaled_dot_product_attention(..., enable_gqa=True)``.
-- SwiGLU MLP ``down(silu(gate(x)) * up(x))`` with hidden size ``ffn_dim``; no biases anywhere.
-- Optional intra-document masking: ``doc_mask`` is a [B, T] tensor of document ids; a token attends
-  only to earlier tokens (and itself) carrying the same id. Because RoPE is relative, a document
-  then gets exactly the outputs it would get alone. The kernel (SDPA with a boolean mask on CPU,
-  compiled flex_attention with a block mask on CUDA) is chosen in pipeline/model/attention.py.
-- Activation checkpointing (``torch.utils.checkpoint``, non-reentrant): ``mlp`` / ``attention``
-  recompute that sub-layer (norm included) of every block, ``block`` whole blocks, ``every_n`` every
-  ``checkpoint_every_n``-th block (0, n, 2n, ...). The choice is fixed at construction, so ``forward``
-  mutates no Python state (safe under ``torch.compile`` and DDP).
+    model = Transformer(ModelConfig.from_config(cfg))   # on the meta device too; then init_weights()
+    h = model.hidden(idx, doc_mask)                     # the trainer's loss reads h and lm_head_weight
+    logits = model(idx)                                 # fp32 logits, evaluation and generation
 
-The training loss is not computed here: the trainer takes ``hidden(idx)`` and ``lm_head_weight`` and
-computes a chunked fp32 cross-entropy. ``forward`` returns fp32 logits for evaluation/generation.
-
-Parameter names (the trainer builds optimizer groups from them): ``tok_embeddings``,
-``layers.{i}.attention.{q,k,v,o}_proj``, ``layers.{i}.feed_forward.{gate,up,down}_proj``,
-``layers.{i}.attention_norm``, ``layers.{i}.ffn_norm``, ``norm``, ``lm_head`` (absent when tied).
-``pipeline.planning.compute.count_params`` computes the parameter count of this module analytically.
+`Transformer.generate` / `sample_next`: cache-less sampling (the engine's reference).
+`pipeline.planning.compute.count_params` counts its parameters analytically. The architecture, the
+parameter names the optimizer groups use: docs/model.md, "The transformer".
 """
 from __future__ import annotations
 

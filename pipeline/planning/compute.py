@@ -1,5 +1,5 @@
 """Budget arithmetic shared by config validation, the planner and the trainer: parameters, FLOPs,
-token targets, the batch layout and the peak FLOP/s table (definitions: the `pipeline.plan` docstring).
+token targets, the batch layout and the peak FLOP/s table (definitions: docs/planning.md).
 
 Pure functions of the resolved config, torch-free and import-light (the Snakefile imports them at
 parse time through `pipeline.config` and `pipeline.plan`).
@@ -97,14 +97,14 @@ def param_parts(model_cfg: dict) -> dict[str, int]:
 
 def count_params(model_cfg: dict) -> tuple[int, int]:
     """(total, non-embedding) parameters of the model described by ``cfg.model``; non-embedding
-    excludes the token embedding and an untied lm_head (see the module docstring)."""
+    excludes the token embedding and an untied lm_head (see docs/planning.md)."""
     p = param_parts(model_cfg)
     return sum(p.values()), p["blocks"] + p["final_norm"]
 
 
 def flops_per_token(cfg: dict) -> int:
     """Training FLOPs per token of a run config (``model`` and ``train.seq_len``):
-    6·(N_non_embedding + V·d) + 12·L·d·T (module docstring). The one formula MFU is computed with."""
+    6·(N_non_embedding + V·d) + 12·L·d·T (docs/planning.md). The one formula MFU is computed with."""
     c = run_config(cfg)
     _, non_embedding = count_params(c.model)
     V, d, L = c.model.vocab_size, c.model.dim, c.model.n_layers

@@ -31,7 +31,7 @@ NCCL_BUFFERS_GB = 1.0
 MUON_NS_STEPS = 5
 
 # ---- FSDP2 (train.parallel: fsdp): stated assumptions, not fitted (no FSDP step has been measured on a GPU
-# here); the module docstring's "FSDP" paragraphs say where each enters.
+# here); docs/planning.md's "FSDP" paragraphs say where each enters.
 FSDP_GATHERED_BLOCKS = 2      # unsharded blocks at once: the current one and the next, which FSDP2's implicit
                               # prefetch all-gathers during the current one's compute (forward and backward)
 FSDP_BLOCK_GATHERS = 2        # all-gathers of a block per micro-step: forward, and again in backward

@@ -22,9 +22,9 @@ from pipeline.config import source_shards
 from pipeline.planning.compute import count_params
 from pipeline.run_config import run_config
 
-DEDUP_JOB_BASE_MB = 500       # 802 MB measured at 0.5M documents per job (20M documents, 40 jobs)
+DEDUP_JOB_BASE_MB = 500       # fitted: BENCHMARKS.md "Dedup at scale" (a candidate job's peak)
 DEDUP_JOB_BYTES_PER_DOC = 700
-DEDUP_MERGE_BYTES_PER_DOC = 60  # 976 MB measured at 20M documents (2.0M candidate pairs)
+DEDUP_MERGE_BYTES_PER_DOC = 60  # fitted: BENCHMARKS.md "Dedup at scale" (the merge job's peak)
 DEDUP_JOB_SHARD_CPU_S = 0.0014  # per candidate job and shard: opening its lsh files (1M docs, 19 shards, P = 200)
 # Where no measured counts give the number of documents: FineWeb-Edu's order of magnitude (an
 # assumption, used for job sizes and the cost estimate only; the tokenize jobs count it).
@@ -37,13 +37,12 @@ UNMEASURED_MB = 16_000  # jobs whose memory at scale is not measured yet (split,
 # The train job's host memory (`train_host_memory`). A rank's fixed footprint, whatever the model: the
 # process with torch and its libraries resident; on CUDA also the CUDA context, cuBLAS/NCCL host state,
 # pinned staging buffers and inductor's compile worker processes. The CPU figure covers a gloo rank
-# (265 MB resident after the imports and the process group: BENCHMARKS.md "Building the model on the
-# meta device"); the CUDA figure is a stated, generous assumption, not yet measured on a GPU node
-# (a rank's ru_maxrss in a real run should replace it).
+# (BENCHMARKS.md "Figures behind code comments"); the CUDA figure is a stated, generous assumption, not yet
+# measured on a GPU node (a rank's ru_maxrss in a real run should replace it).
 TRAIN_RANK_HOST_MB = {"cuda": 8_000, "cpu": 1_000}
-# build_model draws one fp32 weight at a time on the host: a rank's peak growth beyond its shards was
-# measured at 1.7–2× the largest weight (the value plus allocator slack; 128 MB and 16 MB weights, 2 gloo
-# ranks: BENCHMARKS.md "Building the model on the meta device").
+# build_model draws one fp32 weight at a time on the host: a rank's peak growth beyond its shards is about
+# twice the largest weight (the value plus allocator slack: BENCHMARKS.md "Building the model on the meta
+# device").
 TRAIN_INIT_WEIGHTS = 2
 TRAIN_HOST_MARGIN = 1.25
 SIZE_FIELDS = ("documents", "tokens", "bytes")

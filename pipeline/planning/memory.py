@@ -245,7 +245,7 @@ def activations(s: StepSetup) -> dict[str, float]:
 
 
 def logits_bytes(s: StepSetup) -> float:
-    """What the loss adds when its backward starts (see the module docstring)."""
+    """What the loss adds when its backward starts (see docs/planning.md, "Memory and step time of a training step")."""
     n, V, d = s.tokens, s.vocab, s.dim
     if s.logits == "bf16-materialized":
         return (2 if s.compile else 12) * n * V + 2 * n * d
@@ -270,7 +270,7 @@ def autocast_copies(s: StepSetup) -> float:
     """bf16 copies of the block matrices held from forward to backward: eager autocast saves them for
     the matmul backward, except inside checkpointed regions (rebuilt there); a compiled step holds
     every block matrix's cast unless every block is checkpointed (inferred from the H100 rows beside
-    the traced loss's products, module docstring; with every block checkpointed the reference
+    the traced loss's products, docs/planning.md; with every block checkpointed the reference
     write-up's compiled step (29.0 GB at 16 × 2048, tests/test_perf.py) leaves no room for them and
     on CPU the compiled forward graph does not save them — not seen in a GPU memory snapshot)."""
     if not s.bf16:
@@ -292,7 +292,7 @@ def memory(s: StepSetup) -> dict[str, float]:
     """Predicted per-GPU memory in GB by component, the ``peak`` (allocated), ``reserved`` and
     ``total`` (reserved + CUDA context), and which moment of the step sets the peak. Under fsdp the
     weights, optimizer state and gradients are a 1/world_size shard, and ``gathered`` (the unsharded
-    blocks and root) and ``reduce_buffers`` (backward's unsharded gradients) are added (module docstring)."""
+    blocks and root) and ``reduce_buffers`` (backward's unsharded gradients) are added (docs/planning.md)."""
     P, V, d, n = s.params, s.vocab, s.dim, s.tokens
     act = activations(s)
     fsdp = s.parallel == "fsdp"
@@ -370,9 +370,8 @@ def capacity_gb(gpu_memory_gb: float, device: str) -> float:
 # ----------------------------------------------------------------------------- evaluation (CORE scoring)
 
 EVAL_MAX_BATCH_TOKENS = 131072  # cap of the default scoring batch: a no-grad forward gains little beyond it
-# the cap on the CPU, where the batch is bounded by the caches, not by memory: the default model's evaluate
-# stage (997 CORE items, seq_len 256, one thread) took 91 CPU-s in batches of 131072 tokens (their MLP
-# activations 268 MB a tensor: memory traffic and 29 s of page faults) and 51 CPU-s in batches of 4096
+# the cap on the CPU, where the batch is bounded by the caches, not by memory: larger batches cost more CPU
+# time there (memory traffic and page faults; BENCHMARKS.md: "CI time", the evaluate rows)
 EVAL_CPU_BATCH_TOKENS = 4096
 
 
@@ -422,7 +421,7 @@ def eval_memory(s: StepSetup, batch_tokens: int, in_loop: bool) -> dict[str, flo
 
 
 def fsdp_evaluation_gathered_bytes(s: StepSetup) -> float:
-    """The unsharded parameters of an evaluation under fsdp: ``gathered()`` (pipeline/training/step.py)
+    """The unsharded parameters of an evaluation under fsdp: ``gathered()`` (pipeline/training/parallelize.py)
     unshards every unit and keeps them through the evaluation: all L blocks in the gathered dtype
     (`StepSetup.param_bytes`) and the root in fp32 (`FSDP_ROOT_BYTES`)."""
     return s.n_layers * s.block_params * s.param_bytes + s.root_params * FSDP_ROOT_BYTES
@@ -435,8 +434,8 @@ def default_eval_batch_tokens(s: StepSetup, capacity: float) -> int:
     seq_len when none does (the plan then reports that it does not fit). Memory, not the training
     micro-batch, bounds it.
 
-    `eval_memory` grows with the batch, so a bisection over the row count finds it in ~9 evaluations (a
-    row-by-row scan took 512 at seq_len 256: 0.3 s of every Snakefile parse, which prices each sweep point)."""
+    `eval_memory` grows with the batch, so a bisection over the row count finds it (a row-by-row scan cost
+    every Snakefile parse, which prices each sweep point: BENCHMARKS.md, "CI time")."""
     most = EVAL_MAX_BATCH_TOKENS if s.device == "cuda" else EVAL_CPU_BATCH_TOKENS
     fits, unfits = 0, max(1, most // s.seq_len) + 1  # rows known to fit / not to (a sentinel)
     while unfits - fits > 1:

@@ -1,27 +1,14 @@
 """Training stages: pretrain → midtrain → SFT (or any ordered list) from `train.stages`.
 
-Each entry of `train.stages` (workflow/schemas/config.schema.yaml) names a stage and may set:
+Each entry names a stage and may set its ``mix``, a budget (``tokens``, ``steps`` or ``epochs``), its
+``loss`` (``all`` / ``assistant``), ``init_from`` (+ ``carry_optimizer``), ``doc_mask`` and optimizer and
+schedule overrides (`STAGE_TRAIN_KEYS`). ``train.stages: []`` is one stage named after ``train.mix``.
 
-* ``mix``: the mix it trains on (default `train.mix`);
-* its budget, at most one of ``tokens`` (training targets, rounded up to whole steps), ``steps``
-  (optimizer steps) or ``epochs`` (passes over the packed rows of its mix: every conversation of
-  an SFT mix once per epoch, in a fresh seeded order; the steps follow from the packed rows at train
-  time, the last step padded with empty rows). Without one, the run budget (`train.target_tokens` /
-  `target_flops` / `tokens_per_param`, see pipeline/plan.py) applies;
-* ``loss``: ``all`` (every real token is a target; padding never) or ``assistant`` (only the
-  assistant's content and end token of chat data; needs a mix of chat sources only);
-* ``init_from``: ``previous`` (default; the previous stage's `final.pt`), ``none`` (random init; the
-  default of the first stage) or a stage name listed before it. Only the weights are carried; with
-  ``carry_optimizer: true`` the optimizer state of that stage's last checkpoint is loaded too;
-* ``doc_mask``: attention restricted to each row's own document (default: on for best-fit packed
-  mixes, whose rows hold unrelated conversations; off for concat packing);
-* overrides of the optimizer and schedule keys (`STAGE_TRAIN_KEYS`): a stage gets a fresh warmup and
-  decay (``schedule: cosine|wsd``) or, with ``schedule: decay``, only the linear decay (WSD's decay
-  phase as a stage of its own).
+- `stage_list(cfg)`: the stages resolved, in order; `get_stage`, `stage_names`, `is_chat_stage`;
+- `stage_config(cfg, name)`: the view of the config one stage's train and evaluate jobs get;
+- `stage_budget`, `epoch_steps`, `mix_targets`.
 
-`train.stages: []` (the schema default) is one stage named after `train.mix` with the run budget:
-the single-stage run of before. Stage outputs: ``R/train/{stage}/final.pt``, ``metrics.jsonl``,
-``ckpt/`` and ``R/eval/{stage}/``; each stage's final.pt is the input of the stages that init from it.
+The keys and their defaults: docs/planning.md, "Training stages".
 """
 from __future__ import annotations
 

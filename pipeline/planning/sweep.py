@@ -1,43 +1,15 @@
 """IsoFLOP scaling sweep: the points, the fit, the report, and the fitted tokens-per-parameter ratio.
 
-`snakemake --cores all scaling` (workflow/rules/scaling.smk) trains one model per point (budget C of
-`scaling.budgets` × depth of `scaling.depths`), evaluates it, then fits (`pipeline.evaluation.scaling`,
-the stage that runs `fit_sweep` and writes the report and plot). This module is the library the
-Snakefile, the planner and that stage share: torch-free, numpy imported where a fit is made.
+`snakemake --cores all scaling` trains one model per point (budget × depth), evaluates it, then fits
+(`pipeline.evaluation.scaling` runs `fit_sweep`). This is the library the Snakefile, the planner and that
+stage share; torch-free.
 
-**Shape from depth** (`depth_model`; the one rule, every other model key is the run's):
-``n_heads = max(1, aspect × depth / head_dim rounded half up)``, ``dim = n_heads × head_dim``,
-``n_layers = depth``, ``n_kv_heads`` = the largest divisor of n_heads that is ≤ max(1, n_heads // kv_group),
-``ffn_dim = round(ffn_ratio × dim)``. `scaling.aspect` (dim per layer), `head_dim`, `kv_group`
-(query heads per kv head) and `ffn_ratio` default (null) to the run model's own proportions
-(dim / n_layers, dim / n_heads, n_heads / n_kv_heads, ffn_dim / dim), so the ladder passes through
-the run's model at depth = n_layers when its dim is a multiple of head_dim.
+- `depth_model(cfg, depth)`: the model shape at a depth; `point_config` / `points(cfg)`: the points;
+- `fit_sweep(...)`: per-budget parabolas, the power laws N* = k_N·C^a and D* = k_D·C^b, bootstrap intervals;
+- `run_ratio(fit, n_params)` / `resolve_tokens_per_param(cfg)`: the tokens per parameter at the run's budget
+  (``train.tokens_per_param: scaling``).
 
-**A point** (`point_config`): the run config with that model, trained like the run's first stage
-(its mix, optimizer, learning rates, schedule) from scratch on one process (one GPU) for
-``steps = max(1, round(C / (flops_per_token × tokens_per_step)))`` steps — flops_per_token is the
-planner's (`pipeline.planning.compute.flops_per_token`) and tokens_per_step `scaling.global_batch_tokens` (null:
-the run's); its warmup is the same fraction of its steps as the run's (`scaling.warmup_frac`, null:
-the run's warmup_steps / num_steps), the decay follows from its own length (cosine / WSD are
-fractions of num_steps). Validation is at the end only; no CORE subset, no generations. The points'
-params hold nothing of `scaling.budgets`/`depths`: adding a budget adds points and reruns no other.
-The point's val loss and bits per byte are the evaluate stage's (every validation row of the mix).
-
-**The fit** (`fit_sweep`): N = total parameters (what `train.tokens_per_param` multiplies), D = the
-tokens the point trained, C = the budget. Per budget, a parabola of val loss in ln N (and one in
-ln D) gives N*(C) and D*(C) at its vertex (a budget whose parabola opens downwards, or whose vertex
-lies farther outside the sampled range than that range is wide, has no minimum and is left out; a
-vertex outside the sampled range is flagged as extrapolated). Across budgets,
-least squares in log-log give N* = k_N·C^a and D* = k_D·C^b. Intervals (95 %) are a residual
-bootstrap: every point's loss is redrawn as its parabola's value plus a residual drawn from all
-points' residuals (inflated by sqrt(n / (n − 3·budgets)) for the parabolas' fitted coefficients), and
-everything is refitted; seed `seed`, `scaling.bootstrap` draws. They cover the noise of the losses
-around the parabolas, not seed-to-seed training variance nor a misfit of the power law itself.
-
-**The ratio at the run's budget** (`fitted_ratio`): the compute at which the run's model (N_run) is
-compute-optimal, C_run = (N_run / k_N)^(1/a), and the tokens per parameter there,
-D*(C_run) / N_run = k_D·C_run^b / N_run; per bootstrap draw the same, for its interval.
-`train.tokens_per_param: scaling` makes the plan use it (`resolve_tokens_per_param`).
+The shape rule, a point's training, the fit and the ratio: docs/planning.md, "The IsoFLOP sweep".
 """
 from __future__ import annotations
 
@@ -68,7 +40,7 @@ def budget_name(budget: float) -> str:
 
 
 def depth_model(cfg: dict, depth: int) -> dict:
-    """The model section of the ladder's model at `depth` (module docstring: the rule)."""
+    """The model section of the ladder's model at `depth` (docs/planning.md, "The IsoFLOP sweep")."""
     cfg = run_config(cfg)
     s, m = cfg.scaling, cfg.model
     aspect = s["aspect"] or m["dim"] / m["n_layers"]
@@ -100,7 +72,7 @@ def warmup_fraction(cfg: dict) -> float:
 
 
 def point_config(cfg: dict, budget: float, depth: int) -> dict:
-    """The full run config of one point (module docstring), without the `scaling` section."""
+    """The full run config of one point (docs/planning.md, "The IsoFLOP sweep"), without the `scaling` section."""
     cfg = run_config(cfg)
     first = stage_list(cfg)[0]
     train = {k: copy.deepcopy(v) for k, v in first["train"].items()}
@@ -231,7 +203,7 @@ def _interval(values, level: float = 0.95) -> list[float]:
 
 
 def fit_sweep(rows: list[dict], n_boot: int = 1000, seed: int = 0, run_n_params: float | None = None) -> dict:
-    """The fit of the module docstring over `rows` ({flops, n_params, tokens, val_loss} each)."""
+    """The fit of docs/planning.md, "The IsoFLOP sweep", over `rows` ({flops, n_params, tokens, val_loss} each)."""
     import numpy as np
 
     flops = np.array([r["flops"] for r in rows], float)

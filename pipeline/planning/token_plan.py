@@ -261,7 +261,7 @@ def _measured_step_file(path: Path, cfg: dict) -> dict:
 
 
 def performance(cfg: dict, logits: str = "ours", measured_step: dict | None = None) -> dict:
-    """Memory (GB by component), the step time and its basis, and MFU (see the module docstring)."""
+    """Memory (GB by component), the step time and its basis, and MFU (see docs/planning.md)."""
     cfg = run_config(cfg)
     setup = StepSetup.from_config(cfg, logits)
     mem = memory(setup)

@@ -1,117 +1,17 @@
 """Training checkpoints: atomic, `weights_only`-loadable, enough state to resume bit-exactly.
 
-Layout under ``R/train/``::
+Layout under ``R/train/{stage}/``: ``ckpt/step_000100.pt`` (under fsdp a sharded ``ckpt/step_000100.dcp/``),
+``ckpt/latest`` (the newest complete one), ``final.pt`` (the model only, always one consolidated file).
+The file format itself is pipeline/model/checkpoint_io.py's; this module keeps what only training needs.
 
-    ckpt/step_000100.pt   one file per saved step (the newest `keep` are kept); under
-                          train.parallel: fsdp a directory ckpt/step_000100.dcp/ instead (below)
-    ckpt/latest           text: the name of the newest complete checkpoint (written after it)
-    final.pt              the trained model (no optimizer state), written last: always one
-                          consolidated file, whatever the parallelism
-
-Each checkpoint file is written, checksummed and loaded by pipeline/model/checkpoint_io.py (the file
-format the evaluation stages read too); this module keeps what only training needs: RNG state, the
-``latest`` pointer, the newest readable checkpoint of a resume, pruning.
-
-A resumable checkpoint is a dict of tensors and plain Python values only (so that
-``torch.load(path, weights_only=True)`` can read it — no pickled objects):
-
-* ``model``: state dict of the plain model (the trainer keeps a reference to it; DDP and
-  torch.compile wrap only the `LossModel` around it, so no ``module.`` / ``_orig_mod.`` prefixes);
-* ``optimizer``: the optimizer's state dict; ``schedule``: ``{"step": …}`` (the LR is a pure
-  function of the step, see pipeline/training/optim.py);
-* ``loader``: one loader state per rank, indexed by rank (gathered to rank 0 at save time), so a
-  resumed rank r continues exactly where rank r stopped. (With pipeline.data.loader the states are
-  equal — a position in the global row order — but storing every rank's keeps the format independent
-  of how a loader shards; a resume on another world size needs them equal, below);
-* ``rng``: one RNG snapshot per rank (`rng_state()`: Python, NumPy, torch CPU, and the CUDA
-  generator of the rank's own device — not every visible device, which would create a context on
-  each);
-* ``step``, ``tokens_seen`` (global input tokens), ``loss_tokens`` (global target tokens counted
-  by the loss), ``best_val_loss``, ``last_val_loss``, ``world_size``, ``wandb_id``, ``params`` (the run config),
-  ``plan``, ``versions``.
-
-Only rank 0 writes. Each write goes to a temporary file that is renamed into place, and the
-``latest`` pointer is replaced after the checkpoint it names is complete, so a crash at any moment
-leaves the previous checkpoint usable. A resume takes the newest checkpoint that loads
-(`newest_readable`): one that does not, or does not match its checksum, is moved (with its sidecar) to
-``ckpt/unreadable/`` with a warning.
-
-**Sharded checkpoints** (``train.parallel: fsdp``; `save_training_checkpoint` of a sharded model): a
-directory ``step_NNNNNN.dcp/`` written with torch.distributed.checkpoint (DCP), no rank gathering any
-tensor state:
-
-* ``__<rank>_<i>.distcp`` + ``.metadata``: the model and optimizer state dicts of
-  ``torch.distributed.checkpoint.state_dict.get_state_dict`` (keys = parameter names of the plain model,
-  ``{"model": …, "optimizer": …}``), every rank writing its own shards (the directory must be on a
-  filesystem every node sees, as ``R/`` is);
-* ``train_state.pt`` (+ its sha256 sidecar): everything else of the list above except ``model`` and
-  ``optimizer`` — loader and RNG states per rank, step, token counts, validation losses, world size,
-  params, plan, versions — written by rank 0 with `save_checkpoint`;
-* ``SHA256SUMS`` (``sha256sum -c`` format): the sha256 of every DCP file, each rank hashing the files it
-  wrote (read back once after writing); a resume verifies them (rank 0, `newest_readable`: it reads the
-  whole checkpoint once, at a resume only) before trusting the checkpoint.
-
-The directory is written as a temporary ``.step_NNNNNN.dcp.tmp-<host>-<pid>`` (rank 0's, `atomic_dir`)
-and renamed into place once every rank's part and the sums are on disk; one killed mid-write is swept
-by the next run. A resume loads it in place into the sharded model and optimizer
-(``set_state_dict``): each rank reads its shards — under another world size the parts of them that the
-old ranks wrote (DCP reshards: the checkpoint's metadata maps every saved shard to its place in the
-whole tensor). A checkpoint of the other parallelism is never resumed (``train.parallel`` is part of the
-config that must match).
-
-**Another world size** (``hardware.nodes × hardware.nproc_per_node``, the `WORLD_SIZE_KEYS`: a node lost
-or added, the rest of the config unchanged; the plan re-made for the new world size, as
-pipeline.training.train's `check_plan` requires) resumes too, with the same trajectory up to fp32
-summation order: the global batch (``train.global_batch_tokens``) is fixed by the config, only the
-accumulation steps change (pipeline.planning.compute.BatchLayout), so each optimizer step trains on the same rows
-(pipeline.data.loader: the global row order does not depend on the world size; the saved position is
-mapped to the new one) normalised by the same global token count. The model and optimizer state are
-resharded by DCP (above) or, consolidated (ddp), loaded whole by every rank; the loader states must be
-equal across the saved ranks (a global position: every rank loads rank 0's, mapped); every rank restores
-rank 0's RNG snapshot (every rank is seeded alike, and a training step draws no random numbers). Step,
-token counts and validation losses are global, so `summary.json`'s tokens equal the plan's and the
-metric history continues from the checkpoint's step as after any resume. What cannot be resumed stays
-refused, with the reason: any other config difference (a `train.parallel: auto` that the plan resolves
-otherwise for the new world size among them), a checkpoint of the other parallelism, a world size the
-global batch is not divisible by (the config's own check), a loader position that is not a whole number
-of the new micro-steps.
-
-**final.pt** is one consolidated file either way: a sharded model is gathered to rank 0 on the CPU at the
-end (`full_model_state`: ``get_model_state_dict(full_state_dict=True, cpu_offload=True)``), so
-evaluation, export and chat read the same file as after DDP.
-
-**Asynchronous saves** (``train.async_ckpt: true``, the default; `Checkpointer`, which the trainer creates once
-per run and calls at every checkpoint step): a save blocks training only while the state is *staged* — copied
-off the live tensors (on the CPU a copy, on CUDA non-blocking copies into pinned host memory and one
-synchronize; the staging buffers are kept and reused by the next save, so a run holds one copy of the model
-and optimizer state in host memory) — and is written by a background thread while training goes on. At most
-one save is in flight: the next save (and `Checkpointer.wait`) first waits for it, and an error of the
-background write is raised there, in the training thread, never lost.
-
-* **ddp** (one file, rank 0): the background thread writes the file (temp + rename + sha256 sidecar, as
-  `save_checkpoint`), then moves ``latest`` and prunes — only once the file is complete.
-* **fsdp** (DCP): ``torch.distributed.checkpoint.async_save`` stages every rank's shards and writes them
-  into the temporary directory from DCP's thread, its rank coordination on a gloo group of its own (created
-  at the first save: async_save needs a CPU backend, and its collectives must not interleave with the
-  training's on the default group); rank 0 writes ``train_state.pt`` at the step. Each rank hashes its files
-  in the background once they are written. The **finalization** — every rank's hashes gathered, ``SHA256SUMS``,
-  the rename into place, ``latest``, pruning — is a collective, done where every rank is at the same step:
-  the next save, or `Checkpointer.wait` / `Checkpointer.close` at the end of the run or a clean stop. The
-  trade-off: the newest checkpoint is complete (resumable) only once finalized, one checkpoint interval
-  later (or at the end); a crash before that resumes from the one before it, as if the save had not happened.
-  An exception path calls `Checkpointer.abort` (no collective: this rank waits for its own write only); a
-  sharded checkpoint not finalized stays a temporary directory (removed when rank 0 lets go of it, or swept
-  by the next run), never a step checkpoint.
-
-A kill at any moment leaves the previous checkpoint usable: the write goes to temporary names that are renamed
-into place, and ``latest`` moves after. Pruning never deletes the checkpoint ``latest`` names (the one a run
-resumed from, until a newer one is complete), nor one being written (its temporary name is no step
-checkpoint's). `save_training_checkpoint` is the synchronous path (``train.async_ckpt: false``): it returns once
-the checkpoint is complete.
-
-`resume` is how a launch starts: from the newest readable checkpoint when it was made by the same
-config (`trajectory_params`, at any world size), else afresh (from `--init` for a stage that starts
-from an earlier one); `save_training_checkpoint` writes what it reads back.
+- `Checkpointer(ckpt_dir, dist, keep, async_save)`: built once per run; ``save(...)`` at every checkpoint
+  step (staged, then written in the background), ``wait()`` / ``close()`` / ``abort()``;
+- `save_training_checkpoint(...)`: the synchronous save (``train.async_ckpt: false``);
+- `resume(ckpt_dir, mode, dist, model=..., optimizer=..., loader=..., params=...)`: how a launch starts
+  (the newest readable checkpoint of the same config, at any world size, else afresh or from ``--init``);
+- `newest_readable`, `prune_checkpoints`, `rng_state` / `set_rng_state`, `trajectory_params`.
+The contents, the sharded (DCP) layout, resuming on another world size, async saves: docs/training.md,
+"Checkpoints".
 """
 from __future__ import annotations
 
@@ -341,7 +241,7 @@ OBSERVABILITY_KEYS = {
     "train": ("log_interval", "val_interval", "val_batches", "ckpt_interval", "resume", "async_ckpt"),
 }
 # Config keys that set the world size: a checkpoint made under other values is resumed, resharded
-# (module docstring, "Another world size").
+# (docs/training.md, "Checkpoints").
 WORLD_SIZE_KEYS = {"hardware": ("nodes", "nproc_per_node")}
 
 
@@ -433,7 +333,7 @@ def resume(ckpt_dir: Path, mode: str, dist: Dist, *, model, optimizer, loader, p
            init: str | None = None) -> TrainState:
     """A fresh start, or an exact resume from the newest readable checkpoint in `ckpt_dir`.
 
-    `mode` is auto | require | never (module docstring of pipeline.training.train). Rank 0 picks the
+    `mode` is auto | require | never (docs/training.md, "The trainer"). Rank 0 picks the
     checkpoint (moving unreadable ones aside); the others load the one it names. One made with another
     config is never resumed: `require` fails, `auto` moves the run's checkpoints aside to
     `stale-<time>/` and starts over; one made by another world size is resumed resharded (module
@@ -484,7 +384,7 @@ def resume(ckpt_dir: Path, mode: str, dist: Dist, *, model, optimizer, loader, p
 
 
 def _global_loader_state(path: Path, state: dict) -> dict:
-    """The loader state a resume on another world size maps (module docstring): the saved ranks' states,
+    """The loader state a resume on another world size maps (docs/training.md, "Checkpoints"): the saved ranks' states,
     which must be one global position."""
     first = state["loader"][0]
     if any(other != first for other in state["loader"][1:]):
@@ -506,7 +406,7 @@ def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, lo
                              state: TrainState, keep: int) -> None:
     """Gather every rank's loader and RNG state, then rank 0 writes step_XXXXXX.pt and `latest` (and
     prunes all but the `keep` newest). A sharded model: every rank writes its part of
-    step_XXXXXX.dcp/ (module docstring), then rank 0 the rest and `latest`. Synchronous: the asynchronous
+    step_XXXXXX.dcp/ (docs/training.md, "Checkpoints"), then rank 0 the rest and `latest`. Synchronous: the asynchronous
     saves are `Checkpointer`'s."""
     train_state = _train_state(dist, loader, params, plan, state)
     sharded = is_sharded(model)
@@ -526,7 +426,7 @@ def save_training_checkpoint(ckpt_dir: Path, dist: Dist, *, model, optimizer, lo
 # ----------------------------------------------------------------------------- sharded (fsdp)
 
 def _save_sharded(path: Path, dist: Dist, model, optimizer, train_state: dict) -> None:
-    """Write the sharded checkpoint directory `path` (module docstring): DCP from every rank into rank 0's
+    """Write the sharded checkpoint directory `path` (docs/training.md): DCP from every rank into rank 0's
     temporary directory, each rank's sha256 of its files, then rank 0's ``train_state.pt`` and
     ``SHA256SUMS``, and the rename (a collective: every rank calls it)."""
     import torch.distributed.checkpoint as dcp
@@ -577,12 +477,11 @@ class _InFlight:
 
 
 class Checkpointer:
-    """A run's step checkpoints (module docstring, "Asynchronous saves"): made once per run on every rank.
+    """A run's step checkpoints (docs/training.md, "Checkpoints"): made once per run on every rank.
 
     * `resume` — load the newest readable checkpoint into the model, optimizer and loader (or start fresh:
       the module function `resume`); the checkpoint resumed from is protected from pruning until a newer one
       is complete.
-
     * `save` at a checkpoint step, every rank (as `save_training_checkpoint`, whose keyword arguments it
       takes): waits for the save in flight (and finalizes it), then starts this one — synchronous when
       `async_save` is false (``train.async_ckpt``), else staged and written in the background.
@@ -636,7 +535,7 @@ class Checkpointer:
                 self.resumed_from = latest_checkpoint(self.ckpt_dir)
 
     def save(self, *, model, optimizer, loader, params: dict, plan: dict, state: TrainState) -> None:
-        """Save step `state.step` (every rank; module docstring): the previous save finalized first."""
+        """Save step `state.step` (every rank; docs/training.md, "Checkpoints"): the previous save finalized first."""
         start = time.perf_counter()
         self.wait()
         if not self.async_save:

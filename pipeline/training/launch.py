@@ -1,37 +1,15 @@
 """The train job owns its processes: the supervisor the train rule runs around torchrun.
 
-Why: torchrun starts every worker in a session of its own, so a signal to the job's process group
-(Snakemake killed with ``kill -9 -PGID``, Ctrl-C, a scheduler cancelling the job) reaches torchrun but
-not the workers. Killed with SIGKILL, torchrun cannot pass anything on, and its workers trained on,
-orphaned, writing checkpoints beside the rerun's. Three mechanisms close that:
-
-* workers die with their parent (`pipeline.training.processes.die_with_parent`, PR_SET_PDEATHSIG);
-* this supervisor: it starts the launcher in the job's process group with PR_SET_PDEATHSIG too, becomes a
-  child subreaper (orphaned descendants are re-parented to it, not to PID 1) and, once the launcher has
-  exited, kills every descendant still alive before exiting itself;
-* one trainer per output directory (its lease, `pipeline.training.lease`, held by rank 0).
-
-**A clean stop** (pipeline/training/stopping.py). On SIGUSR1, SIGTERM, SIGINT or SIGHUP the supervisor
-sends SIGUSR1 to the trainers, which checkpoint at their next step boundary and exit 75, and gives them
-`--grace` seconds (the train rule passes the plan's step + save time with room to spare) before it kills
-everything (SIGKILL); a second SIGINT kills at once. It does not signal torchrun: torchrun's agent would
-tear the workers down within 30 s, mid-step. For the same reason the launcher starts with SIGTERM, SIGINT,
-SIGHUP and SIGUSR1 ignored and torchrun told to handle SIGQUIT only (`AGENT_ENV`), so that the signals that reach
-the whole job (SLURM signals every process of the job at its time limit or on preemption; Ctrl-C reaches
-the process group) reach torchrun without effect, while the trainers handle them (the trainer installs its
-own handlers; an ignored SIGUSR1 before that is lost, never fatal).
-
-The trainers are found through a status directory the supervisor makes for the job (its path in
-``TOKENFARM_STATUS_DIR``, pipeline/training/processes.py): each trainer writes ``<pid>.worker`` once it
-takes stop requests and ``<pid>.exit`` with its exit code; only a registered PID that is a live descendant
-is signalled. Exit codes: torchrun exits 1 whenever a worker fails, so when every registered worker
-reported 75 (a clean stop) the supervisor exits 75; when a worker's watchdog reported 70 (a hang,
-`EXIT_HUNG`) it kills the job at once and exits 70; when the grace ran out it exits 128 + N (N the first
-signal received); otherwise the launcher's status (128 + N if killed by signal N).
+It starts the launcher in the job's process group, becomes a child subreaper and kills every descendant
+still alive once the launcher exits; on SIGUSR1 / SIGTERM / SIGINT / SIGHUP it asks the trainers for a
+clean stop (SIGUSR1), gives them ``--grace`` seconds, then kills everything. Its exit code is 75 when every
+trainer stopped cleanly, 70 when one hung, else the launcher's.
 
 Usage (what the train rule runs)::
 
     python -m pipeline.training.launch [--grace 300] -- torchrun --standalone --nproc_per_node N -m ...
+
+Why it is needed and how it finds the trainers: docs/training.md, "The launcher and its processes".
 """
 from __future__ import annotations
 
@@ -120,13 +98,13 @@ def _exit_code(status: int) -> int:
 
 
 def _launcher_preexec() -> None:
-    """In the launcher, before exec: die with the supervisor, ignore the stop signals (module docstring)."""
+    """In the launcher, before exec: die with the supervisor, ignore the stop signals (docs/training.md)."""
     set_parent_death_signal(signal.SIGKILL)
     ignore_stop_signals()
 
 
 def supervise(cmd: list[str], grace: float = DEFAULT_GRACE_S, poll: float = 0.1) -> int:
-    """Run `cmd` as described in the module docstring; return the job's exit code."""
+    """Run `cmd` as described in docs/training.md, "The launcher and its processes"; return the job's exit code."""
     set_child_subreaper()
     received: list[int] = []
 
@@ -201,7 +179,7 @@ def supervise(cmd: list[str], grace: float = DEFAULT_GRACE_S, poll: float = 0.1)
 
 
 def _job_code(launcher: int, workers: set[int], exits: dict[int, int], hung: bool, killed_after: int | None) -> int:
-    """The job's exit code (module docstring)."""
+    """The job's exit code (docs/training.md, "The launcher and its processes")."""
     if hung:
         return EXIT_HUNG
     if killed_after is not None:

@@ -1,26 +1,11 @@
 """Training metrics: the JSONL + wandb logger, MFU, norms of watched parameter groups, memory.
 
-`R/train/{stage}/metrics.jsonl` holds one JSON object per logged step (rank 0 writes it). Keys:
+- `MetricsLogger`: rank 0's writer of ``R/train/{stage}/metrics.jsonl`` (one JSON object per logged step)
+  and of the wandb run;
+- `mfu(flops_per_token, tokens_per_s, world_size, peak_flops)`, `watched_groups(model)`, `group_norms`,
+  `UpdateRatio`, `memory_stats(device)`.
 
-* always: ``step`` (optimizer steps done), ``tokens`` (global input tokens trained so far);
-* every log step: ``loss`` (mean fp32 CE per target token over the global batch of that step),
-  ``lr/<group>``, ``grad_norm`` (global, before clipping), ``grad_norm/<watched>``,
-  ``param_norm/<watched>``, ``update_ratio/<watched>`` (‖Δθ‖ / ‖θ‖ of that step), ``tokens_per_s``
-  (global, since the previous log step, validation and checkpointing excluded), ``mfu``, and on
-  CUDA ``mem/allocated_gb``, ``mem/peak_gb`` (peak allocated since the previous log step),
-  ``mem/reserved_gb``;
-* every validation step: ``val_loss`` (the training precision, the first `train.val_batches`
-  micro-batches of every rank's share of the validation rows, token-weighted), ``ce_fp32`` and
-  ``top1_acc`` (a fixed validation batch, fp32 model, eval mode, no grad), ``sample`` (greedy text).
-
-Watched groups (names of the unwrapped model): ``embedding`` (``tok_embeddings``), ``lm_head``
-(untied models only), ``block_first`` (``layers.0``), ``block_last`` (``layers.{n-1}``).
-
-MFU = flops_per_token × tokens_per_s / (world_size × peak FLOP/s per device), with
-`flops_per_token` from the plan and the peak from `pipeline.planning.compute.peak_flops` (its `PEAK_FLOPS`
-table: the dense bf16 peak for a bf16 run, the true fp32 peak for an fp32 run, per GPU type; the
-CPU entry is a nominal 1 TFLOP/s, so CPU runs report a number, not a meaningful utilisation) — one
-formula and one table everywhere.
+The keys of metrics.jsonl, the watched groups and the MFU formula: docs/training.md, "Metrics".
 """
 from __future__ import annotations
 
@@ -51,7 +36,7 @@ def mfu(flops_per_token: float, tokens_per_s: float, world_size: int, peak_flops
 
 
 def watched_groups(model: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
-    """The watched parameter groups of an unwrapped model (see the module docstring)."""
+    """The watched parameter groups of an unwrapped model (see docs/training.md, "Metrics")."""
     n_layers = len(model.layers)
     prefixes = {"embedding": "tok_embeddings.", "lm_head": "lm_head.", "block_first": "layers.0.",
                 "block_last": f"layers.{n_layers - 1}."}
@@ -81,7 +66,7 @@ def group_norms(groups: dict[str, list[torch.Tensor]], prefix: str, grads: bool 
 class UpdateRatio:
     """‖θ_after − θ_before‖ / ‖θ_before‖ per watched group: snapshot before the optimizer step,
     compute after it. Only used on log steps: the snapshot copies the watched tensors (the embedding
-    and two blocks, ≈ 1.5 GB in fp32 on the 1.2B preset) after backward has freed the activations,
+    and two blocks, in fp32) after backward has freed the activations,
     so it stays below the step's peak memory."""
 
     def __init__(self, groups: dict[str, list[torch.Tensor]]):

@@ -1,38 +1,14 @@
 """Optimizers and learning-rate schedules for training.
 
-Parameter groups (by parameter name of the unwrapped model, see pipeline/model/model.py):
+- `build_optimizer(model, tcfg, device_type)`: AdamW, 8-bit AdamW or Muon (+ AdamW for the non-matrix
+  groups, `CombinedOptimizer`) over the `param_groups` (embedding, lm_head, matrix, no_decay);
+- `lr_factor(step, num_steps, tcfg)`, `set_lr(optimizer, factor)`: warmup + cosine or WSD, a pure function
+  of the step (nothing to checkpoint);
+- `Muon`: torch's Muon, with one owner rank per matrix under fsdp (`muon_owners`) and an fp32
+  `newton_schulz` on the CPU.
 
-| group       | parameters                                   | lr                      | weight decay |
-|-------------|----------------------------------------------|-------------------------|--------------|
-| `embedding` | `tok_embeddings.weight` (= lm head if tied)  | `train.embed_lr` or lr  | 0            |
-| `lm_head`   | `lm_head.weight` (untied models only)        | `train.lm_head_lr` or lr| weight_decay |
-| `matrix`    | every other ≥2-D weight (attention, MLP)     | lr                      | weight_decay |
-| `no_decay`  | 1-D parameters: norm gains, biases           | lr                      | 0            |
-
-`train.optimizer`: `adamw` (torch AdamW, fused kernels on CUDA, foreach on CPU), `adamw8bit`
-(bitsandbytes AdamW8bit, CUDA only, not under ``train.parallel: fsdp``: its kernels take plain tensors)
-or `muon` (torch.optim.Muon for the `matrix` group — the 2-D weights of the transformer blocks — with
-`adjust_lr_fn="match_rms_adamw"` so that the AdamW lr and weight decay carry over; AdamW for the other
-groups). Muon's Newton-Schulz iteration is torch's, in bf16, except on the CPU, where `newton_schulz` runs
-the same iteration in fp32: a CPU without bf16 matrix instructions (AVX2 only, like the 2-core development
-and CI VMs) emulates bf16 matmuls at ~7× the time of fp32 ones, which made the default model's Muon step
-(1.1 s on one core) cost as much as its two micro-steps' forward and backward.
-
-Every group records its `base_lr`; the schedule sets ``lr = base_lr × lr_factor(step)`` before each
-optimizer step, so the whole schedule state is the step number (nothing else to checkpoint).
-
-Sharded parameters (``train.parallel: fsdp``, DTensors sharded on dim 0 over a 1-D mesh): AdamW is
-elementwise and runs on the local shards. Muon's Newton-Schulz orthogonalisation needs the whole matrix,
-so `Muon` gives each matrix **one owner rank** (the scheme of distributed Muons such as Dion's): the matrices,
-largest Newton-Schulz cost first, are dealt in rounds of one per rank (`muon_owners`; a round's matrices
-have about the same cost, so no rank waits long on another); in a round every rank sends its shard of
-each matrix's momentum-corrected update to that matrix's owner (``gather``), each owner orthogonalises
-its one whole matrix, and sends every rank its shard of the result back (``scatter``). Rows are padded to
-the largest shard for the collectives and cut again. Given the same gradients the update is the unsharded
-Muon's on the whole matrices bit for bit (the same orthogonalisation of the same whole update, on one
-rank instead of all: tested on 2 ranks), at 1/world of the Newton-Schulz FLOPs per rank, and no rank
-receives a whole matrix it does not own. Momentum buffers and weights stay sharded; a rank holds at
-most one whole update and its result at a time.
+Usage: ``opt = build_optimizer(model, cfg["train"], "cuda"); set_lr(opt, lr_factor(step, n, cfg["train"]))``.
+The groups, the optimizers and sharded Muon: docs/training.md, "Optimizers and schedules".
 """
 from __future__ import annotations
 
@@ -117,7 +93,7 @@ class CombinedOptimizer:
 
 
 def muon_owners(shapes: list[tuple[int, int]], world_size: int) -> list[tuple[int, int]]:
-    """(round, owner rank) of each matrix of `shapes` for sharded Muon (module docstring): the matrices in
+    """(round, owner rank) of each matrix of `shapes` for sharded Muon (docs/training.md): the matrices in
     order of decreasing Newton-Schulz cost (4m²n + 2m³ per iteration, m ≤ n; ties keep their order) dealt
     one per rank per round. A function of the shapes alone, so every rank computes the same."""
     def cost(shape: tuple[int, int]) -> int:
@@ -134,7 +110,7 @@ def muon_owners(shapes: list[tuple[int, int]], world_size: int) -> list[tuple[in
 def newton_schulz(x: torch.Tensor, group: dict, on: str | None = None) -> torch.Tensor:
     """Muon's Newton-Schulz orthogonalisation of the matrix `x` with `group`'s coefficients, steps and eps, for
     a step on device type `on` (default: `x`'s): torch's iteration in bf16, or on the CPU the same iteration
-    in fp32 (module docstring)."""
+    in fp32 (docs/training.md, "Optimizers and schedules")."""
     from torch.optim._muon import _zeropower_via_newtonschulz
 
     if (on or x.device.type) != "cpu":
@@ -151,7 +127,7 @@ def newton_schulz(x: torch.Tensor, group: dict, on: str | None = None) -> torch.
 
 class Muon(torch.optim.Muon):
     """torch.optim.Muon that also steps sharded (DTensor) matrices, each orthogonalised by one owner rank,
-    and orthogonalises with `newton_schulz` (module docstring); plain tensors off the CPU take torch's own
+    and orthogonalises with `newton_schulz` (docs/training.md); plain tensors off the CPU take torch's own
     step."""
 
     @torch.no_grad()

@@ -151,12 +151,12 @@ def is_sharded(model: nn.Module) -> bool:
 
 
 # At most this fraction of a GPU's memory may hold the whole model unsharded between micro-steps
-# (compute-dtype parameters + fp32 gradients) for the no-resharding accumulation (module docstring).
+# (compute-dtype parameters + fp32 gradients) for the no-resharding accumulation (docs/training.md).
 UNSHARDED_ACCUM_FRACTION = 0.25
 
 
 def keep_unsharded(n_params: int, param_bytes: int, device: torch.device) -> bool:
-    """Whether FSDP gradient accumulation keeps the model gathered between micro-steps (module docstring):
+    """Whether FSDP gradient accumulation keeps the model gathered between micro-steps (docs/training.md):
     always on CPU; on CUDA when ``n_params × (param_bytes + 4)`` ≤ `UNSHARDED_ACCUM_FRACTION` of the
     device's memory."""
     if device.type != "cuda":
@@ -166,7 +166,7 @@ def keep_unsharded(n_params: int, param_bytes: int, device: torch.device) -> boo
 
 
 def shard_model(model: Transformer, cfg: dict, dist: Dist, compile_blocks: bool) -> None:
-    """FSDP2 in place (module docstring): compile each block when `compile_blocks`, ``fully_shard`` each
+    """FSDP2 in place (docs/training.md): compile each block when `compile_blocks`, ``fully_shard`` each
     block (compute dtype = the body's autocast dtype, fp32 reduce) and the root (fp32), with the root's
     ``hidden`` registered as a forward method. `build_model` calls it on the meta-device model, before
     materializing it; on a materialized model it shards the weights it has. Call before building the

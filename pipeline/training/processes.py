@@ -1,22 +1,11 @@
 """Processes of a training run: workers that die with their parent, the supervisor's view of its trainers.
 
-(Why, and the supervisor that completes this: pipeline/training/launch.py.)
+- `die_with_parent()`: the train CLI calls it first (``PR_SET_PDEATHSIG``, Linux only);
+- `register_worker()` / `report_exit(code)`: a trainer's ``<pid>.worker`` and ``<pid>.exit`` files in the
+  supervisor's status directory (`STATUS_DIR_ENV`), which pipeline/training/launch.py reads;
+- `EXIT_STOPPED` (75: stopped cleanly, resume from its checkpoint), `EXIT_HUNG` (70: the watchdog fired).
 
-* `die_with_parent` (the train CLI calls it first): ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` makes the kernel
-  kill the worker when the process that started it (torchrun's agent) exits, however it exits. A parent
-  that exited before the call is caught by checking for a gone supervisor or adoption by PID 1.
-* The supervisor's status directory (`STATUS_DIR_ENV`, made by the supervisor for each job): a trainer
-  that can take a stop request (its SIGUSR1/SIGTERM handlers installed) writes ``<pid>.worker``
-  (`register_worker`), and ``<pid>.exit`` holding its exit code just before it exits (`report_exit`).
-  The supervisor signals the registered workers (torchrun's agent is their parent, not the supervisor) and
-  learns their exit codes, which torchrun does not pass on (it exits 1 when any worker fails).
-
-Exit codes of a trainer (and of the supervisor, which passes them on): 0 done (the stage, or the
-segment's target); `EXIT_STOPPED` (75, EX_TEMPFAIL) stopped cleanly before its target — a checkpoint at
-the step it stopped, the next attempt resumes there; `EXIT_HUNG` (70) the step watchdog found a rank
-making no progress (pipeline/training/stopping.py); 1 an error.
-
-Linux only (prctl); elsewhere workers rely on torchrun's own shutdown.
+Exit codes and why: docs/training.md, "Processes of a training run".
 """
 from __future__ import annotations
 
@@ -37,11 +26,11 @@ __all__ = ["die_with_parent", "set_parent_death_signal", "set_child_subreaper", 
 log = get_logger(__name__)
 
 SUPERVISOR_ENV = "TOKENFARM_SUPERVISOR_PID"  # set by the supervisor (launch.py) for everything it starts
-STATUS_DIR_ENV = "TOKENFARM_STATUS_DIR"  # the supervisor's status directory (module docstring)
+STATUS_DIR_ENV = "TOKENFARM_STATUS_DIR"  # the supervisor's status directory (docs/training.md)
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped cleanly at a checkpoint before the target; rerun to resume
 EXIT_HUNG = 70     # the step watchdog fired (a rank made no progress)
 # The signals that ask a job to stop: the trainers handle them; the launchers between the supervisor and the
-# trainers (torchrun, pipeline.training.rendezvous) ignore them (`ignore_stop_signals`, launch.py's docstring).
+# trainers (torchrun, pipeline.training.rendezvous) ignore them (`ignore_stop_signals`, docs/training.md).
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36

@@ -1,22 +1,12 @@
-"""Launch the trainer on this node or on every node of a SLURM allocation (the train rule's command).
+r"""Launch the trainer on this node or on every node of a SLURM allocation (the train rule's command).
 
-    python -m pipeline.training.rendezvous --params JSON --cpus-per-node C [--plan R/plan.json] \\
+    python -m pipeline.training.rendezvous --params JSON --cpus-per-node C [--plan R/plan.json] \
         -- -m pipeline.training.train ARGS...
 
-`--params` is the train stage's config slice; its `hardware` says the launch: `nodes` N,
-`nproc_per_node` G, `device` (cuda: G GPUs per node), `nccl_env`.
-
-* ``--nodes 1``: ``torchrun --standalone --nproc_per_node G …`` here (no SLURM needed).
-* ``--nodes N > 1`` (inside the SLURM job the train rule got: N nodes, one task per node): reads the
-  allocation with ``scontrol``, refuses one that is not N nodes, takes the first node's address as the
-  rendezvous host and a free port on it (this process runs on that node: SLURM runs a batch job's
-  script on its first node), and runs ``srun --nodes N --ntasks-per-node 1 torchrun --nnodes N
-  --nproc_per_node G --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOBID …``: one torchrun
-  agent per node, G workers each.
-
-Both check the launch against the plan first: ``nodes × nproc_per_node`` must be the plan's
-``world_size`` (the trainer checks its process group against it again). NCCL settings come from
-``hardware.nccl_env`` (`NCCL_PRESETS` or explicit variables) and are exported to every worker.
+One node: ``torchrun --standalone`` here. N > 1 nodes (inside the SLURM job): ``srun`` one torchrun agent
+per node with a c10d rendezvous on the first node. Both check ``nodes × nproc_per_node`` against the
+plan's ``world_size`` first and export ``hardware.nccl_env`` (`NCCL_PRESETS`) to every worker.
+Details: docs/training.md, "Launching on one node or many".
 """
 from __future__ import annotations
 
@@ -127,7 +117,7 @@ def launch_command(nodes: int, nproc: int, cpus: int, gpus: int, train_args: lis
             "--kill-on-bad-exit=1", "--export=ALL"]
     if gpus:
         step.append(f"--gres=gpu:{gpus}")
-    # each node's agent ignores the stop signals, as the supervisor's launcher does here (launch.py's docstring)
+    # each node's agent ignores the stop signals, as the supervisor's launcher does here (docs/training.md)
     agent = [sys.executable, "-m", "pipeline.training.launch", "--exec", "--", torchrun]
     return [*step, *agent, "--nnodes", str(nodes), "--nproc_per_node", str(nproc), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", f"tokenfarm-{job_id}", "--max-restarts", "0",

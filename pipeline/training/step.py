@@ -123,7 +123,7 @@ def count_tokens(batches: list[tuple], dist: Dist, vote: bool | None = None) -> 
 
 
 def _fsdp_micro_step(root: nn.Module, last: bool, keep: bool) -> contextlib.AbstractContextManager:
-    """Set up a sharded model for one micro-step (module docstring: gradient accumulation)."""
+    """Set up a sharded model for one micro-step (docs/training.md: gradient accumulation)."""
     if keep:
         blocks = [m for m in _fsdp_modules(root) if m is not root]
         for m in blocks:

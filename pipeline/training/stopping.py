@@ -1,51 +1,16 @@
 """Stopping a training job cleanly before its time runs out, and failing it fast when a rank hangs.
 
-A stage trains as a chain of jobs (``--segment K/N``, pipeline/training/train.py); any job may also end early:
-its time limit, a preemption, an admin's requeue, a person. Every such stop is the same path: at a **step
-boundary** the ranks agree to stop, write a checkpoint there, and exit with `EXIT_STOPPED` (75); the next
-attempt resumes from that checkpoint, and the run's weights and metric history are those of an uninterrupted
-run. Nothing is interrupted half-way: a request during validation, CORE or a save waits for the boundary.
+Every early stop (time limit, preemption, requeue, a person) takes one path: at a step boundary the ranks
+agree to stop, checkpoint there and exit `EXIT_STOPPED` (75); the next attempt resumes from it. A rank that
+makes no progress within its allowance dumps its stacks and exits `EXIT_HUNG` (70).
 
-**What asks for a stop** (each rank votes; the votes are OR-reduced, below):
+- `StopControl`: what the trainer holds; it combines `Deadline` + `StopClock` (the clock, rank 0),
+  `StopSignals` (SIGUSR1 / SIGTERM) and the vote carried in the step's token all-reduce;
+- `Watchdog`, `hang_allowances(params)`: the per-phase step watchdog;
+- `slurm_end_time(job_id)`: the SLURM job's end time from ``squeue``.
 
-* the **clock** (`Deadline`, rank 0): ``TOKENFARM_DEADLINE`` (epoch seconds; tests and other schedulers), else
-  inside SLURM (``SLURM_JOB_ID``) the job's end time from ``squeue -h -j $SLURM_JOB_ID -o %e`` (local time),
-  re-read every `SQUEUE_REFRESH_S` in a background thread (an admin may extend a job; a failing squeue keeps
-  the last value, with a warning). The SLURM profile asks for no ``--signal``: the clock is the primary stop.
-  Rank 0 votes to stop when the time left cannot cover what must run before the next chance to stop plus one
-  save plus `margin_s` (``TOKENFARM_STOP_MARGIN_S``, default `DEFAULT_MARGIN_S`) — `StopClock`: a step is the
-  max of the recent steps' wall time (the job's first step, compile-heavy, excluded once others exist; until the
-  job has measured a step only the save and the margin count, so every job trains at least one step unless its
-  deadline is that close: a predicted step far above the real one would otherwise stop every attempt before its
-  first step), plus the validation / CORE / periodic save due at that step
-  (their last measured times), and a save is the last save measured in this job (else
-  `pipeline.planning.train_jobs.predicted_save_s`).
-* **signals** (`StopSignals`, every rank): SIGUSR1 (a person, the supervisor) and SIGTERM (SLURM at the time
-  limit, on preemption and on requeue, KillWait seconds before SIGKILL) set a flag; nothing else happens in
-  the handler.
-
-**Agreement without an extra collective**: the vote cast at the boundary after step s travels in the
-all-reduce of step s+1's token counts (`pipeline.training.step.StepBatches`: a third element, summed = OR),
-is read once step s+1's work is queued, and every rank stops after step s+1 — the same step everywhere.
-(Read then, the flag costs no pipeline bubble on CUDA: the host waits for the all-reduce, which precedes
-step s+1's kernels, not for them.) So the clock looks two steps ahead. Before the first step of a job one
-extra all-reduce decides whether there is time for even one step (a job started too late, or asked to stop
-while it set up, exits 75 without training).
-
-**The step watchdog** (`Watchdog`, a daemon thread in every rank): the trainer beats at each step and around
-each validation, CORE scoring and checkpoint save, each phase with its allowance (`hang_allowances`: the step
-``hardware.hang_timeout_min`` when set, else max(`MIN_HANG_S`, 20 × the predicted step); a save adds 3 ×
-the predicted save; start-up and the first step (compile) 2 × `pipeline.planning.train_jobs.predicted_startup_s`
-more). The step after a phase also allows for that phase: the other ranks wait in its first collective while
-rank 0 alone writes a checkpoint or samples text. When a phase outlives its allowance the rank dumps every
-thread's stack (`faulthandler`), logs one error line naming the rank, step and phase, reports `EXIT_HUNG` to the
-supervisor (pipeline/training/processes.py) and leaves with ``os._exit(EXIT_HUNG)``; the supervisor kills
-the job at once. A stuck collective is also bounded by ``hardware.process_group_timeout_min`` (the process
-group's timeout, pipeline/distributed.py): it must exceed the longest legitimate wait (rank 0 alone writing
-a checkpoint) and is best above the watchdog's largest allowance, so that the watchdog — with its stacks and
-the phase — fires first; the trainer warns when it is not. A thread cannot fire while a C call holds the GIL:
-a `faulthandler.dump_traceback_later` backstop (`backstop=True`, the CLI) exits 1 a minute after the
-allowance if the thread did not.
+How the clock decides, the agreement without an extra collective, the watchdog's allowances:
+docs/training.md, "Clean stops and the watchdog".
 """
 from __future__ import annotations
 
@@ -191,7 +156,7 @@ SIGNALS = StopSignals()  # the process's: the CLI installs it, the loop reads it
 
 @dataclass
 class StopClock:
-    """The time the next steps, evaluations and saves will take, measured in this job (module docstring),
+    """The time the next steps, evaluations and saves will take, measured in this job (docs/training.md),
     and the stop rule against a `Deadline`."""
 
     predicted_step_s: float
@@ -243,7 +208,7 @@ class StopClock:
 # ----------------------------------------------------------------------------- the watchdog
 
 def hang_allowances(params: dict) -> dict[str, float]:
-    """Seconds each phase may take before the watchdog fires (module docstring)."""
+    """Seconds each phase may take before the watchdog fires (docs/training.md, "Clean stops and the watchdog")."""
     from pipeline.planning.train_jobs import predicted_save_s, predicted_startup_s, predicted_step_s
 
     minutes = params["hardware"].get("hang_timeout_min")
@@ -256,7 +221,7 @@ def hang_allowances(params: dict) -> dict[str, float]:
 
 class Watchdog:
     """A daemon thread that ends this process with `EXIT_HUNG` when the current phase outlives its allowance
-    (module docstring). `beat(step, phase, seconds)` starts a phase; `close()` ends the watch."""
+    (docs/training.md). `beat(step, phase, seconds)` starts a phase; `close()` ends the watch."""
 
     def __init__(self, rank: int, poll_s: float = 1.0, backstop: bool = False,
                  on_expire: Callable[[str], None] | None = None):

@@ -1,102 +1,16 @@
-"""Train stage: DDP or FSDP2 (+ torch.compile) training of the Llama-3-style model on the packed rows.
+r"""Train stage: DDP or FSDP2 (+ torch.compile) training of the Llama-3-style model on the packed rows.
 
-Launch (the `train` rule; `--nproc_per_node` = `hardware.nproc_per_node`)::
+One launch trains one stage of `train.stages` (or one job of it, ``--segment K/N``) and writes
+``outdir/final.pt``, ``metrics.jsonl``, ``ckpt/``, ``summary.json`` and ``wandb/``. The train rule runs::
 
-    python -m pipeline.training.launch -- \\
-    torchrun --standalone --nproc_per_node N -m pipeline.training.train --params JSON [--plan R/plan.json] \\
-        --train R/pack/M/train.json --val R/pack/M/val.json --tokenizer R/tokenizer/encoding.json \\
-        --outdir R/train/STAGE [--stage STAGE] [--init R/train/PREV/final.pt] [--resume auto|require|never] \\
-        [--segment K/N] [--max-steps K] [--keep-ckpts 2]
+    python -m pipeline.training.launch -- \
+    torchrun --standalone --nproc_per_node N -m pipeline.training.train --params JSON [--plan R/plan.json] \
+        --train R/pack/M/train.json --val R/pack/M/val.json --tokenizer R/tokenizer/encoding.json \
+        --outdir R/train/STAGE [--stage STAGE] [--init R/train/PREV/final.pt] [--resume auto|require|never]
 
-The launcher owns the job's processes and each worker dies with its parent (pipeline/training/launch.py);
-rank 0 holds the lease on `outdir` for the whole run (pipeline/training/lease.py), so a second trainer on it,
-on any host, fails at once.
-
-**Jobs and stops** (pipeline/training/stopping.py). A stage may train as a chain of N jobs: ``--segment K/N``
-trains from the newest checkpoint to step ceil(K × num_steps / N) and checkpoints there; for K < N it then
-writes ``outdir/segments/K.json`` (stage, segment, of, target_step, step, num_steps, tokens_seen, meta) and
-no final.pt (a rerun whose newest checkpoint already reached the target writes the marker without building
-the model); N/N ends as an unsegmented run does. Any job stops cleanly before its target at a step boundary
-the ranks agree on — when its deadline (``TOKENFARM_DEADLINE``, or the SLURM job's end time) would not leave
-time for the next steps and a save, or on SIGUSR1 / SIGTERM —, with a checkpoint there and exit code 75
-(`EXIT_STOPPED`); the next attempt resumes from it. A rank that makes no progress within its watchdog's
-allowance (``hardware.hang_timeout_min``) dumps its stacks and exits 70 (`EXIT_HUNG`). Exit 0: the target
-reached.
-
-**Stages** (pipeline/planning/stages.py): one launch trains one stage of `train.stages`; the rule passes the
-stage's view of the config (`stage_config`: its effective `train` section and the resolved stage
-under `stage`). The stage decides the number of steps (its tokens / steps budget, the run budget,
-or for ``epochs`` ``pipeline.planning.stages.epoch_steps`` over the packed rows, the loader in rows mode so
-the last step is padded with empty rows), the loss (``all`` / ``assistant``: the loader's mask),
-document-masked attention (``doc_mask``: the loader's doc ids into ``model.hidden``) and the
-initial weights: on a fresh start, a stage with ``init_from`` loads ``--init`` (the earlier stage's
-final.pt; another model shape is refused, naming both) and, with ``carry_optimizer``, the optimizer
-state of that stage's last checkpoint (the new stage's learning rates kept). The init file's sha256
-is part of the stage's identity, so a checkpoint of a stage trained from an older init is never
-resumed.
-
-Without torchrun it runs as a single process (world size 1, no process group). Under torchrun the
-process group is gloo on CPU and nccl on CUDA (one GPU per local rank).
-
-What runs, per optimizer step (`plan.grad_accum_steps` micro-steps of `plan.micro_batch` rows per
-rank; `plan.num_steps` steps):
-
-* **Model**: `LossModel` = the transformer body (`Transformer.hidden`) under bf16 autocast on CUDA
-  when `train.precision` is bf16 (CPU: fp32, tests aside), followed by `chunked_cross_entropy`
-  *outside* autocast: fp32 logits, chunked over `train.ce_chunk_tokens` tokens, their matmuls'
-  inputs at `train.ce_matmul` precision (pipeline/model/losses.py). DDP wraps `LossModel` first,
-  then `torch.compile` wraps DDP (`train.compile`: auto = on for CUDA, off on CPU); the loss
-  runs eagerly (a deliberate graph break after the body). fp32 matmuls use TF32 only with `ce_matmul: tf32`.
-* **Parallelism** (`train.parallel`): ``ddp`` as above; ``fsdp`` shards the model at set-up
-  (pipeline/training/step.py's docstring: fully_shard per block and root, bf16 compute copies of the
-  blocks, the loss's output weight gathered in fp32, blocks compiled one by one, accumulation modes);
-  gradients, their norm and clipping, both optimizers and every logged metric are those of DDP (tested
-  within fp32 rounding). Evaluation inside training runs on the gathered model (`step.gathered`).
-* **Batches** (`StepBatches`): a thread reads the next step's micro-batches and pins them while the
-  current step runs; they reach the GPU by non-blocking copies. The checkpointed loader state is
-  that of the consumed steps.
-* **Loss normalisation**: before the micro-steps each rank counts the target tokens of its
-  micro-batches (the loss mask's ones, or every target) on the host, and one all-reduce gives the
-  global count N (no device-to-host sync in the step). Each micro-step backpropagates
-  ``loss_sum × world_size / N``; DDP averages gradients over the ranks (÷ world_size), so the final
-  gradient is exactly the gradient of ``Σ per-token loss / N`` over the global batch — masked
-  tokens, uneven masks across ranks and micro-steps included (FSDP's reduce-scatter averages the same
-  way). `model.no_sync()` skips the gradient all-reduce on all but the last micro-step. The logged
-  `loss` is the same global mean.
-* **Token count**: the same all-reduce sums the input tokens of the step; the total trained must
-  equal ``plan.num_steps × plan.tokens_per_step`` at the end (checked; the run fails otherwise).
-* **Optimizer**: pipeline/training/optim.py (AdamW / Muon / 8-bit AdamW, per-group LRs, warmup + cosine or
-  WSD), gradient clipping at `train.grad_clip` (global norm before clipping is logged). Gradients
-  are zeroed in place, never freed: under DDP they stay views into its buckets (`zero_gradients`).
-* **Checkpoints** every `train.ckpt_interval` steps, where a job ends (the end, its segment's target, a
-  clean stop, `--max-steps`) (pipeline/training/checkpoint.py; under fsdp sharded directories written by every rank with
-  torch.distributed.checkpoint); `train.resume: auto` (or `--resume auto`) continues from the newest
-  readable checkpoint in `outdir/ckpt/` exactly: same per-step losses as an uninterrupted run (bitwise on
-  CPU); an unreadable one is moved to `ckpt/unreadable/` and the one before it used. A checkpoint made by
-  another world size (`hardware.nodes` × `hardware.nproc_per_node`, the plan re-made for it) is resumed
-  resharded, `auto` and `require` alike: the same global batch of the same rows, the grad_accum_steps of
-  the new layout, so the same losses up to fp32 summation order (pipeline/training/checkpoint.py's
-  docstring, "Another world size"). A checkpoint made with a different config (other than the logging
-  keys in `checkpoint.OBSERVABILITY_KEYS` and the world size) is never resumed:
-  `auto` moves it aside to `ckpt/stale-<time>/` and starts over (a Snakemake rerun after a config
-  edit), `require` fails instead, and `never` always starts over. Checkpoints load memory-mapped:
-  a rank pages in what it copies, not a private copy of the whole file.
-* **Metrics**: pipeline/training/metrics.py (JSONL + wandb), validation every `train.val_interval` steps.
-  Which steps log is a function of the step alone (`Schedule`: never where a job started or stopped), and a
-  resumed run keeps the records up to its checkpoint and logs the later steps again, so a run stopped and
-  resumed any number of times has the uninterrupted run's records, each logged step exactly once; a run
-  whose log does not end at its last scheduled record fails. wandb continues the same run (its id is in the
-  checkpoint).
-  With `--eval-data` and `eval.core_interval` > 0, a quick CORE subset (the first
-  `eval.core_interval_items` items of every `eval.tasks` task, sharded across the ranks,
-  pipeline/evaluation/core_benchmark.py) every `eval.core_interval` steps and at the end, logged as `core_<n>`
-  and `core/<task>` (centered accuracies); a chat stage (`pipeline.planning.stages.is_chat_stage`) adds a quick
-  ChatCORE subset at the same steps (the first `eval.core_interval_items` items of every
-  `eval.chat_tasks` task, pipeline/evaluation/chat_core.py), logged as `chat_core_<n>` and `chat_core/<task>`.
-
-Outputs: `outdir/final.pt` (written last: model state dict — one consolidated file, under fsdp gathered
-to rank 0 —, params, plan, tokens trained, final validation loss; `torch.load(..., weights_only=True)`),
-`outdir/metrics.jsonl`, `outdir/ckpt/`, `outdir/summary.json` (token accounting of the run), `outdir/wandb/`.
+Without torchrun it runs as one process. `train(...)` is the library entry (set-up, `run_steps`, `finish`);
+`main` the CLI. Jobs and stops, stages, what runs per optimizer step (the exact token-weighted loss
+normalisation), checkpoints and metrics: docs/training.md, "The trainer".
 """
 from __future__ import annotations
 
@@ -565,7 +479,7 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, s
                       **{f"lr/{g['name']}": g["lr"] for g in optimizer.param_groups}, **record,
                       **group_norms(watched, "param_norm"), **update.ratios(), "tokens_per_s": tps,
                       "mfu": mfu(plan.flops_per_token, tps, dist.world_size, peak), **memory_stats(dist.device)}
-        update = None  # its snapshot (≈ 1.5 GB at 1.2B) is not held through validation and CORE scoring
+        update = None  # its snapshot (the watched weights) is not held through validation and CORE scoring
         phases, after = 0.0, 0.0
         if is_val:
             watchdog.beat(done, "validation", allow["validation"])
