@@ -76,7 +76,9 @@ import os
 import secrets
 import shlex
 import shutil
+import platform
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -94,24 +96,87 @@ WORK = "/tmp/work"  # the child's working directory, HOME and TMPDIR (on its pri
 SHARED = ("/var/tmp", "/dev/shm", "/run/lock")  # world-writable places, bound from the private tmpfs
 UNSHARE = ["--net", "--pid", "--ipc", "--mount", "--mount-proc", "--fork", "--kill-child"]
 
-# Runs in the child (python -I -c BOOT cfg): token and program from stdin, limits, guards, the program,
-# then the token to the result pipe. Stand-alone (it must not import the package: the child has no
-# access to our files beyond the interpreter).
-BOOT = r'''
+# The first stage in the child (python -I -S -c STAGE cfg python -I -c BOOT cfg): installs the seccomp filter
+# (`seccomp_filter`), puts the token (the first 32 bytes of stdin) into secret memory (memfd_secret: not readable
+# even through /proc/self/mem; a plain memfd where the kernel lacks it) at cfg["secret_fd"], then execs the
+# harness. It is the only process that loads ctypes: the program's interpreter never has it.
+STAGE = r"""
+import ctypes, json, mmap, os, sys
+cfg = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+prog = bytes.fromhex(cfg["seccomp"])
+buf = ctypes.create_string_buffer(prog, len(prog))
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+if libc.prctl(22, 2, ctypes.byref(Fprog(len(prog) // 8, ctypes.addressof(buf))), 0, 0):  # PR_SET_SECCOMP, FILTER
+    sys.exit("sandbox: the seccomp filter was refused: " + os.strerror(ctypes.get_errno()))
+token = b""
+while len(token) < 32:
+    chunk = os.read(0, 32 - len(token))
+    if not chunk:
+        break
+    token += chunk
+fd = libc.syscall(447, 0)  # memfd_secret (the same number on x86_64 and aarch64)
+if fd < 0:
+    fd = os.memfd_create("token")
+os.ftruncate(fd, 32)
+m = mmap.mmap(fd, 32)
+m[:] = token.ljust(32)
+m.close()
+if fd != cfg["secret_fd"]:
+    os.dup2(fd, cfg["secret_fd"])
+    os.close(fd)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+# Runs in the child after STAGE (python -I -c BOOT cfg): the program from stdin, limits, the audit hook, the
+# program, then the "ended" event from the harness's own frame. Stand-alone (it must not import the package: the
+# child has no access to our files beyond the interpreter).
+BOOT = r"""
 import json, os, resource, sys
+
+
+def _guard(me, line, result, pid, native):
+    # The audit hook: refuses starting processes, walking the heap or other threads' frames, adding hooks,
+    # loading native code (`native`) and opening /proc/*/mem; sets `ended` when the harness's frame `me` raises
+    # "tokenfarm.ended" from `line` (the program ran to its end), and then, only then and once, writes what the
+    # atexit callback hands it (the token) to `result`. It holds the token at no other time.
+    ended = []
+    getframe, getpid, write, basename, realpath = sys._getframe, os.getpid, os.write, os.path.basename, os.path.realpath
+    spawn = {"os.exec", "os.posix_spawn", "os.spawn", "os.system", "os.startfile", "subprocess.Popen", "pty.spawn"}
+    walks = {"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
+             "sys._current_exceptions", "sys.addaudithook"}
+
+    def hook(event, args):
+        if event == "tokenfarm.report":
+            if ended and getpid() == pid:
+                ended.clear()
+                try:
+                    write(result, args[0])
+                except OSError:
+                    pass
+        elif event == "tokenfarm.ended":
+            if getframe(1) is me and me.f_lineno == line and getpid() == pid:
+                ended.append(True)
+        elif event in spawn:
+            raise PermissionError("the sandbox does not allow starting a shell or a subprocess")
+        elif event in walks:  # a RuntimeError: sys.addaudithook then quietly adds nothing
+            raise RuntimeError(f"the sandbox does not allow {event}")
+        elif event == "import" and args[0].partition(".")[0] in native:
+            raise ImportError(f"the sandbox does not allow importing {args[0]}")
+        elif event == "open" and isinstance(args[0], (str, bytes)):
+            path = os.fsdecode(args[0])
+            if basename(path) == "mem" or realpath(path).startswith("/proc/") and realpath(path).endswith("/mem"):
+                raise PermissionError("the sandbox does not allow reading process memory")
+    return hook
+
+
+def _refused(*a, **k):
+    raise PermissionError("the sandbox does not allow starting a shell or a subprocess")
 
 
 def _harness():
     cfg = json.loads(sys.argv[1])
-    with open(0, "rb", closefd=False) as f:
-        token, source = f.read().decode("utf-8").split("\n", 1)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    with open("program.py", "w", encoding="utf-8") as f:
-        f.write(source)
-    for name, v in cfg["limits"].items():
-        resource.setrlimit(getattr(resource, name), (v, v))
     if os.path.isdir(cfg["bound"] + "/lib"):  # the interpreter's prefix, readable by the program's uid
         def _moved(paths):
             return [cfg["bound"] + p[len(cfg["prefix"]):] if p.startswith(cfg["prefix"]) else p for p in paths]
@@ -120,32 +185,37 @@ def _harness():
             if isinstance(getattr(m, "__path__", None), list):
                 m.__path__[:] = _moved(m.__path__)
         sys.path_importer_cache.clear()
-
-    def _refused(*a, **k):
-        raise PermissionError("the sandbox does not allow starting a shell or a subprocess")
-
-    for n in ("system", "popen", "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
-              "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe", "posix_spawn",
-              "posix_spawnp", "startfile"):
-        if hasattr(os, n):
-            setattr(os, n, _refused)
-    import subprocess
-    for n in ("Popen", "run", "call", "check_call", "check_output", "getoutput", "getstatusoutput"):
-        setattr(subprocess, n, _refused)
+    import atexit, mmap, subprocess, _posixsubprocess
+    secret = mmap.mmap(cfg["secret_fd"], 32)  # the token, in STAGE's secret memory
+    os.close(cfg["secret_fd"])
+    with open(0, "rb", closefd=False) as f:
+        source = f.read().decode("utf-8")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    with open("program.py", "w", encoding="utf-8") as f:
+        f.write(source)
+    for name, v in cfg["limits"].items():
+        resource.setrlimit(getattr(resource, name), (v, v))
+    _posixsubprocess.fork_exec = _refused  # what subprocess and multiprocessing start processes with
+    # The token leaves at exit, through the hook: atexit's list is no Python object, and this callback runs after
+    # every exit handler of the program.
+    atexit.register(sys.audit, "tokenfarm.report", secret)
+    del secret
+    audit, me = sys.audit, sys._getframe()
+    sys.addaudithook(_guard(me, cfg["ended_line"], cfg["result_fd"], os.getpid(), frozenset(cfg["native"])))
     sys.argv = ["program.py"]
-    # bound now: a program that replaces os.write or os.getpid cannot drop the token
-    write, result, getpid, me = os.write, cfg["result_fd"], os.getpid, os.getpid()
     exec(compile(source, "program.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-    # Reached only when the program's last statement returned (no exit, no exception): the token says so,
-    # from this process only (a forked child that runs off the end is not the program finishing).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if getpid() == me:
-        write(result, token.encode())
+    audit("tokenfarm.ended")  # ENDED: reached only when the program's last statement returned
 
 
 _harness()
-'''
+"""
+ENDED_LINE = next(i for i, line in enumerate(BOOT.splitlines(), 1) if "# ENDED:" in line)
+# Extension modules the program may not load (the harness loads none of them): native memory access, interpreters
+# without our hook, and process creation past it.
+NATIVE = ("ctypes", "_ctypes", "_testcapi", "_testinternalcapi", "_testbuffer", "_xxsubinterpreters",
+          "_xxinterpchannels", "_posixsubprocess")
 
 
 @dataclass(frozen=True)
@@ -173,26 +243,66 @@ class SandboxResult:
         return asdict(self)
 
 
-def _setup(uid: int | None, disk_mb: int, cgroups: list[str]) -> str:
+def _ipc_sysctls(limits: SandboxLimits) -> dict[str, str]:
+    """The item's IPC namespace's limits (written by its init, before the read-only remount; the host's are not
+    touched): System V shared memory exists only while attached (so counted in an attacher's RLIMIT_AS), at most
+    memory_mb of it; message queues at most 8 x 16 KiB; few semaphores."""
+    mem = int(limits.memory_mb) << 20
+    return {"shm_rmid_forced": "1", "shmmax": str(mem), "shmall": str(mem // 4096), "shmmni": "64",
+            "msgmni": "8", "msgmnb": "16384", "msgmax": "8192", "sem": "32 256 32 8"}
+
+
+def _setup(uid: int | None, limits: SandboxLimits, cgroups: list[str]) -> str:
     """The namespace init's shell script (root in its namespaces, before the program): join the memory
-    cgroups, remount every mount read-only, hide $HOME, then the one private tmpfs and the places bound
-    from it. "$0" is the interpreter's prefix, "$1" the evaluating user's home; "$@" after a shift the
-    program's command."""
+    cgroups, bound IPC, remount every mount read-only, hide $HOME and /run (where host sockets live), then the
+    one private tmpfs and the places bound from it. "$0" is the interpreter's prefix, "$1" the evaluating
+    user's home; "$@" after a shift the program's command."""
     q = shlex.quote
     owner = f"chown {uid}:{uid} {WORK}; " if uid is not None else ""
+    empty = "mount -t tmpfs -o size=64k,nr_inodes=64,mode=755 tmpfs"
     return ("set -e; "  # each step its own command: set -e ignores a failing `a` in `a && b`
             + "".join(f"echo 0 > {q(d)}/cgroup.procs; " for d in cgroups)
+            + "".join(f"echo {q(v)} > /proc/sys/kernel/{k}; " for k, v in _ipc_sysctls(limits).items())
             # a private mount namespace: nothing here propagates to the host
             + r'while read -r _ _ _ _ mp _; do case $mp in *\\*) mp=$(printf %b "$mp");; esac; '  # \040: a space
             + 'mount -o remount,bind,ro "$mp"; done < /proc/self/mountinfo; '
-            + f"mount -t tmpfs -o size={int(disk_mb)}m,nr_inodes=16384,mode=1777 tmpfs /tmp; "
+            + f"mount -t tmpfs -o size={int(limits.disk_mb)}m,nr_inodes=16384,mode=1777 tmpfs /tmp; "
             + f'mkdir {BOUND}; mount --bind "$0" {BOUND}; mount -o remount,bind,ro {BOUND}; '
-            + 'case $1 in /|/tmp|/tmp/*) ;; *) if [ -d "$1" ]; then mount -t tmpfs -o size=64k,mode=755 tmpfs "$1"; '
+            + f'case $1 in /|/tmp|/tmp/*) ;; *) if [ -d "$1" ]; then {empty} "$1"; '
             + 'fi;; esac; shift; '  # a $HOME under /tmp is hidden already
+            + "".join(f"if [ -d {d} ] && [ ! -L {d} ]; then {empty} {d}; mkdir -p {d}/lock; mount -o remount,bind,ro {d}; fi; "
+                      for d in ("/run", "/var/run"))
             + "".join(f"if [ -d {d} ]; then mkdir -p -m 1777 /tmp/.{d[1:].replace('/', '-')}; "
                       f"mount --bind /tmp/.{d[1:].replace('/', '-')} {d}; fi; " for d in SHARED)
             + f"mkdir -m 700 {WORK}; {owner}cd {WORK}; "
             + '"$@"')  # sh stays the namespace's init, the program its child
+
+
+# seccomp (per architecture: AUDIT_ARCH, socket, clone, unshare; clone3 and io_uring_setup are 435 and 425 on both)
+_ARCH = {"x86_64": (0xC000003E, 41, 56, 272), "aarch64": (0xC00000B7, 198, 220, 97)}
+_NEW_NAMESPACES = 0x7E020080  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
+
+
+def seccomp_filter(machine: str) -> bytes | None:
+    """The classic-BPF program the child installs before the harness (None: no filter for this architecture):
+    socket(AF_UNIX) is EACCES (no Unix socket of the host, at any path, is reachable); unshare and clone with
+    a namespace flag are EPERM, clone3 and io_uring_setup ENOSYS (glibc falls back to clone; io_uring would
+    bypass the socket rule), so no new user or IPC namespace escapes the item's limits; other ABIs on the same
+    kernel (i386, x32) are EPERM."""
+    if machine not in _ARCH:
+        return None
+    arch, socket_nr, clone_nr, unshare_nr = _ARCH[machine]
+    allow, eperm, eacces, enosys = 0x7FFF0000, 0x50000 | 1, 0x50000 | 13, 0x50000 | 38  # SECCOMP_RET_*
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ/JGE/JSET|K, BPF_RET|K
+    ops = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, eperm), (ld, 0, 0, 0)]  # seccomp_data: nr @0, arch @4
+    if machine == "x86_64":
+        ops += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]  # x32
+    for nr, err in ((unshare_nr, eperm), (435, enosys), (425, enosys)):
+        ops += [(jeq, 0, 1, nr), (ret, 0, 0, err)]
+    ops += [(jeq, 0, 4, socket_nr), (ld, 0, 0, 16), (jeq, 0, 1, 1), (ret, 0, 0, eacces), (ret, 0, 0, allow)]
+    ops += [(jeq, 0, 4, clone_nr), (ld, 0, 0, 16), (jset, 0, 1, _NEW_NAMESPACES), (ret, 0, 0, eperm), (ret, 0, 0, allow)]
+    ops += [(ret, 0, 0, allow)]
+    return b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in ops)
 
 
 def _command(mode: str, uid: int | None, cfg: dict, limits: SandboxLimits, cgroups: list[str]) -> list[str]:
@@ -200,9 +310,12 @@ def _command(mode: str, uid: int | None, cfg: dict, limits: SandboxLimits, cgrou
     if uid is not None:
         drop += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
     user = ["--user", "--map-root-user"] if mode == "user-namespaces" else []
-    python = [_bound_interpreter(), "-I", "-c", BOOT, json.dumps(cfg)]
-    return [shutil.which("unshare"), *user, *UNSHARE, "/bin/sh", "-c", _setup(uid, limits.disk_mb, cgroups),
-            cfg["prefix"], os.path.expanduser("~"), *drop, "--", *python]
+    python = _bound_interpreter()
+    child = [python, "-I", "-S", "-c", STAGE, json.dumps(cfg), python, "-I", "-c", BOOT, json.dumps(cfg)]
+    # setsid: the init shell leads its own session and process group inside the PID namespace, so a signal to
+    # the program's group (killpg(0)) cannot reach unshare outside it
+    return [shutil.which("unshare"), *user, *UNSHARE, shutil.which("setsid"), "/bin/sh", "-c",
+            _setup(uid, limits, cgroups), cfg["prefix"], os.path.expanduser("~"), *drop, "--", *child]
 
 
 def isolation() -> str:
@@ -214,14 +327,17 @@ def isolation() -> str:
 @lru_cache(maxsize=1)
 def _probe() -> tuple[str, str]:
     """(isolation(), why "none": the setup's first line of error)."""
-    if shutil.which("unshare") is None or shutil.which("setpriv") is None:
-        return "none", "no unshare/setpriv (util-linux) on PATH"
+    if None in (shutil.which("unshare"), shutil.which("setpriv"), shutil.which("setsid")):
+        return "none", "no unshare/setpriv/setsid (util-linux) on PATH"
+    if seccomp_filter(platform.machine()) is None:
+        return "none", f"no seccomp filter for this architecture ({platform.machine()}; x86_64 and aarch64 have one)"
     mode = "namespaces" if os.geteuid() == 0 else "user-namespaces"
     user = ["--user", "--map-root-user"] if mode == "user-namespaces" else []
     setpriv = [shutil.which("setpriv"), "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all"]
     try:
-        r = subprocess.run([shutil.which("unshare"), *user, *UNSHARE, "/bin/sh", "-c", _setup(None, 1, []),
-                            sys.base_prefix, os.path.expanduser("~"), *setpriv, "--", "/bin/true"],
+        r = subprocess.run([shutil.which("unshare"), *user, *UNSHARE, shutil.which("setsid"), "/bin/sh", "-c",
+                            _setup(None, SandboxLimits(disk_mb=1), []), sys.base_prefix, os.path.expanduser("~"),
+                            *setpriv, "--", "/bin/true"],
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                            timeout=30, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
         return (mode, "") if r.returncode == 0 else ("none", (r.stderr.strip().splitlines() or ["failed"])[0])
@@ -343,10 +459,11 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits(), mode: str 
     nproc = int(limits.nproc) + (mode == "user-namespaces")
     token = secrets.token_hex(16)
     result_r, result_w = os.pipe()
-    cfg = {"prefix": sys.base_prefix, "bound": BOUND, "result_fd": result_w,
+    cfg = {"prefix": sys.base_prefix, "bound": BOUND, "result_fd": result_w, "secret_fd": max(result_w, 2) + 1,
+           "seccomp": seccomp_filter(platform.machine()).hex(), "ended_line": ENDED_LINE, "native": list(NATIVE),
            "limits": {"RLIMIT_CPU": int(limits.cpu_s), "RLIMIT_AS": int(limits.memory_mb) << 20,
                       "RLIMIT_NPROC": nproc, "RLIMIT_FSIZE": int(limits.output_bytes),
-                      "RLIMIT_NOFILE": int(limits.open_files), "RLIMIT_CORE": 0}}
+                      "RLIMIT_NOFILE": int(limits.open_files), "RLIMIT_CORE": 0, "RLIMIT_MSGQUEUE": 0}}
     cgroups = _memory_cgroups(limits)
     private = tempfile.mkdtemp(prefix="tokenfarm-sandbox-out-")  # ours only (0700): the output file
     t0 = time.perf_counter()
@@ -362,7 +479,7 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits(), mode: str 
             result_w = -1
             with contextlib.suppress(BrokenPipeError):  # died before reading it (its setup failed): its status says
                 with proc.stdin:
-                    proc.stdin.write(f"{token}\n{source}".encode("utf-8", "replace"))  # lone surrogates: "?"
+                    proc.stdin.write(f"{token}{source}".encode("utf-8", "replace"))  # lone surrogates: "?"
             timed_out = False
             try:
                 rc = proc.wait(timeout=limits.timeout_s)
