@@ -1,71 +1,16 @@
 """Run untrusted generated code (HumanEval completions) in a contained child process.
 
     result = run_program(source, SandboxLimits(timeout_s=10))   # result.passed: it ran to its end, in time
+    isolation()   # "namespaces" (root), "user-namespaces" (not root) or "none": run_program then refuses
 
-**Pass means the program ran to its end.** The parent draws a random token for each run and hands it to
-the child's harness on its stdin, which the harness reads (and replaces by /dev/null) before the
-program starts; after the program's last statement returns (for HumanEval: ``check(entry_point)``) the
-harness writes the token to a pipe (from its own process only: a forked child running off the end does
-not report) and only then exits. The parent scores ``passed`` iff the exit status is 0 **and** the pipe
-holds exactly that token. So ``exit()``, ``sys.exit(0)``, ``raise SystemExit``, ``os._exit(0)``, an
-``atexit`` handler that exits 0 after a failed assert, or a process that kills itself all fail ("failed
-(exit 0 before its end)" when the status was 0): the token is in no argument, environment variable,
-file, descriptor or /proc entry the program can read, and printing cannot forge it. (Out of scope, like
-any in-process trick: code that rewrites how the tests themselves run — an object whose ``__eq__``
-always holds, a ``sys.settrace`` hook that jumps over the asserts, or walking the interpreter's frames
-to the harness's token; none of these is an exit.)
-
-Every program runs in its own, fresh ``python -I`` process (isolated mode: no PYTHON* variables, no
-user site, the script's directory not on sys.path), started in a new session, inside fresh **network,
-PID, IPC and mount namespaces** (``unshare --net --pid --ipc --mount --mount-proc --fork --kill-child``),
-with:
-
-* **no network**: only a loopback that is down, so not even a server of ours on 127.0.0.1;
-* **its own PID namespace**: it sees none of our processes (no ``/proc/<ppid>/environ``, nothing to
-  signal); a ``/bin/sh`` is the namespace's init and when it exits or is killed every process in the
-  namespace dies, so no daemon outlives the item;
-* **its own IPC namespace**: System V shared memory, semaphores and message queues it creates die with
-  the item;
-* **a read-only filesystem**: in the private mount namespace every mount is remounted read-only and
-  the evaluating user's ``$HOME`` is hidden under an empty tmpfs; the only writable places are one
-  tmpfs of ``disk_mb`` and 16384 inodes (memory-backed, gone with the namespace) that holds the working
-  directory ``/tmp/work`` (HOME and TMPDIR) and, bound from it, ``/tmp``, ``/var/tmp``, ``/dev/shm``
-  and ``/run/lock``: what the program writes anywhere is capped by ``disk_mb`` in total and never
-  reaches the host. The interpreter's prefix is bound read-only at ``/tmp/.python`` and run from there
-  (the program's uid may not enter where it lives, e.g. a pyenv under /root, and a venv under /tmp is
-  hidden);
-* **no privileges**: it runs under ``setpriv --no-new-privs`` with an empty capability bounding set
-  (no setuid binary, no mount, no remount); as root, also as a **uid of its own** (from a high range no
-  account uses, different for each program run by this process) with no groups;
-* **rlimits** set by the harness before the program runs: CPU seconds (``cpu_s``, SIGXCPU), address
-  space (``memory_mb``: a 10 GB allocation is a MemoryError), processes (``nproc``, threads included:
-  ``while True: os.fork()`` stops there — counted per uid, which is why the root mode needs its own
-  uid), file size (``output_bytes``: the cap on stdout+stderr, which go to one file the parent opened,
-  and on any file the program writes), open files (64) and no core dumps;
-* **an aggregate memory bound** as root: a memory cgroup (v1 ``memory.limit_in_bytes`` +
-  ``memory.memsw.limit_in_bytes``, or a delegated v2 ``memory.max`` + ``memory.swap.max`` = 0) of
-  ``total_memory_mb`` holds the whole item, its tmpfs pages included; when the cgroup cannot be made
-  (no writable memory controller) and without root, the bound is ``nproc`` × ``memory_mb`` of address
-  space plus ``disk_mb`` of tmpfs;
-* a **wall-clock timeout** (``timeout_s``): then the whole process group is killed (SIGKILL), and with
-  it the PID namespace;
-* an **environment built from nothing** (PATH, LANG, HOME/TMPDIR = its working dir): no variable of
-  the parent (tokens, keys) is inherited;
-* ``os.system``, ``os.popen``, ``subprocess`` and friends replaced by functions that raise: a program
-  that shells out fails (the limits above hold even for one that gets around this, e.g. by ``os.exec*``).
-
-The modes (``isolation()``, recorded in the evaluation report):
-
-* ``"namespaces"``: running as root (as in our containers and CI); the program drops to its own uid.
-* ``"user-namespaces"``: not root, where the kernel allows unprivileged user namespaces (``unshare
-  --user --map-root-user``): the same namespaces, owned by a new user namespace in which the program is
-  a capability-less "root" mapped to the evaluating user; the read-only remount keeps it from writing
-  that user's files (without capabilities it cannot remount, and a user namespace it makes itself gets
-  every mount locked read-only), the hidden ``$HOME`` from reading the usual token files there, and
-  RLIMIT_NPROC counts only the processes in its user namespace (its init shell included, so the limit
-  is ``nproc`` + 1). No memory cgroup (see above).
-* ``"none"``: neither works (not root and user namespaces forbidden, or no ``unshare``/``setpriv``):
-  ``run_program`` refuses to run generated code (``PipelineError``); there is no unisolated mode.
+Each program runs in a fresh ``python -I`` inside new network, PID, IPC and mount namespaces (util-linux
+``unshare``, ``setsid``, ``setpriv``): a read-only filesystem with $HOME and /run hidden and one size-capped
+tmpfs for its writes, no network and no Unix socket of the host (seccomp), no privileges (as root, a uid of
+its own), rlimits, an aggregate memory bound, a wall-clock timeout, an environment built from nothing, and
+an audit hook that refuses starting processes and loading native code. It passes iff it exits 0 after its
+last statement returned: a random token, kept in secret memory the program has no handle on, reaches the
+parent only then. What each layer holds, the attacks it is tested with and what is out of
+scope (an object whose ``__eq__`` always holds): docs/sandbox.md.
 """
 from __future__ import annotations
 
@@ -175,6 +120,42 @@ def _refused(*a, **k):
     raise PermissionError("the sandbox does not allow starting a shell or a subprocess")
 
 
+def _plain_results():
+    # f -> a function returning f's result as plain data: bool, int, float, complex, str, bytes, None, and tuples,
+    # lists, dicts, sets of them (subclasses made their base type, read through the base type's own methods);
+    # anything else is a TypeError. Made before the program runs, so it holds the real builtins.
+    atoms = (bool, int, float, complex, str, bytes, type(None))
+    made = ((int, int.__int__), (float, float.__float__), (complex, complex.__complex__), (str, str.__str__),
+            (bytes, bytes.__bytes__))
+    tp, sub = type, issubclass
+    seqs = ((tuple, tuple.__iter__, tuple), (list, list.__iter__, list), (set, set.__iter__, set),
+            (frozenset, frozenset.__iter__, frozenset))
+    items = dict.items
+
+    def plain(v, depth):
+        t = tp(v)
+        for a in atoms:
+            if t is a:
+                return v
+        if depth > 64:
+            raise TypeError("the result nests too deep")
+        for base, to in made:
+            if sub(t, base):
+                return to(v)
+        for base, it, new in seqs:
+            if sub(t, base):
+                return new([plain(x, depth + 1) for x in it(v)])
+        if sub(t, dict):
+            return {plain(k, depth + 1): plain(x, depth + 1) for k, x in items(v)}
+        raise TypeError("the candidate's result is not plain data (the sandbox compares only builtin values)")
+
+    def calls(f):
+        def candidate(*args, **kwargs):
+            return plain(f(*args, **kwargs), 0)
+        return candidate
+    return calls
+
+
 def _harness():
     cfg = json.loads(sys.argv[1])
     if os.path.isdir(cfg["bound"] + "/lib"):  # the interpreter's prefix, readable by the program's uid
@@ -204,8 +185,15 @@ def _harness():
     del secret
     audit, me = sys.audit, sys._getframe()
     sys.addaudithook(_guard(me, cfg["ended_line"], cfg["result_fd"], os.getpid(), frozenset(cfg["native"])))
+    # HumanEval's last line, check(f), runs from here with f's results made plain data (an object whose __eq__
+    # always holds is no pass); the program cannot rebind what this frame holds.
+    body, _, last = source.rstrip("\n").rpartition("\n")
+    name = last[6:-1] if last.startswith("check(") and last.endswith(")") and last[6:-1].isidentifier() else None
+    plain, g = _plain_results(), {"__name__": "__main__", "__builtins__": __builtins__}
     sys.argv = ["program.py"]
-    exec(compile(source, "program.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+    exec(compile(body if name else source, "program.py", "exec"), g)
+    if name:
+        g["check"](plain(g[name]))
     audit("tokenfarm.ended")  # ENDED: reached only when the program's last statement returned
 
 
@@ -227,7 +215,7 @@ class SandboxLimits:
     output_bytes: int = 1 << 20  # stdout + stderr (and any file it writes): RLIMIT_FSIZE
     open_files: int = 64
     disk_mb: int = 32  # the one tmpfs for its working dir, /tmp, /var/tmp, /dev/shm and /run/lock
-    total_memory_mb: int = 2048  # the memory cgroup of the whole item (root only; module docstring)
+    total_memory_mb: int = 2048  # the memory cgroup of the whole item (root only; docs/sandbox.md)
 
 
 @dataclass
@@ -319,8 +307,8 @@ def _command(mode: str, uid: int | None, cfg: dict, limits: SandboxLimits, cgrou
 
 
 def isolation() -> str:
-    """"namespaces" (root), "user-namespaces" (not root, user namespaces allowed) or "none" (module
-    docstring): whether the whole setup of a run works here, tried once with `true` as the program."""
+    """"namespaces" (root), "user-namespaces" (not root, user namespaces allowed) or "none"
+    (docs/sandbox.md): whether the whole setup of a run works here, tried once with `true` as the program."""
     return _probe()[0]
 
 
@@ -451,7 +439,7 @@ def _describe(rc: int | None, timed_out: bool, token_ok: bool) -> str:
 
 
 def run_program(source: str, limits: SandboxLimits = SandboxLimits(), mode: str | None = None) -> SandboxResult:
-    """Run `source` as a program in the sandbox (module docstring); never raises for what the program does,
+    """Run `source` as a program in the sandbox (docs/sandbox.md); never raises for what the program does,
     raises PipelineError where the sandbox cannot isolate it (`check_isolation`). `mode` (tests): forced."""
     mode = check_isolation(mode)
     uid = UID_BASE + (os.getpid() % 100_000) * 1000 + next(_counter) % 1000 if mode == "namespaces" else None
@@ -508,5 +496,5 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits(), mode: str 
 def humaneval_program(prompt: str, completion: str, test: str, entry_point: str) -> str:
     """The program a HumanEval item runs: the prompt (signature, docstring), the completion (the body),
     the task's tests (`check`) and the call that runs them; passed = it ran to its end (every assert held,
-    and no exit before: module docstring)."""
+    and no exit before: docs/sandbox.md)."""
     return f"{prompt}{completion}\n\n{test}\n\ncheck({entry_point})\n"

@@ -4,8 +4,8 @@ fails, the attack's own evidence says it did not get through, and the host is ch
 listeners (TCP, abstract and path Unix sockets, one of them the user's own) received nothing, no System V
 segment or queue of ours is left, no planted file exists, no program process is alive. The IPC rows lift
 the ctypes refusal (the namespace's limits are checked on their own). Scores on the default run's HumanEval
-items: `TOKENFARM_SANDBOX_ITEMS=1` (all 164 canonical solutions pass, wrong bodies fail, and the rate at
-which an always-equal return value passes; docs/sandbox.md)."""
+items: `TOKENFARM_SANDBOX_ITEMS=1` (all 164 canonical solutions pass; wrong bodies and always-equal
+results fail; docs/sandbox.md)."""
 from __future__ import annotations
 
 import json
@@ -202,6 +202,22 @@ def attacks(h: Host) -> dict[str, tuple[str, SandboxLimits, bool]]:
                            "            try:\n                mem.seek(lo)\n                found.append(mem.read(hi - lo))\n"
                            "            except OSError:\n                pass\n    spray(found)\n"
                            "attempt('mem', scan)\nos._exit(0)", FAST, False),
+        "memory scan": (TRY + "import os, re\nos.mkdir('/tmp/d')\nos.symlink('/proc/self/mem', '/tmp/d/x')\n"
+                        "def scan():\n    found, size = set(), 0\n    maps = open('/proc/self/maps').read()\n"
+                        "    print('secretmem mapped', 'secretmem' in maps, flush=True)\n"
+                        "    mem = os.open('x', os.O_RDONLY, dir_fd=os.open('/tmp/d', os.O_RDONLY))\n"  # past the path check
+                        "    for line in maps.splitlines():\n"
+                        "        lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
+                        "        try:\n            chunk = os.pread(mem, min(hi - lo, 64 << 20), lo)\n        except (OSError, OverflowError):\n"
+                        "            continue\n        size += len(chunk)\n"
+                        "        found.update(re.findall(rb'(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])', chunk))\n"
+                        "    return size, sorted(found)\n"
+                        "attempt('scan', scan)", FAST, False),
+        "always-equal": ("class Any:\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n"
+                         "add = lambda a, b: Any()", FAST, False),
+        "always-equal subclass": ("class I(int):\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n"
+                                  "class L(list):\n    __iter__ = lambda s: iter([5])\n"
+                                  "add = lambda a, b: I(7) if a == 2 else L([I(7)])", FAST, False),
         "ctypes": (TRY + "attempt('ctypes', lambda: __import__('ctypes'))\n"
                    "import importlib.util, glob\n"
                    "path = glob.glob('/tmp/.python/lib/python3*/lib-dynload/_ctypes*')\n"
@@ -256,8 +272,28 @@ def contained(name: str, r: dict, h: Host) -> None:
         assert set(h.private) <= set(eval(wrote)) <= set(h.private) | hidden, out  # only its own tmpfs
     if name in ("parent environ",):
         assert "hf_attack_secret_42" not in out
+    if name in ("always-equal", "always-equal subclass"):
+        assert "not plain data" in out or "AssertionError" in out, out
+    if name == "memory scan":  # the token: KNOWN (the test's draw); secret memory is not even in /proc/self/mem
+        assert "scan ok" in out and KNOWN not in out, out
+        assert "secretmem mapped True" in out or not SECRETMEM, out
     if name == "private files":
         assert "hf_file_secret_17" not in out and ("FileNotFoundError" in out or "PermissionError" in out), out
+
+
+KNOWN = "0123456789abcdef" * 2  # the token the tests draw (a real run draws secrets.token_hex(16))
+
+
+def memfd_secret() -> bool:
+    import ctypes
+
+    fd = ctypes.CDLL(None, use_errno=True).syscall(447, 0)
+    if fd >= 0:
+        os.close(fd)
+    return fd >= 0
+
+
+SECRETMEM = memfd_secret()
 
 
 def host_clean(h: Host) -> None:
@@ -289,7 +325,8 @@ AS_NOBODY = r'''
 import json, sys
 from pipeline.evaluation import sandbox
 from pipeline.evaluation.sandbox import NATIVE, SandboxLimits, isolation, run_program
-table = json.loads(sys.stdin.read())
+table, known = json.loads(sys.stdin.read())
+sandbox.secrets.token_hex = lambda n: known
 if isolation() == "none":
     print(json.dumps({"mode": "none"}))
     sys.exit(0)
@@ -302,6 +339,7 @@ print(json.dumps(out))
 
 
 def test_every_attack_is_contained_as_root(host, monkeypatch):
+    monkeypatch.setattr(sandbox.secrets, "token_hex", lambda n: KNOWN)
     monkeypatch.setenv("HF_TOKEN", "hf_attack_secret_42")
     monkeypatch.setenv("HOME", host.home)  # the evaluating user's home, hidden
     results = {name: run_attack(body, limits, lift) for name, (body, limits, lift) in attacks(host).items()}
@@ -324,7 +362,7 @@ def test_every_attack_is_contained_as_nobody(host):
         pytest.skip(f"`nobody` cannot run {python} with {checkout} (not world-readable here): {ok.stderr[-200:]!r}")
     table = {name: (program(body), limits.__dict__, lift) for name, (body, limits, lift) in attacks(host).items()}
     r = subprocess.run([*cmd, f"import sys; sys.path.insert(0, {checkout!r})\n" + AS_NOBODY], env=env,
-                       input=json.dumps(table), capture_output=True, text=True, timeout=300)
+                       input=json.dumps([table, KNOWN]), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.splitlines()[-1])
     if out["mode"] == "none":
@@ -353,14 +391,6 @@ def test_the_seccomp_filter_refuses_new_namespaces_in_any_program():
     assert subprocess.run([*stage, shutil.which("true")], input=b"0" * 32).returncode == 0
 
 
-def test_an_always_equal_result_is_out_of_scope():
-    """Documented as out of scope (docs/sandbox.md, with its rate on the default run's items): a result whose
-    __eq__ always holds passes `assert candidate(x) == y`. Here so that a change to it is seen."""
-    body = ("    class Any:\n        def __eq__(self, other):\n            return True\n"
-            "        def __ne__(self, other):\n            return False\n    return Any()\n")
-    assert run_program(humaneval_program(PROMPT, body, TEST, "add"), FAST).passed
-
-
 ALWAYS_EQUAL = ("    class _Any:\n        __eq__ = lambda s, o: True\n        __ne__ = lambda s, o: False\n"
                 "        __lt__ = __le__ = __gt__ = __ge__ = lambda s, o: True\n"
                 "        __bool__ = lambda s: True\n        __len__ = lambda s: 0\n"
@@ -371,7 +401,7 @@ ALWAYS_EQUAL = ("    class _Any:\n        __eq__ = lambda s, o: True\n        __
 @pytest.mark.skipif(not os.environ.get("TOKENFARM_SANDBOX_ITEMS"), reason="all 164 HumanEval items (minutes): "
                     "TOKENFARM_SANDBOX_ITEMS=1")
 def test_the_default_run_items_score_as_before():
-    """Every canonical solution passes, every wrong body (`return None`) fails; prints the always-equal rate."""
+    """Every canonical solution passes; every wrong body (`return None`) and every always-equal result fails."""
     from pipeline.data.eval_data import build_chat_task, wheel_record
     from pipeline.data.tasks import chat_task_spec
     from pipeline.evaluation import chat_core as C
@@ -384,4 +414,4 @@ def test_the_default_run_items_score_as_before():
     print(f"\nitems {len(items)}: canonical passed {sum(r.passed for r in right)}, wrong passed "
           f"{sum(r.passed for r in wrong)}, always-equal passed {sum(r.passed for r in equal)}")
     assert [it["id"] for it, r in zip(items, right) if not r.passed] == []
-    assert [it["id"] for it, r in zip(items, wrong) if r.passed] == []
+    assert [it["id"] for it, r in zip(items, wrong + equal) if r.passed] == []
