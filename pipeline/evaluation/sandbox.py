@@ -71,6 +71,7 @@ m.close()
 if fd != cfg["secret_fd"]:
     os.dup2(fd, cfg["secret_fd"])
     os.close(fd)
+os.set_inheritable(cfg["secret_fd"], True)
 os.execv(sys.argv[2], sys.argv[2:])
 """
 
@@ -88,9 +89,13 @@ def _guard(me, line, result, pid, native):
     # atexit callback hands it (the token) to `result`. It holds the token at no other time.
     ended = []
     getframe, getpid, write, basename, realpath = sys._getframe, os.getpid, os.write, os.path.basename, os.path.realpath
+    is_a, as_str, decode, partition = isinstance, str.__str__, bytes.decode, str.partition
     spawn = {"os.exec", "os.posix_spawn", "os.spawn", "os.system", "os.startfile", "subprocess.Popen", "pty.spawn"}
     walks = {"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
              "sys._current_exceptions", "sys.addaudithook"}
+
+    def text(x):  # a name or path as a plain str (a str subclass could answer our questions its own way)
+        return as_str(x) if is_a(x, str) else decode(x, "utf-8", "surrogateescape") if is_a(x, bytes) else ""
 
     def hook(event, args):
         if event == "tokenfarm.report":
@@ -107,11 +112,12 @@ def _guard(me, line, result, pid, native):
             raise PermissionError("the sandbox does not allow starting a shell or a subprocess")
         elif event in walks:  # a RuntimeError: sys.addaudithook then quietly adds nothing
             raise RuntimeError(f"the sandbox does not allow {event}")
-        elif event == "import" and args[0].partition(".")[0] in native:
-            raise ImportError(f"the sandbox does not allow importing {args[0]}")
-        elif event == "open" and isinstance(args[0], (str, bytes)):
-            path = os.fsdecode(args[0])
-            if basename(path) == "mem" or realpath(path).startswith("/proc/") and realpath(path).endswith("/mem"):
+        elif event == "import" and partition(text(args[0]), ".")[0] in native:
+            raise ImportError(f"the sandbox does not allow importing {text(args[0])}")
+        elif event == "open":
+            path = text(args[0])
+            real = realpath(path) if path else ""
+            if basename(path) == "mem" or real[:6] == "/proc/" and real[-4:] == "/mem":
                 raise PermissionError("the sandbox does not allow reading process memory")
     return hook
 
