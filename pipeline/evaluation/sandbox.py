@@ -314,7 +314,8 @@ def _command(mode: str, uid: int | None, cfg: dict, limits: SandboxLimits, cgrou
 
 def isolation() -> str:
     """"namespaces" (root), "user-namespaces" (not root, user namespaces allowed) or "none"
-    (docs/sandbox.md): whether the whole setup of a run works here, tried once with `true` as the program."""
+    (docs/sandbox.md): whether the whole setup of a run works here (namespaces, mounts, the seccomp filter,
+    secret memory), tried once with `true` as the program."""
     return _probe()[0]
 
 
@@ -328,10 +329,12 @@ def _probe() -> tuple[str, str]:
     mode = "namespaces" if os.geteuid() == 0 else "user-namespaces"
     user = ["--user", "--map-root-user"] if mode == "user-namespaces" else []
     setpriv = [shutil.which("setpriv"), "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all"]
+    cfg = {"seccomp": seccomp_filter(platform.machine()).hex(), "secret_fd": 3}  # the first stage, then `true`
+    stage = [_bound_interpreter(), "-I", "-S", "-c", STAGE, json.dumps(cfg)]
     try:
         r = subprocess.run([shutil.which("unshare"), *user, *UNSHARE, shutil.which("setsid"), "/bin/sh", "-c",
                             _setup(None, SandboxLimits(disk_mb=1), []), sys.base_prefix, os.path.expanduser("~"),
-                            *setpriv, "--", "/bin/true"],
+                            *setpriv, "--", *stage, "/bin/true"],
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                            timeout=30, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
         return (mode, "") if r.returncode == 0 else ("none", (r.stderr.strip().splitlines() or ["failed"])[0])

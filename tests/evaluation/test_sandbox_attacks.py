@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or isolation() != "namespaces"
 
 NOBODY = 65534
 FAST = SandboxLimits(timeout_s=5, cpu_s=3, memory_mb=512, nproc=8, output_bytes=64 << 10, disk_mb=8)
-# the issue's bound: 2 x 160 MB of address space + 8 MB of tmpfs = 328 MB, whatever SysV shm does
+# a bound of 2 x 160 MB of address space + 8 MB of tmpfs, which SysV shared memory must not get past
 SHM_LIMITS = SandboxLimits(timeout_s=10, cpu_s=5, memory_mb=160, nproc=2, output_bytes=64 << 10, disk_mb=8)
 PROMPT = 'def add(a, b):\n    """Return a + b."""\n'
 TEST = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
@@ -90,6 +90,7 @@ class Host:
         self.listeners.append(tcp)
         self.port = tcp.getsockname()[1]
         self.key = random.randrange(1 << 28, 1 << 30)
+        self.sysctls = self.ipc_sysctls()  # the host's IPC limits, unchanged afterwards
         mark = f"tokenfarm-sandbox-planted-{self.tag}"
         self.private = [f"{d}/{mark}" for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock") if os.path.isdir(d)]
         self.planted = self.private + [f"{self.anywhere}/{mark}", f"/{mark}", f"{self.home}/{mark}", f"/etc/{mark}"]
@@ -107,6 +108,10 @@ class Host:
             except BlockingIOError:
                 pass
         return got
+
+    @staticmethod
+    def ipc_sysctls() -> dict[str, str]:
+        return {k: Path(f"/proc/sys/kernel/{k}").read_text() for k in sandbox._ipc_sysctls(FAST)}
 
     def ipc_left(self) -> list[str]:
         keys = set(range(self.key, self.key + 64))
@@ -298,7 +303,7 @@ SECRETMEM = memfd_secret()
 
 def host_clean(h: Host) -> None:
     assert h.received() == []
-    assert h.ipc_left() == []
+    assert h.ipc_left() == [] and h.ipc_sysctls() == h.sysctls
     assert [t for t in h.planted if os.path.exists(t)] == []
     ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
     assert [line for line in ps.splitlines() if "tokenfarm.ended" in line] == []
