@@ -18,10 +18,10 @@ import contextlib
 import itertools
 import json
 import os
+import platform
 import secrets
 import shlex
 import shutil
-import platform
 import signal
 import struct
 import subprocess
@@ -264,8 +264,8 @@ def _setup(uid: int | None, limits: SandboxLimits, cgroups: list[str]) -> str:
             + f'mkdir {BOUND}; mount --bind "$0" {BOUND}; mount -o remount,bind,ro {BOUND}; '
             + f'case $1 in /|/tmp|/tmp/*) ;; *) if [ -d "$1" ]; then {empty} "$1"; '
             + 'fi;; esac; shift; '  # a $HOME under /tmp is hidden already
-            + "".join(f"if [ -d {d} ] && [ ! -L {d} ]; then {empty} {d}; mkdir -p {d}/lock; mount -o remount,bind,ro {d}; fi; "
-                      for d in ("/run", "/var/run"))
+            + "".join(f"if [ -d {d} ] && [ ! -L {d} ]; then {empty} {d}; mkdir -p {d}/lock; "
+                      f"mount -o remount,bind,ro {d}; fi; " for d in ("/run", "/var/run"))
             + "".join(f"if [ -d {d} ]; then mkdir -p -m 1777 /tmp/.{d[1:].replace('/', '-')}; "
                       f"mount --bind /tmp/.{d[1:].replace('/', '-')} {d}; fi; " for d in SHARED)
             + f"mkdir -m 700 {WORK}; {owner}cd {WORK}; "
@@ -294,7 +294,8 @@ def seccomp_filter(machine: str) -> bytes | None:
     for nr, err in ((unshare_nr, eperm), (435, enosys), (425, enosys)):
         ops += [(jeq, 0, 1, nr), (ret, 0, 0, err)]
     ops += [(jeq, 0, 4, socket_nr), (ld, 0, 0, 16), (jeq, 0, 1, 1), (ret, 0, 0, eacces), (ret, 0, 0, allow)]
-    ops += [(jeq, 0, 4, clone_nr), (ld, 0, 0, 16), (jset, 0, 1, _NEW_NAMESPACES), (ret, 0, 0, eperm), (ret, 0, 0, allow)]
+    ops += [(jeq, 0, 4, clone_nr), (ld, 0, 0, 16), (jset, 0, 1, _NEW_NAMESPACES), (ret, 0, 0, eperm),
+            (ret, 0, 0, allow)]
     ops += [(ret, 0, 0, allow)]
     return b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in ops)
 

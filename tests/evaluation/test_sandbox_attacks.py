@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import uuid
 from pathlib import Path
 
@@ -35,19 +36,33 @@ PROMPT = 'def add(a, b):\n    """Return a + b."""\n'
 TEST = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
 WRONG = "    return a - b\n"
 WITH_CTYPES = tuple(n for n in sandbox.NATIVE if "ctypes" not in n)
-TRY = "def attempt(name, f):\n    try:\n        print(name, 'ok', f(), flush=True)\n    except BaseException as e:\n" \
-      "        print(name, 'refused', type(e).__name__, e, flush=True)\n"
-CTYPES = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-          "libc.shmat.restype = ctypes.c_void_p\nlibc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]\n"
-          "libc.shmdt.argtypes = [ctypes.c_void_p]\nlibc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]\n")
-FORGE = ("import os\ndef spray(found):\n    blob = b'\\n'.join(x if isinstance(x, bytes) else str(x).encode() for x in found)\n"
-         "    for fd in range(3, 1024):\n        try:\n            os.write(fd, blob)\n        except OSError:\n"
-         "            pass\n")
-
-
-def program(attack: str) -> str:
-    """A wrong completion of `add`, then `attack` at module level (before the tests run)."""
-    return humaneval_program(PROMPT, WRONG + attack + "\n", TEST, "add")
+TRY = '''
+def attempt(name, f):
+    try:
+        print(name, 'ok', f(), flush=True)
+    except BaseException as e:
+        print(name, 'refused', type(e).__name__, e, flush=True)
+'''
+CTYPES = '''
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+libc.shmat.argtypes, libc.shmat.restype = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int], ctypes.c_void_p
+libc.shmdt.argtypes = [ctypes.c_void_p]
+libc.msgsnd.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+'''
+FORGE = '''
+import os
+def spray(found):  # everything found, to every descriptor (one of them is the result pipe)
+    blob = b'\\n'.join(x if isinstance(x, bytes) else str(x).encode() for x in found)
+    for fd in range(3, 1024):
+        try:
+            os.write(fd, blob)
+        except OSError:
+            pass
+'''
+# indented as the attacks below are, so that one dedent makes a program of both
+TRY, CTYPES, FORGE = (textwrap.indent(code, " " * 12) for code in (TRY, CTYPES, FORGE))
 
 
 class Host:
@@ -131,16 +146,16 @@ class Host:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def program(attack: str) -> str:
+    """A wrong completion of `add`, then `attack` at module level (before the tests run)."""
+    return humaneval_program(PROMPT, WRONG + textwrap.dedent(attack) + "\n", TEST, "add")
+
+
 def attacks(h: Host) -> dict[str, tuple[str, SandboxLimits, bool]]:
     """name -> (module-level attack after a wrong body, limits, whether ctypes is let through)."""
     p = h.paths
-    unix = (TRY + "import socket\n"
-            + "".join(f"def conn_{n}():\n    s = socket.socket(socket.AF_UNIX)\n    s.settimeout(2)\n"
-                      f"    s.connect({p[n]!r})\n    s.sendall(b'pwned')\nattempt({n!r}, conn_{n})\n"
-                      for n in ("anywhere", "run", "own"))
-            + f"attempt('dgram', lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b'x', {p['dgram']!r}))\n"
-            + "attempt('docker', lambda: socket.socket(socket.AF_UNIX).connect('/var/run/docker.sock'))\n"
-            + "attempt('pair', lambda: len(socket.socketpair()))\n")
+    disk = SandboxLimits(timeout_s=5, cpu_s=3, memory_mb=512, output_bytes=1 << 20, disk_mb=8)
+    bomb = SandboxLimits(timeout_s=3, cpu_s=3, nproc=8, output_bytes=64 << 10)
     return {
         "exit()": ("exit()", FAST, False),
         "sys.exit(0)": ("import sys\nsys.exit(0)", FAST, False),
@@ -149,94 +164,191 @@ def attacks(h: Host) -> dict[str, tuple[str, SandboxLimits, bool]]:
         "atexit exit 0": ("import atexit, os\natexit.register(os._exit, 0)", FAST, False),
         "printed markers": ("print('passed', 'ok', 'PASS', 0)\nimport os\nos._exit(0)", FAST, False),
         "self-kill": ("import os\nos.kill(os.getpid(), 9)", FAST, False),
-        "signals": ("import os, signal\nfor pid in (-1, 1, os.getppid()):\n    try:\n        os.kill(pid, 9)\n"
-                    "    except OSError:\n        pass\nos.killpg(0, signal.SIGKILL)", FAST, False),
-        "fork bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
-                      SandboxLimits(timeout_s=3, cpu_s=3, nproc=8, output_bytes=64 << 10), False),
-        "disk fill": ("n = 0\ntry:\n    while True:\n        open(f'/tmp/f{n}', 'wb').write(b'x' * (1 << 19))\n"
-                      "        n += 1\nexcept OSError as e:\n    print('disk stopped at', n / 2, 'MiB', e)",
-                      SandboxLimits(timeout_s=5, cpu_s=3, memory_mb=512, output_bytes=1 << 20, disk_mb=8), False),
+        "signals": ('''
+            import os, signal
+            for pid in (-1, 1, os.getppid()):
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+            os.killpg(0, signal.SIGKILL)''', FAST, False),
+        "fork bomb": ('''
+            import os
+            while True:
+                try:
+                    os.fork()
+                except OSError:
+                    pass''', bomb, False),
+        "disk fill": ('''
+            n = 0
+            try:
+                while True:
+                    open(f'/tmp/f{n}', 'wb').write(b'x' * (1 << 19))
+                    n += 1
+            except OSError as e:
+                print('disk stopped at', n / 2, 'MiB', e)''', disk, False),
         "output flood": ("for _ in range(256):\n    print('x' * (1 << 20))", FAST, False),
-        "tcp": (TRY + f"import socket\nattempt('tcp', lambda: socket.create_connection(('127.0.0.1', {h.port}), "
-                      "timeout=2))", FAST, False),
-        "abstract socket": (TRY + "import socket\n" f"attempt('abstract', lambda: socket.socket(socket.AF_UNIX)"
-                                  f".connect('\\0tokenfarm-sandbox-{h.tag}'))", FAST, False),
-        "unix sockets": (unix, FAST, False),
-        "sysv shm past the bound": (
-            CTYPES + f"for i in range(6):\n    sid = libc.shmget({h.key} + i, 100 << 20, 0o1000 | 0o600)\n"
-            "    if sid < 0:\n        print('shmget', ctypes.get_errno())\n        continue\n"
-            "    addr = libc.shmat(sid, None, 0)\n    if addr in (None, 2**64 - 1):\n"
-            "        print('shmat', ctypes.get_errno())\n        continue\n"
-            "    ctypes.memset(addr, 1, 100 << 20)\n    libc.shmdt(addr)\n"
-            "rows = open('/proc/sysvipc/shm').read().splitlines()[1:]\n"
-            "print('held', sum(int(r.split()[14]) for r in rows), 'in', len(rows), 'segments')", SHM_LIMITS, True),
-        "sysv message queues": (
-            CTYPES + "libc.msgsnd.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]\n"
-            "msg = ctypes.create_string_buffer(8 + 8192)\nmsg[0] = b'\\x01'\nqueues = sent = 0\n"
-            f"for i in range(40):\n    q = libc.msgget({h.key} + 32 + i, 0o1000 | 0o600)\n    if q < 0:\n"
-            "        continue\n    queues += 1\n"
-            "    while libc.msgsnd(q, msg, 8192, 0o4000) == 0:\n        sent += 8192\n"  # IPC_NOWAIT
-            "print('queues', queues, 'bytes', sent)", FAST, True),
-        "new namespaces": (CTYPES + "for flags in (0x10000000, 0x08000000, 0x18000000):\n"
-                                    "    print('unshare', hex(flags), libc.unshare(flags), ctypes.get_errno())\n"
-                                    "import threading\nt = threading.Thread(target=print, args=('thread ran',))\n"
-                                    "t.start()\nt.join()", FAST, True),
-        "writes": ("wrote = []\n"
-                   f"for t in {h.planted!r}:\n    try:\n        open(t, 'w').write('pwned')\n        wrote.append(t)\n"
-                   "    except OSError:\n        pass\nprint('wrote', wrote)", FAST, False),
-        "parent environ": ("import glob, os\nprint(dict(os.environ))\nfor p in glob.glob('/proc/*/environ'):\n"
-                           "    try:\n        print(open(p, 'rb').read())\n    except OSError:\n        pass", FAST, False),
-        "private files": (TRY + f"attempt('home', lambda: open({h.home + '/token'!r}).read())", FAST, False),
-        "frame walk": ("import os, sys\nf = sys._getframe(1).f_locals\nos.write(f['result'], f['token'].encode())\n"
-                       "os._exit(0)", FAST, False),
-        "every frame": (FORGE + "import sys\nfound = []\nf = sys._getframe(0)\nwhile f:\n"
-                        "    for d in (f.f_locals, f.f_globals):\n        found += [v for v in d.values() if isinstance(v, (str, bytes, int))]\n"
-                        "    f = f.f_back\nspray(found)\nos._exit(0)", FAST, False),
-        "gc walk": (FORGE + TRY + "import gc\nattempt('gc', lambda: spray([o for o in gc.get_objects() if isinstance(o, (str, bytes))]))\n"
-                    "os._exit(0)", FAST, False),
-        "early exit handlers": (FORGE + TRY + "import atexit, sys\nseen = []\n"
-                                "attempt('hook', lambda: sys.addaudithook(lambda e, a: seen.append(a)))\n"
-                                "sys.settrace(lambda f, e, a: seen.append(f.f_locals) or None)\n"
-                                "atexit._run_exitfuncs()\nsys.settrace(None)\n"
-                                "spray([bytes(v) if isinstance(v, (bytes, bytearray, memoryview)) else v "
-                                "for a in seen for v in (a.values() if isinstance(a, dict) else a)])\nos._exit(0)",
-                                FAST, False),
-        "/proc/self/mem": (FORGE + TRY + "def scan():\n    found = []\n"
-                           "    with open('/proc/self/maps') as m, open('/proc/self/mem', 'rb') as mem:\n"
-                           "        for line in m:\n            lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
-                           "            try:\n                mem.seek(lo)\n                found.append(mem.read(hi - lo))\n"
-                           "            except OSError:\n                pass\n    spray(found)\n"
-                           "attempt('mem', scan)\nos._exit(0)", FAST, False),
-        "memory scan": (TRY + "import os, re\nos.mkdir('/tmp/d')\nos.symlink('/proc/self/mem', '/tmp/d/x')\n"
-                        "def scan():\n    found, size = set(), 0\n    maps = open('/proc/self/maps').read()\n"
-                        "    print('secretmem mapped', 'secretmem' in maps, flush=True)\n"
-                        "    mem = os.open('x', os.O_RDONLY, dir_fd=os.open('/tmp/d', os.O_RDONLY))\n"  # past the path check
-                        "    for line in maps.splitlines():\n"
-                        "        lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
-                        "        try:\n            chunk = os.pread(mem, min(hi - lo, 64 << 20), lo)\n        except (OSError, OverflowError):\n"
-                        "            continue\n        size += len(chunk)\n"
-                        "        found.update(re.findall(rb'(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])', chunk))\n"
-                        "    return size, sorted(found)\n"
-                        "attempt('scan', scan)", FAST, False),
-        "always-equal": ("class Any:\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n"
-                         "add = lambda a, b: Any()", FAST, False),
-        "always-equal subclass": ("class I(int):\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n"
-                                  "class L(list):\n    __iter__ = lambda s: iter([5])\n"
-                                  "add = lambda a, b: I(7) if a == 2 else L([I(7)])", FAST, False),
-        "ctypes": (TRY + "attempt('ctypes', lambda: __import__('ctypes'))\n"
-                   "import importlib.util, glob\n"
-                   "path = glob.glob('/tmp/.python/lib/python3*/lib-dynload/_ctypes*')\n"
-                   "attempt('by path', lambda: importlib.util.module_from_spec("
-                   "importlib.util.spec_from_file_location('_ctypes', path[0])))", FAST, False),
-        "exec": (TRY + "import os, posix, subprocess, _posixsubprocess\nsh = ['/bin/sh', '-c', 'exit 0']\n"
-                 "attempt('posix.execv', lambda: posix.execv('/bin/sh', sh))\n"
-                 "attempt('os.execv', lambda: os.execv('/bin/sh', sh))\n"
-                 "attempt('os.execve', lambda: os.execve('/bin/sh', sh, {}))\n"
-                 "attempt('os.spawnv', lambda: os.spawnv(os.P_WAIT, '/bin/sh', sh))\n"
-                 "attempt('os.posix_spawn', lambda: os.posix_spawn('/bin/sh', sh, {}))\n"
-                 "attempt('os.system', lambda: os.system('exit 0'))\n"
-                 "attempt('subprocess', lambda: subprocess.run(sh))\n"
-                 "attempt('fork_exec', lambda: _posixsubprocess.fork_exec(*([None] * 23)))", FAST, False),
+        "tcp": (TRY + f'''
+            import socket
+            attempt('tcp', lambda: socket.create_connection(('127.0.0.1', {h.port}), timeout=2))''', FAST, False),
+        "abstract socket": (TRY + f'''
+            import socket
+            attempt('abstract', lambda: socket.socket(socket.AF_UNIX).connect('\\0tokenfarm-sandbox-{h.tag}'))''',
+                            FAST, False),
+        "unix sockets": (TRY + f'''
+            import socket
+            def connect(path):
+                s = socket.socket(socket.AF_UNIX)
+                s.settimeout(2)
+                s.connect(path)
+                s.sendall(b'pwned')
+            for name, path in {[(n, p[n]) for n in ("anywhere", "run", "own")]!r}:
+                attempt(name, lambda: connect(path))
+            attempt('dgram', lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b'x', {p['dgram']!r}))
+            attempt('docker', lambda: connect('/var/run/docker.sock'))
+            attempt('pair', lambda: len(socket.socketpair()))''', FAST, False),
+        "sysv shm past the bound": (CTYPES + f'''
+            for i in range(6):  # 600 MB through 100 MB segments, each detached after use
+                sid = libc.shmget({h.key} + i, 100 << 20, 0o1000 | 0o600)  # IPC_CREAT
+                if sid < 0:
+                    print('shmget', ctypes.get_errno())
+                    continue
+                addr = libc.shmat(sid, None, 0)
+                if addr in (None, 2**64 - 1):
+                    print('shmat', ctypes.get_errno())
+                    continue
+                ctypes.memset(addr, 1, 100 << 20)
+                libc.shmdt(addr)
+            rows = open('/proc/sysvipc/shm').read().splitlines()[1:]
+            print('held', sum(int(r.split()[14]) for r in rows), 'in', len(rows), 'segments')''', SHM_LIMITS, True),
+        "sysv message queues": (CTYPES + f'''
+            msg = ctypes.create_string_buffer(8 + 8192)
+            msg[0] = b'\\x01'
+            queues = sent = 0
+            for i in range(40):
+                q = libc.msgget({h.key} + 32 + i, 0o1000 | 0o600)
+                if q < 0:
+                    continue
+                queues += 1
+                while libc.msgsnd(q, msg, 8192, 0o4000) == 0:  # IPC_NOWAIT
+                    sent += 8192
+            print('queues', queues, 'bytes', sent)''', FAST, True),
+        "new namespaces": (CTYPES + '''
+            for flags in (0x10000000, 0x08000000, 0x18000000):  # CLONE_NEWUSER, CLONE_NEWIPC
+                print('unshare', hex(flags), libc.unshare(flags), ctypes.get_errno())
+            import threading
+            t = threading.Thread(target=print, args=('thread ran',))
+            t.start()
+            t.join()''', FAST, True),
+        "writes": (f'''
+            wrote = []
+            for t in {h.planted!r}:
+                try:
+                    open(t, 'w').write('pwned')
+                    wrote.append(t)
+                except OSError:
+                    pass
+            print('wrote', wrote)''', FAST, False),
+        "parent environ": ('''
+            import glob, os
+            print(dict(os.environ))
+            for p in glob.glob('/proc/*/environ'):
+                try:
+                    print(open(p, 'rb').read())
+                except OSError:
+                    pass''', FAST, False),
+        "private files": (TRY + f'''
+            attempt('home', lambda: open({h.home + '/token'!r}).read())''', FAST, False),
+        "frame walk": ('''
+            import os, sys
+            f = sys._getframe(1).f_locals
+            os.write(f['result'], f['token'].encode())
+            os._exit(0)''', FAST, False),
+        "every frame": (FORGE + '''
+            import sys
+            found, f = [], sys._getframe(0)
+            while f:
+                for d in (f.f_locals, f.f_globals):
+                    found += [v for v in d.values() if isinstance(v, (str, bytes, int))]
+                f = f.f_back
+            spray(found)
+            os._exit(0)''', FAST, False),
+        "gc walk": (FORGE + TRY + '''
+            import gc
+            attempt('gc', lambda: spray([o for o in gc.get_objects() if isinstance(o, (str, bytes))]))
+            os._exit(0)''', FAST, False),
+        "early exit handlers": (FORGE + TRY + '''
+            import atexit, sys
+            seen = []
+            attempt('hook', lambda: sys.addaudithook(lambda e, a: seen.append(a)))
+            sys.settrace(lambda f, e, a: seen.append(f.f_locals) or None)
+            atexit._run_exitfuncs()
+            sys.settrace(None)
+            spray([bytes(v) if isinstance(v, (bytes, bytearray, memoryview)) else v
+                   for a in seen for v in (a.values() if isinstance(a, dict) else a)])
+            os._exit(0)''', FAST, False),
+        "/proc/self/mem": (FORGE + TRY + '''
+            def scan():
+                found = []
+                with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb') as mem:
+                    for line in maps:
+                        lo, hi = (int(x, 16) for x in line.split()[0].split('-'))
+                        try:
+                            mem.seek(lo)
+                            found.append(mem.read(hi - lo))
+                        except OSError:
+                            pass
+                spray(found)
+            attempt('mem', scan)
+            os._exit(0)''', FAST, False),
+        "memory scan": (TRY + '''
+            import os, re
+            os.mkdir('/tmp/d')
+            os.symlink('/proc/self/mem', '/tmp/d/x')
+            def scan():
+                found, size = set(), 0
+                maps = open('/proc/self/maps').read()
+                print('secretmem mapped', 'secretmem' in maps, flush=True)
+                mem = os.open('x', os.O_RDONLY, dir_fd=os.open('/tmp/d', os.O_RDONLY))  # past the path check
+                for line in maps.splitlines():
+                    lo, hi = (int(x, 16) for x in line.split()[0].split('-'))
+                    try:
+                        chunk = os.pread(mem, min(hi - lo, 64 << 20), lo)
+                    except (OSError, OverflowError):
+                        continue
+                    size += len(chunk)
+                    found.update(re.findall(rb'(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])', chunk))
+                return size, sorted(found)
+            attempt('scan', scan)''', FAST, False),
+        "always-equal": ('''
+            class Any:
+                __eq__ = lambda s, o: True
+                __ne__ = lambda s, o: False
+            add = lambda a, b: Any()''', FAST, False),
+        "always-equal subclass": ('''
+            class I(int):
+                __eq__ = lambda s, o: True
+                __ne__ = lambda s, o: False
+            class L(list):
+                __iter__ = lambda s: iter([5])
+            add = lambda a, b: I(7) if a == 2 else L([I(7)])''', FAST, False),
+        "ctypes": (TRY + '''
+            import glob, importlib.util
+            attempt('ctypes', lambda: __import__('ctypes'))
+            path = glob.glob('/tmp/.python/lib/python3*/lib-dynload/_ctypes*')
+            attempt('by path', lambda: importlib.util.module_from_spec(
+                importlib.util.spec_from_file_location('_ctypes', path[0])))''', FAST, False),
+        "exec": (TRY + '''
+            import os, posix, subprocess, _posixsubprocess
+            sh = ['/bin/sh', '-c', 'exit 0']
+            attempt('posix.execv', lambda: posix.execv('/bin/sh', sh))
+            attempt('os.execv', lambda: os.execv('/bin/sh', sh))
+            attempt('os.execve', lambda: os.execve('/bin/sh', sh, {}))
+            attempt('os.spawnv', lambda: os.spawnv(os.P_WAIT, '/bin/sh', sh))
+            attempt('os.posix_spawn', lambda: os.posix_spawn('/bin/sh', sh, {}))
+            attempt('os.system', lambda: os.system('exit 0'))
+            attempt('subprocess', lambda: subprocess.run(sh))
+            attempt('fork_exec', lambda: _posixsubprocess.fork_exec(*([None] * 23)))''', FAST, False),
     }
 
 
