@@ -162,6 +162,48 @@ def _plain_results():
     return calls
 
 
+def _run(source, cfg, pid, done, box):
+    # The program's thread: the hook, the program, the "ended" event from this frame, then the exit handlers (the
+    # program's, then the report). Not the main thread, so no code of the program can install a signal handler:
+    # one could otherwise read the hook's frame while it holds the token.
+    import atexit, io, traceback
+    run_exitfuncs, excepthook, getpid, exit_now = atexit._run_exitfuncs, sys.excepthook, os.getpid, os._exit
+    audit, me = sys.audit, sys._getframe()
+    sys.addaudithook(_guard(me, cfg["ended_line"], cfg["result_fd"], pid, frozenset(cfg["native"])))
+    code = 1
+    try:
+        # HumanEval's last line, check(f), runs from here with f's results made plain data (an object whose __eq__
+        # always holds is no pass); the program cannot rebind what this frame holds.
+        body, _, last = source.rstrip("\n").rpartition("\n")
+        name = last[6:-1] if last.startswith("check(") and last.endswith(")") and last[6:-1].isidentifier() else None
+        plain, g = _plain_results(), {"__name__": "__main__", "__builtins__": __builtins__}
+        exec(compile(body if name else source, "program.py", "exec"), g)
+        if name:
+            g["check"](plain(g[name]))
+        audit("tokenfarm.ended")  # ENDED: reached only when the program's last statement returned
+        code = 0
+    except SystemExit as e:  # what the interpreter would do with it
+        code = e.code if e.code is None or isinstance(e.code, int) else print(e.code, file=sys.stderr) or 1
+        code = code or 0
+    except BaseException:
+        try:
+            excepthook(*sys.exc_info())
+        except BaseException:
+            traceback.print_exc()
+    if getpid() != pid:  # a forked child that ran off the end: its output, its status, no report
+        for f in (sys.__stdout__, sys.__stderr__):
+            try:
+                io.TextIOWrapper.flush(f)
+            except BaseException:
+                pass
+        exit_now(code & 0xFF if isinstance(code, int) else 1)
+    try:
+        run_exitfuncs()
+    finally:
+        box.append(code)
+        done.release()
+
+
 def _harness():
     cfg = json.loads(sys.argv[1])
     if os.path.isdir(cfg["bound"] + "/lib"):  # the interpreter's prefix, readable by the program's uid
@@ -172,7 +214,7 @@ def _harness():
             if isinstance(getattr(m, "__path__", None), list):
                 m.__path__[:] = _moved(m.__path__)
         sys.path_importer_cache.clear()
-    import atexit, mmap, subprocess, _posixsubprocess
+    import _posixsubprocess, _thread, atexit, io, mmap, subprocess  # noqa: F401 (subprocess: its import, not ours)
     secret = mmap.mmap(cfg["secret_fd"], 32)  # the token, in STAGE's secret memory
     os.close(cfg["secret_fd"])
     with open(0, "rb", closefd=False) as f:
@@ -185,22 +227,23 @@ def _harness():
     for name, v in cfg["limits"].items():
         resource.setrlimit(getattr(resource, name), (v, v))
     _posixsubprocess.fork_exec = _refused  # what subprocess and multiprocessing start processes with
-    # The token leaves at exit, through the hook: atexit's list is no Python object, and this callback runs after
-    # every exit handler of the program.
+    # The token leaves through the hook when the exit handlers run: atexit's list is no Python object, and this
+    # callback runs after every exit handler of the program.
     atexit.register(sys.audit, "tokenfarm.report", secret)
     del secret
-    audit, me = sys.audit, sys._getframe()
-    sys.addaudithook(_guard(me, cfg["ended_line"], cfg["result_fd"], os.getpid(), frozenset(cfg["native"])))
-    # HumanEval's last line, check(f), runs from here with f's results made plain data (an object whose __eq__
-    # always holds is no pass); the program cannot rebind what this frame holds.
-    body, _, last = source.rstrip("\n").rpartition("\n")
-    name = last[6:-1] if last.startswith("check(") and last.endswith(")") and last[6:-1].isidentifier() else None
-    plain, g = _plain_results(), {"__name__": "__main__", "__builtins__": __builtins__}
     sys.argv = ["program.py"]
-    exec(compile(body if name else source, "program.py", "exec"), g)
-    if name:
-        g["check"](plain(g[name]))
-    audit("tokenfarm.ended")  # ENDED: reached only when the program's last statement returned
+    out, err, flush, exit_now = sys.stdout, sys.stderr, io.TextIOWrapper.flush, os._exit
+    done, box = _thread.allocate_lock(), []
+    done.acquire()
+    _thread.start_new_thread(_run, (source, cfg, os.getpid(), done, box))
+    done.acquire()
+    for f in (out, err):  # the streams we made (the program may have replaced sys.stdout), by the C method
+        try:
+            flush(f)
+        except BaseException:
+            pass
+    code = box[-1] if box else 1
+    exit_now(code & 0xFF if isinstance(code, int) else 1)  # no finalization: it would run code of the program here
 
 
 _harness()
@@ -453,8 +496,9 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits(), mode: str 
     raises PipelineError where the sandbox cannot isolate it (`check_isolation`). `mode` (tests): forced."""
     mode = check_isolation(mode)
     uid = UID_BASE + (os.getpid() % 100_000) * 1000 + next(_counter) % 1000 if mode == "namespaces" else None
-    # In a user namespace the init shell (its uid 0 too) counts against RLIMIT_NPROC: one more.
-    nproc = int(limits.nproc) + (mode == "user-namespaces")
+    # In a user namespace the init shell (its uid 0 too) counts against RLIMIT_NPROC: one more; and the harness
+    # runs the program in a thread of its own.
+    nproc = int(limits.nproc) + (mode == "user-namespaces") + 1  # + the program's thread
     token = secrets.token_hex(16)
     result_r, result_w = os.pipe()
     cfg = {"prefix": sys.base_prefix, "bound": BOUND, "result_fd": result_w, "secret_fd": max(result_w, 2) + 1,
