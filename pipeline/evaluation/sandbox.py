@@ -8,9 +8,9 @@ Each program runs in a fresh ``python -I`` inside new network, PID, IPC and moun
 tmpfs for its writes, no network and no Unix socket of the host (seccomp), no privileges (as root, a uid of
 its own), rlimits, an aggregate memory bound, a wall-clock timeout, an environment built from nothing, and
 an audit hook that refuses starting processes and loading native code. It passes iff it exits 0 after its
-last statement returned: a random token, kept in secret memory the program has no handle on, reaches the
-parent only then. What each layer holds, the attacks it is tested with and what is out of
-scope (an object whose ``__eq__`` always holds): docs/sandbox.md.
+last statement returned (HumanEval's ``check(f)`` sees f's results as plain data only): a random token, kept
+in secret memory the program has no handle on, reaches the parent only then. What each layer holds, the
+attacks it is tested with and what is out of scope: docs/sandbox.md.
 """
 from __future__ import annotations
 
