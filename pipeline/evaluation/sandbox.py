@@ -232,7 +232,7 @@ def _harness():
     atexit.register(sys.audit, "tokenfarm.report", secret)
     del secret
     sys.argv = ["program.py"]
-    out, err, flush, exit_now = sys.stdout, sys.stderr, io.TextIOWrapper.flush, os._exit
+    out, err, flush, exit_now, is_a = sys.stdout, sys.stderr, io.TextIOWrapper.flush, os._exit, isinstance
     done, box = _thread.allocate_lock(), []
     done.acquire()
     _thread.start_new_thread(_run, (source, cfg, os.getpid(), done, box))
@@ -243,7 +243,7 @@ def _harness():
         except BaseException:
             pass
     code = box[-1] if box else 1
-    exit_now(code & 0xFF if isinstance(code, int) else 1)  # no finalization: it would run code of the program here
+    exit_now(int.__and__(code, 0xFF) if is_a(code, int) else 1)  # no finalization: it would run the program's code
 
 
 _harness()
