@@ -1,56 +1,17 @@
-"""Dedup stage: exact and MinHash-LSH near-duplicate clusters across every shard of every source.
+"""Dedup stage: exact and MinHash-LSH near-duplicate clusters across every shard of every source, per segment.
 
-Three CLIs, one per Snakemake rule (the hashing maths is in `pipeline.data.minhash`):
+    python -m pipeline.data.dedup signatures --params JSON --source S --inputs R/filtered/S/{shard}.parquet \
+        ... --tokens R/tokens/S/{shard}.json ... --outputs R/dedup/sig/S/{shard}.parquet ... [--manifest M]
+    python -m pipeline.data.dedup index [--params JSON] --manifests M... [--shards S/SH...] [--earlier SEG...] --out I
+    python -m pipeline.data.dedup candidates --params JSON (--index I | --inputs SIG...) --part P --out PAIRS \
+        [--bands-out B]
+    python -m pipeline.data.dedup clusters --params JSON (--index I | --inputs SIG...) [--pairs PAIRS...] \
+        --outdir R/dedup [--report R] [--segment-dir R/dedup/index/{seg}]
+    python -m pipeline.data.dedup report --params JSON --segments R/dedup/index/*/segment.json --index-dir D --out R
+    python -m pipeline.data.dedup append --params JSON --kept DIR --source INDEX_OR_RUN
 
-    python -m pipeline.data.dedup signatures --params JSON --source S --inputs D/S/{shard}.parquet ... \
-        --tokens R/tokens/S/{shard}.json ... --outputs R/dedup/sig/S/{shard}.parquet ... [--manifest M]
-    python -m pipeline.data.dedup index --manifests R/dedup/sig/*/_manifest/*.json --out R/dedup/sig/index.json
-    python -m pipeline.data.dedup candidates --params JSON (--index R/dedup/sig/index.json | --inputs SIG...) \
-        --part P --out R/dedup/pairs/P.parquet                                  (P = 0 .. partitions - 1)
-    python -m pipeline.data.dedup clusters --params JSON (--index R/dedup/sig/index.json | --inputs SIG...) \
-        [--pairs R/dedup/pairs/*.parquet] --outdir R/dedup --report R/dedup/report.json
-
-**signatures** (each shard of a group, in one process). The documents are the tokenized ones:
-document `doc` is raw row `doc_rows[doc]` of the shard (from the tokenize stage's `.json`), its text
-the `text_column`, or for chat sources the message contents joined by newlines (roles are ignored).
-The signature file (columns, metadata): docs/data-contract.md ("Dedup signatures"); `clusters`
-checks that every file's hashing parameters agree with its own.
-
-**candidates** and **clusters**: clustering is split into `partitions` candidate jobs, each holding a
-bounded slice of the band keys, and one merge job (`clusters`), so no process holds the band keys of
-the whole corpus (memory model and measurements: BENCHMARKS.md, "Dedup at scale"). `clusters`
-without `--pairs` runs the candidate slices itself, one after the other.
-
-- Document key: every document gets the globally unique int64
-  `key = source_index << 56 | shard_index << 32 | doc`, where `source_index` is the position of the
-  source among the inputs' source names sorted, and `shard_index` the position of the shard among
-  that source's shard names sorted (limits: 127 sources, 2^24 shards per source, 2^32 documents
-  per shard). Key order is (source, shard, doc) order.
-- Candidates, job p of P: every shard's (band, band key) rows and, with `exact`, its exact hashes (as
-  band -1) whose key mod P == p, read one shard at a time; a (band, band key) group therefore lies
-  whole in one job. The signatures job writes these rows already partitioned (`write_lsh_files`:
-  one row group per partition), so job p reads only its row group of each shard and the P jobs
-  between them read each row once: the stage's work is linear in the corpus, not P times it.
-  Grouped one band at a time (sort), a group of k >= 2 documents yields the k - 1 edges member ->
-  the group's smallest document key; a pair from several groups is kept once,
-  `exact` when an exact-hash group gave it.
-- Confirmation, in the candidate job: an exact-hash edge holds as is; a band edge holds when the
-  estimated Jaccard similarity (fraction of equal signature positions) of the two documents is
-  >= `threshold`. Only the signatures of documents on the job's edges are loaded (4 * num_perm bytes
-  each), from the memory-mapped `lsh/{shard}.npy` rows, so only their pages are read. The job writes
-  its edges (docs/data-contract.md, "Dedup candidate pairs").
-- Merge: the union of the jobs' edges, each distinct pair once (`exact`/confirmed if any job says so),
-  is the candidate set one process grouping every band key would find, so clusters, keepers and
-  statistics do not depend on P (tested).
-- Clusters: connected components of the confirmed edges. The cluster id is the smallest document
-  key in the cluster, and that document is its keeper (deterministic, independent of input order).
-  A document on no confirmed edge is its own cluster (id = its key), kept.
-- Outputs: `outdir/keep/{source}/{shard}.parquet` for every input shard (docs/data-contract.md,
-  "Dedup"; `reason` is `exact` for a removed document whose normalised text equals its keeper's,
-  `near` for the other removed ones), and the report:
-  documents and tokens removed per source (tokens are the `tokens` column: spans with delimiters),
-  exact vs near removals, cluster-size histogram, clusters spanning shards / sources, candidate
-  counts, params. With `enabled: false` every document is its own cluster and kept.
+Documents are the tokenized ones (chat: the message contents joined by newlines). Keys, candidates, the merge,
+keepers (the reference first), segments: docs/architecture.md ("Dedup"); files: docs/data-contract.md.
 """
 from __future__ import annotations
 

@@ -117,8 +117,9 @@ def resolve_references(entries: list[str], dd: dict, own: str | os.PathLike | No
             for f in seg["files"]:
                 size = (d / f["path"]).stat().st_size if (d / f["path"]).is_file() else None
                 if size != f["bytes"]:
-                    raise PipelineError(f"dedup.reference: {d / f['path']} is missing or changed ({size} bytes, the "
-                                        f"index says {f['bytes']}); restore {path} or drop {entry} from dedup.reference")
+                    raise PipelineError(f"dedup.reference: {d / f['path']} is missing or changed ({size} bytes, "
+                                        f"the index says {f['bytes']}); restore {path} or drop {entry} from "
+                                        "dedup.reference")
             segments.append({**seg, "dir": str(d), "index": str(path)})
         return index["sha256"]
 
