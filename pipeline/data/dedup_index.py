@@ -161,6 +161,14 @@ def plan_segments(index_dir: str | os.PathLike, shards: list[str], fingerprint: 
     return kept + ([rest] if rest or not kept else [])
 
 
+def segment_manifests(names: list[str], groups: dict[str, dict[str, list[str]]], prefix: str) -> list[str]:
+    """The group manifests `prefix/{source}/_manifest/{group}.json` of the groups holding the segment's
+    shards `names` (`source/shard`); `groups`: each source's groups (name -> shards)."""
+    names = set(names)
+    return [f"{prefix}/{s}/_manifest/{g}.json" for s, by_name in groups.items() for g, members in by_name.items()
+            if any(f"{s}/{m}" in names for m in members)]
+
+
 def write_index(index_dir: str | os.PathLike, segments: list[dict], references: list[dict], dd: dict,
                 run: str, fingerprint: str, meta: dict) -> dict:
     """The index manifest `index_dir/index.json` over `segments` (their manifests, `dir` relative)."""

@@ -5,8 +5,6 @@
 # and the index manifest). A segment is a set of shards deduplicated together against dedup.reference and the
 # run's earlier segments: a fresh run is one segment; shards added to a finished run are a new one, so only
 # their jobs run (pipeline.data.dedup_index.plan_segments).
-import shlex as _shlex
-
 from pipeline.data import dedup_index as tfdi
 from pipeline.errors import PipelineError
 
@@ -21,17 +19,6 @@ except PipelineError as _e:
 DEDUP_FINGERPRINT = tfdi.digest([rule_params("dedup"), rule_code("dedup"), DEDUP_REFERENCE])
 DEDUP_SEGMENTS = tfdi.plan_segments(DEDUP_INDEX_DIR, [f"{s}/{sh}" for s in SOURCES for sh in SHARDS[s]],
                                     DEDUP_FINGERPRINT)
-
-
-def segment_manifests(w):
-    """The dedup_signatures group manifests of the groups holding the segment's shards."""
-    names = set(DEDUP_SEGMENTS[int(w.seg)])
-    return [f"{DEDUP_DIR}/sig/{s}/_manifest/{g}.json" for s in SOURCES for g, members in GROUPS[s].items()
-            if any(f"{s}/{m}" in names for m in members)]
-
-
-def earlier_segments(w):
-    return [f"{DEDUP_INDEX_DIR}/{k}/segment.json" for k in range(int(w.seg))]
 
 
 wildcard_constraints:
@@ -76,17 +63,17 @@ localrules:
 
 rule dedup_index:
     input:
-        manifests=segment_manifests,
-        earlier=earlier_segments,
+        manifests=lambda w: tfdi.segment_manifests(DEDUP_SEGMENTS[int(w.seg)], GROUPS, f"{DEDUP_DIR}/sig"),
+        earlier=lambda w: [f"{DEDUP_INDEX_DIR}/{k}/segment.json" for k in range(int(w.seg))],
     output:
         f"{DEDUP_DIR}/seg/{{seg}}/index.json",
     params:
         p=rule_params("dedup_index"),
         code=rule_code("dedup_index"),
         shards=lambda w: DEDUP_SEGMENTS[int(w.seg)],
-        earlier=lambda w, input: " ".join(_shlex.quote(str(f)) for f in input.earlier),
+        earlier=lambda w, input: " ".join(shlex.quote(str(f)) for f in input.earlier),
         reference=[r["sha256"] for r in DEDUP_REFERENCE],  # a rebuilt reference reruns the dedup
-        index_dir=DEDUP_INDEX_DIR,
+        index_dir=lambda w, output: Path(output[0]).parents[2] / "index",
     log:
         f"{LOG_DIR}/dedup/index/{{seg}}.log",
     benchmark:
@@ -136,7 +123,7 @@ rule dedup:
     params:
         p=rule_params("dedup"),
         code=rule_code("dedup"),
-        outdir=DEDUP_DIR,
+        outdir=lambda w, output: Path(output[0]).parents[2],
         segdir=lambda w, output: Path(output[0]).parent,
         run=RUN_NAME,
     log:
@@ -163,7 +150,7 @@ rule dedup_report:
         p=rule_params("dedup_report"),
         code=rule_code("dedup_report"),
         fingerprint=DEDUP_FINGERPRINT,
-        index_dir=DEDUP_INDEX_DIR,
+        index_dir=lambda w, input: Path(input[0]).parents[1],
         run=RUN_NAME,
     log:
         f"{LOG_DIR}/dedup/report.log",
