@@ -6,17 +6,17 @@ Synthetic signature files (benchmarks/dedup_scale.py's, templates copied across 
 the corpus; the clustering jobs run as the rules run them (`python -m pipeline.data.dedup index |
 candidates | clusters | report`, each under /usr/bin/time): one segment over every shard (the full
 dedup), then the first shards as segment 0 and the new ones as segment 1 against it (the increment).
-The signature step, which the synthetic files skip, is measured separately on the sample corpus's
-text (in process, CPU seconds per byte) and priced at --doc-bytes per document. The new shards' keep
-lists must equal the full dedup's (checked).
+The signature step, which the synthetic files skip, is measured separately: the `signatures` job on the
+sample corpus's web text (its start + CPU per byte), priced at --doc-bytes per document and one job per
+--shards-per-job shards. The new shards' keep lists must equal the full dedup's (checked).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -28,34 +28,46 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from dedup_scale import measured, write_synthetic  # noqa: E402
 
 from pipeline.config import resolve_config  # noqa: E402
-from pipeline.data import dedup  # noqa: E402
 from pipeline.rules import rule_params  # noqa: E402
 
 PY = [sys.executable, "-m", "pipeline.data.dedup"]
 
 
-def signature_cpu_per_byte() -> tuple[float, float]:
-    """(CPU seconds per byte of text, mean bytes per document) of `hash_documents` on the sample's web text."""
+def signature_job_cpu(work: Path) -> tuple[float, float, float]:
+    """(CPU s of a job's start, CPU s per byte of text, the sample's mean bytes per document) of the
+    signatures job as the rule runs it (`python -m pipeline.data.dedup signatures`: read each filtered
+    shard and its tokenized metadata, hash, write the signature and lsh files), on the sample's web text
+    as one group of shards; the start is the interpreter and imports (`python -c "import …"`)."""
+    import numpy as np
     import pyarrow as pa
 
-    texts = []
+    cfg = resolve_config({"sources": {"web": {"type": "local", "glob": "unused/*.parquet"}}})
+    inputs, tokens, outputs, n_bytes, n_docs = [], [], [], 0, 0
     for f in sorted((ROOT / "data/sample/web").glob("*.parquet")):
-        texts += pq.read_table(f, columns=["text"]).column("text").to_pylist()
-    arr = pa.array(texts)
-    dd = rule_params(resolve_config({}), "dedup_signatures")["dedup"]
-    dedup.tune_allocator()
-    dedup.hash_documents(arr.slice(0, 200), dd)  # warm up
-    n_bytes = sum(len(t.encode()) for t in texts)
-    t0 = time.process_time()
-    for _ in range(3):
-        dedup.hash_documents(arr, dd)
-    return (time.process_time() - t0) / (3 * n_bytes), n_bytes / len(texts)
+        texts = pq.read_table(f, columns=["text"]).column("text").to_pylist()
+        inputs.append(work / f"filtered/web/{f.name}")
+        inputs[-1].parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"text": texts}), inputs[-1])
+        tokens.append(work / f"tokens/web/{f.stem}.json")
+        tokens[-1].parent.mkdir(parents=True, exist_ok=True)
+        np.save(work / f"tokens/web/{f.stem}.idx.npy", np.arange(len(texts) + 1, dtype=np.int64))
+        tokens[-1].write_text(json.dumps({"source": "web", "shard": f.stem, "n_rows": len(texts), "n_docs": len(texts),
+                                          "doc_rows": list(range(len(texts)))}))
+        outputs.append(work / f"sig/web/{f.name}")
+        n_bytes += sum(len(t.encode()) for t in texts)
+        n_docs += len(texts)
+    job = measured([*PY, "signatures", "--params", json.dumps(rule_params(cfg, "dedup_signatures")), "--source",
+                    "web", "--inputs", *map(str, inputs), "--tokens", *map(str, tokens), "--outputs",
+                    *map(str, outputs), "--manifest", str(work / "manifest.json")])["cpu_s"]
+    start = measured([sys.executable, "-c", "import pipeline.data.dedup, pipeline.config"])["cpu_s"]
+    return start, (job - start) / n_bytes, n_bytes / n_docs
 
 
 def segment(work: Path, sigs: list[Path], params: dict, k: int, earlier: list[Path], run: str) -> dict:
     """The jobs of segment `k` (index, every candidate job, the merge) as processes: {step: CPU s}."""
     parts = params["dedup"]["partitions"]
     manifest = work / f"manifest-{k}.json"
+    manifest.parent.mkdir(parents=True, exist_ok=True)
     manifest.write_text(json.dumps({"files": [{"path": str(s)} for s in sigs]}))
     seg_index, seg_dir = work / f"seg/{k}/index.json", work / f"index/{k}"
     p = json.dumps(params)
@@ -64,7 +76,7 @@ def segment(work: Path, sigs: list[Path], params: dict, k: int, earlier: list[Pa
                               "--out", str(seg_index)])["cpu_s"]}
     cpu["candidates"] = sum(measured([*PY, "candidates", "--params", p, "--index", str(seg_index), "--part", str(q),
                                       "--out", str(work / f"seg/{k}/pairs/{q}.parquet"),
-                                      "--bands-out", str(seg_dir / f"bands/{q}.parquet")])["cpu_s"]
+                                      "--bands-out", str(seg_dir / f"bands/{q}.npy")])["cpu_s"]
                             for q in range(parts))
     cpu["merge"] = measured([*PY, "clusters", "--params", p, "--index", str(seg_index), "--pairs",
                              *(str(work / f"seg/{k}/pairs/{q}.parquet") for q in range(parts)),
@@ -85,9 +97,12 @@ def main() -> None:
     ap.add_argument("--new-shards", type=int, default=4, help="the shards added (10 %% of 40 by default)")
     ap.add_argument("--partitions", type=int, default=2, help="dedup.partitions (about documents / 500,000)")
     ap.add_argument("--dup-rate", type=float, default=0.1)
-    ap.add_argument("--doc-bytes", type=float, default=0.0,
-                    help="UTF-8 bytes per document for the signature step (default: the sample corpus's mean)")
+    ap.add_argument("--shards-per-job", type=int, default=1, help="shards_per_job: signature jobs per shard group")
+    ap.add_argument("--doc-bytes", type=float, default=2000.0,
+                    help="UTF-8 bytes per document for the signature step (FineWeb-shaped, as the data-scale "
+                         "rehearsal's; 0: the sample corpus's mean)")
     ap.add_argument("--workdir", default="/tmp/tokenfarm-dedup-incremental")
+    ap.add_argument("--keep", action="store_true", help="keep the synthetic files and the jobs' outputs")
     args = ap.parse_args()
     n, parts = int(args.docs), args.partitions
     work = Path(args.workdir)
@@ -107,13 +122,16 @@ def main() -> None:
         a, b = (pq.read_table(work / d / "keep" / name).column("keep") for d in ("full", "inc"))
         assert a.equals(b), f"{name}: the increment's keep list differs from the full dedup's"
 
-    per_byte, mean_bytes = signature_cpu_per_byte()
+    start, per_byte, mean_bytes = signature_job_cpu(work / "signatures")
     doc_bytes = args.doc_bytes or mean_bytes
     new_docs = sum(pq.read_metadata(s).num_rows for s in new)
-    sig_full, sig_new = n * doc_bytes * per_byte, new_docs * doc_bytes * per_byte
+    jobs = math.ceil(len(sigs) / args.shards_per_job), math.ceil(len(new) / args.shards_per_job)
+    sig_full = jobs[0] * start + n * doc_bytes * per_byte
+    sig_new = jobs[1] * start + new_docs * doc_bytes * per_byte
     full_cpu, inc_cpu = sig_full + sum(full.values()), sig_new + sum(inc.values())
     row = {"docs": n, "shards": len(sigs), "new_shards": len(new), "new_docs": new_docs, "partitions": parts,
            "doc_bytes": round(doc_bytes), "signature_mb_per_cpu_s": round(1 / per_byte / 1e6, 1),
+           "signature_job_start_cpu_s": round(start, 2), "signature_jobs": jobs,
            "full": {"signatures": round(sig_full, 1), **{k: round(v, 2) for k, v in full.items()}},
            "base": {k: round(v, 2) for k, v in base.items()},
            "increment": {"signatures": round(sig_new, 1), **{k: round(v, 2) for k, v in inc.items()}},
@@ -125,7 +143,8 @@ def main() -> None:
           f"|---|---|---|---|---|\n| {n:,} in {len(sigs)} shards | {len(new)} shards, {new_docs:,} docs | "
           f"{full_cpu:.1f} ({sig_full:.1f} + {sum(full.values()):.1f}) | {inc_cpu:.1f} ({sig_new:.1f} + "
           f"{sum(inc.values()):.1f}) | **{inc_cpu / full_cpu:.1%}** |")
-    shutil.rmtree(work, ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import ctypes.util
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -312,7 +312,12 @@ def _doc_keys(shard: ShardSig, table: pa.Table) -> np.ndarray:
 # ============================================================================= the reference
 
 REF_BASE = -(1 << 62)  # id of the reference's first document: reference ids are negative, in reference order
-INDEX_BANDS_SCHEMA = pa.schema([("band", pa.int16()), ("bkey", pa.uint64()), ("row", pa.int64())])
+EMPTY_BANDS = np.zeros((3, 0), np.uint64)  # a partition's index rows: [band + 1, band key, row], sorted
+
+
+def save_bands(path, rows: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, rows)
 
 
 @dataclass
@@ -326,23 +331,37 @@ class RefSegment:
     files: list[Path]  # its shards' hash arrays, in its row order
     ends: np.ndarray  # cumulative documents per file
     own: bool  # one of this run's earlier segments: its stored clusters are the run's
+    cache: dict = field(default_factory=dict)  # the mapped index rows of the partition being read
 
-    def bands(self, part: int, parts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(band, band key, row) of its band groups whose key mod `parts` == `part`."""
-        paths = [self.dir / "bands" / f"{p}.parquet" for p in ([part] if self.parts == parts else range(self.parts))]
-        tables = []
-        for path in paths:
-            try:
-                tables.append(pq.read_table(path))
-            except (OSError, pa.ArrowException) as e:
-                raise PipelineError(f"{path}: cannot read the dedup index ({e}); rebuild it (rerun the dedup "
-                                    "of the run that wrote it)") from None
-        band, bkey, row = (np.concatenate([t.column(c).to_numpy() for t in tables]) for c in INDEX_BANDS_SCHEMA.names)
-        if self.parts != parts:
-            sel = np.flatnonzero(bkey % np.uint64(parts) == np.uint64(part))
-            sel = sel[np.argsort(band[sel], kind="stable")]
-            band, bkey, row = band[sel], bkey[sel], row[sel]
-        return band, bkey, row
+    def _band_rows(self, part: int, parts: int) -> np.ndarray:
+        """Its index rows of partition `part` of `parts`, memory-mapped (read whole and filtered when it
+        was written for another partition count)."""
+        paths = [self.dir / "bands" / f"{p}.npy" for p in ([part] if self.parts == parts else range(self.parts))]
+        try:
+            arrays = [np.load(path, mmap_mode="r") for path in paths]
+        except (OSError, ValueError) as e:
+            raise PipelineError(f"{paths[0].parent}: cannot read the dedup index ({e}); rebuild it (rerun the "
+                                "dedup of the run that wrote it)") from None
+        if self.parts == parts:
+            return arrays[0]
+        rows = np.concatenate(arrays, axis=1)
+        rows = rows[:, rows[1] % np.uint64(parts) == np.uint64(part)]
+        return rows[:, np.lexsort((rows[1], rows[0]))]
+
+    def lookup(self, part: int, parts: int, band: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(which of the sorted band keys `keys` of `band` it holds, their first documents' ids). Binary
+        search in the memory-mapped rows: only their pages are read."""
+        if (part, parts) not in self.cache:
+            self.cache.clear()
+            self.cache[(part, parts)] = self._band_rows(part, parts)
+        rows = self.cache[(part, parts)]
+        lo, hi = np.searchsorted(rows[0], [band + 1, band + 2])
+        if hi == lo or not len(keys):
+            return np.zeros(len(keys), bool), np.zeros(0, np.int64)
+        held = rows[1, lo:hi]
+        pos = np.minimum(np.searchsorted(held, keys), hi - lo - 1)
+        hit = held[pos] == keys
+        return hit, REF_BASE + self.start + rows[2, lo:hi][pos[hit]].astype(np.int64)
 
     def rows(self, rows: np.ndarray) -> np.ndarray:
         """The exact-hash + signature rows of its documents `rows` (sorted), from the memory-mapped arrays."""
@@ -374,26 +393,17 @@ class Reference:
         self.starts = np.array([s.start for s in self.segments], np.int64)
         self.docs = start
 
-    def partition(self, part: int, parts: int, wanted: dict[int, np.ndarray]) -> dict[int, tuple]:
-        """{band: (band keys, ids)}: each band group of partition `part` whose key is in `wanted[band]`
-        (sorted), with its first reference document (the earliest segment's smallest row)."""
-        chunks: dict[int, list] = {}
+    def first(self, part: int, parts: int, band: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(which of the sorted band keys `keys` of `band` (partition `part` of `parts`) the reference
+        holds, the id of each one's first document: the earliest segment's smallest)."""
+        best = np.zeros(len(keys), np.int64)  # 0: none yet (ids are below 0)
         for seg in self.segments:
-            band, bkey, row = seg.bands(part, parts)
-            for b in np.unique(band).tolist():
-                if b in wanted:
-                    lo, hi = np.searchsorted(band, [b, b + 1])
-                    sel = np.isin(bkey[lo:hi], wanted[b])
-                    chunks.setdefault(b, []).append((bkey[lo:hi][sel], REF_BASE + seg.start + row[lo:hi][sel]))
-        out = {}
-        for b, found in chunks.items():
-            bkey, ids = np.concatenate([c[0] for c in found]), np.concatenate([c[1] for c in found])
-            order = np.lexsort((ids, bkey))
-            bkey, ids = bkey[order], ids[order]
-            first = np.ones(len(bkey), bool)
-            first[1:] = bkey[1:] != bkey[:-1]
-            out[b] = (bkey[first], ids[first])
-        return out
+            hit, ids = seg.lookup(part, parts, band, keys)
+            idx = np.flatnonzero(hit)
+            unset = best[idx] == 0
+            best[idx[unset]] = ids[unset]
+        hit = best < 0
+        return hit, best[hit]
 
     def _locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         pos = ids - REF_BASE
@@ -507,12 +517,10 @@ PAIR_SCHEMA = pa.schema([("key", pa.int64()), ("rep", pa.int64()), ("exact", pa.
 JACCARD_CHUNK = 1 << 15  # band edges whose signatures are compared at once (2 × 480 B each at num_perm 120)
 
 
-def partition_rows(shards: list[ShardSig], dd: dict, part: int, parts: int,
-                   reference: Reference | None = None) -> dict[int, list]:
+def partition_rows(shards: list[ShardSig], dd: dict, part: int, parts: int) -> dict[int, list]:
     """{band: [(band keys, document keys), ...]} of every shard's rows whose band key mod `parts` ==
     `part`; band EXACT_BAND holds the exact hashes. Each shard's lsh file holds these rows as one row
-    group, so the P jobs between them read each row once. With a `reference`, each band's first
-    chunk is the reference's first document of every band group these rows share with it."""
+    group, so the P jobs between them read each row once."""
     chunks: dict[int, list] = {}
     for shard in shards:
         band, bkey, doc = shard.partition(part, parts)
@@ -523,18 +531,16 @@ def partition_rows(shards: list[ShardSig], dd: dict, part: int, parts: int,
             lo, hi = np.searchsorted(band, [b, b + 1])
             if hi > lo:
                 chunks.setdefault(b, []).append((bkey[lo:hi], keys[lo:hi]))
-    if reference is not None and reference.segments and chunks:
-        wanted = {b: np.unique(np.concatenate([c[0] for c in found])) for b, found in chunks.items()}
-        for b, rows in reference.partition(part, parts, wanted).items():
-            chunks[b].insert(0, rows)
     return chunks
 
 
-def group_edges(chunks: dict[int, list], firsts: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def group_edges(chunks: dict[int, list], firsts: list | None = None,
+                reference=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct edges (key, rep, exact), sorted by (key, rep): each member of a (band, band key) group
-    of >= 2 documents to the group's smallest key; `exact` when some exact-hash group gave the pair.
-    Consumes `chunks` band by band, so only one band's rows are sorted at a time. `firsts` (a list)
-    receives (band, band key, key) of every group whose smallest key is not a reference document."""
+    of >= 2 documents to the group's smallest key — every member to the group's first reference document
+    when `reference(band, sorted band keys)` (-> which it holds, their ids) holds one; `exact` when some
+    exact-hash group gave the pair. Consumes `chunks` band by band, so only one band's rows are sorted at
+    a time. `firsts` (a list) receives (band, band key, key) of every group the reference does not hold."""
     e_key, e_rep, e_exact = [], [], []
     for band in sorted(chunks):
         parts = chunks.pop(band)
@@ -547,12 +553,19 @@ def group_edges(chunks: dict[int, list], firsts: list | None = None) -> tuple[np
         first = np.ones(len(key), bool)
         first[1:] = bkey[1:] != bkey[:-1]
         start = np.flatnonzero(first)
-        if firsts is not None:
-            mine = start[key[start] >= 0]
-            firsts.append((np.full(len(mine), band, np.int16), bkey[mine], key[mine]))
-        del bkey
-        rep = np.repeat(key[start], np.diff(np.append(start, len(key))))
+        rep_of = key[start]
         member = ~first
+        if reference is not None:
+            held, ids = reference(band, bkey[start])
+            rep_of[held] = ids
+            member |= np.repeat(held, np.diff(np.append(start, len(key))))
+            start_mine = start[~held]
+        else:
+            start_mine = start
+        if firsts is not None:
+            firsts.append((np.full(len(start_mine), band, np.int16), bkey[start_mine], key[start_mine]))
+        del bkey
+        rep = np.repeat(rep_of, np.diff(np.append(start, len(key))))
         e_key.append(key[member])
         e_rep.append(rep[member])
         e_exact.append(np.full(int(member.sum()), band == EXACT_BAND))
@@ -587,16 +600,17 @@ def confirm(shards: list[ShardSig], dd: dict, key: np.ndarray, rep: np.ndarray,
     return ok, hashes[np.searchsorted(ends, key)], hashes[np.searchsorted(ends, rep)]
 
 
-def index_rows(shards: list[ShardSig], firsts: list) -> pa.Table:
-    """The segment's index rows of one partition (INDEX_BANDS_SCHEMA) from `group_edges`' `firsts`:
-    each band group's first document as its row in the segment, sorted by (band, band key)."""
+def index_rows(shards: list[ShardSig], firsts: list) -> np.ndarray:
+    """The segment's index rows of one partition, [band + 1, band key, row] (3, n) uint64, from
+    `group_edges`' `firsts`: each band group's first document as its row in the segment, sorted by
+    (band, band key)."""
     if not firsts:
-        return INDEX_BANDS_SCHEMA.empty_table()
+        return EMPTY_BANDS
     band, bkey, key = (np.concatenate(c) for c in zip(*firsts))
     bases = np.array([s.base for s in shards], np.int64)
     si = np.searchsorted(bases, key, side="right") - 1
     row = np.array([s.offset for s in shards], np.int64)[si] + (key - bases[si])
-    return pa.table([band, bkey, row], schema=INDEX_BANDS_SCHEMA)
+    return np.stack([(band.astype(np.int64) + 1).astype(np.uint64), bkey, row.astype(np.uint64)])
 
 
 def candidates(shards: list[ShardSig], dd: dict, part: int, parts: int, reference: Reference | None = None,
@@ -607,10 +621,14 @@ def candidates(shards: list[ShardSig], dd: dict, part: int, parts: int, referenc
         raise ValueError(f"partition {part} is not in 0..{parts - 1}")
     if not dd["enabled"] or not (dd["exact"] or dd["near"]):
         if bands is not None:
-            bands.append(INDEX_BANDS_SCHEMA.empty_table())
+            bands.append(EMPTY_BANDS)
         return PAIR_SCHEMA.empty_table()
     firsts = [] if bands is not None else None
-    key, rep, exact = group_edges(partition_rows(shards, dd, part, parts, reference), firsts)
+    lookup = None
+    if reference is not None and reference.segments:
+        def lookup(band, keys):
+            return reference.first(part, parts, band, keys)
+    key, rep, exact = group_edges(partition_rows(shards, dd, part, parts), firsts, lookup)
     if bands is not None:
         bands.append(index_rows(shards, firsts))
     ok, key_hash, rep_hash = confirm(shards, dd, key, rep, exact, reference)
@@ -788,7 +806,7 @@ def write_candidates(sig_paths: list[str | os.PathLike], part: int, out, params:
     meta = provenance("dedup_candidates", params, [s.path for s in shards], part=part, parts=dd["partitions"],
                       n_shards=len(shards), shards=[s.name for s in shards], reference_docs=reference.docs)
     if bands_out:
-        write_parquet(bands_out, bands[0], {**meta, "stage": "dedup_index_bands"})
+        save_bands(bands_out, bands[0])
     write_parquet(out, table, meta)
     log.info("partition %d/%d: %d candidate pairs, %d confirmed", part, dd["partitions"], table.num_rows,
              pc.sum(table.column("ok")).as_py() or 0)
@@ -831,16 +849,16 @@ def _link(src: Path, dst: Path) -> None:
 def write_segment(segment_dir, shards: list[ShardSig], clusters: np.ndarray, dd: dict, report: dict,
                   run: str, bands: list[pa.Table] | None = None) -> dict:
     """The run's dedup index segment in `segment_dir` (docs/data-contract.md, "Dedup index"): its shards'
-    hash arrays (hard links of their lsh .npy), each document's cluster id, and `bands/{p}.parquet` (the
+    hash arrays (hard links of their lsh .npy), each document's cluster id, and `bands/{p}.npy` (the
     candidate jobs wrote them, or `bands` here); `segment.json` last, with the files' sha256 and `report`."""
     segment_dir = Path(segment_dir)
-    for p, table in enumerate(bands or []):
-        write_parquet(segment_dir / "bands" / f"{p}.parquet", table, {"stage": "dedup_index_bands", "part": p})
+    for p, rows in enumerate(bands or []):
+        save_bands(segment_dir / "bands" / f"{p}.npy", rows)
     for shard in shards:
         _link(lsh_paths(shard.path)[1], segment_dir / "docs" / shard.source / f"{shard.shard}.npy")
     with atomic_path(segment_dir / "clusters.npy") as tmp, open(tmp, "wb") as f:
         np.save(f, clusters.astype(np.int64))
-    rel = [f"bands/{p}.parquet" for p in range(dd["partitions"])] + \
+    rel = [f"bands/{p}.npy" for p in range(dd["partitions"])] + \
         [f"docs/{s.name}.npy" for s in shards] + ["clusters.npy"]
     files = []
     for r in rel:
@@ -1008,7 +1026,7 @@ def main(argv=None) -> None:
     add_signature_inputs(cand)
     cand.add_argument("--part", type=int, required=True, help="0 .. dedup.partitions - 1")
     cand.add_argument("--out", required=True, help="R/dedup/seg/{seg}/pairs/{part}.parquet")
-    cand.add_argument("--bands-out", help="R/dedup/index/{seg}/bands/{part}.parquet: the segment's index rows")
+    cand.add_argument("--bands-out", help="R/dedup/index/{seg}/bands/{part}.npy: the segment's index rows")
     clu = sub.add_parser("clusters", help="cluster all shards' signatures")
     add_config_args(clu)
     add_signature_inputs(clu)

@@ -95,7 +95,7 @@ rule dedup_candidates:
     output:
         # read by the merge job only: removed once it has run (a rerun of the merge reruns its candidates)
         pairs=temp(f"{DEDUP_DIR}/seg/{{seg}}/pairs/{{part}}.parquet"),
-        bands=f"{DEDUP_INDEX_DIR}/{{seg}}/bands/{{part}}.parquet",
+        bands=f"{DEDUP_INDEX_DIR}/{{seg}}/bands/{{part}}.npy",
     params:
         p=rule_params("dedup_candidates"),
         code=rule_code("dedup_candidates"),
@@ -117,7 +117,7 @@ rule dedup:
     input:
         index=f"{DEDUP_DIR}/seg/{{seg}}/index.json",
         pairs=lambda w: [f"{DEDUP_DIR}/seg/{w.seg}/pairs/{p}.parquet" for p in range(config["dedup"]["partitions"])],
-        bands=lambda w: [f"{DEDUP_INDEX_DIR}/{w.seg}/bands/{p}.parquet" for p in range(config["dedup"]["partitions"])],
+        bands=lambda w: [f"{DEDUP_INDEX_DIR}/{w.seg}/bands/{p}.npy" for p in range(config["dedup"]["partitions"])],
     output:
         f"{DEDUP_INDEX_DIR}/{{seg}}/segment.json",
     params:
