@@ -70,8 +70,9 @@ def runs(tmp_path_factory):
             write_text_shard(path / f"src/{half}/web/shard_{i:05d}.parquet", texts)
     for half in ("a", "g"):
         write_text_shard(path / f"src/{half}/aux/shard_00000.parquet", aux[0])
-    a = config("a", {"aux": "src/a/aux/*.parquet", "web": "src/a/web/*.parquet"})
-    g = config("g", {"aux": "src/g/aux/*.parquet", "web": "src/g/web/*.parquet"})
+    # (sources not in sorted order: a finished run's recorded segments must still be its DAG)
+    a = config("a", {"web": "src/a/web/*.parquet", "aux": "src/a/aux/*.parquet"})
+    g = config("g", {"web": "src/g/web/*.parquet", "aux": "src/g/aux/*.parquet"})
     b = config("b", {"web": "src/b/web/*.parquet"}, reference=["results/a"])
     run(path, a)
     run(path, g)

@@ -142,7 +142,7 @@ def verify_segments(segments: list[dict]) -> None:
 
 
 def plan_segments(index_dir: str | os.PathLike, shards: list[str], fingerprint: str) -> list[list[str]]:
-    """The run's segments (lists of `source/shard`): those `index_dir/index.json` records, as long as
+    """The run's segments (sorted lists of `source/shard`): those `index_dir/index.json` records, as long as
     each still holds (its shards all configured, the same dedup settings: `fingerprint`), then one
     segment of every configured shard not in them. Without a usable record: one segment of all."""
     try:
@@ -152,12 +152,12 @@ def plan_segments(index_dir: str | os.PathLike, shards: list[str], fingerprint: 
         recorded = []
     configured, kept = set(shards), []
     for seg in recorded:
-        names = [s["name"] for s in seg]
+        names = sorted(s["name"] for s in seg)
         if not names or not set(names) <= configured:
             break
         kept.append(names)
     done = {n for seg in kept for n in seg}
-    rest = [n for n in shards if n not in done]
+    rest = sorted(n for n in shards if n not in done)
     return kept + ([rest] if rest or not kept else [])
 
 
@@ -209,5 +209,6 @@ def append(kept: str | os.PathLike, source: str | os.PathLike, dd: dict) -> dict
         for f in seg["files"]:
             _link(Path(seg["dir"]) / f["path"], kept / name / f["path"])
         segments.append({**{k: v for k, v in seg.items() if k != "index"}, "dir": name})
-    return write_index(kept, segments, [], dd, run=str(kept), fingerprint="",
+    flags = {k: all(s["flags"][k] for s in segments) for k in ("enabled", "exact", "near")}
+    return write_index(kept, segments, [], {**dd, **flags}, run=str(kept), fingerprint="",
                        meta={"stage": "dedup_index_append", "from": str(source)})

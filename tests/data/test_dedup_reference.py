@@ -98,6 +98,7 @@ def test_a_second_segment_of_a_run_keeps_what_one_dedup_keeps(halves):
     index = json.loads((d / "index/index.json").read_text())
     assert [len(s["shards"]) for s in index["segments"]] == [4, 4]
     names = [f"web/{p.stem}" for p in sigs]
+    assert dedup_index.plan_segments(d / "none", ["web/b", "chat/a"], "fp") == [["chat/a", "web/b"]]
     assert dedup_index.plan_segments(d / "index", names, "fp") == [names[:4], names[4:]]
     assert dedup_index.plan_segments(d / "index", names + ["web/new"], "fp") == [names[:4], names[4:], ["web/new"]]
     assert dedup_index.plan_segments(d / "index", names[1:], "fp") == [names[1:]]  # a shard gone: one again
