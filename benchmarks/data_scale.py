@@ -63,8 +63,9 @@ LOGS = {
     "count_sample": "count/sample.log", "count": "count/aggregate.log", "plan": "plan.log",
     "eval_data": "eval_data.log", "decontaminate_grams": "decontaminate/grams.log",
     "decontaminate_flags": "decontaminate/flags/*/*.log", "decontaminate": "decontaminate/report.log",
-    "dedup_signatures": "dedup/sig/*/*.log", "dedup_index": "dedup/index.log",
-    "dedup_candidates": "dedup/candidates/*.log", "dedup": "dedup/clusters.log", "split": "split.log",
+    "dedup_signatures": "dedup/sig/*/*.log", "dedup_index": "dedup/index/*.log",
+    "dedup_candidates": "dedup/candidates/*/*.log", "dedup": "dedup/clusters/*.log",
+    "dedup_report": "dedup/report.log", "split": "split.log",
     "mix": "mix/*.log", "pack": "pack/*/*.log", "accounting": "accounting.log",
     "filter_report": "filter_report.log",
 }

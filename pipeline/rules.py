@@ -74,14 +74,19 @@ RULES = (
          rate=("shards", None, 0.71), after=("decontaminate_grams", "decontaminate_flags")),
     Rule("dedup_signatures", ("data.dedup",), rp.dedup_signatures_slice, job_sizes.shard_text_size, "source",
          rate=("bytes", 37.5e6, 0.67), after=("filter", "tokenize"), shard_chain=True),
-    Rule("dedup_index", ("data.dedup",), None, job_sizes.small_size,
+    # dedup_index, dedup_candidates and dedup run per segment (a fresh run is one; workflow/rules/dedup.smk); the
+    # index job checks the dedup.reference files' sha256, which the rehearsal (no reference) does not measure
+    Rule("dedup_index", ("data.dedup",), rp.dedup_slice, job_sizes.small_size,
          rate=("shards", None, 0.37), after=("dedup_signatures",)),
     Rule("dedup_candidates", ("data.dedup",), rp.dedup_slice, job_sizes.dedup_candidates_size,
          rate=("documents", 138e3, 0.55), after=("dedup_index",)),
     Rule("dedup", ("data.dedup",), rp.dedup_slice, job_sizes.dedup_size,
          rate=("documents", 1.13e6, 0.57), after=("dedup_index", "dedup_candidates")),
+    # dedup_report sums the segments' reports and writes the index manifest: only a job's start (not measured)
+    Rule("dedup_report", ("data.dedup",), rp.dedup_slice, job_sizes.small_size,
+         rate=("none", None, 0.6), after=("dedup",)),
     Rule("split", ("data.split",), rp.split_slice, job_sizes.unmeasured_size,
-         rate=("documents", 299e3, 0.59), after=("dedup", "decontaminate", "tokenize")),
+         rate=("documents", 299e3, 0.59), after=("dedup_report", "decontaminate", "tokenize")),
     Rule("mix", ("data.mix",), rp.mix_slice, job_sizes.unmeasured_size, "mix",
          rate=("documents", 893e3, 0.63), after=("split",)),
     Rule("pack", ("data.pack",), rp.pack_slice, job_sizes.unmeasured_size, "mix",
@@ -91,7 +96,7 @@ RULES = (
          rate=("none", None, 0.6), after=("filter", "tokenize")),
     Rule("accounting", ("data.accounting",), rp.accounting_slice, job_sizes.small_size,
          rate=("documents", 781e3, 0.58),
-         after=("count", "filter", "dedup", "decontaminate", "split", "tokenize", "pack")),
+         after=("count", "filter", "dedup_report", "decontaminate", "split", "tokenize", "pack")),
     # ---- training, evaluation and what follows them
     Rule("train", ("training.launch", "training.rendezvous", "training.train"),
          rp.train_slice, job_sizes.train_size, "stage"),

@@ -436,8 +436,8 @@ def test_docstring_comment_and_formatting_edits_rerun_nothing(project, code_copy
     assert planned_jobs(run_after_editing(project, code_copy, edits, "-n", "all", "export")) == {}
 
 
-DEDUP_AND_AFTER = {"dedup_signatures", "dedup_index", "dedup_candidates", "dedup", "split", "mix", "pack",
-                   "accounting", "train", "evaluate", "stages_report", "export", "all"}
+DEDUP_AND_AFTER = {"dedup_signatures", "dedup_index", "dedup_candidates", "dedup", "dedup_report", "split", "mix",
+                   "pack", "accounting", "train", "evaluate", "stages_report", "export", "all"}
 
 
 def test_a_minhash_edit_reruns_dedup_and_after_and_why_names_it(project, code_copy):

@@ -64,11 +64,21 @@ class RunLayout:
     def dedup_signatures(self, source: str = S, shard: str = SH) -> str:
         return self._r("dedup", "sig", source, f"{shard}.parquet")
 
-    def dedup_index(self) -> str:
-        return self._r("dedup", "sig", "index.json")
+    def dedup_segment(self, seg: str | int = "{seg}", name: str = "index.json") -> str:
+        """R/dedup/seg/<seg>/<name>: a dedup segment's job inputs (index.json, pairs/<part>.parquet)."""
+        return self._r("dedup", "seg", str(seg), name)
 
-    def dedup_pairs(self, part: str = "{part}") -> str:
-        return self._r("dedup", "pairs", f"{part}.parquet")
+    def dedup_pairs(self, seg: str | int = "{seg}", part: str | int = "{part}") -> str:
+        return self.dedup_segment(seg, f"pairs/{part}.parquet")
+
+    def dedup_index_dir(self) -> str:
+        """R/dedup/index: the run's dedup index (its manifest index.json and one directory per segment), which a
+        later run names in dedup.reference."""
+        return self._r("dedup", "index")
+
+    def dedup_index_part(self, seg: str | int = "{seg}", name: str = "segment.json") -> str:
+        """R/dedup/index/<seg>/<name>: a segment's part of the index (segment.json, bands/<part>.npy, ...)."""
+        return self._r("dedup", "index", str(seg), name)
 
     def dedup_keep(self, source: str = S, shard: str = SH) -> str:
         return self._r("dedup", "keep", source, f"{shard}.parquet")

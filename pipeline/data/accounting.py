@@ -36,7 +36,8 @@ Balance lines (`lhs == rhs`):
     tokenize           document tokens + delimiter tokens == tokens == offsets[-1];
                        delimiter tokens == docs × delimiters per doc
     tokenize → dedup   keep-file rows == distinct documents == tokenized docs;
-                       tokenized tokens == kept + removed
+                       tokenized tokens == kept + removed; removed == within the run + against
+                       dedup.reference (the keep list's `reference`)
     tokenize → decontaminate   flag-file rows == distinct documents == tokenized docs;
                        per source: flagged tokens in the decontaminate report == in its flag files
     dedup → split      split rows == distinct documents == tokenized docs; kept == train + val + contam;
@@ -116,6 +117,7 @@ SHARD_EQUATIONS = [
     ("tokenize → dedup", "keep-file rows", ["tokenized_docs"], ["dedup_rows"]),
     ("tokenize → dedup", "distinct documents", ["tokenized_docs"], ["dedup_docs"]),
     ("tokenize → dedup", "tokens", ["span_tokens"], ["kept_tokens", "removed_tokens"]),
+    ("tokenize → dedup", "removed tokens", ["removed_tokens"], ["removed_within_tokens", "removed_reference_tokens"]),
     ("dedup → split", "split-file rows", ["tokenized_docs"], ["split_rows"]),
     ("dedup → split", "distinct documents", ["tokenized_docs"], ["split_docs"]),
     ("tokenize → decontaminate", "flag-file rows", ["tokenized_docs"], ["decontam_rows"]),
@@ -251,6 +253,7 @@ def _dedup_keep(run: RunLayout, source: str, shard: str, n: int, q: dict, spans:
                 enabled: bool) -> np.ndarray:
     """Fill the dedup quantities; return keep (bool per document)."""
     path = Path(run.dedup_keep(source, shard))
+    against = np.zeros(n, bool)  # removed against dedup.reference (the keep list's `reference`), not within the run
     if not enabled and not path.exists():
         keep = np.ones(n, bool)
         q.update(dedup_rows=n, dedup_docs=n)
@@ -261,8 +264,15 @@ def _dedup_keep(run: RunLayout, source: str, shard: str, n: int, q: dict, spans:
         q["dedup_rows"] = len(doc)
         keep = np.zeros(n, bool)
         keep[doc[first]] = t["keep"].to_numpy(zero_copy_only=False).astype(bool)[first]
+        if "reference" in t.column_names:
+            against[doc[first]] = t["reference"].to_numpy(zero_copy_only=False).astype(bool)[first]
+    against &= ~keep
     q["kept_tokens"] = int(spans[keep].sum())
     q["removed_tokens"] = int(spans[~keep].sum())
+    q["removed_reference_docs"] = int(against.sum())
+    q["removed_within_docs"] = int((~keep).sum()) - q["removed_reference_docs"]
+    q["removed_reference_tokens"] = int(spans[against].sum())
+    q["removed_within_tokens"] = q["removed_tokens"] - q["removed_reference_tokens"]
     return keep
 
 
@@ -448,6 +458,11 @@ def markdown(report: dict) -> str:
                    f"({q['tokenized_doc_tokens']:,} + {q['tokenized_delimiter_tokens']:,}) | {q['dup_tokens']:,} | "
                    f"{q['contam_tokens']:,} | "
                    f"{q['train_tokens']:,} | {q['val_tokens']:,} |")
+    out += ["", "## Dedup", "", "| source | removed within the run | removed against dedup.reference |",
+            "|---|---:|---:|"]
+    for name, q in [*report["sources"].items(), ("**all**", report["total"])]:
+        out.append(f"| {name} | {q['removed_within_docs']:,} docs ({q['removed_within_tokens']:,} tok) | "
+                   f"{q['removed_reference_docs']:,} docs ({q['removed_reference_tokens']:,} tok) |")
     out += ["", "## Mixes", "", "| mix / split | source | available | epochs | scheduled | unused |",
             "|---|---|---:|---:|---:|---:|"]
     for m, splits in report["mixes"].items():

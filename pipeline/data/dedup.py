@@ -1,56 +1,17 @@
-"""Dedup stage: exact and MinHash-LSH near-duplicate clusters across every shard of every source.
+"""Dedup stage: exact and MinHash-LSH near-duplicate clusters across every shard of every source, per segment.
 
-Three CLIs, one per Snakemake rule (the hashing maths is in `pipeline.data.minhash`):
+    python -m pipeline.data.dedup signatures --params JSON --source S --inputs R/filtered/S/{shard}.parquet \
+        ... --tokens R/tokens/S/{shard}.json ... --outputs R/dedup/sig/S/{shard}.parquet ... [--manifest M]
+    python -m pipeline.data.dedup index [--params JSON] --manifests M... [--shards S/SH...] [--earlier SEG...] --out I
+    python -m pipeline.data.dedup candidates --params JSON (--index I | --inputs SIG...) --part P --out PAIRS \
+        [--bands-out B]
+    python -m pipeline.data.dedup clusters --params JSON (--index I | --inputs SIG...) [--pairs PAIRS...] \
+        --outdir R/dedup [--report R] [--segment-dir R/dedup/index/{seg}]
+    python -m pipeline.data.dedup report --params JSON --segments R/dedup/index/*/segment.json --index-dir D --out R
+    python -m pipeline.data.dedup append --params JSON --kept DIR --source INDEX_OR_RUN
 
-    python -m pipeline.data.dedup signatures --params JSON --source S --inputs D/S/{shard}.parquet ... \
-        --tokens R/tokens/S/{shard}.json ... --outputs R/dedup/sig/S/{shard}.parquet ... [--manifest M]
-    python -m pipeline.data.dedup index --manifests R/dedup/sig/*/_manifest/*.json --out R/dedup/sig/index.json
-    python -m pipeline.data.dedup candidates --params JSON (--index R/dedup/sig/index.json | --inputs SIG...) \
-        --part P --out R/dedup/pairs/P.parquet                                  (P = 0 .. partitions - 1)
-    python -m pipeline.data.dedup clusters --params JSON (--index R/dedup/sig/index.json | --inputs SIG...) \
-        [--pairs R/dedup/pairs/*.parquet] --outdir R/dedup --report R/dedup/report.json
-
-**signatures** (each shard of a group, in one process). The documents are the tokenized ones:
-document `doc` is raw row `doc_rows[doc]` of the shard (from the tokenize stage's `.json`), its text
-the `text_column`, or for chat sources the message contents joined by newlines (roles are ignored).
-The signature file (columns, metadata): docs/data-contract.md ("Dedup signatures"); `clusters`
-checks that every file's hashing parameters agree with its own.
-
-**candidates** and **clusters**: clustering is split into `partitions` candidate jobs, each holding a
-bounded slice of the band keys, and one merge job (`clusters`), so no process holds the band keys of
-the whole corpus (memory model and measurements: BENCHMARKS.md, "Dedup at scale"). `clusters`
-without `--pairs` runs the candidate slices itself, one after the other.
-
-- Document key: every document gets the globally unique int64
-  `key = source_index << 56 | shard_index << 32 | doc`, where `source_index` is the position of the
-  source among the inputs' source names sorted, and `shard_index` the position of the shard among
-  that source's shard names sorted (limits: 127 sources, 2^24 shards per source, 2^32 documents
-  per shard). Key order is (source, shard, doc) order.
-- Candidates, job p of P: every shard's (band, band key) rows and, with `exact`, its exact hashes (as
-  band -1) whose key mod P == p, read one shard at a time; a (band, band key) group therefore lies
-  whole in one job. The signatures job writes these rows already partitioned (`write_lsh_files`:
-  one row group per partition), so job p reads only its row group of each shard and the P jobs
-  between them read each row once: the stage's work is linear in the corpus, not P times it.
-  Grouped one band at a time (sort), a group of k >= 2 documents yields the k - 1 edges member ->
-  the group's smallest document key; a pair from several groups is kept once,
-  `exact` when an exact-hash group gave it.
-- Confirmation, in the candidate job: an exact-hash edge holds as is; a band edge holds when the
-  estimated Jaccard similarity (fraction of equal signature positions) of the two documents is
-  >= `threshold`. Only the signatures of documents on the job's edges are loaded (4 * num_perm bytes
-  each), from the memory-mapped `lsh/{shard}.npy` rows, so only their pages are read. The job writes
-  its edges (docs/data-contract.md, "Dedup candidate pairs").
-- Merge: the union of the jobs' edges, each distinct pair once (`exact`/confirmed if any job says so),
-  is the candidate set one process grouping every band key would find, so clusters, keepers and
-  statistics do not depend on P (tested).
-- Clusters: connected components of the confirmed edges. The cluster id is the smallest document
-  key in the cluster, and that document is its keeper (deterministic, independent of input order).
-  A document on no confirmed edge is its own cluster (id = its key), kept.
-- Outputs: `outdir/keep/{source}/{shard}.parquet` for every input shard (docs/data-contract.md,
-  "Dedup"; `reason` is `exact` for a removed document whose normalised text equals its keeper's,
-  `near` for the other removed ones), and the report:
-  documents and tokens removed per source (tokens are the `tokens` column: spans with delimiters),
-  exact vs near removals, cluster-size histogram, clusters spanning shards / sources, candidate
-  counts, params. With `enabled: false` every document is its own cluster and kept.
+Documents are the tokenized ones (chat: the message contents joined by newlines). Keys, candidates, the merge,
+keepers (the reference first), segments: docs/architecture.md ("Dedup"); files: docs/data-contract.md.
 """
 from __future__ import annotations
 
@@ -60,7 +21,7 @@ import ctypes.util
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -70,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.config import add_config_args, dedup_signatures_slice, dedup_slice, params_from_args
-from pipeline.data import minhash
+from pipeline.data import dedup_index, minhash
 from pipeline.data.contract import (
     add_group_args,
     iter_document_texts,
@@ -237,6 +198,8 @@ class ShardSig:
     shard: str
     path: Path
     base: int  # key of document 0
+    docs: int = 0  # its documents
+    offset: int = 0  # row of its document 0 in its segment (the shards in key order, back to back)
 
     @property
     def name(self) -> str:
@@ -282,8 +245,12 @@ class ShardSig:
                                 f"rerun dedup_signatures for {self.name}") from None
 
 
-def catalogue(paths: list[str | os.PathLike], dd: dict) -> list[ShardSig]:
-    """The signature files in key order, each checked to carry the current hashing parameters."""
+def catalogue(paths: list[str | os.PathLike], dd: dict, earlier: Iterable[str] = ()) -> list[ShardSig]:
+    """The signature files in key order, each checked to carry the current hashing parameters.
+
+    `earlier`: the `source/shard` names of the run's earlier segments, in their order. Source and
+    shard indices go by first appearance over `earlier` and then these shards sorted, so keys stay
+    unique across a run's segments; without `earlier` they are the sorted positions."""
     found = []
     for p in paths:
         try:
@@ -297,22 +264,34 @@ def catalogue(paths: list[str | os.PathLike], dd: dict) -> list[ShardSig]:
         if stale:
             raise PipelineError(f"{p}: signatures were made with {stale}, but the config says "
                                 f"{ {k: dd[k] for k in stale} }; rerun dedup_signatures")
-        found.append((meta["source"], meta["shard"], Path(p)))
-    names = [(s, sh) for s, sh, _ in found]
+        found.append((meta["source"], meta["shard"], Path(p), int(meta.get("n_docs", 0))))
+    names = [(s, sh) for s, sh, _, _ in found]
     if len(set(names)) != len(names):
         dup = next(n for n, c in Counter(names).items() if c > 1)
         raise PipelineError(f"two signature inputs are for {dup[0]}/{dup[1]}; pass each shard once")
-    sources = sorted({s for s, _, _ in found})
-    if len(sources) > MAX_SOURCES:
-        raise PipelineError(f"{len(sources)} sources exceed the document-key limit of {MAX_SOURCES}")
-    out = []
-    for si, source in enumerate(sources):
-        shards = sorted((sh, p) for s, sh, p in found if s == source)
-        if len(shards) > MAX_SHARDS:
-            raise PipelineError(f"source '{source}' has {len(shards)} shards, over the document-key limit "
-                                f"of {MAX_SHARDS}")
-        out += [ShardSig(source, sh, p, (si << SOURCE_SHIFT) | (hi << SHARD_SHIFT))
-                for hi, (sh, p) in enumerate(shards)]
+    before = [tuple(n.split("/", 1)) for n in earlier]
+    again = sorted(set(before) & set(names))
+    if again:
+        raise PipelineError(f"{'/'.join(again[0])} is in an earlier dedup segment of this run; rerun the dedup")
+    src_index: dict[str, int] = {}
+    shard_index: dict[tuple[str, str], int] = {}
+    per_source: Counter = Counter()
+    for s, sh in [*before, *sorted(names)]:
+        src_index.setdefault(s, len(src_index))
+        shard_index[(s, sh)] = per_source[s]
+        per_source[s] += 1
+    if len(src_index) > MAX_SOURCES:
+        raise PipelineError(f"{len(src_index)} sources exceed the document-key limit of {MAX_SOURCES}")
+    if per_source and max(per_source.values()) > MAX_SHARDS:
+        source = max(per_source, key=per_source.get)
+        raise PipelineError(f"source '{source}' has {per_source[source]} shards, over the document-key limit "
+                            f"of {MAX_SHARDS}")
+    out = sorted((ShardSig(s, sh, p, (src_index[s] << SOURCE_SHIFT) | (shard_index[(s, sh)] << SHARD_SHIFT), n)
+                  for s, sh, p, n in found), key=lambda x: x.base)
+    offset = 0
+    for i, shard in enumerate(out):
+        out[i] = ShardSig(shard.source, shard.shard, shard.path, shard.base, shard.docs, offset)
+        offset += shard.docs
     return out
 
 
@@ -330,16 +309,149 @@ def _doc_keys(shard: ShardSig, table: pa.Table) -> np.ndarray:
     return shard.base + doc.astype(np.int64)
 
 
+# ============================================================================= the reference
+
+REF_BASE = -(1 << 62)  # id of the reference's first document: reference ids are negative, in reference order
+EMPTY_BANDS = np.zeros((3, 0), np.uint64)  # a partition's index rows: [band + 1, band key, row], sorted
+
+
+def save_bands(path, rows: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, rows)
+
+
+@dataclass
+class RefSegment:
+    """One segment of a dedup index (docs/data-contract.md, "Dedup index")."""
+
+    dir: Path
+    start: int  # position of its first document among the reference's documents
+    docs: int
+    parts: int
+    files: list[Path]  # its shards' hash arrays, in its row order
+    ends: np.ndarray  # cumulative documents per file
+    own: bool  # one of this run's earlier segments: its stored clusters are the run's
+    cache: dict = field(default_factory=dict)  # the mapped index rows of the partition being read
+
+    def _band_rows(self, part: int, parts: int) -> np.ndarray:
+        """Its index rows of partition `part` of `parts`, memory-mapped (read whole and filtered when it
+        was written for another partition count)."""
+        paths = [self.dir / "bands" / f"{p}.npy" for p in ([part] if self.parts == parts else range(self.parts))]
+        try:
+            arrays = [np.load(path, mmap_mode="r") for path in paths]
+        except (OSError, ValueError) as e:
+            raise PipelineError(f"{paths[0].parent}: cannot read the dedup index ({e}); rebuild it (rerun the "
+                                "dedup of the run that wrote it)") from None
+        if self.parts == parts:
+            return arrays[0]
+        rows = np.concatenate(arrays, axis=1)
+        rows = rows[:, rows[1] % np.uint64(parts) == np.uint64(part)]
+        return rows[:, np.lexsort((rows[1], rows[0]))]
+
+    def lookup(self, part: int, parts: int, band: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(which of the sorted band keys `keys` of `band` it holds, their first documents' ids). Binary
+        search in the memory-mapped rows: only their pages are read."""
+        if (part, parts) not in self.cache:
+            self.cache.clear()
+            self.cache[(part, parts)] = self._band_rows(part, parts)
+        rows = self.cache[(part, parts)]
+        lo, hi = np.searchsorted(rows[0], [band + 1, band + 2])
+        if hi == lo or not len(keys):
+            return np.zeros(len(keys), bool), np.zeros(0, np.int64)
+        held = rows[1, lo:hi]
+        pos = np.minimum(np.searchsorted(held, keys), hi - lo - 1)
+        hit = held[pos] == keys
+        return hit, REF_BASE + self.start + rows[2, lo:hi][pos[hit]].astype(np.int64)
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """The exact-hash + signature rows of its documents `rows` (sorted), from the memory-mapped arrays."""
+        fi = np.searchsorted(self.ends, rows, side="right")
+        out = []
+        for f in np.unique(fi).tolist():
+            lo, hi = np.searchsorted(fi, [f, f + 1])
+            try:
+                arr = np.load(self.files[f], mmap_mode="r")
+                out.append(np.asarray(arr[rows[lo:hi] - (self.ends[f - 1] if f else 0)]))
+            except (OSError, ValueError, IndexError) as e:
+                raise PipelineError(f"{self.files[f]}: cannot read the dedup index's signatures ({e}); rebuild "
+                                    "the index (rerun the dedup of the run that wrote it)") from None
+        return np.concatenate(out)
+
+
+class Reference:
+    """What a segment is deduplicated against: the `dedup.reference` indexes' segments, then the run's
+    earlier segments, in that order (a document's id: REF_BASE + its position in that order)."""
+
+    def __init__(self, descriptors: list[dict]):
+        self.segments, start = [], 0
+        for d in descriptors:
+            seg_dir = Path(d["dir"])
+            files = [seg_dir / "docs" / f"{s['name']}.npy" for s in d["shards"]]
+            ends = np.cumsum([s["docs"] for s in d["shards"]], dtype=np.int64)
+            self.segments.append(RefSegment(seg_dir, start, d["docs"], d["parts"], files, ends, bool(d.get("own"))))
+            start += d["docs"]
+        self.starts = np.array([s.start for s in self.segments], np.int64)
+        self.docs = start
+
+    def first(self, part: int, parts: int, band: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(which of the sorted band keys `keys` of `band` (partition `part` of `parts`) the reference
+        holds, the id of each one's first document: the earliest segment's smallest)."""
+        best = np.zeros(len(keys), np.int64)  # 0: none yet (ids are below 0)
+        for seg in self.segments:
+            hit, ids = seg.lookup(part, parts, band, keys)
+            idx = np.flatnonzero(hit)
+            unset = best[idx] == 0
+            best[idx[unset]] = ids[unset]
+        hit = best < 0
+        return hit, best[hit]
+
+    def _locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pos = ids - REF_BASE
+        si = np.searchsorted(self.starts, pos, side="right") - 1
+        return si, pos - self.starts[si]
+
+    def hashes(self, ids: np.ndarray) -> np.ndarray:
+        """The exact-hash + signature rows of reference documents `ids` (sorted)."""
+        si, rows = self._locate(ids)
+        out = []
+        for s in np.unique(si).tolist():
+            lo, hi = np.searchsorted(si, [s, s + 1])
+            out.append(self.segments[s].rows(rows[lo:hi]))
+        return np.concatenate(out)
+
+    def clusters(self, ids: np.ndarray) -> np.ndarray:
+        """The run's cluster id of reference documents: an earlier segment's stored one (its keeper's
+        key, or an id below 0 when it was removed against the reference), else the id itself."""
+        out = ids.copy()
+        si, rows = self._locate(ids)
+        for s in np.unique(si).tolist():
+            seg = self.segments[s]
+            if seg.own:
+                sel = si == s
+                out[sel] = np.load(seg.dir / "clusters.npy", mmap_mode="r")[rows[sel]]
+        return out
+
+
 def load_nodes(shards: list[ShardSig], nodes: np.ndarray, sig_nodes: np.ndarray,
-               num_perm: int) -> tuple[np.ndarray, np.ndarray]:
+               num_perm: int, reference: Reference | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact hashes (len(nodes),) of the documents whose keys are `nodes` (sorted), and signatures
     (len(sig_nodes), num_perm) of those in `sig_nodes` (sorted, a subset), reading only their rows
-    of the shards' memory-mapped lsh arrays."""
+    of the shards' memory-mapped lsh arrays (the reference's, for ids below 0)."""
     exact = np.zeros(len(nodes), np.uint64)
     sig = np.zeros((len(sig_nodes), num_perm), np.uint32)
+    n_ref = int(np.searchsorted(nodes, 0))
+    if n_ref:
+        rows = reference.hashes(nodes[:n_ref])
+        if rows.shape[1] != 2 + num_perm:
+            raise PipelineError(f"the dedup reference holds signatures of {rows.shape[1] - 2} permutations, "
+                                f"this run {num_perm}; rebuild it with the same dedup.num_perm")
+        exact[:n_ref] = np.ascontiguousarray(rows[:, :2]).view(np.uint64).reshape(-1)
+        s_ref = int(np.searchsorted(sig_nodes, 0))
+        if s_ref:
+            sig[:s_ref] = rows[np.searchsorted(nodes[:n_ref], sig_nodes[:s_ref]), 2:]
     by_id = {s.base >> SHARD_SHIFT: s for s in shards}
     ids = nodes >> SHARD_SHIFT
-    for sid in np.unique(ids).tolist():
+    for sid in np.unique(ids[n_ref:]).tolist():
         shard = by_id[sid]
         lo, hi = np.searchsorted(ids, [sid, sid + 1])
         arr = shard.hashes()
@@ -422,10 +534,13 @@ def partition_rows(shards: list[ShardSig], dd: dict, part: int, parts: int) -> d
     return chunks
 
 
-def group_edges(chunks: dict[int, list]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def group_edges(chunks: dict[int, list], firsts: list | None = None,
+                reference=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct edges (key, rep, exact), sorted by (key, rep): each member of a (band, band key) group
-    of >= 2 documents to the group's smallest key; `exact` when some exact-hash group gave the pair.
-    Consumes `chunks` band by band, so only one band's rows are sorted at a time."""
+    of >= 2 documents to the group's smallest key — every member to the group's first reference document
+    when `reference(band, sorted band keys)` (-> which it holds, their ids) holds one; `exact` when some
+    exact-hash group gave the pair. Consumes `chunks` band by band, so only one band's rows are sorted at
+    a time. `firsts` (a list) receives (band, band key, key) of every group the reference does not hold."""
     e_key, e_rep, e_exact = [], [], []
     for band in sorted(chunks):
         parts = chunks.pop(band)
@@ -437,10 +552,20 @@ def group_edges(chunks: dict[int, list]) -> tuple[np.ndarray, np.ndarray, np.nda
         del order
         first = np.ones(len(key), bool)
         first[1:] = bkey[1:] != bkey[:-1]
-        del bkey
         start = np.flatnonzero(first)
-        rep = np.repeat(key[start], np.diff(np.append(start, len(key))))
+        rep_of = key[start]
         member = ~first
+        if reference is not None:
+            held, ids = reference(band, bkey[start])
+            rep_of[held] = ids
+            member |= np.repeat(held, np.diff(np.append(start, len(key))))
+            start_mine = start[~held]
+        else:
+            start_mine = start
+        if firsts is not None:
+            firsts.append((np.full(len(start_mine), band, np.int16), bkey[start_mine], key[start_mine]))
+        del bkey
+        rep = np.repeat(rep_of, np.diff(np.append(start, len(key))))
         e_key.append(key[member])
         e_rep.append(rep[member])
         e_exact.append(np.full(int(member.sum()), band == EXACT_BAND))
@@ -458,7 +583,7 @@ def group_edges(chunks: dict[int, list]) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def confirm(shards: list[ShardSig], dd: dict, key: np.ndarray, rep: np.ndarray,
-            exact: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            exact: np.ndarray, reference: Reference | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ok, key_hash, rep_hash) of the edges: ok = exact or estimated Jaccard >= threshold. Signatures
     are loaded for the ends of band edges only (an exact edge holds without them)."""
     ends = np.unique(np.concatenate([key, rep]))
@@ -466,7 +591,7 @@ def confirm(shards: list[ShardSig], dd: dict, key: np.ndarray, rep: np.ndarray,
         return np.zeros(0, bool), np.zeros(0, np.uint64), np.zeros(0, np.uint64)
     near = np.flatnonzero(~exact)
     sig_ends = np.unique(np.concatenate([key[near], rep[near]]))
-    hashes, sig = load_nodes(shards, ends, sig_ends, dd["num_perm"])
+    hashes, sig = load_nodes(shards, ends, sig_ends, dd["num_perm"], reference)
     ok = exact.copy()
     for lo in range(0, len(near), JACCARD_CHUNK):
         edges = near[lo:lo + JACCARD_CHUNK]
@@ -475,14 +600,38 @@ def confirm(shards: list[ShardSig], dd: dict, key: np.ndarray, rep: np.ndarray,
     return ok, hashes[np.searchsorted(ends, key)], hashes[np.searchsorted(ends, rep)]
 
 
-def candidates(shards: list[ShardSig], dd: dict, part: int, parts: int) -> pa.Table:
-    """Candidate job `part` of `parts`: its confirmed-or-not edges as a PAIR_SCHEMA table."""
+def index_rows(shards: list[ShardSig], firsts: list) -> np.ndarray:
+    """The segment's index rows of one partition, [band + 1, band key, row] (3, n) uint64, from
+    `group_edges`' `firsts`: each band group's first document as its row in the segment, sorted by
+    (band, band key)."""
+    if not firsts:
+        return EMPTY_BANDS
+    band, bkey, key = (np.concatenate(c) for c in zip(*firsts))
+    bases = np.array([s.base for s in shards], np.int64)
+    si = np.searchsorted(bases, key, side="right") - 1
+    row = np.array([s.offset for s in shards], np.int64)[si] + (key - bases[si])
+    return np.stack([(band.astype(np.int64) + 1).astype(np.uint64), bkey, row.astype(np.uint64)])
+
+
+def candidates(shards: list[ShardSig], dd: dict, part: int, parts: int, reference: Reference | None = None,
+               bands: list | None = None) -> pa.Table:
+    """Candidate job `part` of `parts`: its confirmed-or-not edges as a PAIR_SCHEMA table (ends below 0
+    are reference documents); `bands` (a list) receives the segment's index rows of the partition."""
     if not 0 <= part < parts:
         raise ValueError(f"partition {part} is not in 0..{parts - 1}")
     if not dd["enabled"] or not (dd["exact"] or dd["near"]):
+        if bands is not None:
+            bands.append(EMPTY_BANDS)
         return PAIR_SCHEMA.empty_table()
-    key, rep, exact = group_edges(partition_rows(shards, dd, part, parts))
-    ok, key_hash, rep_hash = confirm(shards, dd, key, rep, exact)
+    firsts = [] if bands is not None else None
+    lookup = None
+    if reference is not None and reference.segments:
+        def lookup(band, keys):
+            return reference.first(part, parts, band, keys)
+    key, rep, exact = group_edges(partition_rows(shards, dd, part, parts), firsts, lookup)
+    if bands is not None:
+        bands.append(index_rows(shards, firsts))
+    ok, key_hash, rep_hash = confirm(shards, dd, key, rep, exact, reference)
     return pa.table([key, rep, exact, ok, key_hash, rep_hash], schema=PAIR_SCHEMA)
 
 
@@ -517,10 +666,12 @@ def merge_pairs(tables: list[pa.Table], dd: dict) -> Clusters:
     return Clusters(nodes, root, same_text, stats)
 
 
-def find_clusters(shards: list[ShardSig], dd: dict) -> Clusters:
+def find_clusters(shards: list[ShardSig], dd: dict, reference: Reference | None = None,
+                  bands: list | None = None) -> Clusters:
     """Every candidate slice in this process, one after the other, then the merge: what the
     `candidates` jobs and the `clusters` job compute between them."""
-    return merge_pairs([candidates(shards, dd, p, dd["partitions"]) for p in range(dd["partitions"])], dd)
+    return merge_pairs([candidates(shards, dd, p, dd["partitions"], reference, bands)
+                        for p in range(dd["partitions"])], dd)
 
 
 def _spanning(root: np.ndarray, ids: np.ndarray) -> int:
@@ -531,19 +682,21 @@ def _spanning(root: np.ndarray, ids: np.ndarray) -> int:
     return int((np.unique(pairs[0], return_counts=True)[1] > 1).sum())
 
 
+COUNTS = ("documents", "tokens", "removed_documents", "removed_tokens", "exact", "near",
+          "reference_documents", "reference_tokens")
+
+
 def cluster_report(clusters: Clusters, per_source: dict, shards: list[ShardSig], dd: dict, params: dict) -> dict:
-    """The report JSON: removals per source, cluster sizes, cross-shard / cross-source clusters."""
+    """The report JSON: removals per source (`reference_*`: of them, those removed against the
+    reference), cluster sizes, cross-shard / cross-source clusters."""
     roots, sizes = np.unique(clusters.root, return_counts=True)
-    totals = {k: sum(s[k] for s in per_source.values()) for k in ("documents", "tokens", "removed_documents",
-                                                                     "removed_tokens", "exact", "near")}
-    for s in [*per_source.values(), totals]:
-        s["duplicate_rate_documents"] = s["removed_documents"] / s["documents"] if s["documents"] else 0.0
-        s["duplicate_rate_tokens"] = s["removed_tokens"] / s["tokens"] if s["tokens"] else 0.0
+    totals = {k: sum(s[k] for s in per_source.values()) for k in COUNTS}
+    _rates([*per_source.values(), totals])
     return {
         "enabled": dd["enabled"],
         "total": totals,
         "per_source": per_source,
-        "removals": {"exact": totals["exact"], "near": totals["near"]},
+        "removals": _removals(totals),
         "clusters": {
             "with_duplicates": len(roots),
             "spanning_shards": _spanning(clusters.root, clusters.nodes >> SHARD_SHIFT),
@@ -552,47 +705,108 @@ def cluster_report(clusters: Clusters, per_source: dict, shards: list[ShardSig],
             "largest": int(sizes.max(initial=1)),
         },
         "candidates": clusters.stats,
-        "keeper": "smallest document key = first in (source, shard, doc) order",
+        "keeper": "the reference first (what was kept earlier wins), then the smallest document key = first in "
+                  "(source, shard, doc) order",
         "params": params,
         "meta": provenance("dedup", params, [s.path for s in shards], n_shards=len(shards)),
     }
 
 
-def write_index(manifests: list[str | os.PathLike], out) -> list[str]:
-    """The `index` CLI: one manifest listing every signature file of the run (from the group
-    manifests), so the candidate and merge jobs each depend on one file, not on every group."""
+def _rates(rows: list[dict]) -> None:
+    for s in rows:
+        s["duplicate_rate_documents"] = s["removed_documents"] / s["documents"] if s["documents"] else 0.0
+        s["duplicate_rate_tokens"] = s["removed_tokens"] / s["tokens"] if s["tokens"] else 0.0
+
+
+def _removals(t: dict) -> dict:
+    return {"exact": t["exact"], "near": t["near"], "within_run": t["removed_documents"] - t["reference_documents"],
+            "against_reference": t["reference_documents"]}
+
+
+# ============================================================================= segments and their jobs
+
+def _shard_of(sig_path: str | os.PathLike) -> str:
+    return f"{Path(sig_path).parent.name}/{Path(sig_path).stem}"
+
+
+def write_index(manifests: list[str | os.PathLike], out, shards: list[str] | None = None,
+                earlier: list[str | os.PathLike] = (), params: dict | None = None, index_dir=None) -> dict:
+    """The `index` CLI: one segment's inputs in one file, so its candidate and merge jobs each depend on
+    one file, not on every group: its signature files (of the group manifests, those of `shards` when
+    given), the run's `earlier` segments (their segment.json) and the `dedup.reference` indexes'
+    segments, each reference file checked against its recorded sha256 here, once per segment."""
     files = []
     for m in manifests:
         try:
             files += [f["path"] for f in json.loads(Path(m).read_text())["files"]]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise PipelineError(f"{m}: not a group manifest ({e}); rerun dedup_signatures") from None
+    if shards is not None:
+        files = [f for f in files if _shard_of(f) in set(shards)]
+        missing = sorted(set(shards) - {_shard_of(f) for f in files})
+        if missing:
+            raise PipelineError(f"no signature file of {', '.join(missing[:3])} in the group manifests; "
+                                "rerun dedup_signatures")
+    resolved = {"indexes": [], "segments": []}
+    if params is not None and params["dedup"].get("reference"):
+        resolved = dedup_index.resolve_references(params["dedup"]["reference"], params["dedup"], own=index_dir)
+        dedup_index.verify_segments(resolved["segments"])
+    own, names = [], []
+    for e in earlier:
+        try:
+            seg = json.loads(Path(e).read_text())
+        except (OSError, ValueError) as err:
+            raise PipelineError(f"{e}: not a dedup segment ({err}); rerun dedup_merge") from None
+        own.append({**seg, "dir": str(Path(e).parent), "own": True})
+        names += [s["name"] for s in seg["shards"]]
     write_manifest("dedup_signatures", out, files)
-    return files
+    manifest = {**json.loads(Path(out).read_text()), "earlier": names, "indexes": resolved["indexes"],
+                "reference": [{k: v for k, v in s.items() if k != "report"} for s in resolved["segments"]] + own}
+    write_json(out, manifest)
+    return manifest
+
+
+def read_segment_index(path) -> dict:
+    try:
+        index = json.loads(Path(path).read_text())
+        index["files"] = [f["path"] for f in index["files"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise PipelineError(f"{path}: not a signature index ({e}); rerun dedup_index") from None
+    return {"earlier": [], "indexes": [], "reference": [], **index}
 
 
 def signature_files(args) -> list[str]:
     """--inputs, or the files listed by --index (a `write_index` manifest)."""
+    return args.inputs if args.inputs else read_segment_index(args.index)["files"]
+
+
+def _segment_inputs(args) -> tuple[list[str], dict]:
     if args.inputs:
-        return args.inputs
-    try:
-        return [f["path"] for f in json.loads(Path(args.index).read_text())["files"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise PipelineError(f"{args.index}: not a signature index ({e}); rerun dedup_index") from None
+        return args.inputs, {"earlier": [], "indexes": [], "reference": []}
+    seg = read_segment_index(args.index)
+    return seg["files"], seg
 
 
-def write_candidates(sig_paths: list[str | os.PathLike], part: int, out, params: dict) -> dict:
-    """The `candidates` CLI: candidate job `part` of `dedup.partitions`; returns the file's metadata."""
+def write_candidates(sig_paths: list[str | os.PathLike], part: int, out, params: dict, segment: dict | None = None,
+                     bands_out=None) -> dict:
+    """The `candidates` CLI: candidate job `part` of `dedup.partitions` (of a segment: its earlier
+    segments and reference from its index); with `bands_out`, the segment's index rows of the
+    partition there. Returns the pairs file's metadata."""
     dd = params["dedup"]
+    segment = segment or {}
     if not sig_paths:
         raise PipelineError("no signature files given (--inputs); run dedup_signatures first")
     if not 0 <= part < dd["partitions"]:
         raise PipelineError(f"--part {part} is not in 0..{dd['partitions'] - 1} "
                             f"(dedup.partitions = {dd['partitions']})")
-    shards = catalogue(sig_paths, dd)
-    table = candidates(shards, dd, part, dd["partitions"])
+    shards = catalogue(sig_paths, dd, segment.get("earlier", ()))
+    reference = Reference(segment.get("reference", []))
+    bands = [] if bands_out else None
+    table = candidates(shards, dd, part, dd["partitions"], reference, bands)
     meta = provenance("dedup_candidates", params, [s.path for s in shards], part=part, parts=dd["partitions"],
-                      n_shards=len(shards), shards=[s.name for s in shards])
+                      n_shards=len(shards), shards=[s.name for s in shards], reference_docs=reference.docs)
+    if bands_out:
+        save_bands(bands_out, bands[0])
     write_parquet(out, table, meta)
     log.info("partition %d/%d: %d candidate pairs, %d confirmed", part, dd["partitions"], table.num_rows,
              pc.sum(table.column("ok")).as_py() or 0)
@@ -621,45 +835,164 @@ def read_candidates(pair_paths: list[str | os.PathLike], shards: list[ShardSig],
     return [tables[p] for p in range(parts)]
 
 
+def _link(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    try:
+        os.link(src, tmp)
+    except OSError:
+        import shutil
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def write_segment(segment_dir, shards: list[ShardSig], clusters: np.ndarray, dd: dict, report: dict,
+                  run: str, bands: list[pa.Table] | None = None) -> dict:
+    """The run's dedup index segment in `segment_dir` (docs/data-contract.md, "Dedup index"): its shards'
+    hash arrays (hard links of their lsh .npy), each document's cluster id, and `bands/{p}.npy` (the
+    candidate jobs wrote them, or `bands` here); `segment.json` last, with the files' sha256 and `report`."""
+    segment_dir = Path(segment_dir)
+    for p, rows in enumerate(bands or []):
+        save_bands(segment_dir / "bands" / f"{p}.npy", rows)
+    for shard in shards:
+        _link(lsh_paths(shard.path)[1], segment_dir / "docs" / shard.source / f"{shard.shard}.npy")
+    with atomic_path(segment_dir / "clusters.npy") as tmp, open(tmp, "wb") as f:
+        np.save(f, clusters.astype(np.int64))
+    rel = [f"bands/{p}.npy" for p in range(dd["partitions"])] + \
+        [f"docs/{s.name}.npy" for s in shards] + ["clusters.npy"]
+    files = []
+    for r in rel:
+        if not (segment_dir / r).is_file():
+            raise PipelineError(f"{segment_dir / r} is missing; rerun dedup_candidates")
+        files.append({"path": r, "bytes": (segment_dir / r).stat().st_size,
+                      "sha256": dedup_index.file_sha256(segment_dir / r)})
+    seg = {"format": dedup_index.FORMAT, "run": run, "shards": [{"name": s.name, "docs": s.docs} for s in shards],
+           "docs": sum(s.docs for s in shards), "parts": dd["partitions"],
+           "hash": {k: dd[k] for k in HASH_PARAMS}, "flags": {k: dd[k] for k in ("enabled", "exact", "near")},
+           "files": files}
+    seg["sha256"] = dedup_index.segment_digest(seg)
+    seg["report"] = report
+    write_json(segment_dir / dedup_index.SEGMENT_FILE, seg)
+    return seg
+
+
 def run_clusters(sig_paths: list[str | os.PathLike], outdir, report_path, params: dict,
-                 pair_paths: list[str | os.PathLike] | None = None) -> dict:
+                 pair_paths: list[str | os.PathLike] | None = None, segment: dict | None = None,
+                 segment_dir=None, run: str = "") -> dict:
     """The `clusters` CLI: keep lists for every input shard plus the report; returns the report. With
-    `pair_paths` (the candidate jobs' outputs) it merges them, else it computes the candidates itself."""
+    `pair_paths` (the candidate jobs' outputs) it merges them, else it computes the candidates itself.
+    `segment`: its earlier segments and reference (`write_index`); `segment_dir`: write the segment there."""
     dd = params["dedup"]
+    segment = segment or {}
     if not sig_paths:
         raise PipelineError("no signature files given (--inputs); run dedup_signatures first")
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    shards = catalogue(sig_paths, dd)
+    shards = catalogue(sig_paths, dd, segment.get("earlier", ()))
+    reference = Reference(segment.get("reference", []))
+    bands = [] if segment_dir is not None and pair_paths is None else None
     if pair_paths is None:
-        clusters = find_clusters(shards, dd)
+        clusters = find_clusters(shards, dd, reference, bands)
     else:
         clusters = merge_pairs(read_candidates(pair_paths, shards, dd), dd)
-    tables, per_source = [], {}
+    tables, per_source, seg_clusters = [], {}, []
     for shard in shards:
         t = shard.read(["doc", "tokens"])
         keys = _doc_keys(shard, t)
         cluster, reason = clusters.assign(keys)
         keep = cluster == keys
+        against = cluster < 0
+        if against.any():
+            cluster[against] = reference.clusters(cluster[against])
+        ref = cluster < 0
+        seg_clusters.append(cluster)
         tables.append(pa.table({"doc": t.column("doc"), "cluster": pa.array(cluster), "keep": pa.array(keep),
-                                "reason": pa.array(reason, pa.string())}))
+                                "reason": pa.array(reason, pa.string()), "reference": pa.array(ref)}))
         tokens = t.column("tokens").to_numpy()
-        s = per_source.setdefault(shard.source, dict.fromkeys(("documents", "tokens", "removed_documents",
-                                                                 "removed_tokens", "exact", "near"), 0))
+        s = per_source.setdefault(shard.source, dict.fromkeys(COUNTS, 0))
         s["documents"] += len(keys)
         s["tokens"] += int(tokens.sum())
         s["removed_documents"] += int((~keep).sum())
         s["removed_tokens"] += int(tokens[~keep].sum())
         s["exact"] += int((reason == "exact").sum())
         s["near"] += int((reason == "near").sum())
+        s["reference_documents"] += int(ref.sum())
+        s["reference_tokens"] += int(tokens[ref].sum())
     report = cluster_report(clusters, per_source, shards, dd, params)
+    report["reference"] = {"indexes": segment.get("indexes", []), "documents": reference.docs,
+                           "segments": len(reference.segments)}
     for shard, table in zip(shards, tables):
         meta = provenance("dedup", params, [shard.path], source=shard.source, shard=shard.shard)
         write_parquet(outdir / "keep" / shard.source / f"{shard.shard}.parquet", table, meta)
-    write_json(report_path, report)
+    if segment_dir is not None:
+        write_segment(segment_dir, shards, np.concatenate(seg_clusters) if seg_clusters else np.zeros(0, np.int64),
+                      dd, report, run, bands)
+    if report_path is not None:
+        write_json(report_path, report)
     t = report["total"]
-    log.info("%d of %d documents removed (%d exact, %d near) in %d clusters with duplicates",
-             t["removed_documents"], t["documents"], t["exact"], t["near"], report["clusters"]["with_duplicates"])
+    log.info("%d of %d documents removed (%d exact, %d near; %d against the reference) in %d clusters with "
+             "duplicates", t["removed_documents"], t["documents"], t["exact"], t["near"], t["reference_documents"],
+             report["clusters"]["with_duplicates"])
+    return report
+
+
+def _sum_histograms(hists: list[dict]) -> dict:
+    total: Counter = Counter()
+    for h in hists:
+        total.update({int(k): v for k, v in h.items()})
+    return {str(k): total[k] for k in sorted(total)}
+
+
+def write_report(segment_files: list[str | os.PathLike], out, params: dict, index_dir, run: str,
+                 fingerprint: str) -> dict:
+    """The final `dedup` job: the run's report (its segments' reports summed; one segment's report is
+    the run's) and the index manifest `index_dir/index.json` over the segments, written last."""
+    segs = []
+    for f in segment_files:
+        try:
+            segs.append(json.loads(Path(f).read_text()))
+        except (OSError, ValueError) as e:
+            raise PipelineError(f"{f}: not a dedup segment ({e}); rerun dedup_merge") from None
+    reports = [s["report"] for s in segs]
+    if len(reports) == 1:
+        report = dict(reports[0])
+    else:
+        per_source: dict = {}
+        for r in reports:
+            for src, c in r["per_source"].items():
+                acc = per_source.setdefault(src, dict.fromkeys(COUNTS, 0))
+                for k in COUNTS:
+                    acc[k] += c[k]
+        totals = {k: sum(s[k] for s in per_source.values()) for k in COUNTS}
+        _rates([*per_source.values(), totals])
+        cl = [r["clusters"] for r in reports]
+        report = {**reports[-1], "total": totals, "per_source": per_source, "removals": _removals(totals),
+                  "clusters": {"with_duplicates": sum(c["with_duplicates"] for c in cl),
+                               "spanning_shards": sum(c["spanning_shards"] for c in cl),
+                               "spanning_sources": sum(c["spanning_sources"] for c in cl),
+                               "size_histogram": _sum_histograms([c["size_histogram"] for c in cl]),
+                               "largest": max(c["largest"] for c in cl)},
+                  "candidates": {k: sum(r["candidates"].get(k, 0) for r in reports) for k in reports[0]["candidates"]}}
+    report["segments"] = [{"segment": i, "shards": len(s["shards"]), "documents": s["docs"],
+                           "removed_documents": s["report"]["total"]["removed_documents"],
+                           "against_reference": s["report"]["total"]["reference_documents"]}
+                          for i, s in enumerate(segs)]
+    report["reference"] = {"indexes": reports[0]["reference"]["indexes"],
+                           "documents": reports[0]["reference"]["documents"]}
+    report["meta"] = provenance("dedup", params, segment_files, n_segments=len(segs))
+    index_dir = Path(index_dir)
+    listed = [{**{k: v for k, v in s.items() if k != "report"}, "dir": Path(f).parent.name}
+              for s, f in zip(segs, segment_files)]
+    dedup_index.write_index(index_dir, listed, report["reference"]["indexes"], params["dedup"], run, fingerprint,
+                            provenance("dedup", params, segment_files))
+    for d in index_dir.iterdir():  # segments of an earlier layout
+        if d.is_dir() and d.name.isdigit() and d.name not in {s["dir"] for s in listed}:
+            import shutil
+            shutil.rmtree(d, ignore_errors=True)
+    write_json(out, report)
+    t = report["total"]
+    log.info("%d segment(s): %d of %d documents removed, %d of them against the reference", len(segs),
+             t["removed_documents"], t["documents"], t["reference_documents"])
     return report
 
 
@@ -673,27 +1006,47 @@ def main(argv=None) -> None:
     sig.add_argument("--source", required=True)
     add_group_args(sig, "raw shards D/{source}/{shard}.parquet", "R/dedup/sig/{source}/{shard}.parquet, one per input")
     sig.add_argument("--tokens", nargs="+", required=True, help="R/tokens/{source}/{shard}.json, one per input")
-    idx = sub.add_parser("index", help="list every signature file of the run in one manifest")
+    idx = sub.add_parser("index", help="one segment's inputs in one manifest (its signature files and reference)")
+    idx.add_argument("--params", help="the rule's config slice as JSON (its dedup.reference is resolved here)")
+    idx.add_argument("--configfile", help="a full config YAML")
+    idx.set_defaults(set=None)
     idx.add_argument("--manifests", nargs="+", required=True, help="R/dedup/sig/{source}/_manifest/{group}.json")
-    idx.add_argument("--out", required=True, help="R/dedup/sig/index.json")
+    idx.add_argument("--shards", nargs="+", help="the segment's source/shard names (default: every listed file)")
+    idx.add_argument("--earlier", nargs="*", default=[], help="R/dedup/index/{k}/segment.json of earlier segments")
+    idx.add_argument("--index-dir", help="R/dedup/index (this run's own index: refused as a reference)")
+    idx.add_argument("--out", required=True, help="R/dedup/seg/{seg}/index.json")
 
     def add_signature_inputs(p) -> None:
         g = p.add_mutually_exclusive_group(required=True)
         g.add_argument("--inputs", nargs="+", help="R/dedup/sig/*/*.parquet")
-        g.add_argument("--index", help="R/dedup/sig/index.json (what the rules pass)")
+        g.add_argument("--index", help="R/dedup/seg/{seg}/index.json (what the rules pass)")
 
     cand = sub.add_parser("candidates", help="candidate pairs of one band-key partition")
     add_config_args(cand)
     add_signature_inputs(cand)
     cand.add_argument("--part", type=int, required=True, help="0 .. dedup.partitions - 1")
-    cand.add_argument("--out", required=True, help="R/dedup/pairs/{part}.parquet")
+    cand.add_argument("--out", required=True, help="R/dedup/seg/{seg}/pairs/{part}.parquet")
+    cand.add_argument("--bands-out", help="R/dedup/index/{seg}/bands/{part}.npy: the segment's index rows")
     clu = sub.add_parser("clusters", help="cluster all shards' signatures")
     add_config_args(clu)
     add_signature_inputs(clu)
-    clu.add_argument("--pairs", nargs="+", help="R/dedup/pairs/*.parquet: every candidates job's output "
+    clu.add_argument("--pairs", nargs="+", help="R/dedup/seg/{seg}/pairs/*.parquet: every candidates job's output "
                      "(without: computed here)")
     clu.add_argument("--outdir", required=True, help="R/dedup (keep lists go to OUTDIR/keep/{source}/{shard}.parquet)")
-    clu.add_argument("--report", required=True, help="R/dedup/report.json")
+    clu.add_argument("--report", help="the report JSON (default: only inside the segment's segment.json)")
+    clu.add_argument("--segment-dir", help="R/dedup/index/{seg}: write the index segment there")
+    clu.add_argument("--run", default="", help="the run's name, recorded in the segment")
+    rep = sub.add_parser("report", help="the run's report from its segments, and the index manifest")
+    add_config_args(rep)
+    rep.add_argument("--segments", nargs="+", required=True, help="R/dedup/index/{seg}/segment.json, in order")
+    rep.add_argument("--index-dir", required=True, help="R/dedup/index")
+    rep.add_argument("--run", required=True)
+    rep.add_argument("--fingerprint", default="", help="the settings the segments were made with")
+    rep.add_argument("--out", required=True, help="R/dedup/report.json")
+    app = sub.add_parser("append", help="append an index's segments to a kept index directory")
+    add_config_args(app)
+    app.add_argument("--kept", required=True, help="the kept index directory (created if absent)")
+    app.add_argument("--source", required=True, help="an index directory, R/dedup or a run's results directory")
     args = ap.parse_args(argv)
     if args.command == "signatures":
         tune_allocator()
@@ -703,11 +1056,20 @@ def main(argv=None) -> None:
         run_group("dedup_signatures", list(zip(args.inputs, args.tokens, strict=True)), args.outputs, args.manifest,
                   lambda inp, out: write_signatures(inp[0], inp[1], args.source, shard_name(inp[0]), params, out))
     elif args.command == "index":
-        write_index(args.manifests, args.out)
+        params = params_from_args(args, dedup_slice) if (args.params or args.configfile) else None
+        write_index(args.manifests, args.out, args.shards, args.earlier, params, args.index_dir)
     elif args.command == "candidates":
-        write_candidates(signature_files(args), args.part, args.out, params_from_args(args, dedup_slice))
+        files, segment = _segment_inputs(args)
+        write_candidates(files, args.part, args.out, params_from_args(args, dedup_slice), segment, args.bands_out)
+    elif args.command == "clusters":
+        files, segment = _segment_inputs(args)
+        run_clusters(files, args.outdir, args.report, params_from_args(args, dedup_slice), args.pairs, segment,
+                     args.segment_dir, args.run)
+    elif args.command == "report":
+        write_report(args.segments, args.out, params_from_args(args, dedup_slice), args.index_dir, args.run,
+                     args.fingerprint)
     else:
-        run_clusters(signature_files(args), args.outdir, args.report, params_from_args(args, dedup_slice), args.pairs)
+        dedup_index.append(args.kept, args.source, params_from_args(args, dedup_slice)["dedup"])
 
 
 if __name__ == "__main__":

@@ -94,7 +94,8 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     add("dedup_index", "dedup_index", c["shards"])
     for p in range(parts):
         add(f"dedup_candidates/{p}", "dedup_candidates", c["documents"] / parts, part=p)
-    add("dedup", "dedup", c["documents"])
+    add("dedup", "dedup", c["documents"])  # one dedup segment: a fresh run's
+    add("dedup_report", "dedup_report")
     add("decontaminate", "decontaminate", c["shards"])
     add("split", "split", c["documents"])
     for m in cfg.mixes:
