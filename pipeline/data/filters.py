@@ -621,9 +621,27 @@ _EMAIL = re.compile(
     r"A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?|\[(?:(?:25[0-5]|2[0-4][0-9]|["
     r"01]?[0-9][0-9]?)\.){3}(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?|[A-Za-z0-9-]*[A-Za-z0-9]:)])")
 _IP = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)\.){3}(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)")
-# Every match of _EMAIL holds an "@", every match of _IP a digit, a dot, 1-3 digits, a dot, 1-3 digits, a dot and
-# a digit: a text without them is left as it is without running the (slower) expressions.
-_IP_HINT = re.compile(r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]")
+# Every match of _IP holds a dot, 1-3 digits, a dot, 1-3 digits, a dot and a digit: a text without them is left as it
+# is without running the (slower) expression. Every match of _EMAIL holds an "@" and no whitespace, and nothing
+# after a match decides it: the expression runs on the whitespace-delimited runs holding an "@" only.
+_IP_HINT = re.compile(r"\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]")
+_ASCII_WS = " \t\n\r\f\v"
+_ASCII_WS_RUN = re.compile(r"[ \t\n\r\f\v]")
+
+
+def _sub_at_runs(pattern: re.Pattern, repl: Callable, text: str) -> str:
+    """``pattern.sub(repl, text)`` for a pattern whose matches hold an "@" and no whitespace."""
+    out, last, i = [], 0, text.find("@")
+    while i >= 0:
+        a = max(last, max(text.rfind(c, last, i) for c in _ASCII_WS) + 1)
+        m = _ASCII_WS_RUN.search(text, i)
+        b = m.start() if m else len(text)
+        out += (text[last:a], pattern.sub(repl, text[a:b]))
+        last, i = b, text.find("@", b)
+    out.append(text[last:])
+    return "".join(out)
+
+
 EMAIL_PLACEHOLDERS = ("email@example.com", "firstname.lastname@example.org")
 IP_PLACEHOLDERS = ("22.214.171.124", "126.96.36.199", "188.8.131.52", "184.108.40.206", "220.127.116.11",
                    "18.104.22.168")
@@ -646,7 +664,7 @@ class PII(Filter):
                 nonlocal count
                 count += 1
                 return EMAIL_PLACEHOLDERS[(count - 1) % len(EMAIL_PLACEHOLDERS)]
-            text = _EMAIL.sub(email, text)
+            text = _sub_at_runs(_EMAIL, email, text)
         if self.remove_ips and _IP_HINT.search(text):
             n_ip = 0
 
@@ -665,6 +683,7 @@ class PII(Filter):
         return None, text, count
 
 
+@functools.cache
 def _lid_model_path() -> Path:
     from importlib.resources import files
 

@@ -222,9 +222,11 @@ def test_pii_skips_only_texts_its_expressions_cannot_match():
         return F._IP.sub(ip, text)
 
     rng = random.Random(0)
-    fuzz = ["".join(rng.choice("0123456789.@ ab-_[]:") for _ in range(rng.randint(1, 40))) for _ in range(3000)]
+    alphabet = "0123456789.@ ab-_[]:\n\t\xa0\u2003!#'"
+    fuzz = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 60))) for _ in range(6000)]
     fuzz += ["1.2.3.4", "8.8.8.8", "a 255.255.255.255 b", "999.1.1.1", "01.02.03.04", "x@y", "a@b.c", "١.٢.٣.٤",
-             "8.8.8", "8.8.8.8.8", "user@[8.8.8.8]", "v1.2.3.4-rc"]
+             "8.8.8", "8.8.8.8.8", "user@[8.8.8.8]", "v1.2.3.4-rc",
+             "a@b.co\xa0c@d.org", "x\u2003y@z.io@w.com", "@@a.b@c.de", "mail:joe@acme.com,ann@acme.com."]
     texts = fuzz + [t for _, t in broad_corpus(700)] + sample_web()[::20] + raw_web(100)
     skipped = 0
     for text in texts:

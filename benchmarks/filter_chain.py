@@ -1,0 +1,269 @@
+"""The filter chain's cost: each filter's rate (CPU-s per MB), the presets' chain beside tokenize, each filter
+beside datatrove's. One thread; CPU time of this process (`time.process_time`); best of --repeat.
+
+    python benchmarks/filter_chain.py rates [--docs 6000] [--repeat 3] [--write pipeline/data/filter_rates.json]
+    python benchmarks/filter_chain.py tokenize [--tokenizer T] [--input data/sample/web/*.parquet] [--repeat 3]
+    python benchmarks/filter_chain.py datatrove [--docs 1400]
+
+`rates`: on two inputs — FineWeb-shaped documents built as benchmarks/data_scale.py builds its rehearsal's
+(the sample's sentences drawn into log-normal lengths, ~2 KB mean) and the sample's web shards (~10 KB
+documents) — each filter alone over every document, each chain's total and each filter's share in it (the
+chain's prefixes timed in turn): config.yaml's six-filter chain, the schema's default chain and the presets'
+language ID + PII; and `base`, `pipeline.data.filter.filter_shard` with an empty chain (the shard's read, the
+decisions' write). Each run starts with cold caches (the word splitter's, as a new job's). `--write` stores
+the rates `pipeline.data.filters.chain_cpu_s_per_mb` sums. `tokenize`: the presets' chain
+(`filter_shard`, and `run_chain` alone) beside `tokenize_shard` and raw tiktoken on the same shard (the inputs written as one), same
+run (a 4,096-token BPE trained on the sample's web shards when --tokenizer is not given). `datatrove`: each
+filter alone beside datatrove 0.10.1's step on the same documents (tests/data/broad_corpus.py + the sample).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import logging
+import math
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "data"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from pipeline.data import filters as F  # noqa: E402
+
+SAMPLE = sorted(glob.glob(str(ROOT / "data/sample/web/*.parquet")))
+PRESETS = [{"name": "language"}, {"name": "pii"}]
+
+
+def config_chain() -> list[dict]:
+    import yaml
+
+    return yaml.safe_load((ROOT / "config.yaml").read_text())["filter"]
+
+
+def cold() -> None:
+    """Empty the per-process caches, as a new job starts."""
+    F._splitter().cache.clear()
+    F._IS_PUNCT.clear()
+
+
+def cpu(fn, repeat: int) -> float:
+    best = math.inf
+    for _ in range(repeat):
+        cold()
+        t = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t)
+    return best
+
+
+def rehearsal_docs(n: int, seed: int = 0) -> list[str]:
+    """FineWeb-shaped documents as benchmarks/data_scale.py's `build_corpus` makes them (no duplicates)."""
+    from data_scale import sentences
+
+    pool = np.array(sentences(), dtype=object)
+    rng = np.random.default_rng(seed)
+    lengths = np.maximum(1, rng.lognormal(math.log(16.0) - 0.32, 0.8, n).astype(int))
+    picks = rng.integers(0, len(pool), int(lengths.sum()))
+    ends = np.cumsum(lengths)
+    return [" ".join(pool[picks[e - k:e]]) for e, k in zip(ends, lengths)]
+
+
+def sample_docs() -> list[str]:
+    return [t for f in SAMPLE for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
+
+
+def mb_of(docs: list[str]) -> float:
+    return sum(len(d.encode()) for d in docs) / 1e6
+
+
+def base_rate(docs: list[str], repeat: int) -> float:
+    """`filter_shard` with an empty chain over ``docs`` written as one shard: CPU-s per MB."""
+    from pipeline.data.filter import filter_shard
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "raw" / "web" / "shard.parquet"
+        src.parent.mkdir(parents=True)
+        pq.write_table(pa.table({"text": docs}), src, row_group_size=1024)
+        out = Path(tmp) / "out" / "web"
+        out.mkdir(parents=True)
+        params = {"sources": {"web": {"format": "text", "text_column": "text"}}}
+        n = [0]
+
+        def run():
+            n[0] += 1
+            filter_shard([], src, out / f"shard{n[0]}.parquet", "web", params)
+
+        return cpu(run, repeat) / mb_of(docs)
+
+
+def chain_rates(docs: list[str], spec: list[dict], repeat: int) -> dict:
+    """A chain's total and each filter's share (its prefix's time minus the previous prefix's), CPU-s per MB."""
+    mb = mb_of(docs)
+    F.run_chain(docs[:20], F.build_chain(spec))  # load the model and tables
+    totals, shares, prev = [], {}, 0.0
+    for k in range(1, len(spec) + 1):
+        chain = F.build_chain(spec[:k])
+        t = cpu(lambda chain=chain: F.run_chain(docs, chain), repeat) / mb
+        shares[spec[k - 1]["name"]] = round(t - prev, 4)
+        totals.append(t)
+        prev = t
+    kept = float(F.run_chain(docs, F.build_chain(spec)).kept.mean())
+    return {"total": round(totals[-1], 4), "share": shares, "kept_fraction": round(kept, 4)}
+
+
+def cmd_rates(args) -> None:
+    inputs = {"rehearsal": rehearsal_docs(args.docs), "sample": sample_docs()}
+    chains = {"config.yaml": config_chain(), "schema default": F.DEFAULT_CHAIN, "presets": PRESETS}
+    result: dict = {}
+    for name, docs in inputs.items():
+        mb = mb_of(docs)
+        print(f"{name}: {len(docs):,} documents, {mb:.2f} MB")
+        alone = {}
+        for f in F.DEFAULT_CHAIN:
+            chain = F.build_chain([f])
+            F.run_chain(docs[:20], chain)
+            alone[f["name"]] = round(cpu(lambda chain=chain: F.run_chain(docs, chain), args.repeat) / mb, 4)
+        ft = F.build_chain([{"name": "fasttext_classifier", "settings": {
+            "path": str(F._lid_model_path()), "label": "en"}}])  # lid.176 as a stand-in classifier
+        alone["fasttext_classifier"] = round(cpu(lambda: F.run_chain(docs, ft), args.repeat) / mb, 4)
+        base = round(base_rate(docs, args.repeat), 4)
+        print(f"  base (filter_shard, empty chain) {base:.4f} CPU-s/MB; alone: "
+              + ", ".join(f"{k} {v:.4f}" for k, v in alone.items()))
+        result[name] = {"documents": len(docs), "mb": round(mb, 3), "base": base, "alone": alone, "chains": {}}
+        for cname, spec in chains.items():
+            r = chain_rates(docs, spec, args.repeat)
+            summed = base + sum(alone[e["name"]] for e in spec)
+            r["sum_of_alone_plus_base"] = round(summed, 4)
+            result[name]["chains"][cname] = r
+            print(f"  {cname}: total {r['total']:.4f} CPU-s/MB ({1 / r['total']:.2f} MB/CPU-s) + base {base:.4f}; "
+                  f"the rates' sum {summed:.4f} = {summed / (r['total'] + base):.2f}x; kept {r['kept_fraction']:.2f}; "
+                  f"shares {r['share']}")
+    if args.write:
+        reh = result["rehearsal"]
+        out = {
+            "unit": "CPU-s per MB (10**6 bytes of UTF-8 text in the filter stage's input), one thread",
+            "base": reh["base"],
+            "filters": reh["alone"],
+            "measured": {"date": datetime.date.today().isoformat(),
+                         "command": "PYTHONPATH=. python benchmarks/filter_chain.py rates --write "
+                                    f"pipeline/data/filter_rates.json --docs {args.docs} --repeat {args.repeat}",
+                         "machine": f"{platform.processor() or platform.machine()}, {platform.python_version()}",
+                         "note": "base and filters: the rehearsal-shaped input (benchmarks/data_scale.py's "
+                                 "documents); each filter alone over every document; inputs: both inputs in full"},
+            "inputs": result,
+        }
+        Path(args.write).write_text(json.dumps(out, indent=1) + "\n")
+        print(f"wrote {args.write}")
+
+
+def trained_tokenizer(tmp: str) -> str:
+    from pipeline.config import resolve_config
+    from pipeline.data.tokenizer import build_tokenizer
+    from pipeline.rules import rule_params
+
+    params = rule_params(resolve_config({}), "tokenizer")
+    out = Path(tmp) / "tokenizer" / "encoding.json"
+    out.parent.mkdir(parents=True)
+    links = Path(tmp) / "web"
+    links.mkdir()
+    for f in SAMPLE:
+        (links / Path(f).name).symlink_to(f)
+    build_tokenizer(params, sorted(str(p) for p in links.iterdir()), out)
+    return str(out)
+
+
+def cmd_tokenize(args) -> None:
+    from pipeline.data.encoding import load_tokenizer
+    from pipeline.data.filter import filter_shard
+    from pipeline.data.tokenize import tokenize_shard
+
+    logging.disable(logging.INFO)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.tokenizer or trained_tokenizer(tmp)
+        tok = load_tokenizer(path)
+        texts = [t for f in args.input for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
+        shard = Path(tmp) / "one" / "shard.parquet"  # the inputs as one shard
+        shard.parent.mkdir(exist_ok=True)
+        pq.write_table(pa.table({"text": texts}), shard, row_group_size=1024)
+        mb = mb_of(texts)
+        params = {"sources": {"web": {"format": "text", "text_column": "text"}}, "count": {"batch_size": 1024}}
+        chain = F.build_chain(PRESETS)
+        F.run_chain(texts[:20], chain)
+        n = [0]
+
+        def filter_e2e():
+            n[0] += 1
+            filter_shard(chain, shard, Path(tmp) / f"f{n[0]}.parquet", "web", params)
+
+        def tokenize_e2e():
+            tokenize_shard(tok, shard, f"{tmp}/tok/web/shard.json", "web", "shard", params)
+
+        rows = {
+            "presets' chain, filter_shard (read, language ID + PII, write)": cpu(filter_e2e, args.repeat),
+            "presets' chain, run_chain only": cpu(lambda: F.run_chain(texts, chain), args.repeat),
+            "tokenize_shard (read, encode, write)": cpu(tokenize_e2e, args.repeat),
+            "raw tiktoken encode_ordinary_batch": cpu(lambda: tok.enc.encode_ordinary_batch(texts, num_threads=1),
+                                                      args.repeat),
+        }
+    print(f"{' '.join(Path(f).name for f in args.input)} as one shard: {len(texts):,} documents, {mb:.2f} MB; tokenizer {tok.enc.name} (n_vocab {tok.n_vocab}); "
+          f"best of {args.repeat}, one thread")
+    ref = rows["tokenize_shard (read, encode, write)"]
+    for name, t in rows.items():
+        print(f"  {name:<62} {t:7.3f} CPU-s  {mb / t:7.2f} MB/CPU-s  {ref / t:5.2f}x tokenize_shard's speed")
+
+
+def cmd_datatrove(args) -> None:
+    from broad_corpus import broad_corpus
+    from test_filter_agreement import _datatrove_step
+
+    docs = [t for _, t in broad_corpus(args.docs)] + sample_docs()[::4]
+    mb = mb_of(docs)
+    print(f"{len(docs):,} documents (broad corpus + every 4th of the sample's), {mb:.2f} MB; best of {args.repeat}")
+    for name in ("gopher_repetition", "gopher_quality", "c4", "fineweb_quality", "pii", "language"):
+        chain = F.build_chain([{"name": name}])
+        F.run_chain(docs[:20], chain)
+        ours = cpu(lambda chain=chain: F.run_chain(docs, chain), args.repeat)
+        step = _datatrove_step(name)
+        step(docs[0])
+        theirs = min(_timed(lambda step=step: [step(d) for d in docs]) for _ in range(args.dt_repeat))
+        print(f"  {name:<18} ours {mb / ours:7.2f} MB/CPU-s  datatrove {mb / theirs:6.2f} MB/CPU-s  "
+              f"{theirs / ours:5.1f}x")
+
+
+def _timed(fn) -> float:
+    t = time.process_time()
+    fn()
+    return time.process_time() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("rates")
+    r.add_argument("--docs", type=int, default=6000)
+    r.add_argument("--repeat", type=int, default=3)
+    r.add_argument("--write", default=None)
+    t = sub.add_parser("tokenize")
+    t.add_argument("--tokenizer", default=None)
+    t.add_argument("--input", nargs="+", default=SAMPLE)
+    t.add_argument("--repeat", type=int, default=3)
+    d = sub.add_parser("datatrove")
+    d.add_argument("--docs", type=int, default=1400)
+    d.add_argument("--repeat", type=int, default=3)
+    d.add_argument("--dt-repeat", type=int, default=1)
+    args = ap.parse_args()
+    {"rates": cmd_rates, "tokenize": cmd_tokenize, "datatrove": cmd_datatrove}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
