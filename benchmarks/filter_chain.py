@@ -1,20 +1,17 @@
-"""The filter chain's cost: each filter's rate (CPU-s per MB), the presets' chain beside tokenize, each filter
-beside datatrove's. One thread; CPU time of this process (`time.process_time`); best of --repeat.
+"""The filter chain's cost, one thread, CPU time of this process (`time.process_time`), best of --repeat.
 
-    python benchmarks/filter_chain.py rates [--docs 6000] [--repeat 3] [--write pipeline/data/filter_rates.json]
+    python benchmarks/filter_chain.py rates [--docs 3000] [--repeat 3] [--write pipeline/data/filter_rates.json]
     python benchmarks/filter_chain.py tokenize [--tokenizer T] [--input data/sample/web/*.parquet] [--repeat 3]
     python benchmarks/filter_chain.py datatrove [--docs 1400]
 
-`rates`: on two inputs — FineWeb-shaped documents built as benchmarks/data_scale.py builds its rehearsal's
-(the sample's sentences drawn into log-normal lengths, ~2 KB mean) and the sample's web shards (~10 KB
-documents) — each filter alone over every document, each chain's total and each filter's share in it (the
-chain's prefixes timed in turn): config.yaml's six-filter chain, the schema's default chain and the presets'
-language ID + PII; and `base`, `pipeline.data.filter.filter_shard` with an empty chain (the shard's read, the
-decisions' write). Each run starts with cold caches (the word splitter's, as a new job's). `--write` stores
-the rates `pipeline.data.filters.chain_cpu_s_per_mb` sums. `tokenize`: the presets' chain
-(`filter_shard`, and `run_chain` alone) beside `tokenize_shard` and raw tiktoken on the same shard (the inputs written as one), same
-run (a 4,096-token BPE trained on the sample's web shards when --tokenizer is not given). `datatrove`: each
-filter alone beside datatrove 0.10.1's step on the same documents (tests/data/broad_corpus.py + the sample).
+`rates`: on FineWeb-shaped documents made as benchmarks/data_scale.py makes its rehearsal's and on the sample's
+web shards: `base` (`filter_shard` with an empty chain: read and write), `words` (the word split, cold, as in
+a new job), each filter alone (CPU-s per MB, its words split), and beside them the measured totals of
+config.yaml's six-filter chain, the schema's default chain and the presets' language ID + PII (cold caches).
+`--write` stores the rates `filters.chain_cpu_s_per_mb` sums. `tokenize`: the presets' chain (`filter_shard`
+and `run_chain`) beside `tokenize_shard` and raw tiktoken on the same shard (the inputs written as one), same
+run; without --tokenizer a 4,096-token BPE is trained on the sample first. `datatrove`: each filter alone
+beside datatrove 0.10.1's step on the same documents (the broad corpus and every 4th sample document).
 """
 from __future__ import annotations
 
@@ -106,64 +103,79 @@ def base_rate(docs: list[str], repeat: int) -> float:
         return cpu(run, repeat) / mb_of(docs)
 
 
-def chain_rates(docs: list[str], spec: list[dict], repeat: int) -> dict:
-    """A chain's total and each filter's share (its prefix's time minus the previous prefix's), CPU-s per MB."""
-    mb = mb_of(docs)
-    F.run_chain(docs[:20], F.build_chain(spec))  # load the model and tables
-    totals, shares, prev = [], {}, 0.0
-    for k in range(1, len(spec) + 1):
-        chain = F.build_chain(spec[:k])
-        t = cpu(lambda chain=chain: F.run_chain(docs, chain), repeat) / mb
-        shares[spec[k - 1]["name"]] = round(t - prev, 4)
-        totals.append(t)
-        prev = t
-    kept = float(F.run_chain(docs, F.build_chain(spec)).kept.mean())
-    return {"total": round(totals[-1], 4), "share": shares, "kept_fraction": round(kept, 4)}
+WORD_FILTERS = ("gopher_repetition", "gopher_quality", "c4", "fineweb_quality")  # split words (or C4's lines)
+
+
+def alone_rate(docs: list[str], words: list[list[str]], spec: dict, repeat: int) -> float:
+    """One filter over every document, the words already split (as the chain shares them): CPU-s per MB."""
+    (f,) = F.build_chain([spec])
+    if isinstance(f, F.Language):
+        run = lambda: [f.judge(*f.identify(d), d) for d in docs]  # noqa: E731
+    elif hasattr(f, "edit"):
+        run = lambda: [f.edit(d) for d in docs]  # noqa: E731
+    else:
+        run = lambda: [f.check(d, {"words": w}) for d, w in zip(docs, words)]  # noqa: E731
+    run()
+    best = math.inf
+    for _ in range(repeat):  # warm: the words' chunks were split by `words` (a chain shares that work too)
+        t = time.process_time()
+        run()
+        best = min(best, time.process_time() - t)
+    return best / mb_of(docs)
 
 
 def cmd_rates(args) -> None:
     inputs = {"rehearsal": rehearsal_docs(args.docs), "sample": sample_docs()}
     chains = {"config.yaml": config_chain(), "schema default": F.DEFAULT_CHAIN, "presets": PRESETS}
     result: dict = {}
-    for name, docs in inputs.items():
+    for name in args.inputs:
+        docs = inputs[name]
         mb = mb_of(docs)
-        print(f"{name}: {len(docs):,} documents, {mb:.2f} MB")
-        alone = {}
-        for f in F.DEFAULT_CHAIN:
-            chain = F.build_chain([f])
-            F.run_chain(docs[:20], chain)
-            alone[f["name"]] = round(cpu(lambda chain=chain: F.run_chain(docs, chain), args.repeat) / mb, 4)
-        ft = F.build_chain([{"name": "fasttext_classifier", "settings": {
-            "path": str(F._lid_model_path()), "label": "en"}}])  # lid.176 as a stand-in classifier
-        alone["fasttext_classifier"] = round(cpu(lambda: F.run_chain(docs, ft), args.repeat) / mb, 4)
-        base = round(base_rate(docs, args.repeat), 4)
-        print(f"  base (filter_shard, empty chain) {base:.4f} CPU-s/MB; alone: "
-              + ", ".join(f"{k} {v:.4f}" for k, v in alone.items()))
-        result[name] = {"documents": len(docs), "mb": round(mb, 3), "base": base, "alone": alone, "chains": {}}
+        print(f"{name}: {len(docs):,} documents, {mb:.2f} MB", flush=True)
+        words_rate = cpu(lambda: [F.words(d) for d in docs], args.repeat) / mb  # cold: every chunk split once
+        words = [F.words(d) for d in docs]
+        rates = {"base": round(base_rate(docs, args.repeat), 4), "words": round(words_rate, 4)}
+        specs = [*F.DEFAULT_CHAIN, {"name": "fasttext_classifier", "settings": {  # lid.176 as a stand-in classifier
+            "path": str(F._lid_model_path()), "label": "en"}}]
+        for spec in specs:
+            rates[spec["name"]] = round(alone_rate(docs, words, spec, args.repeat), 4)
+        print("  " + ", ".join(f"{k} {v:.4f}" for k, v in rates.items()) + " CPU-s/MB", flush=True)
+        result[name] = {"documents": len(docs), "mb": round(mb, 3), "rates": rates, "chains": {}}
         for cname, spec in chains.items():
-            r = chain_rates(docs, spec, args.repeat)
-            summed = base + sum(alone[e["name"]] for e in spec)
-            r["sum_of_alone_plus_base"] = round(summed, 4)
-            result[name]["chains"][cname] = r
-            print(f"  {cname}: total {r['total']:.4f} CPU-s/MB ({1 / r['total']:.2f} MB/CPU-s) + base {base:.4f}; "
-                  f"the rates' sum {summed:.4f} = {summed / (r['total'] + base):.2f}x; kept {r['kept_fraction']:.2f}; "
-                  f"shares {r['share']}")
+            chain = F.build_chain(spec)
+            total = cpu(lambda chain=chain: F.run_chain(docs, chain), args.repeat) / mb + rates["base"]
+            names = [e["name"] for e in spec]
+            summed = rates["base"] + sum(rates[n] for n in names) + (rates["words"] if set(names) & set(WORD_FILTERS)
+                                                                     else 0)
+            kept = float(F.run_chain(docs, chain).kept.mean())
+            result[name]["chains"][cname] = {"measured": round(total, 4), "summed": round(summed, 4),
+                                             "kept_fraction": round(kept, 4)}
+            print(f"  {cname}: measured {total:.4f} CPU-s/MB ({1 / total:.2f} MB/CPU-s; run_chain + base), the rates' "
+                  f"sum {summed:.4f} = {summed / total:.2f}x; kept {kept:.2f}", flush=True)
     if args.write:
-        reh = result["rehearsal"]
-        out = {
-            "unit": "CPU-s per MB (10**6 bytes of UTF-8 text in the filter stage's input), one thread",
-            "base": reh["base"],
-            "filters": reh["alone"],
-            "measured": {"date": datetime.date.today().isoformat(),
-                         "command": "PYTHONPATH=. python benchmarks/filter_chain.py rates --write "
-                                    f"pipeline/data/filter_rates.json --docs {args.docs} --repeat {args.repeat}",
-                         "machine": f"{platform.processor() or platform.machine()}, {platform.python_version()}",
-                         "note": "base and filters: the rehearsal-shaped input (benchmarks/data_scale.py's "
-                                 "documents); each filter alone over every document; inputs: both inputs in full"},
-            "inputs": result,
-        }
-        Path(args.write).write_text(json.dumps(out, indent=1) + "\n")
+        command = ("PYTHONPATH=. python benchmarks/filter_chain.py rates --write pipeline/data/filter_rates.json "
+                   f"--docs {args.docs} --repeat {args.repeat}")
+        Path(args.write).write_text(json.dumps(rates_file(result, command), indent=1) + "\n")
         print(f"wrote {args.write}")
+
+
+def rates_file(result: dict, command: str) -> dict:
+    """The rates file: each rate (the rehearsal-shaped input's) with its command and date, and both inputs' runs."""
+    when = datetime.date.today().isoformat()
+    machine = f"{platform.machine()} {platform.python_version()}, one thread, shared 2-core VM"
+
+    def entry(rate: float, what: str) -> dict:
+        return {"cpu_s_per_mb": rate, "what": what, "command": command, "date": when, "machine": machine}
+
+    reh = result["rehearsal"]["rates"]
+    return {
+        "unit": "CPU-s per MB (10**6 bytes of UTF-8 text in the filter stage's input)",
+        "base": entry(reh["base"], "filter_shard with an empty chain: the shard's read, the decisions' write"),
+        "words": entry(reh["words"], "splitting the words (cold cache), once per chain with a word-based filter"),
+        "filters": {name: entry(rate, "the filter alone over every document, its words already split")
+                    for name, rate in reh.items() if name not in ("base", "words")},
+        "inputs": result,
+    }
 
 
 def trained_tokenizer(tmp: str) -> str:
@@ -250,7 +262,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("rates")
-    r.add_argument("--docs", type=int, default=6000)
+    r.add_argument("--docs", type=int, default=3000)
+    r.add_argument("--inputs", nargs="+", default=["rehearsal", "sample"], choices=["rehearsal", "sample"])
     r.add_argument("--repeat", type=int, default=3)
     r.add_argument("--write", default=None)
     t = sub.add_parser("tokenize")

