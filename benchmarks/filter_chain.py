@@ -1,7 +1,7 @@
 """The filter chain's cost, one thread, CPU time of this process (`time.process_time`), best of --repeat.
 
     python benchmarks/filter_chain.py rates [--docs 3000] [--repeat 3] [--write pipeline/data/filter_rates.json]
-    python benchmarks/filter_chain.py tokenize [--tokenizer T] [--input data/sample/web/*.parquet] [--repeat 3]
+    python benchmarks/filter_chain.py tokenize [--tokenizer T] [--input data/sample/web/*.parquet | --rehearsal N]
     python benchmarks/filter_chain.py datatrove [--docs 1400]
 
 `rates`: on FineWeb-shaped documents made as benchmarks/data_scale.py makes its rehearsal's and on the sample's
@@ -203,7 +203,8 @@ def cmd_tokenize(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = args.tokenizer or trained_tokenizer(tmp)
         tok = load_tokenizer(path)
-        texts = [t for f in args.input for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
+        texts = ([t for f in args.input for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
+                 if not args.rehearsal else rehearsal_docs(args.rehearsal))
         shard = Path(tmp) / "one" / "shard.parquet"  # the inputs as one shard
         shard.parent.mkdir(exist_ok=True)
         pq.write_table(pa.table({"text": texts}), shard, row_group_size=1024)
@@ -220,14 +221,18 @@ def cmd_tokenize(args) -> None:
         def tokenize_e2e():
             tokenize_shard(tok, shard, f"{tmp}/tok/web/shard.json", "web", "shard", params)
 
-        rows = {
-            "presets' chain, filter_shard (read, language ID + PII, write)": cpu(filter_e2e, args.repeat),
-            "presets' chain, run_chain only": cpu(lambda: F.run_chain(texts, chain), args.repeat),
-            "tokenize_shard (read, encode, write)": cpu(tokenize_e2e, args.repeat),
-            "raw tiktoken encode_ordinary_batch": cpu(lambda: tok.enc.encode_ordinary_batch(texts, num_threads=1),
-                                                      args.repeat),
+        fns = {
+            "presets' chain, filter_shard (read, language ID + PII, write)": filter_e2e,
+            "presets' chain, run_chain only": lambda: F.run_chain(texts, chain),
+            "tokenize_shard (read, encode, write)": tokenize_e2e,
+            "raw tiktoken encode_ordinary_batch": lambda: tok.enc.encode_ordinary_batch(texts, num_threads=1),
         }
-    print(f"{' '.join(Path(f).name for f in args.input)} as one shard: {len(texts):,} documents, {mb:.2f} MB; tokenizer {tok.enc.name} (n_vocab {tok.n_vocab}); "
+        rows = dict.fromkeys(fns, math.inf)
+        for _ in range(args.repeat):  # interleaved, so that a change of the machine's load hits every row alike
+            for name, fn in fns.items():
+                rows[name] = min(rows[name], cpu(fn, 1))
+    what = f"{args.rehearsal} rehearsal-shaped documents" if args.rehearsal else ' '.join(Path(f).name for f in args.input)
+    print(f"{what} as one shard: {len(texts):,} documents, {mb:.2f} MB; tokenizer {tok.enc.name} (n_vocab {tok.n_vocab}); "
           f"best of {args.repeat}, one thread")
     ref = rows["tokenize_shard (read, encode, write)"]
     for name, t in rows.items():
@@ -269,6 +274,7 @@ def main() -> None:
     t = sub.add_parser("tokenize")
     t.add_argument("--tokenizer", default=None)
     t.add_argument("--input", nargs="+", default=SAMPLE)
+    t.add_argument("--rehearsal", type=int, default=0, help="N FineWeb-shaped documents instead of --input")
     t.add_argument("--repeat", type=int, default=3)
     d = sub.add_parser("datatrove")
     d.add_argument("--docs", type=int, default=1400)
