@@ -110,11 +110,11 @@ def alone_rate(docs: list[str], words: list[list[str]], spec: dict, repeat: int)
     """One filter over every document, the words already split (as the chain shares them): CPU-s per MB."""
     (f,) = F.build_chain([spec])
     if isinstance(f, F.Language):
-        run = lambda: [f.judge(*f.identify(d), d) for d in docs]  # noqa: E731
+        run = lambda: [f.judge(*f.identify(d), d) for d in docs]
     elif hasattr(f, "edit"):
-        run = lambda: [f.edit(d) for d in docs]  # noqa: E731
+        run = lambda: [f.edit(d) for d in docs]
     else:
-        run = lambda: [f.check(d, {"words": w}) for d, w in zip(docs, words)]  # noqa: E731
+        run = lambda: [f.check(d, {"words": w}) for d, w in zip(docs, words)]
     run()
     best = math.inf
     for _ in range(repeat):  # warm: the words' chunks were split by `words` (a chain shares that work too)
@@ -132,7 +132,7 @@ def cmd_rates(args) -> None:
         docs = inputs[name]
         mb = mb_of(docs)
         print(f"{name}: {len(docs):,} documents, {mb:.2f} MB", flush=True)
-        words_rate = cpu(lambda: [F.words(d) for d in docs], args.repeat) / mb  # cold: every chunk split once
+        words_rate = cpu(lambda docs=docs: [F.words(d) for d in docs], args.repeat) / mb  # cold: chunks split once
         words = [F.words(d) for d in docs]
         rates = {"base": round(base_rate(docs, args.repeat), 4), "words": round(words_rate, 4)}
         specs = [*F.DEFAULT_CHAIN, {"name": "fasttext_classifier", "settings": {  # lid.176 as a stand-in classifier
@@ -143,7 +143,7 @@ def cmd_rates(args) -> None:
         result[name] = {"documents": len(docs), "mb": round(mb, 3), "rates": rates, "chains": {}}
         for cname, spec in chains.items():
             chain = F.build_chain(spec)
-            total = cpu(lambda chain=chain: F.run_chain(docs, chain), args.repeat) / mb + rates["base"]
+            total = cpu(lambda chain=chain, docs=docs: F.run_chain(docs, chain), args.repeat) / mb + rates["base"]
             names = [e["name"] for e in spec]
             summed = rates["base"] + sum(rates[n] for n in names) + (rates["words"] if set(names) & set(WORD_FILTERS)
                                                                      else 0)
@@ -231,9 +231,10 @@ def cmd_tokenize(args) -> None:
         for _ in range(args.repeat):  # interleaved, so that a change of the machine's load hits every row alike
             for name, fn in fns.items():
                 rows[name] = min(rows[name], cpu(fn, 1))
-    what = f"{args.rehearsal} rehearsal-shaped documents" if args.rehearsal else ' '.join(Path(f).name for f in args.input)
-    print(f"{what} as one shard: {len(texts):,} documents, {mb:.2f} MB; tokenizer {tok.enc.name} (n_vocab {tok.n_vocab}); "
-          f"best of {args.repeat}, one thread")
+    what = (f"{args.rehearsal} rehearsal-shaped documents" if args.rehearsal
+            else " ".join(Path(f).name for f in args.input))
+    print(f"{what} as one shard: {len(texts):,} documents, {mb:.2f} MB; tokenizer {tok.enc.name} "
+          f"(n_vocab {tok.n_vocab}); best of {args.repeat}, one thread")
     ref = rows["tokenize_shard (read, encode, write)"]
     for name, t in rows.items():
         print(f"  {name:<62} {t:7.3f} CPU-s  {mb / t:7.2f} MB/CPU-s  {ref / t:5.2f}x tokenize_shard's speed")
