@@ -1,55 +1,11 @@
 """Accounting stage: reconcile every token from the counts to the packed rows, exactly.
 
-The flow, per shard, summed per source and over the run:
+    python -m pipeline.data.accounting --params JSON --run-dir R --out R/accounting.json --out-md R/accounting.md
 
-    downloaded (D/{source}/{shard}.parquet.json: the placed shard's rows)
-      → filtered (R/filtered/*/*.decisions.parquet: one decision per raw row; the kept rows and their
-        characters after filtering)
-      → counted (R/counts/counts.parquet: each tokenize job's tally of its filtered shard as read and
-             encoded, before any drop; joined by the count rule)
-      → tokenized (R/tokens/*/*.json + .idx.npy): document tokens + delimiters; empty / invalid-UTF-8 /
-        short documents, and conversations with a null content, no assistant turn or over
-        max_conversation_tokens, dropped and counted
-      → dedup (R/dedup/keep/*/*.parquet; all kept when dedup is disabled and no keep file exists)
-      → decontaminate (R/decontam/*/*.parquet and its report; nothing flagged when disabled and absent)
-      → split (R/split/*/*.parquet): train + val + dup + contam
-      → mix (R/mix/{mix}/{train,val}.parquet): scheduled documents, possibly over several epochs
-      → pack (R/pack/{mix}/{split}.json): rows × (seq_len + 1) = packed + pad; dropped tail, truncated
-
-Token numbers from the tokenized stage on are spans of the token files (a document *with* its
-delimiters), computed here from the `.idx.npy` offsets and the document lists in the dedup / split /
-mix parquet files (their contract columns, not their report JSONs); their `tokens` columns are checked
-against the spans. Every balance is an integer equation checked per shard and reported per source,
-per mix and for the run; one unbalanced equation fails the stage with a PipelineError that lists each
-unbalanced line with both numbers. Nothing is written then.
-
-Balance lines (`lhs == rhs`):
-
-    download → filter  downloaded rows == decision rows
-    filter → tokenize  kept rows == counted rows; kept characters (after c4 and pii) == counted characters
-    count → tokenize   counted rows == tokenized docs + dropped empty + invalid UTF-8 + short + null
-                       content + no assistant + long;
-                       counted empty / invalid / short / null-content / no-assistant / long documents
-                       == dropped ones;
-                       counted document tokens == tokenized document tokens + short and long
-                       documents' tokens
-    tokenize           document tokens + delimiter tokens == tokens == offsets[-1];
-                       delimiter tokens == docs × delimiters per doc
-    tokenize → dedup   keep-file rows == distinct documents == tokenized docs;
-                       tokenized tokens == kept + removed; removed == within the run + against
-                       dedup.reference (the keep list's `reference`)
-    tokenize → decontaminate   flag-file rows == distinct documents == tokenized docs;
-                       per source: flagged tokens in the decontaminate report == in its flag files
-    dedup → split      split rows == distinct documents == tokenized docs; kept == train + val + contam;
-                       removed == dup; 0 == documents whose split disagrees with dedup's keep;
-                       0 == documents whose `tokens` disagrees with the span
-    decontaminate → split   flagged kept tokens == contam; 0 == documents whose split disagrees
-                       with the flags (contam exactly for the flagged keepers)
-    split → mix        0 == scheduled documents not in the schedule's split (train / val);
-                       0 == documents scheduled twice in one epoch; 0 == `tokens` disagreements.
-                       Reported: available tokens × epochs = scheduled + unused
-    mix → pack         scheduled == tokens_in (also per source);
-                       tokens_in == packed + dropped tail + truncated; rows × (seq_len + 1) == packed + pad
+Follows each shard's documents and tokens from the download through filter, tokenize, dedup (removals within
+the run and against `dedup.reference`), decontamination, split, mix and pack, per source and over the run
+(`reconcile`); one unbalanced equation fails the stage with a PipelineError listing each. The flow and the
+equations: docs/data-stages.md, "Accounting".
 """
 from __future__ import annotations
 

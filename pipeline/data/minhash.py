@@ -1,44 +1,11 @@
 """Vectorised text normalisation, shingling and MinHash signatures (the maths behind pipeline.data.dedup).
 
-Everything here is a pure function of its inputs; `pipeline.data.dedup` does the file handling.
+    wh, off = doc_word_hashes(texts)                 # normalised words, per document
+    sh, soff = shingle_hashes(wh, off, ngram)        # its n-gram shingles
+    sig = signatures(sh, soff, permutations(num_perm, seed))   # uint64 [docs, num_perm]; band_keys(sig, b, r)
 
-**Normalisation** (`normalize_text` is the readable scalar definition, `doc_word_hashes` the
-vectorised one; tests check they agree):
-
-1. ASCII: A-Z become a-z; every other ASCII character that is not a letter or digit (whitespace,
-   punctuation, control characters, `_`) separates words. Non-ASCII characters are word characters
-   at this step, so words are the maximal runs of non-separators.
-2. A word that contains a non-ASCII character is NFKC-normalised and lower-cased (Python's
-   `unicodedata` and `str.lower`), every non-ASCII character that is not a letter, number or
-   combining mark (Unicode categories L, N, M: curly quotes, dashes, NBSP, ...) becomes a
-   separator, and step 1 is applied again (NFKC can produce ASCII, e.g. "…" -> "...").
-3. The normalised text is the resulting words joined by single spaces: "Hello,  WORLD!" and
-   "hello world" normalise alike.
-
-**Hashes** (uint64 arithmetic wraps mod 2^64; little-endian; deterministic everywhere):
-
-- `mix(acc, x) = m ^ (m >> 32)` with `m = (acc ^ x) * CHAIN_MULT`; `fmix64` is the MurmurHash3
-  64-bit finaliser.
-- word hash (`word_hash`): `acc = (len(word) + 1) * WORD_SEED`, then `acc = mix(acc, c)` for each
-  8-byte little-endian chunk `c` of the word's UTF-8 bytes (the last zero-padded). Distinct words
-  of up to 8 bytes never collide (`mix` is a bijection of `acc ^ c`); the shingle hash finalises.
-  Built from 8-byte loads, it is computed for all words of a batch with one gather per chunk.
-- exact hash of a document: `xxh3_64` of its word hashes as little-endian uint64 bytes: two
-  documents share it exactly when their normalised texts are equal (up to 2^-64 collisions).
-- shingles: word `ngram`-grams of the normalised text; a document with fewer than `ngram` words
-  (even none) is one shingle of all its words. A shingle's bytes are its words joined by single
-  spaces; its 32-bit hash (`shingle_hash32`) is the top 32 bits of the polynomial
-  `acc = SHINGLE_SEED; acc = acc * SHINGLE_MULT + word_hash(w) for each word w` (mod 2^64): the top
-  bits depend on every bit of every word hash, and the whole batch's windows cost two in-place
-  numpy operations per word position (datasketch's own 32-bit pre-mix follows).
-- MinHash: datasketch's "affine32" scheme (its default since datasketch 2.0): a shingle hash is
-  pre-mixed with the MurmurHash3 32-bit finaliser, then permutation `k` maps it to
-  `a_k * h + b_k mod 2^32`; the signature is the per-permutation minimum over the document's
-  shingles. `a`, `b` are drawn exactly as datasketch draws them from `RandomState(seed)`, so a
-  signature equals `datasketch.MinHash(num_perm, seed, hashfunc=shingle_hash32)` updated with the
-  bytes of every shingle (tests/test_dedup.py is that oracle test).
-- band keys: band `j` covers signature positions `[j*rows, (j+1)*rows)`; its uint64 key is
-  `fmix64(mix(...mix(fmix64(j + 1), v_0)..., v_{rows-1}))` over the band's values.
+Every function is pure; `pipeline.data.dedup` does the file handling. The normalisation, the hashes and the
+band keys, defined exactly: docs/data-stages.md, "MinHash".
 """
 from __future__ import annotations
 
