@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -156,9 +157,11 @@ def test_a_stale_or_edited_reference_is_refused_in_one_line(halves, tmp_path):
 def test_accounting_splits_removals_within_the_run_and_against_the_reference(tmp_path):
     import pyarrow as pa
 
+    from pipeline.config.layout import RunLayout
     from pipeline.data import accounting
 
-    path = tmp_path / "dedup/keep/web/s.parquet"
+    run = RunLayout.at(tmp_path)
+    path = Path(run.dedup_keep("web", "s"))
     path.parent.mkdir(parents=True)
     pq.write_table(pa.table({"doc": np.arange(5), "cluster": np.array([0, 0, -7, 3, -7]),
                              "keep": np.array([True, False, False, True, False]),
@@ -166,7 +169,7 @@ def test_accounting_splits_removals_within_the_run_and_against_the_reference(tmp
                              "reference": np.array([False, False, True, False, True])}), path)
     q = {}
     spans = np.array([10, 20, 30, 40, 50])
-    keep = accounting._dedup_keep(tmp_path, "web", "s", 5, q, spans, True)
+    keep = accounting._dedup_keep(run, "web", "s", 5, q, spans, True)
     assert keep.tolist() == [True, False, False, True, False]
     assert (q["removed_within_docs"], q["removed_reference_docs"]) == (1, 2)
     assert (q["removed_within_tokens"], q["removed_reference_tokens"]) == (20, 80)
