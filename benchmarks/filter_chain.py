@@ -1,6 +1,6 @@
 """The filter chain's cost, one thread, CPU time of this process (`time.process_time`), best of --repeat.
 
-    python benchmarks/filter_chain.py rates [--docs 3000] [--repeat 3] [--write pipeline/data/filter_rates.json]
+    python benchmarks/filter_chain.py rates [--docs 3000] [--repeat 3] [--write pipeline/planning/filter_rates.json]
     python benchmarks/filter_chain.py tokenize [--tokenizer T] [--input data/sample/web/*.parquet | --rehearsal N]
     python benchmarks/filter_chain.py datatrove [--docs 1400]
 
@@ -8,7 +8,8 @@
 web shards: `base` (`filter_shard` with an empty chain: read and write), `words` (the word split, cold, as in
 a new job), each filter alone (CPU-s per MB, its words split), and beside them the measured totals of
 config.yaml's six-filter chain, the schema's default chain and the presets' language ID + PII (cold caches).
-`--write` stores the rates `filters.chain_cpu_s_per_mb` sums. `tokenize`: the presets' chain (`filter_shard`
+`--write` stores the rates `pipeline.planning.data_cost.filter_cpu_s_per_mb` sums.
+`tokenize`: the presets' chain (`filter_shard`
 and `run_chain`) beside `tokenize_shard` and raw tiktoken on the same shard (the inputs written as one), same
 run; without --tokenizer a 4,096-token BPE is trained on the sample first. `datatrove`: each filter alone
 beside datatrove 0.10.1's step on the same documents (the broad corpus and every 4th sample document).
@@ -153,7 +154,7 @@ def cmd_rates(args) -> None:
             print(f"  {cname}: measured {total:.4f} CPU-s/MB ({1 / total:.2f} MB/CPU-s; run_chain + base), the rates' "
                   f"sum {summed:.4f} = {summed / total:.2f}x; kept {kept:.2f}", flush=True)
     if args.write:
-        command = ("PYTHONPATH=. python benchmarks/filter_chain.py rates --write pipeline/data/filter_rates.json "
+        command = ("PYTHONPATH=. python benchmarks/filter_chain.py rates --write pipeline/planning/filter_rates.json "
                    f"--docs {args.docs} --repeat {args.repeat}")
         Path(args.write).write_text(json.dumps(rates_file(result, command), indent=1) + "\n")
         print(f"wrote {args.write}")

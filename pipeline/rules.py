@@ -50,10 +50,10 @@ RULES = (
     # ---- the data rules, in DAG order (each after the rules it waits for)
     Rule("download", ("data.download",), rp.download_slice, job_sizes.download_size, "source",
          rate=("bytes", 198e6, 0.51), shard_chain=True),
-    # filter: the whole default chain's 0.61 MB/CPU-s (BENCHMARKS.md "Filter chain", language ID included; the
-    # presets' language ID + PII only is faster, so this prices them high); its per-job start is not measured
+    # filter: its bytes per CPU-second are its config's chain's, the sum of each filter's measured rate
+    # (pipeline.planning.data_cost.rate, filter_rates.json); its per-job start is not measured
     Rule("filter", ("data.filter",), rp.filter_slice, job_sizes.shard_text_size, "source",
-         rate=("bytes", 0.61e6, 0.5), after=("download",), shard_chain=True),
+         rate=("bytes", None, 0.5), after=("download",), shard_chain=True),
     Rule("tokenizer", ("data.train_tokenizer",), rp.tokenizer_slice, job_sizes.tokenizer_size,
          rate=("train_chars", 6.4e6, 0.5), after=("filter",)),
     Rule("tokenize", ("data.tokenize",), rp.tokenize_slice, job_sizes.tokenize_size, "source",

@@ -22,6 +22,7 @@ from pipeline.planning.token_plan import train_hours
 from pipeline.training import rendezvous
 
 PRESET = yaml.safe_load((ROOT / "configs/llama3-1b-fineweb.yaml").read_text())
+DEFAULT = yaml.safe_load((ROOT / "config.yaml").read_text())
 
 
 def preset(**hardware) -> dict:
@@ -131,9 +132,13 @@ def test_data_costs_cover_every_stage_and_scale_with_cores_and_partitions():
     # filter: after its group's download, before its tokenize; priced on the shards' bytes like tokenize
     assert next(j for j in jobs if j["name"] == "filter/fineweb/0")["after"] == ["download/fineweb/0"]
     assert "filter/fineweb/0" in next(j for j in jobs if j["name"] == "tokenize/fineweb/0")["after"]
-    unit, rate, per_job = cluster.RATES["filter"]
+    # priced by the preset's own chain (language ID + PII): the sum of their measured rates and the job's base
+    unit, rate, per_job = cluster.rate(cfg, "filter")
+    assert unit == "bytes" and rate == pytest.approx(1e6 / cluster.filter_cpu_s_per_mb(cfg["filter"]))
     assert st["filter"]["jobs"] == 114 and st["filter"]["cpu_hours"] == pytest.approx(
         (small["bytes"] / rate + 114 * per_job) / 3600, rel=1e-6)
+    # the default config's six-filter chain costs more per byte than the presets' two filters
+    assert cluster.rate(resolve_config(DEFAULT), "filter")[1] < rate
     # tokenize: the shards' text in bytes (no vocabulary in the unit) ÷ the rate, plus each job's start
     unit, rate, per_job = cluster.RATES["tokenize"]
     assert unit == "bytes" and st["tokenize"]["cpu_hours"] == pytest.approx(

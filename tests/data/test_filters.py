@@ -256,8 +256,10 @@ def test_language_sample_decides_like_the_whole_document():
     assert len(long_docs) > 100  # the sample path is exercised
 
 
-def test_chain_cpu_s_per_mb_sums_the_enabled_filters_rates():
-    rates = F.filter_rates()
+def test_the_plan_prices_a_chain_as_the_sum_of_its_enabled_filters_rates():
+    from pipeline.planning.data_cost import filter_cpu_s_per_mb, filter_rates
+
+    rates = filter_rates()
     for r in [rates["base"], rates["words"], *rates["filters"].values()]:
         assert r["cpu_s_per_mb"] > 0 and r["command"].startswith("PYTHONPATH=. python benchmarks/filter_chain.py")
         assert r["date"] and r["machine"]
@@ -265,13 +267,14 @@ def test_chain_cpu_s_per_mb_sums_the_enabled_filters_rates():
     base, split = rates["base"]["cpu_s_per_mb"], rates["words"]["cpu_s_per_mb"]
     assert set(rate) == set(F.FILTERS)
     # the default chain: its filters' rates, and the word split once (its word-based filters share it)
-    assert F.chain_cpu_s_per_mb(None) == pytest.approx(base + split + sum(rate[e["name"]] for e in F.DEFAULT_CHAIN))
-    assert F.chain_cpu_s_per_mb([{"name": "c4"}]) == pytest.approx(base + split + rate["c4"])
+    assert filter_cpu_s_per_mb(F.DEFAULT_CHAIN) == pytest.approx(base + split + sum(rate[e["name"]]
+                                                                                   for e in F.DEFAULT_CHAIN))
+    assert filter_cpu_s_per_mb([{"name": "c4"}]) == pytest.approx(base + split + rate["c4"])
     presets = [{"name": "language"}, {"name": "pii"}]
-    assert F.chain_cpu_s_per_mb(presets) == pytest.approx(base + rate["language"] + rate["pii"])
-    assert F.chain_cpu_s_per_mb(presets) < F.chain_cpu_s_per_mb(None)
+    assert filter_cpu_s_per_mb(presets) == pytest.approx(base + rate["language"] + rate["pii"])
+    assert filter_cpu_s_per_mb(presets) < filter_cpu_s_per_mb(F.DEFAULT_CHAIN)
     off = [{"name": "language", "enabled": False}, {"name": "pii", "settings": {"enabled": False}}]
-    assert F.chain_cpu_s_per_mb(off) == pytest.approx(base) == F.chain_cpu_s_per_mb([])
-    assert F.chain_cpu_s_per_mb(F.build_chain(presets)) == F.chain_cpu_s_per_mb(presets)  # a built chain too
+    assert filter_cpu_s_per_mb(off) == pytest.approx(base) == filter_cpu_s_per_mb([])
+    assert filter_cpu_s_per_mb(F.build_chain(presets)) == filter_cpu_s_per_mb(presets)  # a built chain too
     with pytest.raises(ConfigError, match="no measured rate for filter 'gopher_qualty'"):
-        F.chain_cpu_s_per_mb([{"name": "gopher_qualty"}])
+        filter_cpu_s_per_mb([{"name": "gopher_qualty"}])
