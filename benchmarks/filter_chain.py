@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "data"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from pipeline.data import filters as F  # noqa: E402
+from pipeline.data import text_filters as F  # noqa: E402
 
 SAMPLE = sorted(glob.glob(str(ROOT / "data/sample/web/*.parquet")))
 PRESETS = [{"name": "language"}, {"name": "pii"}]

@@ -1,4 +1,4 @@
-"""Filter-chain speed (issue 30 item 5): `pipeline.data.filters` versus datatrove on the same documents, one run.
+"""Filter-chain speed (issue 30 item 5): `pipeline.data.text_filters` versus datatrove on the same documents, one run.
 
     python benchmarks/filters.py [--input data/sample/web/*.parquet] [--raw 400] [--datatrove-docs 400]
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests" / "data"))
 
 from filter_corpora import raw_web  # noqa: E402
 
-from pipeline.data import filters as F  # noqa: E402
+from pipeline.data import text_filters as F  # noqa: E402
 
 
 def _timed(fn):

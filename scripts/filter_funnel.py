@@ -4,7 +4,7 @@
     python scripts/filter_funnel.py --out /tmp/funnel data/sample/web/*.parquet data/sample/crawl/*.parquet
     python scripts/filter_funnel.py --out /tmp/funnel --filter '[{"name": "gopher_quality"}]' data/sample/web/*.parquet
 
-Runs `pipeline.data.filters.run_chain` (the default chain, or ``--filter``: a ``filter:`` list as JSON) over
+Runs `pipeline.data.text_filters.run_chain` (the default chain, or ``--filter``: a ``filter:`` list as JSON) over
 every row of each shard (text sources: column ``--text-column``; a null row is an empty document), writes
 ``OUT/{source}/{shard}.decisions.parquet`` as the filter stage would (`filters.decisions_table`; the source
 is the shard's directory name), then `pipeline.data.filter_report` over them: ``OUT/report.json``,
@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from pipeline.data.filter_report import filter_report
-from pipeline.data.filters import build_chain, decisions_table, run_chain
+from pipeline.data.text_filters import build_chain, decisions_table, run_chain
 from pipeline.io import atomic_path, get_logger, run_cli
 
 log = get_logger("filter_funnel")

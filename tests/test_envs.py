@@ -15,7 +15,7 @@ PACKAGE = {
     "xxhash": "python-xxhash",
     "tiktoken_ext": "tiktoken",
     "httpx2": "huggingface_hub",  # the hub client's HTTP library, installed with it
-    "fasttext": "fasttext-predict",  # the inference-only wheel that pipeline/data/filters.py imports as fasttext
+    "fasttext": "fasttext-predict",  # the inference-only wheel that pipeline/data/text_filters.py imports as fasttext
 }
 
 

@@ -3,7 +3,7 @@ r"""Filter stage: each downloaded shard of a group -> its kept documents, filter
     python -m pipeline.data.filter --params JSON --source S --inputs D/S/{shard}.parquet ... \
         --outputs R/filtered/S/{shard}.parquet ... [--manifest M]
 
-`filter_shard` runs the config's ``filter:`` chain (pipeline/data/filters.py, docs/filters.md) over a
+`filter_shard` runs the config's ``filter:`` chain (pipeline/data/text_filters.py, docs/filters.md) over a
 shard and writes ``R/filtered/S/{shard}.parquet`` (the kept rows, text filtered; hard-linked when nothing
 changed) and ``{shard}.decisions.parquet`` (one row per raw row, `DECISION_SCHEMA`). Formats:
 docs/data-contract.md, "Filtered shard".
@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config import add_config_args, filter_slice, params_from_args
 from pipeline.data.contract import add_group_args, doc_text, iter_documents, open_parquet, run_group, source_column
-from pipeline.data.filters import DECISION_SCHEMA, PII, Filter, build_chain, run_chain
+from pipeline.data.text_filters import DECISION_SCHEMA, PII, Filter, build_chain, run_chain
 from pipeline.io import atomic_path, get_logger, provenance, run_cli, write_json
 
 log = get_logger(__name__)

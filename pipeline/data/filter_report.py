@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config import add_config_args, filter_report_slice, params_from_args
 from pipeline.data.contract import doc_text, load_shard_meta, open_parquet, source_column
-from pipeline.data.filters import DECISION_COLUMNS, PII, Filter, build_chain
+from pipeline.data.text_filters import DECISION_COLUMNS, PII, Filter, build_chain
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_cli, write_json
 

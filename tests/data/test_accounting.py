@@ -15,8 +15,8 @@ from pipeline.config import params_json, resolve_config
 from pipeline.data.accounting import main, reconcile
 from pipeline.data.count import write_aggregate
 from pipeline.data.filter import filter_shard
-from pipeline.data.filters import build_chain
 from pipeline.data.pack import pack
+from pipeline.data.text_filters import build_chain
 from pipeline.data.tokenize import tokenize_shard
 from pipeline.errors import PipelineError
 from pipeline.io import read_json, write_json

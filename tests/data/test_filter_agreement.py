@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from broad_corpus import CATEGORIES, broad_corpus
 
-from pipeline.data import filters as F
+from pipeline.data import text_filters as F
 
 pytest.importorskip("datatrove", reason="dev-only: datatrove 0.10.1 is the oracle (pip install -e '.[dev]')")
 pytest.importorskip("spacy", reason="dev-only: datatrove's English word tokenizer is spaCy's (pip install -e '.[dev]')")

@@ -1,6 +1,6 @@
 """The filter funnel report (pipeline/data/filter_report.py) over decisions the filter library really made.
 
-Two small raw shards are run through `pipeline.data.filters.run_chain` (the default chain) and written as the
+Two small raw shards are run through `pipeline.data.text_filters.run_chain` (the default chain) and written as the
 filter stage's decisions files (docs/filters.md's contract); the report's numbers are checked against the
 chain's own result, document by document.
 """
@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from filter_corpora import PROSE as CORPUS_PROSE
 
-from pipeline.data import filters as F
+from pipeline.data import text_filters as F
 from pipeline.data.filter_report import filter_report, main
 from pipeline.errors import PipelineError
 

@@ -1,4 +1,4 @@
-"""The raw-web-text filters (pipeline/data/filters.py): decisions, config errors, agreement with datatrove.
+"""The raw-web-text filters (pipeline/data/text_filters.py): decisions, config errors, agreement with datatrove.
 
 Agreement: datatrove 0.10.1's GopherRepetitionFilter, GopherQualityFilter, C4QualityFilter,
 FineWebQualityFilter and PIIFormatter run, in that order, beside our chain on the same documents: a slice
@@ -17,7 +17,7 @@ import pytest
 from broad_corpus import broad_corpus
 from filter_corpora import PROSE, raw_web, sample_web, threshold_sweeps
 
-from pipeline.data import filters as F
+from pipeline.data import text_filters as F
 from pipeline.errors import ConfigError
 
 NO_LANG = [{"name": n} for n in ("gopher_repetition", "gopher_quality", "c4", "fineweb_quality", "pii")]

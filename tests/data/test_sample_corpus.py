@@ -132,7 +132,7 @@ def test_crawl_is_regenerated_from_the_shipped_web_shards(web, manifest, tmp_pat
 
 def test_every_default_filter_removes_some_crawl_pages():
     """The crawl/ source shows the whole default filter chain at work (docs/filters.md), and some pages survive."""
-    from pipeline.data import filters as F
+    from pipeline.data import text_filters as F
 
     shards = sorted((SAMPLE / "crawl").glob("*.parquet"))
     res = F.run_chain([t for p in shards for t in pq.read_table(p).column("text").to_pylist()], F.build_chain())

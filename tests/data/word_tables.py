@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python tests/data/word_tables.py          # rewrite the file from the installed versions
 
-The file holds what `pipeline.data.filters.words` and the sentence counter need to split text exactly as
+The file holds what `pipeline.data.text_filters.words` and the sentence counter need to split text exactly as
 datatrove's English `SpaCyTokenizer` does (``spacy.blank("en")`` plus its ``sentencizer``): the tokenizer's
 prefix, suffix, infix and URL expressions, its special cases, the sentencizer's punctuation, and datatrove's
 punctuation and terminal-punctuation sets. tests/data/test_word_split.py checks the file against them.

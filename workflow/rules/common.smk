@@ -22,7 +22,7 @@ from pipeline import codehash as tfch  # noqa: E402
 from pipeline.planning import train_jobs as tfres  # noqa: E402
 from pipeline import rules as tfr  # noqa: E402
 from pipeline import run_config as tfrc  # noqa: E402
-from pipeline.data.filters import build_chain  # noqa: E402
+from pipeline.data.text_filters import build_chain  # noqa: E402
 from pipeline.errors import ConfigError, PlanError  # noqa: E402
 from pipeline.planning.parallel import resolve_parallel  # noqa: E402
 from pipeline.planning.token_plan import format_plan, make_plan, run_counts, train_hours  # noqa: E402
@@ -77,7 +77,7 @@ config.update(_resolved)
 # mapping Snakemake holds; the rule slices are cut from it.
 RC = tfrc.run_config(config)
 # The filter chain's settings (ranges, language codes, a classifier file): the schema checks the filter names
-# only; pipeline.data.filters.build_chain (which the filter stage runs) checks the rest, naming the key.
+# only; pipeline.data.text_filters.build_chain (which the filter stage runs) checks the rest, naming the key.
 try:
     build_chain(config["filter"], "filter")
 except ConfigError as _e:
