@@ -122,7 +122,7 @@ rule dedup:
     params:
         p=rule_params("dedup"),
         code=rule_code("dedup"),
-        outdir=L.stage_dir("dedup"),
+        outdir=lambda w, output: Path(output[0]).parents[2],  # R/dedup (snakemake --lint: from the output)
         segdir=lambda w: L.dedup_index_part(w.seg, "").rstrip("/"),
         run=config["run_name"],
     log:
@@ -149,7 +149,7 @@ rule dedup_report:
         p=rule_params("dedup_report"),
         code=rule_code("dedup_report"),
         fingerprint=DEDUP_FINGERPRINT,
-        index_dir=DEDUP_INDEX_DIR,
+        index_dir=lambda w, input: Path(input[0]).parents[1],  # R/dedup/index
         run=config["run_name"],
     log:
         L.log("dedup", "report"),
