@@ -178,6 +178,7 @@ class DedupConfig(_Section):
     threshold: float = ABSENT
     partitions: int = ABSENT
     seed: int = ABSENT
+    reference: list[str] = ABSENT
 
 
 @dataclass(frozen=True, eq=False, repr=False)

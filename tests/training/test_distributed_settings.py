@@ -42,7 +42,7 @@ def test_train_passes_the_configured_timeout():
 
     from pipeline.training import checkpoint, train
 
-    assert 'init_distributed(params["hardware"]["device"], params["hardware"]["process_group_timeout_min"])' in \
+    assert "init_distributed(view.hardware.device, view.hardware.process_group_timeout_min)" in \
         inspect.getsource(train._run)
     assert "process_group_timeout_min" in checkpoint.OBSERVABILITY_KEYS["hardware"]  # an edit still resumes
 
