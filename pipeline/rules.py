@@ -2,8 +2,9 @@
 `examples/fineweb.py`, where a step's config, resources and `depends=` sit at one call site).
 
 A rule's entry says its `modules` (the ``python -m`` modules its code hash covers), `params` and `scope`
-(its config slice, pipeline/config/rule_params.py), `size` (pipeline/planning/job_sizes.py), for a data
-rule its cost `rate` and `after` edges, and `shard_chain` (its SLURM group job).
+(its config slice: a function of pipeline/config/rule_params.py, or `MODULE_SLICE`, the `Keys` its module
+declares), `size` (pipeline/planning/job_sizes.py), for a data rule its cost `rate` and `after` edges, and
+`shard_chain` (its SLURM group job).
 
 - `RULES`, `BY_NAME`, `DATA_RULES`, `rule(name)`: the table;
 - `rule_params`, `job_params`: what workflow/rules/common.smk reads for a job.
@@ -13,14 +14,43 @@ Torch-free and snakemake-free. The fields in full and how the rates were fitted:
 """
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from pipeline.config import rule_params as rp
+from pipeline.errors import ConfigError
 from pipeline.planning import job_sizes, sweep
 from pipeline.planning.stages import stage_config
 
 SCOPES = ("run", "source", "mix", "stage", "point", "fit")  # what narrows a rule's slice per job
+MODULE_SLICE = "SLICE"  # a spec's `params`: the `SLICE = Keys(...)` its first module declares (`declared_slice`)
+
+
+def declared_slice(module: str) -> rp.Keys:
+    """The `SLICE = Keys(...)` that package module `module` declares at its top level, read from its source (not
+    imported: the table stays light, and the module's code hash holds its slice without the table). Its
+    arguments are literals or constants of pipeline/config/rule_params.py (`TEXT_KEYS`)."""
+    path = Path(__file__).resolve().parent.parent.joinpath(*module.split(".")).with_suffix(".py")
+    where = f"{module}:{MODULE_SLICE}"
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [MODULE_SLICE]:
+            call = node.value
+            if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "Keys"):
+                break
+
+            def value(arg):
+                if isinstance(arg, ast.Name) and isinstance(getattr(rp, arg.id, None), (str, tuple)):
+                    return getattr(rp, arg.id)
+                return ast.literal_eval(arg)
+
+            try:
+                return rp.Keys(*map(value, call.args), **{k.arg: value(k.value) for k in call.keywords},
+                               where=where)
+            except (ValueError, TypeError, SyntaxError) as e:
+                raise ConfigError(f"{where}: Keys(...) takes literals or rule_params constants ({e})") from None
+    raise ConfigError(f"{path}: no top-level `{MODULE_SLICE} = Keys(...)` (its rule's spec has params=MODULE_SLICE)")
 
 
 @dataclass(frozen=True)
@@ -29,7 +59,7 @@ class Rule:
 
     name: str
     modules: tuple[str, ...]
-    params: Callable | None
+    params: Callable | str | None  # a slice function, or MODULE_SLICE (read as the module's Keys)
     size: Callable[[dict, job_sizes.Demand], dict]
     scope: str = "run"
     rate: tuple[str, float | None, float] | None = None
@@ -39,6 +69,8 @@ class Rule:
     def __post_init__(self):
         if self.scope not in SCOPES:
             raise ValueError(f"pipeline/rules.py: rule {self.name}'s scope {self.scope!r} is not one of {SCOPES}")
+        if self.params == MODULE_SLICE:
+            object.__setattr__(self, "params", declared_slice(self.entries[0]))
 
     @property
     def entries(self) -> tuple[str, ...]:

@@ -9,10 +9,12 @@ import pytest
 from builders import ROOT, snakemake_workflow
 
 from pipeline import codehash
-from pipeline.config import params_json
+from pipeline.config import Keys, load_config, params_json
+from pipeline.config import rule_params as rp
+from pipeline.errors import ConfigError
 from pipeline.planning import data_cost as cluster
 from pipeline.planning.stages import stage_config
-from pipeline.rules import BY_NAME, RULES, feeds_tokenizer, job_params, rule_params
+from pipeline.rules import BY_NAME, RULES, declared_slice, feeds_tokenizer, job_params, rule_params
 
 CONFIGS = ("config.yaml", "configs/llama3-1b-fineweb.yaml")
 
@@ -92,7 +94,9 @@ def test_a_rules_module_reaches_its_own_slice_and_never_the_table_of_rules():
     for spec in RULES:
         defs = codehash.package().definitions(*spec.entries)
         if spec.params is not None and spec.scope not in ("point", "fit"):  # (pipeline.planning.sweep's, at parse time)
-            assert f"{spec.params.__module__}:{spec.params.__name__}" in defs, spec.name
+            declared = spec.params.where if isinstance(spec.params, Keys) else \
+                f"{spec.params.__module__}:{spec.params.__name__}"
+            assert declared in defs, spec.name
         table = {k for k in defs
                  if k.split(":")[0] in ("pipeline.rules", "pipeline.planning.job_sizes", "pipeline.planning.data_cost")}
         assert bool(table) == (spec.name == "plan"), (spec.name, sorted(table)[:5])
@@ -124,3 +128,43 @@ def test_a_jobs_params_are_its_slice_narrowed_to_its_wildcards():
     assert job_params(cfg, "train", SimpleNamespace(stage="sft")) != job_params(cfg, "train", SimpleNamespace(
         stage="pretrain"))
     assert job_params(cfg, "dedup") == rule_params(cfg, "dedup")
+
+
+# The slices of the rules that read whole keys, declared as data: each is its rule's hand-written slice.
+AS_KEYS = {
+    "dedup": Keys("dedup", "seed"),
+    "split": Keys("split", "seed"),
+    "filter": Keys("filter", sources=rp.TEXT_KEYS),
+    "filter_report": Keys("filter", "seed", sources=rp.TEXT_KEYS),
+    "tokenize": Keys("count.batch_size", sources=rp.SHARD_KEYS),
+    "dedup_signatures": Keys("count.batch_size", *(f"dedup.{k}" for k in rp.SIGNATURE_KEYS), sources=rp.SHARD_KEYS),
+    "export": Keys("model", "tokenizer", "train.seq_len"),
+}
+
+
+PRESETS = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("configs/*.yaml"))
+
+
+@pytest.mark.parametrize("configfile", ["config.yaml", *PRESETS])
+def test_a_slice_declared_as_keys_is_the_hand_written_one(configfile):
+    """`Keys` (a slice a module declares as data) cuts what the hand-written slices cut: whole keys, dotted keys
+    nested, a source's keys for the sources in scope, `mixes` narrowed to the mix in scope."""
+    cfg = load_config(ROOT / configfile)
+    for name, keys in AS_KEYS.items():
+        for source in [None, *(cfg["sources"] if BY_NAME[name].scope == "source" else ())]:
+            assert rp.cut(keys, cfg, source) == rule_params(cfg, name, source), (name, source)
+    for mix in [None, *cfg["mixes"]]:
+        pack = {k: v for k, v in rule_params(cfg, "pack", mix=mix).items() if k != "seq_len"}
+        assert rp.cut(Keys("mixes", "seed"), cfg, mix=mix) == pack, mix
+    source = next(iter(cfg["sources"]))
+    assert rp.cut(Keys("sources"), cfg, source) == {"sources": {source: cfg["sources"][source]}}
+
+
+def test_keys_refuse_an_unknown_or_overlapping_key_and_a_module_without_a_slice():
+    cfg = load_config(ROOT / "config.yaml")
+    with pytest.raises(ConfigError, match="no key 'train.seq_lenn'"):
+        rp.cut(Keys("train.seq_lenn", where="pipeline.data.x:SLICE"), cfg)
+    with pytest.raises(ConfigError, match="'train' and 'train.seq_len' overlap"):
+        Keys("train", "train.seq_len")
+    with pytest.raises(ConfigError, match="no top-level `SLICE = Keys"):
+        declared_slice("pipeline.data.mix")  # mix names its slice function

@@ -1,5 +1,5 @@
 """What each rule depends on: its slice of the config, one `*_slice` function per kind of rule, which the
-rule's spec (pipeline/rules.py, `Rule.params`) names.
+rule's spec (pipeline/rules.py, `Rule.params`) names, or a slice declared as data (`Keys`) in the rule's module.
 
 A rule declares its slice as `params:` (so an edit to it reruns the rule and its downstream, and
 nothing else) and passes it to its module's CLI as ``--params JSON``; by hand the CLI takes
@@ -16,6 +16,8 @@ another.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pipeline.config.resolve import load_config, parse_overrides
@@ -172,12 +174,62 @@ def accounting_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     return {k: v for k, v in evaluate_slice(cfg, names, mix).items() if k != "eval"}  # reads no eval.* key
 
 
+# ----------------------------------------------------------------------------- a slice declared as data
+
+@dataclass(frozen=True, init=False)
+class Keys:
+    """A rule's slice declared as data, called like the `*_slice` functions: the config `keys` it reads, each a
+    top-level key or a dotted path to a nested one ("train.seq_len" is {"train": {"seq_len": ...}}), and with
+    `sources` those keys of each source in scope. A key "mixes" is narrowed to the mix in scope, "sources" to the
+    sources in scope. A rule's module declares it (``SLICE = Keys("dedup", "seed")``); its spec reads it there
+    (`pipeline.rules.MODULE_SLICE`), and `where` names that declaration."""
+
+    keys: tuple[str, ...]
+    sources: tuple[str, ...] | None = None
+    where: str = field(default="", compare=False)
+
+    def __init__(self, *keys: str, sources: tuple[str, ...] | None = None, where: str = ""):
+        paths = [k.split(".") for k in keys]
+        for i, a in enumerate(paths):
+            for b in paths[i + 1:]:
+                if a[:len(b)] == b[:len(a)]:
+                    raise ConfigError(f"slice {where or keys}: keys {'.'.join(a)!r} and {'.'.join(b)!r} overlap")
+        if sources is not None and any(p[0] == "sources" for p in paths):
+            raise ConfigError(f"slice {where or keys}: 'sources' is both a key and sources=")
+        object.__setattr__(self, "keys", tuple(keys))
+        object.__setattr__(self, "sources", None if sources is None else tuple(sources))
+        object.__setattr__(self, "where", where)
+
+    def __call__(self, cfg: dict, names: list[str], mix: str | None) -> dict:
+        out: dict = {}
+        for key in self.keys:
+            path = key.split(".")
+            if key == "sources":
+                value = {n: cfg["sources"][n] for n in names}
+            elif key == "mixes":
+                value = cfg["mixes"] if mix is None else {mix: cfg["mixes"][mix]}
+            else:
+                value = cfg
+                for i, part in enumerate(path):
+                    if not isinstance(value, Mapping) or part not in value:
+                        raise ConfigError(f"slice {self.where or self.keys}: the config has no key "
+                                          f"{'.'.join(path[:i + 1])!r}")
+                    value = value[part]
+            into = out
+            for part in path[:-1]:
+                into = into.setdefault(part, {})
+            into[path[-1]] = value
+        if self.sources is not None:
+            out["sources"] = _source_slice(cfg, names, self.sources)
+        return out
+
+
 Slice = Callable[[dict, list[str], "str | None"], dict]
 
 
 def cut(slice_of: Slice, cfg: dict, source: str | None = None, mix: str | None = None) -> dict:
-    """The config slice `slice_of` (one of the `*_slice` functions above) of `cfg`, narrowed to `source` / `mix`
-    when given (a per-shard job's own source, a per-mix job's own mix)."""
+    """The config slice `slice_of` (one of the `*_slice` functions above, or a `Keys`) of `cfg`, narrowed to
+    `source` / `mix` when given (a per-shard job's own source, a per-mix job's own mix)."""
     return slice_of(cfg, list(cfg["sources"]) if source is None else [source], mix)
 
 
