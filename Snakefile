@@ -19,3 +19,4 @@ rule all:
         L.filter_report(),
         expand(L.eval(), stage=list(STAGES)),
         L.stages_report(),
+        TARGETS,

@@ -11,9 +11,9 @@ English sentences of the sample corpus, data/sample/web, drawn at random into do
 log-normal length, ~2 KB mean, so that no two documents share text by chance; --dup-rate of them
 copies or near copies of an earlier document, in any shard; --contam-rate of them carry an item of an
 eval task), writes a complete config for it (one local source, `rehearsal_config`), and runs the data
-half of the DAG (`R/plan.json`, `R/accounting.json`, `R/filtered/report.json`: download … pack, the
-accounting and the filter funnel) with
-`snakemake --cores C`, timed. Then per rule: jobs, CPU seconds (each job's own count, the `resources:`
+half of the DAG (the default target without training and what follows it: download … pack, the
+accounting, the filter funnel and every other data rule) with `snakemake --cores C --omit-from train
+train_segment`, timed. Then per rule: jobs, CPU seconds (each job's own count, the `resources:`
 line `pipeline.io.run_cli` ends its log with; Snakemake's `benchmark:` tables sample it every second,
 then every 30 s, and miss a job's last moments), wall seconds and peak RSS (the `benchmark:` tables,
 every data rule has one), beside `pipeline.planning.data_cost.data_costs` for the same config and cores, fed what
@@ -54,21 +54,21 @@ from rule_cpu import per_rule  # noqa: E402
 from pipeline.config import resolve_config, run_dir  # noqa: E402
 from pipeline.io import RESOURCE_LINE  # noqa: E402
 from pipeline.planning import data_cost, job_sizes  # noqa: E402
+from pipeline.rules import BY_NAME  # noqa: E402
 
-# Each data rule's logs under logs/{run_name}/ (workflow/rules/*.smk `log:`); benchmark tables are at
-# R/benchmarks/{rule}/… (`rule_cpu.per_rule`).
-LOGS = {
-    "download": "download/*/*.log", "filter": "filter/*/*.log", "tokenizer": "tokenizer.log",
-    "tokenize": "tokenize/*/*.log",
-    "count_sample": "count/sample.log", "count": "count/aggregate.log", "plan": "plan.log",
-    "eval_data": "eval_data.log", "decontaminate_grams": "decontaminate/grams.log",
+# Each data rule's logs under logs/{run_name}/ (workflow/rules/*.smk `log:`), each wildcard a *: a rule's own
+# L.log(rule, ...wildcards of its scope) (a per-shard-group rule's L.log(rule, "{source}", "{group}"), a per-mix
+# rule's L.log(rule, "{mix}")) unless listed; benchmark tables are at R/benchmarks/{rule}/… (`rule_cpu.per_rule`).
+SCOPE_LOGS = {"run": "{rule}.log", "source": "{rule}/*/*.log", "mix": "{rule}/*.log"}
+OWN_LOGS = {
+    "count_sample": "count/sample.log", "count": "count/aggregate.log",
+    "decontaminate_grams": "decontaminate/grams.log",
     "decontaminate_flags": "decontaminate/flags/*/*.log", "decontaminate": "decontaminate/report.log",
     "dedup_signatures": "dedup/sig/*/*.log", "dedup_index": "dedup/index/*.log",
     "dedup_candidates": "dedup/candidates/*/*.log", "dedup": "dedup/clusters/*.log",
-    "dedup_report": "dedup/report.log", "split": "split.log",
-    "mix": "mix/*.log", "pack": "pack/*/*.log", "accounting": "accounting.log",
-    "filter_report": "filter_report.log",
+    "dedup_report": "dedup/report.log", "pack": "pack/*/*.log",
 }
+LOGS = {r: OWN_LOGS.get(r) or SCOPE_LOGS[BY_NAME[r].scope].format(rule=r) for r in data_cost.RATES}
 
 
 def sentences() -> list[str]:
@@ -225,11 +225,9 @@ def run(args) -> dict:
     corpus = json.loads(manifest.read_text())
     cfg = rehearsal_config(work, corpus_dir, corpus, args.shards_per_job, args.partitions, args.train_chars)
     (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    rdir = run_dir(resolve_config(cfg))
-    cmd = [sys.executable, "-m", "snakemake", f"{rdir}/plan.json", f"{rdir}/accounting.json",
-           f"{rdir}/filtered/report.json", "-s",
+    cmd = [sys.executable, "-m", "snakemake", "-s",
            str(ROOT / "Snakefile"), "-d", str(work), "--configfile", str(work / "config.yaml"), "--cores",
-           str(args.cores), "--forceall", "--quiet", "rules"]
+           str(args.cores), "--forceall", "--quiet", "rules", "--omit-from", "train", "train_segment"]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     t = time.perf_counter()
     subprocess.run(cmd, check=True, env=env)

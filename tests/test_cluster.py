@@ -115,6 +115,17 @@ def test_schedule_runs_jobs_on_the_cores_after_what_they_wait_for():
     assert wide["x"][0] == wide["t"][1]
 
 
+def test_a_job_listed_before_what_it_waits_for_moves_after_it():
+    """data_jobs lists a data rule its order does not place last (`_dependency_order`): a job moves after the
+    jobs it waits for, the others keep their order, and a list already in order comes back as it is."""
+    dag = [{"name": n, "after": list(a)} for n, a in (("b", "c"), ("a", ""), ("c", ""), ("d", "a"))]
+    assert [j["name"] for j in cluster._dependency_order(dag)] == ["a", "c", "b", "d"]
+    jobs = cluster.data_jobs(preset())
+    assert cluster._dependency_order(jobs) == jobs
+    with pytest.raises(Exception, match="make a cycle"):
+        cluster._dependency_order([{"name": "x", "after": ["y"]}, {"name": "y", "after": ["x"]}])
+
+
 def test_data_costs_cover_every_stage_and_scale_with_cores_and_partitions():
     cfg = preset()
     small, big = cluster.data_costs(cfg, data_cpus=64), cluster.data_costs(cfg, data_cpus=1024)

@@ -21,7 +21,7 @@ from pipeline.config import sample_shards, source_shards
 from pipeline.errors import ConfigError
 from pipeline.planning.job_sizes import Demand, corpus, job_cpu_s, shard_sizes, threads
 from pipeline.planning.stages import mix_targets, tokenizer_sources
-from pipeline.rules import BY_NAME, RULES, rule
+from pipeline.rules import BY_NAME, DATA_RULES, RULES, rule
 from pipeline.run_config import run_config
 
 # The data stages' cost (pipeline.rules: each data rule's rate beside the rules it waits for).
@@ -95,7 +95,10 @@ def _mix_tokens(cfg: dict, mix: str) -> tuple[int, int]:
 def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     """Every data job of the DAG (download … pack, accounting): {name, stage, units, after: [names],
     threads}, in the order Snakemake would find them ready; `units` of RATES[stage]'s unit. A job waits
-    for the jobs of its rule's `after` rules (pipeline.rules) that share its wildcards and that it reads."""
+    for the jobs of its rule's `after` rules (pipeline.rules) that share its wildcards and that it reads.
+    A rule's jobs follow from its spec (`_spec_jobs`), but the tokenizer's, count_sample's, dedup_candidates'
+    and pack's, listed here; the rules are placed here in the order Snakemake runs ready jobs in, and a data
+    rule not placed here comes last (and `_dependency_order` moves a job that waits for it after it)."""
     cfg = run_config(cfg)
     sizes = shard_sizes(cfg, measured)
     spj, parts = cfg.shards_per_job, cfg.dedup.partitions
@@ -110,6 +113,11 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
         if groups_read is not None:
             reads[name] = set(groups_read)
 
+    def from_spec(*rules):  # the rules' jobs in turn: a shard group's job of each, then the next group's
+        for batch in zip(*(_spec_jobs(BY_NAME[r], cfg, sizes, groups, gname) for r in rules), strict=True):
+            for r, (name, units, wild, groups_read) in zip(rules, batch):
+                add(name, r, units, groups_read=groups_read, **wild)
+
     shards = {s: source_shards(cfg, s) for s in cfg.sources}
     members = {s: [shards[s][i:i + spj] for i in range(0, len(shards[s]), spj)] for s in shards}
     groups = {s: [len(m) for m in members[s]] for s in shards}
@@ -117,41 +125,39 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     in_sample = {(s, g) for s in shards for g, m in enumerate(members[s]) if set(m) & sample[s]}
     # the plan's sample first, as the rules' priorities run them (workflow/rules/common.smk)
     gname = sorted(((s, g) for s in groups for g in range(len(groups[s]))), key=lambda sg: sg not in in_sample)
-    for s, g in gname:
-        add(f"download/{s}/{g}", "download", groups[s][g] * sizes[s]["bytes"], source=s, group=g)
-    for s, g in gname:
-        add(f"filter/{s}/{g}", "filter", groups[s][g] * sizes[s]["bytes"], source=s, group=g)
+    from_spec("download")
+    from_spec("filter")
     train_src = tokenizer_sources(cfg)
     chars = min(cfg.tokenizer.train_chars, sum(sizes[s]["bytes"] * sum(groups[s]) for s in train_src))
     add("tokenizer", "tokenizer", chars if cfg.tokenizer.kind == "bpe" else 0, threads=threads(cfg),
         groups_read=[(s, g) for s, g in gname if s in train_src])
-    add("eval_data", "eval_data")
-    add("decontaminate_grams", "decontaminate_grams")
-    for s, g in gname:
-        add(f"tokenize/{s}/{g}", "tokenize", groups[s][g] * sizes[s]["bytes"], source=s, group=g)
+    from_spec("eval_data")
+    from_spec("decontaminate_grams")
+    from_spec("tokenize")
     sample_docs = sum(len(sample[s]) * sizes[s]["documents"] for s in shards)  # (each shard's doc_rows)
     add("count_sample", "count_sample", sample_docs, groups_read=in_sample)
-    add("plan", "plan")
-    for s, g in gname:
-        add(f"dedup_signatures/{s}/{g}", "dedup_signatures", groups[s][g] * sizes[s]["bytes"], source=s, group=g)
-        add(f"decontaminate_flags/{s}/{g}", "decontaminate_flags", groups[s][g] * sizes[s]["bytes"],
-            source=s, group=g)
-    add("count", "count", c["documents"])
-    add("dedup_index", "dedup_index", c["shards"])
+    from_spec("plan")
+    from_spec("dedup_signatures", "decontaminate_flags")
+    from_spec("count")
+    from_spec("dedup_index")
     for p in range(parts):
         add(f"dedup_candidates/{p}", "dedup_candidates", c["documents"] / parts, part=p)
-    add("dedup", "dedup", c["documents"])  # one dedup segment: a fresh run's
-    add("dedup_report", "dedup_report")
-    add("decontaminate", "decontaminate", c["shards"])
-    add("split", "split", c["documents"])
-    for m in cfg.mixes:
-        docs = sum(sizes[s]["documents"] * sum(groups[s]) for s in cfg.mixes[m]["weights"])
-        add(f"mix/{m}", "mix", docs, mix=m)
+    from_spec("dedup")  # one dedup segment: a fresh run's
+    from_spec("dedup_report")
+    from_spec("decontaminate")
+    from_spec("split")
+    mixes = _spec_jobs(BY_NAME["mix"], cfg, sizes, groups, gname)
+    for m, (name, units, wild, groups_read) in zip(cfg.mixes, mixes, strict=True):
+        add(name, "mix", units, groups_read=groups_read, **wild)
         for split, tokens in zip(("train", "val"), _mix_tokens(cfg, m)):
             add(f"pack/{m}/{split}", "pack", tokens, mix=m,
                 groups_read=[(s, g) for s, g in gname if s in cfg.mixes[m]["weights"]])
-    add("accounting", "accounting", c["documents"])
-    add("filter_report", "filter_report")
+    from_spec("accounting")
+    from_spec("filter_report")
+    placed = {j["stage"] for j in jobs}
+    for r in DATA_RULES:
+        if r not in placed:
+            from_spec(r)
 
     by_stage: dict[str, list[str]] = {}
     for j in jobs:
@@ -162,7 +168,64 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
                       if all(own[k] == v for k, v in wildcards[u].items() if k in own)
                       and (read is None or "group" not in wildcards[u]
                            or (wildcards[u]["source"], wildcards[u]["group"]) in read)]
-    return jobs
+    return _dependency_order(jobs)
+
+
+def _spec_jobs(spec, cfg, sizes: dict, groups: dict, gname: list) -> list[tuple[str, float, dict, list | None]]:
+    """(name, units, wildcards, the (source, group)s it reads or None for all) of each job of data rule `spec`
+    as its `scope` makes them: a `source` rule runs one job per shard group, a `mix` rule one per mix (reading
+    its mix's sources), a `run` rule one; a job's units are those of its shards (`bytes`, `documents`,
+    `tokens` of `sizes`, or `shards`; `none`: 0)."""
+    unit = spec.rate[0]
+
+    def units(shards: dict[str, int]) -> float:
+        if unit == "none":
+            return 0.0
+        if unit == "shards":
+            return sum(shards.values())
+        if unit not in ("bytes", "documents", "tokens"):
+            raise ConfigError(f"rule {spec.name}: a job's {unit!r} do not follow from its shards: list its jobs "
+                              "in pipeline/planning/data_cost.py data_jobs")
+        return sum(sizes[s][unit] * n for s, n in shards.items())
+
+    if spec.scope == "source":
+        return [(f"{spec.name}/{s}/{g}", units({s: groups[s][g]}), {"source": s, "group": g}, None)
+                for s, g in gname]
+    if spec.scope == "mix":
+        out = []
+        for m in cfg.mixes:
+            mine = list(cfg.mixes[m]["weights"])
+            out.append((f"{spec.name}/{m}", units({s: sum(groups[s]) for s in mine}), {"mix": m},
+                        [(s, g) for s, g in gname if s in mine]))
+        return out
+    if spec.scope == "run":
+        return [(spec.name, units({s: sum(groups[s]) for s in groups}), {}, None)]
+    raise ConfigError(f"rule {spec.name}: a data rule of scope {spec.scope!r} has no jobs by default: list them in "
+                      "pipeline/planning/data_cost.py data_jobs")
+
+
+def _dependency_order(jobs: list[dict]) -> list[dict]:
+    """`jobs` each after the jobs it waits for, moved no more than that needs (the first ready job in the given
+    order goes next: a list already in dependency order comes back as it is)."""
+    index = {j["name"]: i for i, j in enumerate(jobs)}
+    waiting = {j["name"]: len(set(j["after"])) for j in jobs}
+    users: dict[str, list[str]] = {}
+    for j in jobs:
+        for a in set(j["after"]):
+            users.setdefault(a, []).append(j["name"])
+    ready = [index[n] for n, w in waiting.items() if not w]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        j = jobs[heapq.heappop(ready)]
+        out.append(j)
+        for u in users.get(j["name"], []):
+            waiting[u] -= 1
+            if not waiting[u]:
+                heapq.heappush(ready, index[u])
+    if len(out) != len(jobs):
+        raise ConfigError("pipeline/rules.py: the data rules' `after` edges make a cycle")
+    return out
 
 
 def schedule(jobs: list[dict], cores: int) -> dict[str, tuple[float, float]]:

@@ -286,6 +286,11 @@ def mix_sources(mix):
     return list(config["mixes"][mix]["weights"])
 
 
+# What the default target (`all`, Snakefile) builds besides the run's reports: a rule whose outputs no other rule
+# reads adds them here from its .smk (`TARGETS += group_manifests(L.stage_dir("myrule"))`).
+TARGETS = []
+
+
 # Rules find the project's venv and package without activation; with --sdm conda the env's python
 # is used instead and the package is found through PYTHONPATH. A prefix of our own replaces
 # Snakemake's default `set -euo pipefail`, so it is restated: a stage failing inside
