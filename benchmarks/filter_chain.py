@@ -52,6 +52,7 @@ def cold() -> None:
     """Empty the per-process caches, as a new job starts."""
     F._splitter().cache.clear()
     F._IS_PUNCT.clear()
+    F._lid().clear()
 
 
 def cpu(fn, repeat: int) -> float:
@@ -181,7 +182,7 @@ def rates_file(result: dict, command: str) -> dict:
 
 def trained_tokenizer(tmp: str) -> str:
     from pipeline.config import resolve_config
-    from pipeline.data.tokenizer import build_tokenizer
+    from pipeline.data.train_tokenizer import build_tokenizer
     from pipeline.rules import rule_params
 
     params = rule_params(resolve_config({}), "tokenizer")
