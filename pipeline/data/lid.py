@@ -141,6 +141,7 @@ class Model:
             self._bucket_bits = np.packbits(self._bucket_row >= 0, bitorder="little")
         self._tree([c for _, c, kind in entries if kind == 1])
         self._out = out[:self._osz - 1]  # the tree's internal nodes' rows (the matrix has one per label)
+        self._out_t = np.ascontiguousarray(self._out.T)
         self.clear()
 
     def _tree(self, counts: list[int]) -> None:
@@ -174,9 +175,6 @@ class Model:
         depth = max(map(len, paths))
         zero = 2 * (osz - 1)  # the 0 term pads the shorter paths
         self._paths = np.array([p + [zero] * (depth - len(p)) for p in paths], dtype=np.intp)  # label x depth
-        self._path_sum = np.zeros((zero + 1, osz))  # term x label: 1 on the label's path
-        for i, p in enumerate(paths):
-            self._path_sum[p, i] = 1
 
     # ------------------------------------------------------------------------------------------ the word cache
 
@@ -227,22 +225,27 @@ class Model:
         left[(lengths == 0)[owner]] = 0  # no n-gram of "<>" (a label, or no word)
         after = np.append(starts, len(buf))
         width = np.diff(after)  # each character's bytes
-        signed = np.append(buf.view(np.int8).astype(np.uint32), np.zeros(4, np.uint32))  # as signed chars
+        signed = np.zeros(len(buf) + 4 * self.maxn, np.uint32)
+        signed[:len(buf)] = buf.view(np.int8)  # fastText hashes each byte as a signed char
         # FNV-1a of the n-grams from each character, extended one character at a time: lengths minn..maxn
         h = np.full(len(starts), _FNV_OFFSET, dtype=np.uint32)
         rows, who = [], []
+        ascii_only = len(starts) == len(buf)
         for size in range(1, self.maxn + 1):
-            at = np.minimum(np.arange(size - 1, len(starts) + size - 1), len(starts) - 1)  # the character added
-            byte, w = after[at], width[at]
-            for k in range(int(w.max(initial=0))):
-                step = (h ^ signed[byte + k]) * _FNV_PRIME
-                h = step if k == 0 else np.where(w > k, step, h)
+            if ascii_only:  # the character added is the next byte
+                h = (h ^ signed[size - 1:size - 1 + len(h)]) * _FNV_PRIME
+            else:
+                at = np.minimum(np.arange(size - 1, len(starts) + size - 1), len(starts) - 1)  # the character added
+                byte, w = after[at], width[at]
+                for k in range(int(w.max(initial=0))):
+                    step = (h ^ signed[byte + k]) * _FNV_PRIME
+                    h = step if k == 0 else np.where(w > k, step, h)
             if size < self.minn:
                 continue
             ok = left >= size
             if size == 1:  # no 1-gram of "<" or ">"
                 ok &= (place > 0) & (left > 1)
-            bucket = (h % np.uint32(self.bucket)).astype(np.intp)
+            bucket = h % np.uint32(self.bucket)
             if self._bucket_bits is not None:  # the pruned index keeps few buckets: test a bit first
                 ok &= ((self._bucket_bits[bucket >> 3] >> (bucket & 7)) & 1).astype(bool)
             first = np.flatnonzero(ok)
@@ -417,7 +420,7 @@ class Model:
         # every label the search reaches (none of its partial sums under the floor), fastText's float32 steps
         f32 = np.float32
         hidden = (total[:-1].astype(f32) * f32(1.0 / total[-1])).astype(np.float64)  # computeHidden's float32 mean
-        z = (self._out @ hidden).astype(f32).astype(np.float64)
+        z = np.einsum("ij,j->i", self._out, hidden).astype(f32).astype(np.float64)
         f = (1.0 / (f32(1) + np.exp(np.minimum(-z, 88.0)).astype(f32)).astype(np.float64)).astype(f32)
         terms = self._terms(f.astype(np.float64)[None], float32_left=True)[0]
         prefix = np.cumsum(terms[self._paths], axis=1, dtype=f32)
@@ -444,10 +447,13 @@ class Model:
         totals = self.line_sums(texts)
         n = totals[:, -1:]
         empty = n[:, 0] == 0
-        z = (totals[:, :-1] / np.where(empty[:, None], 1, n)) @ self._out.T  # each internal node's dot product
+        # each internal node's dot product with the mean row (einsum and gathers, not BLAS: one thread)
+        z = np.einsum("ij,jk->ik", totals[:, :-1] / np.where(empty[:, None], 1, n), self._out_t)
         f = 1.0 / (1.0 + np.exp(np.minimum(-z, 700.0)))  # its sigmoid
         terms = self._terms(f)
-        score = terms @ self._path_sum  # each label's log-probability
+        score = np.zeros((len(texts), self._osz))  # each label's log-probability: its path's terms
+        for d in range(self._paths.shape[1]):
+            score += terms[:, self._paths[:, d]]
         rows = np.arange(len(texts))
         best = score.argmax(axis=1)
         top = score[rows, best]
