@@ -175,7 +175,8 @@ def rates_file(result: dict, command: str) -> dict:
         "unit": "CPU-s per MB (10**6 bytes of UTF-8 text in the filter stage's input)",
         "base": entry(reh["base"], "filter_shard with an empty chain: the shard's read, the decisions' write"),
         "words": entry(reh["words"], "splitting the words (cold cache), once per chain with a word-based filter"),
-        "filters": {name: entry(rate, "the filter alone over every document, its words already split")
+        "filters": {name: entry(rate, "the filter alone over every document, " + (
+            "through run_chain from an empty cache" if name == "language" else "its words already split"))
                     for name, rate in reh.items() if name not in ("base", "words")},
         "inputs": result,
     }
