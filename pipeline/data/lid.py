@@ -6,7 +6,7 @@ fasttext-predict's ``predict`` returns for ``text`` as one line (``k`` 1, or -1 
 `Model.predict_many(texts)` is ``predict(t)`` of each, computed in batches. A line's hidden vector is the mean of
 the input rows of its tokens (its UTF-8 split at fastText's seven whitespace bytes; a word's dictionary id and the
 FNV-1a hashes of the character 2..4-grams of ``<word>``; the end-of-line token), so each distinct word's row sum
-and row count are cached: a document costs a split, dictionary look-ups and a numpy sum. The cache holds at most
+and row count are cached: a batch of documents costs a numpy split, a look-up per word and one sum. It holds at most
 `CACHE_WORDS` words and is emptied when full; no result depends on its state. The output is fastText's hierarchical
 softmax (sigmoids clipped as log(x + 1e-5), the top label's score summed root to leaf in float32, its depth-first
 search when the top two labels nearly tie); the sums are float64 where fastText's are float32, so a probability can
@@ -55,6 +55,7 @@ def _home(k0: np.ndarray, k1: np.ndarray, size: int) -> np.ndarray:
     """A key's first place in an open-addressing index of ``size`` (a power of two) places."""
     h = k0 * np.uint64(0x9E3779B97F4A7C15) ^ k1 * np.uint64(0xC2B2AE3D27D4EB4F)
     return (h >> np.uint64(64 - size.bit_length() + 1)).astype(np.intp)
+
 
 Prediction = tuple[tuple[str, ...], tuple[float, ...]]
 
