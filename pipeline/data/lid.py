@@ -26,7 +26,7 @@ import numpy as np
 
 CACHE_WORDS = 1 << 20
 """The most distinct words whose row sums a process keeps (`Model`'s cache, emptied when full): 17 float64, two 64-bit
-keys and two places of the index per word, about 210 MB of arrays when full (docs/filters.md has it measured)."""
+keys and two places of the index per word (docs/filters.md has its memory measured)."""
 
 EOS = b"</s>"  # fastText's end-of-line token: a word equal to it ends the line
 _FNV_OFFSET, _FNV_PRIME = np.uint32(2166136261), np.uint32(16777619)
