@@ -6,8 +6,9 @@
 
 `rates`: on FineWeb-shaped documents made as benchmarks/data_scale.py makes its rehearsal's and on the sample's
 web shards: `base` (`filter_shard` with an empty chain: read and write), `words` (the word split, cold, as in
-a new job), each filter alone (CPU-s per MB, its words split), and beside them the measured totals of
-config.yaml's six-filter chain, the schema's default chain and the presets' language ID + PII (cold caches).
+a new job), each filter alone (CPU-s per MB, its words split; language ID through `run_chain` from an empty
+cache), and beside them the measured totals of config.yaml's six-filter chain, the schema's default chain and
+the presets' language ID + PII (cold caches).
 `--write` stores the rates `pipeline.planning.data_cost.filter_cpu_s_per_mb` sums.
 `tokenize`: the presets' chain (`filter_shard`
 and `run_chain`) beside `tokenize_shard` and raw tiktoken on the same shard (the inputs written as one), same
@@ -52,6 +53,7 @@ def cold() -> None:
     """Empty the per-process caches, as a new job starts."""
     F._splitter().cache.clear()
     F._IS_PUNCT.clear()
+    F._lid().clear()
 
 
 def cpu(fn, repeat: int) -> float:
@@ -110,9 +112,9 @@ WORD_FILTERS = ("gopher_repetition", "gopher_quality", "c4", "fineweb_quality") 
 def alone_rate(docs: list[str], words: list[list[str]], spec: dict, repeat: int) -> float:
     """One filter over every document, the words already split (as the chain shares them): CPU-s per MB."""
     (f,) = F.build_chain([spec])
-    if isinstance(f, F.Language):
-        run = lambda: [f.judge(*f.identify(d), d) for d in docs]
-    elif hasattr(f, "edit"):
+    if isinstance(f, F.Language):  # as the chain runs it: documents in batches, from a new job's empty cache
+        return cpu(lambda: F.run_chain(docs, [f]), repeat) / mb_of(docs)
+    if hasattr(f, "edit"):
         run = lambda: [f.edit(d) for d in docs]
     else:
         run = lambda: [f.check(d, {"words": w}) for d, w in zip(docs, words)]
@@ -173,7 +175,8 @@ def rates_file(result: dict, command: str) -> dict:
         "unit": "CPU-s per MB (10**6 bytes of UTF-8 text in the filter stage's input)",
         "base": entry(reh["base"], "filter_shard with an empty chain: the shard's read, the decisions' write"),
         "words": entry(reh["words"], "splitting the words (cold cache), once per chain with a word-based filter"),
-        "filters": {name: entry(rate, "the filter alone over every document, its words already split")
+        "filters": {name: entry(rate, "the filter alone over every document, " + (
+            "through run_chain from an empty cache" if name == "language" else "its words already split"))
                     for name, rate in reh.items() if name not in ("base", "words")},
         "inputs": result,
     }
@@ -181,7 +184,7 @@ def rates_file(result: dict, command: str) -> dict:
 
 def trained_tokenizer(tmp: str) -> str:
     from pipeline.config import resolve_config
-    from pipeline.data.tokenizer import build_tokenizer
+    from pipeline.data.train_tokenizer import build_tokenizer
     from pipeline.rules import rule_params
 
     params = rule_params(resolve_config({}), "tokenizer")

