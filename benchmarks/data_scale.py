@@ -134,11 +134,17 @@ def build_corpus(out: Path, shards: int, docs: int, dup_rate: float = 0.05, cont
     return {"shards": shards, "documents": shards * docs, "text_bytes": total_bytes, "planted": planted}
 
 
+# --filter: config.yaml's chain (six filters), or the FineWeb presets' (language ID + PII)
+FILTER_CHAINS = {"default": "config.yaml", "preset": "configs/llama3-1b-fineweb.yaml"}
+
+
 def rehearsal_config(workdir: Path, corpus_dir: Path, corpus: dict, shards_per_job: int, partitions: int,
-                     train_chars: int) -> dict:
+                     train_chars: int, filter_chain: str = "default") -> dict:
     """The default config (config.yaml) with one local source, the corpus: the tiny model's pretraining
-    mix at about a third of the corpus's tokens (a text byte is ~0.3 tokens of a 4,096 vocabulary)."""
+    mix at about a third of the corpus's tokens (a text byte is ~0.3 tokens of a 4,096 vocabulary); the
+    filter chain of `FILTER_CHAINS[filter_chain]`."""
     cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    cfg["filter"] = yaml.safe_load((ROOT / FILTER_CHAINS[filter_chain]).read_text())["filter"]
     cfg.update(run_name="rehearsal", data_dir=str(workdir / "raw"), results_dir=str(workdir / "results"),
                shards_per_job=shards_per_job)
     cfg["sources"] = {"web": {"type": "local", "glob": str(corpus_dir / "*.parquet"), "format": "text"}}
@@ -223,7 +229,8 @@ def run(args) -> dict:
         print(f"built {args.shards} shards × {args.docs:,} documents, {corpus['text_bytes'] / 1e9:.2f} GB of text "
               f"in {time.perf_counter() - t:.0f} s: {corpus['planted']}", flush=True)
     corpus = json.loads(manifest.read_text())
-    cfg = rehearsal_config(work, corpus_dir, corpus, args.shards_per_job, args.partitions, args.train_chars)
+    cfg = rehearsal_config(work, corpus_dir, corpus, args.shards_per_job, args.partitions, args.train_chars,
+                           args.filter)
     (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     cmd = [sys.executable, "-m", "snakemake", "-s",
            str(ROOT / "Snakefile"), "-d", str(work), "--configfile", str(work / "config.yaml"), "--cores",
@@ -307,6 +314,8 @@ def main(argv=None) -> None:
     r.add_argument("--train-chars", type=int, default=20_000_000, help="tokenizer.train_chars")
     r.add_argument("--cores", type=int, default=2)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--filter", choices=sorted(FILTER_CHAINS), default="default",
+                   help="the filter chain: config.yaml's or the FineWeb presets'")
     c = sub.add_parser("calibrate")
     c.add_argument("small")
     c.add_argument("large")
