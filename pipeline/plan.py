@@ -16,6 +16,7 @@ from pipeline.planning.memory import LOGITS_MODES
 from pipeline.planning.parallel import resolve_parallel
 from pipeline.planning.sweep import resolve_tokens_per_param
 from pipeline.planning.token_plan import format_plan, format_plan_md, make_plan, read_measured_step, run_counts
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -54,7 +55,7 @@ def main(argv=None) -> None:
         params = params_from_args(args, plan_slice)
 
     params, fitted = resolve_tokens_per_param(params) if "results_dir" in params else (params, None)
-    requested = params["train"]["parallel"]
+    requested = run_config(params).train.parallel
     if not args.no_check:  # a parallelism that does not fit is refused, as at the Snakefile's parse
         params = resolve_parallel(params)
     measured = None if args.measured_step is None else read_measured_step(args.measured_step, params)

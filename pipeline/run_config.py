@@ -1,14 +1,15 @@
 """`RunConfig`: the resolved config as frozen, typed dataclasses, built once from the validated YAML.
 
-    cfg = RunConfig.of(load_config("config.yaml"))      # or of a rule's params slice
+    cfg = run_config(load_config("config.yaml"))      # or of a rule's params slice
     cfg.train.seq_len, cfg.sources["web"].glob, cfg.train.stages[0].mix
 
 The schema (workflow/schemas/config.schema.yaml) stays the contract and the one source of defaults; the
 classes mirror it key for key (tests/test_run_config.py checks them against it, so they cannot drift). A
-rule's params slice holds some keys only: reading one it lacks raises ConfigError naming the key. Keys the
-pipeline derives (a stage's `stage`, a mix's `trained_tokens`) are kept in `extra`. `to_dict()` gives back
-exactly the mapping it was made from: rule slices, params and code hashes compare plain data. Each object
-is also a read-only Mapping (`cfg["train"]`), for code not yet reading attributes.
+rule's params slice holds some keys only: reading one it lacks raises ConfigError naming the key. A stage's
+view adds `stage` (the resolved stage, plain data); other keys the pipeline derives (a mix's `trained_tokens`,
+the pack slice's `seq_len`) are kept in `extra`. `to_dict()` gives back exactly the mapping it was made from:
+rule slices, params and code hashes compare plain data. Each object is also a read-only Mapping (`key in
+cfg`, `cfg.get(key, default)`, iteration), for a key a slice may lack and for code that takes plain data too.
 """
 from __future__ import annotations
 

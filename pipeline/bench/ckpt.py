@@ -23,6 +23,7 @@ from pipeline.config import load_config
 from pipeline.distributed import Dist, one_rank_group
 from pipeline.io import get_logger
 from pipeline.planning.compute import count_params
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -50,9 +51,10 @@ def row_config(preset: str) -> dict:
 
 def row_params(cfg: dict) -> int:
     """The parameters one rank saves: the whole model under ddp, its share under fsdp."""
-    n = count_params(cfg["model"])[0]
-    if cfg["train"]["parallel"] == "fsdp":
-        return -(-n // (cfg["hardware"]["nodes"] * cfg["hardware"]["nproc_per_node"]))
+    c = run_config(cfg)
+    n = count_params(c.model)[0]
+    if c.train.parallel == "fsdp":
+        return -(-n // (c.hardware.nodes * c.hardware.nproc_per_node))
     return n
 
 
@@ -115,7 +117,8 @@ def run_ckpt_row(preset_cfg: dict, device: torch.device, out: Path, n_params: in
     figures."""
     from pipeline.training import checkpoint as C
 
-    fsdp = preset_cfg["train"]["parallel"] == "fsdp"
+    c = run_config(preset_cfg)  # preset_cfg itself (plain) is what the checkpoints save as their params
+    fsdp = c.train.parallel == "fsdp"
     n = row_params(preset_cfg) if n_params is None else n_params
     out = Path(out)
     shutil.rmtree(out, ignore_errors=True)
@@ -170,8 +173,8 @@ def run_ckpt_row(preset_cfg: dict, device: torch.device, out: Path, n_params: in
         shutil.rmtree(out, ignore_errors=True)
     gb = size / 1e9
     (first_blocked, _), (blocked, write_s) = figures[1], figures[2]
-    total_gb = count_params(preset_cfg["model"])[0] * BYTES_PER_PARAM / 1e9
-    node_gb = total_gb / preset_cfg["hardware"]["nodes"] if fsdp else total_gb
+    total_gb = count_params(c.model)[0] * BYTES_PER_PARAM / 1e9
+    node_gb = total_gb / c.hardware.nodes if fsdp else total_gb
 
     def scaled(seconds: float, to_gb: float) -> float:  # this row's rate applied to the job's bytes
         return seconds * to_gb / gb
@@ -220,7 +223,7 @@ def run_ckpt_rows(cuda: bool, out: Path, admit=None, on_row=None) -> list[dict]:
     for name, preset, checks in CKPT_ROWS:
         cfg = row_config(preset)
         n = row_params(cfg)
-        estimate = ckpt_row_seconds(n, cfg["hardware"]["storage_gb_per_s"])
+        estimate = ckpt_row_seconds(n, run_config(cfg).hardware.storage_gb_per_s)
         row = {"name": name, "preset": preset, "checks": checks, "n_params": n, "predicted": predicted(cfg),
                "estimate_s": round(estimate, 1), "measured": None,
                "skipped": None if cuda else "needs CUDA: no CUDA device is visible"}

@@ -37,6 +37,7 @@ from pipeline.distributed import one_rank_group, seed_everything
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_write, get_logger, write_json
 from pipeline.planning.compute import gpu_type_of
+from pipeline.run_config import run_config
 from pipeline.training.metrics import memory_stats
 from pipeline.training.optim import build_optimizer
 from pipeline.training.parallelize import (
@@ -131,7 +132,7 @@ class Budget:
 def row_seconds(cfg: dict, steps: int, compile_kind: str) -> float:
     """A row's estimated seconds: `ROW_SETUP_S`, `COMPILE_S` when it compiles, and `steps` predicted steps
     (pipeline.planning; on CPU its nominal 1 TFLOP/s)."""
-    compiled = use_compile(cfg, torch.device(cfg["hardware"]["device"]))
+    compiled = use_compile(cfg, torch.device(run_config(cfg).hardware.device))
     return ROW_SETUP_S + (COMPILE_S[compile_kind] if compiled else 0.0) + steps * predict(cfg)["step_time_s"]
 
 
@@ -153,7 +154,8 @@ def smoke_batch(cfg: dict, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, t
     """(inputs, targets, doc ids) of the fixed batch: uniform random ids; each row holds SMOKE_DOCS
     documents of random lengths (ids 0, 1, 2 by position)."""
     g = torch.Generator().manual_seed(seed)
-    B, T, V = cfg["train"]["micro_batch"], cfg["train"]["seq_len"], cfg["model"]["vocab_size"]
+    c = run_config(cfg)
+    B, T, V = c.train.micro_batch, c.train.seq_len, c.model.vocab_size
     rows = torch.randint(0, V, (B, T + 1), generator=g)
     doc_ids = torch.zeros(B, T, dtype=torch.int64)
     for r in range(B):
@@ -179,10 +181,11 @@ def reference_losses(cfg: dict, steps: int, masked: bool) -> dict:
     ``{"losses": per step, "val_loss": the trained model's CE on the validation batch (`smoke_batch` seed 1)}``."""
     cfg = deep_merge(cfg, {"hardware": {"device": "cpu"}, "train": {"precision": "fp32", "compile": False,
                                                                      "fp8": "none"}})
+    c = run_config(cfg)
     set_matmul_precision("fp32")
-    seed_everything(cfg["seed"])
+    seed_everything(c.seed)
     model = build_model(cfg, torch.device("cpu"))
-    optimizer = build_optimizer(model, cfg["train"], "cpu")
+    optimizer = build_optimizer(model, c.train, "cpu")
     x, y, doc_ids = smoke_batch(cfg)
     params = [p for p in model.parameters() if p.requires_grad]
     losses = []
@@ -190,7 +193,7 @@ def reference_losses(cfg: dict, steps: int, masked: bool) -> dict:
         logits = model(x, doc_ids if masked else None)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
-        clip_gradients(params, cfg["train"]["grad_clip"])
+        clip_gradients(params, c.train.grad_clip)
         optimizer.step()
         zero_gradients(optimizer)
         losses.append(float(loss.detach()))
@@ -204,13 +207,14 @@ def reference_losses(cfg: dict, steps: int, masked: bool) -> dict:
 def run_smoke_row(cfg: dict, steps: int, masked: bool) -> dict:
     """`steps` optimizer steps of the trainer's step on the fixed batch on cfg's device: per-step losses,
     the median step time after the first, and on CUDA the peak allocated memory (GB)."""
-    device = torch.device(cfg["hardware"]["device"])
-    train = cfg["train"]
+    c = run_config(cfg)
+    device = torch.device(c.hardware.device)
+    train = c.train
     set_matmul_precision(ce_matmul(cfg))
-    seed_everything(cfg["seed"])
+    seed_everything(c.seed)
     model = build_model(cfg, device)  # initialised on the CPU from the seed: the reference's weights
     optimizer = build_optimizer(model, train, device.type)
-    loss_model = LossModel(model, autocast_dtype(cfg, device), train["ce_chunk_tokens"], ce_matmul(cfg))
+    loss_model = LossModel(model, autocast_dtype(cfg, device), train.ce_chunk_tokens, ce_matmul(cfg))
     fwd = torch.compile(loss_model) if use_compile(cfg, device) else loss_model
     x, y, doc_ids = (v.to(device) for v in smoke_batch(cfg))
 
@@ -219,7 +223,7 @@ def run_smoke_row(cfg: dict, steps: int, masked: bool) -> dict:
         (loss_sum / count).backward()
         return loss_sum.detach() / count
 
-    return _timed_steps(model, optimizer, train["grad_clip"], device, steps, loss_and_backward)
+    return _timed_steps(model, optimizer, train.grad_clip, device, steps, loss_and_backward)
 
 
 def _timed_steps(model, optimizer, grad_clip: float, device: torch.device, steps: int, loss_and_backward) -> dict:
@@ -250,10 +254,11 @@ def run_fsdp_row(cfg: dict, steps: int, masked: bool) -> dict:
     compiling, bf16 gathers in a bf16 run; `accumulate_gradients`), on a 1-rank group; then, as training
     validates, under `gathered` in eval mode: the CE of the validation batch (``val_loss``, compared with
     the reference's) and a greedy sample of `SAMPLE_TOKENS` tokens (``sample``)."""
-    device = torch.device(cfg["hardware"]["device"])
-    train = cfg["train"]
+    c = run_config(cfg)
+    device = torch.device(c.hardware.device)
+    train = c.train
     set_matmul_precision(ce_matmul(cfg))
-    seed_everything(cfg["seed"])
+    seed_everything(c.seed)
     model = build_model(cfg, device)  # the reference's weights, sharded below
     x, y, doc_ids = (v.to(device) for v in smoke_batch(cfg))
     batch = (x, y, None, doc_ids if masked else None)
@@ -262,9 +267,9 @@ def run_fsdp_row(cfg: dict, steps: int, masked: bool) -> dict:
         compiled = use_compile(cfg, device)
         shard_model(model, cfg, dist, compiled)
         optimizer = build_optimizer(model, train, device.type)
-        loss_model = LossModel(model, autocast_dtype(cfg, device), train["ce_chunk_tokens"], ce_matmul(cfg))
+        loss_model = LossModel(model, autocast_dtype(cfg, device), train.ce_chunk_tokens, ce_matmul(cfg))
         root, fwd = wrap(loss_model, dist, compiled)
-        row = _timed_steps(model, optimizer, train["grad_clip"], device, steps,
+        row = _timed_steps(model, optimizer, train.grad_clip, device, steps,
                            lambda: accumulate_gradients(root, fwd, [batch], n_targets, dist.world_size) / y.numel())
         vx, vy, _ = (v.to(device) for v in smoke_batch(cfg, seed=1))
         model.eval()
@@ -303,14 +308,14 @@ def run_smoke(steps: int, cuda: bool, on_row=None, gpu: str = "H100", budget: Bu
         cfg = _smoke_row_config(cuda, device, overrides, gpu)
         kind = "fp8" if overrides.get("fp8", "none") != "none" else overrides["precision"]
         row = {"name": name, "checks": checks, "device": device, "precision": kind, "doc_mask": masked,
-               "tolerance": TOLERANCE[kind], "model": cfg["model"], "losses": None, "reference": None,
-               "max_abs_diff": None, "loss_diff": None, "passed": None, "step_time_s": None, "peak_gb": None,
-               "predicted": predict(cfg), "skipped": _skip_reason(device, overrides, cuda)}
+               "tolerance": TOLERANCE[kind], "model": run_config(cfg).model.to_dict(), "losses": None,
+               "reference": None, "max_abs_diff": None, "loss_diff": None, "passed": None, "step_time_s": None,
+               "peak_gb": None, "predicted": predict(cfg), "skipped": _skip_reason(device, overrides, cuda)}
         if row["skipped"] is None:
             row["skipped"] = budget.admit(name, row_seconds(cfg, steps, "smoke"))
         if row["skipped"] is None:
             try:
-                key = (str(cfg["model"]), masked)
+                key = (str(row["model"]), masked)
                 if key not in references:
                     references[key] = reference_losses(cfg, steps, masked)
                 row["reference"] = references[key]["losses"]
@@ -430,7 +435,7 @@ def run_gpu_check(out: str | Path, bench, configfile: str, device: str | None = 
                  for _, device_, overrides, *_ in SMOKE_ROWS if cuda or device_ == "cpu"]
     estimates += [row_seconds(suite_config(suite_cfg, *r[1:]), LOSS_MEMORY_STEPS + LOSS_MEMORY_WARMUP, "preset")
                   for r in LOSS_MEMORY_ROWS if cuda]
-    estimates += [ckpt_row_seconds(row_params(cfg), cfg["hardware"]["storage_gb_per_s"])
+    estimates += [ckpt_row_seconds(row_params(cfg), run_config(cfg).hardware.storage_gb_per_s)
                   for cfg in (row_config(preset) for _, preset, _ in CKPT_ROWS) if cuda]
     estimates += [row_seconds(suite_config(suite_cfg, *r[1:]), suite_steps + suite_warmup, "preset")
                   for r in REFERENCE_SUITE]

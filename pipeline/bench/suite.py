@@ -20,6 +20,7 @@ from pipeline.config import deep_merge
 from pipeline.io import atomic_write, get_logger, write_json
 from pipeline.planning.memory import StepSetup, memory
 from pipeline.planning.step_time import predicted_mfu, step_time
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -51,8 +52,8 @@ def suite_config(cfg: dict, micro_batch: int, checkpoint: str, fp8: str, optimiz
 def predict(cfg: dict) -> dict:
     """pipeline.planning's prediction of one single-GPU bench step (no accumulation, no DDP): `cfg` with a
     global batch of one micro-batch on one GPU (a suite row's micro-batch need not divide the config's)."""
-    train = cfg["train"]
-    one_step = deep_merge(cfg, {"train": {"global_batch_tokens": train["micro_batch"] * train["seq_len"]},
+    train = run_config(cfg).train
+    one_step = deep_merge(cfg, {"train": {"global_batch_tokens": train.micro_batch * train.seq_len},
                                 "hardware": {"nodes": 1, "nproc_per_node": 1}})
     s = StepSetup.from_config(one_step)
     mem = memory(s)
@@ -86,7 +87,7 @@ def run_suite(cfg: dict, steps: int, warmup: int, bench, on_row=None, suite=None
     a row is recorded in its row (`skip_reason`), never raised. `on_row(row, rows)` is called after
     each row with the rows so far (to write them as they finish). ``skip(name, row_cfg)``, when
     given, returns a reason to leave a row out (`pipeline.bench.gpu_check`'s time budget) or None."""
-    device = cfg["hardware"]["device"]
+    device = run_config(cfg).hardware.device
     rows = []
     for name, mb, ckpt, fp8, opt in suite or REFERENCE_SUITE:
         row_cfg = suite_config(cfg, mb, ckpt, fp8, opt)

@@ -26,6 +26,7 @@ from pipeline.distributed import seed_everything
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, run_cli
 from pipeline.planning.compute import flops_per_token, gpu_type_of, peak_flops
+from pipeline.run_config import run_config
 from pipeline.training.metrics import memory_stats, mfu
 from pipeline.training.optim import build_optimizer
 from pipeline.training.parallelize import (
@@ -74,19 +75,20 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
     `on_step(i, seconds, timed)` is called after every step (for progress lines)."""
     if steps < 1 or warmup < 0:
         raise PipelineError(f"--steps must be >= 1 and --warmup >= 0 (got {steps}, {warmup})")
-    train = cfg["train"]
-    device = torch.device(cfg["hardware"]["device"])
+    c = run_config(cfg)
+    train = c.train
+    device = torch.device(c.hardware.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise PipelineError("--device cuda: no CUDA device is visible")
-    seed_everything(cfg["seed"])
+    seed_everything(c.seed)
     body_dtype = autocast_dtype(cfg, device)
     set_matmul_precision(ce_matmul(cfg))
     model = build_model(cfg, device)
     optimizer = build_optimizer(model, train, device.type)
-    loss_model = LossModel(model, body_dtype, train["ce_chunk_tokens"], ce_matmul(cfg))
+    loss_model = LossModel(model, body_dtype, train.ce_chunk_tokens, ce_matmul(cfg))
     fwd = torch.compile(loss_model) if use_compile(cfg, device) else loss_model
     params = [p for p in model.parameters() if p.requires_grad]
-    B, T, V = train["micro_batch"], train["seq_len"], cfg["model"]["vocab_size"]
+    B, T, V = train.micro_batch, train.seq_len, c.model.vocab_size
     rows = torch.randint(0, V, (B, T + 1), device=device)
     x, y = rows[:, :-1], rows[:, 1:]
 
@@ -98,7 +100,7 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
         start = time.perf_counter()
         loss_sum, count = fwd(x, y)
         (loss_sum / count).backward()
-        clip_gradients(params, train["grad_clip"])
+        clip_gradients(params, train.grad_clip)
         optimizer.step()
         zero_gradients(optimizer)
         _sync(device)
@@ -119,9 +121,9 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
         "seq_len": T,
         "compile": use_compile(cfg, device),
         "precision": "bf16" if body_dtype is not None else "fp32",
-        "activation_checkpointing": train["activation_checkpointing"],
-        "fp8": train["fp8"],
-        "optimizer": train["optimizer"],
+        "activation_checkpointing": train.activation_checkpointing,
+        "fp8": train.fp8,
+        "optimizer": train.optimizer,
         "ce_matmul": ce_matmul(cfg),
         "steps": steps,
         "warmup": warmup,

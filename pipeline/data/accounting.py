@@ -22,6 +22,7 @@ from pipeline.config.layout import RunLayout
 from pipeline.data.contract import DROP_REASONS, shard_keys, token_column_mismatches
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_write, get_logger, provenance, read_json, run_cli, write_json
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -344,11 +345,12 @@ def pack_flow(run: RunLayout, mix: str, split: str, flow: dict, ledger: Ledger) 
 
 def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
     """Reconcile the run's token flow; returns the report, raises PipelineError if unbalanced."""
+    view = run_config(params)
     run = RunLayout.at(run_dir)
     columns = ["source", "shard", "documents", "empty_documents", "invalid_utf8_documents", "short_documents",
                "null_content_documents", "no_assistant_documents", "long_documents", "tokens", "chars"]
     counts = _read_table(Path(run.counts("counts.parquet")), columns, "run the count rule").to_pylist()
-    missing = sorted(set(params["sources"]) - {c["source"] for c in counts})
+    missing = sorted(set(view.sources) - {c["source"] for c in counts})
     if missing:
         raise PipelineError(f"{run.counts('counts.parquet')} has no shards of source(s) {', '.join(missing)}; "
                             "rerun the "
@@ -357,9 +359,8 @@ def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
     by_source: dict[str, dict] = defaultdict(lambda: defaultdict(int))
     shards: dict[str, ShardData] = {}
     for c in counts:
-        q, shards[f"{c['source']}/{c['shard']}"] = shard_quantities(run, c, params["dedup"]["enabled"],
-                                                                     params["decontaminate"]["enabled"],
-                                                                     Path(params["data_dir"]))
+        q, shards[f"{c['source']}/{c['shard']}"] = shard_quantities(run, c, view.dedup.enabled,
+                                                                     view.decontaminate.enabled, Path(view.data_dir))
         ledger.equations(q, f"{c['source']}/{c['shard']}", keep=False)
         for k, v in q.items():
             by_source[c["source"]][k] += v
@@ -369,8 +370,8 @@ def reconcile(params: dict, run_dir: str | os.PathLike) -> dict:
         for k, v in q.items():
             total[k] += v
     ledger.equations(total, "all sources", keep=True)
-    decontam_report(run, by_source, params["decontaminate"]["enabled"], ledger)
-    mixes = {m: {split: mix_flow(run, m, split, shards, ledger) for split in ("train", "val")} for m in params["mixes"]}
+    decontam_report(run, by_source, view.decontaminate.enabled, ledger)
+    mixes = {m: {split: mix_flow(run, m, split, shards, ledger) for split in ("train", "val")} for m in view.mixes}
     ledger.raise_if_unbalanced()
     return {
         "ok": True,

@@ -313,7 +313,7 @@ def flag_one(params: dict, grams: EvalGrams, source: str, raw, tokens_json, out)
     """Flag one shard: its flag file `out`, then its part of the report (`stats_path(out)`), which it returns."""
     view = run_config(params)
     if source not in view.sources:
-        raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(params['sources'])})")
+        raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(view.sources)})")
     shard = Path(tokens_json).name.removesuffix(".json")
     meta = provenance("decontaminate", params, [raw, tokens_json], source=source, shard=shard)
     t0 = time.perf_counter()
@@ -387,7 +387,7 @@ def merge_report(params: dict, grams: EvalGrams, parts: list[dict], inputs: list
     seconds = sum(p["seconds"] for p in parts)
     n_docs = sum(p["documents"] for p in parts)
     return {
-        "enabled": dc["enabled"], "ngram": dc["ngram"], "min_words": dc["min_words"], "tasks": grams.tasks,
+        "enabled": dc.enabled, "ngram": dc.ngram, "min_words": dc.min_words, "tasks": grams.tasks,
         "eval": grams.counts, "per_source": per_source,
         "total": {k: sum(s["flagged"][k] for s in per_source.values()) for k in ("documents", "tokens")},
         "contaminated_items": {task: {"items": len(grams.item_ids[task]), "count": len(items_seen[task]),
@@ -422,7 +422,8 @@ def read_parts(paths: list) -> list[dict]:
 def build_grams(params: dict, eval_dir) -> EvalGrams:
     view = run_config(params)
     dc = view.decontaminate
-    return eval_grams(load_tasks(eval_dir, params["eval_tasks"]), dc["ngram"], dc["min_words"])
+    # eval_tasks: eval.tasks, which the slice carries under a key of its own (not a RunConfig key)
+    return eval_grams(load_tasks(eval_dir, view.extra["eval_tasks"]), dc.ngram, dc.min_words)
 
 
 def run_decontaminate(params: dict, eval_dir, raw_paths: list, token_paths: list, outdir, report_path) -> dict:

@@ -52,6 +52,7 @@ from pipeline.io import (
     write_json,
     write_parquet,
 )
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -135,16 +136,17 @@ def _write_signature_file(path, table: pa.Table, meta: dict) -> None:
 
 def write_signatures(input_path, tokens_json, source: str, shard: str, params: dict, out) -> dict:
     """The `signatures` CLI: hash one shard's tokenized documents into `out`; returns its metadata."""
-    if source not in params["sources"]:
-        raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(params['sources'])})")
-    dd = params["dedup"]
+    view = run_config(params)
+    if source not in view.sources:
+        raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(view.sources)})")
+    dd = view.dedup
     tok_meta, tokens = load_doc_tokens(tokens_json)
-    texts = iter_document_texts(input_path, params["sources"][source], tok_meta["doc_rows"])
+    texts = iter_document_texts(input_path, view.sources[source], tok_meta["doc_rows"])
     hashed = hash_documents(texts, dd, len(tokens))
     meta = provenance("dedup_signatures", params, [input_path, tokens_json], source=source, shard=shard,
                       n_docs=len(tokens), **{k: dd[k] for k in HASH_PARAMS})
     _write_signature_file(out, signature_table(tokens, hashed), meta)
-    write_lsh_files(out, hashed, dd["partitions"], meta)
+    write_lsh_files(out, hashed, dd.partitions, meta)
     log.info("%s/%s: signatures of %d documents", source, shard, len(tokens))
     return meta
 
@@ -748,8 +750,9 @@ def write_index(manifests: list[str | os.PathLike], out, shards: list[str] | Non
             raise PipelineError(f"no signature file of {', '.join(missing[:3])} in the group manifests; "
                                 "rerun dedup_signatures")
     resolved = {"indexes": [], "segments": []}
-    if params is not None and params["dedup"].get("reference"):
-        resolved = dedup_index.resolve_references(params["dedup"]["reference"], params["dedup"], own=index_dir)
+    dd = None if params is None else run_config(params).dedup
+    if dd is not None and dd.get("reference"):
+        resolved = dedup_index.resolve_references(dd.reference, dd, own=index_dir)
         dedup_index.verify_segments(resolved["segments"])
     own, names = [], []
     for e in earlier:
@@ -792,23 +795,23 @@ def write_candidates(sig_paths: list[str | os.PathLike], part: int, out, params:
     """The `candidates` CLI: candidate job `part` of `dedup.partitions` (of a segment: its earlier
     segments and reference from its index); with `bands_out`, the segment's index rows of the
     partition there. Returns the pairs file's metadata."""
-    dd = params["dedup"]
+    dd = run_config(params).dedup
     segment = segment or {}
     if not sig_paths:
         raise PipelineError("no signature files given (--inputs); run dedup_signatures first")
-    if not 0 <= part < dd["partitions"]:
-        raise PipelineError(f"--part {part} is not in 0..{dd['partitions'] - 1} "
-                            f"(dedup.partitions = {dd['partitions']})")
+    if not 0 <= part < dd.partitions:
+        raise PipelineError(f"--part {part} is not in 0..{dd.partitions - 1} "
+                            f"(dedup.partitions = {dd.partitions})")
     shards = catalogue(sig_paths, dd, segment.get("earlier", ()))
     reference = Reference(segment.get("reference", []))
     bands = [] if bands_out else None
-    table = candidates(shards, dd, part, dd["partitions"], reference, bands)
-    meta = provenance("dedup_candidates", params, [s.path for s in shards], part=part, parts=dd["partitions"],
+    table = candidates(shards, dd, part, dd.partitions, reference, bands)
+    meta = provenance("dedup_candidates", params, [s.path for s in shards], part=part, parts=dd.partitions,
                       n_shards=len(shards), shards=[s.name for s in shards], reference_docs=reference.docs)
     if bands_out:
         save_bands(bands_out, bands[0])
     write_parquet(out, table, meta)
-    log.info("partition %d/%d: %d candidate pairs, %d confirmed", part, dd["partitions"], table.num_rows,
+    log.info("partition %d/%d: %d candidate pairs, %d confirmed", part, dd.partitions, table.num_rows,
              pc.sum(table.column("ok")).as_py() or 0)
     return meta
 
@@ -882,7 +885,7 @@ def run_clusters(sig_paths: list[str | os.PathLike], outdir, report_path, params
     """The `clusters` CLI: keep lists for every input shard plus the report; returns the report. With
     `pair_paths` (the candidate jobs' outputs) it merges them, else it computes the candidates itself.
     `segment`: its earlier segments and reference (`write_index`); `segment_dir`: write the segment there."""
-    dd = params["dedup"]
+    dd = run_config(params).dedup
     segment = segment or {}
     if not sig_paths:
         raise PipelineError("no signature files given (--inputs); run dedup_signatures first")
@@ -983,8 +986,8 @@ def write_report(segment_files: list[str | os.PathLike], out, params: dict, inde
     index_dir = Path(index_dir)
     listed = [{**{k: v for k, v in s.items() if k != "report"}, "dir": Path(f).parent.name}
               for s, f in zip(segs, segment_files)]
-    dedup_index.write_index(index_dir, listed, report["reference"]["indexes"], params["dedup"], run, fingerprint,
-                            provenance("dedup", params, segment_files))
+    dedup_index.write_index(index_dir, listed, report["reference"]["indexes"], run_config(params).dedup, run,
+                            fingerprint, provenance("dedup", params, segment_files))
     for d in index_dir.iterdir():  # segments of an earlier layout
         if d.is_dir() and d.name.isdigit() and d.name not in {s["dir"] for s in listed}:
             import shutil

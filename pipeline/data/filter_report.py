@@ -25,6 +25,7 @@ from pipeline.data.contract import doc_text, load_shard_meta, open_parquet, sour
 from pipeline.data.text_filters import DECISION_COLUMNS, PII, Filter, build_chain
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, run_cli, write_json
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -231,6 +232,7 @@ def filter_report(params: dict, raw: list[str], decisions: list[str], out_json, 
                             "file per raw shard, in the same order")
     if not raw:
         raise PipelineError("no shards given; pass the raw shards with --raw and their decisions with --decisions")
+    view = run_config(params)
     # build_chain validates the list as the filter rule does; its enabled filters are the removal order
     chain = [f for f in build_chain(params.get("filter")) if f.enabled]
     by_source: dict[str, tuple[list[str], list[dict]]] = {}
@@ -238,17 +240,17 @@ def filter_report(params: dict, raw: list[str], decisions: list[str], out_json, 
     for r, dpath in zip(raw, decisions):
         d = read_decisions(r, dpath)
         name = _shard_key(r, ".parquet")[0]
-        if name not in params["sources"]:
-            raise PipelineError(f"{r}: source {name!r} is not in sources: ({', '.join(params['sources'])}); pass "
+        if name not in view.sources:
+            raise PipelineError(f"{r}: source {name!r} is not in sources: ({', '.join(view.sources)}); pass "
                                 "the shards of the run's sources")
         by_source.setdefault(name, ([], []))
         by_source[name][0].append(str(r))
         by_source[name][1].append(d)
         kept = kept_per_shard[_shard_key(r, ".parquet")] = int(d["kept"].sum())
         check_filtered(Path(dpath), kept)
-    seed = params["seed"]
+    seed = view.seed
     report = {"filters": [f.name for f in chain], "seed": seed, "sources": [
-        source_funnel(n, chain, rs, ds, params["sources"][n], seed, examples) for n, (rs, ds) in by_source.items()]}
+        source_funnel(n, chain, rs, ds, view.sources[n], seed, examples) for n, (rs, ds) in by_source.items()]}
     if tokens:
         add_tokens(report, tokens, kept_per_shard)
     plot_funnel(report["sources"], out_png)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from pipeline.config import add_config_args, mix_slice, params_from_args
 from pipeline.data.contract import rank_by_hash
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, provenance, read_json, run_cli, write_json, write_parquet
-from pipeline.run_config import run_config
+from pipeline.run_config import MixConfig, run_config
 
 log = get_logger(__name__)
 
@@ -41,7 +42,7 @@ def schedule_target(tokens: int, seq_len: int) -> int:
 def target_tokens(mix_name: str, params: dict) -> int:
     """The mix's `tokens`: an integer, or the params' `trained_tokens` for `plan`."""
     view = run_config(params)
-    tokens = view.mixes[mix_name]["tokens"]
+    tokens = view.mixes[mix_name].tokens
     if tokens != "plan":
         return int(tokens)
     trained = params.get("trained_tokens")
@@ -122,12 +123,13 @@ def _unreadable_split_file(paths: list[Path], err: Exception) -> PipelineError:
 
 # ----------------------------------------------------------------------------- sampling
 
-def short_message(mix_name: str, source: str, mix: dict, available: int, share: int, weight_frac: float,
+def short_message(mix_name: str, source: str, mix: Mapping, available: int, share: int, weight_frac: float,
                   target: int) -> str:
-    epochs = _over(share / max(available, 1), mix["max_epochs"])
+    mix = MixConfig.from_dict(mix)
+    epochs = _over(share / max(available, 1), mix.max_epochs)
     return (f"mix '{mix_name}': source '{source}' has {available:,} train tokens but its share "
             f"{weight_frac:.4g} × {target:,} = {share:,} tokens needs {epochs} epochs, "
-            f"over max_epochs {mix['max_epochs']}; raise mixes.{mix_name}.max_epochs, lower its weight "
+            f"over max_epochs {mix.max_epochs}; raise mixes.{mix_name}.max_epochs, lower its weight "
             f"(mixes.{mix_name}.weights.{source}) or mixes.{mix_name}.tokens, or add shards to source '{source}'")
 
 
@@ -228,20 +230,21 @@ def build_mix(params: dict, mix_name: str, split_dir) -> tuple[pa.Table, pa.Tabl
     """(train schedule, val table, report) for one mix (see docs/data-stages.md, "Mix")."""
     view = run_config(params)
     if mix_name not in view.mixes:
-        raise PipelineError(f"unknown mix '{mix_name}' (mixes: {', '.join(params['mixes'])})")
+        raise PipelineError(f"unknown mix '{mix_name}' (mixes: {', '.join(view.mixes)})")
     mix = view.mixes[mix_name]
+    seq_len = view.extra["seq_len"]  # train.seq_len, which the slice carries as a key of its own
     tokens = target_tokens(mix_name, params)
-    target = schedule_target(tokens, params["seq_len"])
-    sources = sorted(mix["weights"])
-    weight_sum = sum(mix["weights"].values())
+    target = schedule_target(tokens, seq_len)
+    sources = sorted(mix.weights)
+    weight_sum = sum(mix.weights.values())
     files = split_files(split_dir)
     pools = {s: load_source(files.get(s, []), s) for s in sources}
-    proportions = {s: mix["weights"][s] / weight_sum for s in sources}
+    proportions = {s: mix.weights[s] / weight_sum for s in sources}
     streams = {}
     for s in sources:
         share = math.ceil(proportions[s] * target)
         available = int(pools[s]["train"].tokens.sum())
-        cap = mix["max_epochs"] * available
+        cap = mix.max_epochs * available
         if share > cap:
             raise PipelineError(short_message(mix_name, s, mix, available, share, proportions[s], target))
         streams[s] = Stream(pools[s]["train"], view.seed, s, cap)
@@ -253,7 +256,7 @@ def build_mix(params: dict, mix_name: str, split_dir) -> tuple[pa.Table, pa.Tabl
     for s in sources:
         pool, epoch = picks[s]
         available = int(pools[s]["train"].tokens.sum())
-        per_source[s] = {"weight": mix["weights"][s], "requested_proportion": proportions[s],
+        per_source[s] = {"weight": mix.weights[s], "requested_proportion": proportions[s],
                          "share_tokens": math.ceil(proportions[s] * target), "scheduled_tokens": streams[s].tokens,
                          "realized_proportion": streams[s].tokens / total, "documents": len(epoch),
                          "available_tokens": available, "epochs_used": streams[s].tokens / available,
@@ -280,12 +283,12 @@ def build_mix(params: dict, mix_name: str, split_dir) -> tuple[pa.Table, pa.Tabl
     val = _table(val_source, val_pool, np.zeros(len(val_pool.doc), np.int64))
     report = {
         "mix": mix_name,
-        "target": {"tokens": tokens, "from": "plan" if mix["tokens"] == "plan" else "config",
-                   "seq_len": params["seq_len"],
-                   "rows_needed": -(-tokens // params["seq_len"]), "schedule_target_tokens": target,
-                   "scheduled_tokens": total, "concat_rows": total // (params["seq_len"] + 1)},
-        "max_epochs": mix["max_epochs"],
-        "packing": mix["packing"],
+        "target": {"tokens": tokens, "from": "plan" if mix.tokens == "plan" else "config",
+                   "seq_len": seq_len,
+                   "rows_needed": -(-tokens // seq_len), "schedule_target_tokens": target,
+                   "scheduled_tokens": total, "concat_rows": total // (seq_len + 1)},
+        "max_epochs": mix.max_epochs,
+        "packing": mix.packing,
         "per_source": per_source,
         "val": {"documents": val.num_rows, "tokens": int(val_pool.tokens.sum()),
                 "per_source": {s: {"documents": len(p.doc), "tokens": int(p.tokens.sum())}
@@ -300,7 +303,7 @@ def run_mix(params: dict, mix_name: str, split_dir, outdir) -> dict:
     view = run_config(params)
     train, val, report = build_mix(params, mix_name, split_dir)
     files = split_files(split_dir)
-    inputs = [Path(split_dir, "report.json"), *(p for s in sorted(view.mixes[mix_name]["weights"])
+    inputs = [Path(split_dir, "report.json"), *(p for s in sorted(view.mixes[mix_name].weights)
                                                 for p in files.get(s, []))]
     meta = provenance("mix", params, inputs, mix=mix_name)
     report["meta"] = meta

@@ -31,6 +31,7 @@ from pipeline.data.contract import (
 )
 from pipeline.errors import PipelineError
 from pipeline.io import HashingFile, atomic_path, get_logger, progress, provenance, run_cli, write_json
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -236,10 +237,11 @@ def pack_bestfit(shards, spans: Spans, row_len: int, dtype, pad_id: int, writer:
 
 def pack(params: dict, mix: str, split: str, schedule_path, tokens_dir, out_json, rows_per_chunk: int = 4096) -> dict:
     """Pack one mix split; writes the files in docs/data-stages.md, "Pack" and returns the metadata."""
-    if mix not in params["mixes"]:
-        raise PipelineError(f"mix '{mix}' is not in params.mixes ({', '.join(params['mixes'])})")
-    packing = params["mixes"][mix].get("packing", "concat")
-    row_len = int(params["seq_len"]) + 1
+    view = run_config(params)
+    if mix not in view.mixes:
+        raise PipelineError(f"mix '{mix}' is not in params.mixes ({', '.join(view.mixes)})")
+    packing = view.mixes[mix].get("packing", "concat")
+    row_len = int(view.extra["seq_len"]) + 1  # train.seq_len, which the slice carries as a key of its own
     paths = pack_paths(out_json)
     paths["json"].unlink(missing_ok=True)
     table = read_schedule(schedule_path)

@@ -25,6 +25,7 @@ from pipeline.config import add_config_args, params_from_args, split_slice
 from pipeline.data.contract import load_doc_tokens, rank_by_hash
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger, provenance, read_json, run_cli, write_json, write_parquet
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -208,21 +209,22 @@ def split_report(docs: Docs, split: np.ndarray, params: dict, targets: dict, lea
     totals = {name: {k: sum(v[name][k] for v in per_source.values()) for k in ("documents", "tokens")}
               for name in SPLITS}
     shards = {s: [sh for src, sh in docs.shards if src == s] for s in sorted(set(source))}
-    return {"method": params["split"]["method"], "per_source": per_source, "total": totals, "leak_check": leak,
+    return {"method": run_config(params).split.method, "per_source": per_source, "total": totals, "leak_check": leak,
             "shards": shards, "params": params, "meta": provenance("split", params, inputs)}
 
 
 def run_split(params: dict, keep_paths: list, token_paths: list, outdir, report_path,
               decontam_paths: list | None = None) -> dict:
     """The stage: assign, check, write every shard's split file and the report; returns the report."""
-    sp = params["split"]
+    view = run_config(params)
+    sp = view.split
     check_sources_kept_documents(token_paths)
     docs = load_docs(keep_paths, token_paths, decontam_paths)
     targets = {}
-    if sp["method"] == "hash":
-        split, targets = assign_by_hash(docs, sp["val_tokens"], params["seed"])
+    if sp.method == "hash":
+        split, targets = assign_by_hash(docs, sp.val_tokens, view.seed)
     else:
-        split = assign_by_shards(docs, sp["val_shards"])
+        split = assign_by_shards(docs, sp.val_shards)
     leak = leak_check(docs, split)
     report = split_report(docs, split, params, targets, leak, [*keep_paths, *token_paths, *(decontam_paths or [])])
     names = np.array(SPLITS)

@@ -37,6 +37,7 @@ from pipeline.data.contract import (
 from pipeline.data.encoding import Tokenizer, load_tokenizer
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_path, get_logger, progress, provenance, run_cli, write_json
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -175,9 +176,10 @@ def tokenize_shard(
     num_threads: int = 1,
 ) -> dict:
     """Tokenize one raw shard into the files described in docs/data-stages.md, "Tokenize"; returns the metadata."""
-    if source not in params["sources"]:
-        raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(params['sources'])})")
-    src = params["sources"][source]
+    view = run_config(params)
+    if source not in view.sources:
+        raise PipelineError(f"source '{source}' is not in the config's sources ({', '.join(view.sources)})")
+    src = view.sources[source]
     chat = src.get("format", "text") == "chat"
     min_chars = src.get("min_chars", 0)
     cap = token_cap(src)
@@ -190,7 +192,7 @@ def tokenize_shard(
         bin_f = stack.enter_context(open(stack.enter_context(atomic_path(paths["bin"])), "wb"))
         mask_f = stack.enter_context(open(stack.enter_context(atomic_path(paths["mask"])), "wb")) if chat else None
         idx_tmp = stack.enter_context(atomic_path(paths["idx"]))
-        batches = iter_documents(input_path, src, params["count"]["batch_size"])
+        batches = iter_documents(input_path, src, view.count.batch_size)
         for batch in progress(batches, desc=f"tokenize {source}/{shard}", unit="batch"):
             stats.n_rows += batch.n_rows
             stats.dropped["empty"] += batch.empty

@@ -41,6 +41,7 @@ from pipeline.evaluation.core_benchmark import (
 from pipeline.evaluation.sandbox import SandboxLimits, check_isolation, humaneval_program, isolation, run_program
 from pipeline.io import get_logger, run_cli
 from pipeline.model.engine import Engine
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -264,8 +265,8 @@ def chat_settings(params: dict, items_key: str = "chat_max_items") -> dict:
     CORE's); `items_key` names the item cap (training's quick subset: core_interval_items)."""
     from pipeline.planning.memory import eval_batch_tokens
 
-    e = params["eval"]
-    return {"max_items": e[items_key], "max_new_tokens": e["chat_max_new_tokens"],
+    e = run_config(params).eval
+    return {"max_items": getattr(e, items_key), "max_new_tokens": e.chat_max_new_tokens,
             "batch_tokens": eval_batch_tokens(params)}
 
 
@@ -345,10 +346,10 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    cfg = load_config(args.configfile)
+    cfg = run_config(load_config(args.configfile))
     model = Transformer(ModelConfig.from_config(cfg)).eval()
     root, record = wheel_record()
-    tasks = {n: build_chat_task(chat_task_spec(n), root, record, cfg["seed"]) for n in ("gsm8k", "humaneval")}
+    tasks = {n: build_chat_task(chat_task_spec(n), root, record, cfg.seed) for n in ("gsm8k", "humaneval")}
     for row in bench_generation(model, load_tokenizer(args.tokenizer), tasks, args.items, args.max_new_tokens):
         print(json.dumps(row))
 

@@ -251,14 +251,13 @@ def chat_evaluation(model, tokenizer, params: dict, val_meta: str, device, batch
     view = run_config(params)
     if not is_chat_stage(params):
         return {}
-    val = PackedLoader(val_meta, 1, shuffle=False, loss="assistant", with_doc_ids=params["stage"]["doc_mask"])
+    val = PackedLoader(val_meta, 1, shuffle=False, loss="assistant", with_doc_ids=view.stage["doc_mask"])
     sums = evaluate_rows(model, val, device, batch_rows, view.train.ce_chunk_tokens, byte_lengths,
                          delimiters(tokenizer))
-    eval_cfg = view.eval
     return {"chat_val_loss": sums["nats"] / sums["tokens"] if sums["tokens"] else None,
             "chat_val_loss_ci": loss_intervals(sums)["loss_ci"],
             "chat_val_tokens": sums["tokens"],
-            "answers": answer_questions(model, tokenizer, eval_cfg["chat_questions"], eval_cfg["max_new_tokens"])}
+            "answers": answer_questions(model, tokenizer, view.eval.chat_questions, view.eval.max_new_tokens)}
 
 
 def read_seen(path: str | Path, tasks: list[str]) -> dict[str, set]:
@@ -295,12 +294,11 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
     byte_lengths = token_byte_lengths(tokenizer, vocab)
     if "stage" not in params:  # a whole run config: its first stage
         params = stage_config(params, stage_names(params)[0])
-    st = params["stage"]
+    st = run_config(params).stage
     val = PackedLoader(val_meta, 1, shuffle=False, loss=st["loss"], with_doc_ids=st["doc_mask"])
     train = PackedLoader(train_meta, 1, shuffle=False, loss=st["loss"])
 
-    train_cfg = view.train
-    val_sums = evaluate_rows(model, val, device, batch_rows, train_cfg["ce_chunk_tokens"], byte_lengths,
+    val_sums = evaluate_rows(model, val, device, batch_rows, view.train.ce_chunk_tokens, byte_lengths,
                              delimiters(tokenizer))
     val_ci = loss_intervals(val_sums)
     chat = chat_evaluation(model, tokenizer, params, val_meta, device, batch_rows, byte_lengths)
@@ -321,9 +319,8 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
         "unigram_baseline": uni_loss,
         "unigram_baseline_bpb": uni_bpb,
         "beats_unigram": val_loss < uni_loss,
-        "generations": generate_texts(model, tokenizer, eval_cfg["prompts"], eval_cfg["max_new_tokens"],
-                                      eval_cfg["temperature"],
-                                      view.seed, device),
+        "generations": generate_texts(model, tokenizer, eval_cfg.prompts, eval_cfg.max_new_tokens,
+                                      eval_cfg.temperature, view.seed, device),
         **chat,
         "stage": st["name"],
         "summary": final.get("summary", {}),
@@ -334,15 +331,15 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
     }
     item_logs = {"core": [], "chat_core": []}  # per-item logs, written beside the report with --eval-data
     if eval_data is not None:
-        tasks = load_tasks(eval_data, eval_cfg["tasks"])
-        seen = read_seen(decontam, eval_cfg["tasks"]) if decontam is not None else None
+        tasks = load_tasks(eval_data, eval_cfg.tasks)
+        seen = read_seen(decontam, eval_cfg.tasks) if decontam is not None else None
         report["core"] = evaluate_tasks(model, tokenizer, tasks, seen=seen, **core_settings(params))
         item_logs["core"] = report["core"].pop("item_log")
         plot_core(read_metrics(metrics_path), report["core"], outdir / "core.png", report["summary"].get("num_steps"))
         log.info("%s = %s over %d items", report["core"]["score_name"], report["core"]["score"],
                  report["core"]["items"])
-    if eval_data is not None and chat and eval_cfg["chat_tasks"]:
-        chat_tasks = load_tasks(eval_data, eval_cfg["chat_tasks"], chat=True)
+    if eval_data is not None and chat and eval_cfg.chat_tasks:
+        chat_tasks = load_tasks(eval_data, eval_cfg.chat_tasks, chat=True)
         report["chat_core"] = evaluate_chat(model, tokenizer, chat_tasks, **chat_settings(params))
         item_logs["chat_core"] = report["chat_core"].pop("item_log")
         log.info("%s = %s over %d items", report["chat_core"]["score_name"], report["chat_core"]["score"],

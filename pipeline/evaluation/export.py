@@ -36,6 +36,7 @@ from pipeline.model.state_dict_adapter import (
     hf_name,
     read_hf,
 )
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -54,7 +55,7 @@ PROBE_TEXTS = (
 def check_exportable(params: dict, state: dict, where: str) -> None:
     """Refuse what transformers' Llama cannot express: a `model.*` key other than MODEL_KEYS that is
     switched on (not false/none/0/null), or a parameter NAME_MAP has no name for."""
-    for key, value in params["model"].items():
+    for key, value in run_config(params).model.items():
         if key not in MODEL_KEYS and value not in (False, None, 0, "none"):
             raise PipelineError(
                 f"{where}: model.{key} = {value!r} is a model feature transformers' LlamaForCausalLM cannot "
@@ -69,7 +70,7 @@ def check_exportable(params: dict, state: dict, where: str) -> None:
 def check_tokenizer(ckpt_params: dict, tok, where: str) -> None:
     """The tokenizer must fit the model and come from the checkpoint's run (its provenance params
     equal the tokenizer slice of the checkpoint's config)."""
-    vocab = ckpt_params["model"]["vocab_size"]
+    vocab = run_config(ckpt_params).model.vocab_size
     if tok.n_vocab > vocab:
         raise PipelineError(f"{tok.path} has {tok.n_vocab} token ids but {where} has model.vocab_size {vocab}: "
                             "the tokenizer is from another run; pass the tokenizer the checkpoint was trained with")
@@ -211,10 +212,11 @@ def save_model(hf_state: dict[str, torch.Tensor], config: dict, gen_config: dict
     model built on the meta device and given our tensors (no copy). Returns the weight files."""
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+    llama = LlamaConfig(**{k: v for k, v in config.items() if k != "model_type"})
     with torch.device("meta"):
-        model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in config.items() if k != "model_type"}))
+        model = LlamaForCausalLM(llama)
     missing, unexpected = model.load_state_dict(hf_state, strict=False, assign=True)
-    if config["tie_word_embeddings"]:
+    if llama.tie_word_embeddings:
         model.tie_weights()
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:  # NAME_MAP and the config disagree with transformers' model

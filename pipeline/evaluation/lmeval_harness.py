@@ -56,7 +56,7 @@ class LocalTask:
             missing = [f for f in FIELDS[self.output_type] if f not in doc]
             if missing:
                 raise PipelineError(f"task {self.name}: document {i} has no {', '.join(missing)}")
-        cfg = {
+        task = {  # lm-eval's task YAML
             "task": self.name,
             "dataset_path": "json",
             "dataset_kwargs": {"data_files": {"test": str(Path(data_file).resolve())}},
@@ -66,19 +66,18 @@ class LocalTask:
             "target_delimiter": self.target_delimiter,
         }
         if self.output_type == "loglikelihood":
-            cfg["doc_to_target"] = "continuation"
-            cfg["metric_list"] = [{"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False},
-                                  {"metric": "acc", "aggregation": "mean", "higher_is_better": True}]
+            scoring = {"doc_to_target": "continuation",
+                       "metric_list": [{"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False},
+                                       {"metric": "acc", "aggregation": "mean", "higher_is_better": True}]}
         elif self.output_type == "generate_until":
-            cfg["doc_to_target"] = "target"
-            cfg["generation_kwargs"] = {"until": [], "do_sample": False, "temperature": 0.0}
-            cfg["metric_list"] = [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}]
+            scoring = {"doc_to_target": "target",
+                       "generation_kwargs": {"until": [], "do_sample": False, "temperature": 0.0},
+                       "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}]}
         else:
-            cfg["doc_to_choice"] = "choices"
-            cfg["doc_to_target"] = "gold"
-            cfg["metric_list"] = [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-                                  {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}]
-        return {**cfg, **self.extra}
+            scoring = {"doc_to_choice": "choices", "doc_to_target": "gold",
+                       "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                                       {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}]}
+        return {**task, **scoring, **self.extra}
 
 
 def write_tasks(task_dir: str | os.PathLike, tasks: list[LocalTask]) -> Path:

@@ -43,13 +43,13 @@ UNSHARE = ["--net", "--pid", "--ipc", "--mount", "--mount-proc", "--fork", "--ki
 
 # The first stage in the child (python -I -S -c STAGE cfg python -I -c BOOT cfg): installs the seccomp filter
 # (`seccomp_filter`), puts the token (the first 32 bytes of stdin) into secret memory (memfd_secret: not readable
-# even through /proc/self/mem; a plain memfd where the kernel lacks it) at cfg["secret_fd"], then execs the
+# even through /proc/self/mem; a plain memfd where the kernel lacks it) at cfg.secret_fd, then execs the
 # harness. It is the only process that loads ctypes: the program's interpreter never has it.
 STAGE = r"""
-import ctypes, json, mmap, os, sys
-cfg = json.loads(sys.argv[1])
+import ctypes, json, mmap, os, sys, types
+cfg = types.SimpleNamespace(**json.loads(sys.argv[1]))  # the parent's ChildConfig (seccomp and secret_fd only)
 libc = ctypes.CDLL(None, use_errno=True)
-prog = bytes.fromhex(cfg["seccomp"])
+prog = bytes.fromhex(cfg.seccomp)
 buf = ctypes.create_string_buffer(prog, len(prog))
 class Fprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
@@ -68,10 +68,10 @@ os.ftruncate(fd, 32)
 m = mmap.mmap(fd, 32)
 m[:] = token.ljust(32)
 m.close()
-if fd != cfg["secret_fd"]:
-    os.dup2(fd, cfg["secret_fd"])
+if fd != cfg.secret_fd:
+    os.dup2(fd, cfg.secret_fd)
     os.close(fd)
-os.set_inheritable(cfg["secret_fd"], True)
+os.set_inheritable(cfg.secret_fd, True)
 os.execv(sys.argv[2], sys.argv[2:])
 """
 
@@ -79,7 +79,7 @@ os.execv(sys.argv[2], sys.argv[2:])
 # program, then the "ended" event from the harness's own frame. Stand-alone (it must not import the package: the
 # child has no access to our files beyond the interpreter).
 BOOT = r"""
-import json, os, resource, sys
+import json, os, resource, sys, types
 
 
 def _guard(me, line, result, pid, native):
@@ -169,7 +169,7 @@ def _run(source, cfg, pid, done, box):
     import atexit, io, traceback
     run_exitfuncs, excepthook, getpid, exit_now = atexit._run_exitfuncs, sys.excepthook, os.getpid, os._exit
     audit, me = sys.audit, sys._getframe()
-    sys.addaudithook(_guard(me, cfg["ended_line"], cfg["result_fd"], pid, frozenset(cfg["native"])))
+    sys.addaudithook(_guard(me, cfg.ended_line, cfg.result_fd, pid, frozenset(cfg.native)))
     code = 1
     try:
         # HumanEval's last line, check(f), runs from here with f's results made plain data (an object whose __eq__
@@ -205,18 +205,18 @@ def _run(source, cfg, pid, done, box):
 
 
 def _harness():
-    cfg = json.loads(sys.argv[1])
-    if os.path.isdir(cfg["bound"] + "/lib"):  # the interpreter's prefix, readable by the program's uid
+    cfg = types.SimpleNamespace(**json.loads(sys.argv[1]))  # the parent's ChildConfig
+    if os.path.isdir(cfg.bound + "/lib"):  # the interpreter's prefix, readable by the program's uid
         def _moved(paths):
-            return [cfg["bound"] + p[len(cfg["prefix"]):] if p.startswith(cfg["prefix"]) else p for p in paths]
+            return [cfg.bound + p[len(cfg.prefix):] if p.startswith(cfg.prefix) else p for p in paths]
         sys.path = _moved(sys.path)
         for m in list(sys.modules.values()):  # packages already imported (collections, encodings, ...)
             if isinstance(getattr(m, "__path__", None), list):
                 m.__path__[:] = _moved(m.__path__)
         sys.path_importer_cache.clear()
     import _posixsubprocess, _thread, atexit, io, mmap, subprocess  # noqa: F401 (subprocess: its import, not ours)
-    secret = mmap.mmap(cfg["secret_fd"], 32)  # the token, in STAGE's secret memory
-    os.close(cfg["secret_fd"])
+    secret = mmap.mmap(cfg.secret_fd, 32)  # the token, in STAGE's secret memory
+    os.close(cfg.secret_fd)
     with open(0, "rb", closefd=False) as f:
         source = f.read().decode("utf-8")
     null = os.open(os.devnull, os.O_RDONLY)
@@ -224,7 +224,7 @@ def _harness():
     os.close(null)
     with open("program.py", "w", encoding="utf-8") as f:
         f.write(source)
-    for name, v in cfg["limits"].items():
+    for name, v in cfg.limits.items():
         resource.setrlimit(getattr(resource, name), (v, v))
     _posixsubprocess.fork_exec = _refused  # what subprocess and multiprocessing start processes with
     # The token leaves through the hook when the exit handlers run: atexit's list is no Python object, and this
@@ -265,6 +265,25 @@ class SandboxLimits:
     open_files: int = 64
     disk_mb: int = 32  # the one tmpfs for its working dir, /tmp, /var/tmp, /dev/shm and /run/lock
     total_memory_mb: int = 2048  # the memory cgroup of the whole item (root only; docs/sandbox.md)
+
+
+@dataclass(frozen=True)
+class ChildConfig:
+    """What the child's STAGE and BOOT read, passed as JSON on their command lines (they read it back as
+    attributes): the prefix and where it is bound, the result and secret fds, the seccomp program, the line
+    of BOOT's "ended" event, the native modules refused, and the rlimits."""
+
+    prefix: str
+    bound: str
+    result_fd: int
+    secret_fd: int
+    seccomp: str
+    ended_line: int
+    native: list[str]
+    limits: dict[str, int]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
 
 
 @dataclass
@@ -343,17 +362,17 @@ def seccomp_filter(machine: str) -> bytes | None:
     return b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in ops)
 
 
-def _command(mode: str, uid: int | None, cfg: dict, limits: SandboxLimits, cgroups: list[str]) -> list[str]:
+def _command(mode: str, uid: int | None, cfg: ChildConfig, limits: SandboxLimits, cgroups: list[str]) -> list[str]:
     drop = [shutil.which("setpriv"), "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all"]
     if uid is not None:
         drop += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
     user = ["--user", "--map-root-user"] if mode == "user-namespaces" else []
     python = _bound_interpreter()
-    child = [python, "-I", "-S", "-c", STAGE, json.dumps(cfg), python, "-I", "-c", BOOT, json.dumps(cfg)]
+    child = [python, "-I", "-S", "-c", STAGE, cfg.to_json(), python, "-I", "-c", BOOT, cfg.to_json()]
     # setsid: the init shell leads its own session and process group inside the PID namespace, so a signal to
     # the program's group (killpg(0)) cannot reach unshare outside it
     return [shutil.which("unshare"), *user, *UNSHARE, shutil.which("setsid"), "/bin/sh", "-c",
-            _setup(uid, limits, cgroups), cfg["prefix"], os.path.expanduser("~"), *drop, "--", *child]
+            _setup(uid, limits, cgroups), cfg.prefix, os.path.expanduser("~"), *drop, "--", *child]
 
 
 def isolation() -> str:
@@ -501,11 +520,11 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits(), mode: str 
     nproc = int(limits.nproc) + (mode == "user-namespaces") + 1  # + the program's thread
     token = secrets.token_hex(16)
     result_r, result_w = os.pipe()
-    cfg = {"prefix": sys.base_prefix, "bound": BOUND, "result_fd": result_w, "secret_fd": max(result_w, 2) + 1,
-           "seccomp": seccomp_filter(platform.machine()).hex(), "ended_line": ENDED_LINE, "native": list(NATIVE),
-           "limits": {"RLIMIT_CPU": int(limits.cpu_s), "RLIMIT_AS": int(limits.memory_mb) << 20,
-                      "RLIMIT_NPROC": nproc, "RLIMIT_FSIZE": int(limits.output_bytes),
-                      "RLIMIT_NOFILE": int(limits.open_files), "RLIMIT_CORE": 0, "RLIMIT_MSGQUEUE": 0}}
+    cfg = ChildConfig(prefix=sys.base_prefix, bound=BOUND, result_fd=result_w, secret_fd=max(result_w, 2) + 1,
+                      seccomp=seccomp_filter(platform.machine()).hex(), ended_line=ENDED_LINE, native=list(NATIVE),
+                      limits={"RLIMIT_CPU": int(limits.cpu_s), "RLIMIT_AS": int(limits.memory_mb) << 20,
+                              "RLIMIT_NPROC": nproc, "RLIMIT_FSIZE": int(limits.output_bytes),
+                              "RLIMIT_NOFILE": int(limits.open_files), "RLIMIT_CORE": 0, "RLIMIT_MSGQUEUE": 0})
     cgroups = _memory_cgroups(limits)
     private = tempfile.mkdtemp(prefix="tokenfarm-sandbox-out-")  # ours only (0700): the output file
     t0 = time.perf_counter()

@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 from pipeline.config import add_config_args, load_config, parse_overrides
 from pipeline.errors import PlanError
@@ -21,6 +22,16 @@ from pipeline.io import atomic_path, atomic_write, get_logger, provenance, read_
 from pipeline.planning.sweep import SCALING_COMMAND, fit_params, fit_sweep
 
 log = get_logger(__name__)
+
+
+class FitParams(NamedTuple):
+    """The scaling rule's params (`pipeline.planning.sweep.fit_params`): the points (N, D, C of each), the
+    bootstrap draws and their seed, the run's N."""
+
+    points: list[dict]
+    bootstrap: int
+    seed: int
+    run_n_params: int
 
 
 def plot(rows: list[dict], fit: dict, out_png: str | Path) -> None:
@@ -135,8 +146,9 @@ def main(argv=None) -> None:
         params = json.loads(args.params)
     else:
         params = fit_params(load_config(args.configfile, parse_overrides(args.set)))
-    rows = read_points(params["points"], args.points)
-    fit = fit_sweep(rows, params["bootstrap"], params["seed"], params["run_n_params"])
+    fp = FitParams(**params)
+    rows = read_points(fp.points, args.points)
+    fit = fit_sweep(rows, fp.bootstrap, fp.seed, fp.run_n_params)
     fit["points"] = rows
     plot(rows, fit, args.out_png)
     with atomic_write(args.out_md, encoding="utf-8") as f:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pipeline.model.attention import attend, document_mask
+from pipeline.run_config import run_config
 
 CHECKPOINT_MODES = ("none", "mlp", "attention", "block", "every_n")
 
@@ -61,21 +62,23 @@ class ModelConfig:
         return self.dim // self.n_heads
 
     @classmethod
-    def from_config(cls, cfg: dict) -> ModelConfig:
-        """Build from a resolved run config: ``cfg["model"]`` plus ``train.seq_len`` (as
-        ``max_seq_len``), ``train.activation_checkpointing`` and ``train.checkpoint_every_n``."""
-        model, train = cfg["model"], cfg["train"]
+    def from_config(cls, cfg: Mapping) -> ModelConfig:
+        """Build from a resolved run config (or a slice, a checkpoint's params): ``model`` plus
+        ``train.seq_len`` (as ``max_seq_len``), ``train.activation_checkpointing`` and ``train.checkpoint_every_n``."""
+        c = run_config(cfg)
+        model, train = c.model, c.train
         return cls(
-            vocab_size=model["vocab_size"],
-            dim=model["dim"],
-            n_layers=model["n_layers"],
-            n_heads=model["n_heads"],
-            n_kv_heads=model["n_kv_heads"],
-            ffn_dim=model["ffn_dim"],
-            rope_theta=float(model["rope_theta"]),
-            norm_eps=float(model["norm_eps"]),
-            tie_embeddings=model["tie_embeddings"],
-            max_seq_len=train["seq_len"],
+            vocab_size=model.vocab_size,
+            dim=model.dim,
+            n_layers=model.n_layers,
+            n_heads=model.n_heads,
+            n_kv_heads=model.n_kv_heads,
+            ffn_dim=model.ffn_dim,
+            rope_theta=float(model.rope_theta),
+            norm_eps=float(model.norm_eps),
+            tie_embeddings=model.tie_embeddings,
+            max_seq_len=train.seq_len,
+            # optional in a slice: an export's params and a foreign model's carry seq_len only
             activation_checkpointing=train.get("activation_checkpointing", "none"),
             checkpoint_every_n=train.get("checkpoint_every_n", 2),
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from pipeline.errors import PipelineError
 from pipeline.io import read_json
 from pipeline.model.checkpoint_io import versions
 from pipeline.model.model import ModelConfig, Transformer
+from pipeline.run_config import run_config
 
 # Ours <-> transformers' LlamaForCausalLM: the one mapping table. "{i}" is the layer index.
 NAME_MAP: tuple[tuple[str, str], ...] = (
@@ -138,21 +140,60 @@ def read_hf_json(path: Path, *required: str) -> dict:
     return obj
 
 
-def _rope_theta(cfg: dict) -> float:
-    rp = cfg.get("rope_parameters") or {}
-    rs = cfg.get("rope_scaling") or {}
-    kind = rp.get("rope_type") or rs.get("rope_type") or rs.get("type") or "default"
-    if kind != "default":
-        raise PipelineError(f"rope_type {kind!r} (RoPE scaling) is a feature our model cannot express")
-    theta = rp.get("rope_theta", cfg.get("rope_theta"))
-    return float(theta if theta is not None else 10000.0)
-
-
 HF_CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                   "num_attention_heads", "max_position_embeddings")
 
 
-def check_config_fits_weights(cfg: dict, shapes: dict[str, tuple], where: str) -> None:
+@dataclass(frozen=True)
+class HFLlamaConfig:
+    """The keys of a Hugging Face config.json our model reads (not our run config): the sizes
+    (`HF_CONFIG_KEYS`, required), and the optional ones with the default transformers' LlamaConfig assumes
+    when the file omits them (None: "not given")."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    max_position_embeddings: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str | None = "silu"
+    attention_bias: bool | None = None
+    mlp_bias: bool | None = None
+    pretraining_tp: int | None = 1
+    rms_norm_eps: float = TRANSFORMERS_DEFAULT_EPS
+    tie_word_embeddings: bool = True
+    rope_theta: float | None = None
+    rope_parameters: dict | None = None
+    rope_scaling: dict | None = None
+
+    @classmethod
+    def of(cls, obj: dict) -> HFLlamaConfig:
+        """The keys of a config.json's object this class names (a key it holds, even null, is kept as given)."""
+        return cls(**{f.name: obj[f.name] for f in fields(cls) if f.name in obj})
+
+    @property
+    def derived_head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
+
+
+def _rope_theta(hf: HFLlamaConfig) -> float:
+    rp = hf.rope_parameters or {}
+    rs = hf.rope_scaling or {}
+    kind = rp.get("rope_type") or rs.get("rope_type") or rs.get("type") or "default"
+    if kind != "default":
+        raise PipelineError(f"rope_type {kind!r} (RoPE scaling) is a feature our model cannot express")
+    theta = rp.get("rope_theta", hf.rope_theta)
+    return float(theta if theta is not None else 10000.0)
+
+
+def check_config_fits_weights(hf: HFLlamaConfig, shapes: dict[str, tuple], where: str) -> None:
     """Refuse a config.json whose sizes disagree with its weights, naming the key that is wrong and
     the tensor that shows it (before the sizes are derived from each other: a wrong hidden_size
     would otherwise surface as an inexpressible head_dim)."""
@@ -167,52 +208,53 @@ def check_config_fits_weights(cfg: dict, shapes: dict[str, tuple], where: str) -
         checks.append(("intermediate_size", shapes[gate][0], f"{gate} has {shapes[gate][0]} rows"))
     if layers:
         checks.append(("num_hidden_layers", len(layers), f"the weights hold {len(layers)} layers"))
-    if "head_dim" in cfg and q in shapes and cfg["head_dim"]:
-        checks.append(("num_attention_heads", shapes[q][0] // cfg["head_dim"],
-                       f"{q} has {shapes[q][0]} rows = num_attention_heads × head_dim {cfg['head_dim']}"))
+    if hf.head_dim and q in shapes:
+        checks.append(("num_attention_heads", shapes[q][0] // hf.head_dim,
+                       f"{q} has {shapes[q][0]} rows = num_attention_heads × head_dim {hf.head_dim}"))
     for key, value, why in checks:
-        if cfg[key] != value:
-            raise PipelineError(f"{where}: {key} = {cfg[key]!r} does not fit the weights ({why}); set {key} to "
+        given = getattr(hf, key)
+        if given != value:
+            raise PipelineError(f"{where}: {key} = {given!r} does not fit the weights ({why}); set {key} to "
                                 f"{value} or re-export the model")
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    kv = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-    if k in shapes and kv * head_dim != shapes[k][0]:
-        raise PipelineError(f"{where}: num_key_value_heads = {kv!r} does not fit the weights ({k} has {shapes[k][0]} "
-                            f"rows = num_key_value_heads × head_dim {head_dim}); fix num_key_value_heads or re-export")
+    head_dim = hf.head_dim or hf.derived_head_dim
+    if k in shapes and hf.kv_heads * head_dim != shapes[k][0]:
+        raise PipelineError(f"{where}: num_key_value_heads = {hf.kv_heads!r} does not fit the weights ({k} has "
+                            f"{shapes[k][0]} rows = num_key_value_heads × head_dim {head_dim}); fix "
+                            "num_key_value_heads or re-export")
 
 
-def model_params_from_hf(cfg: dict, where: str) -> tuple[dict, int]:
+def model_params_from_hf(hf: HFLlamaConfig, where: str) -> tuple[dict, int]:
     """Our `model` config slice and seq_len from a config.json; refuses what our model cannot express."""
     unsupported = [
-        ("model_type", cfg.get("model_type") != "llama"),
-        ("hidden_act", cfg.get("hidden_act", "silu") != "silu"),
-        ("attention_bias", bool(cfg.get("attention_bias"))),
-        ("mlp_bias", bool(cfg.get("mlp_bias"))),
-        ("pretraining_tp", cfg.get("pretraining_tp", 1) not in (None, 1)),
+        ("model_type", hf.model_type != "llama"),
+        ("hidden_act", hf.hidden_act != "silu"),
+        ("attention_bias", bool(hf.attention_bias)),
+        ("mlp_bias", bool(hf.mlp_bias)),
+        ("pretraining_tp", hf.pretraining_tp not in (None, 1)),
     ]
     for key, bad in unsupported:
         if bad:
-            raise PipelineError(f"{where}: {key} = {cfg.get(key)!r} is a feature our model cannot express")
-    if cfg.get("head_dim") not in (None, cfg["hidden_size"] // cfg["num_attention_heads"]):
-        raise PipelineError(f"{where}: head_dim = {cfg['head_dim']!r} is not hidden_size / num_attention_heads = "
-                            f"{cfg['hidden_size']} / {cfg['num_attention_heads']}: a head size decoupled from the "
+            raise PipelineError(f"{where}: {key} = {getattr(hf, key)!r} is a feature our model cannot express")
+    if hf.head_dim not in (None, hf.derived_head_dim):
+        raise PipelineError(f"{where}: head_dim = {hf.head_dim!r} is not hidden_size / num_attention_heads = "
+                            f"{hf.hidden_size} / {hf.num_attention_heads}: a head size decoupled from the "
                             "width is a feature our model cannot express")
     try:
-        theta = _rope_theta(cfg)
+        theta = _rope_theta(hf)
     except PipelineError as e:
         raise PipelineError(f"{where}: {e}") from None
     model = {
-        "vocab_size": cfg["vocab_size"],
-        "dim": cfg["hidden_size"],
-        "n_layers": cfg["num_hidden_layers"],
-        "n_heads": cfg["num_attention_heads"],
-        "n_kv_heads": cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-        "ffn_dim": cfg["intermediate_size"],
+        "vocab_size": hf.vocab_size,
+        "dim": hf.hidden_size,
+        "n_layers": hf.num_hidden_layers,
+        "n_heads": hf.num_attention_heads,
+        "n_kv_heads": hf.kv_heads,
+        "ffn_dim": hf.intermediate_size,
         "rope_theta": theta,
-        "norm_eps": float(cfg.get("rms_norm_eps", TRANSFORMERS_DEFAULT_EPS)),
-        "tie_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+        "norm_eps": float(hf.rms_norm_eps),
+        "tie_embeddings": bool(hf.tie_word_embeddings),
     }
-    return model, int(cfg["max_position_embeddings"])
+    return model, int(hf.max_position_embeddings)
 
 
 def is_hf_dir(path: str | os.PathLike) -> bool:
@@ -227,15 +269,16 @@ def read_hf(hf_dir: str | os.PathLike, config_params: dict | None = None) -> dic
     hf_dir = Path(hf_dir)
     if not (hf_dir / "config.json").exists():
         raise PipelineError(f"{hf_dir}: no config.json; pass a Hugging Face model directory to --from-hf")
-    cfg = read_hf_json(hf_dir / "config.json", *HF_CONFIG_KEYS)
+    hf = HFLlamaConfig.of(read_hf_json(hf_dir / "config.json", *HF_CONFIG_KEYS))
     hf_state = read_weights(hf_dir)
-    check_config_fits_weights(cfg, {n: tuple(t.shape) for n, t in hf_state.items()}, str(hf_dir / "config.json"))
-    model, seq_len = model_params_from_hf(cfg, str(hf_dir / "config.json"))
+    check_config_fits_weights(hf, {n: tuple(t.shape) for n, t in hf_state.items()}, str(hf_dir / "config.json"))
+    model, seq_len = model_params_from_hf(hf, str(hf_dir / "config.json"))
     ours = read_hf_json(hf_dir / PROVENANCE, "params") if (hf_dir / PROVENANCE).exists() else None
     if ours is not None:
         params, plan, summary = ours["params"], ours.get("plan"), ours.get("summary")
-        diffs = differences({k: params["model"].get(k) for k in MODEL_KEYS}, model)
-        if diffs or params["train"]["seq_len"] != seq_len:
+        export = run_config(params)  # the export slice the model was written with
+        diffs = differences({k: export.model.get(k) for k in MODEL_KEYS}, model)
+        if diffs or export.train.seq_len != seq_len:
             raise PipelineError(f"{hf_dir}: {PROVENANCE} does not describe its config.json "
                                 f"({diffs[0][0] if diffs else 'seq_len'} differs); delete {PROVENANCE} or re-export")
     else:

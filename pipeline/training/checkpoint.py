@@ -32,6 +32,7 @@ from pipeline.distributed import Dist, gather_objects
 from pipeline.errors import PipelineError
 from pipeline.io import atomic_dir, atomic_write, get_logger, sha256_file, verify_sha256
 from pipeline.model.checkpoint_io import NAME_RE, SUFFIX, checksum_path, load_checkpoint, save_checkpoint, versions
+from pipeline.run_config import run_config
 from pipeline.training.optim import member_optimizers
 from pipeline.training.parallelize import is_sharded
 
@@ -292,7 +293,7 @@ def resume_mismatch(state: dict, params: dict) -> str | None:
 def load_init(model, optimizer, path: str, params: dict) -> None:
     """Start a stage from an earlier stage's final.pt (and, with carry_optimizer, that stage's last
     optimizer state, keeping this stage's learning rates and weight decay)."""
-    st = params["stage"]
+    st = run_config(params).stage
     state = load_checkpoint(path)
     mine, theirs = model.state_dict(), state.get("model", {})
     differ = sorted(set(mine) ^ set(theirs))

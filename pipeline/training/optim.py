@@ -7,7 +7,7 @@
 - `Muon`: torch's Muon, with one owner rank per matrix under fsdp (`muon_owners`) and an fp32
   `newton_schulz` on the CPU.
 
-Usage: ``opt = build_optimizer(model, cfg["train"], "cuda"); set_lr(opt, lr_factor(step, n, cfg["train"]))``.
+Usage: ``opt = build_optimizer(model, cfg.train, "cuda"); set_lr(opt, lr_factor(step, n, cfg.train))``.
 The groups, the optimizers and sharded Muon: docs/training.md, "Optimizers and schedules".
 """
 from __future__ import annotations

@@ -16,6 +16,7 @@ from pipeline.errors import PipelineError
 from pipeline.model.losses import chunked_cross_entropy
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.planning.memory import ce_matmul_precision, fp8_converts
+from pipeline.run_config import run_config
 
 # Test-only: set to 1, a CPU run takes the CUDA precision path (`autocast_dtype`), so that CPU tests run
 # the dtypes a GPU run does. Not a config key: a CPU run for real has no reason to compute in bf16.
@@ -27,7 +28,7 @@ def autocast_dtype(cfg: dict, device: torch.device) -> torch.dtype | None:
     environment variable `CPU_AS_CUDA_PRECISION` set to 1, the CPU as CUDA: bf16 autocast of the body and
     (`shard_model`) bf16-gathered FSDP blocks — the one place it is read."""
     cuda_like = device.type == "cuda" or os.environ.get(CPU_AS_CUDA_PRECISION) == "1"
-    return torch.bfloat16 if cuda_like and cfg["train"]["precision"] == "bf16" else None
+    return torch.bfloat16 if cuda_like and run_config(cfg).train.precision == "bf16" else None
 
 
 def ce_matmul(cfg: dict) -> str:
@@ -48,14 +49,14 @@ def parallelism(cfg: dict, dist: Dist) -> str:
     parse time; should it still reach training, one process or CPU takes ddp (nothing to shard worth the
     collectives), several GPUs fsdp (which fits wherever ddp does). A single process without a process
     group (no torchrun) runs plain whatever the setting: fsdp over one rank computes the same."""
-    setting = cfg["train"].get("parallel", "ddp")
+    setting = run_config(cfg).train.get("parallel", "ddp")
     if setting == "auto":
         setting = "ddp" if dist.world_size == 1 or dist.device.type != "cuda" else "fsdp"
     return setting if dist.distributed else "ddp"
 
 
 def use_compile(cfg: dict, device: torch.device) -> bool:
-    setting = cfg["train"]["compile"]
+    setting = run_config(cfg).train.compile
     return device.type == "cuda" if setting == "auto" else bool(setting)
 
 
@@ -93,7 +94,7 @@ def build_model(cfg: dict, device: torch.device, dist: Dist | None = None, compi
     weight on the host and writing this rank's slice of it (`_write_initial`). Host memory for the
     weights: the largest weight (the embedding or the output layer) at a time, plus on the CPU the
     model's own storage (its shards under FSDP)."""
-    fp8 = cfg["train"]["fp8"]
+    fp8 = run_config(cfg).train.fp8
     if fp8 != "none" and device.type != "cuda":
         raise PipelineError("train.fp8 needs hardware.device: cuda")
     with torch.device("meta"):

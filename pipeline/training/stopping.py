@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline.io import get_logger
+from pipeline.run_config import run_config
 from pipeline.training.processes import EXIT_HUNG, EXIT_STOPPED, report_exit
 
 __all__ = ["DEADLINE_ENV", "MARGIN_ENV", "Deadline", "slurm_end_time", "StopSignals", "StopClock", "Stopped",
@@ -211,7 +212,7 @@ def hang_allowances(params: dict) -> dict[str, float]:
     """Seconds each phase may take before the watchdog fires (docs/training.md, "Clean stops and the watchdog")."""
     from pipeline.planning.train_jobs import predicted_save_s, predicted_startup_s, predicted_step_s
 
-    minutes = params["hardware"].get("hang_timeout_min")
+    minutes = run_config(params).hardware.get("hang_timeout_min")
     step = 60.0 * minutes if minutes else max(MIN_HANG_S, 20 * predicted_step_s(params))
     save = step + 3 * predicted_save_s(params)
     start = save + 2 * predicted_startup_s(params)  # process start, checkpoint load, compile
