@@ -32,7 +32,7 @@ def test_corpus_is_fineweb_shaped_with_planted_duplicates_and_contamination(tmp_
 
 def test_rehearsal_measures_every_data_rule_beside_the_cost_plan(tmp_path):
     args = argparse.Namespace(workdir=str(tmp_path), shards=2, docs=200, shards_per_job=1, partitions=2,
-                              train_chars=200_000, cores=2, seed=0)
+                              train_chars=200_000, cores=2, seed=0, filter="default")
     result = data_scale.run(args)
     rows = {r["stage"]: r for r in result["rows"]}
     assert set(rows) == set(cluster.RATES)
