@@ -106,14 +106,34 @@ def base_rate(docs: list[str], repeat: int) -> float:
         return cpu(run, repeat) / mb_of(docs)
 
 
-WORD_FILTERS = ("gopher_repetition", "gopher_quality", "c4", "fineweb_quality")  # split words (or C4's lines)
+def cold_warm(fn, keys, repeat: int) -> tuple[float, float, int]:
+    """(cold, warm, keys): `fn`'s CPU seconds from empty caches and then again with them filled (best of
+    `repeat` each), and `keys()`, the keys the cold run put in its cache."""
+    c = w = math.inf
+    for _ in range(repeat):
+        cold()
+        t = time.process_time()
+        fn()
+        c, n = min(c, time.process_time() - t), keys()
+        t = time.process_time()
+        fn()
+        w = min(w, time.process_time() - t)
+    return c, w, n
 
 
-def alone_rate(docs: list[str], words: list[list[str]], spec: dict, repeat: int) -> float:
-    """One filter over every document, the words already split (as the chain shares them): CPU-s per MB."""
+def cache_entry(cold_s: float, warm_s: float, keys: int, mb: float) -> dict:
+    return {"cold_cpu_s_per_mb": round(cold_s / mb, 4), "keys": keys,
+            "cpu_s_per_key": float(f"{max(cold_s - warm_s, 0.0) / keys:.3g}")}
+
+
+def alone_rate(docs: list[str], words: list[list[str]], spec: dict, repeat: int) -> tuple[float, dict | None]:
+    """One filter over every document, the words already split (as the chain shares them): CPU-s per MB, and
+    for language ID (documents in batches through `run_chain`, as the chain runs it) its word cache's fill:
+    the rate is then the warm one."""
     (f,) = F.build_chain([spec])
-    if isinstance(f, F.Language):  # as the chain runs it: documents in batches, from a new job's empty cache
-        return cpu(lambda: F.run_chain(docs, [f]), repeat) / mb_of(docs)
+    if isinstance(f, F.Language):
+        c, w, n = cold_warm(lambda: F.run_chain(docs, [f]), lambda: F._lid()._n, repeat)
+        return w / mb_of(docs), cache_entry(c, w, n, mb_of(docs))
     if hasattr(f, "edit"):
         run = lambda: [f.edit(d) for d in docs]
     else:
@@ -124,60 +144,116 @@ def alone_rate(docs: list[str], words: list[list[str]], spec: dict, repeat: int)
         t = time.process_time()
         run()
         best = min(best, time.process_time() - t)
-    return best / mb_of(docs)
+    return best / mb_of(docs), None
+
+
+def real_docs() -> list[str]:
+    """The sample's web text in its own order, cut at sentences into documents shaped as `rehearsal_docs`'s
+    (whose sentences are drawn at random from the same pool, so their vocabulary stops growing)."""
+    from data_scale import sentences
+
+    pool = sentences()
+    rng = np.random.default_rng(0)
+    lengths = np.maximum(1, rng.lognormal(math.log(16.0) - 0.32, 0.8, len(pool)).astype(int))
+    ends = np.minimum(np.cumsum(lengths), len(pool))
+    return [" ".join(pool[a:b]) for a, b in zip([0, *ends[:-1]], ends) if a < b]
+
+
+def heaps(docs: list[str], parts: int = 6) -> dict:
+    """Each cache's distinct keys after growing prefixes of `docs` (1/2**(parts-1) .. all), and Heaps' law
+    ``keys = keys_per_mb * mb ** beta`` fitted to them (least squares in log-log)."""
+    (lang,) = F.build_chain([{"name": "language"}])
+    points = []
+    for i in reversed(range(parts)):
+        head = docs[:len(docs) >> i]
+        cold()
+        F.run_chain(head, [lang])
+        for d in head:
+            F.words(d)
+        points.append((mb_of(head), len(F._splitter().cache), F._lid()._n))
+    mb = np.log([p[0] for p in points])
+    out = {}
+    for name, col in (("words", 1), ("language", 2)):
+        beta, log_k = np.polyfit(mb, np.log([p[col] for p in points]), 1)
+        out[name] = {"keys_per_mb": round(float(np.exp(log_k)), 1), "beta": round(float(beta), 4),
+                     "points": [[round(p[0], 3), p[col]] for p in points]}
+    return out
 
 
 def cmd_rates(args) -> None:
+    from pipeline.data.lid import CACHE_WORDS
+    from pipeline.planning.data_cost import filter_cpu_s_per_mb, filter_fill_cpu_s
+
     inputs = {"rehearsal": rehearsal_docs(args.docs), "sample": sample_docs()}
     chains = {"config.yaml": config_chain(), "schema default": F.DEFAULT_CHAIN, "presets": PRESETS}
-    result: dict = {}
+    fit = heaps(real_docs())
+    print("Heaps' law on the sample's text as FineWeb-shaped documents: " + ", ".join(
+        f"{k} {v['keys_per_mb']:.0f} * MB^{v['beta']:.3f}" for k, v in fit.items()), flush=True)
+    caps = {"words": F._WordSplitter.MAX_CACHE, "language": CACHE_WORDS}
+    result: dict = {"heaps": fit}
     for name in args.inputs:
         docs = inputs[name]
         mb = mb_of(docs)
         print(f"{name}: {len(docs):,} documents, {mb:.2f} MB", flush=True)
-        words_rate = cpu(lambda docs=docs: [F.words(d) for d in docs], args.repeat) / mb  # cold: chunks split once
+        c, w, n = cold_warm(lambda docs=docs: [F.words(d) for d in docs], lambda: len(F._splitter().cache),
+                            args.repeat)
         words = [F.words(d) for d in docs]
-        rates = {"base": round(base_rate(docs, args.repeat), 4), "words": round(words_rate, 4)}
+        rates = {"base": round(base_rate(docs, args.repeat), 4), "words": round(w / mb, 4)}
+        caches = {"words": cache_entry(c, w, n, mb)}
         specs = [*F.DEFAULT_CHAIN, {"name": "fasttext_classifier", "settings": {  # lid.176 as a stand-in classifier
             "path": str(F._lid_model_path()), "label": "en"}}]
         for spec in specs:
-            rates[spec["name"]] = round(alone_rate(docs, words, spec, args.repeat), 4)
-        print("  " + ", ".join(f"{k} {v:.4f}" for k, v in rates.items()) + " CPU-s/MB", flush=True)
-        result[name] = {"documents": len(docs), "mb": round(mb, 3), "rates": rates, "chains": {}}
+            r, cache = alone_rate(docs, words, spec, args.repeat)
+            rates[spec["name"]] = round(r, 4)
+            if cache:
+                caches[spec["name"]] = cache
+        print("  " + ", ".join(f"{k} {v:.4f}" for k, v in rates.items()) + " CPU-s/MB (words, language: warm)")
+        print("  caches: " + ", ".join(f"{k} {v['keys']:,} keys, {v['cpu_s_per_key'] * 1e6:.1f} us a key (cold "
+                                       f"{v['cold_cpu_s_per_mb']:.4f} CPU-s/MB)" for k, v in caches.items()), flush=True)
+        result[name] = {"documents": len(docs), "mb": round(mb, 3), "rates": rates, "caches": caches, "chains": {}}
+        priced = rates_file(result, name, caps, "")
         for cname, spec in chains.items():
             chain = F.build_chain(spec)
             total = cpu(lambda chain=chain, docs=docs: F.run_chain(docs, chain), args.repeat) / mb + rates["base"]
-            names = [e["name"] for e in spec]
-            summed = rates["base"] + sum(rates[n] for n in names) + (rates["words"] if set(names) & set(WORD_FILTERS)
-                                                                     else 0)
+            summed = filter_cpu_s_per_mb(spec, priced) + filter_fill_cpu_s(spec, mb * 1e6, priced) / mb
             kept = float(F.run_chain(docs, chain).kept.mean())
             result[name]["chains"][cname] = {"measured": round(total, 4), "summed": round(summed, 4),
                                              "kept_fraction": round(kept, 4)}
-            print(f"  {cname}: measured {total:.4f} CPU-s/MB ({1 / total:.2f} MB/CPU-s; run_chain + base), the rates' "
-                  f"sum {summed:.4f} = {summed / total:.2f}x; kept {kept:.2f}", flush=True)
+            print(f"  {cname}: measured {total:.4f} CPU-s/MB ({1 / total:.2f} MB/CPU-s; run_chain + base, cold "
+                  f"caches), priced {summed:.4f} = {summed / total:.2f}x; kept {kept:.2f}", flush=True)
     if args.write:
         command = ("PYTHONPATH=. python benchmarks/filter_chain.py rates --write pipeline/planning/filter_rates.json "
                    f"--docs {args.docs} --repeat {args.repeat}")
-        Path(args.write).write_text(json.dumps(rates_file(result, command), indent=1) + "\n")
+        Path(args.write).write_text(json.dumps(rates_file(result, "rehearsal", caps, command), indent=1) + "\n")
         print(f"wrote {args.write}")
 
 
-def rates_file(result: dict, command: str) -> dict:
-    """The rates file: each rate (the rehearsal-shaped input's) with its command and date, and both inputs' runs."""
+def rates_file(result: dict, name: str, caps: dict, command: str) -> dict:
+    """The rates file: input `name`'s rates (the FineWeb-shaped one's when written), each with its command and
+    date, the word split's and language ID's cache fill (CPU-s a key; keys by `heaps`), and every input's run."""
     when = datetime.date.today().isoformat()
     machine = f"{platform.machine()} {platform.python_version()}, one thread, shared 2-core VM"
 
-    def entry(rate: float, what: str) -> dict:
-        return {"cpu_s_per_mb": rate, "what": what, "command": command, "date": when, "machine": machine}
+    def entry(rate: float, what: str, cache: str | None = None) -> dict:
+        e = {"cpu_s_per_mb": rate, "what": what, "command": command, "date": when, "machine": machine}
+        if cache:
+            fit = result["heaps"][cache]
+            e["cache"] = {"cpu_s_per_key": result[name]["caches"][cache]["cpu_s_per_key"], "cap": caps[cache],
+                          "keys_per_mb": fit["keys_per_mb"], "beta": fit["beta"],
+                          "what": "a job's cache fill: CPU-s a key missed, the keys by Heaps' law fitted on the "
+                                  "sample's text (pipeline.planning.data_cost.cache_misses)"}
+        return e
 
-    reh = result["rehearsal"]["rates"]
+    rates = result[name]["rates"]
     return {
         "unit": "CPU-s per MB (10**6 bytes of UTF-8 text in the filter stage's input)",
-        "base": entry(reh["base"], "filter_shard with an empty chain: the shard's read, the decisions' write"),
-        "words": entry(reh["words"], "splitting the words (cold cache), once per chain with a word-based filter"),
-        "filters": {name: entry(rate, "the filter alone over every document, " + (
-            "through run_chain from an empty cache" if name == "language" else "its words already split"))
-                    for name, rate in reh.items() if name not in ("base", "words")},
+        "base": entry(rates["base"], "filter_shard with an empty chain: the shard's read, the decisions' write"),
+        "words": entry(rates["words"], "splitting the words (warm cache), once per chain with a word-based filter",
+                       "words"),
+        "filters": {n: entry(r, "the filter alone over every document, " + (
+            "through run_chain, its word cache warm" if n == "language" else "its words already split"),
+                             "language" if n == "language" else None)
+                    for n, r in rates.items() if n not in ("base", "words")},
         "inputs": result,
     }
 

@@ -83,7 +83,8 @@ RULES = (
     Rule("download", ("data.download",), rp.download_slice, job_sizes.download_size, "source",
          rate=("bytes", 198e6, 0.51), shard_chain=True),
     # filter: its bytes per CPU-second are its config's chain's, the sum of each filter's measured rate
-    # (pipeline.planning.data_cost.rate, filter_rates.json); its per-job start is not measured
+    # (pipeline.planning.data_cost.rate, filter_rates.json) with its caches warm, plus each job's cache fill;
+    # its per-job start is not measured
     Rule("filter", ("data.filter",), rp.filter_slice, job_sizes.shard_text_size, "source",
          rate=("bytes", None, 0.5), after=("download",), shard_chain=True),
     Rule("tokenizer", ("data.train_tokenizer",), rp.tokenizer_slice, job_sizes.tokenizer_size,

@@ -144,14 +144,18 @@ def test_data_costs_cover_every_stage_and_scale_with_cores_and_partitions():
     assert next(j for j in jobs if j["name"] == "filter/fineweb/0")["after"] == ["download/fineweb/0"]
     assert "filter/fineweb/0" in next(j for j in jobs if j["name"] == "tokenize/fineweb/0")["after"]
     # priced by the preset's own chain (language ID + PII): the sum of their measured rates and the job's base
-    unit, rate, per_job = cluster.rate(cfg, "filter")
-    assert unit == "bytes" and rate == pytest.approx(1e6 / cluster.filter_cpu_s_per_mb(cfg["filter"]))
-    assert st["filter"]["jobs"] == 114 and st["filter"]["cpu_hours"] == pytest.approx(
-        (small["bytes"] / rate + 114 * per_job) / 3600, rel=1e-6)
+    r = cluster.rate(cfg, "filter")
+    assert r.unit == "bytes" and r.per_s == pytest.approx(1e6 / cluster.filter_cpu_s_per_mb(cfg["filter"]))
+    # and each job fills language ID's word cache: a preset's job (16 shards, GBs) refills it many times over
+    job_bytes = [j["units"] for j in jobs if j["stage"] == "filter"]
+    assert r.fill(job_bytes[0]) == pytest.approx(cluster.filter_fill_cpu_s(cfg["filter"], job_bytes[0]))
+    assert r.fill(job_bytes[0]) > 0 and r.fill(2 * job_bytes[0]) == pytest.approx(2 * r.fill(job_bytes[0]))
+    assert st["filter"]["jobs"] == len(job_bytes) == 114 and st["filter"]["cpu_hours"] == pytest.approx(
+        (small["bytes"] / r.per_s + sum(r.per_job + r.fill(b) for b in job_bytes)) / 3600, rel=1e-6)
     # the default config's six-filter chain costs more per byte than the presets' two filters
-    assert cluster.rate(resolve_config(DEFAULT), "filter")[1] < rate
+    assert cluster.rate(resolve_config(DEFAULT), "filter").per_s < r.per_s
     # tokenize: the shards' text in bytes (no vocabulary in the unit) ÷ the rate, plus each job's start
-    unit, rate, per_job = cluster.RATES["tokenize"]
+    unit, rate, per_job, _ = cluster.RATES["tokenize"]
     assert unit == "bytes" and st["tokenize"]["cpu_hours"] == pytest.approx(
         (small["bytes"] / rate + 114 * per_job) / 3600, rel=1e-6)
     # pack: the mix's tokens (the plan's 20 tokens/param) and its val, not the corpus

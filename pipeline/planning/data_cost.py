@@ -19,13 +19,13 @@ from pathlib import Path
 
 from pipeline.config import sample_shards, source_shards
 from pipeline.errors import ConfigError
-from pipeline.planning.job_sizes import Demand, corpus, job_cpu_s, shard_sizes, threads
+from pipeline.planning.job_sizes import Demand, Rate, corpus, job_cpu_s, shard_sizes, threads
 from pipeline.planning.stages import mix_targets, tokenizer_sources
 from pipeline.rules import BY_NAME, DATA_RULES, RULES, rule
 from pipeline.run_config import run_config
 
 # The data stages' cost (pipeline.rules: each data rule's rate beside the rules it waits for).
-RATES = {r.name: r.rate for r in RULES if r.rate is not None}  # stage: (unit, units per CPU-s, CPU s per job)
+RATES = {r.name: Rate(*r.rate) for r in RULES if r.rate is not None}  # stage: its Rate
 # rustbpe's training threads kept busy on the 2-core VM (its CPU ÷ wall seconds): the tokenizer job's
 # speed-up over one core in the wall-time estimate (more cores are not assumed to help more).
 TOKENIZER_PARALLELISM = 1.85
@@ -38,17 +38,16 @@ WORD_FILTERS = ("gopher_repetition", "gopher_quality", "c4", "fineweb_quality") 
 @functools.cache
 def filter_rates() -> dict:
     """Each filter's measured rate, the job's ``base`` and the word split's, each ``cpu_s_per_mb`` of the stage's
-    input text beside the command, date and machine that measured it (pipeline/planning/filter_rates.json)."""
+    input text beside the command, date and machine that measured it, and for the two per-process caches (the
+    word split's, language ID's) their fill (pipeline/planning/filter_rates.json)."""
     return json.loads(FILTER_RATES.read_text(encoding="utf-8"))
 
 
-def filter_cpu_s_per_mb(chain) -> float:
-    """CPU seconds per MB (10**6 bytes of UTF-8 input text) of a ``filter`` job running `chain` (a config's
-    ``filter:`` list, or the built filters): the job's base cost (the shard's read, the decisions' write), the
-    word split once if a word-based filter is enabled, and each enabled filter's measured rate, each as if it
-    read every document (a filter after one that removes documents reads fewer: the sum errs high)."""
-    rates = {name: r["cpu_s_per_mb"] for name, r in filter_rates()["filters"].items()}
-    total, split = filter_rates()["base"]["cpu_s_per_mb"], False
+def _enabled(chain, rates: dict) -> list[str]:
+    """The names of the enabled filters of `chain` (a config's ``filter:`` list, or the built filters) that
+    `rates` (a rates file's) prices."""
+    names = []
+    rates = rates["filters"]
     for entry in chain:
         if isinstance(entry, Mapping):
             name = entry["name"]
@@ -58,18 +57,55 @@ def filter_cpu_s_per_mb(chain) -> float:
         if name not in rates:
             raise ConfigError(f"filter: no measured rate for filter {name!r}; known: {', '.join(rates)}")
         if enabled:
-            total += rates[name]
-            split |= name in WORD_FILTERS
-    return total + (filter_rates()["words"]["cpu_s_per_mb"] if split else 0.0)
+            names.append(name)
+    return names
 
 
-def rate(cfg: dict, stage: str) -> tuple[str, float | None, float]:
-    """A data rule's rate (unit, units per CPU-second, CPU seconds per job): its spec's, the filter's priced
-    from the config's own chain (`filter_cpu_s_per_mb`)."""
-    unit, per_s, per_job = RATES[stage]
+def _caches(names: list[str], rates: dict) -> list[dict]:
+    """The rate entries (with a ``cache``) of the per-process caches a chain of enabled filters `names` fills."""
+    out = [rates["words"]] if set(names) & set(WORD_FILTERS) else []
+    return out + [rates["filters"][n] for n in names if "cache" in rates["filters"][n]]
+
+
+def filter_cpu_s_per_mb(chain, rates: dict | None = None) -> float:
+    """CPU seconds per MB (10**6 bytes of UTF-8 input text) of a ``filter`` job running `chain` with its caches
+    warm: the job's base cost (the shard's read, the decisions' write), the word split once if a word-based
+    filter is enabled, and each enabled filter's measured rate, each as if it read every document (a filter
+    after one that removes documents reads fewer: the sum errs high). `filter_fill_cpu_s` adds the caches' fill;
+    `rates`: a rates file's (default `filter_rates()`)."""
+    rates = rates or filter_rates()
+    names = _enabled(chain, rates)
+    split = rates["words"]["cpu_s_per_mb"] if set(names) & set(WORD_FILTERS) else 0.0
+    return rates["base"]["cpu_s_per_mb"] + split + sum(rates["filters"][n]["cpu_s_per_mb"] for n in names)
+
+
+def cache_misses(cache: dict, mb: float) -> float:
+    """The keys a job reading `mb` MB of text computes for `cache` (a rate's ``cache`` entry): its distinct keys
+    by Heaps' law, ``keys_per_mb * mb ** beta`` (fitted on real text), while they fit in the cache's ``cap``; past
+    that the cache is emptied each time it fills, so the misses grow linearly, a cap's worth per stretch of text
+    that holds ``cap`` distinct keys."""
+    k, beta, cap = cache["keys_per_mb"], cache["beta"], cache["cap"]
+    full_mb = (cap / k) ** (1 / beta)  # the text that fills the cache
+    return k * mb ** beta if mb <= full_mb else cap * mb / full_mb
+
+
+def filter_fill_cpu_s(chain, nbytes: float, rates: dict | None = None) -> float:
+    """CPU seconds a ``filter`` job over `nbytes` of text spends filling its per-process caches (the word
+    split's chunks, language ID's words), beyond `filter_cpu_s_per_mb`'s warm rate: each cache's misses
+    (`cache_misses`) times its measured CPU seconds per key."""
+    rates = rates or filter_rates()
+    return sum(c["cache"]["cpu_s_per_key"] * cache_misses(c["cache"], nbytes / 1e6)
+               for c in _caches(_enabled(chain, rates), rates))
+
+
+def rate(cfg: dict, stage: str) -> Rate:
+    """A data rule's `Rate`: its spec's, the filter's priced from the config's own chain (`filter_cpu_s_per_mb`
+    with its caches warm, `filter_fill_cpu_s` per job)."""
+    r = RATES[stage]
     if stage == "filter":
-        per_s = 1e6 / filter_cpu_s_per_mb(run_config(cfg).filter)
-    return unit, per_s, per_job
+        chain = run_config(cfg).filter
+        r = r._replace(per_s=1e6 / filter_cpu_s_per_mb(chain), fill=functools.partial(filter_fill_cpu_s, chain))
+    return r
 
 
 def job_resources(cfg: dict, name: str, documents: float = 0, tokens: float = 0, train_hours: float = 0) -> dict:
@@ -292,7 +328,7 @@ def data_costs(cfg: dict, measured: dict | None = None, data_cpus: int = 64) -> 
     out = {**{k: round(v) for k, v in c.items()}, "data_cpus": data_cpus,
            "basis": "measured counts" if measured else "estimate (tokens_per_shard_estimate)", "stages": {}}
     for j in jobs:
-        st = out["stages"].setdefault(j["stage"], {"unit": RATES[j["stage"]][0], "jobs": 0, "units": 0.0,
+        st = out["stages"].setdefault(j["stage"], {"unit": RATES[j["stage"]].unit, "jobs": 0, "units": 0.0,
                                                    "cpu_hours": 0.0, "start": math.inf, "end": 0.0})
         st["jobs"] += 1
         st["units"] += j["units"]

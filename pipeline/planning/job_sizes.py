@@ -16,7 +16,9 @@ profile's ``set-resources`` overrides any of them. Torch-free; imported by the S
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pipeline.config import source_shards
 from pipeline.planning.compute import count_params
@@ -115,13 +117,24 @@ def dedup_job_mb(docs_per_job: float) -> int:
     return math.ceil(DEDUP_JOB_BASE_MB + DEDUP_JOB_BYTES_PER_DOC * docs_per_job / 2**20)
 
 
+class Rate(NamedTuple):
+    """A data rule's cost: `per_s` of its `unit` per CPU-second (None: no units), `per_job` CPU seconds a job,
+    and `fill`, where a job fills per-process caches, the CPU seconds of that fill as a function of its units
+    (`pipeline.planning.data_cost.filter_fill_cpu_s`)."""
+
+    unit: str
+    per_s: float | None
+    per_job: float
+    fill: Callable[[float], float] | None = None
+
+
 @dataclass(frozen=True)
 class Demand:
-    """What a job's size depends on beyond the config: its rule's cost `rate` (unit, units per CPU-second or
-    None, CPU seconds per job: pipeline/rules.py), the corpus's `documents` and `tokens` (`corpus`), and the
-    plan's `train_hours` (`pipeline.planning.token_plan.train_hours`)."""
+    """What a job's size depends on beyond the config: its rule's cost `rate` (`Rate`: pipeline/rules.py), the
+    corpus's `documents` and `tokens` (`corpus`), and the plan's `train_hours`
+    (`pipeline.planning.token_plan.train_hours`)."""
 
-    rate: tuple[str, float | None, float] | None = None
+    rate: Rate | None = None
     documents: float = 0
     tokens: float = 0
     train_hours: float = 0
@@ -131,12 +144,11 @@ class Demand:
         return job_cpu_s(self.rate, units, shards)
 
 
-def job_cpu_s(rate: tuple[str, float | None, float], units: float, shards: int = 0) -> float:
-    """CPU seconds of one job doing `units` of work at `rate` (unit, units per CPU-second, CPU seconds per job);
-    with `shards`, a dedup candidate job, which also opens the band-key files of every one of the corpus's
-    shards."""
-    _, per_s, per_job = rate
-    return per_job + shards * DEDUP_JOB_SHARD_CPU_S + (units / per_s if per_s else 0.0)
+def job_cpu_s(rate: Rate, units: float, shards: int = 0) -> float:
+    """CPU seconds of one job doing `units` of work at `rate`, its caches' fill included; with `shards`, a dedup
+    candidate job, which also opens the band-key files of every one of the corpus's shards."""
+    fill = rate.fill(units) if rate.fill else 0.0
+    return rate.per_job + fill + shards * DEDUP_JOB_SHARD_CPU_S + (units / rate.per_s if rate.per_s else 0.0)
 
 
 def _shard_max(cfg: dict, field: str) -> float:
@@ -197,7 +209,7 @@ def small_size(cfg: dict, d: Demand) -> dict:
 def unmeasured_size(cfg: dict, d: Demand) -> dict:
     # split, mix (documents), pack (tokens): memory not measured at scale, a generous default (the profile's
     # set-resources overrides it)
-    return _one(UNMEASURED_MB, _minutes(d.cpu_s(d.tokens if d.rate[0] == "tokens" else d.documents), safety=10))
+    return _one(UNMEASURED_MB, _minutes(d.cpu_s(d.tokens if d.rate.unit == "tokens" else d.documents), safety=10))
 
 
 def train_minutes(hours: float) -> int:

@@ -278,3 +278,29 @@ def test_the_plan_prices_a_chain_as_the_sum_of_its_enabled_filters_rates():
     assert filter_cpu_s_per_mb(F.build_chain(presets)) == filter_cpu_s_per_mb(presets)  # a built chain too
     with pytest.raises(ConfigError, match="no measured rate for filter 'gopher_qualty'"):
         filter_cpu_s_per_mb([{"name": "gopher_qualty"}])
+
+
+def test_a_filter_job_is_priced_warm_plus_its_caches_fill():
+    from pipeline.data.lid import CACHE_WORDS
+    from pipeline.planning.data_cost import cache_misses, filter_fill_cpu_s, filter_rates
+
+    rates = filter_rates()
+    words, lang = rates["words"]["cache"], rates["filters"]["language"]["cache"]
+    # the caps are the code's: the split's chunk cache and language ID's word cache
+    assert (words["cap"], lang["cap"]) == (F._WordSplitter.MAX_CACHE, CACHE_WORDS)
+    for c in (words, lang):
+        assert c["cpu_s_per_key"] > 0 and c["keys_per_mb"] > 0 and 0 < c["beta"] < 1
+        # Heaps' law while the keys fit; past the cap the misses grow linearly, continuous at the cap
+        assert cache_misses(c, 1.0) == pytest.approx(c["keys_per_mb"])
+        full = (c["cap"] / c["keys_per_mb"]) ** (1 / c["beta"])
+        assert cache_misses(c, full * 0.999) == pytest.approx(c["cap"], rel=1e-3)
+        assert cache_misses(c, 3 * full) == pytest.approx(3 * c["cap"])
+        assert cache_misses(c, 0.5 * full) / cache_misses(c, 0.25 * full) == pytest.approx(2 ** c["beta"])
+    # a chain fills the caches it uses: language ID's alone, the split's with any word-based filter
+    mb = 200.0
+    fill = {k: c["cpu_s_per_key"] * cache_misses(c, mb) for k, c in (("words", words), ("language", lang))}
+    assert filter_fill_cpu_s([{"name": "pii"}], mb * 1e6) == 0
+    assert filter_fill_cpu_s([{"name": "language"}, {"name": "pii"}], mb * 1e6) == pytest.approx(fill["language"])
+    assert filter_fill_cpu_s([{"name": "c4"}], mb * 1e6) == pytest.approx(fill["words"])
+    assert filter_fill_cpu_s(F.DEFAULT_CHAIN, mb * 1e6) == pytest.approx(fill["words"] + fill["language"])
+    assert filter_fill_cpu_s([{"name": "language", "enabled": False}], mb * 1e6) == 0
