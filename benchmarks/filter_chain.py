@@ -208,8 +208,9 @@ def cmd_rates(args) -> None:
             if cache:
                 caches[spec["name"]] = cache
         print("  " + ", ".join(f"{k} {v:.4f}" for k, v in rates.items()) + " CPU-s/MB (words, language: warm)")
-        print("  caches: " + ", ".join(f"{k} {v['keys']:,} keys, {v['cpu_s_per_key'] * 1e6:.1f} us a key (cold "
-                                       f"{v['cold_cpu_s_per_mb']:.4f} CPU-s/MB)" for k, v in caches.items()), flush=True)
+        said = [f"{k} {v['keys']:,} keys, {v['cpu_s_per_key'] * 1e6:.1f} us a key (cold {v['cold_cpu_s_per_mb']:.4f} "
+                "CPU-s/MB)" for k, v in caches.items()]
+        print("  caches: " + ", ".join(said), flush=True)
         result[name] = {"documents": len(docs), "mb": round(mb, 3), "rates": rates, "caches": caches, "chains": {}}
         priced = rates_file(result, name, caps, "")
         for cname, spec in chains.items():
