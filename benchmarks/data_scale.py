@@ -55,6 +55,7 @@ from pipeline.config import resolve_config, run_dir  # noqa: E402
 from pipeline.io import RESOURCE_LINE  # noqa: E402
 from pipeline.planning import data_cost, job_sizes  # noqa: E402
 from pipeline.rules import BY_NAME  # noqa: E402
+from pipeline.run_config import run_config  # noqa: E402
 
 # Each data rule's logs under logs/{run_name}/ (workflow/rules/*.smk `log:`), each wildcard a *: a rule's own
 # L.log(rule, ...wildcards of its scope) (a per-shard-group rule's L.log(rule, "{source}", "{group}"), a per-mix
@@ -185,7 +186,7 @@ def predict(workdir: Path, cores: int) -> dict:
     """The cost plan for the run in `workdir` from what the plan rule knows: the count sample."""
     cfg = resolve_config(yaml.safe_load((workdir / "config.yaml").read_text()))
     measured = job_sizes.measured_sizes(workdir / run_dir(cfg) / "counts" / "sample.parquet")
-    return data_cost.data_costs(cfg, measured, data_cpus=cores)
+    return data_cost.data_costs(run_config(cfg), measured, data_cpus=cores)
 
 
 def compare(measured: dict, predicted: dict) -> list[dict]:
@@ -253,7 +254,7 @@ def calibrate(small: Path, large: Path) -> dict:
     for work in (small, large):
         cfg = resolve_config(yaml.safe_load((work / "config.yaml").read_text()))
         measured = job_sizes.measured_sizes(work / run_dir(cfg) / "counts" / "counts.parquet")  # the exact table
-        points.append((data_cost.stage_work(cfg, measured), measure(work)))
+        points.append((data_cost.stage_work(run_config(cfg), measured), measure(work)))
     fitted = {}
     for stage, (unit, _, _) in data_cost.RATES.items():
         (w0, m0), (w1, m1) = points

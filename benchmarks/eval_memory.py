@@ -28,6 +28,7 @@ import torch
 from pipeline.config import load_config
 from pipeline.evaluation.core_benchmark import score_requests, scoring_dtype
 from pipeline.planning.memory import GB, StepSetup, eval_batch_tokens, eval_memory
+from pipeline.run_config import run_config
 from pipeline.training.optim import build_optimizer
 from pipeline.training.parallelize import build_model
 
@@ -55,7 +56,7 @@ def measure(cfg: dict, device: torch.device, batch_tokens: int, n_requests: int,
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    predicted = eval_memory(StepSetup.from_config(cfg), batch_tokens, in_loop)
+    predicted = eval_memory(StepSetup.from_config(run_config(cfg)), batch_tokens, in_loop)
     row = {"moment": "in the training loop" if in_loop else "standalone", "batch_tokens": batch_tokens,
            "requests": n_requests, "seconds": round(seconds, 3),
            "predicted_peak_gb": predicted["peak"], "predicted_reserved_gb": predicted["reserved"],
@@ -79,7 +80,7 @@ def main() -> None:
     if args.device == "cpu":
         overrides["hardware"]["gpu_type"] = "cpu"
     cfg = load_config(args.configfile, overrides=overrides)
-    batch_tokens = args.batch_tokens or eval_batch_tokens(cfg)
+    batch_tokens = args.batch_tokens or eval_batch_tokens(run_config(cfg))
     device = torch.device(args.device)
     name = torch.cuda.get_device_properties(0).name if device.type == "cuda" else "cpu"
     rows = [measure(cfg, device, batch_tokens, args.requests, in_loop) for in_loop in (False, True)]

@@ -54,12 +54,17 @@ def main(argv=None) -> None:
     else:
         params = params_from_args(args, plan_slice)
 
-    params, fitted = resolve_tokens_per_param(params) if "results_dir" in params else (params, None)
-    requested = run_config(params).train.parallel
+    # typed once here (pipeline.planning takes a RunConfig), and again after each step that resolves a key
+    cfg, fitted = run_config(params), None
+    if "results_dir" in cfg:
+        resolved, fitted = resolve_tokens_per_param(cfg)
+        cfg = run_config(resolved)
+    requested = cfg.train.parallel
     if not args.no_check:  # a parallelism that does not fit is refused, as at the Snakefile's parse
-        params = resolve_parallel(params)
-    measured = None if args.measured_step is None else read_measured_step(args.measured_step, params)
-    plan = make_plan(params, counts=counts, allow_short=args.no_check, strict_counts=strict, logits=args.logits,
+        cfg = run_config(resolve_parallel(cfg))
+    params = cfg.to_dict()  # the resolved config as plain data (the plan's provenance)
+    measured = None if args.measured_step is None else read_measured_step(args.measured_step, cfg)
+    plan = make_plan(cfg, counts=counts, allow_short=args.no_check, strict_counts=strict, logits=args.logits,
                      measured_step=measured, tokens_per_param_fit=fitted, parallel_requested=requested)
     if args.out:
         write_json(args.out, {**plan.to_json(), "meta": provenance("plan", params, [counts] if counts else [])})
@@ -71,7 +76,7 @@ def main(argv=None) -> None:
         return
     print(format_plan(plan))
     if args.configfile:  # the data stages' cost on a cluster (pipeline/planning/data_cost.py)
-        costs = data_cost.data_costs(params, job_sizes.measured_sizes(found), args.data_cpus)
+        costs = data_cost.data_costs(cfg, job_sizes.measured_sizes(found), args.data_cpus)
         print("\n" + data_cost.format_costs(costs))
 
 

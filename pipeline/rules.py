@@ -23,6 +23,7 @@ from pipeline.config import rule_params as rp
 from pipeline.errors import ConfigError
 from pipeline.planning import job_sizes, sweep
 from pipeline.planning.stages import stage_config
+from pipeline.run_config import RunConfig, run_config
 
 SCOPES = ("run", "source", "mix", "stage", "point", "fit")  # what narrows a rule's slice per job
 MODULE_SLICE = "SLICE"  # a spec's `params`: the `SLICE = Keys(...)` its first module declares (`declared_slice`)
@@ -60,7 +61,7 @@ class Rule:
     name: str
     modules: tuple[str, ...]
     params: Callable | str | None  # a slice function, or MODULE_SLICE (read as the module's Keys)
-    size: Callable[[dict, job_sizes.Demand], dict]
+    size: Callable[[RunConfig, job_sizes.Demand], dict]
     scope: str = "run"
     rate: tuple[str, float | None, float] | None = None
     after: tuple[str, ...] = ()
@@ -170,19 +171,20 @@ def rule_params(cfg: dict, name: str, source: str | None = None, mix: str | None
 def job_params(cfg: dict, name: str, wildcards=None) -> dict:
     """What a job of rule `name` declares as its `p` param: the rule's config slice narrowed by its `scope` to
     the job's `wildcards` (its source, its mix, its training stage through `stage_config`, its scaling point);
-    a `run` or `fit` rule has one slice for all its jobs (no wildcards)."""
+    a `run` or `fit` rule has one slice for all its jobs (no wildcards). `cfg` is plain data (Snakemake's config);
+    what pipeline.planning computes a slice with is typed here."""
     spec = rule(name)
     if spec.scope == "run":
         return rule_params(cfg, name)
     if spec.scope == "fit":
-        return spec.params(cfg)
+        return spec.params(run_config(cfg))
     if spec.scope == "source":
         return rule_params(cfg, name, source=wildcards.source)
     if spec.scope == "mix":
         return rule_params(cfg, name, mix=wildcards.mix)
     if spec.scope == "stage":
-        return stage_config(rule_params(cfg, name), wildcards.stage)
-    return spec.params(cfg, float(wildcards.budget), int(wildcards.depth))  # point
+        return stage_config(run_config(rule_params(cfg, name)), wildcards.stage)
+    return spec.params(run_config(cfg), float(wildcards.budget), int(wildcards.depth))  # point
 
 
 def feeds_tokenizer(name: str) -> bool:

@@ -33,6 +33,7 @@ from pipeline.model.model import ModelConfig, Transformer
 from pipeline.planning import token_plan as plan_module
 from pipeline.planning.stages import stage_config
 from pipeline.rules import rule_params
+from pipeline.run_config import run_config
 from pipeline.training.parallelize import LossModel
 
 # --- Parquet shards, and watching a run's processes and metrics
@@ -521,11 +522,11 @@ def make_params(nproc: int = 1, steps: int = 12, stage: str = "pretrain", mixes:
         "eval": {"prompts": ["The old king"], "max_new_tokens": 4},
         **({"mixes": mixes} if mixes else {}),
     })
-    return stage_config(rule_params(cfg, "train"), stage)
+    return stage_config(run_config(rule_params(cfg, "train")), stage)
 
 
 def make_plan(params: dict) -> dict:
-    return plan_module.make_plan(params)
+    return plan_module.make_plan(run_config(params))
 
 
 def run_inprocess(data, outdir, params, **kw):

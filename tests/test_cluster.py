@@ -19,17 +19,18 @@ from pipeline.planning import data_cost as cluster
 from pipeline.planning import job_sizes as sizes
 from pipeline.planning.stages import mix_targets
 from pipeline.planning.token_plan import train_hours
+from pipeline.run_config import RunConfig, run_config
 from pipeline.training import rendezvous
 
 PRESET = yaml.safe_load((ROOT / "configs/llama3-1b-fineweb.yaml").read_text())
 DEFAULT = yaml.safe_load((ROOT / "config.yaml").read_text())
 
 
-def preset(**hardware) -> dict:
+def preset(**hardware) -> RunConfig:
     """The 1.2B preset on hardware.nodes nodes (micro-batch 64 / nodes: the same 2^20-token global batch)."""
     micro = PRESET["train"]["micro_batch"] // hardware.get("nodes", 1)
-    return resolve_config({**PRESET, "hardware": {**PRESET["hardware"], **hardware},
-                           "train": {**PRESET["train"], "micro_batch": micro}})
+    return run_config(resolve_config({**PRESET, "hardware": {**PRESET["hardware"], **hardware},
+                                      "train": {**PRESET["train"], "micro_batch": micro}}))
 
 
 def test_train_job_is_one_allocation_of_n_nodes_with_gpus_per_node():
@@ -46,7 +47,7 @@ def test_train_job_is_one_allocation_of_n_nodes_with_gpus_per_node():
     assert one["gpu"] == 8 and one["nodes"] == 1 and "gres" not in one and "mpi" not in one
     # 4× the world: the planned hours (and the requested runtime) shrink
     assert res["runtime"] < one["runtime"]
-    cpu = cluster.job_resources(resolve_config({}), "train")
+    cpu = cluster.job_resources(run_config(resolve_config({})), "train")
     assert cpu["threads"] == 256 and "gpu" not in cpu["resources"]  # 0 = all cores: --cores caps it locally
 
 
@@ -58,7 +59,7 @@ def test_dedup_candidate_jobs_stay_under_1gb_on_the_preset_and_grow_with_fewer_p
     assert c["bytes"] == pytest.approx(c["tokens"] * sizes.BYTES_PER_ESTIMATED_TOKEN)
     mem = cluster.job_resources(cfg, "dedup_candidates", c["documents"], c["tokens"])["resources"]["mem_mb"]
     assert mem <= 1000
-    fewer = resolve_config({**PRESET, "dedup": {"partitions": 20}})
+    fewer = run_config(resolve_config({**PRESET, "dedup": {"partitions": 20}}))
     more = cluster.job_resources(fewer, "dedup_candidates", c["documents"], c["tokens"])["resources"]["mem_mb"]
     assert more > 3 * mem
 
@@ -145,23 +146,23 @@ def test_data_costs_cover_every_stage_and_scale_with_cores_and_partitions():
     assert "filter/fineweb/0" in next(j for j in jobs if j["name"] == "tokenize/fineweb/0")["after"]
     # priced by the preset's own chain (language ID + PII): the sum of their measured rates and the job's base
     r = cluster.rate(cfg, "filter")
-    assert r.unit == "bytes" and r.per_s == pytest.approx(1e6 / cluster.filter_cpu_s_per_mb(cfg["filter"]))
+    assert r.unit == "bytes" and r.per_s == pytest.approx(1e6 / cluster.filter_cpu_s_per_mb(cfg.filter))
     # and each job fills language ID's word cache: a preset's job (16 shards, GBs) refills it many times over
     job_bytes = [j["units"] for j in jobs if j["stage"] == "filter"]
-    assert r.fill(job_bytes[0]) == pytest.approx(cluster.filter_fill_cpu_s(cfg["filter"], job_bytes[0]))
+    assert r.fill(job_bytes[0]) == pytest.approx(cluster.filter_fill_cpu_s(cfg.filter, job_bytes[0]))
     assert r.fill(job_bytes[0]) > 0 and r.fill(2 * job_bytes[0]) == pytest.approx(2 * r.fill(job_bytes[0]))
     assert st["filter"]["jobs"] == len(job_bytes) == 114 and st["filter"]["cpu_hours"] == pytest.approx(
         (small["bytes"] / r.per_s + sum(r.per_job + r.fill(b) for b in job_bytes)) / 3600, rel=1e-6)
     # the default config's six-filter chain costs more per byte than the presets' two filters
-    assert cluster.rate(resolve_config(DEFAULT), "filter").per_s < r.per_s
+    assert cluster.rate(run_config(resolve_config(DEFAULT)), "filter").per_s < r.per_s
     # tokenize: the shards' text in bytes (no vocabulary in the unit) ÷ the rate, plus each job's start
     unit, rate, per_job, _ = cluster.RATES["tokenize"]
     assert unit == "bytes" and st["tokenize"]["cpu_hours"] == pytest.approx(
         (small["bytes"] / rate + 114 * per_job) / 3600, rel=1e-6)
     # pack: the mix's tokens (the plan's 20 tokens/param) and its val, not the corpus
-    assert st["pack"]["units"] == pytest.approx(mix_targets(cfg, "pretrain") + cfg["split"]["val_tokens"], rel=1e-6)
+    assert st["pack"]["units"] == pytest.approx(mix_targets(cfg, "pretrain") + cfg.split.val_tokens, rel=1e-6)
     # each candidate job reads its 1/P of the band keys: twice the jobs cost only their start-up again
-    more = cluster.data_costs(resolve_config({**PRESET, "dedup": {"partitions": 400}}), data_cpus=64)
+    more = cluster.data_costs(run_config(resolve_config({**PRESET, "dedup": {"partitions": 400}})), data_cpus=64)
     assert more["stages"]["dedup_candidates"]["cpu_hours"] == pytest.approx(
         st["dedup_candidates"]["cpu_hours"] + 200 * sizes.job_cpu_s(cluster.RATES["dedup_candidates"], 0, 1823) / 3600)
 
@@ -240,23 +241,23 @@ def test_train_job_memory_is_the_host_memory_the_config_implies(preset_file, par
     from pipeline.config import load_config
     from pipeline.planning.parallel import resolve_parallel
 
-    cfg = resolve_parallel(load_config(ROOT / "configs" / preset_file))
-    assert cfg["train"]["parallel"] == parallel and cfg["hardware"]["nproc_per_node"] == 8
+    cfg = run_config(resolve_parallel(run_config(load_config(ROOT / "configs" / preset_file))))
+    assert cfg.train.parallel == parallel and cfg.hardware.nproc_per_node == 8
     h = sizes.train_host_memory(cfg)
     res = cluster.job_resources(cfg, "train", train_hours=1.0)["resources"]
     assert res["mem_mb"] == h["node_mb"]
-    largest = 4 * cfg["model"]["vocab_size"] * cfg["model"]["dim"]  # the embedding is the largest weight
+    largest = 4 * cfg.model.vocab_size * cfg.model.dim  # the embedding is the largest weight
     assert h["init_mb"] == pytest.approx(sizes.TRAIN_INIT_WEIGHTS * largest / 2**20, abs=0.1)
     assert 0 < h["loader_mb"] < 100 and h["state_mb"] == 0  # on CUDA the training state is on the GPU
-    gather = 4 * sizes.count_params(cfg["model"])[0] / 2**20 if parallel == "fsdp" else 0
+    gather = 4 * sizes.count_params(cfg.model)[0] / 2**20 if parallel == "fsdp" else 0
     assert h["final_gather_mb"] == pytest.approx(gather, abs=0.1)
     rank = sizes.TRAIN_RANK_HOST_MB["cuda"] + h["init_mb"] + h["loader_mb"]
     assert h["node_mb"] == math.ceil(sizes.TRAIN_HOST_MARGIN * (8 * rank + gather))
     assert 8 * sizes.TRAIN_RANK_HOST_MB["cuda"] < h["node_mb"] < 256_000
     # half the ranks on each of 2 nodes: each node asks for less (the gather is rank 0's, on the first node)
-    two = resolve_parallel(load_config(ROOT / "configs" / preset_file,
-                                       {"hardware": {"nproc_per_node": 4, "nodes": 2}}))
-    assert sizes.train_host_memory(two)["node_mb"] < h["node_mb"]
+    two = resolve_parallel(run_config(load_config(ROOT / "configs" / preset_file,
+                                                  {"hardware": {"nproc_per_node": 4, "nodes": 2}})))
+    assert sizes.train_host_memory(run_config(two))["node_mb"] < h["node_mb"]
 
 
 def test_cpu_train_job_memory_counts_the_training_state_on_the_host():
@@ -264,7 +265,7 @@ def test_cpu_train_job_memory_counts_the_training_state_on_the_host():
     part of each rank's request."""
     from pipeline.planning.memory import StepSetup, memory
 
-    cfg = resolve_config({"hardware": {"nproc_per_node": 2}})
+    cfg = run_config(resolve_config({"hardware": {"nproc_per_node": 2}}))
     h = sizes.train_host_memory(cfg)
     assert h["state_mb"] > 0
     assert h["state_mb"] == pytest.approx(memory(StepSetup.from_config(cfg))["total"] * 1e9 / 2**20, abs=0.1)
@@ -301,7 +302,7 @@ def test_the_cost_plans_job_graph_has_snakemakes_edges(configfile, tmp_path, mon
             return f"{rule}/{w['source']}/{group_index[w['source'], w['group']]}"
         return "/".join([rule, *(w[k] for k in ("mix", "split", "part") if k in w)])
 
-    jobs = cluster.data_jobs(cfg)
+    jobs = cluster.data_jobs(run_config(cfg))
     data_rules = {j["stage"] for j in jobs}
     built = {name(*job): {name(*d) for d in deps if d[0] in data_rules}
              for job, deps in snakemake_jobs(tmp_path, ROOT / configfile).items() if job[0] in data_rules}

@@ -22,6 +22,7 @@ from pipeline.planning.fitted import DDP_EFFICIENCY
 from pipeline.planning.memory import StepSetup, memory
 from pipeline.planning.step_time import step_time
 from pipeline.planning.token_plan import PLAN_KEYS, Plan, format_plan, make_plan, read_measured_step, run_counts
+from pipeline.run_config import run_config
 
 LLAMA_1B = ROOT / "configs/llama3-1b-fineweb.yaml"
 LLAMA_8B = ROOT / "configs/llama3-8b-fineweb.yaml"
@@ -63,17 +64,17 @@ def numel(model_cfg: dict) -> tuple[int, int]:
     dict(vocab_size=1000, dim=64, n_layers=3, n_heads=8, n_kv_heads=1, ffn_dim=100, tie_embeddings=True),
 ])
 def test_param_count_equals_numel(model_cfg):
-    assert count_params(model_cfg) == numel(model_cfg)
+    assert count_params(run_config({"model": model_cfg}).model) == numel(model_cfg)
 
 
 @pytest.mark.parametrize("preset", [LLAMA_1B, GPT_500M, LLAMA_8B])
 def test_preset_param_count_equals_numel(preset):
     cfg = load_config(preset)
-    assert count_params(cfg["model"]) == numel(cfg["model"])
+    assert count_params(run_config(cfg).model) == numel(cfg["model"])
 
 
 def test_llama_1b_preset_plan():
-    plan = make_plan(load_config(LLAMA_1B))
+    plan = make_plan(run_config(load_config(LLAMA_1B)))
     assert plan.n_params == 1_241_581_568  # the reference run's parameter count
     assert plan.target_tokens == 20 * 1_241_581_568
     assert plan.tokens_per_step == 2 ** 20 and plan.world_size == 8 and plan.micro_batch == 64
@@ -89,7 +90,7 @@ def test_llama_1b_preset_plan():
 
 def test_the_plan_shows_checkpoints_restarts_and_each_stages_jobs():
     cfg = load_config(ROOT / "configs/llama3-8b-fineweb.yaml", {"hardware": {"max_job_hours": 24}})
-    plan = make_plan(cfg)
+    plan = make_plan(run_config(cfg))
     ck, (stage,) = plan.checkpointing, plan.stages
     assert stage["jobs"] >= 676 // 24 and stage["runtime_min"] == 1440 and stage["wall_hours"] > plan.est_hours
     text = format_plan(plan)
@@ -99,7 +100,7 @@ def test_the_plan_shows_checkpoints_restarts_and_each_stages_jobs():
 
 
 def test_gpt_500m_preset_accumulates_gradients():
-    plan = make_plan(load_config(GPT_500M))
+    plan = make_plan(run_config(load_config(GPT_500M)))
     assert 450e6 <= plan.n_params <= 550e6
     assert plan.tokens_per_step == 524_288 and plan.world_size == 4
     assert plan.grad_accum_steps == 524_288 // (16 * 2048 * 4) == 4
@@ -110,42 +111,42 @@ def test_indivisible_batch_is_refused():
     cfg = fineweb_cfg()
     cfg["train"]["micro_batch"] = 24  # 24 × 2048 × 4 does not divide 524288
     with pytest.raises(PlanError, match=r"train\.global_batch_tokens.*train\.micro_batch"):
-        make_plan(cfg)
+        make_plan(run_config(cfg))
 
 
 def test_budget_needing_more_shards_than_configured_fails():
     # 9.93e9 tokens (+ the T+1-th token of each packed row) over 56M-token shards: 177.4 → 178 shards.
     cfg = fineweb_cfg(shards=100, train={"target_tokens": 9_930_000_000})
     with pytest.raises(PlanError) as e:
-        make_plan(cfg)
+        make_plan(run_config(cfg))
     msg = str(e.value)
     assert "needs 178 shards of fineweb but only 100 are configured" in msg
     assert "sources.fineweb.shards to [0, 178]" in msg and "train.target_tokens" in msg
     # For display only, the short plan can still be shown; it says what is missing.
-    plan = make_plan(cfg, allow_short=True)
+    plan = make_plan(run_config(cfg), allow_short=True)
     assert plan.shards_needed == 178 and plan.shards_per_source["fineweb"]["enough"] is False
     assert "SHORT" in format_plan(plan)
     # With enough shards configured it passes.
-    assert make_plan(fineweb_cfg(shards=178, train={"target_tokens": 9_930_000_000})).shards_needed == 178
+    assert make_plan(run_config(fineweb_cfg(shards=178, train={"target_tokens": 9_930_000_000}))).shards_needed == 178
 
 
 def test_max_epochs_and_validation_reserve_enter_the_shard_count():
     base = dict(train={"target_tokens": 10 * 524288}, mixes={"pretrain": {"weights": {"fineweb": 1.0}}})
     # 10 steps × 256 rows × 2049 tokens = 5,245,440 tokens read; 1M-token shards.
-    plan = make_plan(fineweb_cfg(shards=20, estimate=1_000_000, **base))
+    plan = make_plan(run_config(fineweb_cfg(shards=20, estimate=1_000_000, **base)))
     assert plan.data_tokens_needed == 5_245_440 and plan.shards_needed == 6
     twice = fineweb_cfg(shards=20, estimate=1_000_000, train=base["train"],
                         mixes={"pretrain": {"weights": {"fineweb": 1.0}, "max_epochs": 2}})
-    assert make_plan(twice).shards_needed == 3
+    assert make_plan(run_config(twice)).shards_needed == 3
     val = fineweb_cfg(shards=20, estimate=1_000_000, split={"val_tokens": 2_000_000}, **base)
-    assert make_plan(val).shards_needed == 8
+    assert make_plan(run_config(val)).shards_needed == 8
 
 
 def test_mix_weights_split_the_need_between_sources():
     cfg = fineweb_cfg(shards=50, estimate=1_000_000, train={"target_tokens": 40 * 524288})
     cfg["sources"]["books"] = {**cfg["sources"]["fineweb"], "shards": [0, 20], "tokens_per_shard_estimate": 500_000}
     cfg["mixes"]["pretrain"]["weights"] = {"fineweb": 3.0, "books": 1.0}
-    plan = make_plan(cfg)
+    plan = make_plan(run_config(cfg))
     fw, books = plan.shards_per_source["fineweb"], plan.shards_per_source["books"]
     assert fw["weight"] == 0.75 and books["weight"] == 0.25
     assert fw["train_tokens_needed"] == math.ceil(0.75 * plan.data_tokens_needed)
@@ -168,7 +169,7 @@ def test_counts_file_overrides_the_estimate(tmp_path):
         ("fineweb", "shard_00000", 119_000_000, 1_100_000, 90_000, 10_000),
         ("fineweb", "shard_00001", 119_500_000, 600_000, 95_000, 5_000),
     ])
-    plan = make_plan(cfg, counts=counts)
+    plan = make_plan(run_config(cfg), counts=counts)
     assert plan.tokens_per_shard == 120_000_000
     assert plan.shards_needed == math.ceil((plan.data_tokens_needed + 1) / 120_000_000) == 83
     # two counted shards of the source's 100: a sample (the plan rule's R/counts/sample.parquet)
@@ -192,14 +193,14 @@ def test_counts_file_problems_are_named(tmp_path):
     other = write_counts(tmp_path / "other.parquet", [("web", "s0", 10, 1)],
                          columns=("source", "shard", "tokens", "delimiter_tokens"))
     with pytest.raises(PlanError, match="no rows for source 'fineweb'.*tokens_per_shard_estimate"):
-        make_plan(cfg, counts=other)
+        make_plan(run_config(cfg), counts=other)
     no_tokens = write_counts(tmp_path / "bad.parquet", [("fineweb", "s0")], columns=("source", "shard"))
     with pytest.raises(PlanError, match=r"bad\.parquet.*tokens"):
-        make_plan(cfg, counts=no_tokens)
+        make_plan(run_config(cfg), counts=no_tokens)
     garbage = tmp_path / "garbage.parquet"
     garbage.write_bytes(b"not parquet")
     with pytest.raises(PlanError, match="garbage.parquet"):
-        make_plan(cfg, counts=garbage)
+        make_plan(run_config(cfg), counts=garbage)
 
 
 def test_counts_without_a_source_are_not_yet_known_when_lenient(tmp_path):
@@ -208,7 +209,7 @@ def test_counts_without_a_source_are_not_yet_known_when_lenient(tmp_path):
     cfg = fineweb_cfg()
     del cfg["sources"]["fineweb"]["tokens_per_shard_estimate"]
     stale = write_counts(tmp_path / "counts.parquet", [("web", "s0", 10, 1, 0, 0)])
-    plan = make_plan(cfg, counts=stale, strict_counts=False)
+    plan = make_plan(run_config(cfg), counts=stale, strict_counts=False)
     assert plan.shards_needed is None and plan.shards_available == 100
     assert any("count_sample" in n for n in plan.notes)
 
@@ -221,8 +222,8 @@ def test_a_source_counted_at_zero_usable_tokens(tmp_path):
     del cfg["sources"]["fineweb"]["tokens_per_shard_estimate"]
     empty = write_counts(tmp_path / "counts.parquet", [("fineweb", "s0", 500, 5, 500, 5)])
     with pytest.raises(PlanError, match=r"source 'fineweb' has no usable tokens.*sources\.fineweb\.min_chars"):
-        make_plan(cfg, counts=empty)
-    plan = make_plan(cfg, counts=empty, strict_counts=False)
+        make_plan(run_config(cfg), counts=empty)
+    plan = make_plan(run_config(cfg), counts=empty, strict_counts=False)
     assert plan.shards_needed is None
 
 
@@ -275,20 +276,20 @@ def test_shard_check_is_deferred_without_counts_or_estimate(tmp_path):
     for i in range(3):
         write_text_shard(tmp_path / f"web/shard_{i:05d}.parquet", ["some text"])
     cfg = resolve_config({"sources": {"web": {"type": "local", "glob": str(tmp_path / "web/*.parquet")}}})
-    plan = make_plan(cfg)
+    plan = make_plan(run_config(cfg))
     assert plan.shards_available == 3 and plan.shards_needed is None and plan.tokens_per_shard is None
     assert any("count_sample" in n for n in plan.notes)
     assert "?" in format_plan(plan)
 
 
 def test_explicit_token_and_flop_targets():
-    plan = make_plan(fineweb_cfg(train={"target_tokens": 1_000_000_000}))
+    plan = make_plan(run_config(fineweb_cfg(train={"target_tokens": 1_000_000_000})))
     assert plan.target_tokens == 1_000_000_000 and plan.target_basis == "train.target_tokens"
     assert plan.num_steps == math.ceil(1_000_000_000 / 524288)
-    by_params = make_plan(fineweb_cfg(train={"tokens_per_param": 5}))
+    by_params = make_plan(run_config(fineweb_cfg(train={"tokens_per_param": 5})))
     assert by_params.target_tokens == 5 * by_params.n_params
     flops = 3e15
-    plan = make_plan(fineweb_cfg(train={"target_flops": flops}))
+    plan = make_plan(run_config(fineweb_cfg(train={"target_flops": flops})))
     assert plan.target_basis == "train.target_flops"
     assert plan.target_tokens == math.ceil(flops / plan.flops_per_token)
     assert plan.total_flops == plan.flops_per_token * plan.num_steps * 524288 >= flops
@@ -298,18 +299,19 @@ def test_flops_per_token_by_hand():
     m = dict(vocab_size=100, dim=16, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=32, tie_embeddings=True)
     # Per block: q, o 16·16 each; k, v 16·8 each; SwiGLU 3·16·32; two norms 16 → 512 + 256 + 1536 + 32 = 2336.
     non_embedding = 2 * 2336 + 16
-    assert count_params(m) == (non_embedding + 1600, non_embedding)
+    tied = run_config({"model": m, "train": {"seq_len": 64}})
+    assert count_params(tied.model) == (non_embedding + 1600, non_embedding)
     # 6 × (non-embedding + output projection 100·16) + 12 · L · d · T.
-    assert flops_per_token({"model": m, "train": {"seq_len": 64}}) == 6 * (4688 + 1600) + 12 * 2 * 16 * 64 == 62_304
+    assert flops_per_token(tied) == 6 * (4688 + 1600) + 12 * 2 * 16 * 64 == 62_304
     # Untying adds parameters but not FLOPs: the output matmul ran already.
-    untied = {**m, "tie_embeddings": False}
-    assert count_params(untied)[0] == count_params(m)[0] + 1600
-    assert flops_per_token({"model": untied, "train": {"seq_len": 64}}) == 62_304
+    untied = run_config({"model": {**m, "tie_embeddings": False}, "train": {"seq_len": 64}})
+    assert count_params(untied.model)[0] == count_params(tied.model)[0] + 1600
+    assert flops_per_token(untied) == 62_304
 
 
 def test_memory_comes_from_the_perf_model_and_orders_the_settings():
     def mem(**train):
-        return make_plan(fineweb_cfg(train=train)).memory_gb
+        return make_plan(run_config(fineweb_cfg(train=train))).memory_gb
 
     ckpt = [mem(activation_checkpointing=m)["activations"] for m in ("none", "every_n", "block")]
     assert ckpt[0] > ckpt[1] > ckpt[2]
@@ -317,14 +319,14 @@ def test_memory_comes_from_the_perf_model_and_orders_the_settings():
     assert opt[0] > opt[1] > opt[2]
     assert mem(precision="fp32")["activations"] > mem(precision="bf16")["activations"]
     cfg = fineweb_cfg()
-    assert make_plan(cfg).memory_gb == memory(StepSetup.from_config(cfg))
+    assert make_plan(run_config(cfg)).memory_gb == memory(StepSetup.from_config(run_config(cfg)))
 
 
 def test_fits_memory_follows_gpu_memory_read_as_gib():
     cfg = fineweb_cfg()
-    plan = make_plan(cfg)
+    plan = make_plan(run_config(cfg))
     cfg["hardware"]["gpu_memory_gb"] = (plan.est_memory_gb - 0.5) * 1e9 / 2 ** 30
-    assert plan.fits_memory and not make_plan(cfg).fits_memory
+    assert plan.fits_memory and not make_plan(run_config(cfg)).fits_memory
 
 
 def test_reference_settings_at_micro_batch_16_fit_in_80_gb():
@@ -332,37 +334,37 @@ def test_reference_settings_at_micro_batch_16_fit_in_80_gb():
     for mode in ("none", "every_n"):
         cfg = load_config(LLAMA_1B, {"train": {"micro_batch": 16, "activation_checkpointing": mode,
                                                "global_batch_tokens": 16 * 2048 * 8}})
-        assert make_plan(cfg, logits="bf16-materialized", allow_short=True).fits_memory, mode
+        assert make_plan(run_config(cfg), logits="bf16-materialized", allow_short=True).fits_memory, mode
 
 
 def test_time_from_assumed_mfu_prediction_or_measurement(tmp_path):
     cfg = fineweb_cfg(hardware={"gpu_type": "A100", "assumed_mfu": 0.5})
-    plan = make_plan(cfg)
+    plan = make_plan(run_config(cfg))
     hours = plan.total_flops / (4 * 312e12 * 0.5) / 3600
     assert plan.est_hours == pytest.approx(hours, rel=1e-3) and plan.step_time_basis == "hardware.assumed_mfu"
     assert plan.est_gpu_hours == pytest.approx(4 * hours, rel=1e-3)
     assert plan.mfu == pytest.approx(0.5, rel=1e-3)
 
     cfg = fineweb_cfg()  # assumed_mfu null: the prediction
-    plan = make_plan(cfg)
-    predicted = step_time(StepSetup.from_config(cfg))["total"]
+    plan = make_plan(run_config(cfg))
+    predicted = step_time(StepSetup.from_config(run_config(cfg)))["total"]
     assert plan.step_time_s == pytest.approx(predicted) and plan.step_time_basis.startswith("predicted")
     assert plan.est_hours == pytest.approx(plan.num_steps * predicted / 3600)
 
     # a measured micro-step: × 4 accumulation steps on 4 GPUs with the predicted DDP overhead
-    measured = make_plan(cfg, measured_step=read_measured_step("0.25", cfg))
+    measured = make_plan(run_config(cfg), measured_step=read_measured_step("0.25", run_config(cfg)))
     assert measured.step_time_s == pytest.approx(4 * 0.25 / DDP_EFFICIENCY)
     assert measured.est_hours == pytest.approx(measured.num_steps * 4 * 0.25 / DDP_EFFICIENCY / 3600)
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"step_time_s": 0.25, "micro_batch": 16, "seq_len": 2048, "device": "NVIDIA H100",
-                                 "n_params": make_plan(cfg).n_params, "optimizer": "adamw"}))
-    from_file = read_measured_step(str(bench), cfg)
+                                 "n_params": make_plan(run_config(cfg)).n_params, "optimizer": "adamw"}))
+    from_file = read_measured_step(str(bench), run_config(cfg))
     assert from_file["seconds"] == 0.25 and str(bench) in from_file["source"]
     bench.write_text(json.dumps({"step_time_s": 0.25, "micro_batch": 8, "seq_len": 2048}))
     with pytest.raises(PlanError, match="micro_batch 8 \\(config: 16\\)"):
-        read_measured_step(str(bench), cfg)
+        read_measured_step(str(bench), run_config(cfg))
     with pytest.raises(PlanError, match="neither seconds nor"):
-        read_measured_step(str(tmp_path / "missing.json"), cfg)
+        read_measured_step(str(tmp_path / "missing.json"), run_config(cfg))
 
 
 def test_cli_logits_and_measured_step(tmp_path, capsys):
@@ -381,10 +383,10 @@ def test_cli_logits_and_measured_step(tmp_path, capsys):
 def test_train_mix_token_count_must_cover_training():
     cfg = fineweb_cfg(train={"target_tokens": 10 * 524288})
     cfg["mixes"]["pretrain"]["tokens"] = 10 * 524288  # exactly the 10 steps' targets: fine
-    assert make_plan(cfg).data_tokens_needed == 10 * 256 * 2049
+    assert make_plan(run_config(cfg)).data_tokens_needed == 10 * 256 * 2049
     cfg["mixes"]["pretrain"]["tokens"] = 10 * 524288 - 1
     with pytest.raises(PlanError, match=r"mixes\.pretrain\.tokens"):
-        make_plan(cfg)
+        make_plan(run_config(cfg))
 
 
 def test_cli_json_has_exactly_the_plan_keys(capsys):
@@ -399,7 +401,7 @@ def test_cli_json_has_exactly_the_plan_keys(capsys):
 
 
 def test_the_plan_is_typed_and_its_json_reads_back_to_the_same_plan():
-    plan = make_plan(load_config(LLAMA_1B))
+    plan = make_plan(run_config(load_config(LLAMA_1B)))
     assert isinstance(plan, Plan) and isinstance(plan.num_steps, int) and plan.num_steps > 0
     assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
     with pytest.raises(PlanError, match="num_steps.*rerun the plan rule"):
@@ -450,7 +452,7 @@ def test_module_is_import_light():
 def test_llama_1b_plan_shows_the_evaluation_peak_and_it_fits():
     """The plan predicts CORE scoring's peak in the training loop (beside weights, AdamW state and
     gradients) and standalone, and says it fits an 80 GB H100."""
-    plan = make_plan(load_config(LLAMA_1B))
+    plan = make_plan(run_config(load_config(LLAMA_1B)))
     ev = plan.eval_memory_gb
     loop, alone = ev["in_loop"], ev["standalone"]
     cap = plan.hardware["capacity_gb"]
@@ -471,7 +473,7 @@ def _rows_of(plan):
 def test_an_explicit_scoring_batch_that_cannot_fit_is_reported():
     cfg = load_config(LLAMA_1B)
     cfg["eval"]["core_batch_tokens"] = 64 * 131072  # 8.4M tokens: the forward alone is ~550 GB
-    plan = make_plan(cfg)
+    plan = make_plan(run_config(cfg))
     assert not plan.fits_eval_memory and plan.eval_memory_gb["in_loop"]["batch_tokens"] == 64 * 131072
     assert "DOES NOT FIT" in dict(_rows_of(plan))["evaluation memory (pred.)"]
     assert plan.fits_memory  # the training step itself still fits
@@ -486,7 +488,7 @@ def test_the_plan_rules_params_carry_the_scoring_batch():
     cfg["eval"]["core_batch_tokens"] = 4096
     params = rule_params(cfg, "plan")
     assert params["eval"] == {"core_batch_tokens": 4096}
-    assert make_plan(params).eval_memory_gb["in_loop"]["batch_tokens"] == 4096
+    assert make_plan(run_config(params)).eval_memory_gb["in_loop"]["batch_tokens"] == 4096
 
 
 # ----------------------------------------------------------------------------- issue 21 items 4-5: ddp or fsdp, the 8B
@@ -495,20 +497,20 @@ def test_llama_8b_preset_fits_with_fsdp_and_ddp_is_refused():
     from pipeline.planning.parallel import resolve_parallel
 
     cfg = load_config(LLAMA_8B)
-    assert count_params(cfg["model"])[0] == 8_030_261_248  # Llama-3.1-8B's parameter count
+    assert count_params(run_config(cfg).model)[0] == 8_030_261_248  # Llama-3.1-8B's parameter count
     assert cfg["train"]["seq_len"] == 8192 and cfg["hardware"]["nproc_per_node"] * cfg["hardware"]["nodes"] == 8
-    plan = make_plan(cfg)
+    plan = make_plan(run_config(cfg))
     par = plan.parallel
     assert par["used"] == "fsdp" and plan.fits_memory and par["fsdp"]["fits"] and not par["ddp"]["fits"]
     assert plan.est_memory_gb == par["fsdp"]["memory_gb"] < plan.hardware["capacity_gb"] < par["ddp"]["memory_gb"]
     assert plan.memory_gb["gathered"] > 0 and plan.fits_eval_memory
     assert plan.est_gpu_hours == pytest.approx(par["fsdp"]["est_gpu_hours"])
-    assert resolve_parallel(cfg)["train"]["parallel"] == "fsdp"
+    assert resolve_parallel(run_config(cfg))["train"]["parallel"] == "fsdp"
     ddp = load_config(LLAMA_8B, {"train": {"parallel": "ddp"}})
     with pytest.raises(PlanError, match=r"^config key 'train\.parallel': ddp does not fit the GPU's memory: .*"
                                         r"full replica.*set train\.parallel: fsdp \(or auto\)"):
-        resolve_parallel(ddp)
-    assert not make_plan(ddp).fits_memory  # make_plan reports; the parse and the CLI refuse
+        resolve_parallel(run_config(ddp))
+    assert not make_plan(run_config(ddp)).fits_memory  # make_plan reports; the parse and the CLI refuse
     rows = dict(_rows_of(plan))
     assert rows["ddp (pred.)"].startswith(f"{par['ddp']['memory_gb']:.1f} GB per GPU") and "DOES NOT FIT" in rows[
         "ddp (pred.)"]
@@ -522,15 +524,15 @@ def test_auto_picks_fsdp_only_when_ddp_does_not_fit(preset, want):
     from pipeline.rules import rule_params
 
     cfg = load_config(preset, {"train": {"parallel": "auto"}})
-    assert choose_parallel(cfg)["parallel"] == want
-    resolved = resolve_parallel(cfg)
+    assert choose_parallel(run_config(cfg))["parallel"] == want
+    resolved = resolve_parallel(run_config(cfg))
     for rule in ("train", "plan"):  # the rules receive the concrete value
         assert rule_params(resolved, rule)["train"]["parallel"] == want
-    par = make_plan(cfg).parallel
+    par = make_plan(run_config(cfg)).parallel
     assert par["requested"] == "auto" and par["used"] == want
     assert par["reason"].startswith("auto: ddp does not fit" if want == "fsdp" else "auto: ddp fits")
     # what the Snakefile plans with: the resolved config, and what was asked
-    assert make_plan(resolved, parallel_requested="auto").parallel == par
+    assert make_plan(run_config(resolved), parallel_requested="auto").parallel == par
     assert par["fsdp"]["memory_gb"] < par["ddp"]["memory_gb"]  # the state sharded 8 ways
 
 
@@ -539,11 +541,11 @@ def test_a_refusal_names_the_smaller_micro_batch_that_fits():
 
     no_ckpt = {"activation_checkpointing": "none"}
     with pytest.raises(PlanError, match=r"train\.parallel.*fsdp would need .* GB; lower train\.micro_batch to 16 "):
-        resolve_parallel(load_config(LLAMA_1B, {"train": no_ckpt}))
+        resolve_parallel(run_config(load_config(LLAMA_1B, {"train": no_ckpt})))
     fixed = load_config(LLAMA_1B, {"train": {**no_ckpt, "micro_batch": 16}})
-    assert resolve_parallel(fixed)["train"]["parallel"] == "ddp"
+    assert resolve_parallel(run_config(fixed))["train"]["parallel"] == "ddp"
     with pytest.raises(PlanError, match=r"'train\.parallel': fsdp does not fit.*hardware\.nodes"):
-        resolve_parallel(load_config(LLAMA_8B, {"hardware": {"gpu_memory_gb": 24}}))
+        resolve_parallel(run_config(load_config(LLAMA_8B, {"hardware": {"gpu_memory_gb": 24}})))
 
 
 def test_auto_resolving_to_fsdp_refuses_adamw8bit():
@@ -554,9 +556,9 @@ def test_auto_resolving_to_fsdp_refuses_adamw8bit():
 
     with pytest.raises(PlanError, match=r"^config key 'train\.parallel': auto: ddp does not fit .*, but "
                                         r"train\.optimizer set adamw8bit: .*use adamw or muon there"):
-        resolve_parallel(load_config(LLAMA_8B, {"train": {"parallel": "auto", "optimizer": "adamw8bit"}}))
+        resolve_parallel(run_config(load_config(LLAMA_8B, {"train": {"parallel": "auto", "optimizer": "adamw8bit"}})))
     eight_bit = {"parallel": "auto", "optimizer": "adamw8bit"}
-    assert resolve_parallel(load_config(LLAMA_1B, {"train": eight_bit}))["train"]["parallel"] == "ddp"
+    assert resolve_parallel(run_config(load_config(LLAMA_1B, {"train": eight_bit})))["train"]["parallel"] == "ddp"
 
 
 def test_cli_refuses_ddp_for_the_8b_in_one_line(capsys):
@@ -590,8 +592,8 @@ def test_plan_reports_the_train_jobs_host_memory(capsys):
 
     main(["--configfile", str(LLAMA_8B), "--json"])
     out = json.loads(capsys.readouterr().out)
-    cfg = resolve_parallel(load_config(LLAMA_8B))
-    assert out["host_memory"] == sizes.train_host_memory(cfg) and out["host_memory"]["final_gather_mb"] > 0
-    assert cluster.job_resources(cfg, "train")["resources"]["mem_mb"] == out["host_memory"]["node_mb"]
+    cfg = resolve_parallel(run_config(load_config(LLAMA_8B)))
+    assert out["host_memory"] == sizes.train_host_memory(run_config(cfg)) and out["host_memory"]["final_gather_mb"] > 0
+    assert cluster.job_resources(run_config(cfg), "train")["resources"]["mem_mb"] == out["host_memory"]["node_mb"]
     main(["--configfile", str(LLAMA_8B)])
     assert f"host memory per node       {out['host_memory']['node_mb']:,} MB" in capsys.readouterr().out

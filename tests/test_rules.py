@@ -15,6 +15,7 @@ from pipeline.errors import ConfigError
 from pipeline.planning import data_cost as cluster
 from pipeline.planning.stages import stage_config
 from pipeline.rules import BY_NAME, RULES, declared_slice, feeds_tokenizer, job_params, rule_params
+from pipeline.run_config import run_config
 
 CONFIGS = ("config.yaml", "configs/llama3-1b-fineweb.yaml")
 
@@ -61,7 +62,7 @@ def test_every_rule_snakemake_parses_is_its_spec(parsed):
             for w in job_wildcards(cfg, spec):
                 assert p(w) == params_json(job_params(cfg, name, w)), (name, w)
         # its size
-        want = cluster.job_resources(cfg, name, *corpus)
+        want = cluster.job_resources(run_config(cfg), name, *corpus)
         got = {k: v.value for k, v in rule.resources.items() if not v.is_evaluable()}
         for key, value in want["resources"].items():
             if key == "runtime" and name == "scaling_point":  # per point, from the point's own config
@@ -124,7 +125,8 @@ def test_a_jobs_params_are_its_slice_narrowed_to_its_wildcards():
     tokenize = job_params(cfg, "tokenize", SimpleNamespace(source="chat"))
     assert set(tokenize["sources"]) == {"chat"} and tokenize == rule_params(cfg, "tokenize", source="chat")
     assert set(job_params(cfg, "pack", SimpleNamespace(mix="sft"))["mixes"]) == {"sft"}
-    assert job_params(cfg, "train", SimpleNamespace(stage="sft")) == stage_config(rule_params(cfg, "train"), "sft")
+    train = run_config(rule_params(cfg, "train"))
+    assert job_params(cfg, "train", SimpleNamespace(stage="sft")) == stage_config(train, "sft")
     assert job_params(cfg, "train", SimpleNamespace(stage="sft")) != job_params(cfg, "train", SimpleNamespace(
         stage="pretrain"))
     assert job_params(cfg, "dedup") == rule_params(cfg, "dedup")

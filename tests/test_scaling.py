@@ -17,6 +17,7 @@ from pipeline.errors import ConfigError, PlanError
 from pipeline.planning import sweep as sc
 from pipeline.planning.compute import count_params, flops_per_token
 from pipeline.planning.token_plan import format_plan, make_plan
+from pipeline.run_config import run_config
 
 # Hoffmann et al. 2022, approach 3: L(N, D) = E + A / N^alpha + B / D^beta
 E, A, B = 1.69, 406.4, 410.7
@@ -79,8 +80,8 @@ def cfg():
 def test_the_run_model_is_on_the_ladder_by_default(cfg):
     run = cfg["model"]
     cfg = {**cfg, "scaling": {**cfg["scaling"], "aspect": None, "head_dim": None, "kv_group": None, "ffn_ratio": None}}
-    assert sc.depth_model(cfg, run["n_layers"]) == run
-    shallow = sc.depth_model(cfg, 1)
+    assert sc.depth_model(run_config(cfg), run["n_layers"]) == run
+    shallow = sc.depth_model(run_config(cfg), 1)
     assert shallow["n_layers"] == 1 and shallow["dim"] == run["dim"] // run["n_layers"]
     assert shallow["dim"] % shallow["n_heads"] == 0 and shallow["n_heads"] % shallow["n_kv_heads"] == 0
     assert shallow["ffn_dim"] == shallow["dim"] * run["ffn_dim"] // run["dim"]
@@ -88,36 +89,36 @@ def test_the_run_model_is_on_the_ladder_by_default(cfg):
 
 def test_a_point_trains_budget_over_flops_per_token_and_holds_no_sweep_list(cfg):
     budget, depth = cfg["scaling"]["budgets"][0], cfg["scaling"]["depths"][0]
-    p = sc.point_params(cfg, budget, depth)
+    p = sc.point_params(run_config(cfg), budget, depth)
     t = p["train"]
     assert t["target_tokens"] % t["global_batch_tokens"] == 0
     steps = t["target_tokens"] // t["global_batch_tokens"]
-    assert steps == round(budget / (flops_per_token(p) * t["global_batch_tokens"]))
+    assert steps == round(budget / (flops_per_token(run_config(p)) * t["global_batch_tokens"]))
     assert p["model"]["n_layers"] == depth and p["hardware"]["nproc_per_node"] == 1 and "scaling" not in p
     assert p["stage"]["name"] == cfg["train"]["mix"] and p["train"]["optimizer"] == cfg["train"]["optimizer"]
-    assert t["warmup_steps"] == round(sc.warmup_fraction(cfg) * steps) and t["val_interval"] == steps
+    assert t["warmup_steps"] == round(sc.warmup_fraction(run_config(cfg)) * steps) and t["val_interval"] == steps
     # another budget list leaves the point's params as they were: adding a budget reruns no other point
     more = {**cfg, "scaling": {**cfg["scaling"], "budgets": [*cfg["scaling"]["budgets"], 1e13]}}
-    assert params_json(sc.point_params(more, budget, depth)) == params_json(p)
+    assert params_json(sc.point_params(run_config(more), budget, depth)) == params_json(p)
     assert sc.budget_name(3e11) == "3e11" and sc.budget_name(1.5e12) == "1.5e12" and float("6.6e11") == 6.6e11
     # two budgets with one name would be the same jobs, one curve's points twice: refused, naming both
     with pytest.raises(ConfigError, match=r"'scaling.budgets': 1.001e\+18 and 1.002e\+18 name the same points"):
-        sc.points({**cfg, "scaling": {**cfg["scaling"], "budgets": [1.001e18, 3e18, 1.002e18]}})
+        sc.points(run_config({**cfg, "scaling": {**cfg["scaling"], "budgets": [1.001e18, 3e18, 1.002e18]}}))
 
 
 def test_the_default_sweep_fits_its_mix_and_the_preset_sweep_is_priced(cfg):
     from pipeline.planning.stages import mix_targets
 
-    sc.check_sweep(cfg, mix_targets(cfg, cfg["train"]["mix"]))
+    sc.check_sweep(run_config(cfg), mix_targets(run_config(cfg), cfg["train"]["mix"]))
     small = {**cfg, "scaling": {**cfg["scaling"], "budgets": [1e13]}}
     with pytest.raises(Exception, match="supplies"):
-        sc.check_sweep(small, mix_targets(cfg, cfg["train"]["mix"]))
-    for p in sc.points(cfg):
+        sc.check_sweep(run_config(small), mix_targets(run_config(cfg), cfg["train"]["mix"]))
+    for p in sc.points(run_config(cfg)):
         assert p["n_params"] < 1_000_000
     preset = load_config("configs/gpt-500m-fineweb.yaml")
-    text = format_plan(make_plan(preset, allow_short=True))
+    text = format_plan(make_plan(run_config(preset), allow_short=True))
     assert "scaling sweep" in text and "GPU-hours" in text
-    sweep = make_plan(preset, allow_short=True).scaling_sweep
+    sweep = make_plan(run_config(preset), allow_short=True).scaling_sweep
     assert sweep["n_points"] == len(sweep["points"]) and all(p["est_gpu_hours"] > 0 for p in sweep["points"])
     assert sweep["est_gpu_hours"] == pytest.approx(sum(p["est_gpu_hours"] for p in sweep["points"]))
 
@@ -127,25 +128,25 @@ def test_tokens_per_param_scaling_reads_the_fit_or_names_the_command(cfg, tmp_pa
                                                           "target_tokens": None},
            "mixes": {**cfg["mixes"], "pretrain": {**cfg["mixes"]["pretrain"], "tokens": 10**9}}}
     with pytest.raises(PlanError, match="snakemake --cores all scaling"):
-        sc.resolve_tokens_per_param(cfg)
+        sc.resolve_tokens_per_param(run_config(cfg))
     fit = sc.fit_sweep(chinchilla_rows(0.34, 0.28, noise=0.004), n_boot=100, seed=0)
-    path = sc.fit_path(cfg)
+    path = sc.fit_path(run_config(cfg))
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(fit))
-    resolved, info = sc.resolve_tokens_per_param(cfg)
-    n = count_params(cfg["model"])[0]
+    resolved, info = sc.resolve_tokens_per_param(run_config(cfg))
+    n = count_params(run_config(cfg).model)[0]
     assert resolved["train"]["tokens_per_param"] == pytest.approx(sc.run_ratio(fit, n)["tokens_per_param"], rel=1e-3)
-    plan = make_plan(resolved, allow_short=True, tokens_per_param_fit=info)
+    plan = make_plan(run_config(resolved), allow_short=True, tokens_per_param_fit=info)
     assert plan.target_tokens == math.ceil(resolved["train"]["tokens_per_param"] * n)
     assert "train.tokens_per_param: scaling" in format_plan(plan) and str(path) in format_plan(plan)
     # a sweep whose budgets have no minimum on the ladder has no exponent: refused, not used
     path.write_text(json.dumps({**fit, "a": math.nan}))
     with pytest.raises(PlanError, match="no compute-optimal size"):
-        sc.resolve_tokens_per_param(cfg)
+        sc.resolve_tokens_per_param(run_config(cfg))
     # the sweep's mix sized by the plan would change with the fit and rerun the sweep: refused
     with pytest.raises(Exception, match="fixed number of tokens"):
-        sc.resolve_tokens_per_param({**cfg, "mixes": {**cfg["mixes"], "pretrain": {"weights": {"web": 1.0},
-                                                                                  "tokens": "plan"}}})
+        sc.resolve_tokens_per_param(run_config({**cfg, "mixes": {**cfg["mixes"], "pretrain": {"weights": {"web": 1.0},
+                                                                                  "tokens": "plan"}}}))
 
 
 @pytest.mark.parametrize("text", [
@@ -161,11 +162,11 @@ def test_a_corrupt_fit_is_one_error_naming_it_and_the_command_that_rewrites_it(c
     cfg = {**cfg, "results_dir": str(tmp_path), "train": {**cfg["train"], "tokens_per_param": "scaling",
                                                           "target_tokens": None},
            "mixes": {**cfg["mixes"], "pretrain": {**cfg["mixes"]["pretrain"], "tokens": 10**9}}}
-    path = sc.fit_path(cfg)
+    path = sc.fit_path(run_config(cfg))
     path.parent.mkdir(parents=True)
     path.write_bytes(text.encode("utf-8", "surrogateescape"))
     with pytest.raises(PlanError) as e:
-        sc.resolve_tokens_per_param(cfg)
+        sc.resolve_tokens_per_param(run_config(cfg))
     msg = str(e.value)
     assert msg.startswith(str(path)) and "delete it and run `snakemake --cores all scaling`" in msg
     assert "\n" not in msg

@@ -6,6 +6,7 @@ import pytest
 from pipeline.config import resolve_config
 from pipeline.errors import ConfigError
 from pipeline.planning.stages import epoch_steps, mix_targets, stage_budget, stage_config, stage_list
+from pipeline.run_config import run_config
 
 SOURCES = {"web": {"type": "local", "glob": "data/sample/web/*.parquet"},
            "chat": {"type": "local", "glob": "data/sample/chat/*.parquet", "format": "chat"}}
@@ -23,7 +24,7 @@ def cfg(stages=STAGES, mixes=MIXES, **train):
 
 
 def test_stages_resolve_in_order_with_overrides_and_init_chain():
-    c = cfg()
+    c = run_config(cfg())
     pre, mid, sft = stage_list(c)
     assert [s["name"] for s in (pre, mid, sft)] == ["pretrain", "mid", "sft"]
     assert (pre["init_from"], mid["init_from"], sft["init_from"]) == (None, "pretrain", "mid")
@@ -41,18 +42,19 @@ def test_a_stage_sees_only_the_sources_its_mix_reads():
 
     edited = {**SOURCES, "chat": {**SOURCES["chat"], "min_chars": 1, "glob": "elsewhere/*.parquet"}}
     before, after = cfg(), resolve_config({**cfg(), "sources": edited})
-    assert set(stage_config(before, "pretrain")["sources"]) == {"web"}
-    assert set(stage_config(before, "mid")["sources"]) == {"web", "chat"}
-    assert set(stage_config(before, "sft")["sources"]) == {"web", "chat"}  # the tokenizer's source too
-    assert rule_params(stage_config(before, "sft"), "tokenizer") == rule_params(before, "tokenizer")
+    typed = run_config(before)
+    assert set(stage_config(typed, "pretrain")["sources"]) == {"web"}
+    assert set(stage_config(typed, "mid")["sources"]) == {"web", "chat"}
+    assert set(stage_config(typed, "sft")["sources"]) == {"web", "chat"}  # the tokenizer's source too
+    assert rule_params(stage_config(typed, "sft"), "tokenizer") == rule_params(before, "tokenizer")
     for stage in ("train", "evaluate"):
-        assert (stage_config(rule_params(before, stage), "pretrain")
-                == stage_config(rule_params(after, stage), "pretrain"))
-        assert stage_config(rule_params(before, stage), "sft") != stage_config(rule_params(after, stage), "sft")
+        was, now = run_config(rule_params(before, stage)), run_config(rule_params(after, stage))
+        assert stage_config(was, "pretrain") == stage_config(now, "pretrain")
+        assert stage_config(was, "sft") != stage_config(now, "sft")
 
 
 def test_budgets_tokens_steps_run_and_epochs():
-    c = cfg()
+    c = run_config(cfg())
     pre, mid, sft = stage_list(c)
     assert stage_budget(c, pre) == {"num_steps": 13, "trained_tokens": 13 * 8192, "basis": "train.target_tokens"}
     assert stage_budget(c, mid) == {"num_steps": 3, "trained_tokens": 3 * 8192, "basis": "train.stages[1].tokens"}
@@ -62,7 +64,7 @@ def test_budgets_tokens_steps_run_and_epochs():
 
 
 def test_no_stages_is_one_stage_named_after_the_mix():
-    (only,) = stage_list(cfg(stages=[]))
+    (only,) = stage_list(run_config(cfg(stages=[])))
     assert only["name"] == "pretrain" and only["init_from"] is None and only["budget"]["kind"] == "run"
 
 
@@ -78,13 +80,13 @@ def test_no_stages_is_one_stage_named_after_the_mix():
 ])
 def test_bad_stages_are_one_clear_config_error(stages, match):
     with pytest.raises(ConfigError, match=match):
-        stage_list(cfg(stages=stages))
+        stage_list(run_config(cfg(stages=stages)))
 
 
 def test_assistant_loss_over_a_concat_mix_is_refused():
     mixes = {**MIXES, "sft": {"weights": {"chat": 1.0}, "tokens": 20000}}
     with pytest.raises(ConfigError, match="packing: concat, which keeps no loss mask"):
-        stage_list(cfg(mixes=mixes))
+        stage_list(run_config(cfg(mixes=mixes)))
 
 
 def test_unknown_stage_key_is_refused_by_the_schema():

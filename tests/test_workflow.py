@@ -41,6 +41,7 @@ from snakemake.benchmark import BENCHMARK_INTERVAL_SHORT
 
 from pipeline.codehash import Package, definition_at, module_name, module_path
 from pipeline.io import read_parquet_meta
+from pipeline.run_config import run_config
 
 pytestmark = pytest.mark.slow
 
@@ -692,7 +693,8 @@ def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
     from pipeline.config import load_config
     from pipeline.planning.token_plan import make_plan
 
-    gpu_hours = make_plan(load_config(ROOT / "configs/llama3-1b-fineweb.yaml")).est_gpu_hours  # pipeline.planning's
+    preset = run_config(load_config(ROOT / "configs/llama3-1b-fineweb.yaml"))
+    gpu_hours = make_plan(preset).est_gpu_hours  # pipeline.planning's
     for shown in ("1.242 B total", "1,048,576 = 64 rows × 2048 tokens × 8 rank(s) × 1 accumulation step(s)",
                   "23,682 → 24.83 B tokens trained", "fineweb: 454 of 1823 shards", f"{gpu_hours:.1f} GPU-hours"):
         assert shown in proc.stderr, shown
@@ -713,8 +715,9 @@ def test_a_job_limit_splits_training_into_a_chain_of_jobs_within_it(tmp_path, pr
          str(ROOT / f"configs/{preset}.yaml"), "--config", "hardware={max_job_hours: 24, cpus_per_task: 32}"],
         capture_output=True, text=True, env=user_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    planned = stage_jobs(resolve_parallel(load_config(ROOT / f"configs/{preset}.yaml",
-                                                      {"hardware": {"max_job_hours": 24}})))
+    resolved = resolve_parallel(run_config(load_config(ROOT / f"configs/{preset}.yaml",
+                                                       {"hardware": {"max_job_hours": 24}})))
+    planned = stage_jobs(run_config(resolved))
     jobs = planned_jobs(proc)
     assert jobs["train"] == len(planned)
     assert jobs.get("train_segment", 0) == sum(s["jobs"] - 1 for s in planned.values())

@@ -69,7 +69,7 @@ def predicted(cfg: dict) -> dict:
     """The plan's figures for the preset (`pipeline.planning.train_jobs.checkpointing`)."""
     from pipeline.planning import train_jobs
 
-    ck = train_jobs.checkpointing(cfg)
+    ck = train_jobs.checkpointing(run_config(cfg))
     return {"blocked_s": ck["block_s"], "write_s": ck["write_s"], "verify_s": ck["startup"]["verify"],
             "load_s": ck["startup"]["load"]}
 

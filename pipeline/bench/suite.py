@@ -55,7 +55,7 @@ def predict(cfg: dict) -> dict:
     train = run_config(cfg).train
     one_step = deep_merge(cfg, {"train": {"global_batch_tokens": train.micro_batch * train.seq_len},
                                 "hardware": {"nodes": 1, "nproc_per_node": 1}})
-    s = StepSetup.from_config(one_step)
+    s = StepSetup.from_config(run_config(one_step))
     mem = memory(s)
     seconds = step_time(s)["total"]
     return {"step_time_s": seconds, "tokens_per_s": s.tokens / seconds, "mfu": predicted_mfu(s, seconds),

@@ -112,8 +112,8 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
 
     step_time = statistics.median(times)
     tokens_per_s = B * T / step_time
-    fpt, name = flops_per_token(cfg), device_name(device)
-    peak = peak_flops(deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(name)}}))
+    fpt, name = flops_per_token(c), device_name(device)
+    peak = peak_flops(run_config(deep_merge(cfg, {"hardware": {"gpu_type": gpu_type(name)}})))
     return {
         "device": name,
         "n_params": sum(p.numel() for p in model.parameters()),

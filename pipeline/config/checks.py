@@ -7,6 +7,7 @@ from pipeline.config.sources import source_shards
 from pipeline.errors import ConfigError
 from pipeline.planning.compute import BatchLayout
 from pipeline.planning.stages import ADAMW8BIT_FSDP, adamw8bit_keys, stage_list
+from pipeline.run_config import run_config
 
 # Token ids of the stock tiktoken encodings (their own special tokens included); tokenfarm's
 # special tokens are appended after them (pipeline.data.train_tokenizer.build_tokenizer).
@@ -93,16 +94,17 @@ def check_consistency(cfg: dict) -> None:
             fail("model.vocab_size", f"{model['vocab_size']} is smaller than the {ids} token ids of {tok['encoding']} "
                                      f"with tokenfarm's {n_special_tokens(tok['delimiter'])} special tokens appended")
 
-    BatchLayout.from_config(cfg)  # a global batch of whole micro-steps, or one error naming the hardware
+    typed = run_config(cfg)  # what pipeline.planning's checks below read
+    BatchLayout.from_config(typed)  # a global batch of whole micro-steps, or one error naming the hardware
     train = cfg["train"]
     if train["target_tokens"] is not None and train["target_flops"] is not None:
         fail("train.target_flops", "set at most one of train.target_tokens and train.target_flops")
     if cfg["hardware"]["device"] == "cpu" and (train["fp8"] != "none" or train["optimizer"] == "adamw8bit"):
         fail("train.fp8" if train["fp8"] != "none" else "train.optimizer",
              "fp8 and adamw8bit need hardware.device: cuda")
-    if train["parallel"] == "fsdp" and adamw8bit_keys(cfg):
-        fail(adamw8bit_keys(cfg)[0], f"{ADAMW8BIT_FSDP}; use adamw or muon, or train.parallel: ddp")
+    if train["parallel"] == "fsdp" and adamw8bit_keys(typed):
+        fail(adamw8bit_keys(typed)[0], f"{ADAMW8BIT_FSDP}; use adamw or muon, or train.parallel: ddp")
     if train["ce_matmul"] == "tf32" and (train["precision"] != "bf16" or cfg["hardware"]["device"] != "cuda"):
         fail("train.ce_matmul", "tf32 sets torch's float32 matmul precision for the whole step, so it needs "
                                 "train.precision: bf16 on hardware.device: cuda; use fp32 or bf16")
-    stage_list(cfg)  # train.stages: one ConfigError per bad stage
+    stage_list(typed)  # train.stages: one ConfigError per bad stage

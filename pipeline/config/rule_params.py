@@ -23,6 +23,7 @@ from typing import Any, Callable
 from pipeline.config.resolve import load_config, parse_overrides
 from pipeline.errors import ConfigError
 from pipeline.planning.stages import mix_targets, tokenizer_sources
+from pipeline.run_config import run_config
 
 
 def params_json(obj: Any) -> str:
@@ -75,7 +76,7 @@ def download_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
 
 def tokenizer_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
     # sampling reads text only: min_chars (and the chat cap) apply at tokenize time
-    return {"tokenizer": cfg["tokenizer"], "sources": _source_slice(cfg, tokenizer_sources(cfg), TEXT_KEYS),
+    return {"tokenizer": cfg["tokenizer"], "sources": _source_slice(cfg, tokenizer_sources(run_config(cfg)), TEXT_KEYS),
             "seed": cfg["seed"]}
 
 
@@ -135,7 +136,8 @@ def mix_slice(cfg: dict, names: list[str], mix: str | None) -> dict:
         # training stage on the mix consumes, pipeline.planning.stages.mix_targets) depends on the budgets,
         # model and global batch only, so a micro-batch or hardware edit (which rewrites plan.json)
         # reruns no data rule, while a budget edit reruns the mix.
-        params["trained_tokens"] = {name: mix_targets(cfg, name) for name in plan_mixes}
+        typed = run_config(cfg)
+        params["trained_tokens"] = {name: mix_targets(typed, name) for name in plan_mixes}
     return params
 
 

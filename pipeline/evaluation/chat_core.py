@@ -265,9 +265,10 @@ def chat_settings(params: dict, items_key: str = "chat_max_items") -> dict:
     CORE's); `items_key` names the item cap (training's quick subset: core_interval_items)."""
     from pipeline.planning.memory import eval_batch_tokens
 
-    e = run_config(params).eval
+    view = run_config(params)
+    e = view.eval
     return {"max_items": getattr(e, items_key), "max_new_tokens": e.chat_max_new_tokens,
-            "batch_tokens": eval_batch_tokens(params)}
+            "batch_tokens": eval_batch_tokens(view)}
 
 
 def chat_record(result: dict) -> dict:

@@ -444,7 +444,7 @@ def core_settings(params: dict, items_key: str = "core_max_items") -> dict:
     not by the training micro-batch; the LM head takes ``train.ce_chunk_tokens`` positions at a time."""
     view = run_config(params)
     eval_cfg = view.eval
-    return {"seed": view.seed, "batch_tokens": eval_batch_tokens(params), "shots": eval_cfg.core_shots,
+    return {"seed": view.seed, "batch_tokens": eval_batch_tokens(view), "shots": eval_cfg.core_shots,
             "max_items": getattr(eval_cfg, items_key), "head_chunk": view.train.ce_chunk_tokens}
 
 

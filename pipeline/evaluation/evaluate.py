@@ -249,7 +249,7 @@ def chat_evaluation(model, tokenizer, params: dict, val_meta: str, device, batch
     CE over the assistant tokens (content and <|assistant_end|>) of the held-out conversations, and
     ``answers`` to ``eval.chat_questions`` (greedy, chat template, KV-cache engine). Empty otherwise."""
     view = run_config(params)
-    if not is_chat_stage(params):
+    if not is_chat_stage(view):
         return {}
     val = PackedLoader(val_meta, 1, shuffle=False, loss="assistant", with_doc_ids=view.stage["doc_mask"])
     sums = evaluate_rows(model, val, device, batch_rows, view.train.ce_chunk_tokens, byte_lengths,
@@ -293,7 +293,7 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
     vocab = model.cfg.vocab_size
     byte_lengths = token_byte_lengths(tokenizer, vocab)
     if "stage" not in params:  # a whole run config: its first stage
-        params = stage_config(params, stage_names(params)[0])
+        params = stage_config(view, stage_names(view)[0])
     st = run_config(params).stage
     val = PackedLoader(val_meta, 1, shuffle=False, loss=st["loss"], with_doc_ids=st["doc_mask"])
     train = PackedLoader(train_meta, 1, shuffle=False, loss=st["loss"])

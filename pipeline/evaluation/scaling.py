@@ -20,6 +20,7 @@ from pipeline.config import add_config_args, load_config, parse_overrides
 from pipeline.errors import PlanError
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, read_json, run_cli, write_json
 from pipeline.planning.sweep import SCALING_COMMAND, fit_params, fit_sweep
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -145,7 +146,7 @@ def main(argv=None) -> None:
     if args.params is not None:
         params = json.loads(args.params)
     else:
-        params = fit_params(load_config(args.configfile, parse_overrides(args.set)))
+        params = fit_params(run_config(load_config(args.configfile, parse_overrides(args.set))))
     fp = FitParams(**params)
     rows = read_points(fp.points, args.points)
     fit = fit_sweep(rows, fp.bootstrap, fp.seed, fp.run_n_params)

@@ -21,6 +21,7 @@ from pipeline.errors import PipelineError
 from pipeline.evaluation import compare
 from pipeline.io import atomic_path, atomic_write, get_logger, provenance, read_json, run_cli, write_json
 from pipeline.planning.stages import stage_list
+from pipeline.run_config import run_config
 
 log = get_logger(__name__)
 
@@ -44,7 +45,7 @@ def reconcile(name: str, summary: dict) -> None:
 
 def stage_rows(params: dict, run: RunLayout) -> tuple[list[dict], dict[str, list[dict]]]:
     rows, curves = [], {}
-    for st in stage_list(params):
+    for st in stage_list(run_config(params)):
         name = st["name"]
         summary = read_json(run.train_summary(name))
         reconcile(name, summary)

@@ -7,5 +7,7 @@
 - `job_sizes`, `data_cost`: each rule's threads, memory and runtime, the data stages' CPU-hours;
 - `token_plan`: `make_plan(cfg)` → `Plan`, the token-budget plan `python -m pipeline.plan` prints.
 
-The formulas and the measurements behind the fitted constants: docs/planning.md.
+Every function takes the config typed (`pipeline.run_config.RunConfig`) and never converts it: its callers
+(the Snakefile's `RC`, the CLIs, the trainer) call `run_config` once. The formulas and the measurements behind
+the fitted constants: docs/planning.md.
 """

@@ -10,11 +10,11 @@ import math
 from dataclasses import dataclass
 
 from pipeline.errors import ConfigError, PipelineError, PlanError
-from pipeline.run_config import ModelConfig, TrainConfig, run_config
+from pipeline.run_config import ModelConfig, RunConfig, TrainConfig
 
 
-def world_size(cfg: dict) -> int:
-    hw = run_config(cfg).hardware
+def world_size(cfg: RunConfig) -> int:
+    hw = cfg.hardware
     return hw.nproc_per_node * hw.nodes
 
 
@@ -79,36 +79,47 @@ def canonical_gpu_type(gpu_type: str) -> str:
     return GPU_TYPE_ALIASES.get(gpu_type, gpu_type)
 
 
-def param_parts(model_cfg: dict) -> dict[str, int]:
-    """Parameter counts of `pipeline.model.model.Transformer` by part: embedding, lm_head (0 when tied),
-    blocks (all L blocks, norms included), final_norm."""
-    m = ModelConfig.from_dict(model_cfg, "model.")
-    V, d, L, f = m.vocab_size, m.dim, m.n_layers, m.ffn_dim
-    d_kv = m.n_kv_heads * (d // m.n_heads)
+def parts_of(vocab: int, dim: int, n_layers: int, n_heads: int, n_kv_heads: int, ffn_dim: int,
+             tied: bool) -> dict[str, int]:
+    """Parameter counts of `pipeline.model.model.Transformer` by part, from its shape: embedding, lm_head
+    (0 when tied), blocks (all L blocks, norms included), final_norm."""
+    V, d, L, f = vocab, dim, n_layers, ffn_dim
+    d_kv = n_kv_heads * (d // n_heads)
     attention = 2 * d * d + 2 * d * d_kv
     block = attention + 3 * d * f + 2 * d
     return {
         "embedding": V * d,
-        "lm_head": 0 if m.tie_embeddings else V * d,
+        "lm_head": 0 if tied else V * d,
         "blocks": L * block,
         "final_norm": d,
     }
 
 
-def count_params(model_cfg: dict) -> tuple[int, int]:
+def param_parts(model: ModelConfig) -> dict[str, int]:
+    """`parts_of` the model a config's ``model`` section describes."""
+    return parts_of(model.vocab_size, model.dim, model.n_layers, model.n_heads, model.n_kv_heads, model.ffn_dim,
+                    model.tie_embeddings)
+
+
+def count_params(model: ModelConfig) -> tuple[int, int]:
     """(total, non-embedding) parameters of the model described by ``cfg.model``; non-embedding
     excludes the token embedding and an untied lm_head (see docs/planning.md)."""
-    p = param_parts(model_cfg)
+    p = param_parts(model)
     return sum(p.values()), p["blocks"] + p["final_norm"]
 
 
-def flops_per_token(cfg: dict) -> int:
-    """Training FLOPs per token of a run config (``model`` and ``train.seq_len``):
+def flops_of(vocab: int, dim: int, n_layers: int, n_heads: int, n_kv_heads: int, ffn_dim: int,
+             seq_len: int) -> int:
+    """Training FLOPs per token of a model of this shape at sequence length `seq_len`:
     6·(N_non_embedding + V·d) + 12·L·d·T (docs/planning.md). The one formula MFU is computed with."""
-    c = run_config(cfg)
-    _, non_embedding = count_params(c.model)
-    V, d, L = c.model.vocab_size, c.model.dim, c.model.n_layers
-    return 6 * (non_embedding + V * d) + 12 * L * d * c.train.seq_len
+    p = parts_of(vocab, dim, n_layers, n_heads, n_kv_heads, ffn_dim, tied=True)
+    return 6 * (p["blocks"] + p["final_norm"] + vocab * dim) + 12 * n_layers * dim * seq_len
+
+
+def flops_per_token(cfg: RunConfig) -> int:
+    """Training FLOPs per token of a run config (``model`` and ``train.seq_len``): `flops_of` its model."""
+    m = cfg.model
+    return flops_of(m.vocab_size, m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_dim, cfg.train.seq_len)
 
 
 class BatchLayoutError(ConfigError, PlanError):
@@ -129,10 +140,10 @@ class BatchLayout:
     grad_accum_steps: int
 
     @classmethod
-    def from_config(cls, cfg: dict) -> BatchLayout:
+    def from_config(cls, cfg: RunConfig) -> BatchLayout:
         """The layout of a run config (``train`` and ``hardware``); refuses a global batch that is not a
         whole number of micro-steps (`BatchLayoutError`, naming the keys and the hardware)."""
-        train = run_config(cfg).train
+        train = cfg.train
         micro_batch, seq_len, ws = train.micro_batch, train.seq_len, world_size(cfg)
         per_micro = micro_batch * seq_len * ws
         if train.global_batch_tokens % per_micro:
@@ -180,7 +191,7 @@ class StepPlan:
     stage: str | None = None
 
     @classmethod
-    def of(cls, cfg: dict) -> StepPlan:
+    def of(cls, cfg: RunConfig) -> StepPlan:
         """The figures of a resolved config, by the planner's own functions."""
         return cls(**BatchLayout.from_config(cfg).plan_figures(), flops_per_token=flops_per_token(cfg))
 
@@ -192,9 +203,8 @@ class StepPlan:
                                           "flops_per_token", "num_steps")})
 
 
-def token_target(train_cfg: dict, n_params: int, fpt: int) -> tuple[int, str]:
-    """(target tokens, the config key that set it)."""
-    train = TrainConfig.from_dict(train_cfg, "train.")
+def token_target(train: TrainConfig, n_params: int, fpt: int) -> tuple[int, str]:
+    """(target tokens, the config key that set it) of a run's ``train`` section."""
     if train.get("target_tokens") is not None:
         return int(train.target_tokens), "train.target_tokens"
     if train.get("target_flops") is not None:
@@ -205,20 +215,18 @@ def token_target(train_cfg: dict, n_params: int, fpt: int) -> tuple[int, str]:
     return math.ceil(train.tokens_per_param * n_params), "train.tokens_per_param"
 
 
-def trained_tokens(cfg: dict) -> int:
+def trained_tokens(cfg: RunConfig) -> int:
     """num_steps × tokens_per_step: the training targets the run consumes, what a mix's ``tokens: plan``
     means. Depends on the budget, the model and the global batch only (not the micro-batch, world
     size or the measured counts), so the mix stage can take it as a parameter."""
-    c = run_config(cfg)
-    n_params, _ = count_params(c.model)
-    target, _ = token_target(c.train, n_params, flops_per_token(c))
-    step = c.train.global_batch_tokens
+    n_params, _ = count_params(cfg.model)
+    target, _ = token_target(cfg.train, n_params, flops_per_token(cfg))
+    step = cfg.train.global_batch_tokens
     return math.ceil(target / step) * step
 
 
-def peak_flops(cfg: dict) -> float:
+def peak_flops(cfg: RunConfig) -> float:
     """The peak MFU is measured against: bf16 for a bf16 body on CUDA, else true fp32 (an fp32 run
     sets `highest` matmul precision, so TF32's 7× higher peak would make its MFU look 7× too low)."""
-    c = run_config(cfg)
-    bf16 = c.train.precision == "bf16" and c.hardware.device == "cuda"
-    return PEAK_FLOPS[c.hardware.gpu_type]["bf16" if bf16 else "fp32"]
+    bf16 = cfg.train.precision == "bf16" and cfg.hardware.device == "cuda"
+    return PEAK_FLOPS[cfg.hardware.gpu_type]["bf16" if bf16 else "fp32"]

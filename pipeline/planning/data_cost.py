@@ -22,7 +22,7 @@ from pipeline.errors import ConfigError
 from pipeline.planning.job_sizes import Demand, Rate, corpus, job_cpu_s, shard_sizes, threads
 from pipeline.planning.stages import mix_targets, tokenizer_sources
 from pipeline.rules import BY_NAME, DATA_RULES, RULES, rule
-from pipeline.run_config import run_config
+from pipeline.run_config import RunConfig
 
 # The data stages' cost (pipeline.rules: each data rule's rate beside the rules it waits for).
 RATES = {r.name: Rate(*r.rate) for r in RULES if r.rate is not None}  # stage: its Rate
@@ -98,17 +98,17 @@ def filter_fill_cpu_s(chain, nbytes: float, rates: dict | None = None) -> float:
                for c in _caches(_enabled(chain, rates), rates))
 
 
-def rate(cfg: dict, stage: str) -> Rate:
+def rate(cfg: RunConfig, stage: str) -> Rate:
     """A data rule's `Rate`: its spec's, the filter's priced from the config's own chain (`filter_cpu_s_per_mb`
     with its caches warm, `filter_fill_cpu_s` per job)."""
     r = RATES[stage]
     if stage == "filter":
-        chain = run_config(cfg).filter
+        chain = cfg.filter
         r = r._replace(per_s=1e6 / filter_cpu_s_per_mb(chain), fill=functools.partial(filter_fill_cpu_s, chain))
     return r
 
 
-def job_resources(cfg: dict, name: str, documents: float = 0, tokens: float = 0, train_hours: float = 0) -> dict:
+def job_resources(cfg: RunConfig, name: str, documents: float = 0, tokens: float = 0, train_hours: float = 0) -> dict:
     """{"threads": int, "resources": {...}} of rule `name` (its spec's `size`); `documents`/`tokens`: the corpus
     (`pipeline.planning.job_sizes.corpus`); `train_hours`: the plan's estimate
     (`pipeline.planning.token_plan.train_hours`), the train job's
@@ -119,23 +119,21 @@ def job_resources(cfg: dict, name: str, documents: float = 0, tokens: float = 0,
 
 # ----------------------------------------------------------------------------- the data stages' cost
 
-def _mix_tokens(cfg: dict, mix: str) -> tuple[int, int]:
+def _mix_tokens(cfg: RunConfig, mix: str) -> tuple[int, int]:
     """(train, val) tokens the pack jobs of `mix` write: its target (the plan's for `tokens: plan`) and at
     most split.val_tokens per source."""
-    cfg = run_config(cfg)
     tokens = cfg.mixes[mix]["tokens"]
     train = mix_targets(cfg, mix) if tokens == "plan" else tokens
     return train or 0, cfg.split.val_tokens * len(cfg.mixes[mix]["weights"])
 
 
-def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
+def data_jobs(cfg: RunConfig, measured: dict | None = None) -> list[dict]:
     """Every data job of the DAG (download … pack, accounting): {name, stage, units, after: [names],
     threads}, in the order Snakemake would find them ready; `units` of RATES[stage]'s unit. A job waits
     for the jobs of its rule's `after` rules (pipeline.rules) that share its wildcards and that it reads.
     A rule's jobs follow from its spec (`_spec_jobs`), but the tokenizer's, count_sample's, dedup_candidates'
     and pack's, listed here; the rules are placed here in the order Snakemake runs ready jobs in, and a data
     rule not placed here comes last (and `_dependency_order` moves a job that waits for it after it)."""
-    cfg = run_config(cfg)
     sizes = shard_sizes(cfg, measured)
     spj, parts = cfg.shards_per_job, cfg.dedup.partitions
     c = corpus(cfg, measured)
@@ -207,7 +205,8 @@ def data_jobs(cfg: dict, measured: dict | None = None) -> list[dict]:
     return _dependency_order(jobs)
 
 
-def _spec_jobs(spec, cfg, sizes: dict, groups: dict, gname: list) -> list[tuple[str, float, dict, list | None]]:
+def _spec_jobs(spec, cfg: RunConfig, sizes: dict, groups: dict,
+               gname: list) -> list[tuple[str, float, dict, list | None]]:
     """(name, units, wildcards, the (source, group)s it reads or None for all) of each job of data rule `spec`
     as its `scope` makes them: a `source` rule runs one job per shard group, a `mix` rule one per mix (reading
     its mix's sources), a `run` rule one; a job's units are those of its shards (`bytes`, `documents`,
@@ -314,7 +313,7 @@ def critical_path(jobs: list[dict], cores: int) -> float:
     return max(done.values(), default=0.0)
 
 
-def data_costs(cfg: dict, measured: dict | None = None, data_cpus: int = 64) -> dict:
+def data_costs(cfg: RunConfig, measured: dict | None = None, data_cpus: int = 64) -> dict:
     """The data stages' cost on `data_cpus` cores (a prediction from RATES): per stage its jobs, units,
     CPU hours, wall hours (from its first job's start to its last job's end in `schedule`) and memory per
     job; the whole half's CPU hours, its wall hours (`schedule`'s makespan: the critical path and the
@@ -343,7 +342,7 @@ def data_costs(cfg: dict, measured: dict | None = None, data_cpus: int = 64) -> 
     return out
 
 
-def stage_work(cfg: dict, measured: dict | None = None) -> dict[str, dict]:
+def stage_work(cfg: RunConfig, measured: dict | None = None) -> dict[str, dict]:
     """{stage: {jobs, units}} of the data half (`data_jobs`): what `benchmarks/data_scale.py calibrate`
     fits RATES to."""
     out: dict[str, dict] = {}

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from pipeline.config import source_shards
 from pipeline.planning.compute import count_params
-from pipeline.run_config import run_config
+from pipeline.run_config import RunConfig, run_config, with_section
 
 DEDUP_JOB_BASE_MB = 500       # fitted: BENCHMARKS.md "Dedup at scale" (a candidate job's peak)
 DEDUP_JOB_BYTES_PER_DOC = 700
@@ -50,10 +50,9 @@ TRAIN_HOST_MARGIN = 1.25
 SIZE_FIELDS = ("documents", "tokens", "bytes")
 
 
-def threads(cfg: dict) -> int:
+def threads(cfg: RunConfig) -> int:
     """Threads of the multi-threaded rules: hardware.cpus_per_task, or 0 → 256 ("all": a local run's
     --cores caps it)."""
-    cfg = run_config(cfg)
     return cfg.hardware.cpus_per_task or 256
 
 
@@ -80,11 +79,10 @@ def measured_sizes(counts_path) -> dict[str, dict[str, float]]:
     return {s: {f: acc[k] / acc[3] for k, f in enumerate(SIZE_FIELDS)} for s, acc in sums.items()}
 
 
-def shard_sizes(cfg: dict, measured: dict | None = None) -> dict[str, dict[str, float]]:
+def shard_sizes(cfg: RunConfig, measured: dict | None = None) -> dict[str, dict[str, float]]:
     """{source: {documents, tokens, bytes}} per shard: the measured means when given (`measured_sizes`),
     else from the source's tokens_per_shard_estimate (GPT-2 tokens: BYTES_PER_ESTIMATED_TOKEN,
     TOKENS_PER_DOCUMENT), else 0 (unknown)."""
-    cfg = run_config(cfg)
     out = {}
     for s, src in cfg.sources.items():
         m = (measured or {}).get(s)
@@ -96,18 +94,16 @@ def shard_sizes(cfg: dict, measured: dict | None = None) -> dict[str, dict[str, 
     return out
 
 
-def _n_shards(cfg: dict, source: str) -> int:
+def _n_shards(cfg: RunConfig, source: str) -> int:
     return len(source_shards(cfg, source))
 
 
-def _all_shards(cfg: dict) -> int:
-    cfg = run_config(cfg)
+def _all_shards(cfg: RunConfig) -> int:
     return sum(_n_shards(cfg, s) for s in cfg.sources)
 
 
-def corpus(cfg: dict, measured: dict | None = None) -> dict[str, float]:
+def corpus(cfg: RunConfig, measured: dict | None = None) -> dict[str, float]:
     """{documents, tokens, bytes, shards} of every configured shard."""
-    cfg = run_config(cfg)
     sizes = shard_sizes(cfg, measured)
     n = {s: _n_shards(cfg, s) for s in cfg.sources}
     return {**{f: sum(sizes[s][f] * n[s] for s in n) for f in SIZE_FIELDS}, "shards": sum(n.values())}
@@ -151,7 +147,7 @@ def job_cpu_s(rate: Rate, units: float, shards: int = 0) -> float:
     return rate.per_job + fill + shards * DEDUP_JOB_SHARD_CPU_S + (units / rate.per_s if rate.per_s else 0.0)
 
 
-def _shard_max(cfg: dict, field: str) -> float:
+def _shard_max(cfg: RunConfig, field: str) -> float:
     """The largest per-shard `field` of the sources (`shard_sizes`' estimates)."""
     sizes = list(shard_sizes(cfg).values()) or [dict.fromkeys(SIZE_FIELDS, 0)]
     return max(z[field] for z in sizes)
@@ -163,50 +159,45 @@ def _one(mem_mb: int, runtime: int) -> dict:
 
 # ----------------------------------------------------------------------------- one size per kind of job
 
-def download_size(cfg: dict, d: Demand) -> dict:
-    cfg = run_config(cfg)
+def download_size(cfg: RunConfig, d: Demand) -> dict:
     return _one(2000, 30 + 10 * cfg.shards_per_job)  # network-bound: 10 min a shard
 
 
-def tokenize_size(cfg: dict, d: Demand) -> dict:
+def tokenize_size(cfg: RunConfig, d: Demand) -> dict:
     # one shard at a time: its text (~4.5 B/token) and tokens (4 B), twice over while converting
-    cfg = run_config(cfg)
     return _one(2000 + math.ceil(17 * _shard_max(cfg, "tokens") / 2**20),
                 _minutes(d.cpu_s(cfg.shards_per_job * _shard_max(cfg, "bytes"))))
 
 
-def shard_text_size(cfg: dict, d: Demand) -> dict:
+def shard_text_size(cfg: RunConfig, d: Demand) -> dict:
     # one shard's (or record batch's) text at a time, twice over while writing: filter, dedup_signatures,
     # decontaminate_flags
-    cfg = run_config(cfg)
     return _one(2000 + math.ceil(9 * _shard_max(cfg, "tokens") / 2**20),
                 _minutes(d.cpu_s(cfg.shards_per_job * _shard_max(cfg, "bytes"))))
 
 
-def dedup_candidates_size(cfg: dict, d: Demand) -> dict:
-    cfg = run_config(cfg)
+def dedup_candidates_size(cfg: RunConfig, d: Demand) -> dict:
     per_job = d.documents / cfg.dedup.partitions
     return _one(dedup_job_mb(per_job), _minutes(d.cpu_s(per_job, _all_shards(cfg))))
 
 
-def dedup_size(cfg: dict, d: Demand) -> dict:
+def dedup_size(cfg: RunConfig, d: Demand) -> dict:
     # the merge: candidate pairs of the whole corpus, then one shard's keep list at a time
     return _one(1000 + math.ceil(DEDUP_MERGE_BYTES_PER_DOC * d.documents / 2**20), _minutes(d.cpu_s(d.documents)))
 
 
-def tokenizer_size(cfg: dict, d: Demand) -> dict:
-    cfg = run_config(cfg)
+def tokenizer_size(cfg: RunConfig, d: Demand) -> dict:
     chars, many = cfg.tokenizer.train_chars, threads(cfg)
     return {"threads": many, "resources": {"cpus_per_task": many, "mem_mb": 4000 + math.ceil(12 * chars / 2**20),
                                            "runtime": _minutes(d.cpu_s(chars), safety=5)}}
 
 
-def small_size(cfg: dict, d: Demand) -> dict:
+def small_size(cfg: RunConfig, d: Demand) -> dict:
     # a reducer over small per-shard files, a report, the plan: one core, its start dominates
     return _one(2000, MIN_RUNTIME)
 
 
-def unmeasured_size(cfg: dict, d: Demand) -> dict:
+def unmeasured_size(cfg: RunConfig, d: Demand) -> dict:
     # split, mix (documents), pack (tokens): memory not measured at scale, a generous default (the profile's
     # set-resources overrides it)
     return _one(UNMEASURED_MB, _minutes(d.cpu_s(d.tokens if d.rate.unit == "tokens" else d.documents), safety=10))
@@ -217,8 +208,7 @@ def train_minutes(hours: float) -> int:
     return math.ceil(90 * hours) + 30
 
 
-def train_size(cfg: dict, d: Demand) -> dict:
-    cfg = run_config(cfg)
+def train_size(cfg: RunConfig, d: Demand) -> dict:
     hw, many = cfg.hardware, threads(cfg)
     nodes, nproc, cuda = hw["nodes"], hw["nproc_per_node"], hw["device"] == "cuda"
     res = {"cpus_per_task": many, "nodes": nodes, "runtime": train_minutes(d.train_hours),
@@ -232,28 +222,26 @@ def train_size(cfg: dict, d: Demand) -> dict:
     return {"threads": many, "resources": res}
 
 
-def scaling_point_size(cfg: dict, d: Demand) -> dict:
+def scaling_point_size(cfg: RunConfig, d: Demand) -> dict:
     # one process per point: one GPU, or on CPU one core (points run side by side on --cores); its runtime is
     # the point's own (workflow/rules/scaling.smk, from its config)
-    cfg = run_config(cfg)
-    one = train_size({**cfg, "hardware": {**cfg.hardware, "nproc_per_node": 1, "nodes": 1}}, d)
+    # the point's process: the run's config on one GPU, a config of its own (typed where it is made)
+    one = train_size(run_config(with_section(cfg, "hardware", nproc_per_node=1, nodes=1)), d)
     if cfg.hardware.device == "cpu":
         return {"threads": 1, "resources": {**one["resources"], "cpus_per_task": 1}}
     return one
 
 
-def fit_size(cfg: dict, d: Demand) -> dict:
+def fit_size(cfg: RunConfig, d: Demand) -> dict:
     return _one(2000, 30)  # the scaling fit: a bootstrap over a few dozen points
 
 
-def export_size(cfg: dict, d: Demand) -> dict:
+def export_size(cfg: RunConfig, d: Demand) -> dict:
     # the fp32 model, its state dict and the safetensors copy in memory at once
-    cfg = run_config(cfg)
     return _one(4000 + math.ceil(12 * count_params(cfg.model)[0] / 2**20), 60)
 
 
-def evaluate_size(cfg: dict, d: Demand) -> dict:
-    cfg = run_config(cfg)
+def evaluate_size(cfg: RunConfig, d: Demand) -> dict:
     many, cuda = threads(cfg), cfg.hardware.device == "cuda"
     res = {"cpus_per_task": many, "mem_mb": 16_000 if cuda else 4_000, "runtime": 120}
     if cuda:
@@ -261,7 +249,7 @@ def evaluate_size(cfg: dict, d: Demand) -> dict:
     return {"threads": many, "resources": res}
 
 
-def train_host_memory(cfg: dict) -> dict:
+def train_host_memory(cfg: RunConfig, parallel: str | None = None) -> dict:
     """Host memory of one node of the train job, in MB (2^20 bytes), from the config: what the train
     rule requests (``mem_mb``) and the plan reports. Every rank of the node holds its fixed footprint
     (`TRAIN_RANK_HOST_MB`), the weight being initialised (`TRAIN_INIT_WEIGHTS` × the largest fp32
@@ -272,8 +260,8 @@ def train_host_memory(cfg: dict) -> dict:
     lives on the host (`pipeline.planning.memory.memory`'s total per rank). Under fsdp, rank 0 gathers the whole fp32
     model on the host to write final.pt (pipeline.training.checkpoint.full_model_state); ``parallel:
     auto`` not yet resolved counts as fsdp, the larger. The sum × `TRAIN_HOST_MARGIN`, rounded up, is
-    ``node_mb``; the parts are in MB per rank (``rank_mb`` their sum) and per node (``final_gather_mb``)."""
-    cfg = run_config(cfg)
+    ``node_mb``; the parts are in MB per rank (``rank_mb`` their sum) and per node (``final_gather_mb``).
+    ``parallel`` (ddp | fsdp) replaces ``train.parallel`` (the plan's resolution of auto)."""
     from pipeline.planning.compute import BatchLayout
     from pipeline.planning.memory import StepSetup, memory
 
@@ -288,9 +276,9 @@ def train_host_memory(cfg: dict) -> dict:
         "process_mb": TRAIN_RANK_HOST_MB["cuda" if cuda else "cpu"],
         "init_mb": TRAIN_INIT_WEIGHTS * largest / 2**20,
         "loader_mb": loader / 2**20,
-        "state_mb": 0.0 if cuda else memory(StepSetup.from_config(cfg))["total"] * 1e9 / 2**20,
+        "state_mb": 0.0 if cuda else memory(StepSetup.from_config(cfg, parallel=parallel))["total"] * 1e9 / 2**20,
     }
-    gather = 4 * count_params(model)[0] / 2**20 if train.get("parallel", "ddp") != "ddp" else 0.0
+    gather = 4 * count_params(model)[0] / 2**20 if (parallel or train.get("parallel", "ddp")) != "ddp" else 0.0
     rank = sum(parts.values())
     node = math.ceil(TRAIN_HOST_MARGIN * (hw["nproc_per_node"] * rank + gather))
     return {**{k: round(v, 1) for k, v in parts.items()}, "rank_mb": round(rank, 1),

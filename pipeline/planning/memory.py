@@ -16,7 +16,7 @@ from pipeline.planning.fitted import (
     FSDP_ROOT_BYTES,
     NCCL_BUFFERS_GB,
 )
-from pipeline.run_config import run_config
+from pipeline.run_config import RunConfig
 
 GB = 1e9
 GIB = 2 ** 30
@@ -93,21 +93,20 @@ class StepSetup:
     nodes: int = 1                     # hardware.nodes: world_size / nodes GPUs per node
 
     @classmethod
-    def from_config(cls, cfg: dict, logits: str = "ours", parallel: str | None = None) -> StepSetup:
+    def from_config(cls, cfg: RunConfig, logits: str = "ours", parallel: str | None = None) -> StepSetup:
         """The trainer's step for a resolved run config; ``logits="bf16-materialized"`` describes the
         reference trainer instead (its loss, and gradients freed at every zero_grad). ``parallel``
         (ddp | fsdp) replaces ``train.parallel``; ``auto`` is resolved by `choose_parallel`."""
         if logits not in LOGITS_MODES:
             raise ValueError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
-        c = run_config(cfg)
-        model, train, hw = c.model, c.train, c.hardware
+        model, train, hw = cfg.model, cfg.train, cfg.hardware
         parallel = parallel or train.parallel
         if parallel == "auto":
             parallel = choose_parallel(cfg)["parallel"]
         if parallel not in PARALLEL_MODES:
             raise ValueError(f"parallel must be one of {PARALLEL_MODES}, got {parallel!r}")
         cuda = hw.device == "cuda"
-        batch = BatchLayout.from_config(c)
+        batch = BatchLayout.from_config(cfg)
         bf16 = cuda and train.precision == "bf16"
         return cls(
             vocab=model.vocab_size, dim=model.dim, n_layers=model.n_layers, n_heads=model.n_heads,
@@ -119,7 +118,7 @@ class StepSetup:
             optimizer=train.optimizer,
             adamw_kernel="fused" if cuda else "foreach", fp8=train.fp8, logits=logits,
             fp8_filter="torchao" if logits == "ours" else "all",
-            ce_chunk=train.ce_chunk_tokens, ce_matmul=ce_matmul_precision(c),
+            ce_chunk=train.ce_chunk_tokens, ce_matmul=ce_matmul_precision(cfg),
             grads_persistent=logits == "ours", parallel=parallel, nodes=hw.nodes,
         )
 
@@ -188,14 +187,13 @@ class StepSetup:
         return self.device == "cuda" and not self.bf16
 
 
-def ce_matmul_precision(cfg: dict) -> str:
+def ce_matmul_precision(cfg: RunConfig) -> str:
     """``train.ce_matmul`` resolved: ``auto`` is bf16 beside a bf16 body on CUDA, else fp32 (the one
     place the trainer and the model read it from)."""
-    c = run_config(cfg)
-    setting = c.train.get("ce_matmul", "auto")
+    setting = cfg.train.get("ce_matmul", "auto")
     if setting != "auto":
         return setting
-    return "bf16" if c.hardware.device == "cuda" and c.train.precision == "bf16" else "fp32"
+    return "bf16" if cfg.hardware.device == "cuda" and cfg.train.precision == "bf16" else "fp32"
 
 
 
@@ -447,13 +445,14 @@ def default_eval_batch_tokens(s: StepSetup, capacity: float) -> int:
     return max(1, fits) * s.seq_len
 
 
-def eval_batch_tokens(cfg: dict) -> int:
+def eval_batch_tokens(cfg: RunConfig, parallel: str | None = None) -> int:
     """The scoring batch of a resolved config: ``eval.core_batch_tokens``, or when null
-    `default_eval_batch_tokens` for its model, optimizer and ``hardware.gpu_memory_gb``."""
-    c = run_config(cfg)
-    if c.eval.core_batch_tokens is not None:
-        return c.eval.core_batch_tokens
-    return default_eval_batch_tokens(StepSetup.from_config(c), capacity_gb(c.hardware.gpu_memory_gb, c.hardware.device))
+    `default_eval_batch_tokens` for its model, optimizer and ``hardware.gpu_memory_gb``; ``parallel`` (ddp |
+    fsdp) replaces ``train.parallel``, as in `StepSetup.from_config`."""
+    if cfg.eval.core_batch_tokens is not None:
+        return cfg.eval.core_batch_tokens
+    return default_eval_batch_tokens(StepSetup.from_config(cfg, parallel=parallel),
+                                     capacity_gb(cfg.hardware.gpu_memory_gb, cfg.hardware.device))
 
 
 # ----------------------------------------------------------------------------- time
@@ -461,15 +460,14 @@ def eval_batch_tokens(cfg: dict) -> int:
 
 # ----------------------------------------------------------------------------- ddp or fsdp
 
-def choose_parallel(cfg: dict) -> dict:
-    """``train.parallel`` of a resolved config, resolved: ``auto`` is ddp when ddp's predicted memory per
-    GPU (`memory`) fits ``hardware.gpu_memory_gb`` (`capacity_gb`), else fsdp. Returns the choice
-    (``parallel``), what was asked (``requested``), why (``reason``), the capacity and, for ddp and
-    fsdp, the predicted memory and whether it fits. Does not refuse (`resolve_parallel` does)."""
-    c = run_config(cfg)
-    cap = capacity_gb(c.hardware.gpu_memory_gb, c.hardware.device)
-    requested = c.train.parallel
-    mem = {m: memory(StepSetup.from_config(c, parallel=m)) for m in PARALLEL_MODES}
+def choose_parallel(cfg: RunConfig, requested: str | None = None) -> dict:
+    """``train.parallel`` of a resolved config (or `requested` in its place), resolved: ``auto`` is ddp when
+    ddp's predicted memory per GPU (`memory`) fits ``hardware.gpu_memory_gb`` (`capacity_gb`), else fsdp.
+    Returns the choice (``parallel``), what was asked (``requested``), why (``reason``), the capacity and, for
+    ddp and fsdp, the predicted memory and whether it fits. Does not refuse (`resolve_parallel` does)."""
+    cap = capacity_gb(cfg.hardware.gpu_memory_gb, cfg.hardware.device)
+    requested = requested or cfg.train.parallel
+    mem = {m: memory(StepSetup.from_config(cfg, parallel=m)) for m in PARALLEL_MODES}
     fits = {m: mem[m]["total"] <= cap for m in PARALLEL_MODES}
     ddp, fsdp = mem["ddp"]["total"], mem["fsdp"]["total"]
     if requested == "auto":

@@ -7,36 +7,35 @@ import math
 from pipeline.errors import PlanError
 from pipeline.planning.memory import StepSetup, capacity_gb, choose_parallel, memory
 from pipeline.planning.stages import ADAMW8BIT_FSDP, adamw8bit_keys
-from pipeline.run_config import run_config, with_section
+from pipeline.run_config import RunConfig, with_section
 
 # ----------------------------------------------------------------------------- ddp or fsdp
 
-def _gpu_words(cfg: dict, cap: float) -> str:
-    hw = run_config(cfg).hardware
+def _gpu_words(cfg: RunConfig, cap: float) -> str:
+    hw = cfg.hardware
     if hw.device != "cuda":
         return f"the {cap:.1f} GB of host memory hardware.gpu_memory_gb gives a process"
     return f"an {hw.gpu_type}'s {cap:.1f} GB (hardware.gpu_memory_gb {hw.gpu_memory_gb:g} GiB)"
 
 
-def smaller_micro_batch(cfg: dict, parallel: str) -> tuple[int, float] | None:
+def smaller_micro_batch(cfg: RunConfig, parallel: str) -> tuple[int, float] | None:
     """(the largest train.micro_batch below the config's whose layout divides the global batch and whose
     predicted memory under `parallel` fits, its total GB), or None."""
-    c = run_config(cfg)
-    cap = capacity_gb(c.hardware.gpu_memory_gb, c.hardware.device)
-    base = StepSetup.from_config(c, parallel=parallel)
-    row_tokens = c.train.seq_len * base.world_size
-    if c.train.global_batch_tokens % row_tokens:
+    cap = capacity_gb(cfg.hardware.gpu_memory_gb, cfg.hardware.device)
+    base = StepSetup.from_config(cfg, parallel=parallel)
+    row_tokens = cfg.train.seq_len * base.world_size
+    if cfg.train.global_batch_tokens % row_tokens:
         return None
-    rows = c.train.global_batch_tokens // row_tokens  # micro_batch must divide it
+    rows = cfg.train.global_batch_tokens // row_tokens  # micro_batch must divide it
     divisors = {k for i in range(1, math.isqrt(rows) + 1) if rows % i == 0 for k in (i, rows // i)}
-    for mb in sorted((k for k in divisors if k < c.train.micro_batch), reverse=True):
+    for mb in sorted((k for k in divisors if k < cfg.train.micro_batch), reverse=True):
         total = memory(base.replace(micro_batch=mb, grad_accum=rows // mb))["total"]
         if total <= cap:
             return mb, total
     return None
 
 
-def resolve_parallel(cfg: dict) -> dict:
+def resolve_parallel(cfg: RunConfig) -> dict:
     """`cfg` with ``train.parallel`` resolved to ddp or fsdp (`choose_parallel`), refusing a choice whose
     predicted memory per GPU does not fit: one `PlanError` naming train.parallel and the fix (fsdp, a
     smaller micro-batch that fits, more GPUs or activation checkpointing), and ``auto`` resolving to fsdp
@@ -62,7 +61,7 @@ def resolve_parallel(cfg: dict) -> dict:
                     break  # a smaller micro-batch of the asked parallelism is the one fix to name
         if not fixes:
             fixes.append("add GPUs (hardware.nodes: fsdp shards over all of them)"
-                         + ("" if run_config(cfg).train.activation_checkpointing == "block"
+                         + ("" if cfg.train.activation_checkpointing == "block"
                             else " or checkpoint activations (train.activation_checkpointing: block)"))
         raise PlanError(
             f"config key 'train.parallel': {asked} does not fit the GPU's memory: {parallel} needs "

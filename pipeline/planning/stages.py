@@ -17,7 +17,7 @@ import math
 
 from pipeline.errors import ConfigError
 from pipeline.planning.compute import count_params, flops_per_token, token_target, trained_tokens
-from pipeline.run_config import plain, run_config
+from pipeline.run_config import RunConfig, plain
 
 STAGE_TRAIN_KEYS = ("mix", "optimizer", "lr", "embed_lr", "lm_head_lr", "weight_decay", "betas", "grad_clip",
                     "schedule", "warmup_steps", "min_lr_ratio", "decay_frac")
@@ -25,11 +25,10 @@ BUDGET_KEYS = ("tokens", "steps", "epochs")
 LOSSES = ("all", "assistant")
 
 
-def stage_list(cfg: dict) -> list[dict]:
+def stage_list(cfg: RunConfig) -> list[dict]:
     """The run's stages in order, resolved: ``name``, ``index``, ``mix``, ``budget`` (``{"kind":
     tokens|steps|epochs|run, "value"}``), ``loss``, ``init_from`` (a stage name or None),
     ``carry_optimizer``, ``doc_mask`` and ``train`` (the stage's effective `train` section)."""
-    cfg = run_config(cfg)
     raw = cfg.train.get("stages") or [{"name": cfg.train.mix}]
     out: list[dict] = []
     for i, st in enumerate(raw):
@@ -84,10 +83,9 @@ def stage_list(cfg: dict) -> list[dict]:
     return plain(out)
 
 
-def adamw8bit_keys(cfg: dict) -> list[str]:
+def adamw8bit_keys(cfg: RunConfig) -> list[str]:
     """The config keys that set the optimizer to adamw8bit: ``train.optimizer`` and any stage's override
     (refused under fsdp: `ADAMW8BIT_FSDP`)."""
-    cfg = run_config(cfg)
     train = cfg.train
     keys = ["train.optimizer"] if train["optimizer"] == "adamw8bit" else []
     return keys + [f"train.stages[{i}].optimizer" for i, st in enumerate(train.get("stages") or [])
@@ -101,42 +99,39 @@ ADAMW8BIT_FSDP = ("adamw8bit cannot step train.parallel: fsdp's sharded paramete
                   "take plain CUDA tensors, not FSDP2's DTensor shards: an illegal memory access)")
 
 
-def stage_names(cfg: dict) -> list[str]:
+def stage_names(cfg: RunConfig) -> list[str]:
     return [s["name"] for s in stage_list(cfg)]
 
 
-def get_stage(cfg: dict, name: str) -> dict:
+def get_stage(cfg: RunConfig, name: str) -> dict:
     for s in stage_list(cfg):
         if s["name"] == name:
             return s
     raise ConfigError(f"unknown stage '{name}' (train.stages: {', '.join(stage_names(cfg))})")
 
 
-def tokenizer_sources(cfg: dict) -> list[str]:
+def tokenizer_sources(cfg: RunConfig) -> list[str]:
     """The sources the tokenizer is trained on: tokenizer.train_sources, else every text source."""
-    cfg = run_config(cfg)
     tok = cfg.tokenizer
     if tok.get("train_sources"):
         return list(tok["train_sources"])
     return [n for n, s in cfg.sources.items() if s["format"] == "text"] or list(cfg.sources)
 
 
-def is_chat_stage(params: dict) -> bool:
+def is_chat_stage(view: RunConfig) -> bool:
     """A stage's view (`stage_config`) trains a chat model: its mix has a chat source and a bestfit pack
     (its report adds the chat evaluation: assistant-only val loss, fixed answers, ChatCORE)."""
-    view = run_config(params)
     mix = view.mixes[view.stage["mix"]]
     return mix.get("packing") == "bestfit" and any(view.sources[s].get("format") == "chat" for s in mix["weights"])
 
 
-def stage_config(cfg: dict, name: str) -> dict:
+def stage_config(cfg: RunConfig, name: str) -> dict:
     """`cfg` as one stage sees it: `train` replaced by the stage's effective train section, `mixes`
     and `sources` narrowed to the stage's own mix and the sources its data is made of (the mix's and
     the tokenizer's), and the resolved stage (without its train section) under ``stage``. What the
     trainer and the evaluation of that stage receive, so an edit to another stage, mix or source
     leaves this stage's params (and Snakemake's rerun decision, and its checkpoints' resume check)
-    unchanged."""
-    cfg = run_config(cfg)
+    unchanged. Plain data (a rule's params): type it with `pipeline.run_config.run_config` to read it."""
     st = get_stage(cfg, name)
     out = {k: v for k, v in cfg.items() if k != "train"}
     out["train"] = st["train"]
@@ -150,11 +145,11 @@ def stage_config(cfg: dict, name: str) -> dict:
 
 # ----------------------------------------------------------------------------- budgets
 
-def stage_budget(cfg: dict, stage: dict) -> dict:
+def stage_budget(cfg: RunConfig, stage: dict) -> dict:
     """A stage's steps and trained tokens from the config alone: ``num_steps``, ``trained_tokens``
     (= num_steps × tokens_per_step) and ``basis``; both None for an epochs budget (known from the
-    packed rows only; `epoch_steps`)."""
-    cfg = run_config(cfg)
+    packed rows only; `epoch_steps`). A stage without a budget of its own trains the run's (`token_target` of
+    ``cfg.train``: the budget keys are the run's, no stage overrides them)."""
     step = stage["train"]["global_batch_tokens"]
     kind, value = stage["budget"]["kind"], stage["budget"]["value"]
     key = f"train.stages[{stage['index']}].{kind}" if cfg.train.get("stages") else f"train.{kind}"
@@ -167,7 +162,7 @@ def stage_budget(cfg: dict, stage: dict) -> dict:
             target = int(value)
         else:
             n_params, _ = count_params(cfg.model)
-            target, key = token_target(stage["train"], n_params, flops_per_token(cfg))
+            target, key = token_target(cfg.train, n_params, flops_per_token(cfg))
         steps = -(-target // step)
     return {"num_steps": steps, "trained_tokens": steps * step, "basis": key}
 
@@ -180,16 +175,15 @@ def epoch_steps(epochs: float, n_rows: int, rows_per_step: int) -> tuple[int, in
     return -(-rows // rows_per_step), rows
 
 
-def estimated_epoch_steps(cfg: dict, stage: dict) -> int:
+def estimated_epoch_steps(cfg: RunConfig, stage: dict) -> int:
     """An epochs stage's optimizer steps before its mix is packed: its mix's integer `tokens` as rows of
     seq_len targets, no padding (a lower bound; the trainer counts the packed rows, `epoch_steps`)."""
-    cfg = run_config(cfg)
     rows = -(-int(cfg.mixes[stage["mix"]]["tokens"]) // cfg.train.seq_len)
     rows_per_step = cfg.train.global_batch_tokens // cfg.train.seq_len
     return -(-math.ceil(stage["budget"]["value"] * rows) // rows_per_step)
 
 
-def mix_targets(cfg: dict, mix: str) -> int:
+def mix_targets(cfg: RunConfig, mix: str) -> int:
     """Training targets a mix with ``tokens: plan`` must supply: the most any stage training on it
     consumes (each stage reads its mix from the start); the run budget when no stage uses it."""
     used = [stage_budget(cfg, s)["trained_tokens"] for s in stage_list(cfg) if s["mix"] == mix]

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import math
 
-from pipeline.planning.compute import GPU_TYPE_ALIASES, HBM_BYTES_PER_S, PEAK_FLOPS, flops_per_token, peak_flops
+from pipeline.planning.compute import (
+    GPU_TYPE_ALIASES,
+    HBM_BYTES_PER_S,
+    PEAK_FLOPS,
+    flops_of,
+    flops_per_token,
+    peak_flops,
+)
 from pipeline.planning.fitted import (
     CE_BYTES_PER_LOGIT,
     COLLECTIVE_EFFICIENCY,
@@ -23,7 +30,7 @@ from pipeline.planning.fitted import (
     OPTIMIZER_BYTES,
 )
 from pipeline.planning.memory import StepSetup
-from pipeline.run_config import run_config
+from pipeline.run_config import RunConfig
 
 
 def body_flops(s: StepSetup) -> dict[str, float]:
@@ -132,21 +139,19 @@ def muon_flops(s: StepSetup) -> float:
 
 def model_flops_per_token(s: StepSetup) -> float:
     """pipeline.planning.compute.flops_per_token of this setup's model: the FLOPs MFU is logged with."""
-    model = {"vocab_size": s.vocab, "dim": s.dim, "n_layers": s.n_layers, "n_heads": s.n_heads,
-             "n_kv_heads": s.n_kv_heads, "ffn_dim": s.ffn_dim, "tie_embeddings": s.tied}
-    return flops_per_token({"model": model, "train": {"seq_len": s.seq_len}})
+    return flops_of(s.vocab, s.dim, s.n_layers, s.n_heads, s.n_kv_heads, s.ffn_dim, s.seq_len)
 
 
-def step_seconds(cfg: dict, logits: str = "ours") -> tuple[float, str]:
+def step_seconds(cfg: RunConfig, logits: str = "ours", parallel: str | None = None) -> tuple[float, str]:
     """Seconds of one optimizer step and their basis: at `hardware.assumed_mfu` when set, else predicted
-    (`step_time`). A measured step (`pipeline.plan --measured-step`) overrides both in the plan."""
-    c = run_config(cfg)
-    setup = StepSetup.from_config(c, logits)
-    mfu = c.hardware.assumed_mfu
+    (`step_time`). A measured step (`pipeline.plan --measured-step`) overrides both in the plan. ``parallel``
+    (ddp | fsdp) replaces ``train.parallel``, as in `StepSetup.from_config`."""
+    setup = StepSetup.from_config(cfg, logits, parallel)
+    mfu = cfg.hardware.assumed_mfu
     if mfu is None:
         return step_time(setup)["total"], "predicted (pipeline.planning.step_time)"
-    flops = flops_per_token(c) * c.train.global_batch_tokens
-    return flops / (setup.world_size * peak_flops(c) * mfu), "hardware.assumed_mfu"
+    flops = flops_per_token(cfg) * cfg.train.global_batch_tokens
+    return flops / (setup.world_size * peak_flops(cfg) * mfu), "hardware.assumed_mfu"
 
 
 def predicted_mfu(s: StepSetup, seconds: float | None = None) -> float:

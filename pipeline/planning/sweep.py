@@ -21,9 +21,9 @@ from pipeline.config import cut, train_slice
 from pipeline.config.layout import RunLayout
 from pipeline.errors import ConfigError, PlanError
 from pipeline.io import read_json
-from pipeline.planning.compute import count_params, flops_per_token
+from pipeline.planning.compute import count_params, flops_of, parts_of
 from pipeline.planning.stages import stage_budget, stage_config, stage_list
-from pipeline.run_config import plain, run_config, with_section
+from pipeline.run_config import RunConfig, plain, run_config, with_section
 
 SCALING_COMMAND = "snakemake --cores all scaling"
 
@@ -39,9 +39,8 @@ def budget_name(budget: float) -> str:
     return f"{mantissa:g}e{exponent}"
 
 
-def depth_model(cfg: dict, depth: int) -> dict:
-    """The model section of the ladder's model at `depth` (docs/planning.md, "The IsoFLOP sweep")."""
-    cfg = run_config(cfg)
+def depth_model(cfg: RunConfig, depth: int) -> dict:
+    """The model section of the ladder's model at `depth` (docs/planning.md, "The IsoFLOP sweep"), plain data."""
     s, m = cfg.scaling, cfg.model
     aspect = s["aspect"] or m["dim"] / m["n_layers"]
     head_dim = s["head_dim"] or m["dim"] // m["n_heads"]
@@ -56,9 +55,8 @@ def depth_model(cfg: dict, depth: int) -> dict:
             "ffn_dim": max(1, round(ffn_ratio * dim))}
 
 
-def warmup_fraction(cfg: dict) -> float:
+def warmup_fraction(cfg: RunConfig) -> float:
     """`scaling.warmup_frac`, else the run's first stage's warmup steps / its steps."""
-    cfg = run_config(cfg)
     if cfg.scaling.warmup_frac is not None:
         return cfg.scaling.warmup_frac
     if cfg.train.tokens_per_param == "scaling" and cfg.train.target_tokens is None \
@@ -71,9 +69,15 @@ def warmup_fraction(cfg: dict) -> float:
     return min(1.0, first["train"]["warmup_steps"] / steps) if steps else 0.0
 
 
-def point_config(cfg: dict, budget: float, depth: int) -> dict:
-    """The full run config of one point (docs/planning.md, "The IsoFLOP sweep"), without the `scaling` section."""
-    cfg = run_config(cfg)
+def _shape(model: dict) -> tuple[int, int, int, int, int, int]:
+    """A plain model section's shape (`depth_model`'s) as `parts_of` and `flops_of` take it."""
+    return (model["vocab_size"], model["dim"], model["n_layers"], model["n_heads"], model["n_kv_heads"],
+            model["ffn_dim"])
+
+
+def point_config(cfg: RunConfig, budget: float, depth: int) -> dict:
+    """The full run config of one point (docs/planning.md, "The IsoFLOP sweep"), without the `scaling` section:
+    plain data (its rule's params are cut from it); `point_run_config` types it."""
     first = stage_list(cfg)[0]
     train = {k: copy.deepcopy(v) for k, v in first["train"].items()}
     model = depth_model(cfg, depth)
@@ -83,7 +87,7 @@ def point_config(cfg: dict, budget: float, depth: int) -> dict:
     if step % (micro * T):
         raise ConfigError(f"config key 'scaling.global_batch_tokens': {step} is not a multiple of micro_batch × "
                           f"seq_len = {micro} × {T}; choose a multiple of {micro * T}")
-    fpt = flops_per_token({"model": model, "train": train})
+    fpt = flops_of(*_shape(model), T)
     steps = max(1, round(budget / (fpt * step)))
     train.update(global_batch_tokens=step, micro_batch=micro, target_tokens=steps * step, target_flops=None,
                  tokens_per_param=20, stages=[], warmup_steps=round(warmup_fraction(cfg) * steps),
@@ -95,16 +99,22 @@ def point_config(cfg: dict, budget: float, depth: int) -> dict:
     return plain(out)
 
 
-def point_params(cfg: dict, budget: float, depth: int) -> dict:
-    """What one point's train and evaluate commands get (`stage_config` of the point's config)."""
+def point_run_config(cfg: RunConfig, budget: float, depth: int) -> RunConfig:
+    """`point_config` as a RunConfig: a point's config is a new config, typed here where it is made (what the
+    plan prices a point's hours by, `pipeline.planning.token_plan.train_hours`)."""
+    return run_config(point_config(cfg, budget, depth))
+
+
+def point_params(cfg: RunConfig, budget: float, depth: int) -> dict:
+    """What one point's train and evaluate commands get (`stage_config` of the point's config, typed where its
+    train slice is cut)."""
     pc = point_config(cfg, budget, depth)
-    return stage_config(cut(train_slice, pc), pc["train"]["mix"])
+    return stage_config(run_config(cut(train_slice, pc)), pc["train"]["mix"])
 
 
-def points(cfg: dict) -> list[dict]:
+def points(cfg: RunConfig) -> list[dict]:
     """Every point of the sweep: budget (its name and FLOPs), depth, N, FLOPs per token, steps, tokens.
     Two budgets with one name (`budget_name`) are a ConfigError: their points would be the same jobs."""
-    cfg = run_config(cfg)
     named: dict[str, float] = {}
     for budget in cfg.scaling.budgets:  # equal budgets the schema refuses; equal names are caught here
         if budget_name(budget) in named:
@@ -118,13 +128,14 @@ def points(cfg: dict) -> list[dict]:
         for depth in cfg.scaling.depths:
             pc = point_config(cfg, c, int(depth))
             out.append({"budget": budget_name(budget), "flops": c, "depth": int(depth),
-                        "n_params": count_params(pc["model"])[0], "flops_per_token": flops_per_token(pc),
+                        "n_params": sum(parts_of(*_shape(pc["model"]), pc["model"]["tie_embeddings"]).values()),
+                        "flops_per_token": flops_of(*_shape(pc["model"]), pc["train"]["seq_len"]),
                         "tokens": pc["train"]["target_tokens"],
                         "steps": pc["train"]["target_tokens"] // pc["train"]["global_batch_tokens"]})
     return out
 
 
-def check_sweep(cfg: dict, mix_tokens: int | None) -> None:
+def check_sweep(cfg: RunConfig, mix_tokens: int | None) -> None:
     """Refuse a sweep whose points cannot train: fewer than 10 steps, or more tokens than the mix's
     `mix_tokens` targets (None: not known, not checked)."""
     mix = stage_list(cfg)[0]["mix"]
@@ -252,7 +263,7 @@ def run_ratio(fit: dict, n_params: float) -> dict:
 
 # ----------------------------------------------------------------------------- the plan's ratio
 
-def fit_path(cfg: dict) -> Path:
+def fit_path(cfg: RunConfig) -> Path:
     return Path(RunLayout.of(cfg).scaling("fit.json"))
 
 
@@ -277,17 +288,16 @@ def read_fit(path: Path) -> dict:
     return fit
 
 
-def resolve_tokens_per_param(cfg: dict, required: bool = True) -> tuple[dict, dict | None]:
+def resolve_tokens_per_param(cfg: RunConfig, required: bool = True) -> tuple[RunConfig | dict, dict | None]:
     """`cfg` with ``train.tokens_per_param: scaling`` replaced by the fitted ratio where the run's
-    model is compute-optimal (`run_ratio`), and what the plan says of it: {tokens_per_param, ci, fit,
-    flops, n_params}; (cfg, None) when the run sets a number. Without a fit: PlanError naming the
+    model is compute-optimal (`run_ratio`), as plain data, and what the plan says of it: {tokens_per_param, ci,
+    fit, flops, n_params}; (cfg, None) when the run sets a number. Without a fit: PlanError naming the
     command to run when `required`, else `cfg` unchanged with {"missing": True, ...} (a Snakemake parse
     that builds only the sweep; anything sized by the run's budget fails in `token_target`)."""
-    given, cfg = cfg, run_config(cfg)
     t = cfg.train
     if t.get("tokens_per_param") != "scaling" or t.get("target_tokens") is not None \
             or t.get("target_flops") is not None:
-        return given, None  # a number, or an explicit budget that overrides the ratio
+        return cfg, None  # a number, or an explicit budget that overrides the ratio
     mix = stage_list(cfg)[0]["mix"]
     if cfg.mixes[mix]["tokens"] == "plan":
         raise ConfigError(f"config key 'mixes.{mix}.tokens': train.tokens_per_param: scaling sizes the run from the "
@@ -298,13 +308,13 @@ def resolve_tokens_per_param(cfg: dict, required: bool = True) -> tuple[dict, di
         if required:
             raise PlanError(f"train.tokens_per_param: scaling needs the sweep's fit {path}: run `{SCALING_COMMAND}` "
                             "first (or set a number)")
-        return given, {"missing": True, "fit": str(path)}
+        return cfg, {"missing": True, "fit": str(path)}
     fit = read_fit(path)
     if not math.isfinite(fit["a"]) or fit["a"] <= 0:
         raise PlanError(f"{path}: the sweep found no compute-optimal size (a = {fit['a']}; see its report.md): "
                         "widen scaling.depths or scaling.budgets and rerun `" + SCALING_COMMAND + "`, or set a number")
     info = {**run_ratio(fit, count_params(cfg.model)[0]), "fit": str(path)}
-    return with_section(given, "train", tokens_per_param=float(f"{info['tokens_per_param']:.4g}")), info
+    return with_section(cfg, "train", tokens_per_param=float(f"{info['tokens_per_param']:.4g}")), info
 
 
 def describe_ratio(info: dict) -> str:
@@ -317,8 +327,7 @@ def describe_ratio(info: dict) -> str:
             f"(C = {info['flops']:.3g} FLOPs), from {info['fit']}")
 
 
-def fit_params(cfg: dict) -> dict:
+def fit_params(cfg: RunConfig) -> dict:
     """What the fit depends on: the points (N, D, C of each), the bootstrap, the run's N."""
-    cfg = run_config(cfg)
     return {"points": points(cfg), "bootstrap": cfg.scaling.bootstrap, "seed": cfg.seed,
             "run_n_params": count_params(cfg.model)[0]}

@@ -26,7 +26,7 @@ from pipeline.planning.memory import StepSetup, capacity_gb, choose_parallel, ev
 from pipeline.planning.stages import estimated_epoch_steps, stage_budget, stage_list
 from pipeline.planning.step_time import fsdp_comm, measured_step_seconds, predicted_mfu, step_seconds, step_time
 from pipeline.planning.train_jobs import checkpointing, stage_jobs
-from pipeline.run_config import run_config
+from pipeline.run_config import RunConfig
 
 log = get_logger(__name__)
 
@@ -145,12 +145,11 @@ def read_counts(path: str | Path, delimiters_per_doc: int) -> dict[str, tuple[in
     return out
 
 
-def _tokens_per_shard(cfg: dict, source: str, counted: dict | None, counts_path,
+def _tokens_per_shard(cfg: RunConfig, source: str, counted: dict | None, counts_path,
                       strict: bool = True, available: int | None = None) -> tuple[float | None, str]:
     """(mean usable tokens per shard of `source`, where that number comes from). A source missing
     from the counts file is an error when `strict` (the plan rule: the counts are this run's), else
     unknown (a counts file left by an earlier config, e.g. before a source was added or renamed)."""
-    cfg = run_config(cfg)
     if counted and source in counted:
         total, n = counted[source]
         if total > 0:
@@ -176,8 +175,7 @@ def _tokens_per_shard(cfg: dict, source: str, counted: dict | None, counts_path,
                   f"sources.{source}.tokens_per_shard_estimate)")
 
 
-def _more_shards_fix(cfg: dict, source: str, needed: int) -> str:
-    cfg = run_config(cfg)
+def _more_shards_fix(cfg: RunConfig, source: str, needed: int) -> str:
     src = cfg.sources[source]
     if src["type"] == "hf":
         start = src["shards"][0]
@@ -185,12 +183,11 @@ def _more_shards_fix(cfg: dict, source: str, needed: int) -> str:
     return f"add parquet shards matching sources.{source}.glob"
 
 
-def shard_budget(cfg: dict, scheduled_tokens: int, basis: str, counted: dict | None, counts_path=None,
+def shard_budget(cfg: RunConfig, scheduled_tokens: int, basis: str, counted: dict | None, counts_path=None,
                  allow_short: bool = False, strict_counts: bool = True) -> dict[str, dict]:
     """Per source of the train mix (whose schedule holds `scheduled_tokens`): weight, tokens per
     shard (+ basis), val reserve, tokens and shards needed vs available. Raises PlanError when a source is
     short, unless allow_short."""
-    cfg = run_config(cfg)
     mix_name = cfg.train.mix
     mix = cfg.mixes[mix_name]
     weight_sum = sum(mix["weights"].values())
@@ -227,7 +224,7 @@ def shard_budget(cfg: dict, scheduled_tokens: int, basis: str, counted: dict | N
 
 # ----------------------------------------------------------------------------- memory and time
 
-def read_measured_step(value: str, cfg: dict) -> dict:
+def read_measured_step(value: str, cfg: RunConfig) -> dict:
     """``--measured-step``: seconds of one bench step, or a ``pipeline.bench --json`` file, which must
     describe this config's micro-step (micro-batch, sequence length, parameters, settings)."""
     try:
@@ -239,8 +236,7 @@ def read_measured_step(value: str, cfg: dict) -> dict:
     return {"seconds": seconds, "source": "measured: --measured-step"}
 
 
-def _measured_step_file(path: Path, cfg: dict) -> dict:
-    cfg = run_config(cfg)
+def _measured_step_file(path: Path, cfg: RunConfig) -> dict:
     if not path.is_file():
         raise PlanError(f"--measured-step {path}: neither seconds nor a pipeline.bench --json file")
     try:
@@ -260,18 +256,19 @@ def _measured_step_file(path: Path, cfg: dict) -> dict:
     return {"seconds": seconds, "source": f"measured: {path} ({bench.get('device', '?')})"}
 
 
-def performance(cfg: dict, logits: str = "ours", measured_step: dict | None = None) -> dict:
-    """Memory (GB by component), the step time and its basis, and MFU (see docs/planning.md)."""
-    cfg = run_config(cfg)
-    setup = StepSetup.from_config(cfg, logits)
+def performance(cfg: RunConfig, logits: str = "ours", measured_step: dict | None = None,
+                parallel: str | None = None) -> dict:
+    """Memory (GB by component), the step time and its basis, and MFU (see docs/planning.md). ``parallel``
+    (ddp | fsdp) replaces ``train.parallel`` (`make_plan`'s resolution of auto)."""
+    setup = StepSetup.from_config(cfg, logits, parallel)
     mem = memory(setup)
     predicted = step_time(setup)
     hw = cfg.hardware
     if measured_step is not None:
         seconds, basis = measured_step_seconds(setup, measured_step["seconds"]), measured_step["source"]
     else:
-        seconds, basis = step_seconds(cfg, logits)
-    n_eval = eval_batch_tokens(cfg)
+        seconds, basis = step_seconds(cfg, logits, parallel)
+    n_eval = eval_batch_tokens(cfg, parallel)
     evaluation = {"in_loop": eval_memory(setup, n_eval, in_loop=True),
                   "standalone": eval_memory(setup, n_eval, in_loop=False)}
     return {"memory": mem, "capacity_gb": capacity_gb(hw["gpu_memory_gb"], hw["device"]), "step_time_s": seconds,
@@ -279,23 +276,22 @@ def performance(cfg: dict, logits: str = "ours", measured_step: dict | None = No
             "eval_memory": evaluation}
 
 
-def train_hours(cfg: dict) -> float:
+def train_hours(cfg: RunConfig, parallel: str | None = None) -> float:
     """The plan's ``est_hours`` without the data side: num_steps × the step time of `performance`."""
-    cfg = run_config(cfg)
-    return trained_tokens(cfg) // cfg.train.global_batch_tokens * performance(cfg)["step_time_s"] / 3600
+    return (trained_tokens(cfg) // cfg.train.global_batch_tokens * performance(cfg, parallel=parallel)["step_time_s"]
+            / 3600)
 
 
 # ----------------------------------------------------------------------------- the plan
 
-def parallel_options(cfg: dict, num_steps: int, logits: str = "ours", requested: str | None = None) -> dict:
+def parallel_options(cfg: RunConfig, num_steps: int, logits: str = "ours", requested: str | None = None) -> dict:
     """The plan's ``parallel``: the parallelism the run uses (``used``), what the config asked
     (``requested``: `requested` when given, e.g. the ``auto`` the Snakefile resolved before planning),
     why (``reason``), and for ddp and fsdp the predicted memory per GPU, whether it fits, the step time,
     hours and GPU-hours (always `pipeline.planning`'s predicted step, whatever the plan's own time basis),
     and fsdp's collectives per step (`pipeline.planning.step_time.fsdp_comm`)."""
-    cfg = run_config(cfg)
     asked = requested or cfg.train.parallel
-    choice = choose_parallel({**cfg, "train": {**cfg.train, "parallel": asked}})
+    choice = choose_parallel(cfg, asked)
     out = {"used": choice["parallel"], "requested": asked, "reason": choice["reason"]}
     for mode in ("ddp", "fsdp"):
         setup = StepSetup.from_config(cfg, logits, parallel=mode)
@@ -312,7 +308,7 @@ def parallel_options(cfg: dict, num_steps: int, logits: str = "ours", requested:
     return out
 
 
-def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = False,
+def make_plan(cfg: RunConfig, counts: str | Path | None = None, allow_short: bool = False,
               strict_counts: bool = True, logits: str = "ours", measured_step: dict | None = None,
               tokens_per_param_fit: dict | None = None, parallel_requested: str | None = None) -> Plan:
     """The plan of a resolved run config (or its plan-stage slice), with the measured token counts when
@@ -326,8 +322,8 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     rule's slice) adds the sweep's price (`sweep_cost`). ``train.parallel: auto`` is resolved here
     (`pipeline.planning.parallel.choose_parallel`); `parallel_requested` names what the config asked when the caller
     resolved it already (the Snakefile). A parallelism that does not fit is reported here, refused by
-    `pipeline.planning.parallel.resolve_parallel` (the Snakefile's parse and this module's CLI). """
-    cfg = run_config(cfg)
+    `pipeline.planning.parallel.resolve_parallel` (the Snakefile's parse and this module's CLI): every figure
+    below is of the parallelism used (passed on as ``parallel``). """
     model, train, hw = cfg.model, cfg.train, cfg.hardware
     parts = param_parts(model)
     n_params, non_embedding = count_params(model)
@@ -358,8 +354,8 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     tokens_available = sum(r["tokens_available"] for r in per_source.values()) if known else None
 
     parallel = parallel_options(cfg, num_steps, logits, parallel_requested)
-    cfg = {**cfg, "train": {**train, "parallel": parallel["used"]}}
-    perf = performance(cfg, logits, measured_step)
+    used = parallel["used"]
+    perf = performance(cfg, logits, measured_step, used)
     memory = perf["memory"]
     total_flops = fpt * trained
     peak = peak_flops(cfg)
@@ -372,8 +368,8 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
     stage_rate = fpt * batch.tokens_per_step / (batch.world_size * perf["step_time_s"])
     stages, stages_total = plan_stages(cfg, fpt, batch, stage_rate)
     # checkpoints and the chain of jobs of each stage within hardware.max_job_hours (pipeline.planning.train_jobs)
-    checkpoints = checkpointing(cfg, perf["step_time_s"])
-    jobs = stage_jobs(cfg, perf["step_time_s"])
+    checkpoints = checkpointing(cfg, perf["step_time_s"], used)
+    jobs = stage_jobs(cfg, perf["step_time_s"], used)
     for s in stages:
         s.update({k: jobs[s["name"]][k] for k in ("jobs", "runtime_min", "hours_per_job", "checkpoints",
                                                    "expected_failures", "restarts", "wall_hours")})
@@ -398,7 +394,7 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
             basis = describe_ratio(tokens_per_param_fit)
     if "scaling" in cfg:
         try:
-            extra["scaling_sweep"] = sweep_cost(cfg)
+            extra["scaling_sweep"] = sweep_cost(cfg, used)
         except (PipelineError, ArithmeticError, ValueError) as e:  # the sweep's own rule names the key
             notes.append(f"scaling sweep not priced: {e}")
     return Plan(
@@ -438,28 +434,27 @@ def make_plan(cfg: dict, counts: str | Path | None = None, allow_short: bool = F
         parallel=parallel,
         notes=notes,
         **extra,
-        host_memory=job_sizes.train_host_memory(cfg),
+        host_memory=job_sizes.train_host_memory(cfg, used),
         checkpointing=checkpoints,
     )
 
 
-def sweep_cost(cfg: dict) -> dict:
+def sweep_cost(cfg: RunConfig, parallel: str | None = None) -> dict:
     """The IsoFLOP sweep's price (`snakemake --cores all scaling`, pipeline/planning/sweep.py): every point on
     one process (one GPU) for its steps at the plan's step time of the point's own config
-    (`train_hours`), and the total."""
-    cfg = run_config(cfg)
-    from pipeline.planning.sweep import point_config, points
+    (`train_hours`; ``parallel`` replaces its ``train.parallel``), and the total."""
+    from pipeline.planning.sweep import point_run_config, points
 
     out = []
     for p in points(cfg):
-        hours = train_hours(point_config(cfg, p["flops"], p["depth"]))
+        hours = train_hours(point_run_config(cfg, p["flops"], p["depth"]), parallel)
         out.append({**p, "est_gpu_hours": hours})
     total = sum(p["est_gpu_hours"] for p in out)
     return {"points": out, "n_points": len(out), "est_gpu_hours": total,
             "budgets": len(cfg.scaling.budgets), "depths": len(cfg.scaling.depths)}
 
 
-def plan_stages(cfg: dict, fpt: int, batch: BatchLayout, flops_per_s_per_gpu: float) -> tuple[list[dict], dict]:
+def plan_stages(cfg: RunConfig, fpt: int, batch: BatchLayout, flops_per_s_per_gpu: float) -> tuple[list[dict], dict]:
     """Every training stage's steps, tokens, FLOPs and (estimated) time, and their sums. An epochs
     budget is estimated from its mix's integer `tokens` (rows of seq_len targets, no padding: a lower
     bound; the trainer counts the packed rows), flagged ``estimate``."""

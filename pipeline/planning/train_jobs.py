@@ -19,7 +19,7 @@ from pipeline.planning.job_sizes import train_minutes
 from pipeline.planning.memory import StepSetup, optimizer_bytes
 from pipeline.planning.stages import estimated_epoch_steps, stage_budget, stage_list
 from pipeline.planning.step_time import step_seconds
-from pipeline.run_config import run_config, with_section
+from pipeline.run_config import RunConfig, with_section
 
 __all__ = ["predicted_step_s", "predicted_save_s", "predicted_startup_s", "checkpointing", "resolve_ckpt_interval",
            "stage_jobs"]
@@ -34,27 +34,24 @@ STOP_MARGIN_S = 30.0            # the trainer's margin before its deadline (TOKE
 TRAIN_STATE_BYTES = 64e6        # loader and RNG states, the params: small beside the tensors
 
 
-def _setup(cfg: dict) -> tuple[StepSetup, str, int, int]:
-    c = run_config(cfg)
-    return StepSetup.from_config(c), c.hardware.device, world_size(c), c.hardware.nodes
+def _setup(cfg: RunConfig, parallel: str | None = None) -> tuple[StepSetup, str, int, int]:
+    return StepSetup.from_config(cfg, parallel=parallel), cfg.hardware.device, world_size(cfg), cfg.hardware.nodes
 
 
-def predicted_step_s(cfg: dict) -> float:
+def predicted_step_s(cfg: RunConfig, parallel: str | None = None) -> float:
     """Seconds of one optimizer step: the plan's step time (`pipeline.planning.step_time.step_seconds`)."""
-    return float(step_seconds(cfg)[0])
+    return float(step_seconds(cfg, parallel=parallel)[0])
 
 
-def _compiles(cfg: dict) -> bool:
-    c = run_config(cfg)
-    return c.hardware.device == "cuda" if c.train.compile == "auto" else bool(c.train.compile)
+def _compiles(cfg: RunConfig) -> bool:
+    return cfg.hardware.device == "cuda" if cfg.train.compile == "auto" else bool(cfg.train.compile)
 
 
-def _costs(cfg: dict) -> dict:
+def _costs(cfg: RunConfig, parallel: str | None = None) -> dict:
     """A checkpoint's size, what a save blocks and writes, and a restart's start-up, with their terms."""
-    cfg = run_config(cfg)
-    setup, device, world, nodes = _setup(cfg)
+    setup, device, world, nodes = _setup(cfg, parallel)
     state = 4 * setup.params + optimizer_bytes(setup)  # fp32 weights + the optimizer's state
-    sharded = cfg.train.parallel == "fsdp"
+    sharded = (parallel or cfg.train.parallel) == "fsdp"
     rank = state / world if sharded else state        # ddp: rank 0 writes the whole file
     node = state / nodes if sharded else state        # what one node's link carries
     bw = cfg.hardware.storage_gb_per_s * 1e9
@@ -71,23 +68,23 @@ def _costs(cfg: dict) -> dict:
             "async": asynchronous, "startup": startup, "startup_s": sum(startup.values())}
 
 
-def predicted_save_s(cfg: dict) -> float:
+def predicted_save_s(cfg: RunConfig) -> float:
     """Seconds one checkpoint save blocks training (async: the staging copy; else the whole write)."""
     return _costs(cfg)["block_s"]
 
 
-def predicted_startup_s(cfg: dict) -> float:
+def predicted_startup_s(cfg: RunConfig) -> float:
     """Seconds a job (or a restart) spends before its first step: start, verify, load, compile, loader seek."""
     return _costs(cfg)["startup_s"]
 
 
-def checkpointing(cfg: dict, step_s: float | None = None) -> dict:
+def checkpointing(cfg: RunConfig, step_s: float | None = None, parallel: str | None = None) -> dict:
     """The checkpoint figures of the plan: size per rank and in all (GB), the seconds a save blocks and writes in
     the background, a restart's start-up (by term), the job's MTBF (`hardware.gpu_mtbf_hours` / GPUs), the
-    Young/Daly interval (seconds, steps: `train.ckpt_interval` when a number) and the work one failure loses."""
-    cfg = run_config(cfg)
-    step_s = predicted_step_s(cfg) if step_s is None else step_s
-    c = _costs(cfg)
+    Young/Daly interval (seconds, steps: `train.ckpt_interval` when a number) and the work one failure loses.
+    ``parallel`` (ddp | fsdp) replaces ``train.parallel`` (the plan's resolution of auto)."""
+    step_s = predicted_step_s(cfg, parallel) if step_s is None else step_s
+    c = _costs(cfg, parallel)
     mtbf_h = cfg.hardware.gpu_mtbf_hours / world_size(cfg)
     # Young/Daly on what a checkpoint costs the run; a save's background write must end before the next save
     young_daly_s = max(math.sqrt(2 * c["block_s"] * mtbf_h * 3600), c["block_s"] + c["write_s"])
@@ -100,22 +97,23 @@ def checkpointing(cfg: dict, step_s: float | None = None) -> dict:
             "interval_hours": interval_s / 3600, "lost_hours_per_failure": lost_s / 3600, "step_s": step_s}
 
 
-def resolve_ckpt_interval(cfg: dict) -> dict:
-    """`cfg` with ``train.ckpt_interval: auto`` replaced by the Young/Daly interval in steps (`checkpointing`)."""
-    if run_config(cfg).train.ckpt_interval != "auto":
+def resolve_ckpt_interval(cfg: RunConfig) -> RunConfig | dict:
+    """`cfg` with ``train.ckpt_interval: auto`` replaced by the Young/Daly interval in steps (`checkpointing`), as
+    plain data; `cfg` itself when it sets a number."""
+    if cfg.train.ckpt_interval != "auto":
         return cfg
     return with_section(cfg, "train", ckpt_interval=checkpointing(cfg)["interval_steps"])
 
 
-def stage_jobs(cfg: dict, step_s: float | None = None) -> dict[str, dict]:
+def stage_jobs(cfg: RunConfig, step_s: float | None = None, parallel: str | None = None) -> dict[str, dict]:
     """Per training stage (a whole run config's stages): ``jobs`` (the chain's length: 1 without
     `hardware.max_job_hours`), ``runtime_min`` (what each job asks the scheduler for, never above the limit),
     ``num_steps``, ``hours_per_job``, ``checkpoints``, ``restarts`` (planned ones and expected failures) and
     ``wall_hours``: its compute, every save and every restart's start-up and lost work. Raises PlanError for a
-    limit too short to train a step."""
-    ck = checkpointing(cfg, step_s)
+    limit too short to train a step. ``parallel``: as in `checkpointing`."""
+    ck = checkpointing(cfg, step_s, parallel)
     step_s, start_s, final_s = ck["step_s"], ck["startup_s"], ck["block_s"] + ck["write_s"]
-    limit_h = run_config(cfg).hardware.get("max_job_hours")
+    limit_h = cfg.hardware.get("max_job_hours")
     out = {}
     for st in stage_list(cfg):
         steps = stage_budget(cfg, st)["num_steps"] or estimated_epoch_steps(cfg, st)

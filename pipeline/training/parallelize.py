@@ -33,7 +33,7 @@ def autocast_dtype(cfg: dict, device: torch.device) -> torch.dtype | None:
 
 def ce_matmul(cfg: dict) -> str:
     """``train.ce_matmul`` resolved (auto: bf16 beside a bf16 body on CUDA, else fp32)."""
-    return ce_matmul_precision(cfg)
+    return ce_matmul_precision(run_config(cfg))
 
 
 def set_matmul_precision(ce_matmul_precision: str) -> None:

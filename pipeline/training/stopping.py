@@ -176,7 +176,8 @@ class StopClock:
         from pipeline.planning.train_jobs import predicted_save_s, predicted_step_s
 
         environ = os.environ if environ is None else environ
-        return cls(predicted_step_s(params), predicted_save_s(params),
+        view = run_config(params)
+        return cls(predicted_step_s(view), predicted_save_s(view),
                    float(environ.get(MARGIN_ENV) or DEFAULT_MARGIN_S))
 
     def step_done(self, seconds: float) -> None:
@@ -212,10 +213,11 @@ def hang_allowances(params: dict) -> dict[str, float]:
     """Seconds each phase may take before the watchdog fires (docs/training.md, "Clean stops and the watchdog")."""
     from pipeline.planning.train_jobs import predicted_save_s, predicted_startup_s, predicted_step_s
 
-    minutes = run_config(params).hardware.get("hang_timeout_min")
-    step = 60.0 * minutes if minutes else max(MIN_HANG_S, 20 * predicted_step_s(params))
-    save = step + 3 * predicted_save_s(params)
-    start = save + 2 * predicted_startup_s(params)  # process start, checkpoint load, compile
+    view = run_config(params)
+    minutes = view.hardware.get("hang_timeout_min")
+    step = 60.0 * minutes if minutes else max(MIN_HANG_S, 20 * predicted_step_s(view))
+    save = step + 3 * predicted_save_s(view)
+    start = save + 2 * predicted_startup_s(view)  # process start, checkpoint load, compile
     return {"step": step, "validation": 2 * step, "core": 4 * step, "checkpoint": save, "start-up": start,
             "first step": start, "finish": 2 * save}
 

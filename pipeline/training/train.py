@@ -40,7 +40,7 @@ from pipeline.model.model import Transformer
 from pipeline.planning.compute import BatchLayout, StepPlan, canonical_gpu_type, gpu_type_of, peak_flops
 from pipeline.planning.stages import epoch_steps, is_chat_stage, stage_budget, stage_config, stage_names
 from pipeline.planning.train_jobs import resolve_ckpt_interval
-from pipeline.run_config import run_config
+from pipeline.run_config import plain, run_config
 from pipeline.training import checkpoint as ckpt
 from pipeline.training.lease import Lease
 from pipeline.training.metrics import MetricsLogger, UpdateRatio, group_norms, memory_stats, mfu, watched_groups
@@ -167,7 +167,7 @@ def stage_steps(params: dict, layout: BatchLayout, train_meta: str) -> tuple[int
     st = view.stage
     if st["budget"]["kind"] == "epochs":
         return epoch_steps(st["budget"]["value"], read_json(train_meta)["n_rows"], layout.rows_per_step)
-    return stage_budget(params, {**st, "train": view.train})["num_steps"], None
+    return stage_budget(view, {**st, "train": view.train})["num_steps"], None
 
 
 def check_gpu_type(params: dict, device: torch.device) -> None:
@@ -374,7 +374,7 @@ def set_up(params: dict, plan: StepPlan, train_meta: str, val_meta: str, tokeniz
     """Check the plan, the data and the tokenizer against the stage, and build the model, optimizer and
     loaders (fresh: `pipeline.training.checkpoint.resume` then loads a checkpoint into them)."""
     view = run_config(params)
-    layout = BatchLayout.from_config(params)
+    layout = BatchLayout.from_config(view)
     plan = StepPlan.from_plan(plan)
     check_plan(plan, layout, dist)
     if dist.device.type == "cuda" and dist.is_main:
@@ -401,7 +401,7 @@ def set_up(params: dict, plan: StepPlan, train_meta: str, val_meta: str, tokeniz
     core_every = view.eval.core_interval if eval_data is not None else 0
     core_tasks = core_benchmark.load_tasks(eval_data, view.eval.tasks) if core_every else None
     chat_tasks = (core_benchmark.load_tasks(eval_data, view.eval.chat_tasks, chat=True)
-                  if core_every and view.eval.chat_tasks and is_chat_stage(params) else None)
+                  if core_every and view.eval.chat_tasks and is_chat_stage(view) else None)
     return Run(params, plan, layout, dist, model, optimizer, loader, val_meta, tokenizer, core_every, core_tasks,
                chat_tasks, total_rows)
 
@@ -419,7 +419,7 @@ def run_steps(run: Run, state: ckpt.TrainState, metrics: MetricsLogger | None, s
     train_cfg, num_steps, accum = view.train, plan.num_steps, run.layout.grad_accum_steps
     sched, clock, allow, watchdog = Schedule.of(params, num_steps, run.core_every), control.clock, control.allow, \
         control.watchdog
-    peak = peak_flops(params)
+    peak = peak_flops(view)
     loss_model = LossModel(model, autocast_dtype(params, dist.device), train_cfg.ce_chunk_tokens, ce_matmul(params))
     ddp, fwd = wrap(loss_model, dist, use_compile(params, dist.device))
     ref = weakref.ref(fwd if ddp is model else ddp)  # fsdp: no DDP module; the loss model is freed here
@@ -535,12 +535,13 @@ def _train(params: dict, plan: StepPlan, train_meta: str, val_meta: str, tokeniz
            init: str | None, segment: tuple[int, int], rank: int) -> dict | None:
     """Set up, resume or start afresh, train to the segment's target (`max_steps` at most), finish."""
     if "stage" not in params:  # a whole run config: its first stage
-        params = stage_config(params, stage_names(params)[0])
-    params = resolve_ckpt_interval(with_init(params, init))
+        view = run_config(params)
+        params = stage_config(view, stage_names(view)[0])
+    params = plain(resolve_ckpt_interval(run_config(with_init(params, init))))  # plain data, as the job's params
     outdir = Path(outdir)
     ckpt_dir = outdir / "ckpt"
     if segment[0] < segment[1] and resume != "never":  # a rerun of a segment done: no model, no process group
-        num_steps = stage_steps(params, BatchLayout.from_config(params), train_meta)[0]
+        num_steps = stage_steps(params, BatchLayout.from_config(run_config(params)), train_meta)[0]
         target = segment_target(segment, num_steps)
         reached = reached_checkpoint(ckpt_dir, params)
         if reached is not None and reached["step"] >= target:
@@ -645,8 +646,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     params = params_from_args(args, train_slice)
     if "stage" not in params:
-        params = stage_config(params, args.stage or stage_names(params)[0])
-    plan = StepPlan.from_plan(read_json(args.plan)) if args.plan is not None else StepPlan.of(params)
+        view = run_config(params)
+        params = stage_config(view, args.stage or stage_names(view)[0])
+    plan = StepPlan.from_plan(read_json(args.plan)) if args.plan is not None else StepPlan.of(run_config(params))
     try:
         train(params, plan, args.train, args.val, args.tokenizer, args.outdir,
               resume=args.resume, max_steps=args.max_steps, keep_ckpts=args.keep_ckpts, eval_data=args.eval_data,

@@ -9,6 +9,7 @@ import torch
 
 from pipeline.bench import ckpt
 from pipeline.planning.train_jobs import checkpointing
+from pipeline.run_config import run_config
 
 
 @pytest.mark.parametrize("preset", [row[1] for row in ckpt.CKPT_ROWS])
@@ -18,7 +19,7 @@ def test_a_checkpoint_row_runs_its_path_on_cpu_at_a_tiny_size(preset, tmp_path):
     m = ckpt.run_ckpt_row(cfg, torch.device("cpu"), tmp_path / "ckpt-row", n_params=n)
     assert m["n_params"] == n and m["checkpoint_gb"] * 1e9 >= ckpt.BYTES_PER_PARAM * n  # weights + both moments
     assert all(m[k] > 0 for k in ("first_blocked_s", "blocked_s", "write_s", "verify_s", "load_s"))
-    ck = checkpointing(cfg)  # the plan's figures, and the row's scaled to the same bytes
+    ck = checkpointing(run_config(cfg))  # the plan's figures, and the row's scaled to the same bytes
     assert m["predicted"] == {"blocked_s": ck["block_s"], "write_s": ck["write_s"],
                               "verify_s": ck["startup"]["verify"], "load_s": ck["startup"]["load"]}
     assert m["job"]["verify_s"] == pytest.approx(m["verify_s"] * ck["size_gb_total"] / m["checkpoint_gb"], rel=0.01)

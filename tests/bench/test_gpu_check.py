@@ -15,6 +15,7 @@ from pipeline.bench import gpu_check
 from pipeline.bench.suite import REFERENCE_SUITE
 from pipeline.bench.throughput import main
 from pipeline.errors import PipelineError
+from pipeline.run_config import run_config
 
 
 def test_gpu_check_runs_on_cpu_with_the_cuda_rows_skipped(tmp_path, capsys):
@@ -87,7 +88,7 @@ def test_smoke_model_is_wide_enough_for_torchaos_fp8_filter():
 
     cfg = gpu_check.smoke_config("cuda")
     for recipe in ("tensorwise", "rowwise"):
-        conv = StepSetup.from_config({**cfg, "train": {**cfg["train"], "fp8": recipe}}).fp8_linears()
+        conv = StepSetup.from_config(run_config({**cfg, "train": {**cfg["train"], "fp8": recipe}})).fp8_linears()
         assert conv["gate"] and conv["up"], recipe  # the fp8 rows convert something
 
 

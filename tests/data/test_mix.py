@@ -17,6 +17,7 @@ from pipeline.data import mix
 from pipeline.errors import PipelineError
 from pipeline.planning import token_plan as plan_module
 from pipeline.rules import rule_params
+from pipeline.run_config import run_config
 
 SEQ_LEN = 64
 
@@ -153,7 +154,8 @@ def test_tokens_plan_is_the_plans_trained_tokens(tmp_path, split_dir):
     cfg = load_config(ROOT / "config.yaml", {"train": {"target_tokens": 49_000, "global_batch_tokens": 5_000,
                                                        "seq_len": 50, "micro_batch": 100}})
     p = rule_params(cfg, "mix", mix="pretrain")
-    assert p["trained_tokens"] == {"pretrain": plan_module.make_plan(cfg).trained_tokens} == {"pretrain": 50_000}
+    planned = plan_module.make_plan(run_config(cfg)).trained_tokens
+    assert p["trained_tokens"] == {"pretrain": planned} == {"pretrain": 50_000}
     p = {**params(tokens="plan"), "trained_tokens": p["trained_tokens"]["pretrain"]}
     train, _, report = run(tmp_path, p)
     assert report["target"]["tokens"] == 50_000 and report["target"]["from"] == "plan"
@@ -172,7 +174,7 @@ def test_mix_params_ignore_micro_batch_and_hardware(tmp_path):
     for edit in edits:
         assert rule_params(load_config(ROOT / "config.yaml", edit), "mix") == rule_params(base, "mix")
     budget = load_config(ROOT / "config.yaml",
-                         {"train": {"target_tokens": 2 * plan_module.make_plan(base).trained_tokens}})
+                         {"train": {"target_tokens": 2 * plan_module.make_plan(run_config(base)).trained_tokens}})
     assert (rule_params(budget, "mix")["trained_tokens"]["pretrain"]
             == 2 * rule_params(base, "mix")["trained_tokens"]["pretrain"])
 

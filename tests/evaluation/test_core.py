@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from pipeline.data.eval_data import build_eval_data
 from pipeline.errors import PipelineError
 from pipeline.evaluation import core_benchmark as core
+from pipeline.run_config import run_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -358,7 +359,7 @@ def test_batch_tokens_default_is_bounded_by_memory_not_the_training_batch():
     settings = core.core_settings(cfg)
     assert settings["max_items"] is None and settings["head_chunk"] == cfg["train"]["ce_chunk_tokens"]
     n = settings["batch_tokens"]
-    s = StepSetup.from_config(cfg)
+    s = StepSetup.from_config(run_config(cfg))
     assert n % 2048 == 0 and eval_memory(s, n, in_loop=True)["total"] <= capacity_gb(80, "cuda")
     other_batch = {**cfg, "train": {**cfg["train"], "micro_batch": 4}}
     assert core.core_settings(other_batch)["batch_tokens"] == n  # not the training micro-batch

@@ -33,6 +33,7 @@ from pipeline.model.checkpoint_io import load_checkpoint, save_checkpoint, versi
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.planning.compute import count_params
 from pipeline.rules import rule_params
+from pipeline.run_config import run_config as typed_config
 
 TOL = 1e-4
 SEQ = 64
@@ -141,7 +142,7 @@ def test_logits_equal_ours_on_random_and_real_tokens(tmp_path, tokenizers_, real
     assert max_logit_diff(ours, hf, random_ids) < TOL
     assert max_logit_diff(ours, hf, real_tokens[:, :SEQ]) < TOL
     # the exported parameter count is the plan's (a tied lm_head is the embedding, counted once)
-    assert sum(p.numel() for p in hf.parameters()) == count_params(cfg["model"])[0]
+    assert sum(p.numel() for p in hf.parameters()) == count_params(typed_config(cfg).model)[0]
     if tied:
         assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
 

@@ -25,6 +25,7 @@ import pytest
 from builders import ROOT, TINY, make_project, user_env, write_config
 
 from pipeline.planning import job_sizes as sizes
+from pipeline.run_config import run_config
 
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -206,7 +207,8 @@ def long_run_config(jobs=(3, 6)) -> dict:
         hardware = {**SLURM_CONFIG["hardware"], "max_job_hours": LIMIT_MIN / 60, "assumed_mfu": mfu,
                     "train_retries": 4}
         config = {**SLURM_CONFIG, "hardware": hardware}
-        counts = [s["jobs"] for s in stage_jobs(resolve_parallel(resolve_config(config))).values()]
+        resolved = run_config(resolve_parallel(run_config(resolve_config(config))))
+        counts = [s["jobs"] for s in stage_jobs(resolved).values()]
         if min(counts) >= jobs[0] and max(counts) <= jobs[1]:
             return config
     raise AssertionError(f"no assumed_mfu splits every stage into {jobs[0]}-{jobs[1]} jobs")

@@ -12,6 +12,7 @@ from pipeline.config import load_config
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.planning.memory import StepSetup, fp8_converts, memory
 from pipeline.planning.step_time import step_time
+from pipeline.run_config import run_config
 from pipeline.training.parallelize import fp8_filter
 
 PRESET = "configs/llama3-1b-fineweb.yaml"
@@ -37,9 +38,13 @@ def test_same_decisions_as_torchaos_own_filter(recipe):
 
 def test_preset_keeps_attention_and_down_in_bf16_under_rowwise(monkeypatch):
     cfg = load_config(PRESET)
-    rowwise = StepSetup.from_config({**cfg, "train": {**cfg["train"], "fp8": "rowwise"}}).fp8_linears()
+
+    def linears(fp8: str) -> dict[str, bool]:
+        return StepSetup.from_config(run_config({**cfg, "train": {**cfg["train"], "fp8": fp8}})).fp8_linears()
+
+    rowwise = linears("rowwise")
     assert [k for k, v in rowwise.items() if v] == ["gate", "up"]  # q/k/v/o/down stay bf16 at 1.2B
-    tensorwise = StepSetup.from_config({**cfg, "train": {**cfg["train"], "fp8": "tensorwise"}}).fp8_linears()
+    tensorwise = linears("tensorwise")
     assert [k for k, v in tensorwise.items() if not v] == ["k", "v"]  # N = 512 ≤ 1024 with K = 2048 ≤ 4096
     # the trainer's conversion selects the same modules (one block of the preset on the meta device)
     with torch.device("meta"):
@@ -62,7 +67,7 @@ def test_planner_speedup_follows_the_filter():
     assert step_time(small.replace(fp8="rowwise"))["total"] == step_time(small)["total"]
     assert memory(small.replace(fp8="rowwise"))["activations"] == memory(small)["activations"]
     cfg = load_config(PRESET)
-    s = StepSetup.from_config(cfg).replace(micro_batch=16, checkpoint="none")
+    s = StepSetup.from_config(run_config(cfg)).replace(micro_batch=16, checkpoint="none")
     bf16, fp8, every = (step_time(s.replace(**c))["body"] for c in (
         {}, {"fp8": "tensorwise"}, {"fp8": "tensorwise", "fp8_filter": "all"}))
     assert every < fp8 < bf16  # tensorwise speeds up what it converts: less than converting everything

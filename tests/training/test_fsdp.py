@@ -35,6 +35,7 @@ from builders import (
 )
 
 from pipeline.io import write_json
+from pipeline.run_config import run_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -403,7 +404,7 @@ def test_the_planner_counts_what_gathered_holds(group):
         _, sharded, _ = _sharded_pair(params)
         with torch.no_grad(), gathered(sharded):
             held = sum(p.numel() * p.element_size() for p in sharded.parameters())
-        assert held == fsdp_evaluation_gathered_bytes(StepSetup.from_config(params, parallel="fsdp")), tied
+        assert held == fsdp_evaluation_gathered_bytes(StepSetup.from_config(run_config(params), parallel="fsdp")), tied
 
 
 def test_the_trainer_refuses_adamw8bit_on_sharded_parameters(group):

@@ -12,6 +12,7 @@ from pipeline.config import resolve_config
 from pipeline.data.loader import DataExhausted, PackedLoader
 from pipeline.model.checkpoint_io import load_checkpoint, save_checkpoint
 from pipeline.planning.compute import PEAK_FLOPS, peak_flops
+from pipeline.run_config import run_config
 from pipeline.training.parallelize import set_matmul_precision, wrap
 from pipeline.training.step import (
     StepBatches,
@@ -90,9 +91,9 @@ def test_ddp_skips_the_buffer_broadcast_on_old_and_new_torch(tmp_path, monkeypat
 
 def test_fp32_run_is_measured_against_the_true_fp32_peak():
     cfg = resolve_config({"train": {"precision": "fp32"}, "hardware": {"device": "cuda", "gpu_type": "H100"}})
-    assert peak_flops(cfg) == PEAK_FLOPS["H100"]["fp32"] == 66.9e12  # not TF32's 494.5e12
+    assert peak_flops(run_config(cfg)) == PEAK_FLOPS["H100"]["fp32"] == 66.9e12  # not TF32's 494.5e12
     cfg["train"]["precision"] = "bf16"
-    assert peak_flops(cfg) == 989e12
+    assert peak_flops(run_config(cfg)) == 989e12
     before = torch.get_float32_matmul_precision()
     try:
         set_matmul_precision("fp32")

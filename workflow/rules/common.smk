@@ -64,15 +64,18 @@ SWEEP_TARGETED = any(a in ("scaling", "scaling_point") or "/scaling/" in a for a
 # train.parallel: auto is resolved here to ddp or fsdp (pipeline.planning.parallel.resolve_parallel: fsdp when ddp's predicted
 # memory per GPU does not fit), so every rule's params and the trainer hold a concrete value; a parallelism
 # whose prediction does not fit stops the run here, naming train.parallel and the fix.
+# pipeline.planning takes the config typed (pipeline.run_config.RunConfig): typed here, and again after each
+# step that resolves a key (each returns the config as plain data).
 try:
     _resolved, TOKENS_PER_PARAM_FIT = resolve_tokens_per_param(
-        tfc.resolve_config(config), required=workflow.is_main_process and not SWEEP_TARGETED)
-    PARALLEL_REQUESTED = _resolved["train"]["parallel"]
-    _resolved = tfres.resolve_ckpt_interval(resolve_parallel(_resolved))  # train.ckpt_interval: auto → steps
+        tfrc.run_config(tfc.resolve_config(config)), required=workflow.is_main_process and not SWEEP_TARGETED)
+    _typed = tfrc.run_config(_resolved)
+    PARALLEL_REQUESTED = _typed.train.parallel
+    _resolved = tfres.resolve_ckpt_interval(tfrc.run_config(resolve_parallel(_typed)))  # ckpt_interval: auto → steps
 except (ConfigError, PlanError) as _e:
     stop(_e)
 config.clear()
-config.update(_resolved)
+config.update(tfrc.plain(_resolved))
 # The same config, typed (pipeline.run_config): what the estimators read, built once. `config` stays the plain
 # mapping Snakemake holds; the rule slices are cut from it.
 RC = tfrc.run_config(config)

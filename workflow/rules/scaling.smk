@@ -14,7 +14,7 @@ try:
     SCALING_POINTS = tfsc.points(RC)
     if workflow.is_main_process and SWEEP_TARGETED:  # every point must get its tokens from the mix, 10+ steps
         _mix = config["mixes"][SCALING_MIX]["tokens"]
-        tfsc.check_sweep(config, mix_targets(RC, SCALING_MIX) if _mix == "plan" else _mix)
+        tfsc.check_sweep(RC, mix_targets(RC, SCALING_MIX) if _mix == "plan" else _mix)
 except ConfigError as _e:
     stop(_e)
 
@@ -45,7 +45,7 @@ rule scaling_point:
     resources:
         # runtime: the planner's predicted hours of the point (its own config through plan.train_hours) × 1.5
         **{**job_resources("scaling_point"), "runtime": lambda w: tfsz.train_minutes(
-            train_hours(tfsc.point_config(config, float(w.budget), int(w.depth))))},
+            train_hours(tfsc.point_run_config(RC, float(w.budget), int(w.depth))))},
     conda:
         "../../envs/train.yaml"
     shell:
