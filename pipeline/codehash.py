@@ -305,7 +305,7 @@ class Package:
         try:
             with os.fdopen(fd, "w") as f:
                 os.fchmod(f.fileno(), 0o644)  # as readable as the bytecode beside it
-                f.write(json.dumps(keep, separators=(",", ":")))  # json.dump encodes in Python: 10x slower
+                f.write(json.dumps(keep, separators=(",", ":")))  # json.dumps encodes in C; json.dump in Python
             os.replace(tmp, self.cache_file)
             self._added = False
         except OSError:
