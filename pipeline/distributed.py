@@ -6,6 +6,7 @@ import contextlib
 import gc
 import os
 import random
+import sys
 import weakref
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,6 +19,13 @@ from pipeline.errors import PipelineError
 from pipeline.io import get_logger
 
 log = get_logger(__name__)
+
+
+def is_dtensor(t: object) -> bool:
+    """Whether `t` is a sharded tensor (DTensor). A DTensor exists only once torch.distributed.tensor is imported
+    (FSDP2 and DCP import it), so a process without one never pays that large import to ask."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 # hardware.process_group_timeout_min's default. Rank 0 alone writes a checkpoint (the whole model
 # and optimizer state: minutes on a network filesystem) while the other ranks already wait in the next step's

@@ -215,7 +215,7 @@ def run_smoke_row(cfg: dict, steps: int, masked: bool) -> dict:
     model = build_model(cfg, device)  # initialised on the CPU from the seed: the reference's weights
     optimizer = build_optimizer(model, train, device.type)
     loss_model = LossModel(model, autocast_dtype(cfg, device), train.ce_chunk_tokens, ce_matmul(cfg))
-    fwd = torch.compile(loss_model) if use_compile(cfg, device) else loss_model
+    fwd = loss_model.compiled() if use_compile(cfg, device) else loss_model
     x, y, doc_ids = (v.to(device) for v in smoke_batch(cfg))
 
     def loss_and_backward():

@@ -86,7 +86,7 @@ def run_bench(cfg: dict, steps: int = 10, warmup: int = 3, on_step=None) -> dict
     model = build_model(cfg, device)
     optimizer = build_optimizer(model, train, device.type)
     loss_model = LossModel(model, body_dtype, train.ce_chunk_tokens, ce_matmul(cfg))
-    fwd = torch.compile(loss_model) if use_compile(cfg, device) else loss_model
+    fwd = loss_model.compiled() if use_compile(cfg, device) else loss_model
     params = [p for p in model.parameters() if p.requires_grad]
     B, T, V = train.micro_batch, train.seq_len, c.model.vocab_size
     rows = torch.randint(0, V, (B, T + 1), device=device)

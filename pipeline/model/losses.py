@@ -2,7 +2,9 @@
 
 - `chunked_cross_entropy(hidden, lm_head_weight, targets, mask, chunk, matmul)`: the training loss as a
   ``(sum, count)`` pair (the caller forms the exact token-weighted mean), fp32 logits one chunk at a time,
-  its backward fused into the forward; never compiled (a deliberate graph break);
+  its backward fused into the forward;
+- `eager_cross_entropy()`: the same, never traced by torch.compile (a deliberate graph break): what a
+  compiled step calls (`LossModel.compiled`, pipeline/training/parallelize.py);
 - `chunked_eval_stats(...)`: ``{"loss_sum", "correct", "count"}`` for validation.
 
 ``matmul`` (``train.ce_matmul``: fp32, tf32 or bf16) sets only the precision of the logit matmuls'
@@ -11,9 +13,11 @@ inputs. Why fp32, why chunked, why never compiled, with the measured errors and 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-__all__ = ["CE_MATMUL", "chunked_cross_entropy", "chunked_eval_stats"]
+__all__ = ["CE_MATMUL", "chunked_cross_entropy", "chunked_eval_stats", "eager_cross_entropy"]
 
 CE_MATMUL = ("bf16", "tf32", "fp32")
 
@@ -131,7 +135,6 @@ def _check(chunk: int, matmul: str) -> None:
         raise ValueError(f"matmul must be one of {CE_MATMUL}, got {matmul!r}")
 
 
-@torch.compiler.disable  # a deliberate graph break: the loss runs eagerly, one chunk at a time (docs/model.md)
 def chunked_cross_entropy(
     hidden: torch.Tensor,
     lm_head_weight: torch.Tensor,
@@ -146,8 +149,8 @@ def chunked_cross_entropy(
     targets: [...] int64; mask: optional [...] loss mask (1 = count the token, 0 = ignore it);
     matmul: the logit matmuls' input precision (docs/model.md). Returns ``(loss_sum, count)``: the
     fp32 sum of per-token losses over counted tokens (differentiable w.r.t. hidden and
-    lm_head_weight) and the number of counted tokens (fp32 tensor, no grad). Never traced by
-    torch.compile (a graph break): it runs eagerly inside a compiled step.
+    lm_head_weight) and the number of counted tokens (fp32 tensor, no grad). A compiled step calls
+    `eager_cross_entropy()` instead.
     """
     _check(chunk, matmul)
     h, t, m = _flatten(hidden, targets, mask)
@@ -159,6 +162,14 @@ def chunked_cross_entropy(
         else:
             loss, _ = _forward_only(h, lm_head_weight, t, m, chunk, bf16, with_accuracy=False)
     return loss, count
+
+
+@functools.cache
+def eager_cross_entropy():
+    """`chunked_cross_entropy` wrapped in ``torch.compiler.disable``: under torch.compile, a graph break before
+    it and the loss run eagerly. Made on first use, not at import: the wrapper imports torch._dynamo, a large
+    import that a process which never compiles need not pay."""
+    return torch.compiler.disable(chunked_cross_entropy)
 
 
 @torch.no_grad()

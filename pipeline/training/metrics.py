@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.distributed import is_dtensor
 from pipeline.io import atomic_write, get_logger
 
 __all__ = [
@@ -47,10 +48,8 @@ def watched_groups(model: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
 def _norm(tensors: list[torch.Tensor]) -> float:
     """L2 norm of the tensors together; of sharded (DTensor) ones the whole tensors' (one all-reduce, so
     every rank must call it: the trainer computes every record on every rank)."""
-    from torch.distributed.tensor import DTensor
-
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors]))
-    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    return float(norm.full_tensor() if is_dtensor(norm) else norm)
 
 
 def group_norms(groups: dict[str, list[torch.Tensor]], prefix: str, grads: bool = False) -> dict[str, float]:

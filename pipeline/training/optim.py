@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from pipeline.distributed import is_dtensor
 from pipeline.errors import PipelineError
 from pipeline.io import get_logger
 
@@ -132,10 +133,9 @@ class Muon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
-        from torch.distributed.tensor import DTensor
         from torch.optim._muon import _adjust_lr
 
-        if not any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"]):
+        if not any(is_dtensor(p) for g in self.param_groups for p in g["params"]):
             if not any(p.device.type == "cpu" for g in self.param_groups for p in g["params"]):
                 return super().step(closure)
             return self._plain_step(closure)
@@ -246,11 +246,9 @@ def _adamw(groups: list[dict], tcfg: dict, device_type: str) -> torch.optim.Opti
 
 
 def _adamw8bit(groups: list[dict], tcfg: dict, device_type: str) -> torch.optim.Optimizer:
-    from torch.distributed.tensor import DTensor
-
     from pipeline.planning.stages import ADAMW8BIT_FSDP
 
-    if any(isinstance(p, DTensor) for g in groups for p in g["params"]):  # the config checks refuse it first
+    if any(is_dtensor(p) for g in groups for p in g["params"]):  # the config checks refuse it first
         raise PipelineError(f"train.optimizer: {ADAMW8BIT_FSDP}; use adamw or muon, or train.parallel: ddp")
     if device_type != "cuda":
         raise PipelineError("train.optimizer: adamw8bit needs hardware.device: cuda "

@@ -8,12 +8,11 @@ import os
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from pipeline.distributed import Dist
+from pipeline.distributed import Dist, is_dtensor
 from pipeline.errors import PipelineError
-from pipeline.model.losses import chunked_cross_entropy
+from pipeline.model.losses import chunked_cross_entropy, eager_cross_entropy
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.planning.memory import ce_matmul_precision, fp8_converts
 from pipeline.run_config import run_config
@@ -113,7 +112,9 @@ def _write_initial(weight: nn.Parameter, value: torch.Tensor) -> None:
     """Write a weight's whole initial `value` (host, fp32) into `weight`: for a sharded (DTensor) weight
     its local shard only — the slice of `value` its placements give this rank, taken locally
     (``src_data_rank=None``: every rank drew the same value, nothing is sent)."""
-    if isinstance(weight, DTensor):
+    if is_dtensor(weight):
+        from torch.distributed.tensor import distribute_tensor
+
         value = distribute_tensor(value, weight.device_mesh, weight.placements, src_data_rank=None).to_local()
         weight = weight.to_local()
     weight.copy_(value)
@@ -121,9 +122,10 @@ def _write_initial(weight: nn.Parameter, value: torch.Tensor) -> None:
 
 class LossModel(nn.Module):
     """What DDP wraps and torch.compile compiles: the body under autocast, then the fp32 chunked CE
-    outside autocast, its logit matmuls at `ce_matmul` precision (pipeline/model/losses.py). The body
-    traces into one graph; the loss is the one, deliberate, graph break (``torch.compiler.disable``: it
-    runs eagerly, one chunk's [vocab, dim] product at a time; tested with torch._dynamo.explain).
+    outside autocast, its logit matmuls at `ce_matmul` precision (pipeline/model/losses.py). Compiled
+    (`compiled`), the body traces into one graph; the loss is the one, deliberate, graph break
+    (``torch.compiler.disable``: it runs eagerly, one chunk's [vocab, dim] product at a time; tested with
+    torch._dynamo.explain).
 
     forward(inputs, targets, mask=None, doc_ids=None) -> (loss_sum, count); with `doc_ids` [B, T]
     attention stays within each packed document (`model.hidden(..., doc_mask=doc_ids)`).
@@ -135,13 +137,24 @@ class LossModel(nn.Module):
         self.body_dtype = body_dtype
         self.ce_chunk = ce_chunk
         self.ce_matmul = ce_matmul
+        self.loss = chunked_cross_entropy
+
+    def keep_loss_eager(self) -> None:
+        """The loss out of any graph a compile traces (losses.eager_cross_entropy)."""
+        self.loss = eager_cross_entropy()
+
+    def compiled(self, around: nn.Module | None = None, **options) -> nn.Module:
+        """torch.compile of this loss model, or of `around` (the DDP that wraps it), the loss left eager:
+        every compiled step goes through here."""
+        self.keep_loss_eager()
+        return torch.compile(self if around is None else around, **options)
 
     def forward(self, inputs, targets, mask=None, doc_ids=None):
         dtype, on = self.body_dtype or torch.float32, self.body_dtype is not None
         with torch.autocast(inputs.device.type, dtype=dtype, enabled=on):
             hidden = self.model.hidden(inputs, doc_ids)
-        return chunked_cross_entropy(hidden, self.model.lm_head_weight, targets, mask, chunk=self.ce_chunk,
-                                     matmul=self.ce_matmul)
+        return self.loss(hidden, self.model.lm_head_weight, targets, mask, chunk=self.ce_chunk,
+                         matmul=self.ce_matmul)
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -244,7 +257,7 @@ def wrap(loss_model: LossModel, dist: Dist, compile_model: bool) -> tuple[nn.Mod
     if dist.distributed:
         ids = [dist.local_rank] if dist.device.type == "cuda" else None
         ddp = DDP(loss_model, device_ids=ids, gradient_as_bucket_view=True, **no_buffer_sync())
-    fwd = torch.compile(ddp) if compile_model else ddp
+    fwd = loss_model.compiled(ddp) if compile_model else ddp
     return ddp, fwd
 
 

@@ -7,11 +7,10 @@ import contextlib
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.overrides import TorchFunctionMode
 
-from pipeline.distributed import Dist, all_reduce_sum
+from pipeline.distributed import Dist, all_reduce_sum, is_dtensor
 from pipeline.model.model import ModelConfig, Transformer
 from pipeline.training.parallelize import _fsdp_modules, is_sharded
 
@@ -219,7 +218,7 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     before it scales them: the same norm as DDP's full gradients."""
     grads = [p.grad for p in params if p.grad is not None]
     norm = torch.nn.utils.get_total_norm(grads)
-    if isinstance(norm, DTensor):
+    if is_dtensor(norm):
         norm = norm.full_tensor()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -232,6 +235,7 @@ def test_compiled_step_breaks_its_graph_only_at_the_loss():
     """The body compiles as one graph; the loss is the one, deliberate, graph break (losses.py:
     ``torch.compiler.disable``)."""
     loss_model = _tiny_loss_model(vocab=512, dim=32, seq=16)
+    loss_model.keep_loss_eager()  # what LossModel.compiled does before compiling
     x, y = torch.randint(0, 512, (4, 16)), torch.randint(0, 512, (4, 16))
     explained = torch._dynamo.explain(loss_model)(x, y, (torch.rand(4, 16) > 0.5).float())
     assert explained.graph_count == 1 and len(explained.break_reasons) == 1, explained.break_reasons
@@ -259,7 +263,7 @@ def test_compiled_step_matches_eager_and_its_graphs_hold_no_logits():
     vocab, rows, seq = 4096, 4, 64
     loss_model = _tiny_loss_model(vocab=vocab, seq=seq)
     x, y = torch.randint(0, vocab, (rows, seq)), torch.randint(0, vocab, (rows, seq))
-    compiled = torch.compile(loss_model, backend=backend)
+    compiled = loss_model.compiled(backend=backend)
     loss_sum, count = compiled(x, y)
     (loss_sum / count).backward()
     grads = {n: p.grad.clone() for n, p in loss_model.named_parameters()}
@@ -309,12 +313,14 @@ def test_compiled_step_holds_no_weight_product_whatever_the_chunk_count(monkeypa
     x, proj = torch.randn(n, dim, generator=g), torch.randn(dim, dim, generator=g) / dim ** 0.5
     weight, targets = torch.randn(vocab, dim, generator=g), torch.randint(0, vocab, (n,), generator=g)
 
+    loss_fn = losses.eager_cross_entropy()  # what a compiled step calls (LossModel.compiled)
+
     def most_alive(chunks: int) -> int:
         p, w = proj.clone().requires_grad_(True), weight.clone().requires_grad_(True)
 
         def step():
             hidden = torch.tanh(x @ p)  # a compiled body feeding the loss
-            loss, count = chunked_cross_entropy(hidden, w, targets, chunk=n // chunks, matmul="bf16")
+            loss, count = loss_fn(hidden, w, targets, chunk=n // chunks, matmul="bf16")
             return loss / count
 
         torch._dynamo.reset()
@@ -365,3 +371,25 @@ def test_backward_accumulates_the_weight_gradient_in_place(matmul):
     tol = 2e-2 if matmul == "bf16" else 1e-5
     assert torch.allclose(hidden.grad.double(), ref_h.grad, rtol=tol, atol=tol)
     assert torch.allclose(weight.grad.double(), ref_w.grad, rtol=tol, atol=tol)
+
+
+def test_an_eager_unsharded_process_never_imports_dynamo_or_dtensor():
+    """The graph break is marked when a step is compiled (LossModel.compiled), not at import, and DTensors are
+    recognised without importing their module (pipeline.distributed.is_dtensor): torch._dynamo and
+    torch.distributed.tensor are large imports that every rank of an eager DDP run and every evaluation would
+    pay otherwise."""
+    code = textwrap.dedent("""
+        import sys
+        import torch
+        import pipeline.training.train, pipeline.evaluation.evaluate, pipeline.evaluation.chat
+        from pipeline.model.model import ModelConfig, Transformer
+        from pipeline.training.parallelize import LossModel
+        model = Transformer(ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=32,
+                                        max_seq_len=8))
+        loss, count = LossModel(model, None, ce_chunk=4)(torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8)))
+        loss.backward()
+        assert "torch._dynamo" not in sys.modules, "an eager step imported torch._dynamo"
+        assert "torch.distributed.tensor" not in sys.modules, "an unsharded step imported torch.distributed.tensor"
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
