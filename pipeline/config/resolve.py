@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonschema import Draft202012Validator, validators
 
 from pipeline.config.checks import check_consistency
 from pipeline.errors import ConfigError
@@ -38,14 +37,23 @@ def load_schema() -> dict:
         return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
-# `type: integer` is an int, not a float with no fractional part (JSON Schema's reading) nor a bool.
-_STRICT_TYPES = Draft202012Validator.TYPE_CHECKER.redefine(
-    "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
-_Validator = validators.extend(Draft202012Validator, type_checker=_STRICT_TYPES)
+@lru_cache(maxsize=1)
+def _validator_class():
+    """The schema's validator: `type: integer` is an int, not a float with no fractional part (JSON Schema's
+    reading) nor a bool. jsonschema is imported here, on first use: a stage job reads its params, validated
+    when Snakemake parsed the config, and need not pay the import."""
+    from jsonschema import Draft202012Validator, validators
+
+    strict = Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
+    return validators.extend(Draft202012Validator, type_checker=strict)
 
 
+@lru_cache(maxsize=1)
 def _validator_with_defaults():
-    validate_props = _Validator.VALIDATORS["properties"]
+    from jsonschema import validators
+
+    validate_props = _validator_class().VALIDATORS["properties"]
 
     def set_defaults(validator, properties, instance, schema):
         if isinstance(instance, dict):
@@ -54,7 +62,7 @@ def _validator_with_defaults():
                     instance[prop] = copy.deepcopy(sub["default"])
         yield from validate_props(validator, properties, instance, schema)
 
-    return validators.extend(_Validator, {"properties": set_defaults})
+    return validators.extend(_validator_class(), {"properties": set_defaults})
 
 
 def _key_path(path) -> str:
@@ -157,7 +165,7 @@ def run_dir(cfg: dict) -> Path:
 # ----------------------------------------------------------------------------- command-line overrides
 
 def _valid(value: Any, schema: dict) -> bool:
-    return _Validator(schema).is_valid(value)
+    return _validator_class()(schema).is_valid(value)
 
 
 def _subschema(schema: dict, key: str) -> dict:
