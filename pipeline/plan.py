@@ -54,14 +54,13 @@ def main(argv=None) -> None:
     else:
         params = params_from_args(args, plan_slice)
 
-    # typed once here (pipeline.planning takes a RunConfig), and again after each step that resolves a key
+    # typed once here (pipeline.planning takes a RunConfig; each step that resolves a key returns one)
     cfg, fitted = run_config(params), None
     if "results_dir" in cfg:
-        resolved, fitted = resolve_tokens_per_param(cfg)
-        cfg = run_config(resolved)
+        cfg, fitted = resolve_tokens_per_param(cfg)
     requested = cfg.train.parallel
     if not args.no_check:  # a parallelism that does not fit is refused, as at the Snakefile's parse
-        cfg = run_config(resolve_parallel(cfg))
+        cfg = resolve_parallel(cfg)
     params = cfg.to_dict()  # the resolved config as plain data (the plan's provenance)
     measured = None if args.measured_step is None else read_measured_step(args.measured_step, cfg)
     plan = make_plan(cfg, counts=counts, allow_short=args.no_check, strict_counts=strict, logits=args.logits,

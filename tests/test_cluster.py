@@ -241,7 +241,7 @@ def test_train_job_memory_is_the_host_memory_the_config_implies(preset_file, par
     from pipeline.config import load_config
     from pipeline.planning.parallel import resolve_parallel
 
-    cfg = run_config(resolve_parallel(run_config(load_config(ROOT / "configs" / preset_file))))
+    cfg = resolve_parallel(run_config(load_config(ROOT / "configs" / preset_file)))
     assert cfg.train.parallel == parallel and cfg.hardware.nproc_per_node == 8
     h = sizes.train_host_memory(cfg)
     res = cluster.job_resources(cfg, "train", train_hours=1.0)["resources"]
@@ -257,7 +257,7 @@ def test_train_job_memory_is_the_host_memory_the_config_implies(preset_file, par
     # half the ranks on each of 2 nodes: each node asks for less (the gather is rank 0's, on the first node)
     two = resolve_parallel(run_config(load_config(ROOT / "configs" / preset_file,
                                                   {"hardware": {"nproc_per_node": 4, "nodes": 2}})))
-    assert sizes.train_host_memory(run_config(two))["node_mb"] < h["node_mb"]
+    assert sizes.train_host_memory(two)["node_mb"] < h["node_mb"]
 
 
 def test_cpu_train_job_memory_counts_the_training_state_on_the_host():

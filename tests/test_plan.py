@@ -22,7 +22,7 @@ from pipeline.planning.fitted import DDP_EFFICIENCY
 from pipeline.planning.memory import StepSetup, memory
 from pipeline.planning.step_time import step_time
 from pipeline.planning.token_plan import PLAN_KEYS, Plan, format_plan, make_plan, read_measured_step, run_counts
-from pipeline.run_config import run_config
+from pipeline.run_config import plain, run_config
 
 LLAMA_1B = ROOT / "configs/llama3-1b-fineweb.yaml"
 LLAMA_8B = ROOT / "configs/llama3-8b-fineweb.yaml"
@@ -505,7 +505,7 @@ def test_llama_8b_preset_fits_with_fsdp_and_ddp_is_refused():
     assert plan.est_memory_gb == par["fsdp"]["memory_gb"] < plan.hardware["capacity_gb"] < par["ddp"]["memory_gb"]
     assert plan.memory_gb["gathered"] > 0 and plan.fits_eval_memory
     assert plan.est_gpu_hours == pytest.approx(par["fsdp"]["est_gpu_hours"])
-    assert resolve_parallel(run_config(cfg))["train"]["parallel"] == "fsdp"
+    assert resolve_parallel(run_config(cfg)).train.parallel == "fsdp"
     ddp = load_config(LLAMA_8B, {"train": {"parallel": "ddp"}})
     with pytest.raises(PlanError, match=r"^config key 'train\.parallel': ddp does not fit the GPU's memory: .*"
                                         r"full replica.*set train\.parallel: fsdp \(or auto\)"):
@@ -527,12 +527,12 @@ def test_auto_picks_fsdp_only_when_ddp_does_not_fit(preset, want):
     assert choose_parallel(run_config(cfg))["parallel"] == want
     resolved = resolve_parallel(run_config(cfg))
     for rule in ("train", "plan"):  # the rules receive the concrete value
-        assert rule_params(resolved, rule)["train"]["parallel"] == want
+        assert rule_params(plain(resolved), rule)["train"]["parallel"] == want
     par = make_plan(run_config(cfg)).parallel
     assert par["requested"] == "auto" and par["used"] == want
     assert par["reason"].startswith("auto: ddp does not fit" if want == "fsdp" else "auto: ddp fits")
     # what the Snakefile plans with: the resolved config, and what was asked
-    assert make_plan(run_config(resolved), parallel_requested="auto").parallel == par
+    assert make_plan(resolved, parallel_requested="auto").parallel == par
     assert par["fsdp"]["memory_gb"] < par["ddp"]["memory_gb"]  # the state sharded 8 ways
 
 
@@ -543,7 +543,7 @@ def test_a_refusal_names_the_smaller_micro_batch_that_fits():
     with pytest.raises(PlanError, match=r"train\.parallel.*fsdp would need .* GB; lower train\.micro_batch to 16 "):
         resolve_parallel(run_config(load_config(LLAMA_1B, {"train": no_ckpt})))
     fixed = load_config(LLAMA_1B, {"train": {**no_ckpt, "micro_batch": 16}})
-    assert resolve_parallel(run_config(fixed))["train"]["parallel"] == "ddp"
+    assert resolve_parallel(run_config(fixed)).train.parallel == "ddp"
     with pytest.raises(PlanError, match=r"'train\.parallel': fsdp does not fit.*hardware\.nodes"):
         resolve_parallel(run_config(load_config(LLAMA_8B, {"hardware": {"gpu_memory_gb": 24}})))
 
@@ -558,7 +558,7 @@ def test_auto_resolving_to_fsdp_refuses_adamw8bit():
                                         r"train\.optimizer set adamw8bit: .*use adamw or muon there"):
         resolve_parallel(run_config(load_config(LLAMA_8B, {"train": {"parallel": "auto", "optimizer": "adamw8bit"}})))
     eight_bit = {"parallel": "auto", "optimizer": "adamw8bit"}
-    assert resolve_parallel(run_config(load_config(LLAMA_1B, {"train": eight_bit})))["train"]["parallel"] == "ddp"
+    assert resolve_parallel(run_config(load_config(LLAMA_1B, {"train": eight_bit}))).train.parallel == "ddp"
 
 
 def test_cli_refuses_ddp_for_the_8b_in_one_line(capsys):
@@ -593,7 +593,7 @@ def test_plan_reports_the_train_jobs_host_memory(capsys):
     main(["--configfile", str(LLAMA_8B), "--json"])
     out = json.loads(capsys.readouterr().out)
     cfg = resolve_parallel(run_config(load_config(LLAMA_8B)))
-    assert out["host_memory"] == sizes.train_host_memory(run_config(cfg)) and out["host_memory"]["final_gather_mb"] > 0
-    assert cluster.job_resources(run_config(cfg), "train")["resources"]["mem_mb"] == out["host_memory"]["node_mb"]
+    assert out["host_memory"] == sizes.train_host_memory(cfg) and out["host_memory"]["final_gather_mb"] > 0
+    assert cluster.job_resources(cfg, "train")["resources"]["mem_mb"] == out["host_memory"]["node_mb"]
     main(["--configfile", str(LLAMA_8B)])
     assert f"host memory per node       {out['host_memory']['node_mb']:,} MB" in capsys.readouterr().out

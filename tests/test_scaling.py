@@ -135,9 +135,9 @@ def test_tokens_per_param_scaling_reads_the_fit_or_names_the_command(cfg, tmp_pa
     path.write_text(json.dumps(fit))
     resolved, info = sc.resolve_tokens_per_param(run_config(cfg))
     n = count_params(run_config(cfg).model)[0]
-    assert resolved["train"]["tokens_per_param"] == pytest.approx(sc.run_ratio(fit, n)["tokens_per_param"], rel=1e-3)
-    plan = make_plan(run_config(resolved), allow_short=True, tokens_per_param_fit=info)
-    assert plan.target_tokens == math.ceil(resolved["train"]["tokens_per_param"] * n)
+    assert resolved.train.tokens_per_param == pytest.approx(sc.run_ratio(fit, n)["tokens_per_param"], rel=1e-3)
+    plan = make_plan(resolved, allow_short=True, tokens_per_param_fit=info)
+    assert plan.target_tokens == math.ceil(resolved.train.tokens_per_param * n)
     assert "train.tokens_per_param: scaling" in format_plan(plan) and str(path) in format_plan(plan)
     # a sweep whose budgets have no minimum on the ladder has no exponent: refused, not used
     path.write_text(json.dumps({**fit, "a": math.nan}))

@@ -717,7 +717,7 @@ def test_a_job_limit_splits_training_into_a_chain_of_jobs_within_it(tmp_path, pr
     assert proc.returncode == 0, proc.stderr[-3000:]
     resolved = resolve_parallel(run_config(load_config(ROOT / f"configs/{preset}.yaml",
                                                        {"hardware": {"max_job_hours": 24}})))
-    planned = stage_jobs(run_config(resolved))
+    planned = stage_jobs(resolved)
     jobs = planned_jobs(proc)
     assert jobs["train"] == len(planned)
     assert jobs.get("train_segment", 0) == sum(s["jobs"] - 1 for s in planned.values())

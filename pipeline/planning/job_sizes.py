@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from pipeline.config import source_shards
 from pipeline.planning.compute import count_params
-from pipeline.run_config import RunConfig, run_config, with_section
+from pipeline.run_config import RunConfig, with_section
 
 DEDUP_JOB_BASE_MB = 500       # fitted: BENCHMARKS.md "Dedup at scale" (a candidate job's peak)
 DEDUP_JOB_BYTES_PER_DOC = 700
@@ -225,8 +225,8 @@ def train_size(cfg: RunConfig, d: Demand) -> dict:
 def scaling_point_size(cfg: RunConfig, d: Demand) -> dict:
     # one process per point: one GPU, or on CPU one core (points run side by side on --cores); its runtime is
     # the point's own (workflow/rules/scaling.smk, from its config)
-    # the point's process: the run's config on one GPU, a config of its own (typed where it is made)
-    one = train_size(run_config(with_section(cfg, "hardware", nproc_per_node=1, nodes=1)), d)
+    # the point's process: the run's config on one GPU, a config of its own
+    one = train_size(with_section(cfg, "hardware", nproc_per_node=1, nodes=1), d)
     if cfg.hardware.device == "cpu":
         return {"threads": 1, "resources": {**one["resources"], "cpus_per_task": 1}}
     return one

@@ -35,8 +35,8 @@ def smaller_micro_batch(cfg: RunConfig, parallel: str) -> tuple[int, float] | No
     return None
 
 
-def resolve_parallel(cfg: RunConfig) -> dict:
-    """`cfg` with ``train.parallel`` resolved to ddp or fsdp (`choose_parallel`), refusing a choice whose
+def resolve_parallel(cfg: RunConfig) -> RunConfig:
+    """A RunConfig of `cfg` with ``train.parallel`` resolved to ddp or fsdp (`choose_parallel`), refusing a choice whose
     predicted memory per GPU does not fit: one `PlanError` naming train.parallel and the fix (fsdp, a
     smaller micro-batch that fits, more GPUs or activation checkpointing), and ``auto`` resolving to fsdp
     beside adamw8bit (`ADAMW8BIT_FSDP`; an explicit fsdp is refused by pipeline.config's checks). What the

@@ -288,9 +288,9 @@ def read_fit(path: Path) -> dict:
     return fit
 
 
-def resolve_tokens_per_param(cfg: RunConfig, required: bool = True) -> tuple[RunConfig | dict, dict | None]:
-    """`cfg` with ``train.tokens_per_param: scaling`` replaced by the fitted ratio where the run's
-    model is compute-optimal (`run_ratio`), as plain data, and what the plan says of it: {tokens_per_param, ci,
+def resolve_tokens_per_param(cfg: RunConfig, required: bool = True) -> tuple[RunConfig, dict | None]:
+    """A RunConfig of `cfg` with ``train.tokens_per_param: scaling`` replaced by the fitted ratio where the run's
+    model is compute-optimal (`run_ratio`), and what the plan says of it: {tokens_per_param, ci,
     fit, flops, n_params}; (cfg, None) when the run sets a number. Without a fit: PlanError naming the
     command to run when `required`, else `cfg` unchanged with {"missing": True, ...} (a Snakemake parse
     that builds only the sweep; anything sized by the run's budget fails in `token_target`)."""

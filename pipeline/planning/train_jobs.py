@@ -97,9 +97,9 @@ def checkpointing(cfg: RunConfig, step_s: float | None = None, parallel: str | N
             "interval_hours": interval_s / 3600, "lost_hours_per_failure": lost_s / 3600, "step_s": step_s}
 
 
-def resolve_ckpt_interval(cfg: RunConfig) -> RunConfig | dict:
-    """`cfg` with ``train.ckpt_interval: auto`` replaced by the Young/Daly interval in steps (`checkpointing`), as
-    plain data; `cfg` itself when it sets a number."""
+def resolve_ckpt_interval(cfg: RunConfig) -> RunConfig:
+    """A RunConfig of `cfg` with ``train.ckpt_interval: auto`` replaced by the Young/Daly interval in steps
+    (`checkpointing`); `cfg` itself when it sets a number."""
     if cfg.train.ckpt_interval != "auto":
         return cfg
     return with_section(cfg, "train", ckpt_interval=checkpointing(cfg)["interval_steps"])

@@ -207,7 +207,7 @@ def long_run_config(jobs=(3, 6)) -> dict:
         hardware = {**SLURM_CONFIG["hardware"], "max_job_hours": LIMIT_MIN / 60, "assumed_mfu": mfu,
                     "train_retries": 4}
         config = {**SLURM_CONFIG, "hardware": hardware}
-        resolved = run_config(resolve_parallel(run_config(resolve_config(config))))
+        resolved = resolve_parallel(run_config(resolve_config(config)))
         counts = [s["jobs"] for s in stage_jobs(resolved).values()]
         if min(counts) >= jobs[0] and max(counts) <= jobs[1]:
             return config

@@ -64,21 +64,20 @@ SWEEP_TARGETED = any(a in ("scaling", "scaling_point") or "/scaling/" in a for a
 # train.parallel: auto is resolved here to ddp or fsdp (pipeline.planning.parallel.resolve_parallel: fsdp when ddp's predicted
 # memory per GPU does not fit), so every rule's params and the trainer hold a concrete value; a parallelism
 # whose prediction does not fit stops the run here, naming train.parallel and the fix.
-# pipeline.planning takes the config typed (pipeline.run_config.RunConfig): typed here, and again after each
-# step that resolves a key (each returns the config as plain data).
+# pipeline.planning takes the config typed (pipeline.run_config.RunConfig): typed here once; each step that
+# resolves a key returns a RunConfig, made plain data once, for Snakemake's `config`.
 try:
-    _resolved, TOKENS_PER_PARAM_FIT = resolve_tokens_per_param(
+    _typed, TOKENS_PER_PARAM_FIT = resolve_tokens_per_param(
         tfrc.run_config(tfc.resolve_config(config)), required=workflow.is_main_process and not SWEEP_TARGETED)
-    _typed = tfrc.run_config(_resolved)
     PARALLEL_REQUESTED = _typed.train.parallel
-    _resolved = tfres.resolve_ckpt_interval(tfrc.run_config(resolve_parallel(_typed)))  # ckpt_interval: auto → steps
+    _typed = tfres.resolve_ckpt_interval(resolve_parallel(_typed))  # ckpt_interval: auto → steps
 except (ConfigError, PlanError) as _e:
     stop(_e)
 config.clear()
-config.update(tfrc.plain(_resolved))
-# The same config, typed (pipeline.run_config): what the estimators read, built once. `config` stays the plain
-# mapping Snakemake holds; the rule slices are cut from it.
-RC = tfrc.run_config(config)
+config.update(tfrc.plain(_typed))
+# The same config, typed (pipeline.run_config): what the estimators read. `config` stays the plain mapping
+# Snakemake holds; the rule slices are cut from it.
+RC = _typed
 # The filter chain's settings (ranges, language codes, a classifier file): the schema checks the filter names
 # only; pipeline.data.text_filters.build_chain (which the filter stage runs) checks the rest, naming the key.
 try:
