@@ -165,3 +165,32 @@ def test_the_layout_gives_snakemake_patterns_and_concrete_paths():
     assert L.log("dedup", "candidates", "{part}") == "logs/tiny/dedup/candidates/{part}.log"
     assert L.bench("tokenize", "{source}", "{group}") == "results/tiny/benchmarks/tokenize/{source}/{group}.tsv"
     assert RunLayout.at("results/tiny") == L
+
+
+def named_modules(source: str) -> set[str]:
+    """The package modules a test file names: its imports (a name imported from a package counts for the module
+    that defines it) and the modules it runs (`python -m pipeline.…`, `-m`, "pipeline.…" strings)."""
+    import importlib
+
+    names = set(re.findall(r"\bpipeline(?:\.\w+)+", source))
+    names |= {f"{m}.__main__" for m in re.findall(r"-m (pipeline(?:\.\w+)+)", source)}  # a package run with -m
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pipeline"):
+            names.add(node.module)
+            package = importlib.import_module(node.module)
+            for alias in node.names:
+                defined = getattr(getattr(package, alias.name, None), "__module__", None)
+                names |= {f"{node.module}.{alias.name}", *([defined] if defined else [])}
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return names
+
+
+def test_make_test_fast_names_every_module():
+    """`make test-fast` (the tests not marked slow) reaches every module of the package: each is named by a test
+    file with tests not marked slow, not only by the slow end-to-end runs."""
+    fast = [p for p in ROOT.joinpath("tests").rglob("test_*.py")
+            if not re.search(r"^pytestmark\s*=.*\bslow\b", p.read_text(), re.M)]
+    named = set().union(*(named_modules(p.read_text()) for p in fast))
+    unnamed = [m for m in package_modules() if not any(n == m or n.startswith(m + ".") for n in named)]
+    assert not unnamed, f"only slow tests (or none) name: {unnamed}"

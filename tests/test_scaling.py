@@ -191,3 +191,37 @@ def test_a_truncated_fit_stops_the_plan_and_snakemakes_parse_with_one_line(tmp_p
         lines = [ln for ln in out.splitlines() if ln.startswith(mark)]
         assert len(lines) == 1 and "results/tiny/scaling/fit.json is not readable JSON" in lines[0], out[-3000:]
         assert "snakemake --cores all scaling" in lines[0]
+
+
+def test_the_scaling_stage_writes_the_fit_report_and_plot_of_its_points(cfg, tmp_path):
+    """`python -m pipeline.evaluation.scaling` (the `scaling` rule's command) on reports shaped like the points'
+    evaluate reports, their losses on a Chinchilla law: the fit, the tables (one row a point) and the plot; a
+    report that trained other tokens than its point plans is refused, naming the command that reruns the sweep."""
+    from pipeline.evaluation import scaling
+
+    params = sc.fit_params(run_config(cfg))
+    reports = []
+    for p in params["points"]:
+        loss = 1.7 + 400 / p["n_params"] ** 0.34 + 410 / p["tokens"] ** 0.28
+        path = tmp_path / "scaling" / p["budget"] / str(p["depth"]) / "report.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"val_loss": loss, "val_bpb": loss / math.log(2) / 4,
+                                    "summary": {"tokens_trained": p["tokens"]}}))
+        reports.append(str(path))
+    out = {k: tmp_path / f"fit.{k}" for k in ("json", "md", "png")}
+    argv = ["--params", json.dumps(params), "--points", *reports,
+            "--out-json", str(out["json"]), "--out-md", str(out["md"]), "--out-png", str(out["png"])]
+    scaling.main(argv)
+    fit = json.loads(out["json"].read_text())
+    assert len(fit["points"]) == len(params["points"]) and fit["meta"]["stage"] == "scaling"
+    assert math.isfinite(fit["a"]) and math.isfinite(fit["b"]) and fit["a_ci"][0] <= fit["a"] <= fit["a_ci"][1]
+    budgets = {f"| {p['flops']:.3g} |" for p in params["points"]}
+    rows = [ln for ln in out["md"].read_text().splitlines() if ln[:ln.find(" |", 2) + 2] in budgets]
+    assert len(rows) == len(params["points"]) + len(budgets)  # a row a point, then a row a budget's minimum
+    assert out["png"].read_bytes()[:4] == b"\x89PNG"
+
+    first = json.loads(open(reports[0]).read())
+    first["summary"]["tokens_trained"] += 1
+    open(reports[0], "w").write(json.dumps(first))
+    with pytest.raises(PlanError, match=sc.SCALING_COMMAND):
+        scaling.main(argv)
