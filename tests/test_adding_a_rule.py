@@ -145,6 +145,7 @@ def test_the_rule_is_its_module_its_smk_its_spec_entry_and_its_test(project):
     assert changed == {*NEW_FILES, "pipeline/rules.py"}
 
 
+@pytest.mark.slow
 def test_snakemake_parses_and_schedules_it_and_the_cost_plan_prices_it(project, tmp_path):
     cfg = load_config(ROOT / "config.yaml")
     groups = sum(len(shard_groups(cfg, s)) for s in cfg["sources"])
@@ -156,6 +157,7 @@ def test_snakemake_parses_and_schedules_it_and_the_cost_plan_prices_it(project, 
     assert re.search(rf"^\s+doc_lengths\s+{groups}\s", plan.stdout, re.M), plan.stdout[-3000:]
 
 
+@pytest.mark.slow
 def test_the_rule_checks_accept_it(project):
     checks = ("tests/test_doc_lengths.py", "tests/test_rules.py",
               "tests/test_cluster.py::test_the_cost_plans_job_graph_has_snakemakes_edges",

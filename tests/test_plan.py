@@ -570,6 +570,7 @@ def test_cli_refuses_ddp_for_the_8b_in_one_line(capsys):
     assert "DOES NOT FIT" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_dry_run_header_names_the_parallelism_and_refuses_ddp(tmp_path):
     """`snakemake -n` on the 8B preset: auto resolved at parse time (the header says why), ddp refused."""
     snakemake = str(Path(sys.executable).parent / "snakemake")

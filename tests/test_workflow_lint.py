@@ -15,6 +15,7 @@ SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 PRESETS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("*.yaml"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("configfile", [None, *PRESETS], ids=["config.yaml", *PRESETS])
 def test_snakemake_lint_reports_nothing(configfile):
     env = user_env()

@@ -8,12 +8,15 @@ import json
 import sys
 
 import pyarrow.parquet as pq
+import pytest
 from builders import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import data_scale
 
 from pipeline.planning import data_cost as cluster
+
+pytestmark = pytest.mark.slow  # real DAG runs on built corpora
 
 
 def test_corpus_is_fineweb_shaped_with_planted_duplicates_and_contamination(tmp_path):

@@ -215,6 +215,7 @@ def per_group_run(root, out, p, groups):
 SAME = lambda report: {k: v for k, v in report.items() if k not in ("meta", "seconds", "docs_per_s")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("enabled", [True, False])
 def test_per_group_jobs_equal_the_one_process_stage(planted, tmp_path, enabled):
     """One flags job per shard group (the eval table read back from its file) writes the flag files the

@@ -18,6 +18,8 @@ from broad_corpus import CATEGORIES, broad_corpus
 
 from pipeline.data import text_filters as F
 
+pytestmark = pytest.mark.slow  # parity with datatrove on generated corpora, not unit tests
+
 pytest.importorskip("datatrove", reason="dev-only: datatrove 0.10.1 is the oracle (pip install -e '.[dev]')")
 pytest.importorskip("spacy", reason="dev-only: datatrove's English word tokenizer is spaCy's (pip install -e '.[dev]')")
 

