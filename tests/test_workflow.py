@@ -6,6 +6,7 @@ below; rerun tests then edit the config and ask Snakemake (dry run) which jobs i
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -205,8 +206,8 @@ def test_report_shows_the_evaluation(project):
 
 
 def test_export_target_writes_a_model_transformers_and_lm_eval_load(project):
-    """`snakemake export`: the trained model as a transformers directory, same logits as final.pt,
-    and lm-eval scores a local task on it offline."""
+    """`snakemake export` (the `project` fixture's): the trained model as a transformers directory, same logits
+    as final.pt, and lm-eval scores a local task on it offline."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -214,7 +215,6 @@ def test_export_target_writes_a_model_transformers_and_lm_eval_load(project):
     from pipeline.model.checkpoint_io import load_checkpoint
     from pipeline.model.model import ModelConfig, Transformer
 
-    snakemake(project, "export")
     out = project / "results/t/export/hf"
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
         p.name for p in out.iterdir()}
@@ -309,8 +309,8 @@ def editable(definitions: set[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def outputs_by_rule(project) -> dict[str, list[str]]:
-    """Every output of the finished run (export included) by the rule that wrote it: `snakemake --summary`."""
-    snakemake(project, "export")  # export is built on request only
+    """Every output of the finished run (export included: the `project` fixture built it) by the rule that wrote
+    it: `snakemake --summary`."""
     rows = [ln.split("\t") for ln in snakemake(project, "--summary", "export", "all").stdout.splitlines()[1:]]
     out: dict[str, list[str]] = {}
     for row in rows:
@@ -369,26 +369,61 @@ SWEEP_RULES = {"scaling", "scaling_point"}
 UNUSED_HERE = {"train_segment"}
 
 
-@pytest.mark.parametrize("rule", sorted(set(ENTRIES) - SWEEP_RULES - UNUSED_HERE))
-def test_a_code_edit_reruns_the_rules_that_run_it(project, code_copy, outputs_by_rule, rule):
+CODE_EDIT_RULES = sorted(set(ENTRIES) - SWEEP_RULES - UNUSED_HERE)
+
+
+@functools.cache
+def code_edits(rule: str) -> tuple[str, str, frozenset[str]]:
+    """(inside, outside, partners) of test_a_code_edit_reruns_the_rules_that_run_it for `rule`: a definition it
+    reaches beyond its entry modules (the one the fewest rules reach), one that neither it nor its temp() partner
+    reaches (the one the most rules reach), and that partner."""
+    c = hashed()
+    inside = [d for d in editable(c[rule]) if d.split(":")[0] not in ENTRIES[rule]]  # reached, not the entry
+    edit = min(inside, key=lambda d: (sum(d in other for other in c.values()), d))
+    partners = frozenset({r for pair in TEMP_CONSUMERS.items() if rule in pair for r in pair} - {rule})
+    outside = max(editable(set().union(*c.values()) - c[rule] - set().union(*(c[p] for p in partners))),
+                  key=lambda d: sum(d in other for other in c.values()))
+    return edit, outside, partners
+
+
+def allowed_alone(rules, outputs_by_rule) -> list[str]:
+    """The dry run's arguments for `rules`: they and their partners alone allowed, their outputs asked for (for the
+    writer of temp() outputs, those of the rule reading them)."""
+    allowed = sorted(set(rules).union(*(code_edits(r)[2] for r in rules)))
+    targets = sorted({o for r in rules for o in outputs_by_rule[TEMP_CONSUMERS.get(r, r)]})
+    return ["--allowed-rules", *allowed, "--", *targets]
+
+
+@pytest.fixture(scope="module")
+def outside_plans(project, code_copy, outputs_by_rule):
+    """The plan of the dry run after a rule's `outside` edit (code_edits), asked once per definition for every rule
+    it is outside of: all of them (and their partners) allowed and all their outputs asked for, it plans nothing
+    exactly when none of the rules' own dry runs would (a rule's changed params, or an input rewritten, schedule its
+    outputs in both)."""
+    plans = {}
+
+    def plan(outside: str) -> dict[str, set[str]]:
+        if outside not in plans:
+            rules = [r for r in CODE_EDIT_RULES if code_edits(r)[1] == outside]
+            plans[outside] = dry_run_after_editing(project, code_copy, outside, *allowed_alone(rules, outputs_by_rule))
+        return plans[outside]
+    return plan
+
+
+@pytest.mark.parametrize("rule", CODE_EDIT_RULES)
+def test_a_code_edit_reruns_the_rules_that_run_it(project, code_copy, outputs_by_rule, outside_plans, rule):
     """A body edit of a definition the rule reaches makes its own params (the code hash) differ: the rule
     alone allowed (so that no upstream rerun hides its own check), its outputs are scheduled for "params
-    changed". A definition it does not reach does not.
+    changed". A definition it does not reach does not (one dry run for every rule that definition is outside of).
 
     temp() outputs are gone once the run is over: for the rule writing them the outputs asked for are
     those of the rule reading them (Snakemake keeps the removed outputs' metadata, so it reruns the
     writer for its changed params, then the reader), and a rerun of the reader reruns the writer first
     (so either is allowed with its partner, and an edit outside both reruns neither); the reader's own
     reason is then the writer's new outputs, so its params change is read from `--summary`."""
-    c = hashed()
-    inside = [d for d in editable(c[rule]) if d.split(":")[0] not in ENTRIES[rule]]  # reached, not the entry
-    edit = min(inside, key=lambda d: (sum(d in other for other in c.values()), d))
-    partners = {r for pair in TEMP_CONSUMERS.items() if rule in pair for r in pair} - {rule}
-    outside = max(editable(set().union(*c.values()) - c[rule] - set().union(*(c[p] for p in partners))),
-                  key=lambda d: sum(d in other for other in c.values()))
+    edit, outside, partners = code_edits(rule)
     target = TEMP_CONSUMERS.get(rule, rule)
-    only = ["--allowed-rules", rule, *partners, "--", *outputs_by_rule[target]]
-    plan = dry_run_after_editing(project, code_copy, edit, *only)
+    plan = dry_run_after_editing(project, code_copy, edit, *allowed_alone([rule], outputs_by_rule))
     assert set(plan) == {rule, *partners}, (edit, plan)
     if rule in TEMP_CONSUMERS.values():
         summary = run_after_editing(project, code_copy, {edit: None}, "--summary", *outputs_by_rule[target])
@@ -398,7 +433,7 @@ def test_a_code_edit_reruns_the_rules_that_run_it(project, code_copy, outputs_by
         assert any(map(params, plan[rule])), (edit, plan)
         assert all(params(r) or r.startswith("Input files updated by another job: results/t/train/")
                    for r in plan[rule]), (edit, plan)
-    assert dry_run_after_editing(project, code_copy, outside, *only) == {}, outside
+    assert outside_plans(outside) == {}, outside
 
 
 def test_a_definition_no_rule_reaches_reruns_nothing(project, code_copy):
@@ -417,11 +452,12 @@ def test_every_function_a_rule_ran_is_hashed(project):
     rules = sorted(set(ENTRIES) - SWEEP_RULES)
     assert {m for r in rules for m in ENTRIES[r]} <= {r["main"] for r in records}  # every entry ran, traced
     h = hashed()
+    at = functools.cache(definition_at)  # parses the module: once per function, not once per process that ran it
     missing, ran = set(), set()
     for record in records:
         for file, line, qualname in record["calls"]:
             module = module_name(Path(file))
-            definition = f"{module}:{definition_at(module, line)}"
+            definition = f"{module}:{at(module, line)}"
             ran.add(definition)
             missing |= {(r, definition, qualname) for r in rules if record["main"] in ENTRIES[r]
                         and definition not in h[r]}
@@ -464,15 +500,22 @@ def test_a_training_edit_reruns_training_and_after_not_the_data(project, code_co
     assert "train" in plan and set(plan) <= {"train", "evaluate", "stages_report", "export", "all"}, (edit, plan)
 
 
+_PLANNED_AFTER_EDIT: dict[tuple[str, str], dict[str, int]] = {}
+
+
 def planned_after_edit(project, edit) -> dict[str, int]:
-    """The jobs a dry run plans after `edit(config)`; the config is restored afterwards."""
+    """The jobs a dry run plans after `edit(config)`; the config is restored afterwards. An edited config already
+    asked (by another test: the project's outputs do not change between them) is answered from that dry run."""
     cfg = json.loads(json.dumps(TINY))
     edit(cfg)
-    write_config(project, cfg)
-    try:
-        return planned_jobs(snakemake(project, "-n"))
-    finally:
-        write_config(project, TINY)
+    key = (str(project), json.dumps(cfg, sort_keys=True))
+    if key not in _PLANNED_AFTER_EDIT:
+        write_config(project, cfg)
+        try:
+            _PLANNED_AFTER_EDIT[key] = planned_jobs(snakemake(project, "-n"))
+        finally:
+            write_config(project, TINY)
+    return dict(_PLANNED_AFTER_EDIT[key])
 
 
 def test_tokenizer_edit_reruns_tokenizer_and_downstream_not_download(project):
