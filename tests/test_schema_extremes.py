@@ -9,7 +9,8 @@ resolution, schema validation, shard discovery, job sizes, the plan): it must pa
 run through the data half of the DAG (`test_data_stage_extremes_run`).
 
 Every integer key is also given a float (16.0 for 16): refused at parse time, naming the key
-(`test_every_integer_key_refuses_a_float`; one case through Snakemake's parse).
+(`test_every_integer_key_refuses_a_float`; one case through Snakemake's parse). The tests that run Snakemake
+are marked slow: `make test-fast` runs the two in-process ones.
 """
 from __future__ import annotations
 
@@ -155,6 +156,7 @@ def test_every_integer_key_refuses_a_float(monkeypatch):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_a_float_for_an_integer_key_stops_snakemakes_parse(tmp_path):
     """The same refusal through the Snakefile: one `tokenfarm:` line naming the key, no job planned."""
     (tmp_path / "data").symlink_to(ROOT / "data")
@@ -200,6 +202,7 @@ def names_a_key(message: str, leaf: str) -> bool:
     return leaf in message or re.search(r"\b(?:" + "|".join(SCHEMA["properties"]) + r")\.\w+", message) is not None
 
 
+@pytest.mark.slow
 def test_every_schema_value_parses_or_is_refused_naming_its_key(outcomes):
     bad = []
     for key, value, kind, message in outcomes:
@@ -211,6 +214,7 @@ def test_every_schema_value_parses_or_is_refused_naming_its_key(outcomes):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_refusals_are_real(outcomes):
     """The walk reaches both sides: values that parse, and values refused (e.g. a 10^9-token budget the
     sample corpus cannot cover)."""
@@ -233,6 +237,7 @@ BAD_FILTERS = [
 ]
 
 
+@pytest.mark.slow
 def test_a_bad_filter_stops_snakemakes_parse_naming_its_key(tmp_path):
     """The schema (names, types) and build_chain (ranges, language codes, the classifier file) through the
     Snakefile: one `tokenfarm:` line naming the key."""
@@ -349,6 +354,7 @@ def data_runs(outcomes, tmp_path_factory):
     return [(with_value(path, v)[1], v, failure) for path, v, failure in runs]
 
 
+@pytest.mark.slow
 def test_data_stage_extremes_run(data_runs):
     """Each value the parse lets through runs the data stages to the end, is refused at parse once the counts
     are known (the plan's `tokenfarm:` message naming a key), or (listed in AT_RUN_TIME, with the reason no
@@ -373,6 +379,7 @@ def test_data_stage_extremes_run(data_runs):
     assert not bad, "\n\n".join(bad)
 
 
+@pytest.mark.slow
 def test_slow_data_stage_extremes_plan(tmp_path):
     """The values too slow to run in the suite: their DAG builds (every job planned, nothing run)."""
     (tmp_path / "data").symlink_to(ROOT / "data")
