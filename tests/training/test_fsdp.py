@@ -463,6 +463,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # 2 gloo processes
 def test_sharded_muon_gives_each_matrix_one_owner_and_the_whole_matrices_update_bit_for_bit(tmp_path):
     """Three Muon steps on 2 gloo ranks: the sharded matrices end bit for bit where Muon takes the
     whole ones (uneven shards, an empty one, 7 matrices of 4 shapes), and each rank ran Newton-Schulz on

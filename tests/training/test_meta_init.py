@@ -114,6 +114,7 @@ def torchrun(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:
     return r
 
 
+@pytest.mark.slow  # 2 gloo processes
 def test_sharded_meta_build_has_the_host_builds_weights_on_2_ranks(tmp_path):
     """FSDP2 over 2 gloo ranks, an untied output layer and a vocabulary of 321 rows (shards of 161 and
     160 rows): every gathered parameter equals the host build's bit for bit on both ranks."""
