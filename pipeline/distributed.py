@@ -27,6 +27,7 @@ def is_dtensor(t: object) -> bool:
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and isinstance(t, module.DTensor)
 
+
 # hardware.process_group_timeout_min's default. Rank 0 alone writes a checkpoint (the whole model
 # and optimizer state: minutes on a network filesystem) while the other ranks already wait in the next step's
 # collectives; torch's default (10 min for NCCL) would kill such a job at its first checkpoint.
