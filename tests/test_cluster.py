@@ -192,6 +192,7 @@ def test_plan_cli_prints_the_data_stage_cost():
     assert re.search(r"total\s+\d{3},?\d*\s+[\d.,]+\s+[\d.,]+", out)
 
 
+@pytest.mark.slow  # Snakemake's dry run
 def test_dry_run_shows_the_train_job_as_one_n_node_allocation(tmp_path):
     cfg = {**PRESET, "hardware": {**PRESET["hardware"], "nodes": 2, "cpus_per_task": 16},
            "train": {**PRESET["train"], "micro_batch": 32}}

@@ -172,6 +172,7 @@ def test_a_corrupt_fit_is_one_error_naming_it_and_the_command_that_rewrites_it(c
     assert "\n" not in msg
 
 
+@pytest.mark.slow  # Snakemake's parse
 def test_a_truncated_fit_stops_the_plan_and_snakemakes_parse_with_one_line(tmp_path):
     """The two readers of fit.json a user meets: `python -m pipeline.plan` and the Snakefile's parse."""
     raw = yaml.safe_load((ROOT / "config.yaml").read_text())

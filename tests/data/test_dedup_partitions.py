@@ -107,6 +107,7 @@ def test_partitioned_clusters_equal_the_reference_for_every_partition_count(sigs
         assert got.stats == want_stats, parts
 
 
+@pytest.mark.slow  # the CLI's processes against one process
 def test_candidate_jobs_and_merge_through_the_cli_equal_one_process(sigs, tmp_path):
     params = dedup_params(partitions=3)
     py = [sys.executable, "-m", "pipeline.data.dedup"]

@@ -470,6 +470,7 @@ print(json.dumps(out))
 '''
 
 
+@pytest.mark.slow  # every attack a sandboxed process
 def test_every_attack_is_contained_as_root(host, monkeypatch):
     monkeypatch.setattr(sandbox.secrets, "token_hex", lambda n: KNOWN)
     monkeypatch.setenv("HF_TOKEN", "hf_attack_secret_42")
@@ -483,6 +484,7 @@ def test_every_attack_is_contained_as_root(host, monkeypatch):
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="switching to nobody needs setpriv")
+@pytest.mark.slow
 def test_every_attack_is_contained_as_nobody(host):
     checkout = str(Path(sandbox.__file__).resolve().parents[2])
     python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
