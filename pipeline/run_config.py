@@ -367,12 +367,11 @@ class RunConfig(_Section):
     stage: dict | None = None
 
 
-def with_section(cfg: Mapping, section: str, **values) -> RunConfig:
+def with_section(cfg: RunConfig, section: str, **values) -> RunConfig:
     """A new RunConfig of `cfg` with keys of one section replaced (what a resolution step returns, e.g.
     train.parallel auto -> ddp); `plain` of it is the mapping Snakemake's config and the rule slices hold."""
-    plain = cfg.to_dict() if isinstance(cfg, _Section) else dict(cfg)
-    inner = plain[section]
-    return run_config({**plain, section: {**(inner.to_dict() if isinstance(inner, _Section) else inner), **values}})
+    data = cfg.to_dict()
+    return run_config({**data, section: {**data[section], **values}})
 
 
 def run_config(cfg: Mapping) -> RunConfig:
