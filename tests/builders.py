@@ -659,9 +659,18 @@ def workflow_rule_facts(configfile: str = "config.yaml") -> dict[str, dict]:
     empty directory beside the sample data): the `python -m pipeline.…` modules of its shell command, its
     conda env file (resolved), the entry modules its `code=code_version(...)` param hashed (read back from
     codehash's record), whether it has temp() outputs and a benchmark table. Tests ask Snakemake these
-    questions instead of reading the .smk text."""
+    questions instead of reading the .smk text. The answer is kept in the temp directory under a hash of every
+    file the parse reads, so the suite's processes (each xdist worker collects every module) parse once."""
     import tempfile
 
+    inputs = [ROOT / "Snakefile", ROOT / configfile, *sorted((ROOT / "workflow").rglob("*")),
+              *sorted((ROOT / "pipeline").rglob("*.py")), *sorted((ROOT / "envs").glob("*"))]
+    key = hashlib.sha256(f"{sys.executable} {ROOT}".encode())
+    for f in (f for f in inputs if f.is_file()):
+        key.update(f"{f.relative_to(ROOT)}\0".encode() + f.read_bytes())
+    cache = Path(tempfile.gettempdir()) / f"tokenfarm-rule-facts-{key.hexdigest()[:24]}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "data").symlink_to(ROOT / "data")
         env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -669,7 +678,9 @@ def workflow_rule_facts(configfile: str = "config.yaml") -> dict[str, dict]:
                               env=env, capture_output=True, text=True, timeout=600)
     line = [x for x in proc.stdout.splitlines() if x.startswith("RULE_FACTS ")]
     assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(line[-1].removeprefix("RULE_FACTS "))
+    facts = json.loads(line[-1].removeprefix("RULE_FACTS "))
+    write_json(cache, facts)  # atomic: a process reading it meanwhile sees no file or the whole answer
+    return facts
 
 
 @contextmanager

@@ -21,6 +21,18 @@ def own_cores() -> None:
 
 own_cores()
 
+
+def cache_bytecode() -> None:
+    """Write .pyc files (and pytest's rewritten test modules) even where the shell sets PYTHONDONTWRITEBYTECODE,
+    as this VM does: otherwise every Snakemake, job and rank process the suite starts compiles the package anew."""
+    import sys
+
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+
+
+cache_bytecode()
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from builders import ROOT, trained_run_inputs  # noqa: E402

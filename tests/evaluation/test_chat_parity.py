@@ -20,7 +20,6 @@ from __future__ import annotations
 import pytest
 import torch
 from builders import parity_model_config
-from transformers import AutoTokenizer
 
 from pipeline.data.eval_data import build_chat_task, wheel_record
 from pipeline.data.tasks import chat_task_spec
@@ -104,6 +103,8 @@ def test_letter_picks_agree_with_lmeval_per_item(runs, name):
     task, mine = tasks[name], [r for r in ours["item_log"] if r["task"] == name]
     reqs = theirs["requests"][f"chat_{name}"]
     docs = theirs["docs"][f"chat_{name}"]
+    from transformers import AutoTokenizer
+
     hf_tok = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
     agree = ties = 0
     for k, (it, row, doc) in enumerate(zip(task["items"], mine, docs, strict=True)):

@@ -20,7 +20,6 @@ import torch
 import transformers
 import yaml
 from builders import ROOT
-from transformers import AutoTokenizer, LlamaForCausalLM
 
 from pipeline.config import resolve_config
 from pipeline.data.encoding import load_tokenizer
@@ -104,11 +103,11 @@ def make_checkpoint(path, cfg: dict, tokens: torch.Tensor | None, steps: int = 3
     return model
 
 
-def load_hf(path) -> LlamaForCausalLM:
-    return LlamaForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
+def load_hf(path) -> transformers.LlamaForCausalLM:
+    return transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
 
 
-def max_logit_diff(ours: Transformer, hf: LlamaForCausalLM, ids: torch.Tensor) -> float:
+def max_logit_diff(ours: Transformer, hf: transformers.LlamaForCausalLM, ids: torch.Tensor) -> float:
     with torch.no_grad():
         return (ours(ids) - hf(ids).logits).abs().max().item()
 
@@ -122,7 +121,7 @@ def test_name_table_maps_every_parameter_both_ways(tokenizers_, tied):
     tok = load_tokenizer(tokenizers_["bos"])
     hf_cfg = transformers.LlamaConfig(**{k: v for k, v in ex.hf_config(ours.cfg, tok).items()
                                          if k not in ("architectures", "model_type")})
-    theirs = set(LlamaForCausalLM(hf_cfg).state_dict())
+    theirs = set(transformers.LlamaForCausalLM(hf_cfg).state_dict())
     mapped = {sda.hf_name(n) for n in ours.state_dict()}
     assert mapped == theirs - ({"lm_head.weight"} if tied else set())  # a tied lm_head is the embedding
     assert all(sda.our_name(sda.hf_name(n)) == n for n in ours.state_dict())
@@ -170,7 +169,7 @@ def test_greedy_generation_equal_for_32_tokens(tmp_path, tokenizers_, real_token
     cfg = run_config()
     ours = make_checkpoint(tmp_path / "final.pt", cfg, real_tokens, steps=60)
     out = ex.export(tmp_path / "final.pt", tokenizers_["bos"], tmp_path / "hf")
-    hf, hf_tok = load_hf(out), AutoTokenizer.from_pretrained(out, local_files_only=True)
+    hf, hf_tok = load_hf(out), transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
     tok = load_tokenizer(tokenizers_["bos"])
     for prompt in ("The history of the", "In 1999, scientists"):
         ids = hf_tok(prompt, return_tensors="pt")["input_ids"]
@@ -200,7 +199,7 @@ def test_tokenizer_is_byte_exact_on_the_sample_corpus(tmp_path, tokenizers_, pol
     tok = load_tokenizer(tokenizers_[policy])
     make_checkpoint(tmp_path / "final.pt", run_config(policy), None)
     out = ex.export(tmp_path / "final.pt", tokenizers_[policy], tmp_path / "hf")
-    hf_tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
     chats = pq.read_table(CHAT[0], columns=["messages"]).column("messages").to_pylist()[:300]
     texts = web_texts() + [m["content"] for c in chats for m in c] + UNICODE_TEXTS
     assert sum(map(len, texts)) > 10_000_000
@@ -220,8 +219,8 @@ def test_tokenizer_is_byte_exact_on_the_sample_corpus(tmp_path, tokenizers_, pol
 def test_chat_template_renders_like_training(tmp_path, tokenizers_):
     tok = load_tokenizer(tokenizers_["bos"])
     make_checkpoint(tmp_path / "final.pt", run_config(), None)
-    hf_tok = AutoTokenizer.from_pretrained(ex.export(tmp_path / "final.pt", tokenizers_["bos"], tmp_path / "hf"),
-                                           local_files_only=True)
+    out = ex.export(tmp_path / "final.pt", tokenizers_["bos"], tmp_path / "hf")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
     for conv in pq.read_table(CHAT[0], columns=["messages"]).column("messages").to_pylist()[:20]:
         ids = hf_tok.apply_chat_template(conv, tokenize=True, return_dict=False)
         assert ids == [tok.bos_id] + tok.render_chat(conv)[0]
@@ -338,7 +337,7 @@ def test_import_of_a_transformers_saved_llama(tmp_path):
                                       num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=40,
                                       rms_norm_eps=1e-5, tie_word_embeddings=True)
     torch.manual_seed(0)
-    hf = LlamaForCausalLM(hf_cfg).eval()
+    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
     hf.save_pretrained(tmp_path / "theirs")
     final = ex.import_hf(tmp_path / "theirs", tmp_path / "ours.pt")
     model = Transformer(ModelConfig.from_config(final["params"]))
