@@ -146,10 +146,16 @@ SUBCOMMANDS = {
 }
 
 
-def run_subcommand(path: Path, sub: str, configs: str, expect: str) -> None:
-    """`snakemake SUB CONFIGS` in `path` as a user types it: exit 0, no traceback, its usual output."""
-    proc = subprocess.run(["bash", "-c", f"snakemake {sub} {configs}"], cwd=path, env=user_env(),
-                          capture_output=True, text=True, timeout=600)
+def run_subcommand(path: Path, sub: str, configs: str, expect: str, server: SnakemakeServer | None = None) -> None:
+    """`snakemake SUB CONFIGS` in `path` as a user types it: exit 0, no traceback, its usual output (with `server`,
+    the command line, split as the shell splits it, runs Snakemake's CLI in a child of that SnakemakeServer)."""
+    command = f"snakemake {sub} {configs}"
+    if server is None:
+        proc = subprocess.run(["bash", "-c", command], cwd=path, env=user_env(), capture_output=True, text=True,
+                              timeout=600)
+    else:
+        assert not set(command) & set("\"'$`\\|&;<>()*?[]{}~"), command  # nothing the shell would expand
+        proc = server.run(command.split(), path, user_env(), 600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Traceback" not in out, out[-4000:]
     assert re.search(expect, out, re.M), out[-3000:]
@@ -247,12 +253,99 @@ def write_config(path: Path, config: dict) -> None:
     (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 
+# A process that has imported Snakemake (and collected its plugins) once, then forks one child per command that
+# runs Snakemake's CLI entry point (`snakemake.cli.main`, what the `snakemake` script calls) with that command's
+# arguments, working directory and environment: the same CLI, without its ~2 CPU-s of imports each time. Nothing
+# of the workflow (the Snakefile, the `pipeline` package) is imported before the fork: each child parses it afresh.
+_SNAKEMAKE_SERVER = r"""
+import json, os, select, signal, sys
+import snakemake.cli, snakemake.api, snakemake.workflow, snakemake.dag, snakemake.scheduling.job_scheduler
+from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+ExecutorPluginRegistry()
+reply = os.fdopen(os.dup(1), "w")
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+for line in sys.stdin:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:  # the child: Snakemake's CLI; its exit (code, message, traceback) is the interpreter's
+        os.setpgid(0, 0)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        for fd, path, mode in ((0, os.devnull, os.O_RDONLY), (1, req["out"], os.O_WRONLY),
+                               (2, req["err"], os.O_WRONLY)):
+            os.dup2(os.open(path, mode), fd)
+        sys.argv = req["argv"]
+        snakemake.cli.main(req["argv"][1:])
+    pidfd = os.pidfd_open(pid)
+    done = select.select([pidfd], [], [], req["timeout"])[0]
+    if not done:
+        os.killpg(pid, signal.SIGKILL)
+    status = os.waitpid(pid, 0)[1]
+    os.close(pidfd)
+    reply.write(json.dumps({"rc": os.waitstatus_to_exitcode(status), "timed_out": not done}) + "\n")
+    reply.flush()
+"""
+
+
+class SnakemakeServer:
+    """`snakemake.run(cmd, cwd, env, timeout)` ~ subprocess.run(cmd, ...) of a `snakemake ...` command line through
+    one forking process (_SNAKEMAKE_SERVER); one command at a time."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", _SNAKEMAKE_SERVER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=user_env())
+
+    def run(self, cmd: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        import tempfile
+
+        assert Path(cmd[0]).name == "snakemake", cmd
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+            out.touch()
+            err.touch()
+            request = {"argv": [SNAKEMAKE, *cmd[1:]], "cwd": str(cwd), "env": env, "out": str(out), "err": str(err),
+                       "timeout": timeout}
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+            assert line, f"the Snakemake server ended (rc {self.proc.poll()})"
+            reply = json.loads(line)
+            if reply["timed_out"]:
+                raise subprocess.TimeoutExpired(cmd, timeout, out.read_text(errors="replace"),
+                                                err.read_text(errors="replace"))
+            return subprocess.CompletedProcess(cmd, reply["rc"], out.read_text(errors="replace"),
+                                               err.read_text(errors="replace"))
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+_served: list[SnakemakeServer] = []
+
+
+@contextmanager
+def served_snakemake():
+    """Within the block, `snakemake(...)` runs its commands through one SnakemakeServer (a module fixture's)."""
+    server = SnakemakeServer()
+    _served.append(server)
+    try:
+        yield server
+    finally:
+        _served.remove(server)
+        server.close()
+
+
 def snakemake(path: Path, *args: str, check: bool = True, timeout: int = 900,
               snakefile: Path = ROOT / "Snakefile") -> subprocess.CompletedProcess:
     env = user_env()
     cmd = [SNAKEMAKE, "-s", str(snakefile), "-d", str(path), "--configfile", str(path / "config.yaml"),
            "--cores", "2", *args]
-    proc = subprocess.run(cmd, cwd=path, env=env, capture_output=True, text=True, timeout=timeout)
+    if _served:
+        proc = _served[-1].run(cmd, path, env, timeout)
+    else:
+        proc = subprocess.run(cmd, cwd=path, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
     return proc

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from builders import SUBCOMMANDS, fresh_copy, run_subcommand, user_env
+from builders import SUBCOMMANDS, fresh_copy, run_subcommand, served_snakemake, user_env
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +26,14 @@ def preset_copy(tmp_path_factory) -> Path:
     return fresh_copy(tmp_path_factory.mktemp("presets"))
 
 
+@pytest.fixture(scope="module")
+def snakemake_cli():
+    """Snakemake's CLI, imported once: each command below runs in a fresh child of it (builders.SnakemakeServer);
+    the `snakemake` script a user's shell finds runs in test_a_cluster_run_... and tests/test_user_path.py."""
+    with served_snakemake() as server:
+        yield server
+
+
 def test_every_preset_and_overlay_is_listed(root):
     files = {f"--configfile {p.relative_to(root)}" for p in (root / "configs").glob("*.yaml")}
     overlays = {str(p.relative_to(root)) for p in (root / "configs/overlays").glob("*.yaml")}
@@ -35,8 +43,8 @@ def test_every_preset_and_overlay_is_listed(root):
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("sub", list(SUBCOMMANDS))
-def test_snakemake_subcommands(preset_copy, config, sub):
-    run_subcommand(preset_copy, sub, CONFIGS[config], SUBCOMMANDS[sub])
+def test_snakemake_subcommands(preset_copy, snakemake_cli, config, sub):
+    run_subcommand(preset_copy, sub, CONFIGS[config], SUBCOMMANDS[sub], snakemake_cli)
 
 
 def test_a_cluster_run_of_all_cores_jobs_is_refused_before_submitting(preset_copy):

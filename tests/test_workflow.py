@@ -31,6 +31,7 @@ from builders import (
     planned_jobs,
     reword_docs,
     sample_docs,
+    served_snakemake,
     snakemake,
     user_env,
     wait_for,
@@ -45,6 +46,15 @@ from pipeline.io import read_parquet_meta
 from pipeline.run_config import run_config
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def snakemake_cli():
+    """Every Snakemake command of this module (but the killed runs', started as from a terminal) runs Snakemake's
+    CLI in a fresh child of one process that imported Snakemake once (builders.SnakemakeServer)."""
+    with served_snakemake() as server:
+        yield server
+
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
@@ -723,13 +733,10 @@ def test_a_budget_the_shards_cannot_meet_stops_the_run_after_the_plans_sample(tm
     assert tokenized == ["shard_00000"]  # the sample; the other five shards were never tokenized
 
 
-def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
-    env = user_env()
-    proc = subprocess.run(
+def test_preset_dry_run_plans_all_shards_without_data(tmp_path, snakemake_cli):
+    proc = snakemake_cli.run(
         [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path), "-n",
-         "--configfile", str(ROOT / "configs/llama3-1b-fineweb.yaml")],
-        capture_output=True, text=True, env=env, timeout=300,
-    )
+         "--configfile", str(ROOT / "configs/llama3-1b-fineweb.yaml")], Path.cwd(), user_env(), 300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = planned_jobs(proc)
     assert jobs["download"] == 114 and jobs["tokenize"] == 114 and jobs["train"] == 1
@@ -745,18 +752,18 @@ def test_preset_dry_run_plans_all_shards_without_data(tmp_path):
 
 
 @pytest.mark.parametrize("preset", ["llama3-1b-fineweb", "llama3-8b-fineweb"])
-def test_a_job_limit_splits_training_into_a_chain_of_jobs_within_it(tmp_path, preset):
+def test_a_job_limit_splits_training_into_a_chain_of_jobs_within_it(tmp_path, snakemake_cli, preset):
     """A 24-hour limit: the dry run shows each stage's train jobs (train_segment 1 … N-1, then train), each asking
     SLURM for 24 h and never more, as many as the plan says, and the plan's jobs and wall time per stage."""
     from pipeline.config import load_config
     from pipeline.planning.parallel import resolve_parallel
     from pipeline.planning.train_jobs import stage_jobs
 
-    proc = subprocess.run(
+    proc = snakemake_cli.run(
         [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path), "-n", "--workflow-profile",
          str(ROOT / "workflow/profiles/slurm"), "--slurm-no-account", "--configfile",
          str(ROOT / f"configs/{preset}.yaml"), "--config", "hardware={max_job_hours: 24, cpus_per_task: 32}"],
-        capture_output=True, text=True, env=user_env(), timeout=300)
+        Path.cwd(), user_env(), 300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     resolved = resolve_parallel(run_config(load_config(ROOT / f"configs/{preset}.yaml",
                                                        {"hardware": {"max_job_hours": 24}})))
