@@ -489,7 +489,8 @@ def worker(rank, store, n):
         close_distributed(Dist(rank, rank, 2, torch.device("cpu"), owns_group=True), ref)
 
 if __name__ == "__main__":
-    mp.spawn(worker, args=(sys.argv[1], int(sys.argv[2])), nprocs=2)
+    # forked: the workers start with torch imported (spawn re-imports it in each, ~3 CPU-s a worker)
+    mp.start_processes(worker, args=(sys.argv[1], int(sys.argv[2])), nprocs=2, start_method="fork")
 """
 
 
