@@ -102,6 +102,15 @@ def kill_group(proc: subprocess.Popen, path: Path) -> None:
     assert left == [], f"processes survived the kill: {left}"
 
 
+def ranks(nproc: int, torchrun: bool = False) -> list[str]:
+    """The command prefix that starts `nproc` ranks of the script after it: tests/forkrun.py (the environment
+    torchrun gives its workers, the ranks forked after one import of torch and the trainer: ~4 CPU-s a rank
+    less), or, for the tests of what torchrun itself does (its signals, a kill of the job), torchrun."""
+    if torchrun:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    return [sys.executable, str(ROOT / "tests" / "forkrun.py"), "--nproc_per_node", str(nproc)]
+
+
 # --- A tiny project (real sample documents, a planted duplicate, a leaked benchmark item) and its snakemake
 
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")

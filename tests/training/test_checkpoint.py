@@ -479,14 +479,14 @@ def test_fsdp_async_saves_on_two_gloo_processes(tmp_path):
     checkpoint loads to the shards the synchronous one holds, though the shards changed after the save."""
     import os
     import subprocess
-    import sys
     from pathlib import Path
 
     root = Path(__file__).parents[2]
     script = tmp_path / "saver.py"
     script.write_text(FSDP_SAVER)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        str(script), str(tmp_path / "out"), str(root / "tests")], capture_output=True, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root)), timeout=600)
+    from builders import ranks  # tests/forkrun.py: torchrun's worker environment, forked after one import of torch
+
+    r = subprocess.run([*ranks(2), str(script), str(tmp_path / "out"), str(root / "tests")], capture_output=True,
+                       text=True, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root)), timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (tmp_path / "out" / "ok0").exists() and (tmp_path / "out" / "ok1").exists()

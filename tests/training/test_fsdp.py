@@ -1,18 +1,22 @@
-"""train.parallel: fsdp (FSDP2) on CPU gloo through torchrun: the same losses as DDP (both optimizers),
-sharded DCP checkpoints that resume exactly (2 and 4 processes) and resharded (4 processes resumed by 2),
-a kill -9 whose rerun finishes with the uninterrupted run's artifacts, a bf16 compiled run on the CUDA
-precision path (TOKENFARM_CPU_AS_CUDA_PRECISION=1: bf16-gathered blocks) that validates, samples and scores
-CORE, the pieces (gathering for evaluation, in fp32 and bf16, accumulation modes, Muon on DTensors, the
-adamw8bit refusal, the planner's evaluation term) in a 1-process group, and sharded Muon's one owner per
-matrix on 2 gloo ranks.
+"""train.parallel: fsdp (FSDP2) on CPU gloo under the supervisor, ranks as torchrun starts them: the same
+losses as DDP (both optimizers), sharded DCP checkpoints that resume exactly (2 and 4 processes) and
+resharded (4 processes resumed by 2), a kill -9 whose rerun finishes with the uninterrupted run's
+artifacts, a bf16 compiled run on the CUDA precision path (TOKENFARM_CPU_AS_CUDA_PRECISION=1: bf16-gathered
+blocks) that validates, samples and scores CORE, the pieces (gathering for evaluation, in fp32 and bf16,
+accumulation modes, Muon on DTensors, the adamw8bit refusal, the planner's evaluation term) in a 1-process
+group, and sharded Muon's one owner per matrix on 2 gloo ranks.
 
-The tiny run of test_train.py: 20 steps of 256 tokens (8 rows of 32), micro-batch 2, so 2 processes
-accumulate 2 micro-steps per step and 4 processes one.
+The tiny run of test_train.py: 12 steps of 256 tokens (8 rows of 32), micro-batch 2, so 2 processes
+accumulate 2 micro-steps per step and 4 processes one; validation at steps 10 and 12, checkpoints every 3.
+The ranks are forked by tests/forkrun.py after one import of torch and the trainer (builders.ranks; the
+same metrics, bit for bit, as under torchrun); the kill -9 test launches torchrun itself, whose process
+tree it kills.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -32,6 +36,7 @@ from builders import (
     logged_steps,
     make_params,
     make_plan,
+    ranks,
 )
 
 from pipeline.io import write_json
@@ -39,7 +44,7 @@ from pipeline.run_config import run_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-STEPS = 20
+STEPS = 12  # past the resumes' step 7 and the kill's step 9; the loss falls by ~1.7 in 12 steps
 
 # The train CLI with test-only hooks, chosen by environment variables: TF_HANG_AT_STEP=k makes rank 0 hang
 # while writing step k's checkpoint (its DCP files written, the train state not yet: a partial temporary
@@ -62,22 +67,21 @@ run_cli(T.main)
 """
 
 
-def command(data, outdir: Path, params: dict, nproc: int, *extra: str) -> list[str]:
+def command(data, outdir: Path, params: dict, nproc: int, *extra: str, torchrun: bool = False) -> list[str]:
     plan_path = outdir.parent / f"{outdir.name}-plan.json"
     write_json(plan_path, make_plan(params).to_json())
     script = outdir.parent / "launch_fsdp.py"
     script.write_text(textwrap.dedent(LAUNCH))
-    return [sys.executable, "-m", "pipeline.training.launch", "--", sys.executable, "-m", "torch.distributed.run",
-            "--standalone", "--nproc_per_node", str(nproc), str(script), "--params", json.dumps(params),
-            "--plan", str(plan_path), "--train", data["train"], "--val", data["val"], "--tokenizer", data["tokenizer"],
-            "--outdir", str(outdir), *extra]
+    return [sys.executable, "-m", "pipeline.training.launch", "--", *ranks(nproc, torchrun), str(script),
+            "--params", json.dumps(params), "--plan", str(plan_path), "--train", data["train"], "--val", data["val"],
+            "--tokenizer", data["tokenizer"], "--outdir", str(outdir), *extra]
 
 
 def env(**extra) -> dict:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **extra)
 
 
-def torchrun(data, outdir: Path, params: dict, nproc: int = 2, *extra: str, **environ) -> None:
+def run_ranks(data, outdir: Path, params: dict, nproc: int = 2, *extra: str, **environ) -> None:
     r = subprocess.run(command(data, outdir, params, nproc, *extra), capture_output=True, text=True,
                        env=env(**environ), timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -102,20 +106,26 @@ def params_for(nproc: int = 2, parallel: str = "fsdp", **train) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_fsdp_trains_like_ddp(data, tmp_path, optimizer):
-    """20 steps, 2 processes, 2 accumulation micro-steps: the loss and gradient-norm trajectories and the
+def test_fsdp_trains_like_ddp(data, fsdp_full, tmp_path, optimizer):
+    """12 steps, 2 processes, 2 accumulation micro-steps: the loss and gradient-norm trajectories and the
     final weights of fsdp equal DDP's within fp32 rounding (gradient sums in another order), and final.pt
-    is one consolidated file with the plain model's names.
+    is one consolidated file with the plain model's names. The AdamW fsdp run is `fsdp_full`'s 2-process
+    run (the same params).
 
     Muon runs its Newton-Schulz iteration in fp32 on the CPU (pipeline.training.optim.newton_schulz): torch's
     bf16 one (on CUDA) turns the fp32 rounding differences of the two runs' gradients into bf16 rounding flips
-    of the update (measured: losses up to 6e-5 apart, gradient norms 7e-4 relative, not growing over the 20
+    of the update (measured: losses up to 6e-5 apart, gradient norms 7e-4 relative, not growing over 20
     steps) — the same amplification between any two DDP runs that sum gradients in another order, not a
     difference between the parallelisms, which fp32 shows."""
     runs = {}
     for parallel in ("ddp", "fsdp"):
+        params = params_for(parallel=parallel, optimizer=optimizer)
+        if parallel == "fsdp" and params == params_for(2):
+            runs[parallel] = fsdp_full[2]
+            continue
         runs[parallel] = tmp_path / parallel
-        torchrun(data, runs[parallel], params_for(parallel=parallel, optimizer=optimizer))
+        run_ranks(data, runs[parallel], params)
+    assert (runs["fsdp"] == fsdp_full[2]) == (optimizer == "adamw")
     ddp, fsdp = read_metrics(runs["ddp"]), read_metrics(runs["fsdp"])
     assert [r["step"] for r in fsdp] == list(range(1, STEPS + 1))
     assert ddp[-1]["loss"] < ddp[0]["loss"] - 0.5  # it trains
@@ -132,7 +142,7 @@ def test_fsdp_trains_like_ddp(data, tmp_path, optimizer):
     ckpt = runs["fsdp"] / "ckpt"
     assert (ckpt / "latest").read_text().strip() == f"step_{STEPS:06d}.dcp"
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step_")) == \
-        ["step_000018.dcp", f"step_{STEPS:06d}.dcp"]
+        [f"step_{STEPS - 3:06d}.dcp", f"step_{STEPS:06d}.dcp"]
     assert sorted(p.name for p in (ckpt / f"step_{STEPS:06d}.dcp").iterdir()) == \
         [".metadata", "SHA256SUMS", "__0_0.distcp", "__1_0.distcp", "train_state.pt", "train_state.pt.sha256"]
 
@@ -146,8 +156,8 @@ def test_fsdp_stage_from_an_earlier_stage_with_its_optimizer_like_ddp(data, tmp_
     for parallel in ("ddp", "fsdp"):
         base, more = (make_params(nproc=2, steps=6, micro_batch=2, parallel=parallel, stages=stages, stage=name)
                       for name in ("base", "more"))
-        torchrun(data, tmp_path / parallel / "base", base)
-        torchrun(data, tmp_path / parallel / "more", more, 2, "--init", str(tmp_path / parallel / "base" / "final.pt"))
+        run_ranks(data, tmp_path / parallel / "base", base)
+        run_ranks(data, tmp_path / parallel / "more", more, 2, "--init", str(tmp_path / parallel / "base" / "final.pt"))
         losses[parallel] = [r["loss"] for r in read_metrics(tmp_path / parallel / "more")]
     assert len(losses["fsdp"]) == 4 and np.allclose(losses["fsdp"], losses["ddp"], rtol=0, atol=2e-5)
     state = torch.load(tmp_path / "ddp" / "more" / "ckpt" / "step_000004.pt", weights_only=True)["optimizer"]
@@ -168,8 +178,8 @@ def test_fsdp_bf16_compiled_run_validates_samples_and_scores_core(precision_data
     inside the run, on the gathered bf16 blocks. Before the fix rank 0 died at the first validation
     ("expected m1 and m2 to have the same dtype": the fp32 residual reached a bf16 linear)."""
     params, out = cuda_precision_params("fsdp"), tmp_path / "train"
-    torchrun(precision_data, out, params, 2, "--eval-data", precision_data["eval_data"],
-             TOKENFARM_CPU_AS_CUDA_PRECISION="1")
+    run_ranks(precision_data, out, params, 2, "--eval-data", precision_data["eval_data"],
+              TOKENFARM_CPU_AS_CUDA_PRECISION="1")
     records = read_metrics(out)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     for r in records[1::2]:  # steps 2 and 4
@@ -184,26 +194,44 @@ def test_fsdp_bf16_compiled_run_validates_samples_and_scores_core(precision_data
 
 @pytest.fixture(scope="module")
 def fsdp_full(data, tmp_path_factory):
-    """Uninterrupted fsdp runs (AdamW) with 2 and 4 processes, the references of the resumes."""
+    """Uninterrupted fsdp runs (AdamW) with 2 and 4 processes, the references of the resumes (and the 2, the
+    fsdp run of test_fsdp_trains_like_ddp[adamw]). Nothing writes into them."""
     out = {}
     for nproc in (2, 4):
         out[nproc] = tmp_path_factory.mktemp(f"fsdp{nproc}") / "train"
-        torchrun(data, out[nproc], params_for(nproc), nproc)
+        run_ranks(data, out[nproc], params_for(nproc), nproc)
     return out
+
+
+@pytest.fixture(scope="module")
+def fsdp4_to_step_7(data, tmp_path_factory):
+    """4 processes stopped by --max-steps 7 (step 7's checkpoint): the first part of
+    test_fsdp_resume_is_exact[4] and of the world-size test, each of which resumes its own copy of it."""
+    out = tmp_path_factory.mktemp("fsdp4-7") / "train"
+    run_ranks(data, out, params_for(4), 4, "--max-steps", "7")
+    return out
+
+
+def to_step_7(data, out: Path, nproc: int, request) -> None:
+    """`out`: a run of params_for(nproc) stopped by --max-steps 7 (4 processes: a copy of fsdp4_to_step_7's)."""
+    if nproc == 4:
+        shutil.copytree(request.getfixturevalue("fsdp4_to_step_7"), out)
+    else:
+        run_ranks(data, out, params_for(nproc), nproc, "--max-steps", "7")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_fsdp_resume_is_exact(data, fsdp_full, tmp_path, nproc):
+def test_fsdp_resume_is_exact(data, fsdp_full, tmp_path, nproc, request):
     params = params_for(nproc)
     out = tmp_path / "train"
-    torchrun(data, out, params, nproc, "--max-steps", "7")
+    to_step_7(data, out, nproc, request)
     assert not (out / "final.pt").exists() and (out / "ckpt" / "latest").read_text().strip() == "step_000007.dcp"
     state = torch.load(out / "ckpt" / "step_000007.dcp" / "train_state.pt", weights_only=True)
     assert "model" not in state and "optimizer" not in state  # the tensors are the ranks' shards
     assert state["world_size"] == nproc and len(state["loader"]) == len(state["rng"]) == nproc
     assert len(list((out / "ckpt" / "step_000007.dcp").glob("__*_*.distcp"))) == nproc  # every rank wrote its part
-    torchrun(data, out, params, nproc, "--resume", "require")
+    run_ranks(data, out, params, nproc, "--resume", "require")
     assert [r["loss"] for r in read_metrics(out)] == [r["loss"] for r in read_metrics(fsdp_full[nproc])]
     assert [r.get("val_loss") for r in read_metrics(out)] == [r.get("val_loss") for r in read_metrics(fsdp_full[nproc])]
     a, b = final_model(fsdp_full[nproc]), final_model(out)
@@ -218,7 +246,8 @@ def test_fsdp_kill_9_and_rerun_finishes_like_the_uninterrupted_run(data, fsdp_fu
     metric history, every step once, no temporary left."""
     params, out = params_for(2), tmp_path / "train"
     marker = tmp_path / "hung"
-    proc = subprocess.Popen(command(data, out, params, 2), env=env(TF_HANG_AT_STEP="9", TF_HANG_MARKER=str(marker)),
+    proc = subprocess.Popen(command(data, out, params, 2, torchrun=True),
+                            env=env(TF_HANG_AT_STEP="9", TF_HANG_MARKER=str(marker)),
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
@@ -232,7 +261,7 @@ def test_fsdp_kill_9_and_rerun_finishes_like_the_uninterrupted_run(data, fsdp_fu
     assert (out / "ckpt" / "latest").read_text().strip() == "step_000006.dcp"
     assert [p.name for p in (out / "ckpt").glob(".step_000009.dcp.tmp-*")]  # the partial checkpoint
 
-    torchrun(data, out, params, 2)
+    run_ranks(data, out, params, 2)
     assert logged_steps(out) == list(range(1, STEPS + 1))
     assert [r["loss"] for r in read_metrics(out)] == [r["loss"] for r in read_metrics(fsdp_full[2])]
     a, b = final_model(fsdp_full[2]), final_model(out)
@@ -242,17 +271,17 @@ def test_fsdp_kill_9_and_rerun_finishes_like_the_uninterrupted_run(data, fsdp_fu
 
 
 @pytest.mark.slow
-def test_fsdp_resumes_on_another_world_size_like_the_uninterrupted_run(data, fsdp_full, tmp_path):
+def test_fsdp_resumes_on_another_world_size_like_the_uninterrupted_run(data, fsdp_full, tmp_path, request):
     """4 processes to step 7's checkpoint, then resumed by 2 (a node lost; the plan re-made for 2: 2
     accumulation micro-steps instead of 1) with train.resume: require. DCP reshards the 4 ranks' model and
     optimizer shards onto 2, the loader continues with the same global rows: steps 1-7 are the 4-process
-    run's, steps 8-20 the uninterrupted 2-process run's within fp32 rounding (the tolerances of
+    run's, steps 8-12 the uninterrupted 2-process run's within fp32 rounding (the tolerances of
     test_fsdp_trains_like_ddp: gradients summed in another order), every step logged once, the planned
     tokens trained."""
     out = tmp_path / "train"
-    torchrun(data, out, params_for(4), 4, "--max-steps", "7")
+    to_step_7(data, out, 4, request)
     assert len(list((out / "ckpt" / "step_000007.dcp").glob("__*_*.distcp"))) == 4
-    torchrun(data, out, params_for(2), 2, "--resume", "require")
+    run_ranks(data, out, params_for(2), 2, "--resume", "require")
     recs, four, two = read_metrics(out), read_metrics(fsdp_full[4]), read_metrics(fsdp_full[2])
     assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
     assert [r["loss"] for r in recs[:7]] == [r["loss"] for r in four[:7]]  # kept from the 4-process part
@@ -431,9 +460,10 @@ from torch.distributed.tensor import Shard, distribute_tensor
 import pipeline.training.optim as O
 from pipeline.training.optim import Muon, muon_owners
 
-rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+out = sys.argv[1]
 torch.set_num_threads(1)
-dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+dist.init_process_group("gloo")  # RANK, WORLD_SIZE 2: tests/forkrun.py
+rank = dist.get_rank()
 mesh = init_device_mesh("cpu", (2,))
 shapes = [(8, 16), (5, 8), (1, 8), (16, 8), (8, 16), (12, 12), (3, 7)]  # uneven and empty shards too
 g = torch.Generator().manual_seed(0)
@@ -458,7 +488,7 @@ for step in range(3):
 equal = [torch.equal(p.detach(), q.detach().full_tensor()) for p, q in zip(whole, sharded)]
 mine = sorted(tuple(s) for s, (_, owner) in zip(shapes, muon_owners(shapes, 2)) if owner == rank)
 json.dump({"equal": equal, "moved": [not torch.equal(p.detach(), p0) for p, p0 in zip(whole, start)],
-           "orthogonalised": sorted(seen), "owned": mine * 3}, open(out, "w"))
+           "orthogonalised": sorted(seen), "owned": mine * 3}, open(out.format(rank=rank), "w"))
 dist.destroy_process_group()
 """
 
@@ -470,11 +500,9 @@ def test_sharded_muon_gives_each_matrix_one_owner_and_the_whole_matrices_update_
     its own matrices only (`muon_owners`), not on all seven as when every rank orthogonalised everything."""
     script = tmp_path / "muon_ranks.py"
     script.write_text(MUON_RANKS)
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"),
-                               str(tmp_path / f"{r}.json")], env=env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], logs
+    r = subprocess.run([*ranks(2), str(script), str(tmp_path / "{rank}.json")], env=env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     found = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
     for r in found:
         assert r["equal"] == r["moved"] == [True] * 7

@@ -2,7 +2,9 @@
 signals, exact continuation, and the step watchdog.
 
 The tiny run of test_train.py. In-process single-process runs for the segments and the clock; 2-process gloo
-runs through the supervisor and torchrun (marked slow) for signals (DDP and FSDP) and a hung rank. The
+runs through the supervisor, rendezvous and torchrun (marked slow) for signals (DDP and FSDP) and a hung rank;
+the uninterrupted references and the reruns after a stop, which no signal reaches, under the supervisor with
+the ranks forked by tests/forkrun.py (torchrun's worker environment, one import of torch: builders.ranks). The
 test-only launch script below slows each step down (TF_STEP_SLEEP seconds) so that a signal lands mid-run,
 and records each rank's PID (TF_PID_DIR).
 """
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from builders import ROOT, logged_steps, make_params, make_plan, processes_in, run_inprocess
+from builders import ROOT, logged_steps, make_params, make_plan, processes_in, ranks, run_inprocess
 
 import pipeline.training.train as T
 from pipeline.io import write_json
@@ -225,15 +227,16 @@ run_cli(T.main)
 """
 
 
-def command(data, outdir: Path, params: dict, *extra: str, grace: float = 120) -> list[str]:
+def command(data, outdir: Path, params: dict, *extra: str, grace: float = 120, torchrun: bool = True) -> list[str]:
     plan_path = outdir.parent / f"{outdir.name}-plan.json"
     write_json(plan_path, make_plan(params).to_json())
     script = outdir.parent / "launch_stopping.py"
     script.write_text(textwrap.dedent(LAUNCH))
-    # what the train rule runs: the supervisor, then rendezvous, which execs torchrun
-    return [sys.executable, "-m", "pipeline.training.launch", "--grace", str(grace), "--",
-            sys.executable, "-m", "pipeline.training.rendezvous", "--params", json.dumps(params), "--plan",
-            str(plan_path), "--cpus-per-node", "2", "--", str(script),
+    # what the train rule runs: the supervisor, then rendezvous, which execs torchrun (or, torchrun=False, the
+    # supervisor over tests/forkrun.py's ranks)
+    job = [sys.executable, "-m", "pipeline.training.rendezvous", "--params", json.dumps(params), "--plan",
+           str(plan_path), "--cpus-per-node", "2", "--"] if torchrun else ranks(2)
+    return [sys.executable, "-m", "pipeline.training.launch", "--grace", str(grace), "--", *job, str(script),
             "--params", json.dumps(params), "--plan", str(plan_path), "--train", data["train"], "--val", data["val"],
             "--tokenizer", data["tokenizer"], "--outdir", str(outdir), *extra]
 
@@ -244,7 +247,10 @@ def env(**extra) -> dict:
 
 
 def run(data, outdir: Path, params: dict) -> None:
-    r = subprocess.run(command(data, outdir, params), capture_output=True, text=True, env=env(), timeout=600)
+    """An uninterrupted run, or a rerun after a stop, to the end (no signal: tests/forkrun.py's ranks)."""
+    assert params["hardware"]["nproc_per_node"] == 2
+    r = subprocess.run(command(data, outdir, params, torchrun=False), capture_output=True, text=True, env=env(),
+                       timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 

@@ -1,14 +1,16 @@
 """pipeline.training.train: the training loop, loss normalisation, DDP, exact resume, the token count.
 
 A tiny run: a 300-token BPE, a 2-layer dim-32 model, rows of 32 tokens packed from a small
-repetitive corpus. Single-process runs happen in-process; 2-process DDP runs go through torchrun
-with the gloo backend (marked slow).
+repetitive corpus. Single-process runs happen in-process; 2-process DDP runs with the gloo backend
+(marked slow) get torchrun's worker environment from tests/forkrun.py, which forks the ranks after one
+import of torch and the trainer (builders.ranks).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -25,6 +27,7 @@ from builders import (
     cuda_precision_params,
     make_params,
     make_plan,
+    ranks,
     run_inprocess,
 )
 
@@ -463,7 +466,7 @@ def test_mfu_norms_and_update_ratio():
     assert ratios["update_ratio/embedding"] == 0.0
 
 
-# ----------------------------------------------------------------------------- 2-process DDP (torchrun, gloo)
+# ----------------------------------------------------------------------------- 2-process DDP (gloo)
 
 TEARDOWN_SCRIPT = """
 import sys, weakref
@@ -486,7 +489,8 @@ def worker(rank, store, n):
         close_distributed(Dist(rank, rank, 2, torch.device("cpu"), owns_group=True), ref)
 
 if __name__ == "__main__":
-    mp.spawn(worker, args=(sys.argv[1], int(sys.argv[2])), nprocs=2)
+    # forked: the workers start with torch imported (spawn re-imports it in each, ~3 CPU-s a worker)
+    mp.start_processes(worker, args=(sys.argv[1], int(sys.argv[2])), nprocs=2, start_method="fork")
 """
 
 
@@ -505,8 +509,8 @@ def test_process_group_teardown_never_deadlocks(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def torchrun(data, outdir: Path, params: dict, *extra: str) -> None:
-    """Run the train CLI under torchrun with 2 gloo processes; each rank also dumps its final
+def run_ranks(data, outdir: Path, params: dict, *extra: str) -> None:
+    """Run the train CLI on 2 gloo processes (builders.ranks); each rank also dumps its final
     parameters to outdir/rank{r}.pt (through a wrapper script, test-only)."""
     plan_path = outdir.parent / f"{outdir.name}-plan.json"
     write_json(plan_path, make_plan(params).to_json())
@@ -522,9 +526,8 @@ def torchrun(data, outdir: Path, params: dict, *extra: str) -> None:
         T.finish = finish
         run_cli(T.main)
     """))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-           "--params", json.dumps(params), "--plan", str(plan_path), "--train", data["train"], "--val", data["val"],
-           "--tokenizer", data["tokenizer"], "--outdir", str(outdir), *extra]
+    cmd = [*ranks(2), str(script), "--params", json.dumps(params), "--plan", str(plan_path), "--train", data["train"],
+           "--val", data["val"], "--tokenizer", data["tokenizer"], "--outdir", str(outdir), *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -538,7 +541,7 @@ def ddp_run(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp") / "train"
     params = make_params(nproc=2, steps=6, ckpt_interval=2, val_interval=3, micro_batch=2)
     assert make_plan(params).grad_accum_steps == 2
-    torchrun(data, out, params)
+    run_ranks(data, out, params)
     return out, params
 
 
@@ -590,7 +593,7 @@ def test_ddp_bf16_compiled_run_validates_samples_and_scores_core(data, tmp_path_
     inputs = cuda_precision_inputs(data, tmp_path_factory.mktemp("bf16"))
     params, out = cuda_precision_params("ddp"), tmp_path_factory.mktemp("ddp_bf16") / "train"
     monkeypatch.setenv("TOKENFARM_CPU_AS_CUDA_PRECISION", "1")
-    torchrun(inputs, out, params, "--eval-data", inputs["eval_data"])
+    run_ranks(inputs, out, params, "--eval-data", inputs["eval_data"])
     records = read_metrics(out)
     assert [r["step"] for r in records] == [1, 2, 3, 4] and records[-1]["loss"] < records[0]["loss"]
     for r in records[1::2]:  # steps 2 and 4
@@ -601,18 +604,27 @@ def test_ddp_bf16_compiled_run_validates_samples_and_scores_core(data, tmp_path_
     assert all(torch.equal(r0[k], r1[k]) for k in r0)
 
 
+@pytest.fixture(scope="module")
+def ddp_to_step_3(data, ddp_run, tmp_path_factory):
+    """ddp_run's settings stopped by --max-steps 3: the first part of the two DDP resume tests below, each of
+    which resumes its own copy of it."""
+    out = tmp_path_factory.mktemp("ddp3") / "train"
+    run_ranks(data, out, ddp_run[1], "--max-steps", "3")
+    return out
+
+
 @pytest.mark.slow
-def test_ddp_resume_is_bitwise_exact(data, ddp_run, tmp_path):
+def test_ddp_resume_is_bitwise_exact(data, ddp_run, ddp_to_step_3, tmp_path):
     out_full, params = ddp_run
     out = tmp_path / "train"
-    torchrun(data, out, params, "--max-steps", "3")
+    shutil.copytree(ddp_to_step_3, out)
     assert not (out / "final.pt").exists()
     state = torch.load(out / "ckpt" / "step_000003.pt", weights_only=True)
     assert len(state["loader"]) == 2 and len(state["rng"]) == 2 and state["world_size"] == 2
     # every rank's loader is 3 steps × 2 micro-steps into epoch 0
     assert [(ls["epoch"], ls["position"], ls["micro_batch"], ls["world_size"]) for ls in state["loader"]] == \
         [(0, 6, 2, 2)] * 2
-    torchrun(data, out, params, "--resume", "auto")
+    run_ranks(data, out, params, "--resume", "auto")
     assert [r["loss"] for r in read_metrics(out)] == [r["loss"] for r in read_metrics(out_full)]
     a, b = torch.load(out_full / "rank1.pt"), torch.load(out / "rank1.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -620,14 +632,14 @@ def test_ddp_resume_is_bitwise_exact(data, ddp_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_checkpoint_resumes_in_one_process_like_the_uninterrupted_run(data, ddp_run, tmp_path):
+def test_ddp_checkpoint_resumes_in_one_process_like_the_uninterrupted_run(data, ddp_run, ddp_to_step_3, tmp_path):
     """2 DDP processes to step 3, resumed by 1 process (micro-batch 2, now 4 accumulation micro-steps,
     the plan re-made for it): the consolidated state loads whole, the loader continues with the same
     global rows; steps 4-6 equal the uninterrupted 2-process run's within fp32 rounding (the tolerances of
     test_ddp_ranks_agree_and_equal_single_process_accumulation)."""
     out_full, params = ddp_run
     out = tmp_path / "train"
-    torchrun(data, out, params, "--max-steps", "3")
+    shutil.copytree(ddp_to_step_3, out)
     alone = make_params(nproc=1, steps=6, ckpt_interval=2, val_interval=3, micro_batch=2)
     assert make_plan(alone).grad_accum_steps == 4
     summary = run_inprocess(data, out, alone, resume="require")
