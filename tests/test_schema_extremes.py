@@ -191,10 +191,18 @@ def parse_all(workdir: Path, configs: list[dict], procs: int = 2) -> list[tuple[
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory):
+def parsed(tmp_path_factory) -> tuple[list, list]:
+    """Every case of the walk and every config of BAD_FILTERS, parsed by one parse_all (one pair of children):
+    (key, value, kind, message) of each case, and (kind, message) of each bad filter."""
     workdir = tmp_path_factory.mktemp("extremes")
     all_cases = cases()
-    return [(key, v, *o) for (key, v, _), o in zip(all_cases, parse_all(workdir, [c for _, _, c in all_cases]))]
+    found = parse_all(workdir, [c for _, _, c in all_cases] + [with_filter(f) for f, _ in BAD_FILTERS])
+    return [(key, v, *o) for (key, v, _), o in zip(all_cases, found)], found[len(all_cases):]
+
+
+@pytest.fixture(scope="module")
+def outcomes(parsed):
+    return parsed[0]
 
 
 def names_a_key(message: str, leaf: str) -> bool:
@@ -237,13 +245,18 @@ BAD_FILTERS = [
 ]
 
 
+def with_filter(chain: list) -> dict:
+    return {**copy.deepcopy(DEFAULT), "filter": chain}
+
+
 @pytest.mark.slow
-def test_a_bad_filter_stops_snakemakes_parse_naming_its_key(tmp_path):
+def test_a_bad_filter_stops_snakemakes_parse_naming_its_key(parsed):
     """The schema (names, types) and build_chain (ranges, language codes, the classifier file) through the
-    Snakefile: one `tokenfarm:` line naming the key."""
+    Snakefile: one `tokenfarm:` line naming the key (parsed with the walk's cases, by the same children)."""
     def flat(text):  # the schema names a list item filter.0.name, build_chain filter[0].name
         return text.replace("[", ".").replace("]", "").replace("'", "")
-    outcomes = parse_all(tmp_path, [{**copy.deepcopy(DEFAULT), "filter": f} for f, _ in BAD_FILTERS])
+    outcomes = parsed[1]
+    assert len(outcomes) == len(BAD_FILTERS)
     for (_, key), (kind, message) in zip(BAD_FILTERS, outcomes):
         assert kind == "exit" and message.startswith("tokenfarm: ") and flat(key) in flat(message), (key, message)
 
@@ -291,9 +304,17 @@ def touches_data(cfg: dict, section: str) -> bool:
 # and every source's decontamination flags the largest part of a run, and the flags rerun with every source edit.
 # The batch walking eval.tasks and eval.chat_tasks sets every task at once, so the whole table is still built and
 # matched once; the default's decontamination runs in test_workflow's DAG.
+# Its corpus is the sample's first shards: 3 of the 8 web shards (~1.4M tokens: the pretrain budget fits, and the
+# budgets too large for the sample are still refused by the plan), 1 of the 2 chat shards (~1.5M tokens for the
+# chat mixes' ~330K) and 1 of the 2 crawl shards. Every stage still runs on each source; the shards a stage reads
+# set its work, which no walked value's outcome depends on (the same outcome for each of the 59 values, measured),
+# and at shards_per_job 1 the job count (5 jobs per per-shard rule instead of 12).
 PRESET_FILTER = yaml.safe_load((ROOT / "configs/llama3-1b-fineweb.yaml").read_text())["filter"]
+FIRST_SHARDS = {"web": "shard_0000[0-2]", "chat": "shard_00000", "crawl": "shard_00000"}
 GROUPED = {**DEFAULT, "shards_per_job": 8, "filter": PRESET_FILTER,
-           "eval": {**DEFAULT["eval"], "tasks": ["copa"], "chat_tasks": []}}
+           "eval": {**DEFAULT["eval"], "tasks": ["copa"], "chat_tasks": []},
+           "sources": {name: {**src, "glob": src["glob"].replace("*", FIRST_SHARDS[name])}
+                       for name, src in DEFAULT["sources"].items()}}
 
 
 def merged(batch: list[tuple[tuple, object]]) -> dict:
@@ -313,18 +334,45 @@ def data_half(project: Path, cfg: dict, *args: str) -> subprocess.CompletedProce
                           env=user_env())
 
 
-def run_batch(project: Path, batch: list) -> list[tuple[tuple, object, str | None]]:
-    """Run the data half with every value of `batch` set at once; where that fails, halve the batch until
-    each failure is one value's: (path, value, None) for a value that ran, else its failure's output."""
-    cfg = merged(batch)
-    dry = data_half(project, cfg, "-n")
-    proc = data_half(project, cfg) if dry.returncode == 0 else None  # else: refused at parse together
-    if proc is not None and proc.returncode == 0:
-        return [(path, v, None) for path, v in batch]
-    if len(batch) == 1:  # a value refused at parse once the counts are known (the plan), or failing
-        return [(*batch[0], f"{PARSED}\n{dry.stdout}{dry.stderr}" if proc is None else proc.stdout + proc.stderr)]
+def ran_a_job(proc: subprocess.CompletedProcess) -> bool:
+    """Whether a run started a job (Snakemake's `Execute N jobs...`): one that stops at its parse (or while
+    its DAG is built) starts none, exactly where a dry run of it stops."""
+    return re.search(r"^Execute \d+ jobs", proc.stdout + proc.stderr, re.M) is not None
+
+
+def parse_groups(project: Path, batch: list, refused: bool = False) -> tuple[list[list], list]:
+    """`batch` cut by dry runs alone (halved where one fails) into groups that each parse, and the values
+    refused at parse on their own: (path, value, the dry run's output marked PARSED). `refused`: the batch is
+    known to be refused at parse (its own run was), so it is halved without a dry run."""
+    if not refused:
+        dry = data_half(project, merged(batch), "-n")
+        if dry.returncode == 0:
+            return [batch], []
+        if len(batch) == 1:
+            return [], [(*batch[0], f"{PARSED}\n{dry.stdout}{dry.stderr}")]
     half = len(batch) // 2
-    return run_batch(project, batch[:half]) + run_batch(project, batch[half:])
+    (first, refused_first), (second, refused_second) = (parse_groups(project, batch[:half]),
+                                                        parse_groups(project, batch[half:]))
+    return first + second, refused_first + refused_second
+
+
+def run_batch(project: Path, batch: list, parse_checked: bool = False) -> list[tuple[tuple, object, str | None]]:
+    """Run the data half with every value of `batch` set at once; where that fails, halve the batch until
+    each failure is one value's: (path, value, None) for a value that ran, else its failure's output (marked
+    PARSED where Snakemake refused it before running anything). A batch refused at parse has the values that
+    parse found by dry runs (which run nothing), and those run together, not half by half."""
+    proc = data_half(project, merged(batch))
+    if proc.returncode == 0:
+        return [(path, v, None) for path, v in batch]
+    output = proc.stdout + proc.stderr
+    if len(batch) == 1:  # a value refused at parse once the counts are known (the plan), or failing
+        return [(*batch[0], output if ran_a_job(proc) else f"{PARSED}\n{output}")]
+    if not ran_a_job(proc) and not parse_checked:
+        groups, refused = parse_groups(project, batch, refused=True)
+        parses = [case for group in groups for case in group]
+        return refused + (run_batch(project, parses, parse_checked=True) if parses else [])
+    half = len(batch) // 2
+    return run_batch(project, batch[:half], parse_checked) + run_batch(project, batch[half:], parse_checked)
 
 
 @pytest.fixture(scope="module")
@@ -332,7 +380,8 @@ def data_runs(outcomes, tmp_path_factory):
     """Every value that parses and changes a data stage, run through the data half of the DAG (download →
     accounting) on the default config (GROUPED). Values are batched (the k-th value of every key at once) in one
     project, so each run redoes only the stages its values change; a failing batch is halved down to the
-    values that fail."""
+    values that fail. A value GROUPED already has, written or by the schema's default (tokenizer.delimiter: bos,
+    dedup.partitions: 1), ran in the base's own run: it takes no batch."""
     parsed = {(key, str(v)) for key, v, kind, _ in outcomes if kind == "ok"}
     by_key: dict[str, list] = {}
     alone = []  # refused when the data is known: each run on its own, not halved out of a batch
@@ -346,11 +395,15 @@ def data_runs(outcomes, tmp_path_factory):
     for key, vals in by_key.items():  # a list of enum values (eval.tasks): every value at once, one list
         if vals[0][0][-1] == "[]" and len(vals) > 1:
             by_key[key] = [(vals[0][0][:-1], [v for _, v in vals])]
+    covered = [case for vals in by_key.values() for case in vals
+               if resolve_config(merged([case])) == resolve_config(GROUPED)]
+    by_key = {key: rest for key, vals in by_key.items() if (rest := [case for case in vals if case not in covered])}
     project = tmp_path_factory.mktemp("data-extremes")
     (project / "data").symlink_to(ROOT / "data")
     assert data_half(project, GROUPED).returncode == 0  # the base's data half, which the batches edit
     batches = [[vals[k] for vals in by_key.values() if len(vals) > k] for k in range(max(map(len, by_key.values())))]
-    runs = [r for batch in [[case] for case in alone] + batches for r in run_batch(project, batch)]
+    runs = [(path, v, None) for path, v in covered]
+    runs += [r for batch in [[case] for case in alone] + batches for r in run_batch(project, batch)]
     return [(with_value(path, v)[1], v, failure) for path, v, failure in runs]
 
 
@@ -393,6 +446,29 @@ def test_slow_data_stage_extremes_plan(tmp_path):
     assert sorted(planned) == sorted(DRY_RUN_ONLY)  # every entry is a value the walk reaches
 
 
+def translate_once() -> None:
+    """Snakemake translates each Snakefile it includes (its grammar into Python) before running it: the same
+    code for every config, which was a third of a parse here. Within a child each file is translated once;
+    every config still runs the whole translated Snakefile (config resolution, validation, the plan...)."""
+    import snakemake.parser
+    import snakemake.workflow
+
+    translate, done = snakemake.workflow.parse, {}
+
+    def parse(path, workflow, linemap, overwrite_shellcmd=None, rulecount=0):
+        key = (path.get_path_or_uri(secret_free=True), overwrite_shellcmd, rulecount)
+        snakemake.parser.Shell.overwrite_cmd = overwrite_shellcmd  # what a translation sets besides its code
+        if key not in done:
+            lines: dict[int, int] = {}
+            done[key] = (*translate(path, workflow, linemap=lines, overwrite_shellcmd=overwrite_shellcmd,
+                                    rulecount=rulecount), lines)
+        code, count, lines = done[key]
+        linemap.update(lines)
+        return code, count
+
+    snakemake.workflow.parse = parse
+
+
 def _parse_child(workdir: Path) -> None:
     """Child process: parse each config with Snakemake's API, record the outcome."""
     import contextlib
@@ -403,11 +479,13 @@ def _parse_child(workdir: Path) -> None:
     from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
 
     resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))  # a runaway case fails, not the machine
+    translate_once()
     out = []
     for i, cfg in enumerate(json.loads((workdir / "cases.json").read_text())):
-
-        f = workdir / f"case-{i}.yaml"
-        f.write_text(yaml.safe_dump(cfg))
+        # JSON, which Snakemake reads before it tries YAML (its YAML reader was a tenth of a parse): the config the
+        # parent sent, its keys in yaml.safe_dump's order
+        f = workdir / f"case-{i}.json"
+        f.write_text(json.dumps(cfg, sort_keys=True))
         sink = io.StringIO()
         try:
             with contextlib.redirect_stderr(sink), contextlib.redirect_stdout(sink):
