@@ -325,13 +325,16 @@ def merged(batch: list[tuple[tuple, object]]) -> dict:
 
 
 def data_half(project: Path, cfg: dict, *args: str) -> subprocess.CompletedProcess:
-    from builders import user_env  # here, not at the top: see ROOT
+    """`snakemake … --until accounting` of `cfg` in `project`; within `served_snakemake()` (the data_runs fixture)
+    through its server, Snakemake's CLI forked from one process that imported it once."""
+    from builders import _served, user_env  # here, not at the top: see ROOT
 
     (project / "case.yaml").write_text(yaml.safe_dump(cfg))
-    return subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-s", str(ROOT / "Snakefile"),
-                           "-d", str(project), "--configfile", "case.yaml", "--cores", "2", "--until", "accounting",
-                           "-q", *args], cwd=project, capture_output=True, text=True, timeout=1800,
-                          env=user_env())
+    cmd = [str(Path(sys.executable).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "-d", str(project),
+           "--configfile", "case.yaml", "--cores", "2", "--until", "accounting", "-q", *args]
+    if _served:
+        return _served[-1].run(cmd, project, user_env(), 1800)
+    return subprocess.run(cmd, cwd=project, capture_output=True, text=True, timeout=1800, env=user_env())
 
 
 def ran_a_job(proc: subprocess.CompletedProcess) -> bool:
@@ -398,12 +401,15 @@ def data_runs(outcomes, tmp_path_factory):
     covered = [case for vals in by_key.values() for case in vals
                if resolve_config(merged([case])) == resolve_config(GROUPED)]
     by_key = {key: rest for key, vals in by_key.items() if (rest := [case for case in vals if case not in covered])}
+    from builders import served_snakemake
+
     project = tmp_path_factory.mktemp("data-extremes")
     (project / "data").symlink_to(ROOT / "data")
-    assert data_half(project, GROUPED).returncode == 0  # the base's data half, which the batches edit
     batches = [[vals[k] for vals in by_key.values() if len(vals) > k] for k in range(max(map(len, by_key.values())))]
-    runs = [(path, v, None) for path, v in covered]
-    runs += [r for batch in [[case] for case in alone] + batches for r in run_batch(project, batch)]
+    with served_snakemake():
+        assert data_half(project, GROUPED).returncode == 0  # the base's data half, which the batches edit
+        runs = [(path, v, None) for path, v in covered]
+        runs += [r for batch in [[case] for case in alone] + batches for r in run_batch(project, batch)]
     return [(with_value(path, v)[1], v, failure) for path, v, failure in runs]
 
 
