@@ -42,7 +42,7 @@ os.environ.setdefault("TOKENFARM_PROGRESS", "0")
 
 
 # The longest files first (`make test` prints the slowest tests): xdist hands whole files to the workers in
-# collection order (the Makefile's --no-loadscope-reorder), so README's sequence (~17 min on one core) starts
+# collection order (the Makefile's --no-loadscope-reorder), so README's sequence (~13 min on one core) starts
 # at once and the other files fill the second worker around it.
 LONGEST_FIRST = ("test_user_path.py", "test_schema_extremes.py", "test_workflow.py", "test_fsdp.py",
                  "test_subcommands.py")
