@@ -275,6 +275,8 @@ AT_RUN_TIME = {
     ("sources.web.format", "chat"): "a shard's columns are known when a job reads it (downloaded after the parse)",
     ("sources.web.min_chars", LARGE): "every document is shorter: the split names sources.web.min_chars",
     ("sources.chat.max_conversation_tokens", 1): "no conversation fits: the split names the cap",
+    ("tokenizer.train_chars", 1000): "the merges a sample supports are known once the tokenizer job reads it: "
+                                     "1,000 characters cannot give the default's 4,096-token vocabulary",
 }
 
 # Values that run, too slowly for the suite: their DAG is dry-run only (`test_slow_data_stage_extremes_plan`).
