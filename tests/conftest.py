@@ -35,7 +35,7 @@ cache_bytecode()
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from builders import ROOT, trained_run_inputs  # noqa: E402
+from builders import ROOT, served_snakemake, trained_run_inputs  # noqa: E402
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENFARM_PROGRESS", "0")
@@ -71,3 +71,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def snakemake_cli():
+    """A module's `builders.snakemake(...)` commands (and any it passes the server to) run Snakemake's CLI in fresh
+    children of one process that imported Snakemake once (builders.SnakemakeServer). Commands started as from a
+    terminal (README's, the killed runs') and the `snakemake` script a user's shell finds are not served."""
+    with served_snakemake() as server:
+        yield server

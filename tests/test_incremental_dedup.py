@@ -14,17 +14,9 @@ import shutil
 
 import pyarrow.parquet as pq
 import pytest
-from builders import ROOT, TINY, planned_jobs, sample_docs, served_snakemake, snakemake, write_config, write_text_shard
+from builders import ROOT, TINY, planned_jobs, sample_docs, snakemake, write_config, write_text_shard
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def snakemake_cli():
-    """This module's Snakemake commands run Snakemake's CLI in fresh children of one process that imported it once
-    (builders.SnakemakeServer)."""
-    with served_snakemake() as server:
-        yield server
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("snakemake_cli")]  # Snakemake imported once
 
 PARTS = 2
 

@@ -6,17 +6,9 @@ import copy
 import json
 
 import pytest
-from builders import TINY, make_project, planned_jobs, served_snakemake, snakemake, write_config
+from builders import TINY, make_project, planned_jobs, snakemake, write_config
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def snakemake_cli():
-    """This module's Snakemake commands run Snakemake's CLI in fresh children of one process that imported it once
-    (builders.SnakemakeServer)."""
-    with served_snakemake() as server:
-        yield server
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("snakemake_cli")]  # Snakemake imported once
 
 # 2 budgets × 3 depths of 8·depth-dim models; the largest point trains ~100 steps of 512 tokens
 SWEEP = {"budgets": [1.5e9, 3e9], "depths": [1, 2, 3], "aspect": 8, "head_dim": 8, "global_batch_tokens": 512,

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from builders import SUBCOMMANDS, fresh_copy, run_subcommand, served_snakemake, user_env
+from builders import SUBCOMMANDS, fresh_copy, run_subcommand, user_env
 
 pytestmark = pytest.mark.slow
 
@@ -24,14 +24,6 @@ CONFIGS = {
 @pytest.fixture(scope="module")
 def preset_copy(tmp_path_factory) -> Path:
     return fresh_copy(tmp_path_factory.mktemp("presets"))
-
-
-@pytest.fixture(scope="module")
-def snakemake_cli():
-    """Snakemake's CLI, imported once: each command below runs in a fresh child of it (builders.SnakemakeServer);
-    the `snakemake` script a user's shell finds runs in test_a_cluster_run_... and tests/test_user_path.py."""
-    with served_snakemake() as server:
-        yield server
 
 
 def test_every_preset_and_overlay_is_listed(root):

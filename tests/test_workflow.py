@@ -31,7 +31,6 @@ from builders import (
     planned_jobs,
     reword_docs,
     sample_docs,
-    served_snakemake,
     snakemake,
     user_env,
     wait_for,
@@ -45,15 +44,7 @@ from pipeline.codehash import Package, definition_at, module_name, module_path
 from pipeline.io import read_parquet_meta
 from pipeline.run_config import run_config
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def snakemake_cli():
-    """Every Snakemake command of this module (but the killed runs', started as from a terminal) runs Snakemake's
-    CLI in a fresh child of one process that imported Snakemake once (builders.SnakemakeServer)."""
-    with served_snakemake() as server:
-        yield server
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("snakemake_cli")]  # Snakemake imported once
 
 
 @pytest.fixture(scope="module")
