@@ -104,8 +104,9 @@ def kill_group(proc: subprocess.Popen, path: Path) -> None:
 
 def ranks(nproc: int, torchrun: bool = False) -> list[str]:
     """The command prefix that starts `nproc` ranks of the script after it: tests/forkrun.py (the environment
-    torchrun gives its workers, the ranks forked after one import of torch and the trainer: ~4 CPU-s a rank
-    less), or, for the tests of what torchrun itself does (its signals, a kill of the job), torchrun."""
+    torchrun gives its workers, the ranks forked after one import of torch and the trainer: no rank pays its
+    own imports; BENCHMARKS.md "Test time"), or, for the tests of what torchrun itself does (its signals, a kill
+    of the job), torchrun."""
     if torchrun:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
     return [sys.executable, str(ROOT / "tests" / "forkrun.py"), "--nproc_per_node", str(nproc)]
@@ -264,7 +265,7 @@ def write_config(path: Path, config: dict) -> None:
 
 # A process that has imported Snakemake (and collected its plugins) once, then forks one child per command that
 # runs Snakemake's CLI entry point (`snakemake.cli.main`, what the `snakemake` script calls) with that command's
-# arguments, working directory and environment: the same CLI, without its ~2 CPU-s of imports each time. Nothing
+# arguments, working directory and environment: the same CLI, without its imports each time. Nothing
 # of the workflow (the Snakefile, the `pipeline` package) is imported before the fork: each child parses it afresh.
 _SNAKEMAKE_SERVER = r"""
 import json, os, select, signal, sys

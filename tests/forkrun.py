@@ -3,8 +3,8 @@
     python tests/forkrun.py --nproc_per_node N SCRIPT [ARGS...]
 
 Under torchrun each rank is a fresh interpreter that imports torch, torch._dynamo (the optimizer's
-constructor imports it), FSDP, DCP and the trainer: ~5 CPU-s a rank before its first step, plus ~3 for
-torchrun itself, most of a tiny test run's cost. Here one process imports them once and forks the
+constructor imports it), FSDP, DCP and the trainer before its first step, and torchrun imports torch
+too: most of a tiny test run's cost (BENCHMARKS.md "Test time"). Here one process imports them once and forks the
 ranks, as torch's DataLoader forks its workers after the same imports; each rank then runs SCRIPT as
 `python SCRIPT ARGS...` would (``__main__``, ``sys.argv``, ``sys.path[0]``) with the environment torchrun
 gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_*: the agent's store,
