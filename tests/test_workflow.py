@@ -206,13 +206,14 @@ def test_report_shows_the_evaluation(project):
     assert "core.png" in html
 
 
-def test_export_target_writes_a_model_transformers_and_lm_eval_load(project):
-    """`snakemake export` (the `project` fixture's): the trained model as a transformers directory, same logits
-    as final.pt, and lm-eval scores a local task on it offline."""
+def test_export_target_writes_a_model_transformers_loads_with_our_logits(project):
+    """`snakemake export` (the `project` fixture's): the trained model as a transformers directory with the same
+    logits as final.pt. (The rule runs `python -m pipeline.evaluation.export`, whose output lm-eval scores
+    offline in README's sequence, tests/test_user_path.py, and against our loglikelihoods in
+    tests/evaluation/test_export.py.)"""
     import torch
     from transformers import LlamaForCausalLM
 
-    from pipeline.evaluation.lmeval_harness import LocalTask, run_lmeval, write_tasks
     from pipeline.model.checkpoint_io import load_checkpoint
     from pipeline.model.model import ModelConfig, Transformer
 
@@ -226,10 +227,6 @@ def test_export_target_writes_a_model_transformers_and_lm_eval_load(project):
     ids = torch.randint(0, 512, (2, 32))
     with torch.no_grad():
         assert (ours.eval()(ids) - hf(ids).logits).abs().max() < 1e-4
-    doc = {"context": "The cat sat on the", "choices": ["mat", "sky"], "gold": 0}
-    task = LocalTask("tf_dag", "multiple_choice", [doc])
-    result = run_lmeval(out, write_tasks(project / "lmeval", [task]), ["tf_dag"], project / "lmeval/out.json")
-    assert len(result["requests"]["tf_dag"]) == 2 and "acc,none" in result["results"]["tf_dag"]
     assert planned_jobs(snakemake(project, "-n", "export")) == {}
 
 

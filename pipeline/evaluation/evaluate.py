@@ -118,27 +118,39 @@ class DocumentSums:
 
 
 @torch.no_grad()
-def evaluate_rows(model, loader, device: torch.device, rows: int, chunk: int, byte_lengths: np.ndarray,
-                  delimiters: tuple[int | None, int | None] = (None, None)) -> dict:
-    """Σ fp32 CE (nats), counted target tokens and their UTF-8 bytes over all rows of `loader`, and under
-    ``docs`` the same per document ([3, documents]: `DocumentSums` with the tokenizer's (bos, eos) ids;
-    without them a row is the unit)."""
+def evaluate_rows(model, loaders: list[PackedLoader], device: torch.device, rows: int, chunk: int,
+                  byte_lengths: np.ndarray, delimiters: tuple[int | None, int | None] = (None, None)) -> list[dict]:
+    """Per loader of `loaders` (one packed split read with different loss masks: a chat stage's own loss and
+    its assistant-only loss), Σ fp32 CE (nats), counted target tokens and their UTF-8 bytes over all rows, and
+    under ``docs`` the same per document ([3, documents]: `DocumentSums` with the tokenizer's (bos, eos) ids;
+    without them a row is the unit). The model runs once per batch of rows, whatever the number of masks."""
     model.eval()
-    docs_sums = DocumentSums(*delimiters)
-    for x, y, m, *docs in iter_rows(loader, rows):
+    first = loaders[0]
+    if any(ld.n_rows != first.n_rows or ld.seq_len != first.seq_len for ld in loaders):
+        raise ValueError("evaluate_rows: the loaders must read one packed split")
+    docs_sums = [DocumentSums(*delimiters) for _ in loaders]
+    for start in range(0, first.n_rows, rows):
+        idx = np.arange(start, min(start + rows, first.n_rows))
+        x, y, _, *docs = first.batch(idx)
         hidden = model.hidden(x.to(device), docs[0].to(device) if docs else None)
         nats = token_nats(hidden, model.lm_head_weight, y.to(device), chunk).cpu().double().numpy()
-        counted = np.ones(nats.shape) if m is None else m.reshape(-1).double().numpy()
-        values = np.stack([nats * counted, counted, byte_lengths[y.reshape(-1).numpy()] * counted])
-        if delimiters == (None, None):  # every row its own unit
-            for r in range(x.shape[0]):
-                docs_sums.prev = None
-                docs_sums.add(x[r].numpy(), values[:, r * x.shape[1]:(r + 1) * x.shape[1]])
-        else:
-            docs_sums.add(x.reshape(-1).numpy(), values)
-    per_doc = docs_sums.arrays()
-    return {"nats": float(per_doc[0].sum()), "tokens": int(per_doc[1].sum()), "bytes": int(per_doc[2].sum()),
-            "docs": per_doc}
+        lengths = byte_lengths[y.reshape(-1).numpy()]
+        for loader, sums in zip(loaders, docs_sums):
+            m = loader.batch(idx)[2]
+            counted = np.ones(nats.shape) if m is None else m.reshape(-1).double().numpy()
+            values = np.stack([nats * counted, counted, lengths * counted])
+            if delimiters == (None, None):  # every row its own unit
+                for r in range(x.shape[0]):
+                    sums.prev = None
+                    sums.add(x[r].numpy(), values[:, r * x.shape[1]:(r + 1) * x.shape[1]])
+            else:
+                sums.add(x.reshape(-1).numpy(), values)
+    out = []
+    for sums in docs_sums:
+        per_doc = sums.arrays()
+        out.append({"nats": float(per_doc[0].sum()), "tokens": int(per_doc[1].sum()),
+                    "bytes": int(per_doc[2].sum()), "docs": per_doc})
+    return out
 
 
 def delimiters(tokenizer) -> tuple[int | None, int | None]:
@@ -243,17 +255,22 @@ def markdown_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def chat_evaluation(model, tokenizer, params: dict, val_meta: str, device, batch_rows: int,
-                    byte_lengths: np.ndarray) -> dict:
-    """For a chat stage (its mix has a chat source and a bestfit pack): ``chat_val_loss``, the mean
-    CE over the assistant tokens (content and <|assistant_end|>) of the held-out conversations, and
-    ``answers`` to ``eval.chat_questions`` (greedy, chat template, KV-cache engine). Empty otherwise."""
+def chat_val_loader(params: dict, val_meta: str) -> PackedLoader | None:
+    """A chat stage's (its mix has a chat source and a bestfit pack) validation rows with the assistant-only
+    loss mask (content and <|assistant_end|>); None for a text stage."""
     view = run_config(params)
     if not is_chat_stage(view):
+        return None
+    return PackedLoader(val_meta, 1, shuffle=False, loss="assistant", with_doc_ids=view.stage["doc_mask"])
+
+
+def chat_evaluation(model, tokenizer, params: dict, sums: dict | None) -> dict:
+    """For a chat stage (`sums`: its validation rows' assistant-only sums, `chat_val_loader`): ``chat_val_loss``,
+    the mean CE over the assistant tokens of the held-out conversations, and ``answers`` to
+    ``eval.chat_questions`` (greedy, chat template, KV-cache engine). Empty for a text stage (`sums` None)."""
+    if sums is None:
         return {}
-    val = PackedLoader(val_meta, 1, shuffle=False, loss="assistant", with_doc_ids=view.stage["doc_mask"])
-    sums = evaluate_rows(model, val, device, batch_rows, view.train.ce_chunk_tokens, byte_lengths,
-                         delimiters(tokenizer))
+    view = run_config(params)
     return {"chat_val_loss": sums["nats"] / sums["tokens"] if sums["tokens"] else None,
             "chat_val_loss_ci": loss_intervals(sums)["loss_ci"],
             "chat_val_tokens": sums["tokens"],
@@ -298,10 +315,11 @@ def evaluate(params: dict, ckpt_path: str, val_meta: str, train_meta: str, token
     val = PackedLoader(val_meta, 1, shuffle=False, loss=st["loss"], with_doc_ids=st["doc_mask"])
     train = PackedLoader(train_meta, 1, shuffle=False, loss=st["loss"])
 
-    val_sums = evaluate_rows(model, val, device, batch_rows, view.train.ce_chunk_tokens, byte_lengths,
-                             delimiters(tokenizer))
+    chat_val = chat_val_loader(params, val_meta)
+    val_sums, *chat_sums = evaluate_rows(model, [val] + ([chat_val] if chat_val else []), device, batch_rows,
+                                         view.train.ce_chunk_tokens, byte_lengths, delimiters(tokenizer))
     val_ci = loss_intervals(val_sums)
-    chat = chat_evaluation(model, tokenizer, params, val_meta, device, batch_rows, byte_lengths)
+    chat = chat_evaluation(model, tokenizer, params, chat_sums[0] if chat_sums else None)
     uni_sums = unigram_baseline(unigram_counts(train, vocab), val, tokenizer.n_vocab, byte_lengths)
     val_loss, val_bpb = per_token_and_bpb(val_sums)
     uni_loss, uni_bpb = per_token_and_bpb(uni_sums)

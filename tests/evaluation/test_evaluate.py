@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from builders import TRAIN_SEQ, make_params, run_inprocess
 
-from pipeline.data.contract import MASK_REAL
+from pipeline.data.contract import MASK_ASSISTANT, MASK_REAL
 from pipeline.data.encoding import load_tokenizer
 from pipeline.data.loader import PackedLoader
 from pipeline.evaluation.evaluate import (
@@ -69,6 +69,33 @@ def test_token_byte_lengths(data):
     assert lengths[256] == len(tok.decode([256]).encode()) >= 2  # the first BPE merge
 
 
+def test_a_chat_stages_two_masks_share_one_forward_and_each_equals_its_own_pass(data, tmp_path):
+    """A chat stage's loss and its assistant-only loss (`chat_val_loader`) from one forward per batch of rows:
+    each mask's sums equal those of the split read with that mask alone."""
+    tok = load_tokenizer(data["tokenizer"])
+    rows, mask = masked_pack(tmp_path / "val.json", tok)
+    assistant = np.zeros_like(mask)
+    assistant[:, 5:] = mask[:, 5:]  # assistant targets are real tokens
+    stem = tmp_path / "val"
+    (mask * MASK_REAL | assistant * MASK_ASSISTANT).astype(np.uint8).tofile(f"{stem}.mask.bin")
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=320, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=32,
+                                    max_seq_len=8))
+    calls = []
+    loader = lambda loss: PackedLoader(tmp_path / "val.json", 1, shuffle=False, loss=loss)
+    args = dict(device=torch.device("cpu"), rows=1, chunk=5, byte_lengths=token_byte_lengths(tok, 320),
+                delimiters=(tok.bos_id, tok.eos_id))
+    hidden = model.hidden
+    model.hidden = lambda *a: (calls.append(1), hidden(*a))[1]
+    both = evaluate_rows(model, [loader("all"), loader("assistant")], **args)
+    assert len(calls) == 2  # 2 rows, one row a batch: one forward each
+    alone = [evaluate_rows(model, [loader(loss)], **args)[0] for loss in ("all", "assistant")]
+    for a, b in zip(both, alone):
+        assert (a["nats"], a["tokens"], a["bytes"]) == (b["nats"], b["tokens"], b["bytes"])
+        assert np.array_equal(a["docs"], b["docs"])
+    assert both[1]["tokens"] == (assistant[:, 1:] != 0).sum() < both[0]["tokens"]
+
+
 def masked_pack(path, tok, seq_len=8):
     """Two rows with a loss mask (bestfit-style, the real-token bit: what loss "all" counts), hand-made."""
     ids = tok.delimit(tok.encode("The old king sees a red bird. The cat"))[: 2 * (seq_len + 1)]
@@ -91,8 +118,8 @@ def test_bits_per_byte_matches_a_hand_computation(data, tmp_path):
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=320, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=32,
                                     max_seq_len=8))
-    sums = evaluate_rows(model, PackedLoader(tmp_path / "val.json", 1, shuffle=False), torch.device("cpu"), rows=1,
-                         chunk=5, byte_lengths=token_byte_lengths(tok, 320))
+    sums, = evaluate_rows(model, [PackedLoader(tmp_path / "val.json", 1, shuffle=False)], torch.device("cpu"), rows=1,
+                          chunk=5, byte_lengths=token_byte_lengths(tok, 320))
 
     x, y, counted = torch.from_numpy(rows[:, :-1].astype(np.int64)), rows[:, 1:], mask[:, 1:].astype(bool)
     with torch.no_grad():
