@@ -349,15 +349,20 @@ def served_snakemake():
         server.close()
 
 
+def run_snakemake_cli(cmd: list[str], path: Path, timeout: int) -> subprocess.CompletedProcess:
+    """Snakemake command line `cmd` in `path` with a user's environment: within `served_snakemake()` through its
+    server (Snakemake's CLI forked from one process that imported it), else as a subprocess."""
+    env = user_env()
+    if _served:
+        return _served[-1].run(cmd, path, env, timeout)
+    return subprocess.run(cmd, cwd=path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def snakemake(path: Path, *args: str, check: bool = True, timeout: int = 900,
               snakefile: Path = ROOT / "Snakefile") -> subprocess.CompletedProcess:
-    env = user_env()
     cmd = [SNAKEMAKE, "-s", str(snakefile), "-d", str(path), "--configfile", str(path / "config.yaml"),
            "--cores", "2", *args]
-    if _served:
-        proc = _served[-1].run(cmd, path, env, timeout)
-    else:
-        proc = subprocess.run(cmd, cwd=path, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = run_snakemake_cli(cmd, path, timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
     return proc

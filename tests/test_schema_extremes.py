@@ -329,14 +329,12 @@ def merged(batch: list[tuple[tuple, object]]) -> dict:
 def data_half(project: Path, cfg: dict, *args: str) -> subprocess.CompletedProcess:
     """`snakemake … --until accounting` of `cfg` in `project`; within `served_snakemake()` (the data_runs fixture)
     through its server, Snakemake's CLI forked from one process that imported it once."""
-    from builders import _served, user_env  # here, not at the top: see ROOT
+    from builders import SNAKEMAKE, run_snakemake_cli  # here, not at the top: see ROOT
 
     (project / "case.yaml").write_text(yaml.safe_dump(cfg))
-    cmd = [str(Path(sys.executable).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "-d", str(project),
+    cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(project),
            "--configfile", "case.yaml", "--cores", "2", "--until", "accounting", "-q", *args]
-    if _served:
-        return _served[-1].run(cmd, project, user_env(), 1800)
-    return subprocess.run(cmd, cwd=project, capture_output=True, text=True, timeout=1800, env=user_env())
+    return run_snakemake_cli(cmd, project, 1800)
 
 
 def ran_a_job(proc: subprocess.CompletedProcess) -> bool:

@@ -131,13 +131,13 @@ def evaluate_rows(model, loaders: list[PackedLoader], device: torch.device, rows
     docs_sums = [DocumentSums(*delimiters) for _ in loaders]
     for start in range(0, first.n_rows, rows):
         idx = np.arange(start, min(start + rows, first.n_rows))
-        x, y, _, *docs = first.batch(idx)
+        x, y, m, *docs = first.batch(idx)
         hidden = model.hidden(x.to(device), docs[0].to(device) if docs else None)
         nats = token_nats(hidden, model.lm_head_weight, y.to(device), chunk).cpu().double().numpy()
         lengths = byte_lengths[y.reshape(-1).numpy()]
-        for loader, sums in zip(loaders, docs_sums):
-            m = loader.batch(idx)[2]
-            counted = np.ones(nats.shape) if m is None else m.reshape(-1).double().numpy()
+        masks = [m] + [ld.batch(idx)[2] for ld in loaders[1:]]  # each loader's mask of these rows
+        for mask, sums in zip(masks, docs_sums):
+            counted = np.ones(nats.shape) if mask is None else mask.reshape(-1).double().numpy()
             values = np.stack([nats * counted, counted, lengths * counted])
             if delimiters == (None, None):  # every row its own unit
                 for r in range(x.shape[0]):
