@@ -195,8 +195,9 @@ TINY = {
             {"name": "sft", "mix": "sft", "epochs": 1, "loss": "assistant", "lr": 5e-3, "warmup_steps": 0},
         ],
     },
-    # metrics.jsonl only: an offline wandb run costs each training ~2 CPU-s of start-up; it is the default config's,
-    # run by README's sequence (killed and resumed) and tests/training/test_train.py's MetricsLogger test
+    # metrics.jsonl only (wandb's start-up is a large part of a tiny training's; BENCHMARKS.md "Test time"): the
+    # offline wandb run is the default config's, run by README's sequence (killed and resumed) and by
+    # tests/training/test_train.py's MetricsLogger test
     "wandb": {"mode": "disabled"},
     # the default config's chain, every filter on, loosened to keep the sample's documents
     "filter": yaml.safe_load((ROOT / "config.yaml").read_text())["filter"],
