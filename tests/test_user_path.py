@@ -1,6 +1,7 @@
 """What a user types, run as typed, in a fresh copy of the project: every command of README's code blocks
 and every Makefile target, in README order, on the default config (`user_run`); then Snakemake's own
-subcommands on the default config, after that real run (the presets' are tests/test_subcommands.py's).
+subcommands on the default config, after that real run, through the Snakemake server as tests/test_subcommands.py
+runs the presets' (README's commands, `snakemake -n` and `--unlock` among them, run the installed script).
 
 A command that needs a GPU node, a cluster or this test suite itself runs in its dry-run form, listed
 below with the reason; any README command or Makefile target missing from these tables fails the suite.
@@ -250,8 +251,8 @@ AFTER_A_RUN = {
 
 
 @pytest.mark.parametrize("sub", [*SUBCOMMANDS, *AFTER_A_RUN])
-def test_snakemake_subcommands_after_the_run(user_run, sub):
-    run_subcommand(user_run, sub, "", {**SUBCOMMANDS, **AFTER_A_RUN}[sub])
+def test_snakemake_subcommands_after_the_run(user_run, snakemake_cli, sub):
+    run_subcommand(user_run, sub, "", {**SUBCOMMANDS, **AFTER_A_RUN}[sub], snakemake_cli)
 
 
 def test_make_clean_last(user_run):
