@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from builders import ROOT, snakemake_workflow
+from builders import ROOT, SNAKEMAKE, snakemake_workflow
 
 from pipeline.config import resolve_config, shard_groups
 from pipeline.errors import PipelineError
@@ -199,7 +199,7 @@ def test_dry_run_shows_the_train_job_as_one_n_node_allocation(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     first = resolve_config(cfg)["train"]["stages"][0]["name"] if cfg["train"].get("stages") else "pretrain"
     target = f"{cfg.get('results_dir', 'results')}/{cfg['run_name']}/train/{first}/final.pt"  # a stage's train job
-    out = subprocess.run([str(Path(sys.executable).parent / "snakemake"), target, "-s", str(ROOT / "Snakefile"),
+    out = subprocess.run([SNAKEMAKE, target, "-s", str(ROOT / "Snakefile"),
                           "-d", str(tmp_path), "-n", "--configfile", str(tmp_path / "c.yaml")],
                          capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from builders import ROOT, write_text_shard
+from builders import ROOT, SNAKEMAKE, write_text_shard
 
 from pipeline.config import load_config, resolve_config
 from pipeline.errors import ConfigError, PlanError
@@ -573,8 +573,7 @@ def test_cli_refuses_ddp_for_the_8b_in_one_line(capsys):
 @pytest.mark.slow
 def test_dry_run_header_names_the_parallelism_and_refuses_ddp(tmp_path):
     """`snakemake -n` on the 8B preset: auto resolved at parse time (the header says why), ddp refused."""
-    snakemake = str(Path(sys.executable).parent / "snakemake")
-    base = [snakemake, "-n", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path), "--configfile", str(LLAMA_8B)]
+    base = [SNAKEMAKE, "-n", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path), "--configfile", str(LLAMA_8B)]
     ok = subprocess.run([*base, "--config", "train={parallel: auto}"], capture_output=True, text=True, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "fsdp: auto: ddp does not fit" in ok.stderr and "fsdp (pred.) ← used" in ok.stderr

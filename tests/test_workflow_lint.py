@@ -4,13 +4,9 @@ The same check as `make lint`; snakemake exits 1 when it prints a lint, and the 
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-from builders import ROOT, user_env
+from builders import ROOT, SNAKEMAKE, user_env
 
-SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 PRESETS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").glob("*.yaml"))
 
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from builders import ROOT, TINY, make_project, user_env, write_config
+from builders import ROOT, SNAKEMAKE, TINY, make_project, user_env, write_config
 
 from pipeline.planning import job_sizes as sizes
 from pipeline.run_config import run_config
@@ -30,7 +30,6 @@ from pipeline.run_config import run_config
 sys.path.insert(0, str(ROOT / "tests"))
 
 CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
-SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 RUN_TIMEOUT = 720  # s, the whole DAG (its evaluations run the sandbox check too); also under `timeout -s KILL`
 
 pytestmark = [
